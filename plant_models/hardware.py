@@ -1,0 +1,192 @@
+"""Accelerator descriptors: the hardware half of every service rate.
+
+Each preset is one GPU as it sits in its scale-up domain (an HGX board of 8, or an NVL72 rack).
+All figures are per GPU, *dense* (vendor "with sparsity" tensor figures halved), in SI units:
+bytes, bytes/s, FLOP/s, watts. Link bandwidths are per direction (datasheet NVLink figures are
+bidirectional totals, so they are halved here).
+
+Sources (vendor datasheets, read 2025):
+
+* H100 SXM5  - NVIDIA H100 Tensor Core GPU datasheet: 80 GB HBM3, 3.35 TB/s, BF16 989 TFLOPS and
+  FP8 1,979 TFLOPS dense, NVLink 900 GB/s bidirectional, up to 700 W. HGX H100 / DGX H100 pair each
+  GPU with a ConnectX-7 400 Gb/s NIC.
+* H200 SXM   - NVIDIA H200 datasheet: 141 GB HBM3e, 4.8 TB/s; tensor throughput as H100 SXM;
+  NVLink 900 GB/s; up to 700 W; ConnectX-7 400 Gb/s per GPU on HGX H200.
+* B200       - NVIDIA HGX B200 / DGX B200 datasheet: 8 GPUs, 1,440 GB HBM3e (180 GB each),
+  64 TB/s (8 TB/s each); FP4 144 PF / FP8 72 PF / BF16 36 PF per board with sparsity, i.e.
+  9 / 4.5 / 2.25 PFLOPS dense per GPU; NVLink 5 1.8 TB/s bidirectional per GPU; 1,000 W per GPU;
+  ConnectX-7 400 Gb/s per GPU.
+* B300       - NVIDIA HGX B300 datasheet (Blackwell Ultra): 288 GB HBM3e and 8 TB/s per GPU;
+  FP4 105 PF dense per 8-GPU board (13.1 PF each), FP8 and BF16 as B200 (4.5 / 2.25 PF dense);
+  NVLink 5 1.8 TB/s; ConnectX-8 800 Gb/s per GPU; 1,100 W per GPU on HGX.
+* GB200      - NVIDIA GB200 NVL72 datasheet: 72 GPUs, 13.4 TB HBM3e (186 GB each) at 576 TB/s
+  (8 TB/s each); FP4 1,440 PF / FP8 720 PF / BF16 360 PF per rack with sparsity, i.e.
+  10 / 5 / 2.5 PFLOPS dense per GPU; NVLink 5 1.8 TB/s per GPU across the 72-GPU domain;
+  ConnectX-7 400 Gb/s per GPU; ~1,200 W per GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokenfactory.validation import ConfigError, check_int, check_number, reject_unknown_keys
+
+__all__ = [
+    "PRECISIONS",
+    "Accelerator",
+    "ACCELERATOR_PRESETS",
+    "accelerator_preset",
+    "accelerator_from_dict",
+    "load_accelerator",
+]
+
+#: Bytes per element of each number format we model (block-scale overhead of FP8/FP4 ignored).
+PRECISIONS: dict[str, float] = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5}
+
+GB = 1e9
+TB = 1e12
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """One GPU in its scale-up domain.
+
+    Attributes
+    ----------
+    name : preset or user name.
+    hbm_bytes : HBM capacity per GPU.
+    hbm_bandwidth : HBM bandwidth per GPU, bytes/s.
+    dense_flops : dense tensor FLOP/s per precision (keys among ``PRECISIONS``).
+    scale_up_bandwidth : NVLink bandwidth per GPU per direction, bytes/s.
+    scale_out_bandwidth : NIC bandwidth per GPU per direction, bytes/s.
+    scale_up_domain : GPUs in one NVLink domain (8 for HGX boards, 72 for NVL72).
+    power_watts : board power per GPU.
+    source : where the figures come from.
+    """
+
+    name: str
+    hbm_bytes: float
+    hbm_bandwidth: float
+    dense_flops: Mapping[str, float]
+    scale_up_bandwidth: float
+    scale_out_bandwidth: float
+    scale_up_domain: int
+    power_watts: float
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        where = f"accelerator[{self.name}]"
+        for f in ("hbm_bytes", "hbm_bandwidth", "scale_up_bandwidth", "scale_out_bandwidth",
+                  "power_watts"):
+            check_number(f"{where}.{f}", getattr(self, f), low=0.0, low_inclusive=False)
+        check_int(f"{where}.scale_up_domain", self.scale_up_domain, low=1)
+        if not self.dense_flops:
+            raise ConfigError(f"{where}.dense_flops", "needs at least one precision")
+        for prec, value in self.dense_flops.items():
+            if prec not in PRECISIONS:
+                raise ConfigError(f"{where}.dense_flops.{prec}",
+                                  f"unknown precision; allowed are {', '.join(PRECISIONS)}")
+            check_number(f"{where}.dense_flops.{prec}", value, low=0.0, low_inclusive=False)
+        object.__setattr__(self, "dense_flops", dict(self.dense_flops))
+
+    def peak_flops(self, precision: str) -> float:
+        """Dense tensor FLOP/s for ``precision``; a format the GPU lacks runs at the next wider one."""
+        if precision not in PRECISIONS:
+            raise ConfigError("precision", f"{precision!r} is not one of {', '.join(PRECISIONS)}")
+        # Hopper has no FP4 tensor cores: FP4 weights are upcast and run at FP8 rate.
+        for p in sorted(PRECISIONS, key=PRECISIONS.get):
+            if PRECISIONS[p] >= PRECISIONS[precision] and p in self.dense_flops:
+                return self.dense_flops[p]
+        raise ConfigError(f"accelerator[{self.name}].dense_flops",
+                          f"no tensor rate at or above {precision}")
+
+    def ridge_point(self, precision: str) -> float:
+        """Arithmetic intensity (FLOP/byte) above which a kernel is compute-bound."""
+        return self.peak_flops(precision) / self.hbm_bandwidth
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["ridge_point_flop_per_byte"] = {p: self.ridge_point(p) for p in self.dense_flops}
+        return d
+
+
+def _gpu(name: str, hbm_gb: float, bw_tbs: float, flops_pf: dict[str, float], nvlink_bidir_gbs: float,
+         nic_gbit: float, domain: int, watts: float, source: str) -> Accelerator:
+    return Accelerator(
+        name=name,
+        hbm_bytes=hbm_gb * GB,
+        hbm_bandwidth=bw_tbs * TB,
+        dense_flops={p: v * 1e15 for p, v in flops_pf.items()},
+        scale_up_bandwidth=nvlink_bidir_gbs * GB / 2.0,
+        scale_out_bandwidth=nic_gbit * 1e9 / 8.0,
+        scale_up_domain=domain,
+        power_watts=watts,
+        source=source,
+    )
+
+
+ACCELERATOR_PRESETS: dict[str, Accelerator] = {
+    a.name: a
+    for a in (
+        _gpu("h100-sxm", 80, 3.35, {"bf16": 0.989, "fp8": 1.979}, 900, 400, 8, 700,
+             "NVIDIA H100 Tensor Core GPU datasheet (SXM5); HGX H100 ConnectX-7 400 Gb/s per GPU"),
+        _gpu("h200", 141, 4.8, {"bf16": 0.989, "fp8": 1.979}, 900, 400, 8, 700,
+             "NVIDIA H200 Tensor Core GPU datasheet (SXM); HGX H200 ConnectX-7 400 Gb/s per GPU"),
+        _gpu("b200", 180, 8.0, {"bf16": 2.25, "fp8": 4.5, "fp4": 9.0}, 1800, 400, 8, 1000,
+             "NVIDIA HGX B200 / DGX B200 datasheet (per-board figures / 8, sparsity halved)"),
+        _gpu("b300", 288, 8.0, {"bf16": 2.25, "fp8": 4.5, "fp4": 13.1}, 1800, 800, 8, 1100,
+             "NVIDIA HGX B300 datasheet (per-board figures / 8); ConnectX-8 800 Gb/s per GPU"),
+        _gpu("gb200", 186, 8.0, {"bf16": 2.5, "fp8": 5.0, "fp4": 10.0}, 1800, 400, 72, 1200,
+             "NVIDIA GB200 NVL72 datasheet (per-rack figures / 72, sparsity halved)"),
+    )
+}
+
+
+def accelerator_preset(name: str) -> Accelerator:
+    """The preset called ``name`` (case-insensitive)."""
+    key = name.lower()
+    if key not in ACCELERATOR_PRESETS:
+        raise ConfigError("hardware", f"unknown preset {name!r}; presets are "
+                          f"{', '.join(ACCELERATOR_PRESETS)}")
+    return ACCELERATOR_PRESETS[key]
+
+
+_FIELDS = {f.name for f in dataclasses.fields(Accelerator)}
+
+
+def accelerator_from_dict(d: Mapping[str, Any], where: str = "hardware") -> Accelerator:
+    """Build an accelerator from a mapping with the dataclass field names (SI units).
+
+    ``base = "h200"`` starts from a preset and overrides only the given keys.
+    """
+    d = dict(d)
+    reject_unknown_keys(where, d, _FIELDS | {"base"})
+    base = d.pop("base", None)
+    if base is not None:
+        merged = dataclasses.asdict(accelerator_preset(base))
+        merged.update(d)
+        d = merged
+    missing = sorted(_FIELDS - {"source"} - set(d))
+    if missing:
+        raise ConfigError(f"{where}.{missing[0]}", "missing (give it, or start from base = PRESET)")
+    return Accelerator(**d)
+
+
+def load_accelerator(spec: str | Path | Mapping[str, Any] | Accelerator) -> Accelerator:
+    """A preset name, a TOML file path, a mapping, or an :class:`Accelerator` as-is."""
+    if isinstance(spec, Accelerator):
+        return spec
+    if isinstance(spec, Mapping):
+        return accelerator_from_dict(spec)
+    path = Path(spec)
+    if path.suffix == ".toml":
+        if not path.is_file():
+            raise ConfigError("hardware", f"file {str(path)!r} does not exist")
+        with path.open("rb") as fh:
+            return accelerator_from_dict(tomllib.load(fh), where=f"{path.name}")
+    return accelerator_preset(str(spec))

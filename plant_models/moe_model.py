@@ -1,0 +1,406 @@
+"""MoE model descriptors: parameter counts, weight bytes and KV bytes per token.
+
+The counts follow the published Hugging Face ``config.json`` of each model and the usual
+DeepSeek-V3 module layout (MLA attention with low-rank Q and latent KV, SwiGLU FFNs with three
+matrices, one router per MoE layer, untied embedding and LM head). A layer group may mix full
+attention with linear or local (sliding-window) attention layers: only full-attention layers
+grow KV per token, which is why hybrids reach ~25 kB/token (reference article section 14).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from plant_models.hardware import PRECISIONS
+from tokenfactory.validation import (
+    ConfigError,
+    check_choice,
+    check_int,
+    check_number,
+    reject_unknown_keys,
+)
+
+__all__ = [
+    "AttentionSpec",
+    "MoEModel",
+    "MODEL_PRESETS",
+    "model_preset",
+    "model_from_dict",
+    "load_model",
+]
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """Attention of one model: its kind, its sizes, and which layers are full attention.
+
+    kind ``"gqa"`` (multi-head / grouped-query): ``num_heads``, ``head_dim``, ``kv_heads``.
+    kind ``"mla"`` (multi-head latent attention, DeepSeek-V2/V3): ``num_heads``, ``q_lora_rank``
+    (0 for a plain Q projection), ``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``,
+    ``v_head_dim``; the KV cache holds the latent (kv_lora_rank) plus the shared RoPE key.
+
+    ``full_attention_layers`` (default: all layers) are full attention; the others are
+    ``efficient_kind`` layers: ``"linear"`` (a fixed recurrent state of
+    ``linear_state_bytes_per_layer`` per sequence) or ``"local"`` (sliding window of
+    ``local_window`` tokens). Their projection parameters are counted like a full layer's.
+    """
+
+    kind: str
+    num_heads: int
+    head_dim: int = 128
+    kv_heads: int = 0
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    full_attention_layers: int | None = None
+    efficient_kind: str = "linear"
+    local_window: int = 4096
+    linear_state_bytes_per_layer: float = 0.0
+
+    def validate(self, where: str, num_layers: int) -> None:
+        check_choice(f"{where}.kind", self.kind, ("gqa", "mla"))
+        check_int(f"{where}.num_heads", self.num_heads, low=1)
+        if self.kind == "gqa":
+            check_int(f"{where}.head_dim", self.head_dim, low=1)
+            check_int(f"{where}.kv_heads", self.kv_heads, low=1, high=self.num_heads)
+        else:
+            check_int(f"{where}.q_lora_rank", self.q_lora_rank, low=0)
+            for f in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+                check_int(f"{where}.{f}", getattr(self, f), low=1)
+        if self.full_attention_layers is not None:
+            check_int(f"{where}.full_attention_layers", self.full_attention_layers, low=0,
+                      high=num_layers)
+        check_choice(f"{where}.efficient_kind", self.efficient_kind, ("linear", "local"))
+        check_int(f"{where}.local_window", self.local_window, low=1)
+        check_number(f"{where}.linear_state_bytes_per_layer", self.linear_state_bytes_per_layer,
+                     low=0.0)
+
+    # -- per-layer quantities ------------------------------------------------------------
+    def params_per_layer(self, hidden: int) -> int:
+        """Projection parameters of one attention layer (plus its low-rank norms for MLA)."""
+        if self.kind == "gqa":
+            q = hidden * self.num_heads * self.head_dim
+            kv = 2 * hidden * self.kv_heads * self.head_dim
+            o = self.num_heads * self.head_dim * hidden
+            return q + kv + o
+        qk_dim = self.qk_nope_head_dim + self.qk_rope_head_dim
+        if self.q_lora_rank:
+            q = hidden * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * self.num_heads * qk_dim
+        else:
+            q = hidden * self.num_heads * qk_dim
+        kv_a = hidden * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
+        kv_b = self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim)
+        o = self.num_heads * self.v_head_dim * hidden
+        return q + kv_a + kv_b + o
+
+    def kv_elements_per_token_per_layer(self) -> int:
+        """Cached elements per token in one full-attention layer."""
+        if self.kind == "gqa":
+            return 2 * self.kv_heads * self.head_dim
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    def core_flops_per_query_token(self, attended: float, absorbed: bool = True) -> float:
+        """Score + value FLOPs of one query token attending ``attended`` cached tokens, one layer.
+
+        MLA has two forms (DeepSeek-V2 paper, section 2.1.2 and its note on weight absorption):
+        *absorbed* (decode) scores over kv_lora_rank + rope dims and values over kv_lora_rank per
+        head; *expanded* (prefill) scores over qk_nope + rope dims and values over v_head_dim.
+        """
+        if self.kind == "gqa":
+            return 4.0 * attended * self.num_heads * self.head_dim
+        if absorbed:
+            return 2.0 * attended * self.num_heads * (2 * self.kv_lora_rank + self.qk_rope_head_dim)
+        return 2.0 * attended * self.num_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim
+                                                  + self.v_head_dim)
+
+    def latent_expansion_flops(self, cached: float) -> float:
+        """FLOPs to up-project ``cached`` latent KV entries to per-head K/V in one layer
+        (MLA expanded form only; zero for GQA, whose cache is already per head)."""
+        if self.kind == "gqa":
+            return 0.0
+        return 2.0 * cached * self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim)
+
+
+@dataclass(frozen=True)
+class MoEModel:
+    """A mixture-of-experts transformer, as far as service rates need it.
+
+    ``num_dense_layers`` are the leading layers with a dense FFN (DeepSeek's
+    ``first_k_dense_replace``); the rest have ``routed_experts`` experts of which
+    ``active_experts`` (k) are chosen per token, plus ``shared_experts`` always-on experts.
+    Precisions are names in :data:`plant_models.hardware.PRECISIONS`.
+    """
+
+    name: str
+    num_layers: int
+    num_dense_layers: int
+    hidden_size: int
+    vocab_size: int
+    dense_intermediate_size: int
+    expert_intermediate_size: int
+    routed_experts: int
+    active_experts: int
+    shared_experts: int
+    attention: AttentionSpec
+    weight_precision: str = "fp8"
+    kv_precision: str = "bf16"
+    activation_precision: str = "bf16"
+    tied_embeddings: bool = False
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        w = f"model[{self.name}]"
+        check_int(f"{w}.num_layers", self.num_layers, low=1)
+        check_int(f"{w}.num_dense_layers", self.num_dense_layers, low=0, high=self.num_layers)
+        for f in ("hidden_size", "vocab_size", "expert_intermediate_size", "routed_experts",
+                  "active_experts"):
+            check_int(f"{w}.{f}", getattr(self, f), low=1)
+        check_int(f"{w}.dense_intermediate_size", self.dense_intermediate_size, low=0)
+        check_int(f"{w}.shared_experts", self.shared_experts, low=0)
+        if self.active_experts > self.routed_experts:
+            raise ConfigError(f"{w}.active_experts",
+                              f"k = {self.active_experts} exceeds routed_experts E = "
+                              f"{self.routed_experts}; allowed range is [1, {self.routed_experts}]")
+        for f in ("weight_precision", "kv_precision", "activation_precision"):
+            check_choice(f"{w}.{f}", getattr(self, f), PRECISIONS)
+        self.attention.validate(f"{w}.attention", self.num_layers)
+
+    # -- structure -------------------------------------------------------------------------
+    @property
+    def moe_layers(self) -> int:
+        return self.num_layers - self.num_dense_layers
+
+    @property
+    def full_attention_layers(self) -> int:
+        fa = self.attention.full_attention_layers
+        return self.num_layers if fa is None else fa
+
+    @property
+    def efficient_attention_layers(self) -> int:
+        return self.num_layers - self.full_attention_layers
+
+    # -- parameter counts ------------------------------------------------------------------
+    @property
+    def expert_params(self) -> int:
+        """One SwiGLU expert: gate, up and down projections."""
+        return 3 * self.hidden_size * self.expert_intermediate_size
+
+    @property
+    def dense_ffn_params(self) -> int:
+        return 3 * self.hidden_size * self.dense_intermediate_size
+
+    @property
+    def attention_params_per_layer(self) -> int:
+        return self.attention.params_per_layer(self.hidden_size)
+
+    @property
+    def router_params(self) -> int:
+        return self.routed_experts * self.hidden_size
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size * (1 if self.tied_embeddings else 2)
+
+    @property
+    def _norm_params(self) -> int:
+        return (2 * self.num_layers + 1) * self.hidden_size
+
+    @property
+    def non_expert_params(self) -> int:
+        """Parameters every token touches: attention, dense FFNs, routers, norms, embeddings."""
+        return (self.num_layers * self.attention_params_per_layer
+                + self.num_dense_layers * self.dense_ffn_params
+                + self.moe_layers * self.router_params
+                + self.embedding_params + self._norm_params)
+
+    @property
+    def total_params(self) -> int:
+        per_moe_layer = (self.routed_experts + self.shared_experts) * self.expert_params
+        return self.non_expert_params + self.moe_layers * per_moe_layer
+
+    @property
+    def active_params(self) -> int:
+        per_moe_layer = (self.active_experts + self.shared_experts) * self.expert_params
+        return self.non_expert_params + self.moe_layers * per_moe_layer
+
+    # -- bytes ----------------------------------------------------------------------------
+    @property
+    def weight_bytes_per_param(self) -> float:
+        return PRECISIONS[self.weight_precision]
+
+    @property
+    def activation_bytes_per_element(self) -> float:
+        return PRECISIONS[self.activation_precision]
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.total_params * self.weight_bytes_per_param
+
+    @property
+    def expert_weight_bytes(self) -> float:
+        """Bytes of one routed expert (the B_W of section 15)."""
+        return self.expert_params * self.weight_bytes_per_param
+
+    @property
+    def routed_expert_weight_bytes(self) -> float:
+        return self.moe_layers * self.routed_experts * self.expert_weight_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """KV bytes each cached token adds, summed over full-attention layers."""
+        return (self.full_attention_layers * self.attention.kv_elements_per_token_per_layer()
+                * PRECISIONS[self.kv_precision])
+
+    def kv_bytes(self, context_tokens: float) -> float:
+        """KV state of one sequence of ``context_tokens`` (full + local windows + linear states)."""
+        per_layer_tok = self.attention.kv_elements_per_token_per_layer() * PRECISIONS[self.kv_precision]
+        eff = self.efficient_attention_layers
+        if self.attention.efficient_kind == "local":
+            fixed = eff * min(context_tokens, self.attention.local_window) * per_layer_tok
+        else:
+            fixed = eff * self.attention.linear_state_bytes_per_layer
+        return self.kv_bytes_per_token * context_tokens + fixed
+
+    def attention_core_flops(self, query_tokens: float, attended_tokens: float,
+                             absorbed: bool = True) -> float:
+        """Score/value FLOPs over all layers for ``query_tokens`` each attending ``attended_tokens``."""
+        a = self.attention
+        full = self.full_attention_layers * a.core_flops_per_query_token(attended_tokens, absorbed)
+        if a.efficient_kind == "local":
+            eff = self.efficient_attention_layers * a.core_flops_per_query_token(
+                min(attended_tokens, a.local_window), absorbed)
+        else:  # linear attention: a state update and read of size heads x d x d per token
+            eff = self.efficient_attention_layers * 4.0 * a.num_heads * a.head_dim ** 2
+        return query_tokens * (full + eff)
+
+    def summary(self) -> dict[str, Any]:
+        """Derived figures (what ``tokenfactory describe model`` prints)."""
+        return {
+            "name": self.name,
+            "total_params": self.total_params,
+            "active_params": self.active_params,
+            "active_fraction": self.active_params / self.total_params,
+            "weight_bytes": self.weight_bytes,
+            "weight_precision": self.weight_precision,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "kv_precision": self.kv_precision,
+            "kv_bytes_at_128k_context": self.kv_bytes(131072),
+            "expert_params": self.expert_params,
+            "expert_weight_bytes": self.expert_weight_bytes,
+            "routed_expert_weight_fraction": self.routed_expert_weight_bytes / self.weight_bytes,
+            "attention_params_per_layer": self.attention_params_per_layer,
+            "moe_layers": self.moe_layers,
+            "dense_layers": self.num_dense_layers,
+            "full_attention_layers": self.full_attention_layers,
+            "routed_experts": self.routed_experts,
+            "active_experts": self.active_experts,
+            "shared_experts": self.shared_experts,
+            "source": self.source,
+        }
+
+
+_MLA_DSV3 = dict(kind="mla", q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
+                 qk_rope_head_dim=64, v_head_dim=128)
+
+MODEL_PRESETS: dict[str, MoEModel] = {
+    m.name: m
+    for m in (
+        MoEModel(
+            name="deepseek-v3", num_layers=61, num_dense_layers=3, hidden_size=7168,
+            vocab_size=129280, dense_intermediate_size=18432, expert_intermediate_size=2048,
+            routed_experts=256, active_experts=8, shared_experts=1,
+            attention=AttentionSpec(num_heads=128, **_MLA_DSV3),
+            weight_precision="fp8", kv_precision="bf16",
+            source="deepseek-ai/DeepSeek-V3 config.json; DeepSeek-V3 Technical Report "
+                   "(arXiv:2412.19437): 671B total, 37B activated; MTP module excluded",
+        ),
+        MoEModel(
+            name="kimi-k2", num_layers=61, num_dense_layers=1, hidden_size=7168,
+            vocab_size=163840, dense_intermediate_size=18432, expert_intermediate_size=2048,
+            routed_experts=384, active_experts=8, shared_experts=1,
+            attention=AttentionSpec(num_heads=64, **_MLA_DSV3),
+            weight_precision="fp8", kv_precision="bf16",
+            source="moonshotai/Kimi-K2-Instruct config.json; Kimi K2 model card: 1.04T total, "
+                   "32B activated",
+        ),
+        MoEModel(
+            name="hybrid-25k", num_layers=48, num_dense_layers=1, hidden_size=7168,
+            vocab_size=163840, dense_intermediate_size=18432, expert_intermediate_size=2048,
+            routed_experts=384, active_experts=8, shared_experts=1,
+            attention=AttentionSpec(kind="gqa", num_heads=64, head_dim=128, kv_heads=4,
+                                    full_attention_layers=12, efficient_kind="linear",
+                                    linear_state_bytes_per_layer=64 * 128 * 128 * 2),
+            weight_precision="fp8", kv_precision="bf16",
+            source="ASSUMPTION, not a published model: a Kimi-K2-sized MoE body with hybrid "
+                   "layer groups of 1 full GQA layer (4 KV heads x 128) per 3 linear-attention "
+                   "layers, chosen to give ~25 kB/token as the reference article (section 14) "
+                   "suggests for recent hybrids",
+        ),
+    )
+}
+
+
+def model_preset(name: str) -> MoEModel:
+    key = name.lower()
+    if key not in MODEL_PRESETS:
+        raise ConfigError("model", f"unknown preset {name!r}; presets are {', '.join(MODEL_PRESETS)}")
+    return MODEL_PRESETS[key]
+
+
+_MODEL_FIELDS = {f.name for f in dataclasses.fields(MoEModel)}
+_ATTN_FIELDS = {f.name for f in dataclasses.fields(AttentionSpec)}
+
+
+def model_from_dict(d: Mapping[str, Any], where: str = "model") -> MoEModel:
+    """Build a model from a mapping; ``base = "deepseek-v3"`` overrides a preset's fields.
+
+    ``attention`` is a nested mapping with :class:`AttentionSpec` fields.
+    """
+    d = dict(d)
+    reject_unknown_keys(where, d, _MODEL_FIELDS | {"base"})
+    base = d.pop("base", None)
+    attn = d.pop("attention", None)
+    if attn is not None and not isinstance(attn, Mapping):
+        raise ConfigError(f"{where}.attention", "expected a table of attention fields")
+    if attn is not None:
+        reject_unknown_keys(f"{where}.attention", attn, _ATTN_FIELDS)
+    if base is not None:
+        preset = model_preset(base)
+        merged = {f: getattr(preset, f) for f in _MODEL_FIELDS}
+        merged.update(d)
+        attn_merged = dataclasses.asdict(preset.attention)
+        attn_merged.update(attn or {})
+        merged["attention"] = AttentionSpec(**attn_merged)
+        return MoEModel(**merged)
+    if attn is None:
+        raise ConfigError(f"{where}.attention", "missing (give it, or start from base = PRESET)")
+    if "kind" not in attn or "num_heads" not in attn:
+        raise ConfigError(f"{where}.attention.kind" if "kind" not in attn
+                          else f"{where}.attention.num_heads", "missing")
+    missing = sorted(_MODEL_FIELDS - {"attention", "source", "weight_precision", "kv_precision",
+                                      "activation_precision", "tied_embeddings"} - set(d))
+    if missing:
+        raise ConfigError(f"{where}.{missing[0]}", "missing (give it, or start from base = PRESET)")
+    return MoEModel(attention=AttentionSpec(**attn), **d)
+
+
+def load_model(spec: str | Path | Mapping[str, Any] | MoEModel) -> MoEModel:
+    """A preset name, a TOML file path, a mapping, or a :class:`MoEModel` as-is."""
+    if isinstance(spec, MoEModel):
+        return spec
+    if isinstance(spec, Mapping):
+        return model_from_dict(spec)
+    path = Path(spec)
+    if path.suffix == ".toml":
+        if not path.is_file():
+            raise ConfigError("model", f"file {str(path)!r} does not exist")
+        with path.open("rb") as fh:
+            return model_from_dict(tomllib.load(fh), where=path.name)
+    return model_preset(str(spec))

@@ -1,0 +1,85 @@
+"""Plots of descriptor and roofline results. Each takes data and an optional ``ax``; none shows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["expert_intensity_plot", "decode_sweep_plot", "stage_memory_plot", "roofline_plot"]
+
+
+def _axes(ax):
+    if ax is None:
+        from matplotlib.figure import Figure
+
+        ax = Figure(figsize=(6.4, 4.4), layout="constrained").subplots()
+    return ax
+
+
+def expert_intensity_plot(tokens_per_expert, intensity, *, ridges: dict[str, float] | None = None,
+                          asymptote: float | None = None, ax=None):
+    """AI_expert vs tokens per expert (log-log), with hardware ridge points as horizontal lines."""
+    ax = _axes(ax)
+    ax.loglog(tokens_per_expert, intensity, lw=2, label="expert AI (section 15)")
+    for name, r in (ridges or {}).items():
+        ax.axhline(r, ls="--", lw=1, color="gray")
+        ax.text(tokens_per_expert[0], r * 1.08, f"{name} ridge {r:.0f} FLOP/B", fontsize=8, color="gray")
+    if asymptote:
+        ax.axhline(asymptote, ls=":", color="C3", label=f"activation-bound limit {asymptote:.0f}")
+    ax.set_xlabel("tokens per expert n")
+    ax.set_ylabel("arithmetic intensity (FLOP/byte)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    return ax
+
+
+def decode_sweep_plot(df: pd.DataFrame, *, y: str = "tokens_per_s_per_gpu", ax=None):
+    """One line per context length from :func:`plant_models.decode_sweep` output."""
+    ax = _axes(ax)
+    for c, g in df.groupby("context_tokens"):
+        ax.plot(g["batch"], g[y], marker="o", ms=3, label=f"{c // 1024}k context")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("decode batch (sequences per worker)")
+    ax.set_ylabel({"tokens_per_s_per_gpu": "tokens/s per GPU", "step_s": "pass time = TPOT (s)"}.get(y, y))
+    if y == "step_s":
+        ax.set_yscale("log")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def stage_memory_plot(df: pd.DataFrame, *, crossover: int | None = None,
+                      target_band: tuple[float, float] | None = None, ax=None):
+    """Stacked stage memory by part (GB) vs pipeline depth, from :func:`stage_memory_sweep`."""
+    ax = _axes(ax)
+    bottom = np.zeros(len(df))
+    for part in ("weights", "kv", "working", "slack"):
+        vals = df[part].to_numpy() / 1e9
+        if not vals.any():
+            continue
+        ax.bar(df["pipeline_depth"], vals, bottom=bottom, label=part)
+        bottom += vals
+    if target_band:
+        ax.axhspan(target_band[0] / 1e9, target_band[1] / 1e9, color="green", alpha=0.2, zorder=3,
+                   label=f"{target_band[0] / 1e9:.0f}-{target_band[1] / 1e9:.0f} GB stage target")
+    if crossover:
+        ax.axvline(crossover, color="k", ls="--", lw=1, label=f"KV crossover P={crossover}")
+    ax.set_xlabel("pipeline depth P")
+    ax.set_ylabel("memory per stage (GB)")
+    ax.legend(fontsize=8)
+    return ax
+
+
+def roofline_plot(points: pd.DataFrame, *, peak_flops: float, bandwidth: float, label: str = "",
+                  ax=None):
+    """Points (columns ``name``, ``intensity``, ``flops_per_s``) under a roofline."""
+    ax = _axes(ax)
+    ai = np.logspace(-1, 4.5, 200)
+    ax.loglog(ai, np.minimum(peak_flops, ai * bandwidth), color="k", lw=1.5, label=label or "roofline")
+    for i, r in enumerate(points.itertuples()):
+        ax.loglog(r.intensity, r.flops_per_s, "o", color=f"C{i % 10}", label=r.name)
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("attained FLOP/s per GPU")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    return ax

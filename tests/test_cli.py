@@ -1,0 +1,30 @@
+import json
+
+import pytest
+
+from tokenfactory.cli import main
+
+
+def test_describe_model_json(capsys):
+    assert main(["describe", "model", "deepseek-v3", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["kv_bytes_per_token"] == 70272
+    assert d["total_params"] > 6.5e11 and d["active_params"] < 4e10
+
+
+def test_describe_hardware_and_worker(capsys):
+    assert main(["describe", "hardware", "gb200", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["scale_up_domain"] == 72
+    assert main(["describe", "worker", "kimi-k2", "--hardware", "b300"]) == 0
+    assert "decode_tokens_per_s" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["describe", "model", "nope"], "unknown preset"),
+    (["describe", "worker", "deepseek-v3", "--hardware", "h100-sxm"], "does not fit"),
+    (["describe", "worker", "deepseek-v3", "--tp", "3"], "parallelism.tp"),
+])
+def test_errors_are_one_line_exit_2(capsys, argv, needle):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err

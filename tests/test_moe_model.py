@@ -1,0 +1,81 @@
+import pytest
+
+from plant_models import MODEL_PRESETS, AttentionSpec, MoEModel, load_model, model_from_dict, model_preset
+from tokenfactory import ConfigError
+
+# Published totals: DeepSeek-V3 technical report (671B / 37B), Kimi K2 model card (1.04T / 32B).
+PUBLISHED = [
+    ("deepseek-v3", 671e9, 37e9),
+    ("kimi-k2", 1.04e12, 32e9),
+]
+
+
+@pytest.mark.parametrize("name,total,active", PUBLISHED)
+def test_published_parameter_totals_within_5_percent(name, total, active):
+    m = model_preset(name)
+    assert m.total_params == pytest.approx(total, rel=0.05)
+    assert m.active_params == pytest.approx(active, rel=0.05)
+
+
+def test_deepseek_v3_mla_kv_bytes_per_token():
+    # 61 layers x (kv_lora_rank 512 + rope 64) x 2 bytes (BF16)
+    assert model_preset("deepseek-v3").kv_bytes_per_token == 61 * (512 + 64) * 2 == 70_272
+
+
+def test_hybrid_preset_is_about_25kB_and_labelled_an_assumption():
+    m = model_preset("hybrid-25k")
+    assert m.kv_bytes_per_token == pytest.approx(25e3, rel=0.05)
+    assert "ASSUMPTION" in m.source
+    # linear-attention layers add a fixed state per sequence, not per token
+    assert m.kv_bytes(2000) - m.kv_bytes(1000) == pytest.approx(1000 * m.kv_bytes_per_token)
+    assert m.kv_bytes(1) > m.kv_bytes_per_token
+
+
+def test_gqa_kv_bytes_and_local_window():
+    attn = AttentionSpec(kind="gqa", num_heads=32, head_dim=128, kv_heads=8,
+                         full_attention_layers=8, efficient_kind="local", local_window=1024)
+    m = MoEModel(name="t", num_layers=32, num_dense_layers=0, hidden_size=4096, vocab_size=32000,
+                 dense_intermediate_size=0, expert_intermediate_size=1024, routed_experts=64,
+                 active_experts=4, shared_experts=0, attention=attn, kv_precision="fp8")
+    per_layer = 2 * 8 * 128 * 1  # K and V, 8 KV heads x 128, FP8
+    assert m.kv_bytes_per_token == 8 * per_layer
+    # 24 local layers hold at most the 1024-token window
+    assert m.kv_bytes(10_000) == 8 * per_layer * 10_000 + 24 * per_layer * 1024
+
+
+def test_routed_experts_hold_over_95_percent_of_weights():
+    # Article section 14: "over 95 % of the weight memory of a large MoE is in routed experts".
+    for m in MODEL_PRESETS.values():
+        assert m.routed_expert_weight_bytes / m.weight_bytes > 0.95
+
+
+@pytest.mark.parametrize("override,field", [
+    ({"active_experts": 300}, "active_experts"),
+    ({"hidden_size": -1}, "hidden_size"),
+    ({"num_dense_layers": 100}, "num_dense_layers"),
+    ({"weight_precision": "int3"}, "weight_precision"),
+    ({"colour": "blue"}, "model.colour"),
+    ({"attention": {"kv_lora_rank": 0}}, "attention.kv_lora_rank"),
+    ({"attention": {"heads": 3}}, "attention.heads"),
+])
+def test_bad_model_fields_are_named(override, field):
+    with pytest.raises(ConfigError) as err:
+        model_from_dict({"base": "deepseek-v3", **override})
+    assert field in str(err.value)
+
+
+def test_unknown_preset_lists_presets():
+    with pytest.raises(ConfigError, match="deepseek-v3"):
+        load_model("gpt-7")
+
+
+def test_model_from_toml_file(tmp_path):
+    f = tmp_path / "mine.toml"
+    f.write_text('base = "deepseek-v3"\nname = "dsv3-fp4"\nweight_precision = "fp4"\n')
+    m = load_model(f)
+    assert m.weight_bytes == pytest.approx(model_preset("deepseek-v3").weight_bytes / 2)
+
+
+def test_full_model_from_dict_requires_fields():
+    with pytest.raises(ConfigError, match="model.attention"):
+        model_from_dict({"name": "x"})

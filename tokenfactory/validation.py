@@ -1,0 +1,78 @@
+"""Up-front validation of configuration: one error type naming the field and its allowed range.
+
+Every descriptor, scenario and controller is resolved once from plain mappings (TOML, JSON,
+keyword arguments) through these helpers, so a bad value fails at load time with a message a
+capacity engineer can act on, never as a traceback from deep inside numpy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = [
+    "ConfigError",
+    "check_number",
+    "check_int",
+    "check_choice",
+    "reject_unknown_keys",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or out of range.
+
+    ``field`` is the dotted path of the offending key (``"model.active_experts"``).
+    """
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}"
+
+
+def check_number(field: str, value: Any, *, low: float | None = None, high: float | None = None,
+                 low_inclusive: bool = True, high_inclusive: bool = True) -> float:
+    """Return ``value`` as a finite float inside [low, high] or raise :class:`ConfigError`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(field, f"expected a number, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v):
+        raise ConfigError(field, f"expected a finite number, got {value!r}")
+    lo_ok = low is None or (v >= low if low_inclusive else v > low)
+    hi_ok = high is None or (v <= high if high_inclusive else v < high)
+    if not (lo_ok and hi_ok):
+        lb = "-inf" if low is None else _fmt(low)
+        hb = "inf" if high is None else _fmt(high)
+        lbr = "[" if low_inclusive and low is not None else "("
+        hbr = "]" if high_inclusive and high is not None else ")"
+        raise ConfigError(field, f"{_fmt(v)} is outside the allowed range {lbr}{lb}, {hb}{hbr}")
+    return v
+
+
+def check_int(field: str, value: Any, *, low: int | None = None, high: int | None = None) -> int:
+    """Return ``value`` as an int inside [low, high] or raise :class:`ConfigError`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or float(value) != int(value):
+        raise ConfigError(field, f"expected an integer, got {value!r}")
+    check_number(field, value, low=low, high=high)
+    return int(value)
+
+
+def check_choice(field: str, value: Any, choices: Iterable[str]) -> str:
+    choices = list(choices)
+    if value not in choices:
+        raise ConfigError(field, f"{value!r} is not one of {', '.join(map(repr, choices))}")
+    return value
+
+
+def reject_unknown_keys(where: str, mapping: Mapping[str, Any], allowed: Iterable[str]) -> None:
+    """Raise :class:`ConfigError` for the first key of ``mapping`` not in ``allowed``."""
+    allowed = set(allowed)
+    for key in mapping:
+        if key not in allowed:
+            raise ConfigError(f"{where}.{key}" if where else str(key),
+                              f"unknown key; allowed keys are {', '.join(sorted(allowed))}")
