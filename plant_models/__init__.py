@@ -8,5 +8,13 @@ from plant_models.roofline import *  # noqa: F401,F403
 from plant_models.roofline import __all__ as _rl
 from plant_models.stage_memory import *  # noqa: F401,F403
 from plant_models.stage_memory import __all__ as _sm
+from plant_models.signals import *  # noqa: F401,F403
+from plant_models.signals import __all__ as _sg
+from plant_models.delay import *  # noqa: F401,F403
+from plant_models.delay import __all__ as _dl
+from plant_models.fluid import *  # noqa: F401,F403
+from plant_models.fluid import __all__ as _fl
+from plant_models.lti import *  # noqa: F401,F403
+from plant_models.lti import __all__ as _lti
 
-__all__ = [*_hw, *_mm, *_rl, *_sm]
+__all__ = [*_hw, *_mm, *_rl, *_sm, *_sg, *_dl, *_fl, *_lti]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-__all__ = ["expert_intensity_plot", "decode_sweep_plot", "stage_memory_plot", "roofline_plot"]
+__all__ = ["expert_intensity_plot", "decode_sweep_plot", "stage_memory_plot", "roofline_plot",
+           "loop_response_plot"]
 
 
 def _axes(ax):
@@ -82,4 +83,23 @@ def roofline_plot(points: pd.DataFrame, *, peak_flops: float, bandwidth: float, 
     ax.set_ylabel("attained FLOP/s per GPU")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
+    return ax
+
+
+def loop_response_plot(responses: dict, signal: str = "ready", *, target: float | None = None,
+                       events: list[tuple[float, str]] | None = None, ylabel: str | None = None, ax=None):
+    """One output of several :class:`~plant_models.fluid.LoopResponse` runs against time."""
+    ax = _axes(ax)
+    for i, (name, r) in enumerate(responses.items()):
+        ax.plot(r.time, r.outputs[signal] if signal in r.outputs else getattr(r, signal),
+                lw=1.2, color=f"C{i}", label=name)
+    if target is not None:
+        ax.axhline(target, color="k", ls="--", lw=0.8, label="target")
+    for t, label in events or []:
+        ax.axvline(t, color="0.5", ls=":", lw=1)
+        ax.text(t, ax.get_ylim()[1], f" {label}", va="top", fontsize=7, color="0.3")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel(ylabel or signal.replace("_", " "))
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
     return ax

@@ -14,6 +14,7 @@ __all__ = ["STUDIES", "run_study"]
 #: study name -> module; the default suite (`make run`) runs them in this order.
 STUDIES: dict[str, str] = {
     "operating-modes": "studies.operating_modes",
+    "feedback-oscillation": "studies.feedback_oscillation",
 }
 
 

@@ -28,3 +28,29 @@ def test_errors_are_one_line_exit_2(capsys, argv, needle):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
+
+
+def test_margins_command(capsys):
+    from studies.feedback_oscillation import scenario_path
+
+    assert main(["margins", str(scenario_path("smoothed")), "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "all envelope points meet" in out and "phase_margin_deg" in out
+    assert main(["margins", str(scenario_path("naive")), "--check"]) == 1
+    assert "limit cycle is predicted" in capsys.readouterr().out
+
+
+def test_margins_json(capsys):
+    from studies.feedback_oscillation import scenario_path
+
+    assert main(["margins", str(scenario_path("smoothed")), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert len(d["rows"]) == 9 and d["tuning"]["envelope_ok"]
+
+
+def test_margins_bad_scenario(tmp_path, capsys):
+    f = tmp_path / "s.toml"
+    f.write_text('[plant]\nmodel = "deepseek-v3"\nhardware = "h200"\nfill_workers = 6\ndecode_workers = 4\n'
+                 'measurement_delay = 1\n[controller]\nkind = "smoothed"\n')
+    assert main(["margins", str(f)]) == 2
+    assert "plant.measurement_delay: unknown key" in capsys.readouterr().err

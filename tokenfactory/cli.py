@@ -1,6 +1,7 @@
 """The ``tokenfactory`` command line.
 
-Subcommands: ``describe`` (model, hardware, worker), ``study`` (runnable studies). Every error that
+Subcommands: ``describe`` (model, hardware, worker), ``margins`` (a scenario's stability
+margins), ``study`` (runnable studies). Every error that
 comes from a bad value is a :class:`ConfigError` and is printed as one line, exit status 2.
 """
 
@@ -72,6 +73,38 @@ def _cmd_study(args) -> int:
     return 0
 
 
+def _cmd_margins(args) -> int:
+    import pandas as pd
+
+    from studies.report import to_jsonable
+    from tokenfactory.scenario import load_scenario, margins_table
+
+    sc = load_scenario(args.scenario)
+    table = margins_table(sc)
+    if args.json:
+        out = {"scenario": sc.name, "controller": type(sc.controller).__name__,
+               "controller_params": sc.controller.params(), "rows": table.to_dict(orient="records")}
+        if sc.tuning is not None:
+            out["tuning"] = sc.tuning.to_dict()
+        print(json.dumps(to_jsonable(out), indent=2))
+        return 0
+    p = sc.plant
+    print(f"scenario {sc.name}: {type(sc.controller).__name__} {sc.controller.params()}")
+    print(f"plant: decode capacity {p.decode_capacity:.1f} req/s, fill capacity {p.fill_capacity:.1f} req/s, "
+          f"fill-to-ready {p.params.fill_to_ready_s * 1e3:.0f} ms, measurement delay {p.params.measurement_delay_s:g} s")
+    if sc.tuning is not None:
+        t = sc.tuning
+        print(f"tuning: SIMC on integrator + {t.effective_delay_s:.3f} s delay, tau_c = {t.tau_c_over_theta:g} theta, "
+              f"kc = {t.gains.kc:.4g} /s, ti = {t.gains.ti:.3g} s, ready target {t.target_ready:.0f}")
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        print(table.round(3).to_string(index=False))
+    ok = bool(table["meets_floors"].all())
+    print(f"{'all envelope points meet' if ok else 'NOT all envelope points meet'} the floors "
+          f"GM >= {sc.envelope.gm_floor:g}, PM >= {sc.envelope.pm_floor_deg:g} deg"
+          + ("" if ok or "limit_cycle" not in table else " (a limit cycle is predicted)"))
+    return 0 if ok or not args.check else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tokenfactory", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -87,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--prompt-tokens", type=int, default=2048, help="worker: nominal prompt")
     d.add_argument("--context-tokens", type=int, default=8192, help="worker: nominal decode context")
     d.set_defaults(func=_cmd_describe)
+
+    m = sub.add_parser("margins", help="stability margins (or predicted limit cycles) of a scenario file")
+    m.add_argument("scenario", help="scenario TOML (see studies/scenarios/)")
+    m.add_argument("--json", action="store_true")
+    m.add_argument("--check", action="store_true", help="exit 1 if any envelope point misses the floors")
+    m.set_defaults(func=_cmd_margins)
 
     from studies import STUDIES
 

@@ -1,0 +1,61 @@
+"""The controller interface every tokenfactory controller implements.
+
+A controller is an object with a ``sample_period`` (seconds), ``reset()`` and
+``update(t, measurement) -> action``. The plant (fluid model or request-level simulator) samples it
+every ``sample_period`` with a :class:`~plant_models.signals.Measurement` that is already as old as
+the plant's measurement delay, and holds the returned action until the next sample. Linear
+controllers also give their transfer function, so the same object is analysed in the frequency
+domain (``controllers.stability``) and run in simulation.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import control
+
+from plant_models.signals import AdmissionAction, Measurement
+from tokenfactory.validation import check_number
+
+__all__ = ["Controller", "LinearController", "SampledController"]
+
+
+@runtime_checkable
+class Controller(Protocol):
+    sample_period: float
+
+    def reset(self) -> None: ...
+
+    def update(self, t: float, measurement: Measurement) -> AdmissionAction: ...
+
+
+@runtime_checkable
+class LinearController(Controller, Protocol):
+    def transfer_function(self) -> control.TransferFunction:
+        """C(s) from control error to actuation, in the units of the loop."""
+        ...
+
+
+class SampledController:
+    """Base class: validates the sample period and gives a readable ``repr``.
+
+    Subclasses keep all their state in attributes that ``reset()`` restores, so one object can be
+    run many times (every simulation starts with ``reset()``).
+    """
+
+    name = "controller"
+
+    def __init__(self, sample_period: float):
+        self.sample_period = check_number(f"{self.name}.sample_period", sample_period, low=0.0,
+                                          low_inclusive=False)
+
+    def reset(self) -> None:  # stateless by default
+        pass
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
+        return f"{type(self).__name__}({fields})"
+
+    def params(self) -> dict:
+        """The configuration of this controller (what results record)."""
+        return {"sample_period": self.sample_period}

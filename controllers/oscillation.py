@@ -1,0 +1,253 @@
+"""Time-domain oscillation detectors on a uniformly sampled signal, and one verdict.
+
+Indices and their published thresholds:
+
+* **Thornhill regularity r** (Thornhill, Huang & Zhang 2003, "Detection of multiple oscillations in
+  control loops", J. Process Control 13(1):91-100): from the intervals between zero crossings of
+  the autocorrelation function (ACF), r = mean(T_p) / (3 std(T_p)) over the implied periods T_p;
+  r > 1 means a regular oscillation.
+* **Miao-Seborg decay ratio R** (Miao & Seborg 1999, "Automatic detection of excessively
+  oscillatory feedback control loops", IEEE CCA): the ACF's first peak height above the line
+  joining its first two minima (a) over the first minimum's depth below the line joining lag 0
+  and the first peak (b); R = a/b > 0.5 flags an excessively oscillatory loop.
+* **Forsman-Stattin h** (Forsman & Stattin 1999, "A new criterion for detecting oscillations in
+  control loops", ECC): the fraction of consecutive same-sign half-waves of the mean-removed
+  signal whose areas (IAE) agree within alpha=0.5 and durations within gamma=0.75;
+  h > 0.4 indicates an oscillation (white noise gives h ~ 0.1).
+* **Dominant spectral peak fraction**: share of the (Welch) power in the band +/-20 % around the
+  strongest non-DC peak. Our own screening index, not a published test: it is reported, and
+  0.5 is used only as a corroborating signal.
+* **Hagglund IAE detector** (Hagglund 1995, "A control-loop performance monitor", Control Eng.
+  Practice 3(11):1543-1551): IAE between successive zero crossings is compared with
+  IAE_lim = 2 a / w_u (a: acceptable amplitude, w_u: the oscillation's angular frequency); a
+  limit-cycle alarm is raised when more than n_lim = 10 such load disturbances fall in a
+  supervision window of 50 periods (the paper's T_sup = 50 T_i with T_i = the period here).
+
+Verdict (documented rule): ``oscillating`` when the amplitude is at least ``min_amplitude`` and
+r > 1 and at least one of (R > 0.5, h > 0.4). Regularity alone (r) separates oscillation from
+noise; the second index guards against a regular but decaying transient.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from scipy import signal as sps
+
+from tokenfactory.validation import ConfigError, check_number
+
+__all__ = [
+    "OscillationReport",
+    "autocorrelation",
+    "thornhill_regularity",
+    "decay_ratio",
+    "forsman_stattin_h",
+    "spectral_peak_fraction",
+    "hagglund_detections",
+    "first_harmonic_amplitude",
+    "assess",
+]
+
+THORNHILL_R = 1.0
+DECAY_RATIO = 0.5
+FORSMAN_H = 0.4
+SPECTRAL_FRACTION = 0.5
+HAGGLUND_N_LIM = 10
+
+
+def _prepare(x, dt: float) -> np.ndarray:
+    x = np.asarray(x, dtype=float)
+    if x.ndim != 1 or x.size < 16:
+        raise ConfigError("signal", f"needs a 1-D signal of at least 16 samples, got shape {x.shape}")
+    if not np.all(np.isfinite(x)):
+        raise ConfigError("signal", "contains NaN or infinite samples")
+    check_number("dt", dt, low=0.0, low_inclusive=False)
+    return sps.detrend(x, type="linear")
+
+
+def autocorrelation(x: np.ndarray, max_lag: int | None = None) -> np.ndarray:
+    """Biased, normalised ACF of an already mean-removed signal (ACF[0] = 1), via FFT."""
+    n = len(x)
+    max_lag = n // 2 if max_lag is None else max_lag
+    f = np.fft.rfft(x, 2 * n)
+    acf = np.fft.irfft(f * np.conj(f))[: max_lag + 1]
+    return acf / acf[0] if acf[0] > 0 else np.zeros(max_lag + 1)
+
+
+def _zero_crossings(y: np.ndarray) -> np.ndarray:
+    """Fractional indices where y changes sign (linear interpolation)."""
+    s = np.sign(y)
+    idx = np.nonzero((s[:-1] * s[1:]) < 0)[0]
+    return idx + y[idx] / (y[idx] - y[idx + 1])
+
+
+def thornhill_regularity(acf: np.ndarray, dt: float, max_crossings: int = 22) -> tuple[float, float]:
+    """(r, period_s) from ACF zero crossings; r = nan if fewer than 4 crossings."""
+    zc = _zero_crossings(acf)[:max_crossings]
+    if len(zc) < 4:
+        return math.nan, math.nan
+    # every other crossing spans one period: T_p = z[i+2] - z[i]
+    periods = (zc[2:] - zc[:-2]) * dt
+    sd = periods.std(ddof=1) if len(periods) > 1 else 0.0
+    mean = periods.mean()
+    r = math.inf if sd == 0 else mean / (3.0 * sd)
+    return float(r), float(mean)
+
+
+def decay_ratio(acf: np.ndarray) -> float:
+    """Miao-Seborg R = a / b from the ACF's first two minima and first maximum; nan if absent.
+
+    The extrema are taken between successive ACF zero crossings (first minimum between crossings
+    1 and 2, first maximum between 2 and 3, second minimum between 3 and 4), which keeps
+    measurement noise from creating spurious local extrema near lag 0.
+    """
+    zc = _zero_crossings(acf)
+    if len(zc) < 4:
+        return math.nan
+    z = [int(math.ceil(v)) for v in zc[:4]]
+    m1 = z[0] + int(np.argmin(acf[z[0]:z[1] + 1]))
+    p1 = z[1] + int(np.argmax(acf[z[1]:z[2] + 1]))
+    m2 = z[2] + int(np.argmin(acf[z[2]:z[3] + 1]))
+    line_min = acf[m1] + (acf[m2] - acf[m1]) * (p1 - m1) / (m2 - m1)
+    a = acf[p1] - line_min
+    line_peak = 1.0 + (acf[p1] - 1.0) * m1 / p1
+    b = line_peak - acf[m1]
+    return float(a / b) if b > 0 else math.nan
+
+
+def forsman_stattin_h(x: np.ndarray, dt: float, alpha: float = 0.5, gamma: float = 0.75) -> float:
+    """h index from consecutive same-sign half-waves (areas within alpha, durations within gamma)."""
+    zc = _zero_crossings(x)
+    if len(zc) < 5:
+        return math.nan
+    edges = np.concatenate([[zc[0]], zc[1:]])
+    areas, durations, signs = [], [], []
+    t = np.arange(len(x))
+    for a, b in zip(edges[:-1], edges[1:]):
+        i0, i1 = int(math.ceil(a)), int(math.floor(b))
+        seg = np.abs(x[i0:i1 + 1])
+        areas.append(seg.sum() * dt)
+        durations.append((b - a) * dt)
+        signs.append(np.sign(x[min(i0, len(x) - 1)]))
+    areas, durations, signs = map(np.asarray, (areas, durations, signs))
+    hits = total = 0
+    for sgn in (1.0, -1.0):
+        A, D = areas[signs == sgn], durations[signs == sgn]
+        if len(A) < 2:
+            continue
+        ra, rd = A[1:] / np.maximum(A[:-1], 1e-300), D[1:] / np.maximum(D[:-1], 1e-300)
+        ok = (ra > alpha) & (ra < 1 / alpha) & (rd > gamma) & (rd < 1 / gamma)
+        hits += int(ok.sum())
+        total += len(ok)
+    return hits / total if total else math.nan
+
+
+def spectral_peak_fraction(x: np.ndarray, dt: float) -> tuple[float, float]:
+    """(fraction of power within +/-20 % of the strongest non-DC peak, its period in s)."""
+    nper = min(len(x), max(64, len(x) // 4))
+    f, p = sps.welch(x, fs=1.0 / dt, nperseg=nper, detrend="linear")
+    if p[1:].sum() <= 0:
+        return math.nan, math.nan
+    k = 1 + int(np.argmax(p[1:]))
+    band = (f >= 0.8 * f[k]) & (f <= 1.2 * f[k])
+    return float(p[band].sum() / p[1:].sum()), float(1.0 / f[k])
+
+
+def hagglund_detections(x: np.ndarray, dt: float, acceptable_amplitude: float, period_s: float) -> int:
+    """Load disturbances (half-waves with IAE > 2a/w_u) in the last 50 periods (Hagglund 1995)."""
+    if not (period_s > 0) or not math.isfinite(period_s):
+        return 0
+    wu = 2 * math.pi / period_s
+    limit = 2.0 * acceptable_amplitude / wu
+    window = int(min(len(x), 50 * period_s / dt))
+    y = x[-window:]
+    zc = _zero_crossings(y)
+    count = 0
+    for a, b in zip(zc[:-1], zc[1:]):
+        i0, i1 = int(math.ceil(a)), int(math.floor(b))
+        if np.abs(y[i0:i1 + 1]).sum() * dt > limit:
+            count += 1
+    return count
+
+
+def first_harmonic_amplitude(x: np.ndarray, dt: float, period_s: float) -> float:
+    """Amplitude of the fundamental at ``period_s`` (least-squares sine fit over whole periods):
+    the quantity a describing-function prediction is compared with."""
+    if not (period_s > 0) or not math.isfinite(period_s):
+        return math.nan
+    n_per = int(len(x) * dt / period_s)
+    if n_per < 1:
+        return math.nan
+    n = int(round(n_per * period_s / dt))
+    y = x[-n:] - x[-n:].mean()
+    t = np.arange(n) * dt
+    w = 2 * math.pi / period_s
+    basis = np.column_stack([np.sin(w * t), np.cos(w * t)])
+    coef, *_ = np.linalg.lstsq(basis, y, rcond=None)
+    return float(np.hypot(*coef))
+
+
+@dataclass(frozen=True)
+class OscillationReport:
+    """The verdict and every index, so a failing regression test can print what it saw."""
+
+    oscillating: bool
+    thornhill_r: float
+    decay_ratio: float
+    forsman_h: float
+    spectral_peak_fraction: float
+    hagglund_detections: int
+    hagglund_alarm: bool
+    period_s: float
+    amplitude: float
+    harmonic_amplitude: float
+    samples: int
+    reason: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return (f"{'OSCILLATING' if self.oscillating else 'not oscillating'} ({self.reason}): "
+                f"r={self.thornhill_r:.2f} R={self.decay_ratio:.2f} h={self.forsman_h:.2f} "
+                f"spectral={self.spectral_peak_fraction:.2f} hagglund={self.hagglund_detections} "
+                f"period={self.period_s:.3g}s amplitude={self.amplitude:.3g} n={self.samples}")
+
+
+def assess(signal, dt: float, *, min_amplitude: float = 0.0,
+           acceptable_amplitude: float | None = None) -> OscillationReport:
+    """Assess one sampled signal for sustained oscillation.
+
+    ``min_amplitude`` is the smallest amplitude worth calling an oscillation (in the signal's
+    units; ripple below it is ignored). ``acceptable_amplitude`` is Hagglund's a (default:
+    the larger of ``min_amplitude`` and 3 x the signal's high-frequency noise level).
+    """
+    x = _prepare(signal, dt)
+    amplitude = float(math.sqrt(2.0) * x.std())  # a sine's amplitude from its RMS
+    # (harmonic_amplitude, the fundamental's amplitude, is what describing functions predict)
+    acf = autocorrelation(x)
+    r, period = thornhill_regularity(acf, dt)
+    R = decay_ratio(acf)
+    h = forsman_stattin_h(x, dt)
+    frac, spec_period = spectral_peak_fraction(x, dt) if x.std() > 0 else (math.nan, math.nan)
+    if not math.isfinite(period):
+        period = spec_period
+    if acceptable_amplitude is not None:
+        a = acceptable_amplitude
+    else:  # the larger of min_amplitude and 3 x the high-frequency noise level (MAD of differences)
+        noise = float(np.median(np.abs(np.diff(x))) / 0.6745 / math.sqrt(2.0))
+        a = max(min_amplitude, 3.0 * noise)
+    # Hagglund needs the loop's frequency: only counted at a regular (r > 1) oscillation's period
+    n_det = hagglund_detections(x, dt, a, period) if (a > 0 and r > THORNHILL_R) else 0
+    if amplitude <= min_amplitude or x.std() == 0:
+        verdict, why = False, f"amplitude {amplitude:.3g} <= min_amplitude {min_amplitude:.3g}"
+    elif not (r > THORNHILL_R):
+        verdict, why = False, f"irregular (r = {r:.2f} <= {THORNHILL_R})"
+    elif (R > DECAY_RATIO) or (h > FORSMAN_H):
+        verdict, why = True, f"regular (r > {THORNHILL_R}) and persistent (R > {DECAY_RATIO} or h > {FORSMAN_H})"
+    else:
+        verdict, why = False, f"regular but decaying (R = {R:.2f}, h = {h:.2f})"
+    return OscillationReport(verdict, r, R, h, frac, n_det, n_det > HAGGLUND_N_LIM, period, amplitude,
+                             first_harmonic_amplitude(x, dt, period), len(x), why)

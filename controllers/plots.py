@@ -1,0 +1,76 @@
+"""Plots for loop analysis: Nyquist with describing-function loci, stability maps. Each takes an
+optional ``ax`` and returns it; nothing is shown."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from controllers.stability import DelayedLoop, _grid
+
+__all__ = ["nyquist_plot", "stability_map_plot"]
+
+
+def _axes(ax, size=(6.0, 5.0)):
+    if ax is None:
+        from matplotlib.figure import Figure
+
+        ax = Figure(figsize=size, layout="constrained").subplots()
+    return ax
+
+
+def nyquist_plot(loops: dict[str, DelayedLoop], *, df_locus: dict | None = None, ms_circle: float | None = None,
+                 limit: float = 3.0, ax=None):
+    """Nyquist curves (exact delay) of ``loops``; ``df_locus`` = {"label": (complex array, marker point)}
+    draws -1/N(A) loci and predicted intersections; the unit circle and -1 are always drawn."""
+    ax = _axes(ax)
+    th = np.linspace(0, 2 * np.pi, 200)
+    ax.plot(np.cos(th), np.sin(th), color="0.8", lw=1, label="unit circle")
+    if ms_circle:
+        r = 1.0 / ms_circle
+        ax.plot(-1 + r * np.cos(th), r * np.sin(th), ls=":", color="C3", lw=1, label=f"Ms = {ms_circle:g}")
+    for i, (name, loop) in enumerate(loops.items()):
+        w = _grid(loop, 4000)
+        L = loop.response(w)
+        keep = np.abs(L) < 10 * limit
+        ax.plot(L.real[keep], L.imag[keep], color=f"C{i}", lw=1.5, label=name)
+    for j, (name, (locus, point)) in enumerate((df_locus or {}).items()):
+        ax.plot(locus.real, locus.imag, color="k", lw=2.5, alpha=0.5, label=name)
+        if point is not None:
+            ax.plot(point.real, point.imag, "o", color="C3", ms=8, mfc="none", mew=2,
+                    label="predicted limit cycle")
+    ax.plot([-1], [0], "k+", ms=12, mew=2)
+    ax.set_xlim(-limit, limit * 0.6)
+    ax.set_ylim(-limit, limit * 0.6)
+    ax.set_aspect("equal")
+    ax.axhline(0, color="0.85", lw=0.8)
+    ax.axvline(0, color="0.85", lw=0.8)
+    ax.set_xlabel("Re L(jw)")
+    ax.set_ylabel("Im L(jw)")
+    ax.legend(fontsize=7, loc="lower left")
+    return ax
+
+
+def stability_map_plot(df: pd.DataFrame, x: str, y: str, value: str = "phase_margin_deg", *,
+                       marker: tuple[float, float] | None = None, floor: float | None = 45.0, ax=None):
+    """Heat map of ``value`` over the (x, y) grid from :func:`controllers.stability_margins` rows,
+    unstable points hatched, the ``floor`` contour drawn, the design point marked."""
+    ax = _axes(ax, (6.4, 4.8))
+    piv = df.pivot(index=y, columns=x, values=value)
+    stable = df.pivot(index=y, columns=x, values="stable")
+    X, Y = np.meshgrid(piv.columns.to_numpy(float), piv.index.to_numpy(float))
+    Z = np.where(stable.to_numpy(bool), piv.to_numpy(float), np.nan)
+    mesh = ax.pcolormesh(X, Y, Z, shading="nearest", cmap="viridis")
+    ax.figure.colorbar(mesh, ax=ax, label=value.replace("_", " "))
+    un = ~stable.to_numpy(bool)
+    ax.scatter(X[un], Y[un], marker="x", color="C3", s=18, label="unstable")
+    if floor is not None and np.isfinite(Z).sum() > 3:
+        ax.contour(X, Y, np.nan_to_num(Z, nan=-1e3), levels=[floor], colors="w", linewidths=1.5)
+    if marker:
+        ax.plot(*marker, "*", color="w", mec="k", ms=14, label="design point")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(x.replace("_", " "))
+    ax.set_ylabel(y.replace("_", " "))
+    ax.legend(fontsize=7, loc="upper right")
+    return ax

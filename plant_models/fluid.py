@@ -1,0 +1,516 @@
+"""The fluid model of the token factory: a python-control ``NonlinearIOSystem`` plus exact delays.
+
+States (requests): admission ``backlog`` Q, ``fill_wip`` W (admitted, not yet KV-ready), ``ready``
+buffer R, ``decoding`` D (active decodes), and cumulative counters (arrived, admitted, completed,
+shed, requeued) that make the conservation law checkable::
+
+    arrived = completed + shed + Q + W + R + D
+
+Flows (requests/s), with ``f(t, x, u, params)`` as in python-control:
+
+* admission  a = min(command, fill capacity, Q / admit_tau)          (backlog -> fill)
+* shedding   max(Q - bound, 0) / shed_tau, reason "backlog_over_bound"
+* KV ready   a(t - theta), theta = fill latency + KV transfer time    (fill -> ready; exact delay)
+* dispatch   s = min(R / dispatch_s, completions + (slots - D) / dispatch_s)   (ready -> decode)
+* completion c = rate_factor * D / (output_tokens * (t0 + t1 * D / n_decode))  (roofline pass time)
+* eviction   max(D - slots, 0) / evict_tau back to the backlog when decode workers are lost
+  (their KV is gone with the worker and must be rebuilt by a new fill).
+
+The fill-to-ready delay is not a state of the ``NonlinearIOSystem``: its delayed output enters as
+the input ``ready_inflow``, and :func:`simulate_loop` feeds it from a :class:`DelayLine`, so pure
+delays are exact in simulation. Linear analysis (``ready_buffer_tf``) returns the delay-free
+transfer function and the delay separately; Pade approximations are made only there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import control
+import numpy as np
+import pandas as pd
+
+from plant_models.delay import DelayLine
+from plant_models.roofline import Parallelism, Worker
+from plant_models.signals import AdmissionAction, Measurement
+from tokenfactory.validation import ConfigError, check_int, check_number, reject_unknown_keys
+
+__all__ = [
+    "RequestShape",
+    "FluidParams",
+    "FluidPlant",
+    "DemandStep",
+    "DecodeRateDip",
+    "DecodeWorkersLost",
+    "LoopScenario",
+    "LoopResponse",
+    "ConservationError",
+    "simulate_loop",
+    "STATES",
+    "INPUTS",
+    "OUTPUTS",
+]
+
+STATES = ("backlog", "fill_wip", "ready", "decoding", "arrived", "admitted", "completed", "shed",
+          "requeued")
+INPUTS = ("demand", "admission_command", "backlog_bound", "ready_inflow", "fill_workers",
+          "decode_workers", "decode_rate_factor")
+OUTPUTS = ("backlog", "fill_wip", "ready", "decoding", "admitted_rate", "completion_rate",
+           "dispatch_rate", "shed_rate", "decode_slots", "fill_capacity", "decode_utilization")
+
+
+class ConservationError(RuntimeError):
+    """A simulation lost or invented requests: arrivals != completed + shed + in system."""
+
+
+@dataclass(frozen=True)
+class RequestShape:
+    """The nominal request a fluid model is parameterised at (tokens)."""
+
+    prompt_tokens: int = 2048
+    output_tokens: int = 512
+    cached_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        check_int("shape.prompt_tokens", self.prompt_tokens, low=1)
+        check_int("shape.output_tokens", self.output_tokens, low=1)
+        check_int("shape.cached_tokens", self.cached_tokens, low=0)
+
+    @property
+    def decode_context_tokens(self) -> int:
+        """Context at the end of decode: what KV slots must hold."""
+        return self.cached_tokens + self.prompt_tokens + self.output_tokens
+
+
+@dataclass(frozen=True)
+class FluidParams:
+    """Per-worker rates and the loop's delays (SI units, requests). Build with :meth:`from_workers`."""
+
+    fill_rate_per_worker: float
+    fill_latency_s: float
+    kv_transfer_s: float
+    decode_slots_per_worker: float
+    decode_step_batches: tuple[float, ...]
+    decode_step_times_s: tuple[float, ...]
+    output_tokens: float
+    dispatch_s: float
+    measurement_delay_s: float
+    admit_tau_s: float = 0.05
+    shed_tau_s: float = 0.5
+    evict_tau_s: float = 0.1
+    provenance: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        for f in ("fill_rate_per_worker", "decode_slots_per_worker", "output_tokens",
+                  "dispatch_s", "admit_tau_s", "shed_tau_s", "evict_tau_s"):
+            check_number(f"plant.{f}", getattr(self, f), low=0.0, low_inclusive=False)
+        for f in ("fill_latency_s", "kv_transfer_s", "measurement_delay_s"):
+            check_number(f"plant.{f}", getattr(self, f), low=0.0)
+        b, ts = tuple(map(float, self.decode_step_batches)), tuple(map(float, self.decode_step_times_s))
+        if len(b) < 1 or len(b) != len(ts) or any(x >= y for x, y in zip(b, b[1:])):
+            raise ConfigError("plant.decode_step_batches", "needs increasing batch sizes, one pass time each")
+        for i, v in enumerate(ts):
+            check_number(f"plant.decode_step_times_s[{i}]", v, low=0.0, low_inclusive=False)
+        object.__setattr__(self, "decode_step_batches", b)
+        object.__setattr__(self, "decode_step_times_s", ts)
+
+    @property
+    def fill_to_ready_s(self) -> float:
+        """Admission to KV ready: fill latency + KV blob transfer (the loop's plant delay)."""
+        return self.fill_latency_s + self.kv_transfer_s
+
+    def decode_step_s(self, batch_per_worker: float) -> float:
+        """Decode pass time (TPOT) at a batch, interpolated in the roofline table."""
+        return float(np.interp(batch_per_worker, self.decode_step_batches, self.decode_step_times_s))
+
+    def decode_slots(self, decode_workers: float) -> float:
+        return decode_workers * self.decode_slots_per_worker
+
+    def completion_rate(self, decoding: float, decode_workers: float, rate_factor: float = 1.0) -> float:
+        if decode_workers <= 0 or decoding <= 0:
+            return 0.0
+        return rate_factor * decoding / (self.output_tokens * self.decode_step_s(decoding / decode_workers))
+
+    def decode_capacity(self, decode_workers: float, rate_factor: float = 1.0) -> float:
+        """Completions/s with every slot busy."""
+        return self.completion_rate(self.decode_slots(decode_workers), decode_workers, rate_factor)
+
+    def mean_decode_s(self, decode_workers: float = 1.0) -> float:
+        """Decode duration of one request at full batch."""
+        return self.output_tokens * self.decode_step_s(self.decode_slots_per_worker)
+
+    def scaled(self, *, delay_factor: float = 1.0, service_rate_factor: float = 1.0) -> "FluidParams":
+        """A perturbed plant: fill-to-ready and measurement delays x ``delay_factor``; fill and
+        decode service rates x ``service_rate_factor`` (fill latency scales inversely)."""
+        check_number("delay_factor", delay_factor, low=0.0, low_inclusive=False)
+        check_number("service_rate_factor", service_rate_factor, low=0.0, low_inclusive=False)
+        return dataclasses.replace(
+            self,
+            fill_rate_per_worker=self.fill_rate_per_worker * service_rate_factor,
+            fill_latency_s=self.fill_latency_s * delay_factor / service_rate_factor,
+            kv_transfer_s=self.kv_transfer_s * delay_factor,
+            measurement_delay_s=self.measurement_delay_s * delay_factor,
+            decode_step_times_s=tuple(t / service_rate_factor for t in self.decode_step_times_s),
+        )
+
+    @classmethod
+    def from_workers(cls, fill_worker: Worker, decode_worker: Worker, shape: RequestShape = RequestShape(),
+                     *, measurement_delay_s: float = 0.5, kv_stripes: int = 8, kv_setup_s: float = 0.005,
+                     **kw) -> "FluidParams":
+        """Derive the plant from roofline service rates (nothing typed by hand).
+
+        Fill: one pass over one prompt per attention replica; its time is the fill latency and its
+        throughput the fill rate. KV transfer: blob bytes over ``kv_stripes`` scale-out links of the
+        fill worker's GPUs, plus ``kv_setup_s``. Decode: slots from KV memory at the end-of-decode
+        context; pass time tabulated from the roofline over the feasible batches (interpolated).
+        """
+        check_int("plant.kv_stripes", kv_stripes, low=1)
+        check_number("plant.kv_setup_s", kv_setup_s, low=0.0)
+        dp = fill_worker.parallelism.dp_attention
+        fill = fill_worker.midfill(shape.prompt_tokens, shape.cached_tokens, sequences=dp)
+        fill_rate = fill.tokens_per_s / shape.prompt_tokens
+        blob = fill_worker.model.kv_bytes(shape.prompt_tokens + shape.cached_tokens)
+        kv_s = blob / (kv_stripes * fill_worker.accelerator.scale_out_bandwidth) + kv_setup_s
+        ctx = shape.decode_context_tokens
+        slots = decode_worker.decode_slots(ctx)
+        if slots < 1:
+            raise ConfigError("plant.shape", f"a {ctx}-token context does not fit in a decode worker")
+        batches = np.unique(np.geomspace(1, slots, 16).round().astype(int))
+        times = tuple(decode_worker.decode(int(b), ctx).time_s for b in batches)
+        dispatch = times[-1]  # a ready request joins the batch at the next decode pass
+        prov = {"fill_model": fill_worker.model.name, "fill_hardware": fill_worker.accelerator.name,
+                "decode_model": decode_worker.model.name, "decode_hardware": decode_worker.accelerator.name,
+                "shape": dataclasses.asdict(shape), "kv_blob_bytes": blob}
+        return cls(fill_rate_per_worker=fill_rate, fill_latency_s=fill.time_s, kv_transfer_s=kv_s,
+                   decode_slots_per_worker=float(slots), decode_step_batches=tuple(map(float, batches)),
+                   decode_step_times_s=times, output_tokens=float(shape.output_tokens),
+                   dispatch_s=float(dispatch), measurement_delay_s=measurement_delay_s,
+                   provenance=prov, **kw)
+
+
+def _dynamics(t, x, u, params: FluidParams):
+    q, w, r, d = x[0], x[1], x[2], x[3]
+    lam, cmd, bound, r_in, nf, nd, rf = u
+    p = params
+    a = max(0.0, min(cmd, nf * p.fill_rate_per_worker, q / p.admit_tau_s))
+    shed = max(q - bound, 0.0) / p.shed_tau_s
+    slots = nd * p.decode_slots_per_worker
+    c = p.completion_rate(d, nd, rf)
+    evict = max(d - slots, 0.0) / p.evict_tau_s
+    s = max(0.0, min(r / p.dispatch_s, c + (slots - d) / p.dispatch_s))
+    return np.array([lam - a - shed + evict, a - r_in, r_in - s, s - c - evict,
+                     lam, a, c, shed, evict])
+
+
+def _outputs(t, x, u, params: FluidParams):
+    q, w, r, d = x[0], x[1], x[2], x[3]
+    lam, cmd, bound, r_in, nf, nd, rf = u
+    p = params
+    fill_cap = nf * p.fill_rate_per_worker
+    a = max(0.0, min(cmd, fill_cap, q / p.admit_tau_s))
+    slots = nd * p.decode_slots_per_worker
+    c = p.completion_rate(d, nd, rf)
+    s = max(0.0, min(r / p.dispatch_s, c + (slots - d) / p.dispatch_s))
+    shed = max(q - bound, 0.0) / p.shed_tau_s
+    return np.array([q, w, r, d, a, c, s, shed, slots, fill_cap, d / slots if slots > 0 else 0.0])
+
+
+class FluidPlant:
+    """The fluid token factory with its pools: ``system`` is the python-control NonlinearIOSystem."""
+
+    def __init__(self, params: FluidParams, fill_workers: float, decode_workers: float):
+        self.params = params
+        self.fill_workers = check_number("plant.fill_workers", fill_workers, low=0.0, low_inclusive=False)
+        self.decode_workers = check_number("plant.decode_workers", decode_workers, low=0.0,
+                                           low_inclusive=False)
+        self.system = control.NonlinearIOSystem(
+            _dynamics, _outputs, params={"params": params}, inputs=list(INPUTS),
+            outputs=list(OUTPUTS), states=list(STATES), name="token_factory")
+
+    # python-control passes params as a dict; unwrap so f(t, x, u, params) sees FluidParams.
+    @staticmethod
+    def dynamics(t, x, u, params: FluidParams):
+        return _dynamics(t, x, u, params)
+
+    @staticmethod
+    def outputs(t, x, u, params: FluidParams):
+        return _outputs(t, x, u, params)
+
+    @property
+    def decode_capacity(self) -> float:
+        return self.params.decode_capacity(self.decode_workers)
+
+    @property
+    def fill_capacity(self) -> float:
+        return self.fill_workers * self.params.fill_rate_per_worker
+
+    def operating_point(self, ready: float, demand: float | None = None):
+        """Regulated equilibrium: decode slots full, ``ready`` requests buffered, admission =
+        completions = ``demand`` (default: decode capacity). Returns (x_eq, u_eq)."""
+        p = self.params
+        c = self.decode_capacity if demand is None else demand
+        slots = p.decode_slots(self.decode_workers)
+        x = np.array([2.0 * c * p.admit_tau_s, c * p.fill_to_ready_s, ready, slots, 0, 0, 0, 0, 0])
+        u = np.array([c, c, math.inf, c, self.fill_workers, self.decode_workers, 1.0])
+        return x, u
+
+    def initial_state(self, ready: float, backlog: float = 0.0) -> np.ndarray:
+        """A loaded factory: decode slots full, ``ready`` buffered, fill pipeline at decode capacity,
+        ``backlog`` waiting; cumulative counters consistent (arrived = everything in the system)."""
+        x, _ = self.operating_point(ready)
+        x[0] = backlog
+        x[STATES.index("arrived")] = x[0] + x[1] + x[2] + x[3]
+        return x
+
+    def linearize(self, ready: float, demand: float | None = None) -> control.StateSpace:
+        """python-control ``linearize`` of the delay-free system at :meth:`operating_point`."""
+        x, u = self.operating_point(ready, demand)
+        u = u.copy()
+        u[2] = 1e12  # a finite stand-in for "no backlog bound" (finite differences need finite inputs)
+        wrapped = control.NonlinearIOSystem(
+            lambda t, x, u, params: _dynamics(t, x, u, self.params),
+            lambda t, x, u, params: _outputs(t, x, u, self.params),
+            inputs=list(INPUTS), outputs=list(OUTPUTS), states=list(STATES))
+        return control.linearize(wrapped, x, u)
+
+    def ready_buffer_tf(self, ready: float | None = None) -> tuple[control.TransferFunction, float]:
+        """Delay-free transfer function from KV-ready inflow to the ready buffer at the regulated
+        operating point, and the fill-to-ready delay theta. With decode slots full the ready buffer
+        is an integrator: R(s)/A(s) = e^{-theta s} / s."""
+        if ready is None:
+            ready = self.decode_capacity * self.params.dispatch_s * 20.0
+        lin = self.linearize(ready)
+        i, o = INPUTS.index("ready_inflow"), OUTPUTS.index("ready")
+        sub = control.ss(lin.A, lin.B[:, [i]], lin.C[[o], :], lin.D[[o], [i]])
+        tf = control.minreal(control.ss2tf(sub), tol=1e-7, verbose=False)
+        return tf, self.params.fill_to_ready_s
+
+
+# --------------------------------------------------------------------------------------------
+# Scenarios and the closed-loop simulator
+
+
+@dataclass(frozen=True)
+class DemandStep:
+    """Demand multiplied by ``factor`` from ``at_s`` on."""
+
+    at_s: float
+    factor: float
+
+
+@dataclass(frozen=True)
+class DecodeRateDip:
+    """Decode speed multiplied by ``factor`` (e.g. 0.7 = a 30 % dip) for ``duration_s``."""
+
+    start_s: float
+    duration_s: float
+    factor: float
+
+
+@dataclass(frozen=True)
+class DecodeWorkersLost:
+    """``fraction`` of decode workers lost at ``at_s`` (their sequences are re-queued)."""
+
+    at_s: float
+    fraction: float
+
+
+_DISTURBANCES = {"demand_step": DemandStep, "decode_rate_dip": DecodeRateDip,
+                 "decode_workers_lost": DecodeWorkersLost}
+
+
+@dataclass(frozen=True)
+class LoopScenario:
+    """What happens to the plant: demand (requests/s) with optional seeded noise and disturbances."""
+
+    demand: float
+    duration_s: float = 300.0
+    dt: float = 0.01
+    disturbances: tuple = ()
+    demand_noise_cv: float = 0.0
+    noise_interval_s: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_number("scenario.demand", self.demand, low=0.0)
+        check_number("scenario.duration_s", self.duration_s, low=0.0, low_inclusive=False)
+        check_number("scenario.dt", self.dt, low=1e-5, high=1.0)
+        check_number("scenario.demand_noise_cv", self.demand_noise_cv, low=0.0, high=5.0)
+        check_number("scenario.noise_interval_s", self.noise_interval_s, low=self.dt)
+        check_int("scenario.seed", self.seed, low=0)
+        for i, d in enumerate(self.disturbances):
+            if not isinstance(d, tuple(_DISTURBANCES.values())):
+                raise ConfigError(f"scenario.disturbances[{i}]", f"unknown disturbance {d!r}")
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, demand: float, where: str = "scenario") -> "LoopScenario":
+        """``demand`` is resolved by the caller (absolute rate); disturbances are tables with a
+        ``kind`` among demand_step, decode_rate_dip, decode_workers_lost."""
+        d = dict(d)
+        reject_unknown_keys(where, d, {"duration_s", "dt", "disturbances", "demand_noise_cv",
+                                       "noise_interval_s", "seed", "demand_factor"})
+        d.pop("demand_factor", None)
+        dist = []
+        for i, item in enumerate(d.pop("disturbances", [])):
+            item = dict(item)
+            kind = item.pop("kind", None)
+            if kind not in _DISTURBANCES:
+                raise ConfigError(f"{where}.disturbances[{i}].kind",
+                                  f"{kind!r} is not one of {', '.join(_DISTURBANCES)}")
+            klass = _DISTURBANCES[kind]
+            reject_unknown_keys(f"{where}.disturbances[{i}]", item, {f.name for f in dataclasses.fields(klass)})
+            dist.append(klass(**item))
+        return cls(demand=demand, disturbances=tuple(dist), **d)
+
+    def demand_at(self, t: float, noise: np.ndarray) -> float:
+        lam = self.demand
+        for d in self.disturbances:
+            if isinstance(d, DemandStep) and t >= d.at_s:
+                lam *= d.factor
+        if self.demand_noise_cv > 0:
+            lam *= max(0.0, 1.0 + self.demand_noise_cv * noise[min(int(t / self.noise_interval_s), len(noise) - 1)])
+        return lam
+
+    def decode_rate_factor(self, t: float) -> float:
+        f = 1.0
+        for d in self.disturbances:
+            if isinstance(d, DecodeRateDip) and d.start_s <= t < d.start_s + d.duration_s:
+                f *= d.factor
+        return f
+
+    def decode_worker_factor(self, t: float) -> float:
+        f = 1.0
+        for d in self.disturbances:
+            if isinstance(d, DecodeWorkersLost) and t >= d.at_s:
+                f *= 1.0 - d.fraction
+        return f
+
+
+@dataclass
+class LoopResponse:
+    """A closed-loop fluid simulation: outputs on the simulation grid, controller samples, and the
+    conservation residual. ``to_pandas()`` gives one row per grid point."""
+
+    time: np.ndarray
+    outputs: dict[str, np.ndarray]
+    states: dict[str, np.ndarray]
+    demand: np.ndarray
+    command: np.ndarray
+    sample_times: np.ndarray
+    conservation_residual: float
+    params: FluidParams
+    scenario: LoopScenario
+    controller: str
+
+    def to_pandas(self) -> pd.DataFrame:
+        df = pd.DataFrame({"time_s": self.time, "demand": self.demand, "command": self.command,
+                           **self.outputs})
+        for k in ("arrived", "completed", "shed", "requeued"):
+            df[k] = self.states[k]
+        return df
+
+    def window(self, start_s: float, end_s: float | None = None) -> np.ndarray:
+        end_s = self.time[-1] + 1e-9 if end_s is None else end_s
+        return (self.time >= start_s) & (self.time <= end_s)
+
+    def sampled(self, name: str, period_s: float, start_s: float = 0.0) -> np.ndarray:
+        """Output ``name`` resampled every ``period_s`` from ``start_s`` (for detectors)."""
+        step = max(1, int(round(period_s / self.scenario.dt)))
+        i0 = int(np.searchsorted(self.time, start_s))
+        return self.outputs[name][i0::step]
+
+
+def _as_action(a) -> AdmissionAction:
+    return a if isinstance(a, AdmissionAction) else AdmissionAction(float(a))
+
+
+def simulate_loop(plant: FluidPlant, controller, scenario: LoopScenario, *,
+                  x0: Sequence[float] | None = None, conservation_rtol: float = 1e-6) -> LoopResponse:
+    """Simulate ``controller`` closing the admission loop around ``plant`` under ``scenario``.
+
+    Fixed-step explicit integration on a grid of ``scenario.dt``; the fill-to-ready delay and the
+    measurement delay are exact delay lines on that grid. The controller is sampled every
+    ``controller.sample_period`` seconds, sees a :class:`Measurement` ``measurement_delay_s`` old,
+    and its action is held until the next sample (zero-order hold). Raises
+    :class:`ConservationError` if requests are lost or invented.
+    """
+    p = plant.params
+    dt = scenario.dt
+    n = int(round(scenario.duration_s / dt)) + 1
+    t_grid = np.arange(n) * dt
+    x = np.zeros(len(STATES)) if x0 is None else np.array(x0, dtype=float)
+    if x.shape != (len(STATES),):
+        raise ConfigError("x0", f"expected {len(STATES)} states {STATES}")
+    rng = np.random.default_rng(scenario.seed)
+    noise = rng.standard_normal(int(scenario.duration_s / scenario.noise_interval_s) + 2)
+    theta, tau_m = p.fill_to_ready_s, p.measurement_delay_s
+    admitted_line = DelayLine(dt, theta + dt, initial=0.0)
+    out_lines = {k: DelayLine(dt, tau_m + dt) for k in OUTPUTS}
+    controller.reset()
+    period = float(controller.sample_period)
+    if period < dt:
+        raise ConfigError("controller.sample_period", f"{period} s is shorter than the step {dt} s")
+    sample_every = max(1, int(round(period / dt)))
+    action = AdmissionAction(0.0)
+    outs = np.empty((n, len(OUTPUTS)))
+    sts = np.empty((n, len(STATES)))
+    demand = np.empty(n)
+    command = np.empty(n)
+    samples = []
+    first = True
+    for k in range(n):
+        t = t_grid[k]
+        lam = scenario.demand_at(t, noise)
+        nd = plant.decode_workers * scenario.decode_worker_factor(t)
+        rf = scenario.decode_rate_factor(t)
+        # the KV-ready inflow is what was admitted theta seconds ago (exact delay)
+        # (the newest sample in the line is from t - dt, hence theta - dt)
+        r_in = admitted_line.read(max(theta - dt, 0.0)) if k else 0.0
+        u = (lam, action.rate, action.backlog_bound, r_in, plant.fill_workers, nd, rf)
+        y = _outputs(t, x, u, p)
+        if first:  # history before t=0 equals the initial outputs
+            for j, name in enumerate(OUTPUTS):
+                out_lines[name] = DelayLine(dt, tau_m + dt, initial=float(y[j]))
+            first = False
+        for j, name in enumerate(OUTPUTS):
+            out_lines[name].push(float(y[j]))
+        if k % sample_every == 0:
+            m = Measurement(
+                time_s=max(t - tau_m, 0.0),
+                backlog=out_lines["backlog"].read(tau_m),
+                fill_in_progress=out_lines["fill_wip"].read(tau_m),
+                ready=out_lines["ready"].read(tau_m),
+                active_decodes=out_lines["decoding"].read(tau_m),
+                completion_rate=out_lines["completion_rate"].read(tau_m),
+                admitted_rate=out_lines["admitted_rate"].read(tau_m),
+                decode_slots=out_lines["decode_slots"].read(tau_m),
+                fill_capacity=out_lines["fill_capacity"].read(tau_m),
+            )
+            action = _as_action(controller.update(t, m))
+            samples.append(t)
+            u = (lam, action.rate, action.backlog_bound, r_in, plant.fill_workers, nd, rf)
+            y = _outputs(t, x, u, p)
+        outs[k] = y
+        sts[k] = x
+        demand[k] = lam
+        command[k] = action.rate
+        admitted_line.push(float(y[OUTPUTS.index("admitted_rate")]))
+        if k < n - 1:
+            x = x + dt * _dynamics(t, x, u, p)
+    states = {s: sts[:, i] for i, s in enumerate(STATES)}
+    in_system = states["backlog"] + states["fill_wip"] + states["ready"] + states["decoding"]
+    residual = states["arrived"] - (states["completed"] + states["shed"] + in_system)
+    worst = float(np.max(np.abs(residual)))
+    scale = max(1.0, float(states["arrived"][-1]))
+    if worst > conservation_rtol * scale:
+        raise ConservationError(
+            f"fluid model lost requests: max |arrived - (completed + shed + in system)| = {worst:.3g} "
+            f"of {scale:.3g} arrivals")
+    if np.min(in_system) < -1e-9 * scale or min(states[s].min() for s in ("backlog", "ready", "decoding")) < -1e-6 * scale:
+        raise ConservationError("a fluid queue went negative; reduce scenario.dt")
+    return LoopResponse(t_grid, {o: outs[:, i] for i, o in enumerate(OUTPUTS)}, states, demand, command,
+                        np.array(samples), worst, p, scenario, type(controller).__name__)

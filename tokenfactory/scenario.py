@@ -1,0 +1,201 @@
+"""Scenario files: a plant, a controller, a stability envelope and a simulation, in one TOML.
+
+Resolved once and validated up front: unknown keys and out-of-range values raise
+:class:`ConfigError` naming the field. Used by ``tokenfactory margins`` and the studies.
+
+.. code-block:: toml
+
+    [plant]
+    model = "deepseek-v3"          # preset, TOML path, or table
+    hardware = "h200"              # preset, TOML path, or table (decode_* keys override for decode)
+    parallelism = { tp = 1, pp = 1, ep = 8 }
+    fill_workers = 6
+    decode_workers = 4
+    prompt_tokens = 2048
+    output_tokens = 512
+    measurement_delay_s = 0.5
+
+    [controller]
+    kind = "smoothed"              # naive | threshold | smoothed
+    sample_period_s = 0.25
+
+    [envelope]
+    delay_factors = [0.5, 1.0, 2.0]
+    service_rate_factors = [0.7, 1.0, 1.3]
+
+    [simulation]
+    demand_factor = 1.0            # x decode capacity
+    duration_s = 300
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import control
+import pandas as pd
+
+from controllers.admission import CompletionTriggeredAdmission, SmoothedAdmission, ThresholdAdmission
+from controllers.autotune import StabilityEnvelope, TuningReport, admission_loop, tune_smoothed_admission
+from controllers.describing import predict_limit_cycles
+from controllers.stability import DelayedLoop, stability_margins
+from controllers.tuning import simc_pi
+from plant_models.fluid import FluidParams, FluidPlant, LoopScenario, RequestShape
+from plant_models.roofline import Worker
+from tokenfactory.validation import ConfigError, check_choice, check_number, reject_unknown_keys
+
+__all__ = ["Scenario", "load_scenario", "scenario_from_dict", "build_plant", "build_controller",
+           "margins_table", "naive_limit_cycle"]
+
+_PLANT_KEYS = {"model", "hardware", "parallelism", "efficiency", "decode_model", "decode_hardware",
+               "decode_parallelism", "fill_workers", "decode_workers", "prompt_tokens", "output_tokens",
+               "cached_tokens", "measurement_delay_s", "kv_stripes", "kv_setup_s"}
+_CONTROLLER_KEYS = {
+    "naive": {"kind", "sample_period_s", "open_gain", "low_water", "open_floor"},
+    "threshold": {"kind", "sample_period_s", "threshold", "hysteresis", "signal", "open_rate"},
+    "smoothed": {"kind", "sample_period_s", "filter_tau_s", "service_filter_tau_s", "safety_z",
+                 "backlog_bound_s", "kc", "ti", "target_ready"},
+}
+
+
+@dataclass
+class Scenario:
+    """A resolved scenario: everything built, plus the raw config it came from."""
+
+    name: str
+    plant: FluidPlant
+    controller: Any
+    envelope: StabilityEnvelope
+    simulation: LoopScenario
+    tuning: TuningReport | None
+    config: dict = field(default_factory=dict)
+
+
+def build_plant(d: Mapping[str, Any], where: str = "plant") -> FluidPlant:
+    d = dict(d)
+    reject_unknown_keys(where, d, _PLANT_KEYS)
+    for req in ("model", "hardware", "fill_workers", "decode_workers"):
+        if req not in d:
+            raise ConfigError(f"{where}.{req}", "missing")
+    common = {k: d[k] for k in ("parallelism", "efficiency") if k in d}
+    fill = Worker.from_dict({"model": d["model"], "hardware": d["hardware"], **common}, where=f"{where}")
+    dec_common = dict(common)
+    if "decode_parallelism" in d:
+        dec_common["parallelism"] = d["decode_parallelism"]
+    decode = Worker.from_dict({"model": d.get("decode_model", d["model"]),
+                               "hardware": d.get("decode_hardware", d["hardware"]), **dec_common},
+                              where=f"{where}.decode")
+    shape = RequestShape(d.get("prompt_tokens", 2048), d.get("output_tokens", 512), d.get("cached_tokens", 0))
+    params = FluidParams.from_workers(
+        fill, decode, shape,
+        measurement_delay_s=check_number(f"{where}.measurement_delay_s", d.get("measurement_delay_s", 0.5), low=0.0),
+        kv_stripes=d.get("kv_stripes", 8), kv_setup_s=d.get("kv_setup_s", 0.005))
+    return FluidPlant(params, d["fill_workers"], d["decode_workers"])
+
+
+def build_controller(d: Mapping[str, Any], plant: FluidPlant, envelope: StabilityEnvelope,
+                     where: str = "controller") -> tuple[Any, TuningReport | None]:
+    d = dict(d)
+    kind = check_choice(f"{where}.kind", d.get("kind"), _CONTROLLER_KEYS)
+    reject_unknown_keys(where, d, _CONTROLLER_KEYS[kind])
+    c = plant.decode_capacity
+    if kind == "naive":
+        return CompletionTriggeredAdmission(open_gain=d.get("open_gain", 0.5), low_water=d.get("low_water", 50.0),
+                                            open_floor=d.get("open_floor", 1.0),
+                                            sample_period=d.get("sample_period_s", 0.05)), None
+    if kind == "threshold":
+        return ThresholdAdmission(threshold=d.get("threshold", 1.05), hysteresis=d.get("hysteresis", 0.0),
+                                  signal=d.get("signal", "kv_occupancy"), open_rate=d.get("open_rate"),
+                                  sample_period=d.get("sample_period_s", 0.1)), None
+    T = d.get("sample_period_s", 0.25)
+    ctrl, report = tune_smoothed_admission(
+        plant, sample_period=T, filter_tau=d.get("filter_tau_s"),
+        service_filter_tau=d.get("service_filter_tau_s", 5.0), envelope=envelope,
+        safety_z=d.get("safety_z", 2.0), backlog_bound_s=d.get("backlog_bound_s", 30.0))
+    if "kc" in d or "ti" in d or "target_ready" in d:  # hand tuning overrides the auto-tuner
+        gains = simc_pi(1.0, report.effective_delay_s, tau_c=report.tau_c_s)
+        kc = check_number(f"{where}.kc", d.get("kc", gains.kc), low=0.0, low_inclusive=False)
+        ti = check_number(f"{where}.ti", d.get("ti", gains.ti), low=0.0, low_inclusive=False)
+        from controllers.tuning import PIGains
+
+        ctrl = SmoothedAdmission(d.get("target_ready", ctrl.target_ready),
+                                 PIGains(kc, ti, report.tau_c_s, report.effective_delay_s),
+                                 filter_tau=ctrl.filter_tau, service_filter_tau=ctrl.service_filter_tau,
+                                 sample_period=T, rate_limit=ctrl.rate_limit, backlog_bound=ctrl.backlog_bound)
+        report = None
+    return ctrl, report
+
+
+def scenario_from_dict(d: Mapping[str, Any], name: str = "scenario") -> Scenario:
+    d = dict(d)
+    reject_unknown_keys("", d, {"name", "description", "plant", "controller", "envelope", "simulation"})
+    for req in ("plant", "controller"):
+        if req not in d:
+            raise ConfigError(req, "missing section")
+    plant = build_plant(d["plant"])
+    env_d = dict(d.get("envelope", {}))
+    reject_unknown_keys("envelope", env_d, {"delay_factors", "service_rate_factors", "gm_floor", "pm_floor_deg"})
+    for k in ("delay_factors", "service_rate_factors"):
+        if k in env_d:
+            env_d[k] = tuple(env_d[k])
+    envelope = StabilityEnvelope(**env_d)
+    sim = dict(d.get("simulation", {}))
+    factor = check_number("simulation.demand_factor", sim.get("demand_factor", 1.0), low=0.0, high=10.0)
+    simulation = LoopScenario.from_dict(sim, demand=factor * plant.decode_capacity, where="simulation")
+    controller, tuning = build_controller(d["controller"], plant, envelope)
+    return Scenario(d.get("name", name), plant, controller, envelope, simulation, tuning, dict(d))
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("scenario", f"file {str(path)!r} does not exist")
+    try:
+        with path.open("rb") as fh:
+            d = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(path.name, f"not valid TOML: {exc}") from None
+    return scenario_from_dict(d, name=path.stem)
+
+
+def naive_limit_cycle(plant: FluidPlant, controller: CompletionTriggeredAdmission, method: str = "exact"):
+    """Describing-function prediction for the naive loop: a relay of amplitude open_gain x c around
+    the ready buffer's integrator, delayed by fill-to-ready + measurement delay + T/2."""
+    p = plant.params
+    P, theta = plant.ready_buffer_tf()
+    loop = DelayedLoop(P, theta + p.measurement_delay_s + controller.sample_period / 2.0, "naive")
+    cycles = predict_limit_cycles(loop, controller.describing_nonlinearity(plant.decode_capacity), method=method)
+    return loop, (cycles[0] if cycles else None)
+
+
+def margins_table(sc: Scenario) -> pd.DataFrame:
+    """One row per envelope point: exact and Pade margins (linear controllers) or the predicted
+    limit cycle (relay-like controllers)."""
+    rows = []
+    if isinstance(sc.controller, SmoothedAdmission):
+        for dfac, rfac in sc.envelope.points():
+            loop = admission_loop(sc.plant, sc.controller, delay_factor=dfac, service_rate_factor=rfac)
+            ex, pa = stability_margins(loop), stability_margins(loop, "pade")
+            rows.append({"delay_factor": dfac, "service_rate_factor": rfac, "loop_delay_s": loop.delay,
+                         "gain_margin": ex.gain_margin, "phase_margin_deg": ex.phase_margin_deg,
+                         "delay_margin_s": ex.delay_margin_s, "ms": ex.ms,
+                         "pade": pa.method, "pade_phase_margin_deg": pa.phase_margin_deg,
+                         "meets_floors": ex.meets(sc.envelope.gm_floor, sc.envelope.pm_floor_deg)})
+    elif isinstance(sc.controller, CompletionTriggeredAdmission):
+        for dfac, rfac in sc.envelope.points():
+            params = sc.plant.params.scaled(delay_factor=dfac, service_rate_factor=rfac)
+            pl = FluidPlant(params, sc.plant.fill_workers, sc.plant.decode_workers)
+            loop, lc = naive_limit_cycle(pl, sc.controller)
+            rows.append({"delay_factor": dfac, "service_rate_factor": rfac, "loop_delay_s": loop.delay,
+                         "limit_cycle": lc is not None,
+                         "predicted_period_s": lc.period_s if lc else math.nan,
+                         "predicted_amplitude": lc.amplitude if lc else math.nan, "meets_floors": lc is None})
+    else:
+        raise ConfigError("controller.kind", "margins are defined for 'smoothed' (linear) and 'naive' "
+                          "(relay) controllers; 'threshold' is an on/off rule with no linear part")
+    return pd.DataFrame(rows)
