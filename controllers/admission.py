@@ -130,8 +130,9 @@ class SmoothedAdmission(SampledController):
         self.filter_tau = check_number("smoothed.filter_tau", filter_tau, low=0.0)
         self.service_filter_tau = check_number("smoothed.service_filter_tau", service_filter_tau, low=0.0)
         self.max_rate = None if max_rate is None else check_number("smoothed.max_rate", max_rate, low=0.0)
-        self.rate_limit = check_number("smoothed.rate_limit", rate_limit, low=0.0, low_inclusive=False)
-        self.backlog_bound = check_number("smoothed.backlog_bound", backlog_bound, low=0.0)
+        self.rate_limit = check_number("smoothed.rate_limit", rate_limit, low=0.0, low_inclusive=False,
+                                       allow_inf=True)
+        self.backlog_bound = check_number("smoothed.backlog_bound", backlog_bound, low=0.0, allow_inf=True)
         self.reset()
 
     def reset(self) -> None:

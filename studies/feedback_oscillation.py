@@ -22,6 +22,7 @@ from matplotlib.figure import Figure
 from controllers import (
     CompletionTriggeredAdmission,
     DelayedLoop,
+    SmoothedAdmission,
     ThresholdAdmission,
     admission_loop,
     assess,
@@ -240,27 +241,27 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     report.save_figure(ax.figure, "stability_map.png",
                        "Phase margin (exact delay) over measurement delay and a multiplier on the PI "
                        "gain; crosses are unstable, the white contour is PM = 45 deg, the star the design.")
-    # confirm the map in the time domain at the design point and at an unstable point
-    # the unstable point nearest the design along the delay axis at a gain at or above the design's
-    unstable = smap[~smap["stable"] & (smap["gain_factor"] >= 1.0)].sort_values(
-        ["measurement_delay_s", "gain_factor"]).head(1)
+    # Confirm the map in the time domain: at the design delay, the first unstable gain above the
+    # design. The map is of the linear loop, so the confirming run lifts the slew limit (a
+    # nonlinearity the linear analysis does not model, which can hide a linear instability).
+    design_delay = plant.params.measurement_delay_s
+    grid_delay = min(cfg["map_delays_s"], key=lambda d: abs(np.log(d / design_delay)))
+    col = smap[(smap["measurement_delay_s"] == grid_delay) & (smap["gain_factor"] >= 1.0)]
+    unstable = col[~col["stable"]].sort_values("gain_factor").head(1)
     confirm = {}
     if len(unstable):
-        ud, ug = float(unstable["measurement_delay_s"].iloc[0]), float(unstable["gain_factor"].iloc[0])
-        hot = dataclasses.replace(smoothed.gains, kc=smoothed.gains.kc * ug)
-        from controllers import SmoothedAdmission
-
-        hot_ctrl = SmoothedAdmission(target, hot, filter_tau=smoothed.filter_tau,
-                                     service_filter_tau=smoothed.service_filter_tau,
-                                     sample_period=smoothed.sample_period, rate_limit=smoothed.rate_limit,
-                                     backlog_bound=smoothed.backlog_bound)
-        pl = FluidPlant(dataclasses.replace(plant.params, measurement_delay_s=ud), plant.fill_workers,
+        ug = float(unstable["gain_factor"].iloc[0])
+        hot_ctrl = SmoothedAdmission(target, dataclasses.replace(smoothed.gains, kc=smoothed.gains.kc * ug),
+                                     filter_tau=smoothed.filter_tau, service_filter_tau=smoothed.service_filter_tau,
+                                     sample_period=smoothed.sample_period, backlog_bound=smoothed.backlog_bound)
+        pl = FluidPlant(dataclasses.replace(plant.params, measurement_delay_s=grid_delay), plant.fill_workers,
                         plant.decode_workers)
         ru = _simulate(pl, hot_ctrl, sim, ready0=target)
-        confirm = {"unstable_point": {"measurement_delay_s": ud, "gain_factor": ug,
-                                      **{k: v for k, v in _loop_summary(ru, t_a).items()
-                                         if k in ("oscillating", "thornhill_r", "decay_ratio", "period_s", "amplitude")}},
-                   "design_point": {"measurement_delay_s": plant.params.measurement_delay_s, "gain_factor": 1.0,
+        keep = ("oscillating", "thornhill_r", "decay_ratio", "period_s", "amplitude")
+        confirm = {"unstable_point": {"measurement_delay_s": grid_delay, "gain_factor": ug,
+                                      "phase_margin_deg": float(unstable["phase_margin_deg"].iloc[0]),
+                                      **{k: v for k, v in _loop_summary(ru, t_a).items() if k in keep}},
+                   "design_point": {"measurement_delay_s": design_delay, "gain_factor": 1.0,
                                     "oscillating": smooth_m["oscillating"]}}
 
     metrics = {
@@ -284,14 +285,18 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         f"Plant: DeepSeek-V3 on 8xH200 workers, {plant.fill_workers:g} fill + {plant.decode_workers:g} decode; "
         f"decode capacity {c:.0f} requests/s, fill-to-ready delay {plant.params.fill_to_ready_s * 1e3:.0f} ms, "
         f"measurement delay {plant.params.measurement_delay_s:g} s, mean decode {plant.params.mean_decode_s():.1f} s; "
-        "demand = decode capacity with 5 % noise.",
+        "demand = decode capacity with 5 % noise. (r: Thornhill regularity, R: Miao-Seborg decay ratio; "
+        "'-' where the signal has no oscillation to measure.)",
         "",
         "| loop | oscillating | r | R | period (s) | ready swing (+/-) | decode util | backlog p99 |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    def fmt(v, spec=".2f"):
+        return "-" if v is None or v != v else format(v, spec)
+
     for name, m in (("naive", n), ("threshold", threshold_m), ("smoothed", s)):
-        lines.append(f"| {name} | {m['oscillating']} | {m['thornhill_r']:.2f} | {m['decay_ratio']:.2f} | "
-                     f"{m['period_s'] or float('nan'):.2f} | {m['amplitude']:.1f} | {m['decode_utilization']:.4f} | "
+        lines.append(f"| {name} | {m['oscillating']} | {fmt(m['thornhill_r'])} | {fmt(m['decay_ratio'])} | "
+                     f"{fmt(m['period_s'])} | {m['amplitude']:.1f} | {m['decode_utilization']:.4f} | "
                      f"{m['backlog_p99']:.0f} |")
     lines += [
         "",
@@ -314,9 +319,10 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         f"{dist_m['decode_workers_lost']['requeued']:.0f} sequences re-queued, settles in "
         f"{dist_m['decode_workers_lost']['settling_time_s']:.1f} s.",
         f"* **(e) Stability map**: {100 * smap['stable'].mean():.0f} % of {len(smap)} (delay, gain) points stable; "
-        + (f"the unstable point at delay {confirm['unstable_point']['measurement_delay_s']:.2f} s, gain x"
-           f"{confirm['unstable_point']['gain_factor']:.2f} oscillates in simulation: "
-           f"{confirm['unstable_point']['oscillating']}." if confirm else "no unstable point in the grid."),
+        + (f"at the design delay the first unstable gain is x{confirm['unstable_point']['gain_factor']:.2f}; "
+           f"simulated there (slew limit lifted) it oscillates: {confirm['unstable_point']['oscillating']} "
+           f"(period {confirm['unstable_point']['period_s'] or float('nan'):.2f} s)."
+           if confirm else "no unstable gain at the design delay in the grid."),
         "",
         "Detector thresholds: Thornhill r > 1, Miao-Seborg R > 0.5, Forsman-Stattin h > 0.4 (see "
         "`controllers/oscillation.py` for sources and the verdict rule).",

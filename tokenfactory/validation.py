@@ -36,12 +36,14 @@ def _fmt(x: float) -> str:
 
 
 def check_number(field: str, value: Any, *, low: float | None = None, high: float | None = None,
-                 low_inclusive: bool = True, high_inclusive: bool = True) -> float:
-    """Return ``value`` as a finite float inside [low, high] or raise :class:`ConfigError`."""
+                 low_inclusive: bool = True, high_inclusive: bool = True, allow_inf: bool = False) -> float:
+    """Return ``value`` as a float inside [low, high] or raise :class:`ConfigError`.
+
+    NaN is always rejected; +inf only with ``allow_inf`` (for "no limit" settings)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(field, f"expected a number, got {value!r}")
     v = float(value)
-    if not math.isfinite(v):
+    if not (math.isfinite(v) or (allow_inf and v == math.inf)):
         raise ConfigError(field, f"expected a finite number, got {value!r}")
     lo_ok = low is None or (v >= low if low_inclusive else v > low)
     hi_ok = high is None or (v <= high if high_inclusive else v < high)
