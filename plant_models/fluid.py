@@ -192,31 +192,30 @@ class FluidParams:
                    provenance=prov, **kw)
 
 
-def _dynamics(t, x, u, params: FluidParams):
-    q, w, r, d = x[0], x[1], x[2], x[3]
+def _flows(x, u, p: FluidParams):
+    """The plant's flows (requests/s) and pool figures at state x, input u."""
+    q, r, d = x[0], x[2], x[3]
     lam, cmd, bound, r_in, nf, nd, rf = u
-    p = params
-    a = max(0.0, min(cmd, nf * p.fill_rate_per_worker, q / p.admit_tau_s))
+    fill_cap = nf * p.fill_rate_per_worker
+    a = max(0.0, min(cmd, fill_cap, q / p.admit_tau_s))
     shed = max(q - bound, 0.0) / p.shed_tau_s
     slots = nd * p.decode_slots_per_worker
     c = p.completion_rate(d, nd, rf)
     evict = max(d - slots, 0.0) / p.evict_tau_s
     s = max(0.0, min(r / p.dispatch_s, c + (slots - d) / p.dispatch_s))
+    return lam, r_in, a, shed, c, evict, s, slots, fill_cap
+
+
+def _dynamics(t, x, u, params: FluidParams):
+    lam, r_in, a, shed, c, evict, s, _, _ = _flows(x, u, params)
     return np.array([lam - a - shed + evict, a - r_in, r_in - s, s - c - evict,
                      lam, a, c, shed, evict])
 
 
 def _outputs(t, x, u, params: FluidParams):
-    q, w, r, d = x[0], x[1], x[2], x[3]
-    lam, cmd, bound, r_in, nf, nd, rf = u
-    p = params
-    fill_cap = nf * p.fill_rate_per_worker
-    a = max(0.0, min(cmd, fill_cap, q / p.admit_tau_s))
-    slots = nd * p.decode_slots_per_worker
-    c = p.completion_rate(d, nd, rf)
-    s = max(0.0, min(r / p.dispatch_s, c + (slots - d) / p.dispatch_s))
-    shed = max(q - bound, 0.0) / p.shed_tau_s
-    return np.array([q, w, r, d, a, c, s, shed, slots, fill_cap, d / slots if slots > 0 else 0.0])
+    _, _, a, shed, c, _, s, slots, fill_cap = _flows(x, u, params)
+    d = x[3]
+    return np.array([x[0], x[1], x[2], d, a, c, s, shed, slots, fill_cap, d / slots if slots > 0 else 0.0])
 
 
 class FluidPlant:
