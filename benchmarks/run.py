@@ -24,6 +24,47 @@ def _time(fn, repeat: int) -> float:
     return best
 
 
+def _fit_predict(name: str, y, steps: int, queue) -> None:
+    from controllers import make_forecaster
+
+    t0 = time.perf_counter()
+    f = make_forecaster(name).fit(y)
+    t1 = time.perf_counter()
+    f.predict(steps)
+    queue.put((t1 - t0, time.perf_counter() - t1))
+
+
+def _forecasting(budget_s: float = 120.0) -> dict:
+    """Fit + predict time per model on a 14-day 10-min series and a 3-week 1-min series, each
+    model in a child process killed after ``budget_s`` (a model over budget is not a default)."""
+    import multiprocessing as mp
+
+    from controllers import FORECASTERS
+    from traces import SyntheticWorkload, generate_rates
+
+    w = SyntheticWorkload(mean_rate_rps=200.0, rate_noise_cv=0.15, seed=1)
+    series = {"14d_10min": (generate_rates(w, 14 * 86400.0, 600.0)["rate_rps"], 144),
+              "21d_1min": (generate_rates(w, 21 * 86400.0, 60.0)["rate_rps"], 1440)}
+    out: dict = {}
+    ctx = mp.get_context("fork")
+    for label, (y, steps) in series.items():
+        out[label] = {"points": len(y), "predict_steps": steps}
+        for name in FORECASTERS:
+            q = ctx.Queue()
+            p = ctx.Process(target=_fit_predict, args=(name, y, steps, q))
+            p.start()
+            p.join(budget_s)
+            if p.is_alive():
+                p.terminate()
+                p.join()
+                out[label][name] = {"over_budget_s": budget_s}
+            else:
+                fit_s, pred_s = q.get() if not q.empty() else (float("nan"), float("nan"))
+                out[label][name] = {"fit_seconds": fit_s, "predict_seconds": pred_s}
+            print(f"  {label} {name}: {out[label][name]}", file=sys.stderr)
+    return out
+
+
 def main() -> int:
     from controllers import admission_loop, stability_margins
     from plant_models import Worker, accelerator_preset, model_preset, simulate_loop
@@ -48,6 +89,7 @@ def main() -> int:
     steps = int(sim.duration_s / sim.dt) + 1
     results["fluid_closed_loop"] = {"seconds": t, "steps": steps, "steps_per_s": steps / t,
                                     "simulated_s_per_wall_s": sim.duration_s / t}
+    results["forecasting"] = _forecasting()
     results["_meta"] = {"python": platform.python_version(), "machine": platform.machine(),
                         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                         "time": time.strftime("%Y-%m-%dT%H:%M:%S")}

@@ -3,6 +3,12 @@ stability margins with exact delays, describing functions and oscillation detect
 
 from controllers.admission import *  # noqa: F401,F403
 from controllers.admission import __all__ as _adm
+from controllers.backtest import *  # noqa: F401,F403
+from controllers.backtest import __all__ as _bt
+from controllers.capacity import *  # noqa: F401,F403
+from controllers.capacity import __all__ as _cap
+from controllers.forecasting import *  # noqa: F401,F403
+from controllers.forecasting import __all__ as _fc
 from controllers.autotune import *  # noqa: F401,F403
 from controllers.autotune import __all__ as _at
 from controllers.describing import *  # noqa: F401,F403
@@ -18,4 +24,4 @@ from controllers.stability import __all__ as _st
 from controllers.tuning import *  # noqa: F401,F403
 from controllers.tuning import __all__ as _tu
 
-__all__ = [*_if, *_adm, *_tu, *_at, *_st, *_df, *_osc, *_resp]
+__all__ = [*_if, *_adm, *_tu, *_at, *_st, *_df, *_osc, *_resp, *_fc, *_bt, *_cap]

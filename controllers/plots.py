@@ -8,7 +8,7 @@ import pandas as pd
 
 from controllers.stability import DelayedLoop, _grid
 
-__all__ = ["nyquist_plot", "stability_map_plot"]
+__all__ = ["nyquist_plot", "stability_map_plot", "forecast_plot", "capacity_plan_plot"]
 
 
 def _axes(ax, size=(6.0, 5.0)):
@@ -73,4 +73,42 @@ def stability_map_plot(df: pd.DataFrame, x: str, y: str, value: str = "phase_mar
     ax.set_xlabel(x.replace("_", " "))
     ax.set_ylabel(y.replace("_", " "))
     ax.legend(fontsize=7, loc="upper right")
+    return ax
+
+
+def forecast_plot(points: pd.DataFrame, model: str, *, origins=None, ax=None, color: str = "C0"):
+    """Backtest forecasts of ``model`` (rows of :class:`controllers.backtest.BacktestResult`
+    ``points``) with 80 % / 95 % bands, against the actual series."""
+    ax = _axes(ax, (11, 4))
+    p = points[points["model"] == model]
+    if origins is not None:
+        p = p[p["origin_s"].isin(origins)]
+    for o, g in p.groupby("origin_s"):
+        h = g["time_s"] / 3600.0
+        ax.fill_between(h, g["lower_95"], g["upper_95"], color=color, alpha=0.12, lw=0)
+        ax.fill_between(h, g["lower_80"], g["upper_80"], color=color, alpha=0.25, lw=0)
+        ax.plot(h, g["mean"], color=color, lw=1.2)
+    act = points if origins is None else points[points["origin_s"].isin(origins)]
+    act = act.drop_duplicates("time_s").sort_values("time_s")
+    ax.plot(act["time_s"] / 3600.0, act["actual"], color="k", lw=0.9, label="actual")
+    ax.plot([], [], color=color, lw=1.2, label=f"{model} (80 % / 95 % bands)")
+    ax.set_xlabel("time (h)")
+    ax.set_ylabel("demand (requests/s)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    return ax
+
+
+def capacity_plan_plot(plans: dict[str, pd.DataFrame], actual_hourly_peak: pd.Series, per_worker_rps: float,
+                       pool: str = "decode", ax=None):
+    """Workers per hour of several plans for one pool, with the workers the actual peak needed."""
+    ax = _axes(ax, (11, 4))
+    for i, (name, plan) in enumerate(plans.items()):
+        ax.step(plan.index / 3600.0, plan[f"{pool}_workers"], where="post", lw=1.4, color=f"C{i}", label=name)
+    need = np.ceil(actual_hourly_peak / per_worker_rps)
+    ax.step(need.index / 3600.0, need, where="post", color="k", lw=0.9, ls="--", label="needed by actual peak")
+    ax.set_xlabel("time (h)")
+    ax.set_ylabel(f"{pool} workers")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
     return ax

@@ -15,6 +15,7 @@ __all__ = ["STUDIES", "run_study"]
 STUDIES: dict[str, str] = {
     "operating-modes": "studies.operating_modes",
     "feedback-oscillation": "studies.feedback_oscillation",
+    "forecasting": "studies.forecasting",
 }
 
 

@@ -1,7 +1,8 @@
 """The ``tokenfactory`` command line.
 
 Subcommands: ``describe`` (model, hardware, worker), ``margins`` (a scenario's stability
-margins), ``study`` (runnable studies). Every error that
+margins), ``forecast`` (backtests and a capacity plan), ``traces`` (list, info, fit, synth),
+``study`` (runnable studies). Every error that
 comes from a bad value is a :class:`ConfigError` and is printed as one line, exit status 2.
 """
 
@@ -105,6 +106,103 @@ def _cmd_margins(args) -> int:
     return 0 if ok or not args.check else 1
 
 
+def _cmd_forecast(args) -> int:
+    from pathlib import Path
+
+    from controllers import FORECASTERS
+    from studies.forecasting import load_rate_series, run_forecast_job
+    from studies.report import StudyReport
+
+    models = args.models.split(",") if args.models else list(FORECASTERS)
+    for m in models:
+        if m not in FORECASTERS:
+            raise ConfigError("models", f"unknown model {m!r}; models are {', '.join(FORECASTERS)}")
+    series, shape = load_rate_series(args.trace, args.interval)
+    out = Path(args.out or Path("reports") / "forecast" / args.trace.replace(":", "-").replace("/", "_"))
+    cfg = {"trace": args.trace, "horizon": args.horizon, "models": models, "test_days": args.test_days,
+           "plan": {"model": args.model, "hardware": args.hardware, "headroom": args.headroom,
+                    "max_moves_per_hour": args.max_moves, "quantile": args.quantile}}
+    report = StudyReport("forecast", out, cfg)
+    res = run_forecast_job(series, args.trace, args.horizon, models, report, test_days=args.test_days,
+                           plan=cfg["plan"], shape=shape)
+    report.finish(res, [f"Forecast job on `{args.trace}`, {args.horizon} ahead; best model `{res['best_model']}` "
+                        f"({res['best_model_reason']})."])
+    print(f"{'model':24s} {'MASE':>7s} {'sMAPE%':>7s} {'cov80':>6s} {'cov95':>6s} {'fit s':>7s}")
+    for m, r in res["models"].items():
+        print(f"{m:24s} {r['mase']:7.3f} {r['smape']:7.1f} {r['coverage_80']:6.2f} {r['coverage_95']:6.2f} "
+              f"{r['fit_seconds']:7.3f}{'  <- best' if m == res['best_model'] else ''}")
+    for name, sc in res["capacity_plan"]["scores"].items():
+        print(f"plan {name:34s} {sc['gpu_hours']:8.0f} GPU-h  under-provisioned {sc['under_provisioned_hours']}/{sc['hours']} h")
+    print(f"wrote {out}/")
+    return 0
+
+
+def _cmd_traces(args) -> int:
+    from pathlib import Path
+
+    from studies.report import to_jsonable
+    from traces import TRACES, data_dir, trace_available
+
+    if args.action == "list":
+        print(f"data folder: {data_dir()} ({'found' if data_dir().is_dir() else 'absent'}; set TOKENFACTORY_TRACES)")
+        for name, spec in TRACES.items():
+            print(f"  {name:24s} {spec.kind:8s} {'yes' if trace_available(name) else 'no ':3s}  {spec.description}")
+        print("  synthetic               (embedded; tokenfactory traces synth)")
+        return 0
+    if args.action == "info":
+        from traces import load_trace, trace_info
+
+        if not args.name:
+            raise ConfigError("name", "traces info needs a trace name or path")
+        info = trace_info(load_trace(args.name))
+        print(json.dumps(to_jsonable(info), indent=2) if args.json else "")
+        if not args.json:
+            _print_table({k: v for k, v in info.items()})
+        return 0
+    if args.action == "fit":
+        from traces import compare_to_trace, fit_workload, generate_rates, generate_requests, load_trace
+
+        tr = load_trace(args.name)
+        w = fit_workload(tr, seed=args.seed)
+        span = float(tr.index[-1] + tr.attrs.get("interval_s", 0)) if tr.attrs["kind"] == "rates" else float(tr["arrival_s"].max())
+        syn = (generate_rates(w, span, tr.attrs["interval_s"]) if tr.attrs["kind"] == "rates"
+               else generate_requests(w, max(span, 60.0)))
+        import dataclasses
+
+        print(json.dumps(dataclasses.asdict(w), indent=2))
+        print(compare_to_trace(tr, syn).round(4).to_string(index=False))
+        return 0
+    # synth
+    import dataclasses
+
+    from traces import SyntheticWorkload, generate_rates, generate_requests
+
+    kw = {"seed": args.seed}
+    if args.rate is not None:
+        kw["mean_rate_rps"] = args.rate
+    if args.agentic is not None:
+        kw["agentic_fraction"] = args.agentic
+    w = SyntheticWorkload(**kw)
+    dur = _duration(args.duration)
+    out = Path(args.out)
+    if args.kind == "rates":
+        df = generate_rates(w, dur, args.interval)
+        df.reset_index().to_csv(out, index=False)
+    else:
+        df = generate_requests(w, dur)
+        df.to_csv(out, index=False)
+    print(f"wrote {len(df)} rows to {out} ({args.kind}, {dur:g} s, seed {args.seed})")
+    return 0
+
+
+def _duration(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        return float(text[:-1]) * units[text[-1]] if text[-1] in units else float(text)
+    except (ValueError, IndexError):
+        raise ConfigError("duration", f"{text!r} is not a duration like 3600, 90m, 1h or 14d") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tokenfactory", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -126,6 +224,33 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--json", action="store_true")
     m.add_argument("--check", action="store_true", help="exit 1 if any envelope point misses the floors")
     m.set_defaults(func=_cmd_margins)
+
+    f = sub.add_parser("forecast", help="backtest forecasters on a trace and plan capacity from the best")
+    f.add_argument("--trace", required=True, help="registered name (tokenfactory traces list), path, or 'synthetic'")
+    f.add_argument("--horizon", choices=["1h", "1d"], default="1d")
+    f.add_argument("--models", default=None, help="comma-separated (default: all)")
+    f.add_argument("--out", default=None)
+    f.add_argument("--interval", type=float, default=600.0, help="bin width (s) for request traces")
+    f.add_argument("--test-days", type=float, default=4.0)
+    f.add_argument("--model", default="deepseek-v3", help="served model for the capacity plan")
+    f.add_argument("--hardware", default="h200", help="worker hardware for the capacity plan")
+    f.add_argument("--headroom", type=float, default=0.2)
+    f.add_argument("--max-moves", type=int, default=2, help="worker moves per pool per hour")
+    f.add_argument("--quantile", default="upper_80", help="mean, upper_80 or upper_95")
+    f.set_defaults(func=_cmd_forecast)
+
+    t = sub.add_parser("traces", help="list, describe, fit or synthesise traces")
+    t.add_argument("action", choices=["list", "info", "fit", "synth"])
+    t.add_argument("name", nargs="?", help="info/fit: registered name or path")
+    t.add_argument("--json", action="store_true")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--kind", choices=["requests", "rates"], default="requests", help="synth: what to write")
+    t.add_argument("--duration", default="1h", help="synth: e.g. 3600, 1h, 14d")
+    t.add_argument("--interval", type=float, default=600.0, help="synth rates: window (s)")
+    t.add_argument("--rate", type=float, default=None, help="synth: mean requests/s")
+    t.add_argument("--agentic", type=float, default=None, help="synth: fraction of traffic in agentic sessions")
+    t.add_argument("--out", default="synthetic.csv", help="synth: output CSV")
+    t.set_defaults(func=_cmd_traces)
 
     from studies import STUDIES
 

@@ -1,0 +1,116 @@
+"""Capacity plans for the demand-planning layer: forecast quantile -> workers per pool per hour.
+
+A plan provisions each pool for the hour's peak demand (requests/s) x (1 + headroom), rounded up
+to whole workers of the pool's per-worker rate (from the roofline service model), never below
+``min_workers``, and changes each pool by at most ``max_moves_per_hour`` workers per hour - ramps
+start early enough to meet the next peak (a backward pass) and ramps down are paced (a forward
+pass), so the plan is feasible and never below the need it was built from.
+
+``score_plan`` compares a plan with what the demand then did: GPU-hours, hours in which any pool
+had less capacity than the hour's actual peak, and the shortfall in worker-hours.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+
+from plant_models.fluid import FluidParams
+from tokenfactory.validation import ConfigError, check_int, check_number
+
+__all__ = ["PoolRates", "hourly_peak", "workers_needed", "plan_capacity", "score_plan"]
+
+HOUR = 3600.0
+
+
+@dataclass(frozen=True)
+class PoolRates:
+    """Requests/s one worker of each pool sustains, and GPUs per worker."""
+
+    fill_rps_per_worker: float
+    decode_rps_per_worker: float
+    fill_gpus_per_worker: int = 8
+    decode_gpus_per_worker: int = 8
+
+    def __post_init__(self) -> None:
+        check_number("rates.fill_rps_per_worker", self.fill_rps_per_worker, low=0.0, low_inclusive=False)
+        check_number("rates.decode_rps_per_worker", self.decode_rps_per_worker, low=0.0, low_inclusive=False)
+        check_int("rates.fill_gpus_per_worker", self.fill_gpus_per_worker, low=1)
+        check_int("rates.decode_gpus_per_worker", self.decode_gpus_per_worker, low=1)
+
+    @classmethod
+    def from_params(cls, params: FluidParams, fill_gpus: int = 8, decode_gpus: int = 8) -> "PoolRates":
+        """From the fluid plant's roofline-derived rates (decode at full batch)."""
+        return cls(params.fill_rate_per_worker, params.decode_capacity(1.0), fill_gpus, decode_gpus)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def hourly_peak(rates: pd.Series) -> pd.Series:
+    """Peak of a rate series within each hour (hours with no data are NaN)."""
+    t = rates.index.to_numpy(dtype=float)
+    return rates.groupby(np.floor(t / HOUR) * HOUR).max()
+
+
+def workers_needed(demand_rps, per_worker_rps: float, headroom: float = 0.0, min_workers: int = 1) -> np.ndarray:
+    d = np.nan_to_num(np.asarray(demand_rps, dtype=float), nan=0.0)
+    return np.maximum(np.ceil(d * (1.0 + headroom) / per_worker_rps - 1e-9), min_workers).astype(int)
+
+
+def _limit_moves(need: np.ndarray, max_moves: int, initial: int | None = None) -> np.ndarray:
+    p = need.copy()
+    for i in range(len(p) - 2, -1, -1):  # ramp up ahead of a peak (within what is known)
+        p[i] = max(p[i], p[i + 1] - max_moves)
+    if initial is not None:  # the pool as it is now can only move max_moves in the first hour
+        p[0] = min(max(p[0], initial - max_moves), initial + max_moves)
+    for i in range(1, len(p)):  # pace ramps down (and, from a given start, ramps up)
+        p[i] = min(max(p[i], p[i - 1] - max_moves), p[i - 1] + max_moves)
+    return p
+
+
+def plan_capacity(hourly_demand_rps: pd.Series, rates: PoolRates, *, headroom: float = 0.2,
+                  max_moves_per_hour: int = 2, min_workers: int = 1,
+                  initial: dict[str, int] | None = None) -> pd.DataFrame:
+    """Workers per pool per hour for the given hourly (peak) demand.
+
+    Without ``initial`` the whole demand is known in advance (perfect foresight, or one block of a
+    plan) and ramps start early enough: the plan is never below the need. With ``initial``
+    (``{"fill": n, "decode": m}``, the pools now) the first hour can move only
+    ``max_moves_per_hour`` from there, so a plan re-made every horizon stays causal and may fall
+    short when its forecast saw a peak too late."""
+    check_number("plan.headroom", headroom, low=0.0, high=10.0)
+    check_int("plan.max_moves_per_hour", max_moves_per_hour, low=1)
+    check_int("plan.min_workers", min_workers, low=0)
+    out = pd.DataFrame(index=hourly_demand_rps.index.copy())
+    for pool, per in (("fill", rates.fill_rps_per_worker), ("decode", rates.decode_rps_per_worker)):
+        need = workers_needed(hourly_demand_rps.to_numpy(), per, headroom, min_workers)
+        out[f"{pool}_workers"] = _limit_moves(need, max_moves_per_hour, None if initial is None else initial[pool])
+    out["demand_rps"] = hourly_demand_rps.to_numpy()
+    return out
+
+
+def score_plan(plan: pd.DataFrame, actual_hourly_peak_rps: pd.Series, rates: PoolRates) -> dict:
+    """Score ``plan`` against the actual hourly peak demand (hours present in both)."""
+    actual = actual_hourly_peak_rps.reindex(plan.index)
+    ok = actual.notna()
+    if not ok.any():
+        raise ConfigError("plan", "no hour of the plan has actual demand to score against")
+    p, a = plan[ok], actual[ok].to_numpy()
+    gpu_h = float((p["fill_workers"] * rates.fill_gpus_per_worker
+                   + p["decode_workers"] * rates.decode_gpus_per_worker).sum())
+    short = np.zeros(len(p))
+    under = np.zeros(len(p), dtype=bool)
+    for pool, per in (("fill", rates.fill_rps_per_worker), ("decode", rates.decode_rps_per_worker)):
+        need = np.ceil(a / per - 1e-9)  # workers the hour's actual peak needed, no headroom
+        gap = np.maximum(need - p[f"{pool}_workers"].to_numpy(), 0)
+        short += gap
+        under |= gap > 0
+    cap = np.minimum(p["fill_workers"] * rates.fill_rps_per_worker, p["decode_workers"] * rates.decode_rps_per_worker)
+    return {"hours": int(ok.sum()), "gpu_hours": gpu_h, "under_provisioned_hours": int(under.sum()),
+            "shortfall_worker_hours": float(short.sum()),
+            "mean_peak_utilization": float(np.mean(np.minimum(a / cap.to_numpy(), 1.0))),
+            "moves": int(np.abs(np.diff(p["fill_workers"])).sum() + np.abs(np.diff(p["decode_workers"])).sum())}

@@ -1,0 +1,55 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from controllers import PoolRates, hourly_peak, plan_capacity, score_plan, workers_needed
+from plant_models import FluidParams, RequestShape, Worker, accelerator_preset, model_preset
+
+RATES = PoolRates(fill_rps_per_worker=10.0, decode_rps_per_worker=25.0, fill_gpus_per_worker=8, decode_gpus_per_worker=4)
+
+
+def _demand(values):
+    return pd.Series(values, index=pd.Index(np.arange(len(values)) * 3600.0, name="time_s"), dtype=float)
+
+
+def test_workers_needed():
+    assert workers_needed([0, 10, 10.01, 35], 10.0).tolist() == [1, 1, 2, 4]
+    assert workers_needed([10], 10.0, headroom=0.2).tolist() == [2]
+
+
+def test_perfect_foresight_plan_is_never_below_need_and_respects_moves():
+    d = _demand([5, 5, 5, 80, 80, 5, 5, 5, 5, 5])
+    p = plan_capacity(d, RATES, headroom=0.0, max_moves_per_hour=2)
+    need_fill = workers_needed(d, 10.0)
+    assert (p["fill_workers"].to_numpy() >= need_fill).all()
+    assert np.abs(np.diff(p["fill_workers"])).max() <= 2
+    assert p["fill_workers"].iloc[0] > 1  # ramped up ahead of the peak at hour 3
+
+
+def test_causal_plan_from_initial_state_can_fall_short():
+    d = _demand([80, 80])
+    p = plan_capacity(d, RATES, headroom=0.0, max_moves_per_hour=2, initial={"fill": 1, "decode": 1})
+    assert p["fill_workers"].tolist() == [3, 5]
+    s = score_plan(p, d, RATES)
+    assert s["under_provisioned_hours"] == 2 and s["shortfall_worker_hours"] == (8 - 3) + (8 - 5) + (4 - 3) + 0
+
+
+def test_gpu_hours_add_up():
+    d = _demand([20, 40, 60])
+    p = plan_capacity(d, RATES, headroom=0.0, max_moves_per_hour=10)
+    s = score_plan(p, d, RATES)
+    assert s["gpu_hours"] == float((p["fill_workers"] * 8 + p["decode_workers"] * 4).sum())
+    assert s["under_provisioned_hours"] == 0 and s["hours"] == 3
+
+
+def test_hourly_peak():
+    r = pd.Series([1.0, 5.0, 2.0, np.nan, 7.0, 1.0], index=np.arange(6) * 1800.0)
+    assert hourly_peak(r).tolist() == [5.0, 2.0, 7.0]
+
+
+def test_rates_from_roofline():
+    w = Worker(model_preset("deepseek-v3"), accelerator_preset("h200"))
+    p = FluidParams.from_workers(w, w, RequestShape(1000, 200))
+    r = PoolRates.from_params(p)
+    assert r.fill_rps_per_worker == pytest.approx(p.fill_rate_per_worker)
+    assert r.decode_rps_per_worker == pytest.approx(p.decode_capacity(1.0))

@@ -1,0 +1,278 @@
+"""The embedded synthetic workload: the default when no trace data is present.
+
+Calibrated to the shared traces' statistics (see ``fit``):
+
+* arrivals: a non-homogeneous rate with a daily cycle (two harmonics), a weekday/weekend factor
+  and a linear trend; inside each ``burst_window_s`` the rate is multiplied by a Gamma(k, 1/k)
+  factor, so window counts are negative binomial with index of dispersion ``idc`` (1 = Poisson);
+* sizes: log-normal input and output tokens (heavy right tail), clipped to a context limit;
+* agentic sessions (reference article section 2): a fraction of traffic comes from sessions whose
+  calls return after heavy-tailed (Pareto) think times, whose context grows by each turn's new
+  input and output, whose earlier context is a reusable prefix (``cached_tokens``), and which are
+  compacted to ``compaction_keep`` of the limit when the context would exceed ``context_limit``.
+
+Every draw comes from one ``numpy.random.Generator`` seeded by ``seed``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from tokenfactory.validation import ConfigError, check_int, check_number, reject_unknown_keys
+from traces.stats import counts, daily_profile
+
+__all__ = ["SyntheticWorkload", "rate_at", "generate_requests", "generate_rates", "fit_workload",
+           "compare_to_trace"]
+
+DAY = 86400.0
+WEEK = 7 * DAY
+
+
+@dataclass(frozen=True)
+class SyntheticWorkload:
+    mean_rate_rps: float = 5.0
+    daily_amplitude: float = 0.3
+    daily_second_harmonic: float = 0.1
+    peak_hour: float = 14.0
+    weekend_factor: float = 0.8
+    trend_per_day: float = 0.0
+    idc: float = 4.0
+    burst_window_s: float = 10.0
+    rate_noise_cv: float = 0.08
+    rate_noise_ar: float = 0.7
+    input_median: float = 1000.0
+    input_sigma: float = 1.0
+    output_median: float = 150.0
+    output_sigma: float = 0.9
+    context_limit: int = 200_000
+    agentic_fraction: float = 0.0
+    session_turns_mean: float = 30.0
+    session_initial_context_median: float = 20_000.0
+    session_new_tokens_median: float = 700.0
+    think_time_scale_s: float = 5.0
+    think_time_alpha: float = 1.3
+    compaction_keep: float = 0.2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        w = "synthetic"
+        check_number(f"{w}.mean_rate_rps", self.mean_rate_rps, low=0.0, low_inclusive=False)
+        check_number(f"{w}.daily_amplitude", self.daily_amplitude, low=0.0, high=0.95)
+        check_number(f"{w}.daily_second_harmonic", self.daily_second_harmonic, low=0.0, high=0.5)
+        check_number(f"{w}.peak_hour", self.peak_hour, low=0.0, high=24.0)
+        check_number(f"{w}.weekend_factor", self.weekend_factor, low=0.0, high=2.0, low_inclusive=False)
+        check_number(f"{w}.trend_per_day", self.trend_per_day, low=-0.1, high=0.5)
+        check_number(f"{w}.idc", self.idc, low=1.0)
+        check_number(f"{w}.burst_window_s", self.burst_window_s, low=0.001)
+        check_number(f"{w}.rate_noise_cv", self.rate_noise_cv, low=0.0, high=2.0)
+        check_number(f"{w}.rate_noise_ar", self.rate_noise_ar, low=0.0, high=0.999)
+        for f in ("input_median", "output_median", "session_initial_context_median", "session_new_tokens_median",
+                  "think_time_scale_s"):
+            check_number(f"{w}.{f}", getattr(self, f), low=0.0, low_inclusive=False)
+        for f in ("input_sigma", "output_sigma"):
+            check_number(f"{w}.{f}", getattr(self, f), low=0.0, high=4.0)
+        check_int(f"{w}.context_limit", self.context_limit, low=16)
+        check_number(f"{w}.agentic_fraction", self.agentic_fraction, low=0.0, high=1.0)
+        check_number(f"{w}.session_turns_mean", self.session_turns_mean, low=1.0)
+        check_number(f"{w}.think_time_alpha", self.think_time_alpha, low=1.01, high=10.0)
+        check_number(f"{w}.compaction_keep", self.compaction_keep, low=0.0, high=0.9)
+        check_int(f"{w}.seed", self.seed, low=0)
+
+    @classmethod
+    def from_dict(cls, d, where: str = "synthetic") -> "SyntheticWorkload":
+        reject_unknown_keys(where, d, {f.name for f in dataclasses.fields(cls)})
+        return cls(**d)
+
+
+def rate_at(w: SyntheticWorkload, t) -> np.ndarray:
+    """Expected arrival rate (requests/s) at times ``t`` (s; 0 = Monday 00:00)."""
+    t = np.asarray(t, dtype=float)
+    phase = 2 * np.pi * (t / DAY - w.peak_hour / 24.0)
+    daily = 1.0 + w.daily_amplitude * np.cos(phase) + w.daily_second_harmonic * np.cos(2 * phase)
+    weekend = np.where((t % WEEK) >= 5 * DAY, w.weekend_factor, 1.0)
+    trend = 1.0 + w.trend_per_day * t / DAY
+    return np.maximum(w.mean_rate_rps * daily * weekend * trend, 0.0)
+
+
+def _lognormal(rng, median, sigma, n, cap):
+    return np.clip(np.round(rng.lognormal(math.log(median), sigma, n)), 1, cap).astype(np.int64)
+
+
+def _sessions(w: SyntheticWorkload, rng, duration_s: float, start_s: float) -> pd.DataFrame:
+    """Agentic sessions started at rate agentic_fraction x rate / turns_mean."""
+    grid = np.arange(start_s, start_s + duration_s, 60.0)
+    starts = []
+    for t0 in grid:
+        lam = w.agentic_fraction * rate_at(w, t0) / w.session_turns_mean * 60.0
+        k = rng.poisson(lam)
+        starts.extend(t0 + rng.uniform(0, 60.0, k))
+    rows = []
+    for sid, t in enumerate(sorted(starts)):
+        turns = rng.geometric(1.0 / w.session_turns_mean)
+        context = int(min(_lognormal(rng, w.session_initial_context_median, 0.8, 1, w.context_limit)[0],
+                          w.context_limit // 2))
+        cached = 0
+        for turn in range(turns):
+            new = int(_lognormal(rng, w.session_new_tokens_median, 1.2, 1, w.context_limit)[0])
+            out = int(_lognormal(rng, w.output_median, w.output_sigma, 1, 32_768)[0])
+            if context + new > w.context_limit:  # compaction: the old prefix is replaced by a summary
+                context = int(w.compaction_keep * w.context_limit)
+                cached = 0
+                new = min(new, w.context_limit - context)
+            think = 0.0 if turn == 0 else w.think_time_scale_s * rng.pareto(w.think_time_alpha) + w.think_time_scale_s
+            t += think
+            if t >= start_s + duration_s:
+                break
+            rows.append((t, context + new, cached, out, f"s{sid}", turn, think if turn else np.nan))
+            cached = context + new  # the whole prompt is now a reusable prefix for the next turn
+            context = context + new + out
+            t += out * 0.02  # the turn's own decode time before the think time starts
+    return pd.DataFrame(rows, columns=["arrival_s", "input_tokens", "cached_tokens", "output_tokens",
+                                       "session_id", "turn", "think_time_s"])
+
+
+def generate_requests(w: SyntheticWorkload, duration_s: float, start_s: float = 0.0) -> pd.DataFrame:
+    """A request table (see :mod:`traces.schema`) over [start_s, start_s + duration_s)."""
+    check_number("duration_s", duration_s, low=0.0, low_inclusive=False)
+    rng = np.random.default_rng(w.seed)
+    win = w.burst_window_s
+    edges = np.arange(start_s, start_s + duration_s, win)
+    lam = rate_at(w, edges + win / 2) * (1.0 - w.agentic_fraction) * win
+    if w.idc > 1.0:
+        # Gamma(k, 1/k) multiplier per window: counts NB with var/mean = 1 + lam/k = idc
+        k = np.maximum(lam / (w.idc - 1.0), 1e-9)
+        lam = lam * rng.gamma(k, 1.0 / k)
+    n = rng.poisson(lam)
+    t = np.repeat(edges, n) + rng.uniform(0.0, win, int(n.sum()))
+    t = t[t < start_s + duration_s]
+    m = len(t)
+    plain = pd.DataFrame({"arrival_s": t,
+                          "input_tokens": _lognormal(rng, w.input_median, w.input_sigma, m, w.context_limit),
+                          "cached_tokens": np.zeros(m, dtype=np.int64),
+                          "output_tokens": _lognormal(rng, w.output_median, w.output_sigma, m, 32_768),
+                          "session_id": "", "turn": 0, "think_time_s": np.nan})
+    parts = [plain]
+    if w.agentic_fraction > 0:
+        parts.append(_sessions(w, rng, duration_s, start_s))
+    df = pd.concat(parts, ignore_index=True).sort_values("arrival_s", kind="stable").reset_index(drop=True)
+    df["arrival_s"] = df["arrival_s"] - start_s
+    df.attrs.update({"name": "synthetic", "kind": "requests", "source": f"synthetic seed={w.seed}",
+                     "start_s": start_s, "config": dataclasses.asdict(w)})
+    return df
+
+
+def generate_rates(w: SyntheticWorkload, duration_s: float, interval_s: float = 600.0,
+                   missing_fraction: float = 0.0) -> pd.DataFrame:
+    """A rate series: the expected rate times AR(1) log-normal noise of cv ``rate_noise_cv``;
+    ``missing_fraction`` of windows (in runs) become collection gaps (NaN)."""
+    check_number("duration_s", duration_s, low=interval_s)
+    check_number("interval_s", interval_s, low=0.0, low_inclusive=False)
+    check_number("missing_fraction", missing_fraction, low=0.0, high=0.5)
+    rng = np.random.default_rng(w.seed)
+    t = np.arange(0.0, duration_s, interval_s)
+    z = np.empty(len(t))
+    z[0] = rng.standard_normal()
+    a = w.rate_noise_ar
+    for i in range(1, len(t)):
+        z[i] = a * z[i - 1] + math.sqrt(1 - a * a) * rng.standard_normal()
+    s = math.sqrt(math.log(1 + w.rate_noise_cv ** 2))
+    rate = rate_at(w, t) * np.exp(s * z - s * s / 2)
+    if missing_fraction > 0:
+        n_gap = int(missing_fraction * len(t))
+        while n_gap > 0:
+            run = min(n_gap, int(rng.integers(1, 7)))
+            i = int(rng.integers(0, len(t) - run))
+            rate[i:i + run] = np.nan
+            n_gap -= run
+    df = pd.DataFrame({"rate_rps": rate}, index=pd.Index(t, name="time_s"))
+    df.attrs.update({"name": "synthetic-rates", "kind": "rates", "source": f"synthetic seed={w.seed}",
+                     "interval_s": interval_s, "config": dataclasses.asdict(w)})
+    return df
+
+
+def fit_workload(trace: pd.DataFrame, seed: int = 0) -> SyntheticWorkload:
+    """Estimate a :class:`SyntheticWorkload` from a request table or a rate series.
+
+    Rates: mean, daily first/second harmonic amplitude and phase, weekend factor, noise cv and
+    lag-1 autocorrelation of the residual. Requests: mean rate, idc at 10 s, log-normal sizes
+    (median, and sigma from the 50-90 % quantile spread), and session think times / turns."""
+    kw: dict = {"seed": seed}
+    if trace.attrs.get("kind") == "rates":
+        r = trace["rate_rps"]
+        t = trace.index.to_numpy(dtype=float)
+        ok = r.notna().to_numpy()
+        kw["mean_rate_rps"] = float(r.mean())
+        ph = 2 * np.pi * t[ok] / DAY
+        weekend = ((t[ok] % WEEK) >= 5 * DAY).astype(float)
+        X = np.column_stack([np.ones(ok.sum()), np.cos(ph), np.sin(ph), np.cos(2 * ph), np.sin(2 * ph), weekend])
+        beta, *_ = np.linalg.lstsq(X, r.to_numpy()[ok], rcond=None)
+        base = beta[0]
+        a1 = math.hypot(beta[1], beta[2]) / base
+        kw["daily_amplitude"] = float(min(a1, 0.95))
+        kw["daily_second_harmonic"] = float(min(math.hypot(beta[3], beta[4]) / base, 0.5))
+        kw["peak_hour"] = float((math.atan2(beta[2], beta[1]) / (2 * np.pi) * 24.0) % 24.0)
+        if weekend.any() and (1 - weekend).any():
+            kw["weekend_factor"] = float(np.clip((base + beta[5]) / base, 0.05, 2.0))
+        resid = r.to_numpy()[ok] / (X @ beta)
+        lr = np.log(np.clip(resid, 1e-6, None))
+        kw["rate_noise_cv"] = float(min(np.sqrt(np.exp(lr.var()) - 1), 2.0))
+        kw["rate_noise_ar"] = float(np.clip(np.corrcoef(lr[:-1], lr[1:])[0, 1], 0.0, 0.99))
+        kw["mean_rate_rps"] = float(base)
+        return SyntheticWorkload(**kw)
+    df = trace
+    for col, med, sig in (("input_tokens", "input_median", "input_sigma"), ("output_tokens", "output_median", "output_sigma")):
+        x = df[col].clip(lower=1).astype(float)
+        kw[med] = float(x.median())
+        kw[sig] = float(np.clip((math.log(x.quantile(0.9)) - math.log(x.median())) / 1.2816, 0.05, 4.0))
+    if not df.attrs.get("per_session_clock") and len(df) > 1:
+        span = float(df["arrival_s"].iloc[-1])
+        kw["mean_rate_rps"] = len(df) / span
+        c = counts(df["arrival_s"].to_numpy(), 10.0)
+        kw["idc"] = float(max(1.0, c.var() / c.mean()))
+        kw["daily_amplitude"] = 0.0
+        kw["daily_second_harmonic"] = 0.0
+        kw["weekend_factor"] = 1.0
+    if df["think_time_s"].notna().any():
+        tt = df["think_time_s"].dropna()
+        tt = tt[tt > 0]
+        if len(tt) > 10:
+            xm = float(tt.quantile(0.05))
+            tail = tt[tt >= xm]
+            kw["think_time_scale_s"] = max(xm, 0.01)
+            kw["think_time_alpha"] = float(np.clip(len(tail) / np.log(tail / xm).sum(), 1.01, 10.0))
+        kw["session_turns_mean"] = float(df.groupby("session_id").size().mean())
+    if (df["session_id"] != "").any():
+        kw["agentic_fraction"] = float((df["session_id"] != "").mean())
+        kw["context_limit"] = int(df["input_tokens"].max())
+        first = df[df["turn"] == 0]["input_tokens"]
+        new = (df["input_tokens"] - df["cached_tokens"])[df["turn"] > 0]
+        if len(first):
+            kw["session_initial_context_median"] = float(max(first.median(), 1.0))
+        if len(new):
+            kw["session_new_tokens_median"] = float(max(new.median(), 1.0))
+    return SyntheticWorkload(**kw)
+
+
+def compare_to_trace(trace: pd.DataFrame, synthetic: pd.DataFrame) -> pd.DataFrame:
+    """Side-by-side statistics of a trace and a synthetic one (relative difference)."""
+    from traces.stats import trace_info
+
+    a, b = trace_info(trace), trace_info(synthetic)
+    rows = []
+    for key, va in a.items():
+        vb = b.get(key)
+        if isinstance(va, dict):
+            for sub, x in va.items():
+                y = (vb or {}).get(sub)
+                rows.append((f"{key}.{sub}", x, y))
+        elif isinstance(va, (int, float)) and not isinstance(va, bool):
+            rows.append((key, va, vb))
+    df = pd.DataFrame(rows, columns=["statistic", "trace", "synthetic"])
+    df["relative_difference"] = [(y - x) / abs(x) if isinstance(x, (int, float)) and isinstance(y, (int, float))
+                                 and x not in (0, None) else np.nan for x, y in zip(df["trace"], df["synthetic"])]
+    return df
