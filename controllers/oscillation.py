@@ -83,7 +83,7 @@ def _zero_crossings(y: np.ndarray) -> np.ndarray:
     return idx + y[idx] / (y[idx] - y[idx + 1])
 
 
-def thornhill_regularity(acf: np.ndarray, dt: float, max_crossings: int = 22) -> tuple[float, float]:
+def thornhill_regularity(acf: np.ndarray, dt: float, max_crossings: int = 12) -> tuple[float, float]:
     """(r, period_s) from ACF zero crossings; r = nan if fewer than 4 crossings."""
     zc = _zero_crossings(acf)[:max_crossings]
     if len(zc) < 4:

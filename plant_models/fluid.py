@@ -69,21 +69,33 @@ class ConservationError(RuntimeError):
 
 @dataclass(frozen=True)
 class RequestShape:
-    """The nominal request a fluid model is parameterised at (tokens)."""
+    """The nominal request a fluid model is parameterised at (tokens).
+
+    ``output_cv`` is the coefficient of variation of output lengths (1 = exponential, the fluid
+    model's memoryless completion assumption; 0 = constant). It sets the mean context an active
+    decode holds: sequences that generate longer stay longer, so the active population's mean age
+    is E[L^2] / (2 E[L]) = L (1 + cv^2) / 2 (renewal theory's length-biased sampling)."""
 
     prompt_tokens: int = 2048
     output_tokens: int = 512
     cached_tokens: int = 0
+    output_cv: float = 1.0
 
     def __post_init__(self) -> None:
         check_int("shape.prompt_tokens", self.prompt_tokens, low=1)
         check_int("shape.output_tokens", self.output_tokens, low=1)
         check_int("shape.cached_tokens", self.cached_tokens, low=0)
+        check_number("shape.output_cv", self.output_cv, low=0.0, high=10.0)
 
     @property
     def decode_context_tokens(self) -> int:
         """Context at the end of decode: what KV slots must hold."""
         return self.cached_tokens + self.prompt_tokens + self.output_tokens
+
+    @property
+    def mean_active_context_tokens(self) -> int:
+        """Mean context held by an active decode (KV is allocated as tokens are generated)."""
+        return int(round(self.cached_tokens + self.prompt_tokens + self.output_tokens * (1 + self.output_cv ** 2) / 2))
 
 
 @dataclass(frozen=True)
@@ -165,8 +177,9 @@ class FluidParams:
 
         Fill: one pass over one prompt per attention replica; its time is the fill latency and its
         throughput the fill rate. KV transfer: blob bytes over ``kv_stripes`` scale-out links of the
-        fill worker's GPUs, plus ``kv_setup_s``. Decode: slots from KV memory at the end-of-decode
-        context; pass time tabulated from the roofline over the feasible batches (interpolated).
+        fill worker's GPUs, plus ``kv_setup_s``. Decode: slots = KV memory / the mean context an
+        active decode holds (``RequestShape.mean_active_context_tokens``); pass time tabulated from
+        the roofline over the feasible batches at that context (interpolated).
         """
         check_int("plant.kv_stripes", kv_stripes, low=1)
         check_number("plant.kv_setup_s", kv_setup_s, low=0.0)
@@ -175,10 +188,11 @@ class FluidParams:
         fill_rate = fill.tokens_per_s / shape.prompt_tokens
         blob = fill_worker.model.kv_bytes(shape.prompt_tokens + shape.cached_tokens)
         kv_s = blob / (kv_stripes * fill_worker.accelerator.scale_out_bandwidth) + kv_setup_s
-        ctx = shape.decode_context_tokens
+        ctx = shape.mean_active_context_tokens
+        if decode_worker.decode_slots(shape.decode_context_tokens) < 1:
+            raise ConfigError("plant.shape", f"a {shape.decode_context_tokens}-token context does not fit "
+                              "in a decode worker")
         slots = decode_worker.decode_slots(ctx)
-        if slots < 1:
-            raise ConfigError("plant.shape", f"a {ctx}-token context does not fit in a decode worker")
         batches = np.unique(np.geomspace(1, slots, 16).round().astype(int))
         times = tuple(decode_worker.decode(int(b), ctx).time_s for b in batches)
         dispatch = times[-1]  # a ready request joins the batch at the next decode pass

@@ -406,14 +406,15 @@ class Worker:
         mode = "midfill" if cached_tokens > 0 else "prefill"
         return self._pass(mode, sequences, new_tokens, cached_tokens, sequences)
 
-    def decode(self, batch: int, context_tokens: int) -> PassTime:
+    def decode(self, batch: int, context_tokens: int, check_memory: bool = True) -> PassTime:
         """One decode pass: ``batch`` sequences on the worker, each at ``context_tokens``.
 
-        The batch is split into ``pp`` micro-batches; the pass time is the TPOT.
+        The batch is split into ``pp`` micro-batches; the pass time is the TPOT. With
+        ``check_memory`` off, a batch whose KV would not fit is timed anyway (for tables).
         """
         check_number("batch", batch, low=1.0)
         check_number("context_tokens", context_tokens, low=0.0)
-        slots = self.decode_slots(max(context_tokens, 1))
+        slots = self.decode_slots(max(context_tokens, 1)) if check_memory else batch
         if batch > slots:
             raise ConfigError("batch", f"{batch} sequences at {context_tokens} tokens need more KV "
                               f"than the worker holds; allowed range is [1, {slots}]")

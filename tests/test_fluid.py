@@ -48,11 +48,14 @@ def test_params_derive_from_roofline():
     w = Worker(model_preset("deepseek-v3"), accelerator_preset("h200"))
     shape = RequestShape(2048, 512)
     p = FluidParams.from_workers(w, w, shape)
+    # exponential output lengths (cv 1): an active decode holds 2048 + 512 (1 + 1)/2 = 2560 tokens
+    assert shape.mean_active_context_tokens == 2560
     rates = w.service_rates(2048, 2560)
     assert p.fill_rate_per_worker == pytest.approx(rates.fill_tokens_per_s / 2048)
     assert p.fill_latency_s == pytest.approx(rates.fill_seconds)
     assert p.decode_slots_per_worker == rates.decode_slots
     assert p.decode_step_s(rates.decode_slots) == pytest.approx(rates.decode_step_s)
+    assert RequestShape(2048, 512, output_cv=0.0).mean_active_context_tokens == 2048 + 256
     # KV blob of 2048 tokens x 70,272 B over 8 x 50 GB/s, plus 5 ms setup
     assert p.kv_transfer_s == pytest.approx(2048 * 70272 / (8 * 50e9) + 0.005)
 
