@@ -65,6 +65,44 @@ def _forecasting(budget_s: float = 120.0) -> dict:
     return out
 
 
+def _des_child(queue) -> None:
+    from plant_models import ClusterConfig, DESParams, Worker, accelerator_preset, model_preset, simulate
+    from studies.trace_replay import scale_trace
+    from traces import SyntheticWorkload, generate_requests, load_trace, trace_available
+
+    if trace_available("azure-conv-2023"):
+        name, tr = "azure-conv-2023 x4", scale_trace(load_trace("azure-conv-2023"), 4.0)
+    else:
+        name, tr = "synthetic (azure-conv-like) x4", generate_requests(SyntheticWorkload(mean_rate_rps=22.0, seed=1), 900)
+    w = Worker(model_preset("deepseek-v3"), accelerator_preset("h200"))
+    p = DESParams.from_workers(w, w)
+    out = {"trace": name, "workers": "8 fill + 8 decode"}
+    for label, ctrl in (("open", None), ("smoothed", "smoothed")):
+        from studies.trace_replay import build_replay, make_controller
+
+        c = make_controller(ctrl, build_replay(tr, {"fill_workers": 8, "decode_workers": 8}).plant) if ctrl else None
+        t0 = time.perf_counter()
+        r = simulate(tr, p, ClusterConfig(fill_workers=8, decode_workers=8, progress=False), c)
+        wall = time.perf_counter() - t0
+        out[label] = {"requests": r.metrics["requests"], "wall_seconds": wall,
+                      "sim_requests_per_wall_s": r.metrics["requests"] / wall}
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    queue.put(out)
+
+
+def _des() -> dict:
+    """Request simulator speed on the Azure conversation trace at 4x, 8 fill + 8 decode workers
+    (issue floor: 5,000 simulated requests per wall-second), in a child process for its own peak RSS."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_des_child, args=(q,))
+    p.start()
+    p.join()
+    return q.get()
+
+
 def main() -> int:
     from controllers import admission_loop, stability_margins
     from plant_models import Worker, accelerator_preset, model_preset, simulate_loop
@@ -89,6 +127,8 @@ def main() -> int:
     steps = int(sim.duration_s / sim.dt) + 1
     results["fluid_closed_loop"] = {"seconds": t, "steps": steps, "steps_per_s": steps / t,
                                     "simulated_s_per_wall_s": sim.duration_s / t}
+    results["request_simulator"] = _des()
+    print(f"  request simulator: {results['request_simulator']}", file=sys.stderr)
     results["forecasting"] = _forecasting()
     results["_meta"] = {"python": platform.python_version(), "machine": platform.machine(),
                         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

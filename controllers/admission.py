@@ -107,9 +107,12 @@ class ThresholdAdmission(SampledController):
 class SmoothedAdmission(SampledController):
     """Feed-forward of predicted decode service rate + PI on the filtered ready buffer.
 
-    rate = c_f + kc (e + I / ti),   e = target_ready - R_f,
-    where c_f and R_f are first-order filtered (``service_filter_tau``, ``filter_tau``) completions
-    and ready level. The rate is clipped to [0, ``max_rate``] (default the measured fill capacity)
+    rate = c_f + kc (e + I / ti),   e = target - W_f,
+    where c_f is the filtered completion rate (``service_filter_tau``) and W_f the filtered
+    (``filter_tau``) KV-resident work, active decodes + ready, with target decode slots +
+    ``target_ready``. With the decode slots full this is exactly ready-buffer control (W - slots
+    = ready); when decode has free slots the same error opens admission to fill them, so a cold
+    or under-loaded factory is not throttled (``regulate="ready"`` uses the ready level alone). The rate is clipped to [0, ``max_rate``] (default the measured fill capacity)
     and slew-limited to ``rate_limit`` requests/s per second. Anti-windup by conditional
     integration: the integral freezes while the output is clipped in the direction of the error,
     or while the backlog is empty so a higher command could not be realised. Backlog above
@@ -121,8 +124,9 @@ class SmoothedAdmission(SampledController):
     def __init__(self, target_ready: float, gains: PIGains, *, filter_tau: float = 0.5,
                  service_filter_tau: float = 5.0, sample_period: float = 0.25,
                  max_rate: float | None = None, rate_limit: float = math.inf,
-                 backlog_bound: float = math.inf):
+                 backlog_bound: float = math.inf, regulate: str = "kv_work"):
         super().__init__(sample_period)
+        self.regulate = check_choice("smoothed.regulate", regulate, ("kv_work", "ready"))
         self.target_ready = check_number("smoothed.target_ready", target_ready, low=0.0)
         self.gains = gains
         check_number("smoothed.kc", gains.kc, low=0.0, low_inclusive=False)
@@ -151,9 +155,13 @@ class SmoothedAdmission(SampledController):
 
     def update(self, t: float, m: Measurement) -> AdmissionAction:
         T = self.sample_period
-        self._ready_f = self._lowpass(self._ready_f, m.ready, self.filter_tau, T)
+        if self.regulate == "kv_work":
+            measured, target = m.active_decodes + m.ready, m.decode_slots + self.target_ready
+        else:
+            measured, target = m.ready, self.target_ready
+        self._ready_f = self._lowpass(self._ready_f, measured, self.filter_tau, T)
         self._service_f = self._lowpass(self._service_f, m.completion_rate, self.service_filter_tau, T)
-        e = self.target_ready - self._ready_f
+        e = target - self._ready_f
         kc, ti = self.gains.kc, self.gains.ti
         hi = m.fill_capacity if self.max_rate is None else self.max_rate
         unclipped = self._service_f + kc * (e + self._integral / ti)
@@ -180,4 +188,5 @@ class SmoothedAdmission(SampledController):
     def params(self) -> dict:
         return {"target_ready": self.target_ready, **self.gains.to_dict(), "filter_tau": self.filter_tau,
                 "service_filter_tau": self.service_filter_tau, "sample_period": self.sample_period,
-                "max_rate": self.max_rate, "rate_limit": self.rate_limit, "backlog_bound": self.backlog_bound}
+                "max_rate": self.max_rate, "rate_limit": self.rate_limit, "backlog_bound": self.backlog_bound,
+                "regulate": self.regulate}

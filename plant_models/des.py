@@ -811,9 +811,13 @@ class _Sim:
         while True:
             n_dec = sum(1 for w in self.decode_workers if w.online)
             n_fill = sum(1 for w in self.fill_workers if w.online)
+            # slots as an orchestrator would estimate them: KV capacity / the mean context of the
+            # sequences decoding now (the nominal shape's when nothing decodes)
+            held = sum(float(w.ctx.sum()) for w in self.decode_workers)
+            mean_ctx = held / self.decoding if self.decoding > 0 else self.nominal_ctx
             self.snap_rows.append((env.now, len(self.backlog), self.fill_wip + self.in_transfer, len(self.ready),
                                    self.decoding, self.completed_since / dt, self.admitted_since / dt,
-                                   n_dec * self.p.decode_kv_capacity_tokens / self.nominal_ctx,
+                                   n_dec * self.kv_limit / mean_ctx,
                                    n_fill * self.nominal_fill_rps, n_fill, n_dec, self.action.rate))
             self.completed_since = 0
             self.admitted_since = 0

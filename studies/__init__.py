@@ -16,6 +16,7 @@ STUDIES: dict[str, str] = {
     "operating-modes": "studies.operating_modes",
     "feedback-oscillation": "studies.feedback_oscillation",
     "forecasting": "studies.forecasting",
+    "trace-replay": "studies.trace_replay",
 }
 
 

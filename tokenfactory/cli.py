@@ -1,7 +1,8 @@
 """The ``tokenfactory`` command line.
 
 Subcommands: ``describe`` (model, hardware, worker), ``margins`` (a scenario's stability
-margins), ``forecast`` (backtests and a capacity plan), ``traces`` (list, info, fit, synth),
+margins), ``forecast`` (backtests and a capacity plan), ``simulate`` (request-level replay),
+``traces`` (list, info, fit, synth),
 ``study`` (runnable studies). Every error that
 comes from a bad value is a :class:`ConfigError` and is printed as one line, exit status 2.
 """
@@ -195,6 +196,53 @@ def _cmd_traces(args) -> int:
     return 0
 
 
+def _cmd_simulate(args) -> int:
+    import tomllib
+    from pathlib import Path
+
+    from studies.report import to_jsonable
+    from studies.trace_replay import ADMISSIONS, build_replay, run_replay
+    from tokenfactory.validation import reject_unknown_keys
+    from traces import SyntheticWorkload, generate_requests, load_trace
+
+    plant, cluster, admission = {}, {}, args.admission
+    if args.scenario:
+        path = Path(args.scenario)
+        if not path.is_file():
+            raise ConfigError("scenario", f"file {str(path)!r} does not exist")
+        with path.open("rb") as fh:
+            sc = tomllib.load(fh)
+        reject_unknown_keys("", sc, {"name", "description", "plant", "controller", "cluster", "envelope", "simulation"})
+        plant = dict(sc.get("plant", {}))
+        plant.pop("prompt_tokens", None), plant.pop("output_tokens", None)  # the trace sets the shape
+        cluster = dict(sc.get("cluster", {}))
+        admission = admission or sc.get("controller", {}).get("kind")
+    admission = admission or "smoothed"
+    if admission not in (*ADMISSIONS, "open"):
+        raise ConfigError("admission", f"{admission!r} is not one of {', '.join((*ADMISSIONS, 'open'))}")
+    cluster.setdefault("seed", args.seed)
+    if args.progress is not None:
+        cluster["progress"] = args.progress
+    trace = (generate_requests(SyntheticWorkload(seed=args.seed), _duration(args.duration))
+             if args.trace == "synthetic" else load_trace(args.trace))
+    setup = build_replay(trace, plant)
+    m, res = run_replay(trace, setup, admission, args.scale, cluster)
+    out = Path(args.out or Path("reports") / "simulate" / f"{Path(args.trace).stem.replace(':', '-')}-{admission}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(to_jsonable({**m, "config": res.config, "trace": args.trace,
+                                                              "bottleneck": setup.bottleneck,
+                                                              "capacity_rps": setup.capacity_rps}), indent=2) + "\n")
+    res.requests.to_csv(out / "requests.csv", index=False)
+    res.series.to_csv(out / "series.csv", index=False)
+    res.actions.to_csv(out / "actions.csv", index=False)
+    keys = ("requests", "completed", "rejected", "in_flight_end", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99",
+            "slo_attainment", "goodput_tokens_per_s", "prefix_hit_ratio", "oscillating", "wall_seconds",
+            "sim_requests_per_wall_s")
+    _print_table({k: m[k] for k in keys})
+    print(f"wrote {out}/ (metrics.json, requests.csv, series.csv, actions.csv)")
+    return 0
+
+
 def _duration(text: str) -> float:
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     try:
@@ -238,6 +286,18 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--max-moves", type=int, default=2, help="worker moves per pool per hour")
     f.add_argument("--quantile", default="upper_80", help="mean, upper_80 or upper_95")
     f.set_defaults(func=_cmd_forecast)
+
+    sm = sub.add_parser("simulate", help="replay a trace request by request through the cluster")
+    sm.add_argument("--trace", required=True, help="registered name, path, or 'synthetic'")
+    sm.add_argument("--scale", type=float, default=1.0, help="replay x times faster")
+    sm.add_argument("--scenario", default=None, help="TOML with [plant], [cluster], [controller]")
+    sm.add_argument("--admission", default=None, help="naive, threshold, smoothed or open")
+    sm.add_argument("--seed", type=int, default=0)
+    sm.add_argument("--duration", default="1h", help="synthetic trace length")
+    sm.add_argument("--out", default=None)
+    sm.add_argument("--progress", dest="progress", action="store_true", default=None, help="force the progress bar")
+    sm.add_argument("--no-progress", dest="progress", action="store_false")
+    sm.set_defaults(func=_cmd_simulate)
 
     t = sub.add_parser("traces", help="list, describe, fit or synthesise traces")
     t.add_argument("action", choices=["list", "info", "fit", "synth"])
