@@ -34,12 +34,12 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from plant_models.fluid import ConservationError
+from plant_models.fluid import ConservationError, DecodeRateDip
 from plant_models.roofline import Worker
 from plant_models.signals import AdmissionAction, Measurement
 from tokenfactory.validation import ConfigError, check_int, check_number, reject_unknown_keys
 
-__all__ = ["DESParams", "ClusterConfig", "WorkerCrash", "LinkSlowdown", "DecodeSlowdown", "Reconfiguration",
+__all__ = ["DESParams", "ClusterConfig", "WorkerCrash", "LinkSlowdown", "Reconfiguration",
            "DESResult", "simulate", "REJECT_REASONS"]
 
 REJECT_REASONS = ("backlog_over_bound",)
@@ -170,15 +170,6 @@ class LinkSlowdown:
 
 
 @dataclass(frozen=True)
-class DecodeSlowdown:
-    """Decode passes take 1 / ``factor`` as long... i.e. run at ``factor`` x speed, for a while."""
-
-    start_s: float
-    duration_s: float
-    factor: float
-
-
-@dataclass(frozen=True)
 class Reconfiguration:
     """At ``at_s`` move ``count`` workers from pool ``source`` to ``target``: each drains its
     work, is offline for ``downtime_s``, then serves the other pool."""
@@ -190,7 +181,8 @@ class Reconfiguration:
     downtime_s: float = 60.0
 
 
-_EVENTS = {"worker_crash": WorkerCrash, "link_slowdown": LinkSlowdown, "decode_slowdown": DecodeSlowdown,
+# decode speed dips are the fluid model's DecodeRateDip: one disturbance type for both plants
+_EVENTS = {"worker_crash": WorkerCrash, "link_slowdown": LinkSlowdown, "decode_rate_dip": DecodeRateDip,
            "reconfiguration": Reconfiguration}
 
 
@@ -764,7 +756,7 @@ class _Sim:
             self.link_factor *= e.factor
             yield env.timeout(e.duration_s)
             self.link_factor /= e.factor
-        elif isinstance(e, DecodeSlowdown):
+        elif isinstance(e, DecodeRateDip):
             self.set_rate_factor(self.rate_factor * e.factor)
             yield env.timeout(e.duration_s)
             self.set_rate_factor(self.rate_factor / e.factor)

@@ -11,7 +11,7 @@ from controllers import SmoothedAdmission, assess
 from plant_models import (
     ClusterConfig,
     ConservationError,
-    DecodeSlowdown,
+    DecodeRateDip,
     DESParams,
     LinkSlowdown,
     LoopScenario,
@@ -202,7 +202,7 @@ def test_closed_agentic_sessions_wait_for_think_time(params):
 events = st.one_of(
     st.builds(WorkerCrash, st.floats(0, 40), st.sampled_from(["fill", "decode"]), st.integers(0, 2), st.floats(0, 20)),
     st.builds(LinkSlowdown, st.floats(0, 40), st.floats(0.1, 20), st.floats(0.05, 1.0)),
-    st.builds(DecodeSlowdown, st.floats(0, 40), st.floats(0.1, 20), st.floats(0.1, 1.0)),
+    st.builds(DecodeRateDip, st.floats(0, 40), st.floats(0.1, 20), st.floats(0.1, 1.0)),
     st.builds(Reconfiguration, st.floats(0, 40), st.sampled_from(["fill", "decode"]).map(str),
               st.just("x"), st.integers(1, 1), st.floats(0, 10)).map(
         lambda r: dataclasses.replace(r, target="decode" if r.source == "fill" else "fill")),
