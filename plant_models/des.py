@@ -25,6 +25,7 @@ import dataclasses
 import math
 import sys
 import time
+from bisect import bisect_right
 from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -97,26 +98,39 @@ class DESParams:
         c = self.decode_contexts
         if len(c) < 2 or any(a >= b for a, b in zip(c, c[1:])) or any(len(r) != len(c) for r in self.decode_table_s):
             raise ConfigError("des.decode_contexts", "needs >= 2 increasing contexts and one time per (batch, context)")
-        object.__setattr__(self, "_table", np.asarray(self.decode_table_s, dtype=float))
-        object.__setattr__(self, "_b", np.asarray(self.decode_batches, dtype=float))
-        object.__setattr__(self, "_c", np.asarray(self.decode_contexts, dtype=float))
+        object.__setattr__(self, "_tl", [list(map(float, r)) for r in self.decode_table_s])
+        object.__setattr__(self, "_bl", list(map(float, self.decode_batches)))
+        object.__setattr__(self, "_cl", list(map(float, c)))
+        object.__setattr__(self, "_ft", list(map(float, self.fill_step_tokens)))
+        object.__setattr__(self, "_fs", list(map(float, self.fill_step_s)))
 
     def fill_step_time(self, tokens: float, cached_read: float = 0.0) -> float:
-        return float(np.interp(tokens, self.fill_step_tokens, self.fill_step_s)) + self.fill_s_per_cached_token * cached_read
+        x, y = self._ft, self._fs
+        if tokens <= x[0]:
+            base = y[0]
+        elif tokens >= x[-1]:
+            base = y[-1]
+        else:
+            k = bisect_right(x, tokens) - 1
+            base = y[k] + (y[k + 1] - y[k]) * (tokens - x[k]) / (x[k + 1] - x[k])
+        return base + self.fill_s_per_cached_token * cached_read
 
     def decode_pass(self, batch: int, mean_context: float) -> tuple[float, float]:
-        """(pass time, d pass time / d mean context) at a batch and mean context, bilinear."""
-        b, c, T = self._b, self._c, self._table
-        i = int(np.clip(np.searchsorted(b, batch) - 1, 0, len(b) - 2)) if len(b) > 1 else 0
-        j = int(np.clip(np.searchsorted(c, mean_context) - 1, 0, len(c) - 2))
-        if len(b) > 1:
+        """(pass time, d pass time / d mean context) at a batch and mean context, bilinear.
+
+        Pure Python on lists: called once per leap, where numpy's per-call overhead dominates."""
+        b, c, T = self._bl, self._cl, self._tl
+        nb, nc = len(b), len(c)
+        i = min(max(bisect_right(b, batch) - 1, 0), nb - 2) if nb > 1 else 0
+        j = min(max(bisect_right(c, mean_context) - 1, 0), nc - 2)
+        if nb > 1:
             u = min(max((batch - b[i]) / (b[i + 1] - b[i]), 0.0), 1.0)
-            lo = T[i, j] + u * (T[i + 1, j] - T[i, j])
-            hi = T[i, j + 1] + u * (T[i + 1, j + 1] - T[i, j + 1])
+            lo = T[i][j] + u * (T[i + 1][j] - T[i][j])
+            hi = T[i][j + 1] + u * (T[i + 1][j + 1] - T[i][j + 1])
         else:
-            lo, hi = T[0, j], T[0, j + 1]
+            lo, hi = T[0][j], T[0][j + 1]
         slope = (hi - lo) / (c[j + 1] - c[j])
-        return float(lo + slope * (mean_context - c[j])), float(max(slope, 0.0))
+        return lo + slope * (mean_context - c[j]), max(slope, 0.0)
 
     @classmethod
     def from_workers(cls, fill_worker: Worker, decode_worker: Worker, *, kv_stripes: int = 8,
