@@ -17,12 +17,11 @@ from __future__ import annotations
 import math
 
 import control
-import numpy as np
 
 from controllers.interface import SampledController
 from controllers.tuning import PIGains
 from plant_models.signals import AdmissionAction, Measurement
-from tokenfactory.validation import ConfigError, check_choice, check_number
+from tokenfactory.validation import check_choice, check_number
 
 __all__ = ["CompletionTriggeredAdmission", "ThresholdAdmission", "SmoothedAdmission"]
 

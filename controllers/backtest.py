@@ -15,8 +15,6 @@ actual value is present:
 
 from __future__ import annotations
 
-import math
-import time
 from dataclasses import dataclass, field
 
 import numpy as np

@@ -12,7 +12,6 @@ had less capacity than the hour's actual peak, and the shortfall in worker-hours
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 import numpy as np

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-import control
 import numpy as np
 from scipy.optimize import brentq, least_squares
 

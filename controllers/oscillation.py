@@ -124,7 +124,6 @@ def forsman_stattin_h(x: np.ndarray, dt: float, alpha: float = 0.5, gamma: float
         return math.nan
     edges = np.concatenate([[zc[0]], zc[1:]])
     areas, durations, signs = [], [], []
-    t = np.arange(len(x))
     for a, b in zip(edges[:-1], edges[1:]):
         i0, i1 = int(math.ceil(a)), int(math.floor(b))
         seg = np.abs(x[i0:i1 + 1])

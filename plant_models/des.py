@@ -27,7 +27,7 @@ import sys
 import time
 from bisect import bisect_right
 from collections import OrderedDict, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from plant_models.delay import DelayLine
-from plant_models.roofline import Parallelism, Worker
+from plant_models.roofline import Worker
 from plant_models.signals import AdmissionAction, Measurement
 from tokenfactory.validation import ConfigError, check_int, check_number, reject_unknown_keys
 

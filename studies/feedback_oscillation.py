@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 from matplotlib.figure import Figure
 
 from controllers import (
@@ -42,7 +41,7 @@ from plant_models import (
 )
 from plant_models.plots import loop_response_plot
 from studies.report import StudyReport
-from tokenfactory.scenario import load_scenario, naive_limit_cycle, scenario_from_dict
+from tokenfactory.scenario import load_scenario, naive_limit_cycle
 
 __all__ = ["run", "scenario_path"]
 

@@ -12,11 +12,9 @@ Run: ``tokenfactory study trace-replay [--quick] [--out DIR]`` or
 from __future__ import annotations
 
 import dataclasses
-import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 

@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 from controllers import SmoothedAdmission, assess
 from plant_models import (
     ClusterConfig,
-    ConservationError,
     DecodeRateDip,
     DESParams,
     LinkSlowdown,

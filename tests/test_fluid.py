@@ -14,7 +14,6 @@ from plant_models import (
     DecodeWorkersLost,
     DemandStep,
     FluidParams,
-    FluidPlant,
     LoopScenario,
     RequestShape,
     Worker,

@@ -1,7 +1,5 @@
 import math
 
-import numpy as np
-import pandas as pd
 import pytest
 
 from tokenfactory import ConfigError
@@ -12,7 +10,6 @@ from traces import (
     generate_rates,
     generate_requests,
     rate_at,
-    trace_info,
 )
 
 

@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import control
 import pandas as pd
 
 from controllers.admission import CompletionTriggeredAdmission, SmoothedAdmission, ThresholdAdmission
@@ -103,7 +102,6 @@ def build_controller(d: Mapping[str, Any], plant: FluidPlant, envelope: Stabilit
     d = dict(d)
     kind = check_choice(f"{where}.kind", d.get("kind"), _CONTROLLER_KEYS)
     reject_unknown_keys(where, d, _CONTROLLER_KEYS[kind])
-    c = plant.decode_capacity
     if kind == "naive":
         return CompletionTriggeredAdmission(open_gain=d.get("open_gain", 0.5), low_water=d.get("low_water", 50.0),
                                             open_floor=d.get("open_floor", 1.0),

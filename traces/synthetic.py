@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from tokenfactory.validation import ConfigError, check_int, check_number, reject_unknown_keys
-from traces.stats import counts, daily_profile
+from tokenfactory.validation import check_int, check_number, reject_unknown_keys
+from traces.stats import counts
 
 __all__ = ["SyntheticWorkload", "rate_at", "generate_requests", "generate_rates", "fit_workload",
            "compare_to_trace"]
