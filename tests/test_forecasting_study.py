@@ -2,21 +2,14 @@ import json
 
 import pytest
 
-from studies import run_study
+from conftest import run_study_without_traces
 from tokenfactory.cli import main
 
 
 @pytest.fixture(scope="module")
 def synthetic_metrics(tmp_path_factory):
     """The study without shared traces falls back to the embedded synthetic workload."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TOKENFACTORY_TRACES", str(tmp_path_factory.mktemp("no-traces")))
-    out = tmp_path_factory.mktemp("fc")
-    try:
-        run_study("forecasting", out, quick=True)
-    finally:
-        mp.undo()
-    return out, json.loads((out / "metrics.json").read_text())
+    return run_study_without_traces("forecasting", tmp_path_factory)
 
 
 def test_study_runs_without_trace_data(synthetic_metrics):

@@ -2,20 +2,13 @@ import json
 
 import pytest
 
-from studies import run_study
+from conftest import run_study_without_traces
 from tokenfactory.cli import main
 
 
 @pytest.fixture(scope="module")
 def metrics(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TOKENFACTORY_TRACES", str(tmp_path_factory.mktemp("none")))
-    out = tmp_path_factory.mktemp("tr")
-    try:
-        run_study("trace-replay", out, quick=True)
-    finally:
-        mp.undo()
-    return out, json.loads((out / "metrics.json").read_text())
+    return run_study_without_traces("trace-replay", tmp_path_factory)
 
 
 def test_runs_on_synthetic_when_traces_absent(metrics):
