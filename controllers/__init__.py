@@ -9,6 +9,8 @@ from controllers.capacity import *  # noqa: F401,F403
 from controllers.capacity import __all__ as _cap
 from controllers.forecasting import *  # noqa: F401,F403
 from controllers.forecasting import __all__ as _fc
+from controllers.autoscaling import *  # noqa: F401,F403
+from controllers.autoscaling import __all__ as _as
 from controllers.autotune import *  # noqa: F401,F403
 from controllers.autotune import __all__ as _at
 from controllers.describing import *  # noqa: F401,F403
@@ -24,4 +26,4 @@ from controllers.stability import __all__ as _st
 from controllers.tuning import *  # noqa: F401,F403
 from controllers.tuning import __all__ as _tu
 
-__all__ = [*_if, *_adm, *_tu, *_at, *_st, *_df, *_osc, *_resp, *_fc, *_bt, *_cap]
+__all__ = [*_if, *_adm, *_tu, *_at, *_st, *_df, *_osc, *_resp, *_fc, *_bt, *_cap, *_as]

@@ -840,7 +840,7 @@ class _Sim:
         adm = float(np.mean([r[6] for r in self.snap_rows[lo:k + 1]]))
         return Measurement(time_s=row[0], backlog=row[1], fill_in_progress=row[2], ready=row[3],
                            active_decodes=row[4], completion_rate=comp, admitted_rate=adm,
-                           decode_slots=row[7], fill_capacity=row[8])
+                           decode_slots=row[7], fill_capacity=row[8], fill_workers=row[9], decode_workers=row[10])
 
     def control(self):
         env = self.env

@@ -502,6 +502,8 @@ def simulate_loop(plant: FluidPlant, controller, scenario: LoopScenario, *,
                 admitted_rate=out_lines["admitted_rate"].read(tau_m),
                 decode_slots=out_lines["decode_slots"].read(tau_m),
                 fill_capacity=out_lines["fill_capacity"].read(tau_m),
+                fill_workers=plant.fill_workers,
+                decode_workers=plant.decode_workers * scenario.decode_worker_factor(max(t - tau_m, 0.0)),
             )
             action = _as_action(controller.update(t, m))
             samples.append(t)

@@ -30,6 +30,8 @@ class Measurement:
     admitted_rate: float
     decode_slots: float
     fill_capacity: float
+    fill_workers: float = math.nan
+    decode_workers: float = math.nan
 
     @property
     def decode_utilization(self) -> float:

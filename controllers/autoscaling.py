@@ -1,0 +1,162 @@
+"""Today's autoscalers as faithful baselines (issue 6 builds the reconfiguration study on them).
+
+Each is a :class:`~controllers.interface.SampledController` whose ``update(t, measurement)``
+returns a :class:`ScaleAction` (desired workers of one pool); the decision core is a pure
+``recommend`` method so it can be checked against hand-worked sequences from the documented
+algorithm. The metric is any function of the :class:`~plant_models.signals.Measurement`.
+
+* :class:`HorizontalPodAutoscaler` - Kubernetes HPA, autoscaling/v2 (kubernetes.io docs,
+  "Horizontal Pod Autoscaling", algorithm details and default behavior): desired =
+  ceil(current x metric / target), no change while |metric / target - 1| <= 0.1 (tolerance);
+  scale-down stabilization window 300 s (the highest recommendation in the window is used);
+  default scale-up policies 4 pods or 100 % per 15 s, the larger wins; scale-down 100 % per 15 s;
+  sync period 15 s.
+* :class:`KnativeAutoscaler` - Knative KPA (knative.dev docs, "Additional autoscaling
+  configuration for Knative Pod Autoscaler"): stable window 60 s, panic window 10 % of it (6 s),
+  panic threshold 200 %, max scale-up rate 1000, max scale-down rate 2, tick 2 s; desired =
+  ceil(window-average metric / target per replica); in panic mode it never scales down and it
+  leaves panic after a stable window without a panic condition.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from controllers.interface import SampledController
+from plant_models.signals import Measurement
+from tokenfactory.validation import ConfigError, check_choice, check_int, check_number
+
+__all__ = ["ScaleAction", "HorizontalPodAutoscaler", "KnativeAutoscaler", "POOL_METRICS"]
+
+
+@dataclass(frozen=True)
+class ScaleAction:
+    """Desired number of workers for ``pool`` ("fill" or "decode")."""
+
+    pool: str
+    replicas: int
+
+
+#: metrics a pool autoscaler can watch, as functions of a Measurement
+POOL_METRICS: dict[str, Callable[[Measurement], float]] = {
+    "decode_utilization": lambda m: m.decode_utilization,   # per-replica average, HPA-style
+    "decode_concurrency": lambda m: m.active_decodes + m.ready,  # total, KPA-style
+    "fill_utilization": lambda m: m.admitted_rate / m.fill_capacity if m.fill_capacity > 0 else 0.0,
+    "fill_concurrency": lambda m: m.fill_in_progress + m.backlog,
+}
+
+
+def _current(m: Measurement, pool: str) -> int:
+    n = m.decode_workers if pool == "decode" else m.fill_workers
+    if not math.isfinite(n):
+        raise ConfigError("measurement", f"the plant does not report {pool}_workers")
+    return int(round(n))
+
+
+class HorizontalPodAutoscaler(SampledController):
+    """Kubernetes HPA on a per-replica average metric (e.g. utilization 0-1) with target ``target``."""
+
+    name = "hpa"
+
+    def __init__(self, pool: str, target: float, metric: str = "decode_utilization", *, min_replicas: int = 1,
+                 max_replicas: int = 1000, tolerance: float = 0.1, downscale_stabilization_s: float = 300.0,
+                 scale_up_pods: int = 4, scale_up_percent: float = 100.0, scale_down_percent: float = 100.0,
+                 sample_period: float = 15.0):
+        super().__init__(sample_period)
+        self.pool = check_choice("hpa.pool", pool, ("fill", "decode"))
+        self.target = check_number("hpa.target", target, low=0.0, low_inclusive=False)
+        self.metric = check_choice("hpa.metric", metric, POOL_METRICS)
+        self.min_replicas = check_int("hpa.min_replicas", min_replicas, low=0)
+        self.max_replicas = check_int("hpa.max_replicas", max_replicas, low=max(1, self.min_replicas))
+        self.tolerance = check_number("hpa.tolerance", tolerance, low=0.0, high=1.0)
+        self.downscale_stabilization_s = check_number("hpa.downscale_stabilization_s", downscale_stabilization_s, low=0.0)
+        self.scale_up_pods = check_int("hpa.scale_up_pods", scale_up_pods, low=0)
+        self.scale_up_percent = check_number("hpa.scale_up_percent", scale_up_percent, low=0.0)
+        self.scale_down_percent = check_number("hpa.scale_down_percent", scale_down_percent, low=0.0, high=100.0)
+        self.reset()
+
+    def reset(self) -> None:
+        self._recs: deque = deque()  # (t, recommendation) for the scale-down stabilization window
+
+    def recommend(self, t: float, current: int, metric_value: float) -> int:
+        ratio = metric_value / self.target
+        raw = current if abs(ratio - 1.0) <= self.tolerance else math.ceil(current * ratio - 1e-9)
+        self._recs.append((t, raw))
+        while self._recs and self._recs[0][0] < t - self.downscale_stabilization_s:
+            self._recs.popleft()
+        # scale-down stabilization: never below the highest recommendation in the window
+        desired = raw if raw >= current else min(current, max(r for _, r in self._recs))
+        up_limit = max(current + self.scale_up_pods, math.floor(current * (1 + self.scale_up_percent / 100.0)))
+        down_limit = math.ceil(current * (1 - self.scale_down_percent / 100.0))
+        desired = min(max(desired, down_limit), up_limit)
+        return int(min(max(desired, self.min_replicas), self.max_replicas))
+
+    def update(self, t: float, m: Measurement) -> ScaleAction:
+        return ScaleAction(self.pool, self.recommend(t, _current(m, self.pool), POOL_METRICS[self.metric](m)))
+
+    def params(self) -> dict:
+        return {k: getattr(self, k) for k in ("pool", "target", "metric", "min_replicas", "max_replicas", "tolerance",
+                                              "downscale_stabilization_s", "scale_up_pods", "scale_up_percent",
+                                              "scale_down_percent", "sample_period")}
+
+
+class KnativeAutoscaler(SampledController):
+    """Knative KPA on a total metric (e.g. concurrency) with ``target`` per replica."""
+
+    name = "kpa"
+
+    def __init__(self, pool: str, target: float, metric: str = "decode_concurrency", *, min_replicas: int = 1,
+                 max_replicas: int = 1000, stable_window_s: float = 60.0, panic_window_percent: float = 10.0,
+                 panic_threshold_percent: float = 200.0, max_scale_up_rate: float = 1000.0,
+                 max_scale_down_rate: float = 2.0, sample_period: float = 2.0):
+        super().__init__(sample_period)
+        self.pool = check_choice("kpa.pool", pool, ("fill", "decode"))
+        self.target = check_number("kpa.target", target, low=0.0, low_inclusive=False)
+        self.metric = check_choice("kpa.metric", metric, POOL_METRICS)
+        self.min_replicas = check_int("kpa.min_replicas", min_replicas, low=0)
+        self.max_replicas = check_int("kpa.max_replicas", max_replicas, low=max(1, self.min_replicas))
+        self.stable_window_s = check_number("kpa.stable_window_s", stable_window_s, low=6.0, high=3600.0)
+        self.panic_window_s = self.stable_window_s * check_number(
+            "kpa.panic_window_percent", panic_window_percent, low=1.0, high=100.0) / 100.0
+        self.panic_threshold = check_number("kpa.panic_threshold_percent", panic_threshold_percent,
+                                            low=110.0, high=1000.0) / 100.0
+        self.max_scale_up_rate = check_number("kpa.max_scale_up_rate", max_scale_up_rate, low=1.0, low_inclusive=False)
+        self.max_scale_down_rate = check_number("kpa.max_scale_down_rate", max_scale_down_rate, low=1.0,
+                                                low_inclusive=False)
+        self.reset()
+
+    def reset(self) -> None:
+        self._obs: deque = deque()
+        self._panic_since: float | None = None   # last time the panic condition held
+        self.in_panic = False
+
+    def _avg(self, t: float, window: float) -> float:
+        vals = [v for (s, v) in self._obs if s > t - window]
+        return sum(vals) / len(vals) if vals else 0.0
+
+    def recommend(self, t: float, current: int, metric_value: float) -> int:
+        self._obs.append((t, metric_value))
+        while self._obs and self._obs[0][0] <= t - self.stable_window_s:
+            self._obs.popleft()
+        stable = math.ceil(self._avg(t, self.stable_window_s) / self.target - 1e-9)
+        panic = math.ceil(self._avg(t, self.panic_window_s) / self.target - 1e-9)
+        ready = max(current, 1)
+        if panic / ready >= self.panic_threshold:
+            self.in_panic, self._panic_since = True, t
+        elif self.in_panic and t - self._panic_since >= self.stable_window_s:
+            self.in_panic = False
+        desired = max(panic, current) if self.in_panic else stable
+        desired = min(desired, math.ceil(ready * self.max_scale_up_rate))
+        desired = max(desired, math.floor(ready / self.max_scale_down_rate))
+        return int(min(max(desired, self.min_replicas), self.max_replicas))
+
+    def update(self, t: float, m: Measurement) -> ScaleAction:
+        return ScaleAction(self.pool, self.recommend(t, _current(m, self.pool), POOL_METRICS[self.metric](m)))
+
+    def params(self) -> dict:
+        return {k: getattr(self, k) for k in ("pool", "target", "metric", "min_replicas", "max_replicas",
+                                              "stable_window_s", "panic_window_s", "panic_threshold",
+                                              "max_scale_up_rate", "max_scale_down_rate", "sample_period")}

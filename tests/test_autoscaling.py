@@ -1,0 +1,62 @@
+"""Baselines against hand-worked sequences of their documented algorithms."""
+
+
+import pytest
+
+from controllers import HorizontalPodAutoscaler, KnativeAutoscaler, ScaleAction
+from plant_models import Measurement
+from tokenfactory import ConfigError
+
+
+def test_hpa_hand_worked_sequence():
+    h = HorizontalPodAutoscaler("decode", target=0.5)
+    assert h.recommend(0, 4, 0.52) == 4      # ratio 1.04: inside the 0.1 tolerance
+    assert h.recommend(15, 4, 1.0) == 8      # ratio 2 -> 8; limit max(4 + 4, 4 x 2) = 8
+    assert h.recommend(30, 8, 1.5) == 16     # ratio 3 -> 24; limit max(8 + 4, 16) = 16
+    assert h.recommend(45, 16, 0.25) == 16   # ratio 0.5 -> 8, but the 300 s window holds 24
+    h.recommend(60, 16, 0.25)
+    assert h.recommend(400, 16, 0.25) == 8   # the window now holds only recommendations of 8
+
+
+def test_hpa_scale_down_stabilization():
+    """A spike then a lull: without the window HPA drops straight back (the seesaw users report);
+    with the default 300 s window it holds the spike's recommendation."""
+    bare = HorizontalPodAutoscaler("decode", target=0.6, downscale_stabilization_s=0.0)
+    held = HorizontalPodAutoscaler("decode", target=0.6)
+    for h in (bare, held):
+        assert h.recommend(0, 2, 0.9) == 3    # ratio 1.5 -> ceil(3.0) = 3
+    assert bare.recommend(15, 3, 0.2) == 1    # ratio 0.33 -> ceil(1.0) = 1
+    assert held.recommend(15, 3, 0.2) == 3    # the window still holds 3
+    assert held.recommend(320, 3, 0.2) == 1   # 305 s later the 3 has left the window
+
+
+def test_kpa_hand_worked_sequence():
+    k = KnativeAutoscaler("decode", target=10.0)
+    for t in range(0, 60, 2):
+        assert k.recommend(t, 5, 50.0) == 5
+    assert not k.in_panic
+    assert k.recommend(60, 5, 200.0) == 10   # panic window (54, 60]: mean(50, 50, 200) = 100 -> 10 = 2 x 5
+    assert k.in_panic
+    assert k.recommend(62, 10, 200.0) == 15  # panic mean(50, 200, 200) = 150 -> 15
+    for t in range(64, 120, 2):
+        assert k.recommend(t, 15, 10.0) == 15  # in panic: never scale down
+    out = k.recommend(120, 15, 10.0)           # 60 s since the last panic condition (t = 60): leave panic
+    # stable window (60, 120]: (200 + 29 x 10) / 30 = 16.3 -> 2, but at most halving: 15 // 2 = 7
+    assert not k.in_panic and out == 7
+
+
+def test_update_returns_scale_action():
+    m = Measurement(time_s=0, backlog=0, fill_in_progress=0, ready=100, active_decodes=900, completion_rate=10,
+                    admitted_rate=10, decode_slots=1000, fill_capacity=20, fill_workers=2, decode_workers=1)
+    a = HorizontalPodAutoscaler("decode", target=0.5).update(0, m)
+    assert a == ScaleAction("decode", 2)  # utilization 0.9 / 0.5 = 1.8 -> ceil(1.8) = 2
+    with pytest.raises(ConfigError, match="decode_workers"):
+        HorizontalPodAutoscaler("decode", target=0.5).update(0, Measurement(0, 0, 0, 0, 0, 0, 0, 1, 1))
+
+
+@pytest.mark.parametrize("kw,field", [({"pool": "gpu"}, "hpa.pool"), ({"target": 0}, "hpa.target"),
+                                      ({"metric": "vibes"}, "hpa.metric")])
+def test_bad_hpa(kw, field):
+    args = {"pool": "decode", "target": 0.5, **kw}
+    with pytest.raises(ConfigError, match=field):
+        HorizontalPodAutoscaler(**args)
