@@ -16,6 +16,15 @@ algorithm. The metric is any function of the :class:`~plant_models.signals.Measu
   panic threshold 200 %, max scale-up rate 1000, max scale-down rate 2, tick 2 s; desired =
   ceil(window-average metric / target per replica); in panic mode it never scales down and it
   leaves panic after a stable window without a panic condition.
+* :class:`DynamoThroughputPlanner` - NVIDIA Dynamo planner, throughput (SLA) mode: every
+  adjustment interval (180 s) predict the next interval's demand with the planner's predictors
+  (constant, ARIMA, Kalman; here :mod:`controllers.forecasting`) and set
+  replicas = ceil(predicted demand / per-engine capacity).
+* :class:`DynamoLoadPlanner` - Dynamo planner, load mode: every 5 s tick, +1 replica when the
+  per-replica load exceeds the SLA target, -1 only if the load consolidated onto one replica
+  fewer (load x n / (n - 1)) stays under 80 % of the target.
+* :class:`AIBrixAPA` - AIBrix APA: scale to ceil(current x metric / target) only outside a
+  +/-10 % band around the target, and scale down no sooner than 300 s after the last change.
 """
 
 from __future__ import annotations
@@ -29,7 +38,8 @@ from controllers.interface import SampledController
 from plant_models.signals import Measurement
 from tokenfactory.validation import ConfigError, check_choice, check_int, check_number
 
-__all__ = ["ScaleAction", "HorizontalPodAutoscaler", "KnativeAutoscaler", "POOL_METRICS"]
+__all__ = ["ScaleAction", "HorizontalPodAutoscaler", "KnativeAutoscaler", "DynamoThroughputPlanner",
+           "DynamoLoadPlanner", "AIBrixAPA", "POOL_METRICS"]
 
 
 @dataclass(frozen=True)
@@ -160,3 +170,124 @@ class KnativeAutoscaler(SampledController):
         return {k: getattr(self, k) for k in ("pool", "target", "metric", "min_replicas", "max_replicas",
                                               "stable_window_s", "panic_window_s", "panic_threshold",
                                               "max_scale_up_rate", "max_scale_down_rate", "sample_period")}
+
+
+class DynamoThroughputPlanner(SampledController):
+    """Dynamo throughput-mode planner: predicted demand / per-engine capacity, every interval."""
+
+    name = "dynamo-throughput"
+
+    def __init__(self, pool: str, per_engine_rps: float, predictor: str = "constant", *,
+                 metric: Callable[[Measurement], float] | None = None, min_replicas: int = 1,
+                 max_replicas: int = 1000, sample_period: float = 180.0, observe_period: float = 5.0):
+        super().__init__(sample_period)
+        self.pool = check_choice("dynamo.pool", pool, ("fill", "decode"))
+        self.per_engine_rps = check_number("dynamo.per_engine_rps", per_engine_rps, low=0.0, low_inclusive=False)
+        self.predictor = check_choice("dynamo.predictor", predictor, ("constant", "arima", "kalman"))
+        self.metric = metric or (lambda m: m.admitted_rate)  # the demand the pool receives
+        self.min_replicas = check_int("dynamo.min_replicas", min_replicas, low=0)
+        self.max_replicas = check_int("dynamo.max_replicas", max_replicas, low=max(1, self.min_replicas))
+        self.reset()
+
+    def reset(self) -> None:
+        self._intervals: list[float] = []  # mean demand of each past adjustment interval
+
+    def recommend(self, demand_this_interval: float) -> int:
+        import pandas as pd
+
+        from controllers.forecasting import make_forecaster
+
+        self._intervals.append(float(demand_this_interval))
+        y = pd.Series(self._intervals, index=pd.Index([i * self.sample_period for i in range(len(self._intervals))],
+                                                      name="time_s"))
+        if len(y) < 3 or self.predictor == "constant":
+            pred = self._intervals[-1]
+        else:
+            pred = float(make_forecaster(self.predictor).fit(y).predict(1).mean[0])
+        want = math.ceil(max(pred, 0.0) / self.per_engine_rps - 1e-9)
+        return int(min(max(want, self.min_replicas), self.max_replicas))
+
+    def update(self, t: float, m: Measurement) -> ScaleAction:
+        return ScaleAction(self.pool, self.recommend(self.metric(m)))
+
+    def params(self) -> dict:
+        return {"pool": self.pool, "per_engine_rps": self.per_engine_rps, "predictor": self.predictor,
+                "min_replicas": self.min_replicas, "max_replicas": self.max_replicas,
+                "sample_period": self.sample_period}
+
+
+class DynamoLoadPlanner(SampledController):
+    """Dynamo load-mode planner: +1 above the SLA target, -1 only if consolidation stays < 80 %."""
+
+    name = "dynamo-load"
+
+    def __init__(self, pool: str, sla_target: float = 0.9, metric: str = "decode_utilization", *,
+                 consolidation_fraction: float = 0.8, min_replicas: int = 1, max_replicas: int = 1000,
+                 sample_period: float = 5.0):
+        super().__init__(sample_period)
+        self.pool = check_choice("dynamo.pool", pool, ("fill", "decode"))
+        self.sla_target = check_number("dynamo.sla_target", sla_target, low=0.0, low_inclusive=False)
+        self.metric = check_choice("dynamo.metric", metric, POOL_METRICS)
+        self.consolidation_fraction = check_number("dynamo.consolidation_fraction", consolidation_fraction,
+                                                   low=0.0, high=1.0, low_inclusive=False)
+        self.min_replicas = check_int("dynamo.min_replicas", min_replicas, low=0)
+        self.max_replicas = check_int("dynamo.max_replicas", max_replicas, low=max(1, self.min_replicas))
+
+    def recommend(self, current: int, load: float) -> int:
+        if load > self.sla_target:
+            want = current + 1
+        elif current > 1 and load * current / (current - 1) < self.consolidation_fraction * self.sla_target:
+            want = current - 1
+        else:
+            want = current
+        return int(min(max(want, self.min_replicas), self.max_replicas))
+
+    def update(self, t: float, m: Measurement) -> ScaleAction:
+        return ScaleAction(self.pool, self.recommend(_current(m, self.pool), POOL_METRICS[self.metric](m)))
+
+    def params(self) -> dict:
+        return {"pool": self.pool, "sla_target": self.sla_target, "metric": self.metric,
+                "consolidation_fraction": self.consolidation_fraction, "sample_period": self.sample_period}
+
+
+class AIBrixAPA(SampledController):
+    """AIBrix APA: a +/-10 % band around the target and a 300 s scale-down cooldown."""
+
+    name = "aibrix-apa"
+
+    def __init__(self, pool: str, target: float, metric: str = "decode_utilization", *, up_band: float = 0.1,
+                 down_band: float = 0.1, scale_down_cooldown_s: float = 300.0, min_replicas: int = 1,
+                 max_replicas: int = 1000, sample_period: float = 15.0):
+        super().__init__(sample_period)
+        self.pool = check_choice("apa.pool", pool, ("fill", "decode"))
+        self.target = check_number("apa.target", target, low=0.0, low_inclusive=False)
+        self.metric = check_choice("apa.metric", metric, POOL_METRICS)
+        self.up_band = check_number("apa.up_band", up_band, low=0.0, high=1.0)
+        self.down_band = check_number("apa.down_band", down_band, low=0.0, high=1.0)
+        self.scale_down_cooldown_s = check_number("apa.scale_down_cooldown_s", scale_down_cooldown_s, low=0.0)
+        self.min_replicas = check_int("apa.min_replicas", min_replicas, low=0)
+        self.max_replicas = check_int("apa.max_replicas", max_replicas, low=max(1, self.min_replicas))
+        self.reset()
+
+    def reset(self) -> None:
+        self._last_change = -math.inf
+
+    def recommend(self, t: float, current: int, metric_value: float) -> int:
+        ratio = metric_value / self.target
+        want = current
+        if ratio > 1.0 + self.up_band:
+            want = math.ceil(current * ratio - 1e-9)
+        elif ratio < 1.0 - self.down_band and t - self._last_change >= self.scale_down_cooldown_s:
+            want = math.ceil(current * ratio - 1e-9)
+        want = int(min(max(want, self.min_replicas), self.max_replicas))
+        if want != current:
+            self._last_change = t
+        return want
+
+    def update(self, t: float, m: Measurement) -> ScaleAction:
+        return ScaleAction(self.pool, self.recommend(t, _current(m, self.pool), POOL_METRICS[self.metric](m)))
+
+    def params(self) -> dict:
+        return {"pool": self.pool, "target": self.target, "metric": self.metric, "up_band": self.up_band,
+                "down_band": self.down_band, "scale_down_cooldown_s": self.scale_down_cooldown_s,
+                "sample_period": self.sample_period}

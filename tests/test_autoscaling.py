@@ -60,3 +60,33 @@ def test_bad_hpa(kw, field):
     args = {"pool": "decode", "target": 0.5, **kw}
     with pytest.raises(ConfigError, match=field):
         HorizontalPodAutoscaler(**args)
+
+
+def test_dynamo_throughput_planner():
+    from controllers import DynamoThroughputPlanner
+
+    d = DynamoThroughputPlanner("decode", per_engine_rps=100.0)
+    assert [d.recommend(x) for x in (50.0, 250.0, 199.0)] == [1, 3, 2]  # ceil(last interval / capacity)
+    k = DynamoThroughputPlanner("decode", per_engine_rps=100.0, predictor="kalman")
+    out = [k.recommend(x) for x in (100.0, 200.0, 300.0, 400.0, 500.0)]
+    assert out[-1] >= 5  # a local-linear-trend predictor extrapolates the ramp
+
+
+def test_dynamo_load_planner():
+    from controllers import DynamoLoadPlanner
+
+    d = DynamoLoadPlanner("decode", sla_target=0.9)
+    assert d.recommend(2, 0.95) == 3            # above the SLA target: +1
+    assert d.recommend(3, 0.50) == 3            # 0.5 x 3/2 = 0.75 >= 0.8 x 0.9 = 0.72: hold
+    assert d.recommend(3, 0.40) == 2            # 0.4 x 3/2 = 0.60 < 0.8 x 0.9 = 0.72: -1
+    assert d.recommend(3, 0.60) == 3            # 0.6 x 3/2 = 0.90 >= 0.72: hold
+
+
+def test_aibrix_apa():
+    from controllers import AIBrixAPA
+
+    a = AIBrixAPA("decode", target=0.5)
+    assert a.recommend(0, 4, 0.54) == 4         # inside +/-10 %
+    assert a.recommend(15, 4, 0.8) == 7         # ratio 1.6: ceil(6.4) = 7, scale up at once
+    assert a.recommend(30, 7, 0.2) == 7         # ratio 0.4 but the last change was 15 s ago
+    assert a.recommend(315, 7, 0.2) == 3        # cooldown over: ceil(2.8) = 3
