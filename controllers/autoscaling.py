@@ -66,7 +66,19 @@ def _current(m: Measurement, pool: str) -> int:
     return int(round(n))
 
 
-class HorizontalPodAutoscaler(SampledController):
+class _PoolAutoscaler(SampledController):
+    """What every pool autoscaler shares: the pool it sizes and its replica bounds."""
+
+    def _init_pool(self, where: str, pool: str, min_replicas: int, max_replicas: int) -> None:
+        self.pool = check_choice(f"{where}.pool", pool, ("fill", "decode"))
+        self.min_replicas = check_int(f"{where}.min_replicas", min_replicas, low=0)
+        self.max_replicas = check_int(f"{where}.max_replicas", max_replicas, low=max(1, self.min_replicas))
+
+    def _bounded(self, replicas: int) -> int:
+        return int(min(max(replicas, self.min_replicas), self.max_replicas))
+
+
+class HorizontalPodAutoscaler(_PoolAutoscaler):
     """Kubernetes HPA on a per-replica average metric (e.g. utilization 0-1) with target ``target``."""
 
     name = "hpa"
@@ -76,11 +88,9 @@ class HorizontalPodAutoscaler(SampledController):
                  scale_up_pods: int = 4, scale_up_percent: float = 100.0, scale_down_percent: float = 100.0,
                  sample_period: float = 15.0):
         super().__init__(sample_period)
-        self.pool = check_choice("hpa.pool", pool, ("fill", "decode"))
+        self._init_pool("hpa", pool, min_replicas, max_replicas)
         self.target = check_number("hpa.target", target, low=0.0, low_inclusive=False)
         self.metric = check_choice("hpa.metric", metric, POOL_METRICS)
-        self.min_replicas = check_int("hpa.min_replicas", min_replicas, low=0)
-        self.max_replicas = check_int("hpa.max_replicas", max_replicas, low=max(1, self.min_replicas))
         self.tolerance = check_number("hpa.tolerance", tolerance, low=0.0, high=1.0)
         self.downscale_stabilization_s = check_number("hpa.downscale_stabilization_s", downscale_stabilization_s, low=0.0)
         self.scale_up_pods = check_int("hpa.scale_up_pods", scale_up_pods, low=0)
@@ -102,7 +112,7 @@ class HorizontalPodAutoscaler(SampledController):
         up_limit = max(current + self.scale_up_pods, math.floor(current * (1 + self.scale_up_percent / 100.0)))
         down_limit = math.ceil(current * (1 - self.scale_down_percent / 100.0))
         desired = min(max(desired, down_limit), up_limit)
-        return int(min(max(desired, self.min_replicas), self.max_replicas))
+        return self._bounded(desired)
 
     def update(self, t: float, m: Measurement) -> ScaleAction:
         return ScaleAction(self.pool, self.recommend(t, _current(m, self.pool), POOL_METRICS[self.metric](m)))
@@ -113,7 +123,7 @@ class HorizontalPodAutoscaler(SampledController):
                                               "scale_down_percent", "sample_period")}
 
 
-class KnativeAutoscaler(SampledController):
+class KnativeAutoscaler(_PoolAutoscaler):
     """Knative KPA on a total metric (e.g. concurrency) with ``target`` per replica."""
 
     name = "kpa"
@@ -123,11 +133,9 @@ class KnativeAutoscaler(SampledController):
                  panic_threshold_percent: float = 200.0, max_scale_up_rate: float = 1000.0,
                  max_scale_down_rate: float = 2.0, sample_period: float = 2.0):
         super().__init__(sample_period)
-        self.pool = check_choice("kpa.pool", pool, ("fill", "decode"))
+        self._init_pool("kpa", pool, min_replicas, max_replicas)
         self.target = check_number("kpa.target", target, low=0.0, low_inclusive=False)
         self.metric = check_choice("kpa.metric", metric, POOL_METRICS)
-        self.min_replicas = check_int("kpa.min_replicas", min_replicas, low=0)
-        self.max_replicas = check_int("kpa.max_replicas", max_replicas, low=max(1, self.min_replicas))
         self.stable_window_s = check_number("kpa.stable_window_s", stable_window_s, low=6.0, high=3600.0)
         self.panic_window_s = self.stable_window_s * check_number(
             "kpa.panic_window_percent", panic_window_percent, low=1.0, high=100.0) / 100.0
@@ -161,7 +169,7 @@ class KnativeAutoscaler(SampledController):
         desired = max(panic, current) if self.in_panic else stable
         desired = min(desired, math.ceil(ready * self.max_scale_up_rate))
         desired = max(desired, math.floor(ready / self.max_scale_down_rate))
-        return int(min(max(desired, self.min_replicas), self.max_replicas))
+        return self._bounded(desired)
 
     def update(self, t: float, m: Measurement) -> ScaleAction:
         return ScaleAction(self.pool, self.recommend(t, _current(m, self.pool), POOL_METRICS[self.metric](m)))
@@ -172,7 +180,7 @@ class KnativeAutoscaler(SampledController):
                                               "max_scale_up_rate", "max_scale_down_rate", "sample_period")}
 
 
-class DynamoThroughputPlanner(SampledController):
+class DynamoThroughputPlanner(_PoolAutoscaler):
     """Dynamo throughput-mode planner: predicted demand / per-engine capacity, every interval."""
 
     name = "dynamo-throughput"
@@ -181,12 +189,10 @@ class DynamoThroughputPlanner(SampledController):
                  metric: Callable[[Measurement], float] | None = None, min_replicas: int = 1,
                  max_replicas: int = 1000, sample_period: float = 180.0, observe_period: float = 5.0):
         super().__init__(sample_period)
-        self.pool = check_choice("dynamo.pool", pool, ("fill", "decode"))
+        self._init_pool("dynamo", pool, min_replicas, max_replicas)
         self.per_engine_rps = check_number("dynamo.per_engine_rps", per_engine_rps, low=0.0, low_inclusive=False)
         self.predictor = check_choice("dynamo.predictor", predictor, ("constant", "arima", "kalman"))
         self.metric = metric or (lambda m: m.admitted_rate)  # the demand the pool receives
-        self.min_replicas = check_int("dynamo.min_replicas", min_replicas, low=0)
-        self.max_replicas = check_int("dynamo.max_replicas", max_replicas, low=max(1, self.min_replicas))
         self.reset()
 
     def reset(self) -> None:
@@ -205,7 +211,7 @@ class DynamoThroughputPlanner(SampledController):
         else:
             pred = float(make_forecaster(self.predictor).fit(y).predict(1).mean[0])
         want = math.ceil(max(pred, 0.0) / self.per_engine_rps - 1e-9)
-        return int(min(max(want, self.min_replicas), self.max_replicas))
+        return self._bounded(want)
 
     def update(self, t: float, m: Measurement) -> ScaleAction:
         return ScaleAction(self.pool, self.recommend(self.metric(m)))
@@ -216,7 +222,7 @@ class DynamoThroughputPlanner(SampledController):
                 "sample_period": self.sample_period}
 
 
-class DynamoLoadPlanner(SampledController):
+class DynamoLoadPlanner(_PoolAutoscaler):
     """Dynamo load-mode planner: +1 above the SLA target, -1 only if consolidation stays < 80 %."""
 
     name = "dynamo-load"
@@ -225,13 +231,11 @@ class DynamoLoadPlanner(SampledController):
                  consolidation_fraction: float = 0.8, min_replicas: int = 1, max_replicas: int = 1000,
                  sample_period: float = 5.0):
         super().__init__(sample_period)
-        self.pool = check_choice("dynamo.pool", pool, ("fill", "decode"))
+        self._init_pool("dynamo", pool, min_replicas, max_replicas)
         self.sla_target = check_number("dynamo.sla_target", sla_target, low=0.0, low_inclusive=False)
         self.metric = check_choice("dynamo.metric", metric, POOL_METRICS)
         self.consolidation_fraction = check_number("dynamo.consolidation_fraction", consolidation_fraction,
                                                    low=0.0, high=1.0, low_inclusive=False)
-        self.min_replicas = check_int("dynamo.min_replicas", min_replicas, low=0)
-        self.max_replicas = check_int("dynamo.max_replicas", max_replicas, low=max(1, self.min_replicas))
 
     def recommend(self, current: int, load: float) -> int:
         if load > self.sla_target:
@@ -240,7 +244,7 @@ class DynamoLoadPlanner(SampledController):
             want = current - 1
         else:
             want = current
-        return int(min(max(want, self.min_replicas), self.max_replicas))
+        return self._bounded(want)
 
     def update(self, t: float, m: Measurement) -> ScaleAction:
         return ScaleAction(self.pool, self.recommend(_current(m, self.pool), POOL_METRICS[self.metric](m)))
@@ -250,7 +254,7 @@ class DynamoLoadPlanner(SampledController):
                 "consolidation_fraction": self.consolidation_fraction, "sample_period": self.sample_period}
 
 
-class AIBrixAPA(SampledController):
+class AIBrixAPA(_PoolAutoscaler):
     """AIBrix APA: a +/-10 % band around the target and a 300 s scale-down cooldown."""
 
     name = "aibrix-apa"
@@ -259,14 +263,12 @@ class AIBrixAPA(SampledController):
                  down_band: float = 0.1, scale_down_cooldown_s: float = 300.0, min_replicas: int = 1,
                  max_replicas: int = 1000, sample_period: float = 15.0):
         super().__init__(sample_period)
-        self.pool = check_choice("apa.pool", pool, ("fill", "decode"))
+        self._init_pool("apa", pool, min_replicas, max_replicas)
         self.target = check_number("apa.target", target, low=0.0, low_inclusive=False)
         self.metric = check_choice("apa.metric", metric, POOL_METRICS)
         self.up_band = check_number("apa.up_band", up_band, low=0.0, high=1.0)
         self.down_band = check_number("apa.down_band", down_band, low=0.0, high=1.0)
         self.scale_down_cooldown_s = check_number("apa.scale_down_cooldown_s", scale_down_cooldown_s, low=0.0)
-        self.min_replicas = check_int("apa.min_replicas", min_replicas, low=0)
-        self.max_replicas = check_int("apa.max_replicas", max_replicas, low=max(1, self.min_replicas))
         self.reset()
 
     def reset(self) -> None:
@@ -279,7 +281,7 @@ class AIBrixAPA(SampledController):
             want = math.ceil(current * ratio - 1e-9)
         elif ratio < 1.0 - self.down_band and t - self._last_change >= self.scale_down_cooldown_s:
             want = math.ceil(current * ratio - 1e-9)
-        want = int(min(max(want, self.min_replicas), self.max_replicas))
+        want = self._bounded(want)
         if want != current:
             self._last_change = t
         return want
