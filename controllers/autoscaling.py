@@ -56,13 +56,21 @@ POOL_METRICS: dict[str, Callable[[Measurement], float]] = {
     "decode_concurrency": lambda m: m.active_decodes + m.ready,  # total, KPA-style
     "fill_utilization": lambda m: m.admitted_rate / m.fill_capacity if m.fill_capacity > 0 else 0.0,
     "fill_concurrency": lambda m: m.fill_in_progress + m.backlog,
+    # KV demand per KV capacity, waiting sequences included (vLLM's running + waiting): > 1 = queueing
+    "kv_occupancy": lambda m: m.kv_occupancy if m.decode_slots > 0 else 0.0,
+    # requests waiting for a decode slot per serving decode replica (vLLM num_requests_waiting)
+    "decode_waiting": lambda m: m.ready / m.decode_workers if m.decode_workers > 0 else m.ready,
 }
 
 
-def _current(m: Measurement, pool: str) -> int:
+def _current(m: Measurement, pool: str, *, provisioned: bool = False) -> int:
+    """Serving workers of ``pool``; with ``provisioned``, plus those still starting (a Kubernetes
+    deployment's replica count, which HPA and APA scale from)."""
     n = m.decode_workers if pool == "decode" else m.fill_workers
     if not math.isfinite(n):
         raise ConfigError("measurement", f"the plant does not report {pool}_workers")
+    if provisioned:
+        n += m.decode_workers_starting if pool == "decode" else m.fill_workers_starting
     return int(round(n))
 
 
@@ -115,7 +123,10 @@ class HorizontalPodAutoscaler(_PoolAutoscaler):
         return self._bounded(desired)
 
     def update(self, t: float, m: Measurement) -> ScaleAction:
-        return ScaleAction(self.pool, self.recommend(t, _current(m, self.pool), POOL_METRICS[self.metric](m)))
+        # currentReplicas is the deployment's spec (starting pods included); the metric is the
+        # average over pods that report it (serving ones) - together they cascade during start-up
+        return ScaleAction(self.pool, self.recommend(t, _current(m, self.pool, provisioned=True),
+                                                     POOL_METRICS[self.metric](m)))
 
     def params(self) -> dict:
         return {k: getattr(self, k) for k in ("pool", "target", "metric", "min_replicas", "max_replicas", "tolerance",
@@ -287,7 +298,8 @@ class AIBrixAPA(_PoolAutoscaler):
         return want
 
     def update(self, t: float, m: Measurement) -> ScaleAction:
-        return ScaleAction(self.pool, self.recommend(t, _current(m, self.pool), POOL_METRICS[self.metric](m)))
+        return ScaleAction(self.pool, self.recommend(t, _current(m, self.pool, provisioned=True),
+                                                     POOL_METRICS[self.metric](m)))
 
     def params(self) -> dict:
         return {"pool": self.pool, "target": self.target, "metric": self.metric, "up_band": self.up_band,

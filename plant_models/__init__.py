@@ -18,5 +18,7 @@ from plant_models.lti import *  # noqa: F401,F403
 from plant_models.lti import __all__ as _lti
 from plant_models.des import *  # noqa: F401,F403
 from plant_models.des import __all__ as _des
+from plant_models.pools import *  # noqa: F401,F403
+from plant_models.pools import __all__ as _pools
 
-__all__ = [*_hw, *_mm, *_rl, *_sm, *_sg, *_dl, *_fl, *_lti, *_des]
+__all__ = [*_hw, *_mm, *_rl, *_sm, *_sg, *_dl, *_fl, *_lti, *_des, *_pools]

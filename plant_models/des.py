@@ -36,14 +36,14 @@ import pandas as pd
 import simpy
 
 from plant_models.fluid import ConservationError, DecodeRateDip
+from plant_models.pools import POOLS, PoolDynamics, _split
 from plant_models.roofline import Worker
-from plant_models.signals import AdmissionAction, Measurement
+from plant_models.signals import REJECT_REASONS, AdmissionAction, Measurement
 from tokenfactory.validation import ConfigError, check_int, check_number, reject_unknown_keys
 
 __all__ = ["DESParams", "ClusterConfig", "WorkerCrash", "LinkSlowdown", "Reconfiguration",
            "DESResult", "simulate", "REJECT_REASONS"]
 
-REJECT_REASONS = ("backlog_over_bound",)
 _STAGES = ("backlog", "fill", "transfer", "ready", "decode", "done", "rejected")
 
 
@@ -214,6 +214,8 @@ class ClusterConfig:
     kv_watermark: float = 0.01
     duration_s: float | None = None
     drain_s: float = 120.0
+    dynamics: PoolDynamics = PoolDynamics()
+    autoscale_start_s: float = 0.0
     events: tuple = ()
     seed: int = 0
     progress: bool | None = None
@@ -232,6 +234,7 @@ class ClusterConfig:
         if self.duration_s is not None:
             check_number("cluster.duration_s", self.duration_s, low=0.0, low_inclusive=False)
         check_number("cluster.drain_s", self.drain_s, low=0.0)
+        check_number("cluster.autoscale_start_s", self.autoscale_start_s, low=0.0)
         check_int("cluster.seed", self.seed, low=0)
         for i, e in enumerate(self.events):
             if not isinstance(e, tuple(_EVENTS.values())):
@@ -245,6 +248,9 @@ class ClusterConfig:
     def from_dict(cls, d: Mapping[str, Any], where: str = "cluster") -> "ClusterConfig":
         d = dict(d)
         reject_unknown_keys(where, d, {f.name for f in dataclasses.fields(cls)})
+        if isinstance(d.get("dynamics"), Mapping):
+            reject_unknown_keys(f"{where}.dynamics", d["dynamics"], {f.name for f in dataclasses.fields(PoolDynamics)})
+            d["dynamics"] = PoolDynamics(**d["dynamics"])
         evs = []
         for i, item in enumerate(d.pop("events", [])):
             item = dict(item)
@@ -292,7 +298,8 @@ class _Open:
 
 
 class _DecodeWorker:
-    __slots__ = ("index", "ids", "rem", "ctx", "proc", "listening", "online", "draining", "pool_change", "in_leap")
+    __slots__ = ("index", "ids", "rem", "ctx", "proc", "listening", "online", "draining", "pool_change", "in_leap",
+                 "warm_until")
 
     def __init__(self, index):
         self.index = index
@@ -305,10 +312,12 @@ class _DecodeWorker:
         self.online = True
         self.draining = False
         self.pool_change = None
+        self.warm_until = -math.inf
 
 
 class _FillWorker:
-    __slots__ = ("index", "proc", "online", "draining", "current", "link_free_at", "pool_change", "in_step")
+    __slots__ = ("index", "proc", "online", "draining", "current", "link_free_at", "pool_change", "in_step",
+                 "warm_until")
 
     def __init__(self, index):
         self.index = index
@@ -319,12 +328,16 @@ class _FillWorker:
         self.current: list = []
         self.link_free_at = 0.0
         self.pool_change = None
+        self.warm_until = -math.inf
 
 
 class _Sim:
-    def __init__(self, trace: pd.DataFrame, params: DESParams, cfg: ClusterConfig, controller):
+    def __init__(self, trace: pd.DataFrame, params: DESParams, cfg: ClusterConfig, controller, autoscalers=()):
         self.p, self.cfg = params, cfg
         self.ctrl = controller or _Open()
+        self.autoscalers = list(autoscalers)
+        self.starting: dict[str, list] = {pool: [] for pool in POOLS}  # start tickets still loading
+        self.arrived_since = 0
         self.env = simpy.Environment()
         self.rng = np.random.default_rng(cfg.seed)
         n = len(trace)
@@ -425,9 +438,10 @@ class _Sim:
 
     def arrive(self, i: int):
         self.counts["arrived"] += 1
+        self.arrived_since += 1
         self.r["arrival_s"][i] = self.env.now
         if len(self.backlog) >= self.action.backlog_bound:
-            self.reject(i, "backlog_over_bound")
+            self.reject(i, self.action.reason)
             return
         self.stage[i] = 1
         self.backlog.append(i)
@@ -508,16 +522,16 @@ class _Sim:
             if not w.online:
                 yield w.pool_change
                 continue
+            if w.draining and not w.current:
+                return  # a draining worker finishes what it holds and takes nothing new
             if not self.fill_q and not w.current:
-                if w.draining:
-                    return
                 yield self.fill_kick
                 continue
             budget = p.fill_token_budget
             step = []  # [id, tokens this step]
             cached_read = 0
             # continue the request this worker was chunking, then take new ones
-            while budget > 0 and (w.current or self.fill_q):
+            while budget > 0 and (w.current or (self.fill_q and not w.draining)):
                 item = w.current.pop(0) if w.current else self.fill_q.popleft()
                 i, todo = item
                 if todo < 0:  # first chunk: consult the prefix cache, record fill start
@@ -534,7 +548,7 @@ class _Sim:
             tokens = p.fill_token_budget - budget
             w.in_step = True
             try:
-                yield env.timeout(p.fill_step_time(tokens, cached_read))
+                yield env.timeout(p.fill_step_time(tokens, cached_read) / self.speed(w))
             except simpy.Interrupt:  # crash: this step's requests go back to the front of the fill queue
                 w.in_step = False
                 for i, take, left in reversed(step):
@@ -684,7 +698,7 @@ class _Sim:
                     continue
             B = len(w.ids)
             k = max(1, min(int(w.rem.min()), k_kv))
-            f = self.rate_factor
+            f = self.rate_factor * self.speed(w)  # (a leap keeps its speed if warm-up ends inside it)
             # pass j of the leap: T(B, S/B) + slope x (j tokens of growth per sequence)
             t_now, slope = p.decode_pass(B, S / B)
             t0 = t_now / f
@@ -817,6 +831,8 @@ class _Sim:
         while True:
             n_dec = sum(1 for w in self.decode_workers if w.online)
             n_fill = sum(1 for w in self.fill_workers if w.online)
+            serving = {pool: sum(1 for w in self._pool(pool) if not w.draining) for pool in POOLS}
+            starting = {pool: sum(1 for tk in self.starting[pool] if not tk["cancelled"]) for pool in POOLS}
             # slots as an orchestrator would estimate them: KV capacity / the mean context of the
             # sequences decoding now (the nominal shape's when nothing decodes)
             held = sum(float(w.ctx.sum()) for w in self.decode_workers)
@@ -824,35 +840,104 @@ class _Sim:
             self.snap_rows.append((env.now, len(self.backlog), self.fill_wip + self.in_transfer, len(self.ready),
                                    self.decoding, self.completed_since / dt, self.admitted_since / dt,
                                    n_dec * self.kv_limit / mean_ctx,
-                                   n_fill * self.nominal_fill_rps, n_fill, n_dec, self.action.rate))
+                                   n_fill * self.nominal_fill_rps, serving["fill"], serving["decode"], self.action.rate,
+                                   starting["fill"], starting["decode"], self.arrived_since / dt,
+                                   len(self.fill_workers) + starting["fill"], len(self.decode_workers) + starting["decode"]))
             self.completed_since = 0
             self.admitted_since = 0
+            self.arrived_since = 0
             yield env.timeout(dt)
 
-    def measure(self, t) -> Measurement:
+    def measure(self, t, period: float) -> Measurement:
         k = int(round((t - self.cfg.measurement_delay_s) / self.cfg.snapshot_dt))
         k = min(max(k, 0), len(self.snap_rows) - 1)
         row = self.snap_rows[k]
         # rates are averaged over the sample period (what a scrape of counters gives)
-        span = max(1, int(round(self.ctrl.sample_period / self.cfg.snapshot_dt)))
-        lo = max(0, k - span + 1)
-        comp = float(np.mean([r[5] for r in self.snap_rows[lo:k + 1]]))
-        adm = float(np.mean([r[6] for r in self.snap_rows[lo:k + 1]]))
+        span = max(1, int(round(period / self.cfg.snapshot_dt)))
+        rows = self.snap_rows[max(0, k - span + 1):k + 1]
+        comp, adm, arr = (float(np.mean([r[j] for r in rows])) for j in (5, 6, 14))
         return Measurement(time_s=row[0], backlog=row[1], fill_in_progress=row[2], ready=row[3],
                            active_decodes=row[4], completion_rate=comp, admitted_rate=adm,
-                           decode_slots=row[7], fill_capacity=row[8], fill_workers=row[9], decode_workers=row[10])
+                           decode_slots=row[7], fill_capacity=row[8], fill_workers=row[9], decode_workers=row[10],
+                           fill_workers_starting=row[12], decode_workers_starting=row[13], arrival_rate=arr)
 
     def control(self):
         env = self.env
         self.ctrl.reset()
         yield env.timeout(self.cfg.snapshot_dt / 2)  # after the first snapshot
         while True:
-            a = self.ctrl.update(env.now, self.measure(env.now))
+            a = self.ctrl.update(env.now, self.measure(env.now, self.ctrl.sample_period))
             self.action = a if isinstance(a, AdmissionAction) else AdmissionAction(float(a))
             self.actions.append({"time_s": env.now, "kind": "admission", "rate": self.action.rate,
                                  "backlog_bound": self.action.backlog_bound})
             self._kick("kick")
             yield env.timeout(self.ctrl.sample_period)
+
+    # -- pool autoscaling ------------------------------------------------------------------
+    def _pool(self, pool):
+        return self.fill_workers if pool == "fill" else self.decode_workers
+
+    def speed(self, w) -> float:
+        """A worker in its first ``warmup_s`` runs at ``warmup_factor`` of full speed."""
+        return self.cfg.dynamics.warmup_factor if self.env.now < w.warm_until else 1.0
+
+    def autoscale(self, scaler):
+        env = self.env
+        yield env.timeout(self.cfg.autoscale_start_s + self.cfg.snapshot_dt / 2)
+        while True:
+            _, scales = _split(scaler.update(env.now, self.measure(env.now, scaler.sample_period)))
+            for a in scales:
+                if a.pool not in POOLS:
+                    raise ConfigError(f"{type(scaler).__name__}.pool", f"{a.pool!r} is not one of {POOLS}")
+                self.reconcile(a.pool, max(int(a.replicas), 0), type(scaler).__name__)
+            yield env.timeout(scaler.sample_period)
+
+    def reconcile(self, pool: str, target: int, who: str):
+        """Deployment semantics: start workers up to ``target`` provisioned (serving + starting);
+        above it cancel starting ones first (newest first), then drain the newest serving ones."""
+        serving = [w for w in self._pool(pool) if not w.draining]
+        starting = [tk for tk in self.starting[pool] if not tk["cancelled"]]
+        before = len(serving) + len(starting)
+        diff = target - before
+        if diff == 0:
+            return
+        if diff > 0:
+            for _ in range(diff):
+                ticket = {"cancelled": False}
+                self.starting[pool].append(ticket)
+                self.env.process(self.start_worker(pool, ticket))
+        else:
+            for tk in starting[::-1][:-diff]:
+                tk["cancelled"] = True
+            for w in serving[::-1][:max(-diff - len(starting), 0)]:
+                self.env.process(self.retire(pool, w))
+        self.actions.append({"time_s": self.env.now, "kind": "scale", "pool": pool, "from": before, "to": target,
+                             "controller": who})
+
+    def start_worker(self, pool: str, ticket: dict):
+        env, dyn = self.env, self.cfg.dynamics
+        yield env.timeout(dyn.startup_s)
+        self.starting[pool].remove(ticket)
+        if ticket["cancelled"]:
+            return
+        workers = self._pool(pool)
+        w = (_FillWorker if pool == "fill" else _DecodeWorker)(len(workers))
+        w.warm_until = env.now + dyn.warmup_s
+        workers.append(w)
+        w.proc = env.process(self.fill_worker(w) if pool == "fill" else self.decode_worker(w))
+        if pool == "decode" and self.ready:
+            self.wake_decode()
+
+    def retire(self, pool: str, w):
+        w.draining = True
+        if pool == "decode":
+            w.listening = False
+        self._kick("fill_kick")
+        self._kick("ready_kick")
+        if w.proc is not None and w.proc.is_alive:
+            yield w.proc  # finishes its current work (billed until then), then leaves
+        if w in self._pool(pool):
+            self._pool(pool).remove(w)
 
     def progress(self, horizon):
         env = self.env
@@ -877,6 +962,9 @@ class _Sim:
             w.proc = env.process(self.decode_worker(w))
         for e in self.cfg.events:
             env.process(self.event_process(e))
+        for scaler in self.autoscalers:
+            scaler.reset()
+            env.process(self.autoscale(scaler))
         show = self.cfg.progress if self.cfg.progress is not None else sys.stderr.isatty()
         if show:
             env.process(self.progress(duration))
@@ -889,8 +977,10 @@ def _percentile(x, q):
 
 
 def simulate(trace: pd.DataFrame, params: DESParams, cluster: ClusterConfig = ClusterConfig(),
-             controller=None) -> DESResult:
-    """Replay ``trace`` (a request table) through the cluster with ``controller`` (None: admit all).
+             controller=None, autoscalers=()) -> DESResult:
+    """Replay ``trace`` (a request table) through the cluster with ``controller`` (None: admit all)
+    and pool ``autoscalers`` (each returns :class:`~controllers.autoscaling.ScaleAction`; workers
+    start, warm up and drain as ``cluster.dynamics`` says).
 
     Runs until ``cluster.duration_s`` (default: the last arrival + ``drain_s``). Raises
     :class:`ConservationError` if any request is unaccounted for."""
@@ -899,7 +989,7 @@ def simulate(trace: pd.DataFrame, params: DESParams, cluster: ClusterConfig = Cl
     for col in ("arrival_s", "input_tokens", "output_tokens"):
         if col not in trace:
             raise ConfigError("trace", f"missing column {col!r}")
-    sim = _Sim(trace, params, cluster, controller)
+    sim = _Sim(trace, params, cluster, controller, autoscalers)
     last = float(np.max(sim.arrival)) if not sim.closed_sessions else float(np.max(sim.arrival[sim.is_first]))
     duration = cluster.duration_s or last + cluster.drain_s
     wall0 = time.perf_counter()
@@ -930,7 +1020,10 @@ def simulate(trace: pd.DataFrame, params: DESParams, cluster: ClusterConfig = Cl
     rec["ttft_s"], rec["tpot_s"] = ttft, tpot
     series = pd.DataFrame(sim.snap_rows, columns=["time_s", "backlog", "fill_in_progress", "ready", "decoding",
                                                   "completion_rate", "admitted_rate", "decode_slots",
-                                                  "fill_capacity", "fill_workers", "decode_workers", "command"])
+                                                  "fill_capacity", "fill_workers", "decode_workers", "command",
+                                                  "fill_workers_starting", "decode_workers_starting", "arrival_rate",
+                                                  "fill_workers_billed", "decode_workers_billed"])
+    n_scale = sum(1 for a in sim.actions if a.get("kind") == "scale")
     ok = (rec["state"] == "completed") & (ttft <= cluster.slo_ttft_s) & (tpot <= cluster.slo_tpot_s)
     arrived_mask = rec["state"] != "not_arrived"
     metrics = {
@@ -943,9 +1036,14 @@ def simulate(trace: pd.DataFrame, params: DESParams, cluster: ClusterConfig = Cl
         "goodput_tokens_per_s": float(rec.loc[ok, "output_tokens"].sum() / duration),
         "throughput_requests_per_s": float(done / duration),
         "prefix_hit_ratio": float(sim.hit_tokens / sim.lookup_tokens) if sim.lookup_tokens else 0.0,
+        "gpu_hours": float((series["fill_workers_billed"] + series["decode_workers_billed"]).sum()
+                           * cluster.snapshot_dt / 3600.0 * cluster.dynamics.gpus_per_worker),
+        "scale_actions": n_scale, "actions_per_hour": float(n_scale / (duration / 3600.0)),
         "duration_s": duration, "wall_seconds": wall, "sim_requests_per_wall_s": float(arrived / wall) if wall > 0 else None,
     }
     cfg = {"cluster": dataclasses.asdict(cluster), "params": {k: v for k, v in dataclasses.asdict(params).items()},
            "controller": type(controller).__name__ if controller is not None else "open",
-           "controller_params": controller.params() if hasattr(controller, "params") else {}}
+           "controller_params": controller.params() if hasattr(controller, "params") else {},
+           "autoscalers": [{"name": type(a).__name__, **(a.params() if hasattr(a, "params") else {})}
+                           for a in autoscalers]}
     return DESResult(rec, series, pd.DataFrame(sim.actions), metrics, cfg)

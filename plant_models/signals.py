@@ -9,7 +9,10 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-__all__ = ["Measurement", "AdmissionAction"]
+__all__ = ["Measurement", "AdmissionAction", "REJECT_REASONS"]
+
+#: why a request can be rejected (every rejection in every plant carries one of these)
+REJECT_REASONS = ("backlog_over_bound", "decode_overloaded", "predicted_slo_violation")
 
 
 @dataclass(frozen=True)
@@ -18,7 +21,9 @@ class Measurement:
 
     Counts are requests; rates are requests per second. ``time_s`` is when the sample was taken
     (its age is the plant's measurement delay), ``decode_slots`` and ``fill_capacity`` describe
-    the pools at that moment.
+    the pools at that moment. ``*_workers`` count serving workers, ``*_workers_starting`` the ones
+    provisioned but not yet serving (a pool autoscaler's moves still in transit);
+    ``arrival_rate`` is what reached the orchestrator (before admission), when the plant knows it.
     """
 
     time_s: float
@@ -32,6 +37,9 @@ class Measurement:
     fill_capacity: float
     fill_workers: float = math.nan
     decode_workers: float = math.nan
+    fill_workers_starting: float = 0.0
+    decode_workers_starting: float = 0.0
+    arrival_rate: float = math.nan
 
     @property
     def decode_utilization(self) -> float:
@@ -49,13 +57,17 @@ class Measurement:
 @dataclass(frozen=True)
 class AdmissionAction:
     """An admission command: release ``rate`` requests/s from the backlog into fill, and shed
-    (reject with reason ``"backlog_over_bound"``) whatever backlog exceeds ``backlog_bound``."""
+    (reject with ``reason``) whatever backlog exceeds ``backlog_bound``. Early rejection at arrival
+    is ``backlog_bound=0`` with its own reason."""
 
     rate: float
     backlog_bound: float = math.inf
+    reason: str = "backlog_over_bound"
 
     def __post_init__(self) -> None:
         if not (self.rate >= 0.0) or math.isnan(self.rate):
             raise ValueError(f"AdmissionAction.rate must be >= 0, got {self.rate}")
         if not self.backlog_bound >= 0.0:
             raise ValueError(f"AdmissionAction.backlog_bound must be >= 0, got {self.backlog_bound}")
+        if self.reason not in REJECT_REASONS:
+            raise ValueError(f"AdmissionAction.reason must be one of {REJECT_REASONS}, got {self.reason!r}")

@@ -1,0 +1,158 @@
+"""The pool-level fluid model: conservation, worker start-up/warm-up/drain, billing, closed forms."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controllers import ScaleAction
+from plant_models import (
+    AdmissionAction,
+    DemandStep,
+    FluidParams,
+    PoolDynamics,
+    PoolFleet,
+    PoolScenario,
+    RequestShape,
+    Worker,
+    simulate_pools,
+)
+from tokenfactory import ConfigError
+
+
+@pytest.fixture(scope="module")
+def fp():
+    w = Worker.from_dict({"model": "deepseek-v3", "hardware": "h200"})
+    return FluidParams.from_workers(w, w, RequestShape(2048, 512))
+
+
+class Scripted:
+    """Returns scripted actions at given times (a controller double for plant tests)."""
+
+    def __init__(self, script, sample_period=1.0):
+        self.script, self.sample_period = dict(script), sample_period
+
+    def reset(self):
+        self.seen = []
+
+    def update(self, t, m):
+        self.seen.append(m)
+        return self.script.get(round(t, 6), [])
+
+
+def test_static_pools_bill_exactly_and_serve_the_demand(fp):
+    lam = 0.5 * fp.decode_capacity(2)
+    r = simulate_pools(fp, 4, 2, PoolScenario(lam, 3600.0, dt=0.5, poisson=False),
+                       dynamics=PoolDynamics(gpus_per_worker=8))
+    # 6 workers x 8 GPUs for an hour (plus the closing step)
+    assert r.metrics["gpu_hours"] == pytest.approx(48.0, rel=2e-4)
+    s = r.series[r.series["time_s"] > 600]
+    assert s["completed"].sum() / (len(s) * 0.5) == pytest.approx(lam, rel=1e-3)
+    # fluid equilibrium: completions D / (L pass(D / n)) = lambda (Little's law in decode)
+    d = float(s["decoding"].iloc[-1])
+    assert d / (fp.output_tokens * fp.decode_step_s(d / 2)) == pytest.approx(lam, rel=1e-3)
+    assert r.metrics["slo_attainment"] == pytest.approx(1.0)
+    assert r.metrics["actions_per_hour"] == 0
+
+
+def test_scale_up_serves_after_startup_and_warms_up(fp):
+    dyn = PoolDynamics(startup_s=60.0, warmup_s=20.0, warmup_factor=0.5, drain_s=0.0)
+    ctrl = Scripted({10.0: ScaleAction("decode", 3)})
+    r = simulate_pools(fp, 2, 1, PoolScenario(10.0, 200.0, dt=0.5, poisson=False), controllers=[ctrl], dynamics=dyn)
+    s = r.series.set_index("time_s")
+    assert s.loc[69.5, "decode_workers"] == 1 and s.loc[69.5, "decode_workers_starting"] == 2
+    assert s.loc[70.0, "decode_workers"] == 3 and s.loc[70.0, "decode_workers_starting"] == 0
+    assert s.loc[69.5, "decode_workers_billed"] == 3  # billed from the decision
+    # the controller saw the workers in transit (measurement delay 0.5 s)
+    later = [m for m in ctrl.seen if 20 <= m.time_s < 69]
+    assert later and all(m.decode_workers == 1 and m.decode_workers_starting == 2 for m in later)
+    assert r.actions[["pool", "from", "to"]].values.tolist() == [["decode", 1, 3]]
+
+
+def test_fleet_cancels_starting_workers_before_draining_serving():
+    f = PoolFleet("decode", 2, PoolDynamics(startup_s=100.0, warmup_s=10.0, drain_s=30.0))
+    assert f.set_target(0.0, 5) == 3 and f.provisioned == 5 and len(f.starting) == 3
+    assert f.set_target(1.0, 3) == -2 and len(f.starting) == 1 and len(f.serving) == 2 and not f.draining
+    assert f.set_target(2.0, 1) == -2 and not f.starting and len(f.serving) == 1 and len(f.draining) == 1
+    assert f.billed == 2
+    f.advance(40.0)
+    assert f.billed == 1  # drained after drain_s
+    f.set_target(50.0, 2)
+    f.advance(150.0)
+    assert f.effective(150.0) == pytest.approx(1.5)  # the new one runs at half speed for 10 s
+    assert f.effective(160.0) == pytest.approx(2.0)
+
+
+def test_scale_down_migrates_sequences_back_without_loss(fp):
+    lam = 0.9 * fp.decode_capacity(2)
+    ctrl = Scripted({300.0: ScaleAction("decode", 1)})
+    r = simulate_pools(fp, 4, 2, PoolScenario(lam, 600.0, dt=0.5), controllers=[ctrl])
+    assert r.metrics["preempted"] > 0
+    m = r.metrics
+    assert m["requests"] == pytest.approx(m["completed"] + m["rejected"] + m["in_flight_end"], rel=1e-9)
+
+
+def test_early_rejection_is_recorded_with_its_reason(fp):
+    class RejectAll:
+        sample_period = 1.0
+
+        def reset(self):
+            pass
+
+        def update(self, t, m):
+            return AdmissionAction(math.inf, 0.0, "decode_overloaded")
+
+    r = simulate_pools(fp, 2, 2, PoolScenario(50.0, 100.0, dt=0.5, poisson=False), controllers=[RejectAll()])
+    assert r.metrics["rejected_by_reason"]["decode_overloaded"] == pytest.approx(r.metrics["requests"])
+    assert r.metrics["slo_attainment"] == 0.0
+
+
+@settings(max_examples=15, deadline=None)
+@given(load=st.floats(0.1, 2.5), seed=st.integers(0, 1000), dt=st.sampled_from([0.1, 0.5, 2.0]),
+       target=st.integers(1, 6), at=st.floats(0.0, 100.0))
+def test_conservation_under_random_loads_and_moves(fp, load, seed, dt, target, at):
+    lam = load * fp.decode_capacity(2)
+    ctrl = Scripted({round(round(at / 2.0) * 2.0, 6): [ScaleAction("decode", target), ScaleAction("fill", target)]},
+                    sample_period=2.0)
+    r = simulate_pools(fp, 2, 2, PoolScenario(lam, 200.0, dt=dt, seed=seed), controllers=[ctrl],
+                       dynamics=PoolDynamics(startup_s=20.0, warmup_s=10.0))
+    m = r.metrics
+    assert m["requests"] == pytest.approx(m["completed"] + m["rejected"] + m["in_flight_end"], rel=1e-9, abs=1e-6)
+    assert (r.series[["backlog", "ready", "decoding"]] >= -1e-9).all().all()
+
+
+def test_rate_series_and_steps_drive_the_demand(fp):
+    series = pd.Series([10.0, 20.0], index=[0.0, 50.0])
+    sc = PoolScenario(series, 100.0, dt=1.0, disturbances=(DemandStep(75.0, 2.0),), poisson=False)
+    lam = sc.demand_grid(np.array([0.0, 49.0, 50.0, 74.0, 75.0]))
+    assert lam.tolist() == [10.0, 10.0, 20.0, 20.0, 40.0]
+
+
+def test_same_config_same_result(fp):
+    sc = PoolScenario(100.0, 300.0, dt=0.5, seed=3)
+    a = simulate_pools(fp, 2, 2, sc)
+    b = simulate_pools(fp, 2, 2, sc)
+    pd.testing.assert_frame_equal(a.series, b.series)
+
+
+@pytest.mark.parametrize("kw, field", [
+    ({"dt": 0.0}, "scenario.dt"),
+    ({"duration_s": -1.0}, "scenario.duration_s"),
+    ({"control_start_s": 1e9}, "scenario.control_start_s"),
+    ({"demand": pd.Series([1.0, -2.0], index=[0.0, 1.0])}, "scenario.demand"),
+    ({"disturbances": ("step",)}, "scenario.disturbances[0]"),
+])
+def test_bad_scenarios_name_the_field(kw, field):
+    args = {"demand": 1.0, "duration_s": 10.0, **kw}
+    with pytest.raises(ConfigError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        PoolScenario(**args)
+
+
+def test_bad_dynamics_and_sample_periods(fp):
+    with pytest.raises(ConfigError, match="pools.warmup_factor"):
+        PoolDynamics(warmup_factor=0.0)
+    with pytest.raises(ConfigError, match="sample_period"):
+        simulate_pools(fp, 1, 1, PoolScenario(1.0, 10.0, dt=1.0), controllers=[Scripted({}, sample_period=0.1)])
