@@ -81,7 +81,10 @@ def predict_limit_cycles(loop: DelayedLoop, nonlinearity, *, method: str = "exac
     # Complex N(A) (hysteresis) can balance the loop away from the phase crossovers: add seeds
     # from a coarse (A, w) scan of |1 + N(A) L(jw)|, one per local minimum along A.
     lo, hi = amplitude_bounds
-    a_grid = np.logspace(np.log10(lo), np.log10(hi), 240)
+    # a hysteresis relay's cycles often sit just above its width: refine the grid near the lower bound
+    a_grid = np.unique(np.concatenate([np.logspace(np.log10(lo), np.log10(hi), 240),
+                                       lo * (1.0 + np.logspace(-4, 0, 80))]))
+    a_grid = a_grid[a_grid <= hi]
     w_scan = w[:: max(1, len(w) // 1500)]
     L_scan = f(w_scan)
     best_res, best_w = [], []

@@ -1,0 +1,111 @@
+"""Admission baselines from today's serving systems: Mooncake's early rejection (current-load and
+prediction-based) and vLLM's watermark admission.
+
+* :class:`EarlyRejection` - Mooncake (Qin et al., "Mooncake: A KVCache-centric Disaggregated
+  Architecture for LLM Serving", FAST '25 / arXiv:2407.00079, sec. 7 "Overload-oriented
+  scheduling"): the conductor rejects a request *at arrival* when it predicts the request would
+  break its SLO - TTFT from the prefill queue it would join, TBT from the load of the decode
+  instances. With ``predictive=False`` the decode load is the one measured now (sec. 7.2, "early
+  rejection"); the paper shows this makes prefill and decode load swing in anti-phase (sec. 7.3),
+  because a request admitted now reaches decode only after its prefill. ``predictive=True`` is
+  the paper's fix (sec. 7.4, "early rejection based on prediction"): the decode load is predicted
+  at the time the request would reach decode - sequences now decoding or waiting, plus those in
+  prefill and queued for it, minus the completions expected over the prefill horizon.
+* :class:`WatermarkAdmission` - vLLM's scheduler (``BlockSpaceManager.can_allocate``,
+  ``watermark=0.01``): a waiting request is scheduled only while the KV blocks it needs leave at
+  least 1 % of blocks free; nothing is rejected, the rest waits. At the orchestrator this gates
+  the release of the backlog on the KV the admitted work will hold.
+
+All three are :class:`~controllers.interface.SampledController` objects returning
+:class:`~plant_models.signals.AdmissionAction`, so they run in the fluid model, the pool model
+and the request simulator unchanged. Rejection at arrival is ``backlog_bound=0`` with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from controllers.interface import SampledController
+from plant_models.signals import AdmissionAction, Measurement
+from tokenfactory.validation import check_number
+
+__all__ = ["EarlyRejection", "WatermarkAdmission"]
+
+
+class EarlyRejection(SampledController):
+    """Reject at arrival when the predicted TTFT exceeds ``slo_ttft_s`` (reason
+    ``predicted_slo_violation``) or the (predicted) decode load reaches ``decode_threshold`` of
+    the decode slots (``decode_overloaded``; at 1.0 every slot is taken and a new sequence would
+    wait, stretching its TBT). ``decode_step_s`` (batch per worker -> pass seconds), if given, also
+    rejects when the pass time at the predicted batch exceeds ``slo_tpot_s``."""
+
+    name = "early-rejection"
+
+    def __init__(self, *, fill_latency_s: float, slo_ttft_s: float = 2.0, decode_threshold: float = 1.0,
+                 predictive: bool = False, slo_tpot_s: float = 0.1,
+                 decode_step_s: Callable[[float], float] | None = None, sample_period: float = 0.5):
+        super().__init__(sample_period)
+        self.fill_latency_s = check_number("early_rejection.fill_latency_s", fill_latency_s, low=0.0)
+        self.slo_ttft_s = check_number("early_rejection.slo_ttft_s", slo_ttft_s, low=0.0, low_inclusive=False)
+        self.decode_threshold = check_number("early_rejection.decode_threshold", decode_threshold, low=0.1, high=10.0)
+        self.slo_tpot_s = check_number("early_rejection.slo_tpot_s", slo_tpot_s, low=0.0, low_inclusive=False)
+        self.predictive = bool(predictive)
+        self.decode_step_s = decode_step_s
+
+    def predicted_ttft(self, m: Measurement) -> float:
+        """Prefill queue it would join / prefill throughput + its own prefill."""
+        if m.fill_capacity <= 0:
+            return math.inf
+        return (m.backlog + m.fill_in_progress) / m.fill_capacity + self.fill_latency_s
+
+    def predicted_decode_load(self, m: Measurement) -> float:
+        """Sequences holding or waiting for a decode slot, per slot - now, or (predictive) when a
+        request admitted now would reach decode."""
+        if m.decode_slots <= 0:
+            return math.inf
+        load = m.active_decodes + m.ready
+        if self.predictive:
+            horizon = self.predicted_ttft(m)
+            horizon = horizon if math.isfinite(horizon) else 0.0
+            load = max(load + m.fill_in_progress + m.backlog - m.completion_rate * horizon, 0.0)
+        return load / m.decode_slots
+
+    def update(self, t: float, m: Measurement) -> AdmissionAction:
+        if self.predicted_ttft(m) > self.slo_ttft_s:
+            return AdmissionAction(math.inf, 0.0, "predicted_slo_violation")
+        load = self.predicted_decode_load(m)
+        if load >= self.decode_threshold:
+            return AdmissionAction(math.inf, 0.0, "decode_overloaded")
+        if self.decode_step_s is not None and m.decode_workers > 0 and math.isfinite(m.decode_workers):
+            batch = min(load, 1.0) * m.decode_slots / m.decode_workers
+            if self.decode_step_s(batch) > self.slo_tpot_s:
+                return AdmissionAction(math.inf, 0.0, "predicted_slo_violation")
+        return AdmissionAction(math.inf)
+
+    def params(self) -> dict:
+        return {"fill_latency_s": self.fill_latency_s, "slo_ttft_s": self.slo_ttft_s,
+                "decode_threshold": self.decode_threshold, "predictive": self.predictive,
+                "slo_tpot_s": self.slo_tpot_s, "sample_period": self.sample_period}
+
+
+class WatermarkAdmission(SampledController):
+    """Release the backlog at the fill capacity while the KV of everything admitted (decoding,
+    ready, in fill) stays under (1 - ``watermark``) of the decode slots; hold it otherwise."""
+
+    name = "vllm-watermark"
+
+    def __init__(self, watermark: float = 0.01, sample_period: float = 0.1):
+        super().__init__(sample_period)
+        self.watermark = check_number("watermark.watermark", watermark, low=0.0, high=0.5)
+
+    def update(self, t: float, m: Measurement) -> AdmissionAction:
+        held = m.active_decodes + m.ready + m.fill_in_progress
+        room = (1.0 - self.watermark) * m.decode_slots - held
+        if room <= 0:
+            return AdmissionAction(0.0)
+        # no faster than the room left can absorb within one sample, nor than fill can take
+        return AdmissionAction(min(m.fill_capacity, room / self.sample_period))
+
+    def params(self) -> dict:
+        return {"watermark": self.watermark, "sample_period": self.sample_period}

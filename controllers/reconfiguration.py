@@ -1,0 +1,250 @@
+"""Pool reconfiguration without flapping: the hysteretic, pending-aware pool controller and the
+describing-function analysis of reconfiguration loops.
+
+Why today's autoscalers flap (what :func:`predict_pool_flapping` quantifies): a pool autoscaler
+that sizes a pool from a *feedback* signal of that pool (its queue, its KV occupancy, its
+utilisation) closes a loop whose plant is an integrator - the queue grows at (demand - n x per
+worker rate) - behind the reconfiguration delay (start-up of minutes). Its decision rule is a
+relay with hysteresis whose output is quantised to whole workers. Integrator + delay + hysteretic
+relay always has a describing-function solution (the Nyquist curve of mu e^{-tau s}/s starts at
+-j infinity and crosses every horizontal line -pi c / (4 b) of the hysteretic relay's -1/N(A)), so
+whenever the demand lies between two whole-worker levels such a loop alternates between them: the
+2 <-> 1 flapping under constant load. Counting only serving workers while new ones start adds the
+cascade (each sync sees the same unmet demand and adds again).
+
+:class:`HystereticPoolController` removes that loop at the operating point instead of detuning it:
+
+* it sizes the pool from the pool's *demand rate* (arrivals into the pool, smoothed by a
+  first-order filter ``filter_s``) divided by per-worker capacity at ``target_utilization``, plus
+  a one-sided backlog term (queue / ``queue_clear_s``) capped at ``queue_headroom`` x demand;
+* it counts workers still starting as capacity in transit (pending-aware), so it never asks twice
+  for the same deficit and never exceeds ceil(demand x (1 + queue_headroom) / (per-worker rate x
+  target_utilization)) - the demand-justified count;
+* it scales down from n to n - k only when the need is below n - k - ``dead_band``: the pool
+  left after a scale-down still carries the demand with ``dead_band`` workers to spare, so no
+  queue forms and nothing drives the relay back up. In describing-function terms the loop gain
+  the relay sees at its switching points is zero (the queue is empty on both sides of the scale-
+  down threshold), so 1 + N(A) L(jw) = 0 has no solution; only the demand itself and its noise
+  can move the decision.
+
+The rule for the defaults (:meth:`HystereticPoolController.tuned`): the dead band is
+max(``min_dead_band``, z x sigma) where sigma is the standard deviation of the need signal (in
+workers) at the operating point - for Poisson arrivals at rate lambda smoothed by a filter of
+time constant T, sigma = sqrt(lambda / 2T) / (per-worker rate x target utilisation) - and z = 3,
+so noise alone crosses the threshold on ~0.1 % of samples; the scale-down dwell is 3 T (a real
+drop has passed 95 % through the filter, and a noise excursion must outlast three correlation
+times); the cooldown after a move is the start-up plus warm-up time (the loop's dead time: a
+decision is not revisited before the last one has taken effect). Scale-up is allowed after
+``up_dwell_s`` (one sample by default) and at most ``max_step_up`` workers per decision;
+scale-down removes at most ``max_step_down``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import control
+
+from controllers.autoscaling import ScaleAction, _PoolAutoscaler
+from controllers.describing import LimitCycle, predict_limit_cycles
+from controllers.stability import DelayedLoop
+from plant_models.signals import Measurement
+from tokenfactory.validation import ConfigError, check_int, check_number
+
+__all__ = ["HystereticPoolController", "QueueRelayScaler", "pool_relay_loop", "predict_pool_flapping",
+           "need_noise_std", "pool_demand"]
+
+
+def pool_demand(m: Measurement, pool: str) -> tuple[float, float]:
+    """(demand rate into ``pool``, requests queued for it) as a controller can measure them.
+
+    Fill: the arrival rate at the orchestrator (the admitted rate if the plant does not report
+    arrivals) and the backlog plus fill work in progress. Decode: the admitted rate (every admitted
+    request will need a decode slot) and the ready buffer (requests waiting for a slot)."""
+    if pool == "fill":
+        rate = m.arrival_rate if math.isfinite(m.arrival_rate) else m.admitted_rate
+        return rate, m.backlog + m.fill_in_progress
+    return m.admitted_rate, m.ready
+
+
+def need_noise_std(rate_rps: float, per_worker_rps: float, target_utilization: float, filter_s: float) -> float:
+    """Standard deviation (workers) of the filtered need signal for Poisson arrivals at ``rate_rps``:
+    a first-order filter of time constant T passes variance lambda / (2 T) of a Poisson rate."""
+    check_number("rate_rps", rate_rps, low=0.0)
+    check_number("filter_s", filter_s, low=0.0, low_inclusive=False)
+    return math.sqrt(rate_rps / (2.0 * filter_s)) / (per_worker_rps * target_utilization)
+
+
+class HystereticPoolController(_PoolAutoscaler):
+    """Pending-aware hysteretic sizing of one pool (see the module docstring for the rule)."""
+
+    name = "hysteretic"
+
+    def __init__(self, pool: str, per_worker_rps: float, *, target_utilization: float = 0.85,
+                 dead_band: float = 0.5, filter_s: float = 30.0, dwell_s: float = 90.0, up_dwell_s: float | None = None,
+                 cooldown_s: float = 150.0, max_step_up: int = 4, max_step_down: int = 1,
+                 queue_clear_s: float = 60.0, queue_headroom: float = 0.25, min_replicas: int = 1,
+                 max_replicas: int = 1000, sample_period: float = 5.0):
+        super().__init__(sample_period)
+        self._init_pool("hysteretic", pool, min_replicas, max_replicas)
+        self.per_worker_rps = check_number("hysteretic.per_worker_rps", per_worker_rps, low=0.0, low_inclusive=False)
+        self.target_utilization = check_number("hysteretic.target_utilization", target_utilization, low=0.1, high=1.0)
+        self.dead_band = check_number("hysteretic.dead_band", dead_band, low=0.0, high=10.0)
+        self.filter_s = check_number("hysteretic.filter_s", filter_s, low=0.0)
+        self.dwell_s = check_number("hysteretic.dwell_s", dwell_s, low=0.0)
+        self.up_dwell_s = sample_period if up_dwell_s is None else check_number("hysteretic.up_dwell_s", up_dwell_s,
+                                                                                 low=0.0)
+        self.cooldown_s = check_number("hysteretic.cooldown_s", cooldown_s, low=0.0)
+        self.max_step_up = check_int("hysteretic.max_step_up", max_step_up, low=1)
+        self.max_step_down = check_int("hysteretic.max_step_down", max_step_down, low=1)
+        self.queue_clear_s = check_number("hysteretic.queue_clear_s", queue_clear_s, low=0.0, low_inclusive=False)
+        self.queue_headroom = check_number("hysteretic.queue_headroom", queue_headroom, low=0.0, high=10.0)
+        self.reset()
+
+    @classmethod
+    def tuned(cls, pool: str, per_worker_rps: float, rate_rps: float, *, startup_s: float, warmup_s: float = 0.0,
+              filter_s: float = 30.0, target_utilization: float = 0.85, z: float = 3.0, min_dead_band: float = 0.25,
+              noise_std: float | None = None, **kw) -> "HystereticPoolController":
+        """Defaults from the documented rule: dead band max(min, z sigma), dwell 3 T, cooldown
+        start-up + warm-up. ``noise_std`` (workers) overrides the Poisson estimate, e.g. measured
+        from a trace's filtered need signal."""
+        sigma = noise_std if noise_std is not None else need_noise_std(rate_rps, per_worker_rps,
+                                                                       target_utilization, filter_s)
+        check_number("noise_std", sigma, low=0.0)
+        return cls(pool, per_worker_rps, target_utilization=target_utilization, filter_s=filter_s,
+                   dead_band=max(min_dead_band, z * sigma), dwell_s=3.0 * filter_s,
+                   cooldown_s=startup_s + warmup_s, **kw)
+
+    def reset(self) -> None:
+        self._rate: float | None = None
+        self._t_prev: float | None = None
+        self._up_since: float | None = None
+        self._down_since: float | None = None
+        self._last_move = -math.inf
+        self.last_need = math.nan
+
+    def need(self, rate: float, queue: float) -> float:
+        """Workers the pool needs (fractional): demand plus capped backlog clearance at target utilisation."""
+        clear = min(max(queue, 0.0) / self.queue_clear_s, self.queue_headroom * max(rate, 0.0))
+        return (max(rate, 0.0) + clear) / (self.per_worker_rps * self.target_utilization)
+
+    def demand_justified(self, rate: float) -> int:
+        """The most this controller will ever ask for at a steady demand ``rate``."""
+        return self._bounded(math.ceil(rate * (1 + self.queue_headroom) / (self.per_worker_rps * self.target_utilization)
+                                       - 1e-9))
+
+    def recommend(self, t: float, provisioned: int, rate: float, queue: float) -> int:
+        """The decision core: ``provisioned`` = serving + starting workers."""
+        if self._rate is None or self.filter_s == 0:
+            self._rate = rate
+        else:
+            a = 1.0 - math.exp(-(t - self._t_prev) / self.filter_s)
+            self._rate += a * (rate - self._rate)
+        self._t_prev = t
+        need = self.need(self._rate, queue)
+        self.last_need = need
+        n = provisioned
+        want = n
+        if need > n + 1e-9:
+            self._down_since = None
+            self._up_since = t if self._up_since is None else self._up_since
+            if t - self._up_since >= self.up_dwell_s - 1e-9:
+                want = min(math.ceil(need - 1e-9), n + self.max_step_up)
+        elif n > self.min_replicas and need < n - 1 - self.dead_band:
+            self._up_since = None
+            self._down_since = t if self._down_since is None else self._down_since
+            if t - self._down_since >= self.dwell_s - 1e-9 and t - self._last_move >= self.cooldown_s - 1e-9:
+                # keep dead_band spare workers above the need after the move
+                want = max(math.ceil(need + self.dead_band - 1e-9), n - self.max_step_down)
+        else:
+            self._up_since = self._down_since = None
+        want = self._bounded(want)
+        if want != n:
+            self._last_move = t
+            self._up_since = self._down_since = None
+        return want
+
+    def update(self, t: float, m: Measurement) -> ScaleAction:
+        from controllers.autoscaling import _current
+
+        rate, queue = pool_demand(m, self.pool)
+        return ScaleAction(self.pool, self.recommend(t, _current(m, self.pool, provisioned=True), rate, queue))
+
+    def params(self) -> dict:
+        return {k: getattr(self, k) for k in (
+            "pool", "per_worker_rps", "target_utilization", "dead_band", "filter_s", "dwell_s", "up_dwell_s",
+            "cooldown_s", "max_step_up", "max_step_down", "queue_clear_s", "queue_headroom", "min_replicas",
+            "max_replicas", "sample_period")}
+
+
+class QueueRelayScaler(_PoolAutoscaler):
+    """The textbook threshold autoscaler the describing-function analysis is about: ``high``
+    workers while the pool's queue exceeds ``queue_high``, ``low`` workers once it falls under
+    ``queue_low`` (a relay with hysteresis, quantised to whole workers). KEDA queue triggers and
+    Dynamo's load mode at two levels reduce to it."""
+
+    name = "queue-relay"
+
+    def __init__(self, pool: str, low: int, high: int, queue_low: float, queue_high: float, *,
+                 sample_period: float = 5.0):
+        super().__init__(sample_period)
+        self._init_pool("queue_relay", pool, low, high)
+        if high <= low:
+            raise ConfigError("queue_relay.high", f"must exceed low ({low}), got {high}")
+        self.queue_low = check_number("queue_relay.queue_low", queue_low, low=0.0)
+        self.queue_high = check_number("queue_relay.queue_high", queue_high, low=queue_low)
+        self.reset()
+
+    def reset(self) -> None:
+        self._state = self.max_replicas
+
+    def update(self, t: float, m: Measurement) -> ScaleAction:
+        _, queue = pool_demand(m, self.pool)
+        if queue > self.queue_high:
+            self._state = self.max_replicas
+        elif queue < self.queue_low:
+            self._state = self.min_replicas
+        return ScaleAction(self.pool, self._state)
+
+    def params(self) -> dict:
+        return {"pool": self.pool, "low": self.min_replicas, "high": self.max_replicas, "queue_low": self.queue_low,
+                "queue_high": self.queue_high, "sample_period": self.sample_period}
+
+
+def pool_relay_loop(per_worker_rps: float, delay_s: float, filter_s: float = 0.0,
+                    slots_per_worker: float = 0.0) -> DelayedLoop:
+    """L(s) from a pool-size change (workers) to the pool's queue (requests), seen through the
+    reconfiguration delay and an optional measurement filter.
+
+    The queue integrates the capacity deficit (per_worker_rps / s). For the decode pool the ready
+    buffer also jumps by the slots a worker brings or takes (sequences join a new worker at once
+    and migrate back from a removed one): a direct term slots_per_worker. So
+    L(s) = (per_worker_rps + slots_per_worker s) e^{-delay s} / (s (filter_s s + 1))."""
+    check_number("per_worker_rps", per_worker_rps, low=0.0, low_inclusive=False)
+    check_number("delay_s", delay_s, low=0.0)
+    check_number("filter_s", filter_s, low=0.0)
+    check_number("slots_per_worker", slots_per_worker, low=0.0)
+    den = [filter_s, 1.0, 0.0] if filter_s > 0 else [1.0, 0.0]
+    num = [slots_per_worker, per_worker_rps] if slots_per_worker > 0 else [per_worker_rps]
+    return DelayedLoop(control.tf(num, den), delay_s, "pool relay")
+
+
+def predict_pool_flapping(per_worker_rps: float, delay_s: float, queue_low: float, queue_high: float, *,
+                          step_workers: int = 1, filter_s: float = 0.0,
+                          slots_per_worker: float = 0.0) -> LimitCycle | None:
+    """Describing-function prediction of a queue relay's flapping between two pool sizes
+    ``step_workers`` apart: the relay's output is +/- step/2 workers around the midpoint (the
+    quantisation of whole workers), its hysteresis half-width (queue_high - queue_low) / 2
+    requests. Returns the predicted cycle of the queue (amplitude in requests, period) or None.
+
+    The prediction assumes the demand sits at the midpoint between the two levels (a symmetric
+    cycle); an off-centre demand gives an asymmetric cycle with the same order of period.
+    """
+    if queue_high < queue_low:
+        raise ConfigError("queue_high", f"must be >= queue_low ({queue_low})")
+    check_int("step_workers", step_workers, low=1)
+    half = (queue_high - queue_low) / 2.0
+    relay = control.relay_hysteresis_nonlinearity(b=step_workers / 2.0, c=max(half, 1e-9))
+    cycles = predict_limit_cycles(pool_relay_loop(per_worker_rps, delay_s, filter_s, slots_per_worker), relay,
+                                  amplitude_bounds=(max(half, 1e-9) * 1.0001, 1e9))
+    return cycles[0] if cycles else None

@@ -1,0 +1,130 @@
+"""The hysteretic pool controller, the queue relay and the describing function of the
+reconfiguration loop."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controllers import HystereticPoolController, QueueRelayScaler, need_noise_std, predict_pool_flapping
+from plant_models import DemandStep, PoolDynamics, PoolScenario, simulate_pools
+from studies.reconfiguration import SHAPE, describing_function_check, fluid_params
+from tokenfactory import ConfigError
+
+MU = 50.0  # requests/s per worker in the hand-worked tests
+
+
+def ctrl(**kw):
+    base = dict(target_utilization=1.0, dead_band=0.5, filter_s=0.0, dwell_s=20.0, up_dwell_s=0.0, cooldown_s=60.0,
+                max_step_up=2, max_step_down=1, queue_clear_s=10.0, queue_headroom=0.25, sample_period=5.0)
+    return HystereticPoolController("decode", MU, **{**base, **kw})
+
+
+@pytest.mark.parametrize("need", [2.5, 2.9, 3.0, 3.5, 4.0])
+def test_no_move_inside_the_dead_band(need):
+    """With 4 workers and dead band 0.5 the band is [4 - 1 - 0.5, 4] = [2.5, 4]: never a move."""
+    c = ctrl()
+    for k in range(100):
+        assert c.recommend(5.0 * k, 4, need * MU, 0.0) == 4
+
+
+def test_hand_worked_sequence():
+    c = ctrl()
+    assert c.recommend(0, 2, 3.2 * MU, 0.0) == 4        # need 3.2 > 2: ceil(3.2) = 4 (+2, the step limit)
+    assert c.recommend(5, 4, 9.0 * MU, 0.0) == 6        # need 9: limited to +2 per decision
+    assert c.recommend(10, 6, 9.0 * MU, 0.0) == 8
+    # queue term: 100 queued / 10 s = 10 req/s, capped at 25 % of the rate (5): need = (20 + 5) / 50
+    assert c.need(20.0, 100.0) == pytest.approx(0.5)
+    # scale-down: need 2 < 8 - 1 - 0.5 must persist for the dwell (20 s) and the cooldown (60 s)
+    t0 = 100.0
+    assert c.recommend(t0, 8, 2.0 * MU, 0.0) == 8
+    assert c.recommend(t0 + 15, 8, 2.0 * MU, 0.0) == 8
+    assert c.recommend(t0 + 20, 8, 2.0 * MU, 0.0) == 7  # one at a time (max_step_down)
+    assert c.recommend(t0 + 45, 7, 2.0 * MU, 0.0) == 7  # cooldown: 60 s since the last move
+    assert c.recommend(t0 + 80, 7, 2.0 * MU, 0.0) == 6
+    # a blip back into the band resets the dwell
+    c2 = ctrl(cooldown_s=0.0)
+    c2.recommend(0, 5, 1.0 * MU, 0.0)
+    c2.recommend(15, 5, 3.8 * MU, 0.0)
+    assert c2.recommend(25, 5, 1.0 * MU, 0.0) == 5
+    assert c2.recommend(45, 5, 1.0 * MU, 0.0) == 4
+
+
+@settings(max_examples=40, deadline=None)
+@given(rates=st.lists(st.floats(0.0, 20.0), min_size=5, max_size=60), queues=st.floats(0.0, 1e4),
+       up=st.integers(1, 4), down=st.integers(1, 3))
+def test_never_exceeds_its_step_limits_or_bounds(rates, queues, up, down):
+    c = ctrl(max_step_up=up, max_step_down=down, dwell_s=0.0, cooldown_s=0.0, min_replicas=1, max_replicas=12)
+    n = 3
+    for k, x in enumerate(rates):
+        want = c.recommend(5.0 * k, n, x * MU, queues)
+        assert -down <= want - n <= up
+        assert 1 <= want <= 12
+        n = want
+
+
+def test_pending_aware_never_overscales_during_startup():
+    """Demand doubles; workers take 10 minutes to start. Every decision counts the starting ones,
+    so the pool never exceeds the demand-justified count."""
+    fp = fluid_params(SHAPE)
+    mu = fp.decode_capacity(1)
+    lam = 1.5 * mu
+    dyn = PoolDynamics(startup_s=600.0)
+    c = HystereticPoolController.tuned("decode", mu, 2 * lam, startup_s=dyn.startup_s, max_replicas=64)
+    r = simulate_pools(fp, 8, 2, PoolScenario(lam, 2400.0, dt=0.5, disturbances=(DemandStep(300.0, 2.0),),
+                                              control_start_s=30.0), controllers=[c], dynamics=dyn)
+    provisioned = r.series["decode_workers"] + r.series["decode_workers_starting"]
+    assert provisioned.max() <= c.demand_justified(2 * lam)
+    assert provisioned.max() >= math.ceil(2 * lam / (mu * c.target_utilization))  # and it does get there
+
+
+def test_tuned_rule_and_the_noise_closed_form():
+    c = HystereticPoolController.tuned("decode", MU, 100.0, startup_s=120.0, warmup_s=30.0, filter_s=20.0)
+    sigma = math.sqrt(100.0 / 40.0) / (MU * 0.85)
+    assert c.dead_band == pytest.approx(max(0.25, 3 * sigma))
+    assert c.dwell_s == pytest.approx(60.0) and c.cooldown_s == pytest.approx(150.0)
+    # the controller's own filter on Poisson counts scraped every 5 s has the closed-form spread
+    rng = np.random.default_rng(0)
+    f = HystereticPoolController("decode", MU, filter_s=20.0, target_utilization=0.85)
+    needs = []
+    for k in range(20000):
+        f.recommend(5.0 * k, 10, rng.poisson(100.0 * 5.0) / 5.0, 0.0)
+        needs.append(f.last_need)
+    assert np.std(needs[100:]) == pytest.approx(need_noise_std(100.0, MU, 0.85, 20.0), rel=0.12)
+
+
+def test_describing_function_predicts_the_queue_relay_flapping():
+    """Predicted vs simulated period and first-harmonic amplitude (the study's quick cases)."""
+    rows, _ = describing_function_check(quick=True)
+    assert len(rows) == 3
+    for r in rows:
+        assert r["simulated_oscillating"]
+        assert abs(r["period_error"]) < 0.10, r
+        assert abs(r["amplitude_error"]) < 0.10, r
+
+
+def test_a_pure_queue_relay_always_has_a_predicted_cycle():
+    """Even a very wide hysteresis has the slow integrator solution: the describing function
+    predicts flapping for every pure queue relay around a demand between two levels (why the
+    hysteretic controller does not close its loop through the queue)."""
+    cyc = predict_pool_flapping(50.0, 60.0, 0.0, 1e5)
+    assert cyc is not None and cyc.amplitude > 5e4
+
+
+def test_bad_parameters_name_the_field():
+    with pytest.raises(ConfigError, match="hysteretic.target_utilization"):
+        HystereticPoolController("decode", MU, target_utilization=1.5)
+    with pytest.raises(ConfigError, match="hysteretic.pool"):
+        HystereticPoolController("prefill", MU)
+    with pytest.raises(ConfigError, match="queue_relay.high"):
+        QueueRelayScaler("decode", 2, 2, 0.0, 10.0)
+    with pytest.raises(ConfigError, match="queue_high"):
+        predict_pool_flapping(50.0, 10.0, 10.0, 5.0)
+
+
+def test_scale_up_waits_for_one_confirming_sample_by_default():
+    c = HystereticPoolController("decode", MU, target_utilization=1.0, filter_s=0.0, sample_period=5.0)
+    assert c.recommend(0.0, 2, 3.2 * MU, 0.0) == 2
+    assert c.recommend(5.0, 2, 3.2 * MU, 0.0) == 4
