@@ -103,6 +103,25 @@ def _des() -> dict:
     return q.get()
 
 
+def _pool_day() -> dict:
+    """A day of a two-pool cluster under the hysteretic controllers at dt = 0.25 s (the
+    reconfiguration study's ServeGen setting)."""
+    from controllers import HystereticPoolController
+    from plant_models import FluidParams, PoolScenario, RequestShape, Worker, simulate_pools
+
+    w = Worker.from_dict({"model": "deepseek-v3", "hardware": "h200"})
+    fp = FluidParams.from_workers(w, w, RequestShape(914, 155))
+    rate = 1000.0
+    ctrls = [HystereticPoolController.tuned(p, mu, rate, startup_s=120.0)
+             for p, mu in (("fill", fp.fill_rate_per_worker), ("decode", fp.decode_capacity(1)))]
+    sc = PoolScenario(rate, 86400.0, dt=0.25, seed=1)
+    t0 = time.perf_counter()
+    simulate_pools(fp, 10, 4, sc, controllers=ctrls)
+    t = time.perf_counter() - t0
+    steps = int(sc.duration_s / sc.dt) + 1
+    return {"seconds": t, "steps": steps, "steps_per_s": steps / t, "simulated_s_per_wall_s": sc.duration_s / t}
+
+
 def main() -> int:
     from controllers import admission_loop, stability_margins
     from plant_models import Worker, accelerator_preset, model_preset, simulate_loop
@@ -127,6 +146,8 @@ def main() -> int:
     steps = int(sim.duration_s / sim.dt) + 1
     results["fluid_closed_loop"] = {"seconds": t, "steps": steps, "steps_per_s": steps / t,
                                     "simulated_s_per_wall_s": sim.duration_s / t}
+    results["pool_model_day"] = _pool_day()
+    print(f"  pool model: {results['pool_model_day']}", file=sys.stderr)
     results["request_simulator"] = _des()
     print(f"  request simulator: {results['request_simulator']}", file=sys.stderr)
     results["forecasting"] = _forecasting()

@@ -17,6 +17,7 @@ STUDIES: dict[str, str] = {
     "feedback-oscillation": "studies.feedback_oscillation",
     "forecasting": "studies.forecasting",
     "trace-replay": "studies.trace_replay",
+    "reconfiguration": "studies.reconfiguration",
 }
 
 

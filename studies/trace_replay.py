@@ -15,6 +15,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
@@ -25,7 +26,7 @@ from tokenfactory.scenario import build_controller
 from tokenfactory.validation import ConfigError, check_number, reject_unknown_keys
 from traces import SyntheticWorkload, generate_requests, load_trace, trace_available
 
-__all__ = ["run", "run_replay", "ReplaySetup", "build_replay", "PLANT", "ADMISSIONS"]
+__all__ = ["run", "run_replay", "ReplaySetup", "build_replay", "scale_trace", "superpose_trace", "PLANT", "ADMISSIONS"]
 
 #: the preset disaggregated cluster: DeepSeek-V3 on 8xH200 workers
 PLANT = {"model": "deepseek-v3", "hardware": "h200", "fill_workers": 2, "decode_workers": 1,
@@ -78,6 +79,32 @@ def scale_trace(trace: pd.DataFrame, scale: float) -> pd.DataFrame:
                           "arrival rate to scale")
     out = trace.copy()
     out["arrival_s"] = out["arrival_s"] / scale
+    out.attrs = dict(trace.attrs)
+    return out
+
+
+def superpose_trace(trace: pd.DataFrame, multiplier: float, seed: int = 0) -> pd.DataFrame:
+    """``multiplier`` x the trace's load over the same span: superposed copies of the trace, each
+    shifted circularly by a seeded random offset (independent tenants with the same pattern); a
+    fractional remainder is a random thinning of one more copy. Unlike :func:`scale_trace` the
+    replay keeps its duration, so controllers with minute-scale windows see a long run."""
+    check_number("multiplier", multiplier, low=0.0, low_inclusive=False)
+    if trace.attrs.get("per_session_clock"):
+        raise ConfigError("multiplier", "a trace with per-session clocks cannot be superposed")
+    rng = np.random.default_rng(seed)
+    span = float(trace["arrival_s"].max()) + 1e-6
+    whole, frac = int(multiplier), multiplier - int(multiplier)
+    parts = []
+    for k in range(whole + (1 if frac > 0 else 0)):
+        part = trace.copy()
+        if k == whole:  # the fractional copy
+            part = part[rng.random(len(part)) < frac]
+        off = 0.0 if k == 0 else rng.uniform(0.0, span)
+        part["arrival_s"] = (part["arrival_s"] + off) % span
+        if "session_id" in part:
+            part["session_id"] = part["session_id"].astype(str) + f"#{k}"
+        parts.append(part)
+    out = pd.concat(parts, ignore_index=True).sort_values("arrival_s", kind="stable").reset_index(drop=True)
     out.attrs = dict(trace.attrs)
     return out
 

@@ -1,0 +1,623 @@
+"""Study `reconfiguration`: today's pool autoscalers and admission policies flap, cascade and
+seesaw; tokenfactory's pending-aware hysteretic controller and smoothed admission do not.
+
+(a) flapping: Kubernetes HPA on vLLM's waiting-request count (a common KEDA/HPA set-up) under a
+    constant demand between one and two decode workers alternates 2 -> 1 -> 2 forever;
+(b) cascade: HPA on KV occupancy (starting pods counted in the replica count, the metric
+    averaged over serving ones) over-scales 2 -> 5 -> 10 -> 20 -> ... during a 5-minute start-up;
+(c) seesaw: Mooncake's early rejection on the current decode load makes prefill and decode load
+    swing in anti-phase; the prediction-based variant is shown too;
+(d) describing function of the reconfiguration loop (queue relay with hysteresis, whole-worker
+    quantisation, start-up delay, decode-slot jump): predicted vs simulated flapping;
+(e) one comparison table, every baseline and tokenfactory's controllers, on the Azure
+    conversation trace through the request simulator and a day of ServeGen rates through the
+    pool-level fluid model.
+
+Run: ``tokenfactory study reconfiguration [--quick] [--out DIR]``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from controllers import (
+    AIBrixAPA,
+    DynamoLoadPlanner,
+    DynamoThroughputPlanner,
+    EarlyRejection,
+    HorizontalPodAutoscaler,
+    HystereticPoolController,
+    KnativeAutoscaler,
+    QueueRelayScaler,
+    StabilityEnvelope,
+    WatermarkAdmission,
+    assess,
+    first_harmonic_amplitude,
+    predict_pool_flapping,
+)
+from plant_models import (
+    ClusterConfig,
+    DemandStep,
+    FluidParams,
+    FluidPlant,
+    PoolDynamics,
+    PoolScenario,
+    RequestShape,
+    Worker,
+    simulate,
+    simulate_pools,
+)
+from studies.report import StudyReport
+from tokenfactory.scenario import build_controller
+from tokenfactory.validation import reject_unknown_keys
+
+__all__ = ["run", "fluid_params", "reproduce_flapping", "reproduce_cascade", "reproduce_seesaw",
+           "describing_function_check", "CONTROL_PLANES", "control_plane", "compare_servegen_day",
+           "compare_azure_replay", "SHAPE", "SEESAW_SHAPE"]
+
+PLANT = {"model": "deepseek-v3", "hardware": "h200"}
+#: the nominal request of the flapping and cascade reproductions (tokens)
+SHAPE = RequestShape(2048, 512)
+#: long prompts, as in Mooncake's conversation trace: its measured means (../shared/traces/
+#: mooncake_fast25/conversation_trace.jsonl: 12,035 input and 343 output tokens over 12,031 requests)
+SEESAW_SHAPE = RequestShape(12035, 343)
+SLO_TTFT_S, SLO_TPOT_S = 2.0, 0.1
+#: the seesaw's long prompts take ~1.5 s to prefill alone; its TTFT SLO is 10 s (ASSUMPTION:
+#: a long-context SLO of several prefill times, the regime where Mooncake's early rejection acts)
+SEESAW_SLO_TTFT_S = 10.0
+MIN_AMPLITUDE_WORKERS = 0.25   # pool-size swings below a quarter worker are not flapping
+TARGET_UTILIZATION = 0.85
+
+#: every control plane of the comparison: (pool autoscaler kind or None, admission kind or None)
+CONTROL_PLANES: dict[str, tuple[str | None, str | None]] = {
+    "static + vllm-watermark": (None, "vllm-watermark"),
+    "static + mooncake-early-rejection": (None, "mooncake"),
+    "static + mooncake-predictive-rejection": (None, "mooncake-predictive"),
+    "static + tokenfactory-smoothed": (None, "smoothed"),
+    "kubernetes-hpa": ("hpa", None),
+    "knative-kpa": ("kpa", None),
+    "dynamo-throughput": ("dynamo-throughput", None),
+    "dynamo-load": ("dynamo-load", None),
+    "aibrix-apa": ("apa", None),
+    "tokenfactory-hysteretic": ("hysteretic", None),
+    "tokenfactory-hysteretic + smoothed": ("hysteretic", "smoothed"),
+}
+
+
+def fluid_params(shape: RequestShape, measurement_delay_s: float = 0.5) -> FluidParams:
+    w = Worker.from_dict(PLANT)
+    return FluidParams.from_workers(w, w, shape, measurement_delay_s=measurement_delay_s)
+
+
+def _verdict(resp_series: pd.DataFrame, column: str, dt: float, start_s: float) -> dict:
+    x = resp_series.loc[resp_series["time_s"] >= start_s, column].to_numpy(dtype=float)
+    rep = assess(x, dt, min_amplitude=MIN_AMPLITUDE_WORKERS)
+    return rep.to_dict()
+
+
+def _outcome(metrics: dict, report: dict, **extra) -> dict:
+    return {"oscillating": bool(report["oscillating"]), "actions_per_hour": metrics["actions_per_hour"],
+            "slo_attainment": metrics["slo_attainment"], "gpu_hours": metrics["gpu_hours"],
+            "rejected": metrics["rejected"], **{k: report[k] for k in (
+                "thornhill_r", "decay_ratio", "forsman_h", "spectral_peak_fraction", "hagglund_detections",
+                "period_s", "amplitude", "reason")}, **extra}
+
+
+def _provisioned(series: pd.DataFrame, pool: str) -> pd.Series:
+    return series[f"{pool}_workers"] + series[f"{pool}_workers_starting"]
+
+
+# ------------------------------------------------------------------------------------------
+# (a) flapping
+
+
+def reproduce_flapping(quick: bool = False, dynamics: PoolDynamics = PoolDynamics()) -> tuple[dict, dict]:
+    """HPA on decode waiting requests (target 2 per replica, 1-2 replicas) vs the hysteretic
+    controller, constant demand of 1.3 decode workers' capacity."""
+    fp = fluid_params(SHAPE)
+    mu = fp.decode_capacity(1)
+    lam = 1.3 * mu
+    sc = PoolScenario(lam, 3600.0 if quick else 7200.0, dt=0.5, control_start_s=60.0, seed=1,
+                      slo_ttft_s=SLO_TTFT_S, slo_tpot_s=SLO_TPOT_S)
+    runs = {
+        "baseline": HorizontalPodAutoscaler("decode", target=2.0, metric="decode_waiting", min_replicas=1,
+                                            max_replicas=2),
+        "fixed": HystereticPoolController.tuned("decode", mu, lam, startup_s=dynamics.startup_s,
+                                                warmup_s=dynamics.warmup_s, min_replicas=1, max_replicas=2),
+    }
+    out, resps = {}, {}
+    for key, ctrl in runs.items():
+        r = simulate_pools(fp, 4, 2, sc, controllers=[ctrl], dynamics=dynamics)
+        rep = _verdict(r.series, "decode_workers", sc.dt, 600.0)
+        out[key] = _outcome(r.metrics, rep, controller=type(ctrl).__name__, params=ctrl.params())
+        resps[key] = r
+    out["demand_rps"], out["decode_worker_rps"] = lam, mu
+    return out, resps
+
+
+# ------------------------------------------------------------------------------------------
+# (b) cascade
+
+
+def reproduce_cascade(quick: bool = False, startup_s: float = 300.0) -> tuple[dict, dict]:
+    """Demand doubles (1.5 -> 3 decode workers' capacity) with a start-up delay of minutes: HPA on
+    KV occupancy (target 0.8) vs the pending-aware hysteretic controller."""
+    dyn = PoolDynamics(startup_s=startup_s)
+    fp = fluid_params(SHAPE)
+    mu = fp.decode_capacity(1)
+    lam0, step_at = 1.5 * mu, 600.0
+    sc = PoolScenario(lam0, 2400.0 if quick else 3600.0, dt=0.5, control_start_s=60.0, seed=2,
+                      disturbances=(DemandStep(step_at, 2.0),), slo_ttft_s=SLO_TTFT_S, slo_tpot_s=SLO_TPOT_S)
+    fixed = HystereticPoolController.tuned("decode", mu, 2 * lam0, startup_s=dyn.startup_s, warmup_s=dyn.warmup_s,
+                                           max_replicas=32)
+    runs = {"baseline": HorizontalPodAutoscaler("decode", target=0.8, metric="kv_occupancy", max_replicas=32),
+            "fixed": fixed}
+    justified = fixed.demand_justified(2 * lam0)
+    out, resps = {}, {}
+    for key, ctrl in runs.items():
+        r = simulate_pools(fp, 8, 2, sc, controllers=[ctrl], dynamics=dyn)
+        prov = _provisioned(r.series, "decode")
+        r.series["decode_provisioned"] = prov
+        rep = _verdict(r.series, "decode_provisioned", sc.dt, 0.0)
+        during = r.series[(r.series["time_s"] >= step_at) & (r.series["time_s"] < step_at + startup_s + 60)]
+        out[key] = _outcome(r.metrics, rep, controller=type(ctrl).__name__,
+                            peak_provisioned=int(prov.max()),
+                            peak_provisioned_during_startup=int(_provisioned(during, "decode").max()),
+                            overscale_vs_justified=float(prov.max() / justified))
+        resps[key] = r
+    out["demand_justified_workers"] = justified
+    out["startup_s"] = startup_s
+    return out, resps
+
+
+# ------------------------------------------------------------------------------------------
+# (c) seesaw
+
+
+def _phase_deg(x: np.ndarray, y: np.ndarray, dt: float, period_s: float) -> float:
+    """Phase of y's fundamental relative to x's at ``period_s`` (180 = anti-phase)."""
+    if not (math.isfinite(period_s) and period_s > 0):
+        return math.nan
+    t = np.arange(len(x)) * dt
+    w = 2 * math.pi / period_s
+    basis = np.column_stack([np.sin(w * t), np.cos(w * t)])
+
+    def angle(s):
+        (a, b), *_ = np.linalg.lstsq(basis, s - s.mean(), rcond=None)
+        return math.atan2(b, a)
+
+    d = math.degrees(angle(y) - angle(x)) % 360.0
+    return d if d <= 180.0 else 360.0 - d
+
+
+def _smoothed_for(fp: FluidParams, fill_workers: int, decode_workers: int, slo_ttft_s: float = SLO_TTFT_S):
+    """tokenfactory's admission, auto-tuned on the fluid plant, shedding what would wait longer
+    than half the TTFT SLO (the backlog bound follows from the SLO, not from a guess)."""
+    ctrl, _ = build_controller({"kind": "smoothed", "backlog_bound_s": 0.5 * slo_ttft_s},
+                               FluidPlant(fp, fill_workers, decode_workers), StabilityEnvelope())
+    return ctrl
+
+
+def reproduce_seesaw(quick: bool = False) -> tuple[dict, dict]:
+    """Long prompts, demand 1.3 x decode capacity, prefill sized to carry it: Mooncake early
+    rejection on the current decode load vs tokenfactory's smoothed admission."""
+    fp = fluid_params(SEESAW_SHAPE)
+    nd = 2
+    mu_d, mu_f = fp.decode_capacity(nd), fp.fill_rate_per_worker
+    lam = 1.3 * mu_d
+    nf = math.ceil(lam / mu_f)
+    dt = 0.1
+    slo = SEESAW_SLO_TTFT_S
+    sc = PoolScenario(lam, 600.0 if quick else 1800.0, dt=dt, control_start_s=10.0, seed=3,
+                      slo_ttft_s=slo, slo_tpot_s=SLO_TPOT_S)
+    runs = {"baseline": EarlyRejection(fill_latency_s=fp.fill_latency_s, slo_ttft_s=slo),
+            "predictive": EarlyRejection(fill_latency_s=fp.fill_latency_s, slo_ttft_s=slo, predictive=True),
+            "fixed": _smoothed_for(fp, nf, nd, slo)}
+    out, resps = {}, {}
+    for key, ctrl in runs.items():
+        r = simulate_pools(fp, nf, nd, sc, controllers=[ctrl])
+        s = r.series
+        s["decode_load"] = (s["decoding"] + s["ready"]) / s["decode_slots"]
+        s["fill_load"] = s["fill_in_progress"] / (nf * mu_f * fp.fill_latency_s)
+        after = s[s["time_s"] >= 60.0]
+        rep = assess(after["decode_load"].to_numpy(), dt, min_amplitude=0.02)
+        rep_d = rep.to_dict()
+        phase = _phase_deg(after["decode_load"].to_numpy(), after["fill_load"].to_numpy(), dt, rep.period_s) \
+            if rep.oscillating else math.nan
+        amp = first_harmonic_amplitude(after["decode_load"].to_numpy(), dt, rep.period_s) \
+            if math.isfinite(rep.period_s) else 0.0
+        out[key] = _outcome(r.metrics, rep_d, controller=type(ctrl).__name__,
+                            throughput_rps=float(after["completed"].sum() / (len(after) * dt)),
+                            decode_load_harmonic_amplitude=amp, fill_vs_decode_phase_deg=phase,
+                            rejected_fraction=r.metrics["rejected"] / max(r.metrics["requests"], 1.0))
+        resps[key] = r
+    out["demand_rps"], out["decode_capacity_rps"], out["fill_workers"], out["decode_workers"] = lam, mu_d, nf, nd
+    out["fill_latency_s"], out["slo_ttft_s"] = fp.fill_latency_s, slo
+    return out, resps
+
+
+# ------------------------------------------------------------------------------------------
+# (d) describing function vs simulation
+
+
+def describing_function_check(quick: bool = False) -> tuple[list[dict], dict]:
+    """A queue relay between 1 and 2 decode workers at a demand of 1.5 workers' capacity (the
+    midpoint the describing function assumes), several start-up delays and hysteresis widths:
+    predicted vs simulated period and first-harmonic amplitude of the ready queue."""
+    fp = fluid_params(SHAPE)
+    mu = fp.decode_capacity(1)
+    sample = 5.0
+    cases = [(30.0, (1000.0, 3000.0)), (120.0, (500.0, 1500.0)), (300.0, (1000.0, 3000.0))]
+    if not quick:
+        cases += [(120.0, (1000.0, 3000.0)), (300.0, (500.0, 1500.0)), (600.0, (1000.0, 3000.0))]
+    rows, resps = [], {}
+    for startup, (lo, hi) in cases:
+        dyn = PoolDynamics(startup_s=startup, warmup_s=0.0, drain_s=0.0)
+        dur = max(4 * 3600.0 if not quick else 2 * 3600.0, 30 * startup)
+        r = simulate_pools(fp, 4, 2, PoolScenario(1.5 * mu, dur, dt=0.5, poisson=False, control_start_s=60.0),
+                           controllers=[QueueRelayScaler("decode", 1, 2, lo, hi, sample_period=sample)], dynamics=dyn)
+        q = r.series.loc[r.series["time_s"] >= dur / 4, "ready"].to_numpy()
+        rep = assess(q, 0.5)
+        # the loop's dead time: scale-up waits for start-up, scale-down does not; the describing
+        # function takes the mean of the two (+ half a sample period + the measurement delay)
+        tau_up = startup + sample / 2 + fp.measurement_delay_s
+        tau_down = sample / 2 + fp.measurement_delay_s
+        pred = predict_pool_flapping(mu, (tau_up + tau_down) / 2, lo, hi, slots_per_worker=fp.decode_slots_per_worker)
+        row = {"startup_s": startup, "queue_low": lo, "queue_high": hi,
+               "predicted_period_s": pred.period_s if pred else None,
+               "predicted_amplitude": pred.amplitude if pred else None,
+               "simulated_period_s": rep.period_s, "simulated_amplitude": rep.harmonic_amplitude,
+               "simulated_oscillating": rep.oscillating}
+        if pred:
+            row["period_error"] = pred.period_s / rep.period_s - 1.0
+            row["amplitude_error"] = pred.amplitude / rep.harmonic_amplitude - 1.0
+        rows.append(row)
+        resps[(startup, lo, hi)] = r
+    return rows, resps
+
+
+# ------------------------------------------------------------------------------------------
+# (e) the comparison
+
+
+def control_plane(name: str, fp: FluidParams, rate_rps: float, *, dynamics: PoolDynamics, fill_workers: int,
+                  decode_workers: int, max_replicas: int = 64) -> tuple[list, Any]:
+    """Fresh controller objects for control plane ``name``: (pool autoscalers, admission or None).
+
+    Every autoscaler gets the same per-worker capacities (roofline x ``TARGET_UTILIZATION``) and
+    its documented defaults; targets are stated per metric."""
+    if name not in CONTROL_PLANES:
+        raise KeyError(name)
+    scaler, admission = CONTROL_PLANES[name]
+    mu_f, mu_d = fp.fill_rate_per_worker, fp.decode_capacity(1)
+    bounds = {"min_replicas": 1, "max_replicas": max_replicas}
+    scalers: list = []
+    if scaler == "hpa":
+        scalers = [HorizontalPodAutoscaler("fill", 0.7, "fill_utilization", **bounds),
+                   HorizontalPodAutoscaler("decode", 0.8, "kv_occupancy", **bounds)]
+    elif scaler == "kpa":  # concurrency per replica at the target utilisation (Little's law for fill)
+        scalers = [KnativeAutoscaler("fill", 0.7 * mu_f * fp.fill_to_ready_s, "fill_concurrency", **bounds),
+                   KnativeAutoscaler("decode", 0.8 * fp.decode_slots_per_worker, "decode_concurrency", **bounds)]
+    elif scaler == "dynamo-throughput":
+        scalers = [DynamoThroughputPlanner("fill", TARGET_UTILIZATION * mu_f, **bounds),
+                   DynamoThroughputPlanner("decode", TARGET_UTILIZATION * mu_d, **bounds)]
+    elif scaler == "dynamo-load":
+        scalers = [DynamoLoadPlanner("fill", 0.9, "fill_utilization", **bounds),
+                   DynamoLoadPlanner("decode", 1.0, "kv_occupancy", **bounds)]
+    elif scaler == "apa":
+        scalers = [AIBrixAPA("fill", 0.7, "fill_utilization", **bounds),
+                   AIBrixAPA("decode", 0.8, "kv_occupancy", **bounds)]
+    elif scaler == "hysteretic":
+        kw = dict(startup_s=dynamics.startup_s, warmup_s=dynamics.warmup_s, target_utilization=TARGET_UTILIZATION,
+                  **bounds)
+        scalers = [HystereticPoolController.tuned("fill", mu_f, rate_rps, **kw),
+                   HystereticPoolController.tuned("decode", mu_d, rate_rps, **kw)]
+    adm = None
+    if admission == "vllm-watermark":
+        adm = WatermarkAdmission(sample_period=0.25)  # the orchestrator samples every 250 ms
+    elif admission in ("mooncake", "mooncake-predictive"):
+        adm = EarlyRejection(fill_latency_s=fp.fill_latency_s, slo_ttft_s=SLO_TTFT_S,
+                             predictive=admission == "mooncake-predictive")
+    elif admission == "smoothed":
+        adm = _smoothed_for(fp, fill_workers, decode_workers)
+    return scalers, adm
+
+
+def _pools_for(fp: FluidParams, rate: float) -> tuple[int, int]:
+    """Workers per pool that carry ``rate`` at the target utilisation."""
+    return (max(1, math.ceil(rate / (TARGET_UTILIZATION * fp.fill_rate_per_worker))),
+            max(1, math.ceil(rate / (TARGET_UTILIZATION * fp.decode_capacity(1)))))
+
+
+def _pool_oscillation(series: pd.DataFrame, dt: float, start_s: float) -> tuple[bool, dict]:
+    reports = {}
+    for pool in ("fill", "decode"):
+        s = series[series["time_s"] >= start_s]
+        x = (s[f"{pool}_workers"] + s[f"{pool}_workers_starting"]).to_numpy(dtype=float)
+        reports[pool] = assess(x, dt, min_amplitude=MIN_AMPLITUDE_WORKERS).to_dict()
+    return any(r["oscillating"] for r in reports.values()), reports
+
+
+def _row(name: str, workload: str, m: dict, osc: bool, reports: dict) -> dict:
+    return {"workload": workload, "controller": name, "gpu_hours": m["gpu_hours"], "slo_attainment": m["slo_attainment"],
+            "rejected": m["rejected"], "actions_per_hour": m["actions_per_hour"], "oscillating": osc,
+            "decode_r": reports["decode"]["thornhill_r"], "fill_r": reports["fill"]["thornhill_r"]}
+
+
+def compare_servegen_day(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: PoolDynamics = PoolDynamics(),
+                         scale: float = 5.0, hours: float | None = None):
+    """A day of ServeGen m-large rates x ``scale`` (a tenant population ``scale`` times larger, so
+    pools hold several workers) through the pool model; synthetic rates without the trace data."""
+    from studies.forecasting import load_rate_series
+    from traces import trace_available
+
+    spec = "servegen:m-large" if trace_available("servegen:m-large") else "synthetic"
+    rates, shape = load_rate_series(spec)
+    day = 86400.0
+    first = rates.index[0]
+    y = rates["rate_rps"].loc[first + 6 * day: first + 7 * day - 1].interpolate(limit_direction="both")
+    y.index = y.index - y.index[0]
+    hours = hours or (6.0 if quick else 24.0)
+    y = y.loc[: hours * 3600.0]
+    fine = np.arange(0.0, y.index[-1] + 600.0, 60.0)  # linear between the 10-min rates
+    demand = pd.Series(scale * np.interp(fine, y.index.to_numpy(dtype=float), y.to_numpy()), index=fine)
+    fp = fluid_params(shape)
+    duration = float(fine[-1])
+    sc = PoolScenario(demand, duration, dt=0.25, control_start_s=300.0, seed=4, slo_ttft_s=SLO_TTFT_S,
+                      slo_tpot_s=SLO_TPOT_S)
+    mean_rate, peak_rate = float(demand.mean()), float(demand.max())
+    rows, resps = [], {}
+    for name in planes:
+        scaler, _ = CONTROL_PLANES[name]
+        nf, nd = _pools_for(fp, mean_rate if scaler is None else float(demand.iloc[0]))
+        scalers, adm = control_plane(name, fp, mean_rate, dynamics=dynamics, fill_workers=nf, decode_workers=nd)
+        r = simulate_pools(fp, nf, nd, sc, controllers=[*scalers, *([adm] if adm else [])], dynamics=dynamics)
+        osc, reps = _pool_oscillation(r.series, sc.dt, 600.0)
+        rows.append(_row(name, f"{spec} day 7 x{scale:g} (pool model)", r.metrics, osc, reps))
+        resps[name] = r
+    info = {"trace": spec, "scale": scale, "shape": shape.__dict__, "mean_rate_rps": mean_rate, "peak_rate_rps": peak_rate,
+            "duration_s": duration, "static_pools_at_mean": _pools_for(fp, mean_rate)}
+    return rows, resps, info
+
+
+def compare_azure_replay(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: PoolDynamics = PoolDynamics(),
+                         load: float = 2.5, minutes: float | None = None):
+    """Azure conversation through the request simulator at a load multiplier: superposed, randomly
+    shifted copies of the hour (:func:`~studies.trace_replay.superpose_trace`) so the mean demand is
+    ``load`` workers' capacity of the bottleneck pool; synthetic requests without the trace data."""
+    from studies.trace_replay import build_replay, superpose_trace
+    from traces import SyntheticWorkload, generate_requests, load_trace, trace_available
+
+    minutes = minutes or (10.0 if quick else 20.0)
+    if trace_available("azure-conv-2023"):
+        name, trace = "azure-conv-2023", load_trace("azure-conv-2023")
+    else:
+        name = "synthetic"
+        trace = generate_requests(SyntheticWorkload(mean_rate_rps=5.0, idc=4.0, daily_amplitude=0.0,
+                                                    daily_second_harmonic=0.0, weekend_factor=1.0, seed=5), 3600.0)
+    setup = build_replay(trace, {"fill_workers": 1, "decode_workers": 1})
+    fp = setup.plant.params
+    per_worker = min(fp.fill_rate_per_worker, fp.decode_capacity(1))
+    rate = len(trace) / float(trace["arrival_s"].max())
+    multiplier = load * per_worker / rate
+    replay = superpose_trace(trace, multiplier, seed=7)
+    replay = replay[replay["arrival_s"] < minutes * 60.0].reset_index(drop=True)
+    replay.attrs = dict(trace.attrs)
+    mean_rate = len(replay) / (minutes * 60.0)
+    rows, resps = [], {}
+    for plane in planes:
+        nf, nd = _pools_for(fp, mean_rate)
+        scalers, adm = control_plane(plane, fp, mean_rate, dynamics=dynamics, fill_workers=nf, decode_workers=nd)
+        cl = ClusterConfig(fill_workers=nf, decode_workers=nd, measurement_delay_s=fp.measurement_delay_s,
+                           slo_ttft_s=SLO_TTFT_S, slo_tpot_s=SLO_TPOT_S, drain_s=60.0, dynamics=dynamics,
+                           autoscale_start_s=60.0, snapshot_dt=0.5, seed=6)
+        r = simulate(replay, setup.params, cl, adm, autoscalers=scalers)
+        osc, reps = _pool_oscillation(r.series, cl.snapshot_dt, 120.0)
+        rows.append(_row(plane, f"{name} x{multiplier:.0f} ({minutes:.0f} min, request simulator)", r.metrics, osc,
+                         reps))
+        resps[plane] = r
+    info = {"trace": name, "multiplier": multiplier, "minutes": minutes, "requests": len(replay),
+            "mean_rate_rps": mean_rate, "decode_worker_rps": fp.decode_capacity(1),
+            "fill_worker_rps": fp.fill_rate_per_worker, "static_pools": _pools_for(fp, mean_rate)}
+    return rows, resps, info
+
+
+# ------------------------------------------------------------------------------------------
+# plots and the report
+
+
+def _reproduction_figure(title: str, resps: dict, pool_cols: list[str], load_cols: list[str] | None = None,
+                         justified: float | None = None) -> Figure:
+    fig = Figure(figsize=(10, 7.5), layout="constrained")
+    axes = fig.subplots(3, 1, sharex=True)
+    for key, r in resps.items():
+        s = r.series
+        t = s["time_s"] / 60.0
+        for col in pool_cols:
+            y = s[col] + (s[col.replace("_workers", "_workers_starting")] if col.endswith("_workers") else 0)
+            axes[0].step(t, y, where="post", label=f"{key}: {col.replace('_', ' ')} (provisioned)")
+        if len(r.actions):
+            a = r.actions
+            axes[0].plot(a["time_s"] / 60.0, a["to"], "o", ms=3, alpha=0.6, label=f"{key}: actions")
+        slo = (s["in_slo"].rolling(120, min_periods=1).sum() / s["arrivals"].rolling(120, min_periods=1).sum())
+        axes[1].plot(t, slo.clip(0, 1), label=key)
+        if load_cols:
+            for col in load_cols:
+                axes[2].plot(t, s[col], lw=0.8, label=f"{key}: {col.replace('_', ' ')}")
+        else:
+            axes[2].plot(t, s["ready"] + s["backlog"], lw=0.8, label=f"{key}: queued requests")
+    if justified is not None:
+        axes[0].axhline(justified, color="k", ls=":", lw=1, label="demand-justified count")
+    axes[0].set_ylabel("workers")
+    axes[1].set_ylabel("SLO attainment\n(rolling)")
+    axes[2].set_ylabel("load" if load_cols else "requests")
+    axes[2].set_xlabel("time (min)")
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="upper right")
+        ax.grid(alpha=0.3)
+    axes[0].set_title(title)
+    return fig
+
+
+def _df_figure(rows: list[dict]) -> Figure:
+    fig = Figure(figsize=(9, 4), layout="constrained")
+    ax1, ax2 = fig.subplots(1, 2)
+    ok = [r for r in rows if r["predicted_period_s"]]
+    for ax, sim, pred, label in ((ax1, "simulated_period_s", "predicted_period_s", "period (s)"),
+                                 (ax2, "simulated_amplitude", "predicted_amplitude", "queue amplitude (requests)")):
+        xs = [r[sim] for r in ok]
+        ys = [r[pred] for r in ok]
+        ax.plot(xs, ys, "o")
+        lim = [0, 1.1 * max(xs + ys)] if xs else [0, 1]
+        ax.plot(lim, lim, "k:", lw=1)
+        ax.set_xlabel(f"simulated {label}")
+        ax.set_ylabel(f"describing function {label}")
+        ax.grid(alpha=0.3)
+    fig.suptitle("Queue relay between 1 and 2 decode workers: describing function vs simulation")
+    return fig
+
+
+def _winners(rows: list[dict]) -> list[str]:
+    """Best row per column, every tie named. Static control planes take no actions by
+    construction, so the actions column is judged among the autoscaling ones."""
+    cols = [("GPU-hours (lowest)", "gpu_hours", min, False), ("SLO attainment (highest)", "slo_attainment", max, False),
+            ("rejected (fewest)", "rejected", min, False), ("actions per hour (fewest, autoscalers)",
+                                                            "actions_per_hour", min, True)]
+    lines = []
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        rs = [r for r in rows if r["workload"] == workload]
+        parts = []
+        for label, key, pick, scaling_only in cols:
+            pool = [r for r in rs if not (scaling_only and CONTROL_PLANES[r["controller"]][0] is None)]
+            if not pool:
+                continue
+            best = pick(r[key] for r in pool)
+            tied = [r["controller"] for r in pool if math.isclose(r[key], best, rel_tol=1e-3, abs_tol=1e-9)]
+            parts.append(f"{label}: {', '.join(tied)} ({best:.3g})")
+        ok = [r for r in rs if r["slo_attainment"] >= 0.99]
+        if ok:
+            c = min(ok, key=lambda r: r["gpu_hours"])
+            parts.append(f"cheapest with SLO attainment >= 0.99: {c['controller']} ({c['gpu_hours']:.3g} GPU-h)")
+        calm = [r["controller"] for r in rs if not r["oscillating"]]
+        osc = [r["controller"] for r in rs if r["oscillating"]]
+        parts.append(f"not oscillating: {len(calm)} of {len(rs)}" + (f" (oscillating: {', '.join(osc)})" if osc else ""))
+        lines.append(f"- **{workload}**: " + "; ".join(parts))
+    return lines
+
+
+def _md_table(rows: list[dict], cols: list[str]) -> list[str]:
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        cells = []
+        for c in cols:
+            v = r.get(c)
+            cells.append(f"{v:.3g}" if isinstance(v, float) else str(v))
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    cfg = {"reproductions": True, "describing_function": True, "comparison": ["azure", "servegen"],
+           **(config or {})}
+    reject_unknown_keys("reconfiguration", cfg, {"reproductions", "describing_function", "comparison", "planes",
+                                                  "azure_minutes", "servegen_hours"})
+    planes = tuple(cfg.get("planes", CONTROL_PLANES))
+    for p in planes:
+        if p not in CONTROL_PLANES:
+            from tokenfactory.validation import ConfigError
+
+            raise ConfigError("reconfiguration.planes", f"unknown control plane {p!r}; known: {', '.join(CONTROL_PLANES)}")
+    report = StudyReport("reconfiguration", Path(out_dir), {**cfg, "quick": quick, "plant": PLANT,
+                                                            "dynamics": PoolDynamics().__dict__,
+                                                            "slo": {"ttft_s": SLO_TTFT_S, "tpot_s": SLO_TPOT_S}})
+    metrics: dict[str, Any] = {}
+    lines = ["Pools of DeepSeek-V3 workers on 8 x H200 (roofline rates); start-up 120 s unless stated, "
+             f"warm-up 30 s at half speed; SLO TTFT <= {SLO_TTFT_S} s, TPOT <= {SLO_TPOT_S} s. Oscillation verdicts "
+             f"come from the detectors (`controllers.oscillation.assess`) on the pool sizes, swings under "
+             f"{MIN_AMPLITUDE_WORKERS} workers ignored.", ""]
+    if cfg["reproductions"]:
+        flap, flap_r = reproduce_flapping(quick)
+        casc, casc_r = reproduce_cascade(quick)
+        see, see_r = reproduce_seesaw(quick)
+        metrics["reproductions"] = {"flapping": flap, "cascade": casc, "seesaw": see}
+        report.save_figure(_reproduction_figure(
+            f"(a) flapping: constant demand {flap['demand_rps']:.0f} req/s = 1.3 decode workers", flap_r,
+            ["decode_workers"]), "flapping.png",
+            "HPA on waiting requests (baseline) flaps 2 -> 1 -> 2; the hysteretic controller holds 2.")
+        report.save_figure(_reproduction_figure(
+            "(b) cascade: demand doubles at 10 min, start-up 300 s", casc_r, ["decode_workers"],
+            justified=casc["demand_justified_workers"]), "cascade.png",
+            "HPA counts starting pods in its replica count but averages the metric over serving ones: it "
+            "doubles every 15 s while the new workers load; the pending-aware controller stops at the "
+            "demand-justified count.")
+        report.save_figure(_reproduction_figure(
+            "(c) seesaw: early rejection vs smoothed admission (long prompts, 1.3x decode capacity)",
+            {k: v for k, v in see_r.items()}, [], load_cols=["decode_load", "fill_load"]), "seesaw.png",
+            "Decode load (sequences per slot) and prefill load (work in fill per fill capacity x latency): "
+            "early rejection on the current decode load swings them out of phase (the measured phase is in the "
+            "summary); smoothed admission holds both.")
+        lines += ["## Reproductions (pool-level fluid model)", ""]
+        rep_rows = []
+        for k, d in metrics["reproductions"].items():
+            for v in ("baseline", "predictive", "fixed"):
+                if v in d:
+                    x = d[v]
+                    rep_rows.append({"case": k, "variant": v, "controller": x["controller"],
+                                     "oscillating": x["oscillating"], "actions_per_hour": x["actions_per_hour"],
+                                     "slo_attainment": x["slo_attainment"], "gpu_hours": x["gpu_hours"],
+                                     "rejected": x["rejected"], "thornhill_r": x["thornhill_r"],
+                                     "period_s": x["period_s"]})
+        lines += _md_table(rep_rows, ["case", "variant", "controller", "oscillating", "actions_per_hour",
+                                      "slo_attainment", "gpu_hours", "rejected", "thornhill_r", "period_s"])
+        b, f = casc["baseline"], casc["fixed"]
+        lines += ["", f"Cascade: peak provisioned decode workers {b['peak_provisioned']} (HPA) vs {f['peak_provisioned']} "
+                      f"(hysteretic); demand-justified count {casc['demand_justified_workers']}.",
+                  f"Seesaw: decode-load swing (first harmonic) {see['baseline']['decode_load_harmonic_amplitude']:.3f} of the "
+                  f"slots, prefill load {see['baseline']['fill_vs_decode_phase_deg']:.0f} deg out of phase with decode "
+                  f"load; throughput {see['baseline']['throughput_rps']:.1f} (early rejection) / "
+                  f"{see['predictive']['throughput_rps']:.1f} (predictive) / {see['fixed']['throughput_rps']:.1f} "
+                  f"(smoothed) req/s of a decode capacity of {see['decode_capacity_rps']:.1f}.", ""]
+    if cfg["describing_function"]:
+        rows, _ = describing_function_check(quick)
+        metrics["describing_function"] = rows
+        report.save_table(pd.DataFrame(rows), "describing_function.csv")
+        report.save_figure(_df_figure(rows), "describing_function.png",
+                           "Predicted (relay with hysteresis, whole-worker step, start-up delay, decode-slot jump) "
+                           "vs simulated period and first-harmonic amplitude of the ready queue.")
+        lines += ["## Describing function of the reconfiguration loop", "",
+                  "Queue relay between 1 and 2 decode workers at 1.5 workers' demand; L(s) = (mu + S s) e^{-tau s} / s "
+                  "(mu per-worker completions, S slots per worker), tau the mean of the up (start-up) and down delays.", ""]
+        lines += _md_table(rows, ["startup_s", "queue_low", "queue_high", "predicted_period_s", "simulated_period_s",
+                                  "period_error", "predicted_amplitude", "simulated_amplitude", "amplitude_error"])
+        lines += [""]
+    comparison: list[dict] = []
+    infos = {}
+    if "azure" in cfg["comparison"]:
+        rows, _, info = compare_azure_replay(quick, planes, minutes=cfg.get("azure_minutes"))
+        comparison += rows
+        infos["azure"] = info
+    if "servegen" in cfg["comparison"]:
+        rows, resps, info = compare_servegen_day(quick, planes, hours=cfg.get("servegen_hours"))
+        comparison += rows
+        infos["servegen"] = info
+        show = {k: v for k, v in resps.items() if k in ("kubernetes-hpa", "dynamo-load", "tokenfactory-hysteretic")}
+        if show:
+            report.save_figure(_reproduction_figure(f"{info['trace']}: a day through the pool model", show,
+                                                    ["decode_workers", "fill_workers"]), "servegen_day.png",
+                               "Pool sizes, rolling SLO attainment and queues over the day for three control planes.")
+    if comparison:
+        metrics["comparison"] = comparison
+        metrics["comparison_workloads"] = infos
+        report.save_table(pd.DataFrame(comparison), "comparison.csv")
+        lines += ["## Comparison", ""]
+        lines += _md_table(comparison, ["workload", "controller", "gpu_hours", "slo_attainment", "rejected",
+                                        "actions_per_hour", "oscillating"])
+        lines += ["", "Winners per column (ties all named):", ""] + _winners(comparison)
+    return report.finish(metrics, lines)

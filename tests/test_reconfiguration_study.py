@@ -1,0 +1,96 @@
+"""Study `reconfiguration`: the reproductions are flagged and their fixes are not (regression
+tests for no-oscillation), and metrics.json has the documented shape."""
+
+import json
+
+import pytest
+
+from studies.reconfiguration import CONTROL_PLANES, reproduce_cascade, reproduce_flapping, reproduce_seesaw
+from tokenfactory import ConfigError
+
+
+@pytest.fixture(scope="module")
+def flapping():
+    return reproduce_flapping(quick=True)[0]
+
+
+@pytest.fixture(scope="module")
+def cascade():
+    return reproduce_cascade(quick=True)[0]
+
+
+@pytest.fixture(scope="module")
+def seesaw():
+    return reproduce_seesaw(quick=True)[0]
+
+
+def test_flapping_is_flagged_and_the_fix_is_not(flapping):
+    b, f = flapping["baseline"], flapping["fixed"]
+    assert b["oscillating"], b["reason"]
+    assert b["actions_per_hour"] >= 8          # 2 -> 1 -> 2 every few minutes
+    assert not f["oscillating"], f["reason"]
+    assert f["actions_per_hour"] == 0
+    assert f["slo_attainment"] > b["slo_attainment"]
+
+
+def test_cascade_overscales_and_the_pending_aware_fix_does_not(cascade):
+    b, f = cascade["baseline"], cascade["fixed"]
+    assert b["peak_provisioned_during_startup"] >= 4 * cascade["demand_justified_workers"]
+    assert f["peak_provisioned"] <= cascade["demand_justified_workers"]
+    assert not f["oscillating"]
+    assert f["gpu_hours"] < b["gpu_hours"]
+
+
+def test_seesaw_is_flagged_and_smoothed_admission_is_not(seesaw):
+    b, f = seesaw["baseline"], seesaw["fixed"]
+    assert b["oscillating"], b["reason"]
+    assert not f["oscillating"], f["reason"]
+    assert b["fill_vs_decode_phase_deg"] > 60  # prefill load swings out of phase with decode load
+    assert f["throughput_rps"] == pytest.approx(seesaw["decode_capacity_rps"], rel=0.01)
+    assert b["throughput_rps"] < 0.97 * seesaw["decode_capacity_rps"]
+    assert f["slo_attainment"] >= b["slo_attainment"]
+
+
+def test_study_metrics_shape(tmp_path):
+    from studies.reconfiguration import run
+
+    planes = ["kubernetes-hpa", "tokenfactory-hysteretic", "static + mooncake-early-rejection"]
+    m = run(tmp_path, quick=True, config={"planes": planes, "azure_minutes": 3.0, "servegen_hours": 2.0})
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    for case in ("flapping", "cascade", "seesaw"):
+        for variant in ("baseline", "fixed"):
+            o = saved["reproductions"][case][variant]
+            for k in ("oscillating", "actions_per_hour", "slo_attainment", "thornhill_r", "decay_ratio", "forsman_h",
+                      "hagglund_detections"):
+                assert k in o, (case, variant, k)
+    rows = saved["comparison"]
+    assert len(rows) == 2 * len(planes)
+    for r in rows:
+        assert {"controller", "gpu_hours", "slo_attainment", "rejected", "actions_per_hour", "oscillating"} <= set(r)
+        assert r["controller"] in CONTROL_PLANES
+    assert len(saved["describing_function"]) == 3
+    summary = (tmp_path / "summary.md").read_text()
+    assert "Winners per column" in summary and "cheapest" in summary
+    for f in ("flapping.png", "cascade.png", "seesaw.png", "describing_function.png", "comparison.csv"):
+        assert (tmp_path / f).stat().st_size > 0
+    assert m["study"] == "reconfiguration"
+
+
+def test_unknown_config_and_planes_are_errors(tmp_path):
+    from studies.reconfiguration import run
+
+    with pytest.raises(ConfigError, match="reconfiguration"):
+        run(tmp_path, quick=True, config={"plane": ["x"]})
+    with pytest.raises(ConfigError, match="reconfiguration.planes"):
+        run(tmp_path, quick=True, config={"planes": ["nope"]})
+
+
+def test_comparison_runs_on_synthetic_without_trace_data(tmp_path, monkeypatch):
+    from studies.reconfiguration import compare_azure_replay, compare_servegen_day
+
+    monkeypatch.setenv("TOKENFACTORY_TRACES", str(tmp_path))
+    rows, _, info = compare_azure_replay(True, ("tokenfactory-hysteretic",), minutes=2.0)
+    assert info["trace"] == "synthetic" and len(rows) == 1
+    rows, _, info = compare_servegen_day(True, ("dynamo-load",), hours=1.0)
+    assert info["trace"] == "synthetic" and len(rows) == 1
+    assert 0.0 <= rows[0]["slo_attainment"] <= 1.0
