@@ -36,7 +36,7 @@ import pandas as pd
 import simpy
 
 from plant_models.fluid import ConservationError, DecodeRateDip
-from plant_models.pools import POOLS, PoolDynamics, _split
+from plant_models.pools import POOLS, PoolDynamics, _split, count_reversals
 from plant_models.roofline import Worker
 from plant_models.signals import REJECT_REASONS, AdmissionAction, Measurement
 from tokenfactory.validation import ConfigError, check_int, check_number, reject_unknown_keys
@@ -1023,7 +1023,8 @@ def simulate(trace: pd.DataFrame, params: DESParams, cluster: ClusterConfig = Cl
                                                   "fill_capacity", "fill_workers", "decode_workers", "command",
                                                   "fill_workers_starting", "decode_workers_starting", "arrival_rate",
                                                   "fill_workers_billed", "decode_workers_billed"])
-    n_scale = sum(1 for a in sim.actions if a.get("kind") == "scale")
+    scale_rows = [a for a in sim.actions if a.get("kind") == "scale"]
+    n_scale = len(scale_rows)
     ok = (rec["state"] == "completed") & (ttft <= cluster.slo_ttft_s) & (tpot <= cluster.slo_tpot_s)
     arrived_mask = rec["state"] != "not_arrived"
     metrics = {
@@ -1039,6 +1040,7 @@ def simulate(trace: pd.DataFrame, params: DESParams, cluster: ClusterConfig = Cl
         "gpu_hours": float((series["fill_workers_billed"] + series["decode_workers_billed"]).sum()
                            * cluster.snapshot_dt / 3600.0 * cluster.dynamics.gpus_per_worker),
         "scale_actions": n_scale, "actions_per_hour": float(n_scale / (duration / 3600.0)),
+        "reversals_per_hour": float(count_reversals(scale_rows) / (duration / 3600.0)),
         "duration_s": duration, "wall_seconds": wall, "sim_requests_per_wall_s": float(arrived / wall) if wall > 0 else None,
     }
     cfg = {"cluster": dataclasses.asdict(cluster), "params": {k: v for k, v in dataclasses.asdict(params).items()},

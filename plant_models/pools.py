@@ -44,7 +44,7 @@ from plant_models.fluid import ConservationError, DemandStep, FluidParams
 from plant_models.signals import REJECT_REASONS, AdmissionAction, Measurement
 from tokenfactory.validation import ConfigError, check_int, check_number
 
-__all__ = ["PoolDynamics", "PoolScenario", "PoolFleet", "PoolResponse", "simulate_pools", "POOLS"]
+__all__ = ["PoolDynamics", "PoolScenario", "PoolFleet", "PoolResponse", "simulate_pools", "count_reversals", "POOLS"]
 
 POOLS = ("fill", "decode")
 
@@ -124,6 +124,22 @@ class PoolScenario:
         for d in self.disturbances:
             lam = np.where(t >= d.at_s, lam * d.factor, lam)
         return lam
+
+
+def count_reversals(actions: Sequence[dict]) -> int:
+    """Scale actions that reverse the previous action's direction on the same pool (an up after a
+    down or a down after an up): a direct count of flapping that needs no regularity, unlike the
+    oscillation detectors. ``actions`` are rows with ``pool``, ``from`` and ``to``."""
+    last: dict[str, int] = {}
+    n = 0
+    for a in actions:
+        d = (a["to"] > a["from"]) - (a["to"] < a["from"])
+        if d == 0:
+            continue
+        if last.get(a["pool"], d) != d:
+            n += 1
+        last[a["pool"]] = d
+    return n
 
 
 class PoolFleet:
@@ -341,6 +357,7 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
         "slo_attainment": float(in_slo / counts["arrived"]) if counts["arrived"] > 0 else 1.0,
         "gpu_hours": float(billed.sum() * dt / 3600.0 * dynamics.gpus_per_worker),
         "scale_actions": len(scale_rows), "actions_per_hour": float(len(scale_rows) / hours),
+        "reversals_per_hour": float(count_reversals(scale_rows) / hours),
         "peak_workers": {pool: int(series[f"{pool}_workers_billed"].max()) for pool in POOLS},
         "mean_workers": {pool: float(series[f"{pool}_workers_billed"].mean()) for pool in POOLS},
         "ttft_estimate_p99_s": float(np.nanpercentile(np.minimum(series["ttft_estimate_s"], 1e6), 99)),

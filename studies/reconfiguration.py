@@ -59,7 +59,8 @@ from tokenfactory.validation import reject_unknown_keys
 
 __all__ = ["run", "fluid_params", "reproduce_flapping", "reproduce_cascade", "reproduce_seesaw",
            "describing_function_check", "CONTROL_PLANES", "control_plane", "compare_servegen_day",
-           "compare_azure_replay", "SHAPE", "SEESAW_SHAPE"]
+           "compare_azure_replay", "make_autoscalers", "make_admission", "AUTOSCALER_KINDS", "ADMISSION_KINDS",
+           "SHAPE", "SEESAW_SHAPE"]
 
 PLANT = {"model": "deepseek-v3", "hardware": "h200"}
 #: the nominal request of the flapping and cascade reproductions (tokens)
@@ -103,6 +104,7 @@ def _verdict(resp_series: pd.DataFrame, column: str, dt: float, start_s: float) 
 
 def _outcome(metrics: dict, report: dict, **extra) -> dict:
     return {"oscillating": bool(report["oscillating"]), "actions_per_hour": metrics["actions_per_hour"],
+            "reversals_per_hour": metrics.get("reversals_per_hour", 0.0),
             "slo_attainment": metrics["slo_attainment"], "gpu_hours": metrics["gpu_hours"],
             "rejected": metrics["rejected"], **{k: report[k] for k in (
                 "thornhill_r", "decay_ratio", "forsman_h", "spectral_peak_fraction", "hagglund_detections",
@@ -286,46 +288,64 @@ def describing_function_check(quick: bool = False) -> tuple[list[dict], dict]:
 # (e) the comparison
 
 
-def control_plane(name: str, fp: FluidParams, rate_rps: float, *, dynamics: PoolDynamics, fill_workers: int,
-                  decode_workers: int, max_replicas: int = 64) -> tuple[list, Any]:
-    """Fresh controller objects for control plane ``name``: (pool autoscalers, admission or None).
+AUTOSCALER_KINDS = ("hpa", "kpa", "dynamo-throughput", "dynamo-load", "apa", "hysteretic")
+ADMISSION_KINDS = ("vllm-watermark", "mooncake", "mooncake-predictive", "smoothed")
 
-    Every autoscaler gets the same per-worker capacities (roofline x ``TARGET_UTILIZATION``) and
-    its documented defaults; targets are stated per metric."""
-    if name not in CONTROL_PLANES:
-        raise KeyError(name)
-    scaler, admission = CONTROL_PLANES[name]
+
+def make_autoscalers(kind: str, fp: FluidParams, rate_rps: float, *, dynamics: PoolDynamics = PoolDynamics(),
+                     max_replicas: int = 64) -> list:
+    """Fresh autoscalers of ``kind`` for both pools, with their documented defaults.
+
+    Every autoscaler gets the same per-worker capacities (roofline x ``TARGET_UTILIZATION`` where a
+    capacity is needed) and targets equivalent to that utilisation in its own metric."""
+    if kind not in AUTOSCALER_KINDS:
+        from tokenfactory.validation import ConfigError
+
+        raise ConfigError("autoscaler", f"{kind!r} is not one of {', '.join(AUTOSCALER_KINDS)}")
     mu_f, mu_d = fp.fill_rate_per_worker, fp.decode_capacity(1)
     bounds = {"min_replicas": 1, "max_replicas": max_replicas}
-    scalers: list = []
-    if scaler == "hpa":
-        scalers = [HorizontalPodAutoscaler("fill", 0.7, "fill_utilization", **bounds),
-                   HorizontalPodAutoscaler("decode", 0.8, "kv_occupancy", **bounds)]
-    elif scaler == "kpa":  # concurrency per replica at the target utilisation (Little's law for fill)
-        scalers = [KnativeAutoscaler("fill", 0.7 * mu_f * fp.fill_to_ready_s, "fill_concurrency", **bounds),
-                   KnativeAutoscaler("decode", 0.8 * fp.decode_slots_per_worker, "decode_concurrency", **bounds)]
-    elif scaler == "dynamo-throughput":
-        scalers = [DynamoThroughputPlanner("fill", TARGET_UTILIZATION * mu_f, **bounds),
-                   DynamoThroughputPlanner("decode", TARGET_UTILIZATION * mu_d, **bounds)]
-    elif scaler == "dynamo-load":
-        scalers = [DynamoLoadPlanner("fill", 0.9, "fill_utilization", **bounds),
-                   DynamoLoadPlanner("decode", 1.0, "kv_occupancy", **bounds)]
-    elif scaler == "apa":
-        scalers = [AIBrixAPA("fill", 0.7, "fill_utilization", **bounds),
-                   AIBrixAPA("decode", 0.8, "kv_occupancy", **bounds)]
-    elif scaler == "hysteretic":
-        kw = dict(startup_s=dynamics.startup_s, warmup_s=dynamics.warmup_s, target_utilization=TARGET_UTILIZATION,
-                  **bounds)
-        scalers = [HystereticPoolController.tuned("fill", mu_f, rate_rps, **kw),
-                   HystereticPoolController.tuned("decode", mu_d, rate_rps, **kw)]
-    adm = None
-    if admission == "vllm-watermark":
-        adm = WatermarkAdmission(sample_period=0.25)  # the orchestrator samples every 250 ms
-    elif admission in ("mooncake", "mooncake-predictive"):
-        adm = EarlyRejection(fill_latency_s=fp.fill_latency_s, slo_ttft_s=SLO_TTFT_S,
-                             predictive=admission == "mooncake-predictive")
-    elif admission == "smoothed":
-        adm = _smoothed_for(fp, fill_workers, decode_workers)
+    if kind == "hpa":
+        return [HorizontalPodAutoscaler("fill", 0.7, "fill_utilization", **bounds),
+                HorizontalPodAutoscaler("decode", 0.8, "kv_occupancy", **bounds)]
+    if kind == "kpa":  # concurrency per replica at the target utilisation (Little's law for fill)
+        return [KnativeAutoscaler("fill", 0.7 * mu_f * fp.fill_to_ready_s, "fill_concurrency", **bounds),
+                KnativeAutoscaler("decode", 0.8 * fp.decode_slots_per_worker, "decode_concurrency", **bounds)]
+    if kind == "dynamo-throughput":
+        return [DynamoThroughputPlanner("fill", TARGET_UTILIZATION * mu_f, **bounds),
+                DynamoThroughputPlanner("decode", TARGET_UTILIZATION * mu_d, **bounds)]
+    if kind == "dynamo-load":
+        return [DynamoLoadPlanner("fill", 0.9, "fill_utilization", **bounds),
+                DynamoLoadPlanner("decode", 1.0, "kv_occupancy", **bounds)]
+    if kind == "apa":
+        return [AIBrixAPA("fill", 0.7, "fill_utilization", **bounds),
+                AIBrixAPA("decode", 0.8, "kv_occupancy", **bounds)]
+    kw = dict(startup_s=dynamics.startup_s, warmup_s=dynamics.warmup_s, target_utilization=TARGET_UTILIZATION,
+              **bounds)
+    return [HystereticPoolController.tuned("fill", mu_f, rate_rps, **kw),
+            HystereticPoolController.tuned("decode", mu_d, rate_rps, **kw)]
+
+
+def make_admission(kind: str, fp: FluidParams, fill_workers: int, decode_workers: int,
+                   slo_ttft_s: float = SLO_TTFT_S):
+    """A fresh admission controller of ``kind`` (one of ``ADMISSION_KINDS``)."""
+    if kind == "vllm-watermark":
+        return WatermarkAdmission(sample_period=0.25)  # the orchestrator samples every 250 ms
+    if kind in ("mooncake", "mooncake-predictive"):
+        return EarlyRejection(fill_latency_s=fp.fill_latency_s, slo_ttft_s=slo_ttft_s,
+                              predictive=kind == "mooncake-predictive")
+    if kind == "smoothed":
+        return _smoothed_for(fp, fill_workers, decode_workers, slo_ttft_s)
+    from tokenfactory.validation import ConfigError
+
+    raise ConfigError("admission", f"{kind!r} is not one of {', '.join(ADMISSION_KINDS)}")
+
+
+def control_plane(name: str, fp: FluidParams, rate_rps: float, *, dynamics: PoolDynamics, fill_workers: int,
+                  decode_workers: int, max_replicas: int = 64) -> tuple[list, Any]:
+    """Fresh controller objects for control plane ``name``: (pool autoscalers, admission or None)."""
+    scaler, admission = CONTROL_PLANES[name]
+    scalers = make_autoscalers(scaler, fp, rate_rps, dynamics=dynamics, max_replicas=max_replicas) if scaler else []
+    adm = make_admission(admission, fp, fill_workers, decode_workers) if admission else None
     return scalers, adm
 
 
@@ -346,7 +366,8 @@ def _pool_oscillation(series: pd.DataFrame, dt: float, start_s: float) -> tuple[
 
 def _row(name: str, workload: str, m: dict, osc: bool, reports: dict) -> dict:
     return {"workload": workload, "controller": name, "gpu_hours": m["gpu_hours"], "slo_attainment": m["slo_attainment"],
-            "rejected": m["rejected"], "actions_per_hour": m["actions_per_hour"], "oscillating": osc,
+            "rejected": m["rejected"], "actions_per_hour": m["actions_per_hour"],
+            "reversals_per_hour": m["reversals_per_hour"], "oscillating": osc,
             "decode_r": reports["decode"]["thornhill_r"], "fill_r": reports["fill"]["thornhill_r"]}
 
 
@@ -488,8 +509,9 @@ def _winners(rows: list[dict]) -> list[str]:
     """Best row per column, every tie named. Static control planes take no actions by
     construction, so the actions column is judged among the autoscaling ones."""
     cols = [("GPU-hours (lowest)", "gpu_hours", min, False), ("SLO attainment (highest)", "slo_attainment", max, False),
-            ("rejected (fewest)", "rejected", min, False), ("actions per hour (fewest, autoscalers)",
-                                                            "actions_per_hour", min, True)]
+            ("rejected (fewest)", "rejected", min, False),
+            ("actions per hour (fewest, autoscalers)", "actions_per_hour", min, True),
+            ("reversals per hour (fewest, autoscalers)", "reversals_per_hour", min, True)]
     lines = []
     for workload in dict.fromkeys(r["workload"] for r in rows):
         rs = [r for r in rows if r["workload"] == workload]
@@ -572,10 +594,11 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                     rep_rows.append({"case": k, "variant": v, "controller": x["controller"],
                                      "oscillating": x["oscillating"], "actions_per_hour": x["actions_per_hour"],
                                      "slo_attainment": x["slo_attainment"], "gpu_hours": x["gpu_hours"],
+                                     "reversals_per_hour": x["reversals_per_hour"],
                                      "rejected": x["rejected"], "thornhill_r": x["thornhill_r"],
                                      "period_s": x["period_s"]})
         lines += _md_table(rep_rows, ["case", "variant", "controller", "oscillating", "actions_per_hour",
-                                      "slo_attainment", "gpu_hours", "rejected", "thornhill_r", "period_s"])
+                                      "reversals_per_hour", "slo_attainment", "gpu_hours", "rejected", "thornhill_r", "period_s"])
         b, f = casc["baseline"], casc["fixed"]
         lines += ["", f"Cascade: peak provisioned decode workers {b['peak_provisioned']} (HPA) vs {f['peak_provisioned']} "
                       f"(hysteretic); demand-justified count {casc['demand_justified_workers']}.",
@@ -618,6 +641,9 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         report.save_table(pd.DataFrame(comparison), "comparison.csv")
         lines += ["## Comparison", ""]
         lines += _md_table(comparison, ["workload", "controller", "gpu_hours", "slo_attainment", "rejected",
-                                        "actions_per_hour", "oscillating"])
+                                        "actions_per_hour", "reversals_per_hour", "oscillating"])
+        lines += ["", "`oscillating` is the detectors' verdict on the provisioned pool sizes (it needs a regular "
+                      "cycle); `reversals_per_hour` counts scale actions that undo the previous one's direction, "
+                      "which also catches irregular churn."]
         lines += ["", "Winners per column (ties all named):", ""] + _winners(comparison)
     return report.finish(metrics, lines)

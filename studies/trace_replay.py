@@ -109,25 +109,40 @@ def superpose_trace(trace: pd.DataFrame, multiplier: float, seed: int = 0) -> pd
     return out
 
 
-def make_controller(kind: str, plant: FluidPlant):
+#: admission policies of today's systems (built by studies.reconfiguration.make_admission)
+BASELINE_ADMISSIONS = ("mooncake", "mooncake-predictive", "vllm-watermark")
+
+
+def make_controller(kind: str, plant: FluidPlant, slo_ttft_s: float = 2.0):
     if kind == "open":
         return None
+    if kind in BASELINE_ADMISSIONS:
+        from studies.reconfiguration import make_admission
+
+        return make_admission(kind, plant.params, int(plant.fill_workers), int(plant.decode_workers), slo_ttft_s)
     ctrl, _ = build_controller({"kind": kind}, plant, StabilityEnvelope())
     return ctrl
 
 
 def run_replay(trace: pd.DataFrame, setup: ReplaySetup, admission: str, scale: float,
-               cluster: dict | None = None) -> tuple[dict, Any]:
-    """One replay: returns (metrics with the ready buffer's oscillation report, DESResult)."""
+               cluster: dict | None = None, autoscaler: str | None = None) -> tuple[dict, Any]:
+    """One replay: returns (metrics with the ready buffer's oscillation report, DESResult).
+    ``autoscaler`` (a kind of ``studies.reconfiguration.AUTOSCALER_KINDS``) sizes both pools."""
     cl = ClusterConfig.from_dict({"fill_workers": int(setup.plant.fill_workers),
                                   "decode_workers": int(setup.plant.decode_workers),
                                   "measurement_delay_s": setup.plant.params.measurement_delay_s, **(cluster or {})})
-    res = simulate(scale_trace(trace, scale) if scale != 1 else trace, setup.params, cl,
-                   make_controller(admission, setup.plant))
+    replay = scale_trace(trace, scale) if scale != 1 else trace
+    scalers = []
+    if autoscaler:
+        from studies.reconfiguration import make_autoscalers
+
+        rate = len(replay) / max(float(replay["arrival_s"].max()), 1e-9)
+        scalers = make_autoscalers(autoscaler, setup.plant.params, rate, dynamics=cl.dynamics)
+    res = simulate(replay, setup.params, cl, make_controller(admission, setup.plant, cl.slo_ttft_s), scalers)
     s = res.series
     after = s[s["time_s"] > 0.1 * s["time_s"].iloc[-1]]
     rep = assess(after["ready"].to_numpy(), cl.snapshot_dt, min_amplitude=1.0) if len(after) >= 16 else None
-    m = {**res.metrics, "admission": admission, "scale": scale,
+    m = {**res.metrics, "admission": admission, "autoscaler": autoscaler, "scale": scale,
          "ready_oscillation": rep.to_dict() if rep else None, "oscillating": bool(rep.oscillating) if rep else False}
     return m, res
 

@@ -156,3 +156,12 @@ def test_bad_dynamics_and_sample_periods(fp):
         PoolDynamics(warmup_factor=0.0)
     with pytest.raises(ConfigError, match="sample_period"):
         simulate_pools(fp, 1, 1, PoolScenario(1.0, 10.0, dt=1.0), controllers=[Scripted({}, sample_period=0.1)])
+
+
+def test_count_reversals():
+    from plant_models import count_reversals
+
+    rows = [{"pool": "decode", "from": 2, "to": 1}, {"pool": "decode", "from": 1, "to": 2},
+            {"pool": "fill", "from": 2, "to": 3}, {"pool": "decode", "from": 2, "to": 3},
+            {"pool": "fill", "from": 3, "to": 3}, {"pool": "fill", "from": 3, "to": 2}]
+    assert count_reversals(rows) == 2  # decode down->up, fill up->down; same-direction and no-ops do not count

@@ -128,3 +128,18 @@ def test_scale_up_waits_for_one_confirming_sample_by_default():
     c = HystereticPoolController("decode", MU, target_utilization=1.0, filter_s=0.0, sample_period=5.0)
     assert c.recommend(0.0, 2, 3.2 * MU, 0.0) == 2
     assert c.recommend(5.0, 2, 3.2 * MU, 0.0) == 4
+
+
+def test_no_flapping_at_any_constant_demand():
+    """Regression test for no-oscillation: a sweep of constant Poisson demands from 0.3 to 5
+    workers' need (integer boundaries included). After settling, no reversal ever; at most one
+    noise-driven step up (a ratchet, which the dead band then holds)."""
+    fp = fluid_params(SHAPE)
+    mu = fp.decode_capacity(1)
+    for x in np.arange(0.3, 5.0, 0.2):
+        lam = x * mu * 0.85
+        c = HystereticPoolController.tuned("decode", mu, lam, startup_s=120.0, warmup_s=30.0, max_replicas=8)
+        r = simulate_pools(fp, 4, max(1, math.ceil(x)), PoolScenario(lam, 7200.0, dt=0.5, control_start_s=60.0,
+                                                                      seed=int(x * 10)), controllers=[c])
+        assert r.metrics["reversals_per_hour"] == 0, (x, r.actions)
+        assert len(r.actions[r.actions["time_s"] > 1200.0]) <= 1, (x, r.actions)

@@ -201,7 +201,8 @@ def _cmd_simulate(args) -> int:
     from pathlib import Path
 
     from studies.report import to_jsonable
-    from studies.trace_replay import ADMISSIONS, build_replay, run_replay
+    from studies.reconfiguration import AUTOSCALER_KINDS
+    from studies.trace_replay import ADMISSIONS, BASELINE_ADMISSIONS, build_replay, run_replay
     from tokenfactory.validation import reject_unknown_keys
     from traces import SyntheticWorkload, generate_requests, load_trace
 
@@ -218,16 +219,20 @@ def _cmd_simulate(args) -> int:
         cluster = dict(sc.get("cluster", {}))
         admission = admission or sc.get("controller", {}).get("kind")
     admission = admission or "smoothed"
-    if admission not in (*ADMISSIONS, "open"):
-        raise ConfigError("admission", f"{admission!r} is not one of {', '.join((*ADMISSIONS, 'open'))}")
+    known = (*ADMISSIONS, *BASELINE_ADMISSIONS, "open")
+    if admission not in known:
+        raise ConfigError("admission", f"{admission!r} is not one of {', '.join(known)}")
+    if args.autoscaler is not None and args.autoscaler not in AUTOSCALER_KINDS:
+        raise ConfigError("autoscaler", f"{args.autoscaler!r} is not one of {', '.join(AUTOSCALER_KINDS)}")
     cluster.setdefault("seed", args.seed)
     if args.progress is not None:
         cluster["progress"] = args.progress
     trace = (generate_requests(SyntheticWorkload(seed=args.seed), _duration(args.duration))
              if args.trace == "synthetic" else load_trace(args.trace))
     setup = build_replay(trace, plant)
-    m, res = run_replay(trace, setup, admission, args.scale, cluster)
-    out = Path(args.out or Path("reports") / "simulate" / f"{Path(args.trace).stem.replace(':', '-')}-{admission}")
+    m, res = run_replay(trace, setup, admission, args.scale, cluster, autoscaler=args.autoscaler)
+    tag = admission + (f"-{args.autoscaler}" if args.autoscaler else "")
+    out = Path(args.out or Path("reports") / "simulate" / f"{Path(args.trace).stem.replace(':', '-')}-{tag}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(to_jsonable({**m, "config": res.config, "trace": args.trace,
                                                               "bottleneck": setup.bottleneck,
@@ -236,8 +241,8 @@ def _cmd_simulate(args) -> int:
     res.series.to_csv(out / "series.csv", index=False)
     res.actions.to_csv(out / "actions.csv", index=False)
     keys = ("requests", "completed", "rejected", "in_flight_end", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99",
-            "slo_attainment", "goodput_tokens_per_s", "prefix_hit_ratio", "oscillating", "wall_seconds",
-            "sim_requests_per_wall_s")
+            "slo_attainment", "goodput_tokens_per_s", "prefix_hit_ratio", "oscillating", "gpu_hours",
+            "actions_per_hour", "wall_seconds", "sim_requests_per_wall_s")
     _print_table({k: m[k] for k in keys})
     print(f"wrote {out}/ (metrics.json, requests.csv, series.csv, actions.csv)")
     return 0
@@ -291,7 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--trace", required=True, help="registered name, path, or 'synthetic'")
     sm.add_argument("--scale", type=float, default=1.0, help="replay x times faster")
     sm.add_argument("--scenario", default=None, help="TOML with [plant], [cluster], [controller]")
-    sm.add_argument("--admission", default=None, help="naive, threshold, smoothed or open")
+    sm.add_argument("--admission", default=None,
+                    help="naive, threshold, smoothed, mooncake, mooncake-predictive, vllm-watermark or open")
+    sm.add_argument("--autoscaler", default=None,
+                    help="size both pools: hpa, kpa, dynamo-throughput, dynamo-load, apa or hysteretic "
+                         "(start-up/warm-up from the scenario's [cluster.dynamics])")
     sm.add_argument("--seed", type=int, default=0)
     sm.add_argument("--duration", default="1h", help="synthetic trace length")
     sm.add_argument("--out", default=None)
