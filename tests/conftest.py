@@ -12,6 +12,27 @@ def smoothed_scenario():
 
 
 @pytest.fixture(scope="session")
+def des_params():
+    """Request-simulator service times of DeepSeek-V3 on 8 x H200 fill and decode workers."""
+    from plant_models import DESParams, Worker, accelerator_preset, model_preset
+
+    w = Worker(model_preset("deepseek-v3"), accelerator_preset("h200"))
+    return DESParams.from_workers(w, w)
+
+
+def poisson_trace(rate, duration, seed, inp=2048, out_mean=512):
+    """A seeded Poisson request table with geometric output lengths."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.exponential(1 / rate, int(rate * duration * 1.2) + 10))
+    t = t[t < duration]
+    return pd.DataFrame({"arrival_s": t, "input_tokens": inp, "cached_tokens": 0,
+                         "output_tokens": rng.geometric(1 / out_mean, len(t))})
+
+
+@pytest.fixture(scope="session")
 def naive_scenario():
     return load_scenario(scenario_path("naive"))
 

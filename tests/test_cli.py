@@ -23,6 +23,8 @@ def test_describe_hardware_and_worker(capsys):
     (["describe", "model", "nope"], "unknown preset"),
     (["describe", "worker", "deepseek-v3", "--hardware", "h100-sxm"], "does not fit"),
     (["describe", "worker", "deepseek-v3", "--tp", "3"], "parallelism.tp"),
+    (["simulate", "--trace", "synthetic", "--autoscaler", "hpa2"], "autoscaler"),
+    (["simulate", "--trace", "synthetic", "--admission", "early"], "admission"),
 ])
 def test_errors_are_one_line_exit_2(capsys, argv, needle):
     assert main(argv) == 2
@@ -54,3 +56,12 @@ def test_margins_bad_scenario(tmp_path, capsys):
                  'measurement_delay = 1\n[controller]\nkind = "smoothed"\n')
     assert main(["margins", str(f)]) == 2
     assert "plant.measurement_delay: unknown key" in capsys.readouterr().err
+
+
+def test_simulate_with_an_autoscaler_and_a_baseline_admission(tmp_path, capsys):
+    assert main(["simulate", "--trace", "synthetic", "--duration", "5m", "--scale", "10", "--autoscaler", "hysteretic",
+                 "--admission", "mooncake", "--no-progress", "--out", str(tmp_path)]) == 0
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert m["autoscaler"] == "hysteretic" and m["admission"] == "mooncake"
+    assert m["config"]["autoscalers"][0]["pool"] == "fill" and m["gpu_hours"] > 0
+    assert m["requests"] == m["completed"] + m["rejected"] + m["in_flight_end"]

@@ -22,22 +22,14 @@ from plant_models import (
     simulate,
     simulate_loop,
 )
+from conftest import poisson_trace
 from tokenfactory import ConfigError
 from traces import SyntheticWorkload, generate_requests, load_trace, trace_available
 
 
 @pytest.fixture(scope="module")
-def params():
-    w = Worker(model_preset("deepseek-v3"), accelerator_preset("h200"))
-    return DESParams.from_workers(w, w)
-
-
-def poisson_trace(rate, duration, seed, inp=2048, out_mean=512):
-    rng = np.random.default_rng(seed)
-    t = np.cumsum(rng.exponential(1 / rate, int(rate * duration * 1.2) + 10))
-    t = t[t < duration]
-    return pd.DataFrame({"arrival_s": t, "input_tokens": inp, "cached_tokens": 0,
-                         "output_tokens": rng.geometric(1 / out_mean, len(t))})
+def params(des_params):
+    return des_params
 
 
 def test_decode_table_matches_roofline(params):

@@ -2,27 +2,21 @@
 pool model)."""
 
 
-import numpy as np
-import pandas as pd
 import pytest
 
 from controllers import EarlyRejection, HorizontalPodAutoscaler, HystereticPoolController, ScaleAction
-from plant_models import ClusterConfig, DESParams, PoolDynamics, Worker, accelerator_preset, model_preset, simulate
+from conftest import poisson_trace as shared_poisson_trace
+from plant_models import ClusterConfig, PoolDynamics, simulate
 from tokenfactory import ConfigError
 
 
 @pytest.fixture(scope="module")
-def params():
-    w = Worker(model_preset("deepseek-v3"), accelerator_preset("h200"))
-    return DESParams.from_workers(w, w)
+def params(des_params):
+    return des_params
 
 
-def poisson_trace(rate, duration, seed, inp=2048, out_mean=256):
-    rng = np.random.default_rng(seed)
-    t = np.cumsum(rng.exponential(1 / rate, int(rate * duration * 1.2) + 10))
-    t = t[t < duration]
-    return pd.DataFrame({"arrival_s": t, "input_tokens": inp, "cached_tokens": 0,
-                         "output_tokens": rng.geometric(1 / out_mean, len(t))})
+def poisson_trace(rate, duration, seed):
+    return shared_poisson_trace(rate, duration, seed, out_mean=256)
 
 
 class Scripted:
