@@ -52,7 +52,7 @@ from plant_models.signals import Measurement
 from tokenfactory.validation import ConfigError, check_int, check_number
 
 __all__ = ["HystereticPoolController", "QueueRelayScaler", "pool_relay_loop", "predict_pool_flapping",
-           "need_noise_std", "pool_demand"]
+           "need_noise_std", "measured_need_noise", "pool_demand"]
 
 
 def pool_demand(m: Measurement, pool: str) -> tuple[float, float]:
@@ -73,6 +73,39 @@ def need_noise_std(rate_rps: float, per_worker_rps: float, target_utilization: f
     check_number("rate_rps", rate_rps, low=0.0)
     check_number("filter_s", filter_s, low=0.0, low_inclusive=False)
     return math.sqrt(rate_rps / (2.0 * filter_s)) / (per_worker_rps * target_utilization)
+
+
+def measured_need_noise(arrival_times_s, per_worker_rps: float, target_utilization: float, filter_s: float, *,
+                        sample_period: float = 5.0, detrend_s: float = 900.0) -> float:
+    """Standard deviation (workers) of the need signal the controller would see on a measured
+    arrival stream: counts scraped every ``sample_period``, filtered as the controller filters
+    them (first order, ``filter_s``), minus a centred ``detrend_s`` moving average (the demand's
+    own slow movement is what the controller should follow, not noise). Bursty traffic (index of
+    dispersion > 1) gives more than the Poisson figure of :func:`need_noise_std`."""
+    import numpy as np
+
+    check_number("sample_period", sample_period, low=0.0, low_inclusive=False)
+    check_number("filter_s", filter_s, low=0.0, low_inclusive=False)
+    check_number("detrend_s", detrend_s, low=2 * sample_period)
+    t = np.sort(np.asarray(arrival_times_s, dtype=float))
+    if t.size < 2 or not np.all(np.isfinite(t)):
+        raise ConfigError("arrival_times_s", "needs at least two finite arrival times")
+    n_bins = int((t[-1] - t[0]) // sample_period)
+    window = int(round(detrend_s / sample_period))
+    if n_bins < 3 * window:
+        raise ConfigError("arrival_times_s", f"spans {t[-1] - t[0]:.0f} s; needs at least 3 x detrend_s = "
+                          f"{3 * detrend_s:.0f} s")
+    counts = np.bincount(((t - t[0]) // sample_period).astype(int), minlength=n_bins)[:n_bins]
+    rates = counts / sample_period
+    a = 1.0 - math.exp(-sample_period / filter_s)
+    filt = np.empty_like(rates)
+    acc = rates[0]
+    for i, r in enumerate(rates):
+        acc += a * (r - acc)
+        filt[i] = acc
+    trend = np.convolve(filt, np.ones(window) / window, mode="same")
+    core = slice(window, n_bins - window)  # away from the edges of the moving average
+    return float(np.std((filt - trend)[core]) / (per_worker_rps * target_utilization))
 
 
 class HystereticPoolController(_PoolAutoscaler):
@@ -99,6 +132,7 @@ class HystereticPoolController(_PoolAutoscaler):
         self.max_step_down = check_int("hysteretic.max_step_down", max_step_down, low=1)
         self.queue_clear_s = check_number("hysteretic.queue_clear_s", queue_clear_s, low=0.0, low_inclusive=False)
         self.queue_headroom = check_number("hysteretic.queue_headroom", queue_headroom, low=0.0, high=10.0)
+        self.noise_std: float | None = None  # set by tuned()
         self.reset()
 
     @classmethod
@@ -111,9 +145,11 @@ class HystereticPoolController(_PoolAutoscaler):
         sigma = noise_std if noise_std is not None else need_noise_std(rate_rps, per_worker_rps,
                                                                        target_utilization, filter_s)
         check_number("noise_std", sigma, low=0.0)
-        return cls(pool, per_worker_rps, target_utilization=target_utilization, filter_s=filter_s,
-                   dead_band=max(min_dead_band, z * sigma), dwell_s=3.0 * filter_s,
-                   cooldown_s=startup_s + warmup_s, **kw)
+        c = cls(pool, per_worker_rps, target_utilization=target_utilization, filter_s=filter_s,
+                dead_band=max(min_dead_band, z * sigma), dwell_s=3.0 * filter_s,
+                cooldown_s=startup_s + warmup_s, **kw)
+        c.noise_std = sigma  # recorded with the result: where the dead band came from
+        return c
 
     def reset(self) -> None:
         self._rate: float | None = None
@@ -174,7 +210,7 @@ class HystereticPoolController(_PoolAutoscaler):
         return {k: getattr(self, k) for k in (
             "pool", "per_worker_rps", "target_utilization", "dead_band", "filter_s", "dwell_s", "up_dwell_s",
             "cooldown_s", "max_step_up", "max_step_down", "queue_clear_s", "queue_headroom", "min_replicas",
-            "max_replicas", "sample_period")}
+            "max_replicas", "sample_period", "noise_std")}
 
 
 class QueueRelayScaler(_PoolAutoscaler):

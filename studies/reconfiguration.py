@@ -34,6 +34,7 @@ from controllers import (
     HorizontalPodAutoscaler,
     HystereticPoolController,
     KnativeAutoscaler,
+    measured_need_noise,
     QueueRelayScaler,
     StabilityEnvelope,
     WatermarkAdmission,
@@ -293,11 +294,14 @@ ADMISSION_KINDS = ("vllm-watermark", "mooncake", "mooncake-predictive", "smoothe
 
 
 def make_autoscalers(kind: str, fp: FluidParams, rate_rps: float, *, dynamics: PoolDynamics = PoolDynamics(),
-                     max_replicas: int = 64) -> list:
+                     max_replicas: int = 64, arrival_times_s=None) -> list:
     """Fresh autoscalers of ``kind`` for both pools, with their documented defaults.
 
     Every autoscaler gets the same per-worker capacities (roofline x ``TARGET_UTILIZATION`` where a
-    capacity is needed) and targets equivalent to that utilisation in its own metric."""
+    capacity is needed) and targets equivalent to that utilisation in its own metric. The
+    hysteretic controller's dead band comes from the noise measured on ``arrival_times_s`` when
+    they span at least 45 minutes (:func:`~controllers.measured_need_noise`), from the Poisson
+    closed form otherwise."""
     if kind not in AUTOSCALER_KINDS:
         from tokenfactory.validation import ConfigError
 
@@ -321,8 +325,14 @@ def make_autoscalers(kind: str, fp: FluidParams, rate_rps: float, *, dynamics: P
                 AIBrixAPA("decode", 0.8, "kv_occupancy", **bounds)]
     kw = dict(startup_s=dynamics.startup_s, warmup_s=dynamics.warmup_s, target_utilization=TARGET_UTILIZATION,
               **bounds)
-    return [HystereticPoolController.tuned("fill", mu_f, rate_rps, **kw),
-            HystereticPoolController.tuned("decode", mu_d, rate_rps, **kw)]
+    out = []
+    for pool, mu in (("fill", mu_f), ("decode", mu_d)):
+        noise = None
+        if arrival_times_s is not None and len(arrival_times_s) > 1 and \
+                float(np.max(arrival_times_s) - np.min(arrival_times_s)) >= 2700.0:
+            noise = measured_need_noise(arrival_times_s, mu, TARGET_UTILIZATION, 30.0)
+        out.append(HystereticPoolController.tuned(pool, mu, rate_rps, noise_std=noise, **kw))
+    return out
 
 
 def make_admission(kind: str, fp: FluidParams, fill_workers: int, decode_workers: int,
@@ -341,10 +351,11 @@ def make_admission(kind: str, fp: FluidParams, fill_workers: int, decode_workers
 
 
 def control_plane(name: str, fp: FluidParams, rate_rps: float, *, dynamics: PoolDynamics, fill_workers: int,
-                  decode_workers: int, max_replicas: int = 64) -> tuple[list, Any]:
+                  decode_workers: int, max_replicas: int = 64, arrival_times_s=None) -> tuple[list, Any]:
     """Fresh controller objects for control plane ``name``: (pool autoscalers, admission or None)."""
     scaler, admission = CONTROL_PLANES[name]
-    scalers = make_autoscalers(scaler, fp, rate_rps, dynamics=dynamics, max_replicas=max_replicas) if scaler else []
+    scalers = make_autoscalers(scaler, fp, rate_rps, dynamics=dynamics, max_replicas=max_replicas,
+                               arrival_times_s=arrival_times_s) if scaler else []
     adm = make_admission(admission, fp, fill_workers, decode_workers) if admission else None
     return scalers, adm
 
@@ -427,14 +438,16 @@ def compare_azure_replay(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: Po
     per_worker = min(fp.fill_rate_per_worker, fp.decode_capacity(1))
     rate = len(trace) / float(trace["arrival_s"].max())
     multiplier = load * per_worker / rate
-    replay = superpose_trace(trace, multiplier, seed=7)
-    replay = replay[replay["arrival_s"] < minutes * 60.0].reset_index(drop=True)
+    full_hour = superpose_trace(trace, multiplier, seed=7)
+    replay = full_hour[full_hour["arrival_s"] < minutes * 60.0].reset_index(drop=True)
     replay.attrs = dict(trace.attrs)
     mean_rate = len(replay) / (minutes * 60.0)
     rows, resps = [], {}
     for plane in planes:
         nf, nd = _pools_for(fp, mean_rate)
-        scalers, adm = control_plane(plane, fp, mean_rate, dynamics=dynamics, fill_workers=nf, decode_workers=nd)
+        # the hysteretic controller's dead band from the noise measured on the hour it is tuned for
+        scalers, adm = control_plane(plane, fp, mean_rate, dynamics=dynamics, fill_workers=nf, decode_workers=nd,
+                                     arrival_times_s=full_hour["arrival_s"].to_numpy())
         cl = ClusterConfig(fill_workers=nf, decode_workers=nd, measurement_delay_s=fp.measurement_delay_s,
                            slo_ttft_s=SLO_TTFT_S, slo_tpot_s=SLO_TPOT_S, drain_s=60.0, dynamics=dynamics,
                            autoscale_start_s=60.0, snapshot_dt=0.5, seed=6)

@@ -137,7 +137,8 @@ def run_replay(trace: pd.DataFrame, setup: ReplaySetup, admission: str, scale: f
         from studies.reconfiguration import make_autoscalers
 
         rate = len(replay) / max(float(replay["arrival_s"].max()), 1e-9)
-        scalers = make_autoscalers(autoscaler, setup.plant.params, rate, dynamics=cl.dynamics)
+        scalers = make_autoscalers(autoscaler, setup.plant.params, rate, dynamics=cl.dynamics,
+                                   arrival_times_s=replay["arrival_s"].to_numpy())
     res = simulate(replay, setup.params, cl, make_controller(admission, setup.plant, cl.slo_ttft_s), scalers)
     s = res.series
     after = s[s["time_s"] > 0.1 * s["time_s"].iloc[-1]]

@@ -143,3 +143,19 @@ def test_no_flapping_at_any_constant_demand():
                                                                       seed=int(x * 10)), controllers=[c])
         assert r.metrics["reversals_per_hour"] == 0, (x, r.actions)
         assert len(r.actions[r.actions["time_s"] > 1200.0]) <= 1, (x, r.actions)
+
+
+def test_measured_noise_matches_poisson_and_grows_with_burstiness():
+    from controllers import measured_need_noise
+
+    rng = np.random.default_rng(1)
+    poisson = np.cumsum(rng.exponential(1 / 100.0, 100 * 20000))
+    closed = need_noise_std(100.0, MU, 0.85, 20.0)
+    assert measured_need_noise(poisson, MU, 0.85, 20.0) == pytest.approx(closed, rel=0.10)
+    # the same mean rate, modulated 10-s windows (gamma-mixed): more noise than Poisson
+    windows = rng.gamma(2.0, 50.0, 2000)
+    bursty = np.concatenate([10.0 * k + np.sort(rng.uniform(0, 10.0, rng.poisson(10.0 * r)))
+                             for k, r in enumerate(windows)])
+    assert measured_need_noise(bursty, MU, 0.85, 20.0) > 2 * closed
+    with pytest.raises(ConfigError, match="arrival_times_s"):
+        measured_need_noise(poisson[:500], MU, 0.85, 20.0)
