@@ -235,6 +235,9 @@ class ClusterConfig:
             check_number("cluster.duration_s", self.duration_s, low=0.0, low_inclusive=False)
         check_number("cluster.drain_s", self.drain_s, low=0.0)
         check_number("cluster.autoscale_start_s", self.autoscale_start_s, low=0.0)
+        if self.dynamics.fleet_size is not None and self.fill_workers + self.decode_workers > self.dynamics.fleet_size:
+            raise ConfigError("cluster.dynamics.fleet_size", f"{self.dynamics.fleet_size} workers cannot hold the "
+                              f"initial {self.fill_workers} fill + {self.decode_workers} decode")
         check_int("cluster.seed", self.seed, low=0)
         for i, e in enumerate(self.events):
             if not isinstance(e, tuple(_EVENTS.values())):
@@ -379,6 +382,7 @@ class _Sim:
         self.kick = self.env.event()
         self.fill_kick = self.env.event()
         self.ready_kick = self.env.event()
+        self.fleet_kick = self.env.event()
         self.fill_workers = [_FillWorker(i) for i in range(cfg.fill_workers)]
         self.decode_workers = [_DecodeWorker(i) for i in range(cfg.decode_workers)]
         self.cache: OrderedDict | set | None
@@ -833,6 +837,8 @@ class _Sim:
             n_fill = sum(1 for w in self.fill_workers if w.online)
             serving = {pool: sum(1 for w in self._pool(pool) if not w.draining) for pool in POOLS}
             starting = {pool: sum(1 for tk in self.starting[pool] if not tk["cancelled"]) for pool in POOLS}
+            placed = {pool: sum(1 for tk in self.starting[pool] if tk.get("placed") and not tk["cancelled"])
+                      for pool in POOLS}
             # slots as an orchestrator would estimate them: KV capacity / the mean context of the
             # sequences decoding now (the nominal shape's when nothing decodes)
             held = sum(float(w.ctx.sum()) for w in self.decode_workers)
@@ -842,7 +848,7 @@ class _Sim:
                                    n_dec * self.kv_limit / mean_ctx,
                                    n_fill * self.nominal_fill_rps, serving["fill"], serving["decode"], self.action.rate,
                                    starting["fill"], starting["decode"], self.arrived_since / dt,
-                                   len(self.fill_workers) + starting["fill"], len(self.decode_workers) + starting["decode"]))
+                                   len(self.fill_workers) + placed["fill"], len(self.decode_workers) + placed["decode"]))
             self.completed_since = 0
             self.admitted_since = 0
             self.arrived_since = 0
@@ -909,14 +915,25 @@ class _Sim:
         else:
             for tk in starting[::-1][:-diff]:
                 tk["cancelled"] = True
+            self._kick("fleet_kick")
             for w in serving[::-1][:max(-diff - len(starting), 0)]:
                 self.env.process(self.retire(pool, w))
         self.actions.append({"time_s": self.env.now, "kind": "scale", "pool": pool, "from": before, "to": target,
                              "controller": who})
 
+    def _in_use(self) -> int:
+        """Workers holding a slot of a fixed fleet: in a pool (serving or draining) or starting."""
+        placed = sum(1 for pool in POOLS for tk in self.starting[pool] if tk.get("placed") and not tk["cancelled"])
+        return len(self.fill_workers) + len(self.decode_workers) + placed
+
     def start_worker(self, pool: str, ticket: dict):
         env, dyn = self.env, self.cfg.dynamics
-        yield env.timeout(dyn.startup_s)
+        # a fixed fleet: wait (as a pending pod, counted in transit) until a worker is free
+        while dyn.fleet_size is not None and self._in_use() >= dyn.fleet_size and not ticket["cancelled"]:
+            yield self.fleet_kick
+        ticket["placed"] = True
+        if not ticket["cancelled"]:
+            yield env.timeout(dyn.startup_s)
         self.starting[pool].remove(ticket)
         if ticket["cancelled"]:
             return
@@ -938,6 +955,7 @@ class _Sim:
             yield w.proc  # finishes its current work (billed until then), then leaves
         if w in self._pool(pool):
             self._pool(pool).remove(w)
+        self._kick("fleet_kick")  # a worker of a fixed fleet is free for another role
 
     def progress(self, horizon):
         env = self.env
@@ -1037,8 +1055,11 @@ def simulate(trace: pd.DataFrame, params: DESParams, cluster: ClusterConfig = Cl
         "goodput_tokens_per_s": float(rec.loc[ok, "output_tokens"].sum() / duration),
         "throughput_requests_per_s": float(done / duration),
         "prefix_hit_ratio": float(sim.hit_tokens / sim.lookup_tokens) if sim.lookup_tokens else 0.0,
-        "gpu_hours": float((series["fill_workers_billed"] + series["decode_workers_billed"]).sum()
-                           * cluster.snapshot_dt / 3600.0 * cluster.dynamics.gpus_per_worker),
+        "gpu_hours": float(((series["fill_workers_billed"] + series["decode_workers_billed"]).sum()
+                            * cluster.snapshot_dt if cluster.dynamics.fleet_size is None
+                            else cluster.dynamics.fleet_size * duration) / 3600.0 * cluster.dynamics.gpus_per_worker),
+        "busy_gpu_hours": float((series["fill_workers_billed"] + series["decode_workers_billed"]).sum()
+                                * cluster.snapshot_dt / 3600.0 * cluster.dynamics.gpus_per_worker),
         "scale_actions": n_scale, "actions_per_hour": float(n_scale / (duration / 3600.0)),
         "reversals_per_hour": float(count_reversals(scale_rows) / (duration / 3600.0)),
         "duration_s": duration, "wall_seconds": wall, "sim_requests_per_wall_s": float(arrived / wall) if wall > 0 else None,

@@ -60,7 +60,10 @@ class PoolDynamics:
     run slower (allocator growth, cold caches, lazy graph capture), modelled as half speed for
     30 s; ``drain_s``: a removed worker stays billed while its sequences migrate off (the pool
     model's stand-in; the request simulator drains a worker for real - it finishes what it holds).
-    ``gpus_per_worker`` converts worker-hours to GPU-hours.
+    ``gpus_per_worker`` converts worker-hours to GPU-hours. ``fleet_size`` fixes the number of
+    workers (None: elastic, workers come and go): a scale-up then waits until a worker is free, so
+    moving a worker between pools costs its drain, then its start-up in the new role; GPU-hours are
+    the whole fleet's (owned), ``busy_gpu_hours`` the provisioned ones.
     """
 
     startup_s: float = 120.0
@@ -68,6 +71,7 @@ class PoolDynamics:
     warmup_factor: float = 0.5
     drain_s: float = 30.0
     gpus_per_worker: int = 8
+    fleet_size: int | None = None
 
     def __post_init__(self) -> None:
         check_number("pools.startup_s", self.startup_s, low=0.0, high=3600.0)
@@ -75,6 +79,8 @@ class PoolDynamics:
         check_number("pools.warmup_factor", self.warmup_factor, low=0.0, high=1.0, low_inclusive=False)
         check_number("pools.drain_s", self.drain_s, low=0.0, high=3600.0)
         check_int("pools.gpus_per_worker", self.gpus_per_worker, low=1)
+        if self.fleet_size is not None:
+            check_int("pools.fleet_size", self.fleet_size, low=1)
 
 
 @dataclass(frozen=True)
@@ -152,33 +158,56 @@ class PoolFleet:
         self.serving: list[float] = [-math.inf] * workers   # warm-up end times
         self.starting: list[float] = []                      # serving-from times
         self.draining: list[float] = []                      # release times
+        self.waiting = 0                                     # requested, no free worker yet (fixed fleet)
 
     @property
     def provisioned(self) -> int:
-        """What a deployment's replica count means: serving plus starting."""
-        return len(self.serving) + len(self.starting)
+        """What a deployment's replica count means: serving plus starting (plus, in a fixed fleet,
+        those waiting for a free worker - pending pods)."""
+        return len(self.serving) + len(self.starting) + self.waiting
+
+    @property
+    def in_transit(self) -> int:
+        """Requested but not serving yet: what a pending-aware controller must count."""
+        return len(self.starting) + self.waiting
 
     @property
     def billed(self) -> int:
         return len(self.serving) + len(self.starting) + len(self.draining)
 
     def set_target(self, t: float, target: int) -> int:
-        """Reconcile toward ``target`` workers; returns the change in provisioned workers."""
-        diff = int(target) - self.provisioned
+        """Reconcile toward ``target`` workers; returns the change in provisioned workers.
+
+        Up: requests wait for :meth:`place` (at once in an elastic fleet). Down: unplaced requests
+        go first, then starting workers (newest first), then serving ones drain (newest first)."""
+        before = self.provisioned
+        diff = int(target) - before
         if diff > 0:
-            self.starting.extend([t + self.dyn.startup_s] * diff)
+            self.waiting += diff
         elif diff < 0:
-            cancel = min(len(self.starting), -diff)
+            remove = -diff
+            unplaced = min(self.waiting, remove)
+            self.waiting -= unplaced
+            remove -= unplaced
+            cancel = min(len(self.starting), remove)
             self.starting.sort()
             for _ in range(cancel):  # the newest (latest to serve) go first
                 self.starting.pop()
-            for _ in range(-diff - cancel):
+            for _ in range(remove - cancel):
                 if not self.serving:
                     break
                 self.serving.sort()
                 self.serving.pop()  # the most recently started worker drains
                 self.draining.append(t + self.dyn.drain_s)
-        return diff
+        return self.provisioned - before
+
+    def place(self, t: float, free: float) -> int:
+        """Start up to ``free`` of the waiting requests; returns how many started."""
+        n = int(min(self.waiting, free))
+        if n > 0:
+            self.starting.extend([t + self.dyn.startup_s] * n)
+            self.waiting -= n
+        return n
 
     def advance(self, t: float) -> None:
         if self.starting:
@@ -238,6 +267,9 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
     """
     check_int("plant.fill_workers", fill_workers, low=1)
     check_int("plant.decode_workers", decode_workers, low=1)
+    if dynamics.fleet_size is not None and fill_workers + decode_workers > dynamics.fleet_size:
+        raise ConfigError("pools.fleet_size", f"{dynamics.fleet_size} workers cannot hold the initial "
+                          f"{fill_workers} fill + {decode_workers} decode")
     p, dt = params, scenario.dt
     n = int(round(scenario.duration_s / dt)) + 1
     t_grid = np.arange(n) * dt
@@ -283,6 +315,11 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
                 if fleets[a.pool].set_target(t, max(int(a.replicas), 0)):
                     scale_rows.append({"time_s": t, "pool": a.pool, "from": before, "to": fleets[a.pool].provisioned,
                                        "controller": type(c).__name__})
+        # -- placement: elastic fleets start every request at once; a fixed fleet waits for free workers
+        free = math.inf if dynamics.fleet_size is None else \
+            dynamics.fleet_size - sum(f.billed for f in fleets.values())
+        for pool in POOLS:
+            free -= fleets[pool].place(t, free)
         # -- arrivals, rejection, admission
         a_in = arrivals[k]
         counts["arrived"] += a_in
@@ -338,7 +375,7 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
         for pool in POOLS:
             fl = fleets[pool]
             row[f"{pool}_workers"][k] = len(fl.serving)
-            row[f"{pool}_workers_starting"][k] = len(fl.starting)
+            row[f"{pool}_workers_starting"][k] = fl.in_transit
             row[f"{pool}_workers_billed"][k] = fl.billed
         row["ttft_estimate_s"][k], row["tpot_estimate_s"][k], row["in_slo"][k] = ttft, tpot, ok
         row["admission_rate"][k] = action.rate
@@ -355,7 +392,9 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
         "rejected": float(sum(rejected.values())), "rejected_by_reason": {k: float(v) for k, v in rejected.items()},
         "in_flight_end": float(B + F + sum(pipeline) + R + D), "preempted": float(counts["preempted"]),
         "slo_attainment": float(in_slo / counts["arrived"]) if counts["arrived"] > 0 else 1.0,
-        "gpu_hours": float(billed.sum() * dt / 3600.0 * dynamics.gpus_per_worker),
+        "gpu_hours": float((billed.sum() * dt if dynamics.fleet_size is None else dynamics.fleet_size * n * dt)
+                           / 3600.0 * dynamics.gpus_per_worker),
+        "busy_gpu_hours": float(billed.sum() * dt / 3600.0 * dynamics.gpus_per_worker),
         "scale_actions": len(scale_rows), "actions_per_hour": float(len(scale_rows) / hours),
         "reversals_per_hour": float(count_reversals(scale_rows) / hours),
         "peak_workers": {pool: int(series[f"{pool}_workers_billed"].max()) for pool in POOLS},
@@ -381,8 +420,8 @@ def _initial_measurement(p: FluidParams, fleets, t: float) -> Measurement:
     return Measurement(time_s=t, backlog=0.0, fill_in_progress=0.0, ready=0.0, active_decodes=0.0,
                        completion_rate=0.0, admitted_rate=0.0, decode_slots=p.decode_slots(nd),
                        fill_capacity=nf * p.fill_rate_per_worker, fill_workers=nf, decode_workers=nd,
-                       fill_workers_starting=len(fleets["fill"].starting),
-                       decode_workers_starting=len(fleets["decode"].starting), arrival_rate=0.0)
+                       fill_workers_starting=fleets["fill"].in_transit,
+                       decode_workers_starting=fleets["decode"].in_transit, arrival_rate=0.0)
 
 
 def _measure(S: dict, k: int, delay_steps: int, period: float, dt: float) -> Measurement:

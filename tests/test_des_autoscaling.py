@@ -93,3 +93,22 @@ def test_dynamics_from_dict_rejects_unknown_keys():
     assert cl.dynamics.startup_s == 10.0
     with pytest.raises(ConfigError, match="cluster.dynamics"):
         ClusterConfig.from_dict({"dynamics": {"startup": 10.0}})
+
+
+def test_fixed_fleet_move_waits_for_the_drain(params):
+    """Three workers, no spare: decode 1 -> 2 and fill 2 -> 1 together; the new decode worker
+    starts only once the fill worker has drained, and never more than three are in use."""
+    dyn = PoolDynamics(startup_s=20.0, warmup_s=0.0, fleet_size=3)
+    script = [(10.0, ScaleAction("decode", 2)), (10.0, ScaleAction("fill", 1))]
+    cl = ClusterConfig(fill_workers=2, decode_workers=1, dynamics=dyn, duration_s=120.0, snapshot_dt=0.5)
+    res = simulate(poisson_trace(30.0, 100.0, 5), params, cl, autoscalers=[Scripted(script)])
+    s = res.series
+    assert (s["fill_workers_billed"] + s["decode_workers_billed"]).max() <= 3
+    assert s["decode_workers"].max() == 2 and s["fill_workers"].iloc[-1] == 1
+    first_two = float(s.loc[s["decode_workers"] == 2, "time_s"].min())
+    assert first_two >= 10.0 + 20.0
+    m = res.metrics
+    assert m["gpu_hours"] == pytest.approx(3 * 8 * 120.0 / 3600.0)
+    assert m["requests"] == m["completed"] + m["rejected"] + m["in_flight_end"]
+    with pytest.raises(ConfigError, match="fleet_size"):
+        ClusterConfig(fill_workers=3, decode_workers=1, dynamics=dyn)

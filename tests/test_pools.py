@@ -74,13 +74,15 @@ def test_scale_up_serves_after_startup_and_warms_up(fp):
 
 def test_fleet_cancels_starting_workers_before_draining_serving():
     f = PoolFleet("decode", 2, PoolDynamics(startup_s=100.0, warmup_s=10.0, drain_s=30.0))
-    assert f.set_target(0.0, 5) == 3 and f.provisioned == 5 and len(f.starting) == 3
+    assert f.set_target(0.0, 5) == 3 and f.provisioned == 5 and f.waiting == 3
+    assert f.place(0.0, math.inf) == 3 and len(f.starting) == 3 and f.in_transit == 3
     assert f.set_target(1.0, 3) == -2 and len(f.starting) == 1 and len(f.serving) == 2 and not f.draining
     assert f.set_target(2.0, 1) == -2 and not f.starting and len(f.serving) == 1 and len(f.draining) == 1
     assert f.billed == 2
     f.advance(40.0)
     assert f.billed == 1  # drained after drain_s
     f.set_target(50.0, 2)
+    f.place(50.0, 1)
     f.advance(150.0)
     assert f.effective(150.0) == pytest.approx(1.5)  # the new one runs at half speed for 10 s
     assert f.effective(160.0) == pytest.approx(2.0)
@@ -165,3 +167,23 @@ def test_count_reversals():
             {"pool": "fill", "from": 2, "to": 3}, {"pool": "decode", "from": 2, "to": 3},
             {"pool": "fill", "from": 3, "to": 3}, {"pool": "fill", "from": 3, "to": 2}]
     assert count_reversals(rows) == 2  # decode down->up, fill up->down; same-direction and no-ops do not count
+
+
+def test_fixed_fleet_moves_a_worker_through_drain_and_startup(fp):
+    """Six workers, no spare: moving one from fill to decode waits for the fill worker's drain
+    (30 s), then its start-up in the decode role (60 s)."""
+    dyn = PoolDynamics(startup_s=60.0, warmup_s=0.0, drain_s=30.0, fleet_size=6)
+    ctrl = Scripted({10.0: [ScaleAction("decode", 3)], 20.0: [ScaleAction("fill", 3)]})
+    r = simulate_pools(fp, 4, 2, PoolScenario(20.0, 200.0, dt=0.5, poisson=False), controllers=[ctrl], dynamics=dyn)
+    s = r.series.set_index("time_s")
+    assert s.loc[15.0, "decode_workers_starting"] == 1      # requested: pending, counted as in transit
+    assert s.loc[49.5, "decode_workers"] == 2                # fill worker drains 20 -> 50 s
+    assert s.loc[109.5, "decode_workers"] == 2 and s.loc[110.0, "decode_workers"] == 3  # 50 + 60 s start-up
+    assert (s["fill_workers_billed"] + s["decode_workers_billed"]).max() <= 6
+    assert r.metrics["gpu_hours"] == pytest.approx(6 * 8 * 200.5 / 3600.0)
+    assert r.metrics["busy_gpu_hours"] <= r.metrics["gpu_hours"]
+
+
+def test_fixed_fleet_must_hold_the_initial_pools(fp):
+    with pytest.raises(ConfigError, match="pools.fleet_size"):
+        simulate_pools(fp, 4, 3, PoolScenario(1.0, 10.0), dynamics=PoolDynamics(fleet_size=6))
