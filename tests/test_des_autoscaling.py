@@ -3,6 +3,8 @@ pool model)."""
 
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from controllers import EarlyRejection, HorizontalPodAutoscaler, HystereticPoolController, ScaleAction
 from conftest import poisson_trace as shared_poisson_trace
@@ -112,3 +114,18 @@ def test_fixed_fleet_move_waits_for_the_drain(params):
     assert m["requests"] == m["completed"] + m["rejected"] + m["in_flight_end"]
     with pytest.raises(ConfigError, match="fleet_size"):
         ClusterConfig(fill_workers=3, decode_workers=1, dynamics=dyn)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(moves=st.lists(st.tuples(st.floats(0.0, 80.0), st.sampled_from(["fill", "decode"]), st.integers(0, 4)),
+                      max_size=6),
+       fleet=st.one_of(st.none(), st.integers(3, 6)), seed=st.integers(0, 100))
+def test_conservation_under_random_scaling(params, moves, fleet, seed):
+    dyn = PoolDynamics(startup_s=10.0, warmup_s=5.0, fleet_size=fleet)
+    script = [(round(t), ScaleAction(pool, n)) for t, pool, n in moves]
+    cl = ClusterConfig(fill_workers=2, decode_workers=1, dynamics=dyn, duration_s=120.0, snapshot_dt=0.5, seed=seed)
+    res = simulate(poisson_trace(20.0, 100.0, seed), params, cl, autoscalers=[Scripted(script)])
+    m = res.metrics
+    assert m["requests"] == m["completed"] + m["rejected"] + m["in_flight_end"]
+    if fleet is not None:
+        assert (res.series["fill_workers_billed"] + res.series["decode_workers_billed"]).max() <= fleet
