@@ -584,7 +584,10 @@ def _md_table(rows: list[dict], cols: list[str]) -> list[str]:
         cells = []
         for c in cols:
             v = r.get(c)
-            cells.append(f"{v:.3g}" if isinstance(v, float) else str(v))
+            if v is None or (isinstance(v, float) and not math.isfinite(v)):
+                cells.append("-")
+            else:
+                cells.append(f"{v:.3g}" if isinstance(v, float) else str(v))
         out.append("| " + " | ".join(cells) + " |")
     return out
 
