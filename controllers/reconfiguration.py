@@ -45,7 +45,7 @@ import math
 
 import control
 
-from controllers.autoscaling import ScaleAction, _PoolAutoscaler
+from controllers.autoscaling import ScaleAction, _current, _PoolAutoscaler
 from controllers.describing import LimitCycle, predict_limit_cycles
 from controllers.stability import DelayedLoop
 from plant_models.signals import Measurement
@@ -201,8 +201,6 @@ class HystereticPoolController(_PoolAutoscaler):
         return want
 
     def update(self, t: float, m: Measurement) -> ScaleAction:
-        from controllers.autoscaling import _current
-
         rate, queue = pool_demand(m, self.pool)
         return ScaleAction(self.pool, self.recommend(t, _current(m, self.pool, provisioned=True), rate, queue))
 

@@ -56,7 +56,7 @@ from plant_models import (
 )
 from studies.report import StudyReport
 from tokenfactory.scenario import build_controller
-from tokenfactory.validation import reject_unknown_keys
+from tokenfactory.validation import ConfigError, reject_unknown_keys
 
 __all__ = ["run", "fluid_params", "reproduce_flapping", "reproduce_cascade", "reproduce_seesaw",
            "describing_function_check", "CONTROL_PLANES", "control_plane", "compare_servegen_day",
@@ -303,8 +303,6 @@ def make_autoscalers(kind: str, fp: FluidParams, rate_rps: float, *, dynamics: P
     they span at least 45 minutes (:func:`~controllers.measured_need_noise`), from the Poisson
     closed form otherwise."""
     if kind not in AUTOSCALER_KINDS:
-        from tokenfactory.validation import ConfigError
-
         raise ConfigError("autoscaler", f"{kind!r} is not one of {', '.join(AUTOSCALER_KINDS)}")
     mu_f, mu_d = fp.fill_rate_per_worker, fp.decode_capacity(1)
     bounds = {"min_replicas": 1, "max_replicas": max_replicas}
@@ -345,8 +343,6 @@ def make_admission(kind: str, fp: FluidParams, fill_workers: int, decode_workers
                               predictive=kind == "mooncake-predictive")
     if kind == "smoothed":
         return _smoothed_for(fp, fill_workers, decode_workers, slo_ttft_s)
-    from tokenfactory.validation import ConfigError
-
     raise ConfigError("admission", f"{kind!r} is not one of {', '.join(ADMISSION_KINDS)}")
 
 
@@ -369,8 +365,7 @@ def _pools_for(fp: FluidParams, rate: float) -> tuple[int, int]:
 def _pool_oscillation(series: pd.DataFrame, dt: float, start_s: float) -> tuple[bool, dict]:
     reports = {}
     for pool in ("fill", "decode"):
-        s = series[series["time_s"] >= start_s]
-        x = (s[f"{pool}_workers"] + s[f"{pool}_workers_starting"]).to_numpy(dtype=float)
+        x = _provisioned(series[series["time_s"] >= start_s], pool).to_numpy(dtype=float)
         reports[pool] = assess(x, dt, min_amplitude=MIN_AMPLITUDE_WORKERS).to_dict()
     return any(r["oscillating"] for r in reports.values()), reports
 
@@ -466,33 +461,27 @@ def compare_azure_replay(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: Po
 # plots and the report
 
 
-def _reproduction_figure(title: str, resps: dict, pool_cols: list[str], load_cols: list[str] | None = None,
-                         justified: float | None = None) -> Figure:
+def _reproduction_figure(title: str, resps: dict, pools: list[str], justified: float | None = None) -> Figure:
     fig = Figure(figsize=(10, 7.5), layout="constrained")
     axes = fig.subplots(3, 1, sharex=True)
     for key, r in resps.items():
         s = r.series
         t = s["time_s"] / 60.0
-        for col in pool_cols:
-            y = s[col] + (s[col.replace("_workers", "_workers_starting")] if col.endswith("_workers") else 0)
-            line, = axes[0].step(t, y, where="post", label=f"{key}: {col.replace('_', ' ')} (provisioned)")
-            axes[0].step(t, s[col], where="post", ls="--", lw=0.9, color=line.get_color(),
-                         label=f"{key}: {col.replace('_', ' ')} (serving)")
+        for pool in pools:
+            line, = axes[0].step(t, _provisioned(s, pool), where="post", label=f"{key}: {pool} workers (provisioned)")
+            axes[0].step(t, s[f"{pool}_workers"], where="post", ls="--", lw=0.9, color=line.get_color(),
+                         label=f"{key}: {pool} workers (serving)")
         if len(r.actions):
             a = r.actions
             axes[0].plot(a["time_s"] / 60.0, a["to"], "o", ms=3, alpha=0.6, label=f"{key}: actions")
         slo = (s["in_slo"].rolling(120, min_periods=1).sum() / s["arrivals"].rolling(120, min_periods=1).sum())
         axes[1].plot(t, slo.clip(0, 1), label=key)
-        if load_cols:
-            for col in load_cols:
-                axes[2].plot(t, s[col], lw=0.8, label=f"{key}: {col.replace('_', ' ')}")
-        else:
-            axes[2].plot(t, s["ready"] + s["backlog"], lw=0.8, label=f"{key}: queued requests")
+        axes[2].plot(t, s["ready"] + s["backlog"], lw=0.8, label=f"{key}: queued requests")
     if justified is not None:
         axes[0].axhline(justified, color="k", ls=":", lw=1, label="demand-justified count")
     axes[0].set_ylabel("workers")
     axes[1].set_ylabel("SLO attainment\n(rolling)")
-    axes[2].set_ylabel("load" if load_cols else "requests")
+    axes[2].set_ylabel("requests")
     axes[2].set_xlabel("time (min)")
     for ax in axes:
         if ax.get_legend_handles_labels()[0]:
@@ -600,8 +589,6 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     planes = tuple(cfg.get("planes", CONTROL_PLANES))
     for p in planes:
         if p not in CONTROL_PLANES:
-            from tokenfactory.validation import ConfigError
-
             raise ConfigError("reconfiguration.planes", f"unknown control plane {p!r}; known: {', '.join(CONTROL_PLANES)}")
     report = StudyReport("reconfiguration", Path(out_dir), {**cfg, "quick": quick, "plant": PLANT,
                                                             "dynamics": PoolDynamics().__dict__,
@@ -618,10 +605,10 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         metrics["reproductions"] = {"flapping": flap, "cascade": casc, "seesaw": see}
         report.save_figure(_reproduction_figure(
             f"(a) flapping: constant demand {flap['demand_rps']:.0f} req/s = 1.3 decode workers", flap_r,
-            ["decode_workers"]), "flapping.png",
+            ["decode"]), "flapping.png",
             "HPA on waiting requests (baseline) flaps 2 -> 1 -> 2; the hysteretic controller holds 2.")
         report.save_figure(_reproduction_figure(
-            "(b) cascade: demand doubles at 10 min, start-up 300 s", casc_r, ["decode_workers"],
+            "(b) cascade: demand doubles at 10 min, start-up 300 s", casc_r, ["decode"],
             justified=casc["demand_justified_workers"]), "cascade.png",
             "HPA counts starting pods in its replica count but averages the metric over serving ones: it "
             "doubles every 15 s while the new workers load; the pending-aware controller stops at the "
@@ -678,7 +665,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         show = {k: v for k, v in resps.items() if k in ("kubernetes-hpa", "dynamo-load", "tokenfactory-hysteretic")}
         if show:
             report.save_figure(_reproduction_figure(f"{info['trace']}: a day through the pool model", show,
-                                                    ["decode_workers", "fill_workers"]), "servegen_day.png",
+                                                    ["decode", "fill"]), "servegen_day.png",
                                "Pool sizes, rolling SLO attainment and queues over the day for three control planes.")
     if comparison:
         metrics["comparison"] = comparison
