@@ -25,7 +25,7 @@ def _time(fn, repeat: int) -> float:
 
 
 def _fit_predict(name: str, y, steps: int, queue) -> None:
-    from controllers import make_forecaster
+    from tokenfactory.controllers import make_forecaster
 
     t0 = time.perf_counter()
     f = make_forecaster(name).fit(y)
@@ -39,8 +39,8 @@ def _forecasting(budget_s: float = 120.0) -> dict:
     model in a child process killed after ``budget_s`` (a model over budget is not a default)."""
     import multiprocessing as mp
 
-    from controllers import FORECASTERS
-    from traces import SyntheticWorkload, generate_rates
+    from tokenfactory.controllers import FORECASTERS
+    from tokenfactory.traces import SyntheticWorkload, generate_rates
 
     w = SyntheticWorkload(mean_rate_rps=200.0, rate_noise_cv=0.15, seed=1)
     series = {"14d_10min": (generate_rates(w, 14 * 86400.0, 600.0)["rate_rps"], 144),
@@ -66,9 +66,9 @@ def _forecasting(budget_s: float = 120.0) -> dict:
 
 
 def _des_child(queue) -> None:
-    from plant_models import ClusterConfig, DESParams, Worker, accelerator_preset, model_preset, simulate
-    from studies.trace_replay import scale_trace
-    from traces import SyntheticWorkload, generate_requests, load_trace, trace_available
+    from tokenfactory.plant_models import ClusterConfig, DESParams, Worker, accelerator_preset, model_preset, simulate
+    from tokenfactory.studies.trace_replay import scale_trace
+    from tokenfactory.traces import SyntheticWorkload, generate_requests, load_trace, trace_available
 
     if trace_available("azure-conv-2023"):
         name, tr = "azure-conv-2023 x4", scale_trace(load_trace("azure-conv-2023"), 4.0)
@@ -78,7 +78,7 @@ def _des_child(queue) -> None:
     p = DESParams.from_workers(w, w)
     out = {"trace": name, "workers": "8 fill + 8 decode"}
     for label, ctrl in (("open", None), ("smoothed", "smoothed")):
-        from studies.trace_replay import build_replay, make_controller
+        from tokenfactory.studies.trace_replay import build_replay, make_controller
 
         c = make_controller(ctrl, build_replay(tr, {"fill_workers": 8, "decode_workers": 8}).plant) if ctrl else None
         t0 = time.perf_counter()
@@ -106,8 +106,8 @@ def _des() -> dict:
 def _pool_day() -> dict:
     """A day of a two-pool cluster under the hysteretic controllers at dt = 0.25 s (the
     reconfiguration study's ServeGen setting)."""
-    from controllers import HystereticPoolController
-    from plant_models import FluidParams, PoolScenario, RequestShape, Worker, simulate_pools
+    from tokenfactory.controllers import HystereticPoolController
+    from tokenfactory.plant_models import FluidParams, PoolScenario, RequestShape, Worker, simulate_pools
 
     w = Worker.from_dict({"model": "deepseek-v3", "hardware": "h200"})
     fp = FluidParams.from_workers(w, w, RequestShape(914, 155))
@@ -123,9 +123,9 @@ def _pool_day() -> dict:
 
 
 def main() -> int:
-    from controllers import admission_loop, stability_margins
-    from plant_models import Worker, accelerator_preset, model_preset, simulate_loop
-    from studies.feedback_oscillation import scenario_path
+    from tokenfactory.controllers import admission_loop, stability_margins
+    from tokenfactory.plant_models import Worker, accelerator_preset, model_preset, simulate_loop
+    from tokenfactory.studies.feedback_oscillation import scenario_path
     from tokenfactory.scenario import load_scenario
 
     results = {}

@@ -8,8 +8,8 @@
   of the filtered ready buffer toward a sized target, with anti-windup, rate limits and explicit
   shedding of backlog over a bound.
 
-All share the :mod:`controllers.interface` protocol and return
-:class:`~plant_models.signals.AdmissionAction`.
+All share the :mod:`tokenfactory.controllers.interface` protocol and return
+:class:`tokenfactory.plant_models.signals.AdmissionAction`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import math
 
 import control
 
-from controllers.interface import SampledController
-from controllers.tuning import PIGains
-from plant_models.signals import AdmissionAction, Measurement
+from tokenfactory.controllers.interface import SampledController
+from tokenfactory.controllers.tuning import PIGains
+from tokenfactory.plant_models.signals import AdmissionAction, Measurement
 from tokenfactory.validation import check_choice, check_number
 
 __all__ = ["CompletionTriggeredAdmission", "ThresholdAdmission", "SmoothedAdmission"]

@@ -1,9 +1,9 @@
 """Today's autoscalers as faithful baselines (issue 6 builds the reconfiguration study on them).
 
-Each is a :class:`~controllers.interface.SampledController` whose ``update(t, measurement)``
+Each is a :class:`tokenfactory.controllers.interface.SampledController` whose ``update(t, measurement)``
 returns a :class:`ScaleAction` (desired workers of one pool); the decision core is a pure
 ``recommend`` method so it can be checked against hand-worked sequences from the documented
-algorithm. The metric is any function of the :class:`~plant_models.signals.Measurement`.
+algorithm. The metric is any function of the :class:`tokenfactory.plant_models.signals.Measurement`.
 
 * :class:`HorizontalPodAutoscaler` - Kubernetes HPA, autoscaling/v2 (kubernetes.io docs,
   "Horizontal Pod Autoscaling", algorithm details and default behavior): desired =
@@ -18,7 +18,7 @@ algorithm. The metric is any function of the :class:`~plant_models.signals.Measu
   leaves panic after a stable window without a panic condition.
 * :class:`DynamoThroughputPlanner` - NVIDIA Dynamo planner, throughput (SLA) mode: every
   adjustment interval (180 s) predict the next interval's demand with the planner's predictors
-  (constant, ARIMA, Kalman; here :mod:`controllers.forecasting`) and set
+  (constant, ARIMA, Kalman; here :mod:`tokenfactory.controllers.forecasting`) and set
   replicas = ceil(predicted demand / per-engine capacity).
 * :class:`DynamoLoadPlanner` - Dynamo planner, load mode: every 5 s tick, +1 replica when the
   per-replica load exceeds the SLA target, -1 only if the load consolidated onto one replica
@@ -34,8 +34,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from controllers.interface import SampledController
-from plant_models.signals import Measurement
+from tokenfactory.controllers.interface import SampledController
+from tokenfactory.plant_models.signals import Measurement
 from tokenfactory.validation import ConfigError, check_choice, check_int, check_number
 
 __all__ = ["ScaleAction", "HorizontalPodAutoscaler", "KnativeAutoscaler", "DynamoThroughputPlanner",
@@ -212,7 +212,7 @@ class DynamoThroughputPlanner(_PoolAutoscaler):
     def recommend(self, demand_this_interval: float) -> int:
         import pandas as pd
 
-        from controllers.forecasting import make_forecaster
+        from tokenfactory.controllers.forecasting import make_forecaster
 
         self._intervals.append(float(demand_this_interval))
         y = pd.Series(self._intervals, index=pd.Index([i * self.sample_period for i in range(len(self._intervals))],

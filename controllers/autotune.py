@@ -3,7 +3,7 @@
 The ready buffer with decode slots full is an integrating-plus-dead-time plant,
 R(s)/U(s) = e^{-theta s}/s, where theta = fill latency + KV transfer (the plant) and the loop adds
 the measurement delay, half a sample period (zero-order hold) and the measurement filter's lag.
-:func:`tune_smoothed_admission` applies SIMC (``controllers.tuning``) to that effective delay,
+:func:`tune_smoothed_admission` applies SIMC (``tokenfactory.controllers.tuning``) to that effective delay,
 starting from Skogestad's tau_c = theta and relaxing tau_c only as far as needed for the margin
 floors (GM >= 2, PM >= 45 deg by default) to hold over a declared stability envelope of delay and
 service-rate errors - so the controller is *shown* robust over the box it will meet, not assumed.
@@ -14,10 +14,10 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from controllers.admission import SmoothedAdmission
-from controllers.stability import DelayedLoop, Margins, loop_transfer, stability_margins
-from controllers.tuning import PIGains, effective_delay, simc_pi
-from plant_models.fluid import FluidPlant
+from tokenfactory.controllers.admission import SmoothedAdmission
+from tokenfactory.controllers.stability import DelayedLoop, Margins, loop_transfer, stability_margins
+from tokenfactory.controllers.tuning import PIGains, effective_delay, simc_pi
+from tokenfactory.plant_models.fluid import FluidPlant
 from tokenfactory.validation import ConfigError, check_number
 
 __all__ = ["StabilityEnvelope", "TuningReport", "admission_loop", "tune_smoothed_admission",

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from controllers.forecasting import DAY_S, Forecaster, make_forecaster
+from tokenfactory.controllers.forecasting import DAY_S, Forecaster, make_forecaster
 from tokenfactory.validation import ConfigError, check_number
 
 __all__ = ["BacktestResult", "backtest", "mase_scale", "pick_best_model"]

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from plant_models.fluid import FluidParams
+from tokenfactory.plant_models.fluid import FluidParams
 from tokenfactory.validation import ConfigError, check_int, check_number
 
 __all__ = ["PoolRates", "hourly_peak", "workers_needed", "plan_capacity", "score_plan"]

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from scipy.optimize import brentq, least_squares
 
-from controllers.stability import DelayedLoop, _grid, _siso_polys, pade_order_for
+from tokenfactory.controllers.stability import DelayedLoop, _grid, _siso_polys, pade_order_for
 from tokenfactory.validation import ConfigError
 
 __all__ = ["LimitCycle", "predict_limit_cycles", "relay_integrator_delay_cycle"]

@@ -16,8 +16,8 @@ prediction-based) and vLLM's watermark admission.
   least 1 % of blocks free; nothing is rejected, the rest waits. At the orchestrator this gates
   the release of the backlog on the KV the admitted work will hold.
 
-All three are :class:`~controllers.interface.SampledController` objects returning
-:class:`~plant_models.signals.AdmissionAction`, so they run in the fluid model, the pool model
+All three are :class:`tokenfactory.controllers.interface.SampledController` objects returning
+:class:`tokenfactory.plant_models.signals.AdmissionAction`, so they run in the fluid model, the pool model
 and the request simulator unchanged. Rejection at arrival is ``backlog_bound=0`` with the reason.
 """
 
@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from controllers.interface import SampledController
-from plant_models.signals import AdmissionAction, Measurement
+from tokenfactory.controllers.interface import SampledController
+from tokenfactory.plant_models.signals import AdmissionAction, Measurement
 from tokenfactory.validation import check_number
 
 __all__ = ["EarlyRejection", "WatermarkAdmission"]

@@ -2,10 +2,10 @@
 
 A controller is an object with a ``sample_period`` (seconds), ``reset()`` and
 ``update(t, measurement) -> action``. The plant (fluid model or request-level simulator) samples it
-every ``sample_period`` with a :class:`~plant_models.signals.Measurement` that is already as old as
+every ``sample_period`` with a :class:`tokenfactory.plant_models.signals.Measurement` that is already as old as
 the plant's measurement delay, and holds the returned action until the next sample. Linear
 controllers also give their transfer function, so the same object is analysed in the frequency
-domain (``controllers.stability``) and run in simulation.
+domain (``tokenfactory.controllers.stability``) and run in simulation.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 
 import control
 
-from plant_models.signals import AdmissionAction, Measurement
+from tokenfactory.plant_models.signals import AdmissionAction, Measurement
 from tokenfactory.validation import check_number
 
 __all__ = ["Controller", "LinearController", "SampledController"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from controllers.stability import DelayedLoop, _grid
+from tokenfactory.controllers.stability import DelayedLoop, _grid
 
 __all__ = ["nyquist_plot", "stability_map_plot", "forecast_plot", "capacity_plan_plot"]
 
@@ -53,7 +53,7 @@ def nyquist_plot(loops: dict[str, DelayedLoop], *, df_locus: dict | None = None,
 
 def stability_map_plot(df: pd.DataFrame, x: str, y: str, value: str = "phase_margin_deg", *,
                        marker: tuple[float, float] | None = None, floor: float | None = 45.0, ax=None):
-    """Heat map of ``value`` over the (x, y) grid from :func:`controllers.stability_margins` rows,
+    """Heat map of ``value`` over the (x, y) grid from :func:`tokenfactory.controllers.stability_margins` rows,
     unstable points hatched, the ``floor`` contour drawn, the design point marked."""
     ax = _axes(ax, (6.4, 4.8))
     piv = df.pivot(index=y, columns=x, values=value)
@@ -77,7 +77,7 @@ def stability_map_plot(df: pd.DataFrame, x: str, y: str, value: str = "phase_mar
 
 
 def forecast_plot(points: pd.DataFrame, model: str, *, origins=None, ax=None, color: str = "C0"):
-    """Backtest forecasts of ``model`` (rows of :class:`controllers.backtest.BacktestResult`
+    """Backtest forecasts of ``model`` (rows of :class:`tokenfactory.controllers.backtest.BacktestResult`
     ``points``) with 80 % / 95 % bands, against the actual series."""
     ax = _axes(ax, (11, 4))
     p = points[points["model"] == model]

@@ -45,10 +45,10 @@ import math
 
 import control
 
-from controllers.autoscaling import ScaleAction, _current, _PoolAutoscaler
-from controllers.describing import LimitCycle, predict_limit_cycles
-from controllers.stability import DelayedLoop
-from plant_models.signals import Measurement
+from tokenfactory.controllers.autoscaling import ScaleAction, _current, _PoolAutoscaler
+from tokenfactory.controllers.describing import LimitCycle, predict_limit_cycles
+from tokenfactory.controllers.stability import DelayedLoop
+from tokenfactory.plant_models.signals import Measurement
 from tokenfactory.validation import ConfigError, check_int, check_number
 
 __all__ = ["HystereticPoolController", "QueueRelayScaler", "pool_relay_loop", "predict_pool_flapping",

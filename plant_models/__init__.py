@@ -1,24 +1,24 @@
 """Plant models: hardware and model descriptors, roofline service rates, stage memory."""
 
-from plant_models.hardware import *  # noqa: F401,F403
-from plant_models.hardware import __all__ as _hw
-from plant_models.moe_model import *  # noqa: F401,F403
-from plant_models.moe_model import __all__ as _mm
-from plant_models.roofline import *  # noqa: F401,F403
-from plant_models.roofline import __all__ as _rl
-from plant_models.stage_memory import *  # noqa: F401,F403
-from plant_models.stage_memory import __all__ as _sm
-from plant_models.signals import *  # noqa: F401,F403
-from plant_models.signals import __all__ as _sg
-from plant_models.delay import *  # noqa: F401,F403
-from plant_models.delay import __all__ as _dl
-from plant_models.fluid import *  # noqa: F401,F403
-from plant_models.fluid import __all__ as _fl
-from plant_models.lti import *  # noqa: F401,F403
-from plant_models.lti import __all__ as _lti
-from plant_models.des import *  # noqa: F401,F403
-from plant_models.des import __all__ as _des
-from plant_models.pools import *  # noqa: F401,F403
-from plant_models.pools import __all__ as _pools
+from tokenfactory.plant_models.hardware import *  # noqa: F401,F403
+from tokenfactory.plant_models.hardware import __all__ as _hw
+from tokenfactory.plant_models.moe_model import *  # noqa: F401,F403
+from tokenfactory.plant_models.moe_model import __all__ as _mm
+from tokenfactory.plant_models.roofline import *  # noqa: F401,F403
+from tokenfactory.plant_models.roofline import __all__ as _rl
+from tokenfactory.plant_models.stage_memory import *  # noqa: F401,F403
+from tokenfactory.plant_models.stage_memory import __all__ as _sm
+from tokenfactory.plant_models.signals import *  # noqa: F401,F403
+from tokenfactory.plant_models.signals import __all__ as _sg
+from tokenfactory.plant_models.delay import *  # noqa: F401,F403
+from tokenfactory.plant_models.delay import __all__ as _dl
+from tokenfactory.plant_models.fluid import *  # noqa: F401,F403
+from tokenfactory.plant_models.fluid import __all__ as _fl
+from tokenfactory.plant_models.lti import *  # noqa: F401,F403
+from tokenfactory.plant_models.lti import __all__ as _lti
+from tokenfactory.plant_models.des import *  # noqa: F401,F403
+from tokenfactory.plant_models.des import __all__ as _des
+from tokenfactory.plant_models.pools import *  # noqa: F401,F403
+from tokenfactory.plant_models.pools import __all__ as _pools
 
 __all__ = [*_hw, *_mm, *_rl, *_sm, *_sg, *_dl, *_fl, *_lti, *_des, *_pools]

@@ -15,7 +15,7 @@ a ready arrival, a rate change or a fault interrupts the leap at the next step b
 state is numpy arrays; records are preallocated arrays, one row per request.
 
 Nothing is lost: every arrival ends completed, rejected with a reason, or in flight, and
-``simulate`` raises :class:`~plant_models.fluid.ConservationError` otherwise. Worker crashes
+``simulate`` raises :class:`tokenfactory.plant_models.fluid.ConservationError` otherwise. Worker crashes
 re-queue their requests (reason recorded) - their KV is gone and must be rebuilt by a new fill.
 """
 
@@ -35,10 +35,10 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from plant_models.fluid import ConservationError, DecodeRateDip
-from plant_models.pools import POOLS, PoolDynamics, _split, count_reversals
-from plant_models.roofline import Worker
-from plant_models.signals import REJECT_REASONS, AdmissionAction, Measurement
+from tokenfactory.plant_models.fluid import ConservationError, DecodeRateDip
+from tokenfactory.plant_models.pools import POOLS, PoolDynamics, _split, count_reversals
+from tokenfactory.plant_models.roofline import Worker
+from tokenfactory.plant_models.signals import REJECT_REASONS, AdmissionAction, Measurement
 from tokenfactory.validation import ConfigError, check_int, check_number, reject_unknown_keys
 
 __all__ = ["DESParams", "ClusterConfig", "WorkerCrash", "LinkSlowdown", "Reconfiguration",
@@ -997,7 +997,7 @@ def _percentile(x, q):
 def simulate(trace: pd.DataFrame, params: DESParams, cluster: ClusterConfig = ClusterConfig(),
              controller=None, autoscalers=()) -> DESResult:
     """Replay ``trace`` (a request table) through the cluster with ``controller`` (None: admit all)
-    and pool ``autoscalers`` (each returns :class:`~controllers.autoscaling.ScaleAction`; workers
+    and pool ``autoscalers`` (each returns :class:`tokenfactory.controllers.autoscaling.ScaleAction`; workers
     start, warm up and drain as ``cluster.dynamics`` says).
 
     Runs until ``cluster.duration_s`` (default: the last arrival + ``drain_s``). Raises

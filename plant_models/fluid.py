@@ -34,9 +34,9 @@ import control
 import numpy as np
 import pandas as pd
 
-from plant_models.delay import DelayLine
-from plant_models.roofline import Worker
-from plant_models.signals import AdmissionAction, Measurement
+from tokenfactory.plant_models.delay import DelayLine
+from tokenfactory.plant_models.roofline import Worker
+from tokenfactory.plant_models.signals import AdmissionAction, Measurement
 from tokenfactory.validation import ConfigError, check_int, check_number, reject_unknown_keys
 
 __all__ = [

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import control
 import numpy as np
 
-from plant_models.delay import DelayLine
+from tokenfactory.plant_models.delay import DelayLine
 
 __all__ = ["simulate_delayed_feedback"]
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plant_models.hardware import PRECISIONS
+from tokenfactory.plant_models.hardware import PRECISIONS
 from tokenfactory.validation import (
     ConfigError,
     check_choice,
@@ -135,7 +135,7 @@ class MoEModel:
     ``num_dense_layers`` are the leading layers with a dense FFN (DeepSeek's
     ``first_k_dense_replace``); the rest have ``routed_experts`` experts of which
     ``active_experts`` (k) are chosen per token, plus ``shared_experts`` always-on experts.
-    Precisions are names in :data:`plant_models.hardware.PRECISIONS`.
+    Precisions are names in :data:`tokenfactory.plant_models.hardware.PRECISIONS`.
     """
 
     name: str

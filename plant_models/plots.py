@@ -35,7 +35,7 @@ def expert_intensity_plot(tokens_per_expert, intensity, *, ridges: dict[str, flo
 
 
 def decode_sweep_plot(df: pd.DataFrame, *, y: str = "tokens_per_s_per_gpu", ax=None):
-    """One line per context length from :func:`plant_models.decode_sweep` output."""
+    """One line per context length from :func:`tokenfactory.plant_models.decode_sweep` output."""
     ax = _axes(ax)
     for c, g in df.groupby("context_tokens"):
         ax.plot(g["batch"], g[y], marker="o", ms=3, label=f"{c // 1024}k context")
@@ -88,7 +88,7 @@ def roofline_plot(points: pd.DataFrame, *, peak_flops: float, bandwidth: float, 
 
 def loop_response_plot(responses: dict, signal: str = "ready", *, target: float | None = None,
                        events: list[tuple[float, str]] | None = None, ylabel: str | None = None, ax=None):
-    """One output of several :class:`~plant_models.fluid.LoopResponse` runs against time."""
+    """One output of several :class:`tokenfactory.plant_models.fluid.LoopResponse` runs against time."""
     ax = _axes(ax)
     for i, (name, r) in enumerate(responses.items()):
         ax.plot(r.time, r.outputs[signal] if signal in r.outputs else getattr(r, signal),

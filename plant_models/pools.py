@@ -1,9 +1,9 @@
 """The pool-level fluid model: the token factory on the reconfiguration time scale (seconds to days).
 
-The admission-loop fluid model (:mod:`plant_models.fluid`) resolves the ready buffer's sub-second
+The admission-loop fluid model (:mod:`tokenfactory.plant_models.fluid`) resolves the ready buffer's sub-second
 dynamics on a 10 ms grid; pool reconfiguration happens over seconds to hours, where that grid is
 too fine to run a day of traffic. This model keeps the same flows and rates (one
-:class:`~plant_models.fluid.FluidParams`, derived from the roofline) on a coarse grid (``dt`` of
+:class:`tokenfactory.plant_models.fluid.FluidParams`, derived from the roofline) on a coarse grid (``dt`` of
 0.1-2 s), written as a discrete-time fluid queue network so every step is exact for the queues
 (no flow can take more than a queue holds, whatever ``dt``):
 
@@ -17,7 +17,7 @@ too fine to run a day of traffic. This model keeps the same flows and rates (one
   slots free; when the decode pool shrinks, sequences over the new slot count move back to the
   ready buffer with their KV (live migration, counted as ``preempted``).
 
-Pools are sized by autoscalers (:class:`~controllers.autoscaling.ScaleAction`: desired workers of
+Pools are sized by autoscalers (:class:`tokenfactory.controllers.autoscaling.ScaleAction`: desired workers of
 a pool, Kubernetes-deployment semantics): a new worker is billed from the decision, serves after
 ``startup_s`` and runs at ``warmup_factor`` of full speed for its first ``warmup_s``; a scale-down
 cancels workers still starting first, then drains serving ones (billed ``drain_s`` more).
@@ -40,8 +40,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from plant_models.fluid import ConservationError, DemandStep, FluidParams
-from plant_models.signals import REJECT_REASONS, AdmissionAction, Measurement
+from tokenfactory.plant_models.fluid import ConservationError, DemandStep, FluidParams
+from tokenfactory.plant_models.signals import REJECT_REASONS, AdmissionAction, Measurement
 from tokenfactory.validation import ConfigError, check_int, check_number
 
 __all__ = ["PoolDynamics", "PoolScenario", "PoolFleet", "PoolResponse", "simulate_pools", "count_reversals", "POOLS"]
@@ -87,7 +87,7 @@ class PoolDynamics:
 class PoolScenario:
     """Demand and run control: ``demand`` is a constant rate (requests/s) or a rate series
     (``pandas.Series`` indexed by seconds, held piecewise constant); ``disturbances`` are
-    :class:`~plant_models.fluid.DemandStep`; ``poisson`` draws arrival counts per step (seeded).
+    :class:`tokenfactory.plant_models.fluid.DemandStep`; ``poisson`` draws arrival counts per step (seeded).
     Controllers are first sampled at ``control_start_s`` (the plant fills from empty before that,
     so a controller does not react to the empty start)."""
 
@@ -263,7 +263,7 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
     ``sample_period`` with the plant's measurement delay) on the pool-level fluid model.
 
     Without an admission controller every arrival is admitted at once. Raises
-    :class:`~plant_models.fluid.ConservationError` if requests are lost or invented.
+    :class:`tokenfactory.plant_models.fluid.ConservationError` if requests are lost or invented.
     """
     check_int("plant.fill_workers", fill_workers, low=1)
     check_int("plant.decode_workers", decode_workers, low=1)

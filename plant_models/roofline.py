@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from plant_models.hardware import Accelerator, load_accelerator
-from plant_models.moe_model import MoEModel, load_model
+from tokenfactory.plant_models.hardware import Accelerator, load_accelerator
+from tokenfactory.plant_models.moe_model import MoEModel, load_model
 from tokenfactory.validation import ConfigError, check_int, check_number, reject_unknown_keys
 
 __all__ = [

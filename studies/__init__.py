@@ -13,11 +13,11 @@ __all__ = ["STUDIES", "run_study"]
 
 #: study name -> module; the default suite (`make run`) runs them in this order.
 STUDIES: dict[str, str] = {
-    "operating-modes": "studies.operating_modes",
-    "feedback-oscillation": "studies.feedback_oscillation",
-    "forecasting": "studies.forecasting",
-    "trace-replay": "studies.trace_replay",
-    "reconfiguration": "studies.reconfiguration",
+    "operating-modes": "tokenfactory.studies.operating_modes",
+    "feedback-oscillation": "tokenfactory.studies.feedback_oscillation",
+    "forecasting": "tokenfactory.studies.forecasting",
+    "trace-replay": "tokenfactory.studies.trace_replay",
+    "reconfiguration": "tokenfactory.studies.reconfiguration",
 }
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from controllers import (
+from tokenfactory.controllers import (
     CompletionTriggeredAdmission,
     DelayedLoop,
     SmoothedAdmission,
@@ -30,8 +30,8 @@ from controllers import (
     stability_margins,
     step_metrics,
 )
-from controllers.plots import nyquist_plot, stability_map_plot
-from plant_models import (
+from tokenfactory.controllers.plots import nyquist_plot, stability_map_plot
+from tokenfactory.plant_models import (
     DecodeRateDip,
     DecodeWorkersLost,
     DemandStep,
@@ -39,8 +39,8 @@ from plant_models import (
     LoopScenario,
     simulate_loop,
 )
-from plant_models.plots import loop_response_plot
-from studies.report import StudyReport
+from tokenfactory.plant_models.plots import loop_response_plot
+from tokenfactory.studies.report import StudyReport
 from tokenfactory.scenario import load_scenario, naive_limit_cycle
 
 __all__ = ["run", "scenario_path"]
@@ -52,7 +52,7 @@ MIN_AMPLITUDE = 1.0     # requests: ripple below one request is not an oscillati
 
 def scenario_path(kind: str) -> Path:
     """The shipped example scenario for ``kind`` ("naive" or "smoothed")."""
-    return Path(str(resources.files("studies") / "scenarios" / f"feedback_oscillation_{kind}.toml"))
+    return Path(str(resources.files("tokenfactory.studies") / "scenarios" / f"feedback_oscillation_{kind}.toml"))
 
 
 def _assess_ready(resp, start_s: float):

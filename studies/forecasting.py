@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 from matplotlib.figure import Figure
 
-from controllers import (
+from tokenfactory.controllers import (
     DAY_S,
     FORECASTERS,
     PoolRates,
@@ -29,11 +29,11 @@ from controllers import (
     plan_capacity,
     score_plan,
 )
-from controllers.plots import capacity_plan_plot, forecast_plot
-from plant_models import FluidParams, RequestShape, Worker
-from studies.report import StudyReport
+from tokenfactory.controllers.plots import capacity_plan_plot, forecast_plot
+from tokenfactory.plant_models import FluidParams, RequestShape, Worker
+from tokenfactory.studies.report import StudyReport
 from tokenfactory.validation import ConfigError
-from traces import (
+from tokenfactory.traces import (
     SyntheticWorkload,
     data_dir,
     generate_rates,

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from plant_models import (
+from tokenfactory.plant_models import (
     ACCELERATOR_PRESETS,
     MODEL_PRESETS,
     Worker,
@@ -25,8 +25,8 @@ from plant_models import (
     stage_memory,
     stage_memory_sweep,
 )
-from plant_models.plots import decode_sweep_plot, expert_intensity_plot, roofline_plot, stage_memory_plot
-from studies.report import StudyReport
+from tokenfactory.plant_models.plots import decode_sweep_plot, expert_intensity_plot, roofline_plot, stage_memory_plot
+from tokenfactory.studies.report import StudyReport
 
 __all__ = ["DEFAULT_CONFIG", "run"]
 
@@ -167,7 +167,7 @@ def _roofline_points(model, report: StudyReport) -> dict[str, Any]:
 
 
 def _par(cfg):
-    from plant_models import Parallelism
+    from tokenfactory.plant_models import Parallelism
 
     return Parallelism(**cfg["parallelism"])
 

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from controllers import (
+from tokenfactory.controllers import (
     AIBrixAPA,
     DynamoLoadPlanner,
     DynamoThroughputPlanner,
@@ -42,7 +42,7 @@ from controllers import (
     first_harmonic_amplitude,
     predict_pool_flapping,
 )
-from plant_models import (
+from tokenfactory.plant_models import (
     ClusterConfig,
     DemandStep,
     FluidParams,
@@ -54,7 +54,7 @@ from plant_models import (
     simulate,
     simulate_pools,
 )
-from studies.report import StudyReport
+from tokenfactory.studies.report import StudyReport
 from tokenfactory.scenario import build_controller
 from tokenfactory.validation import ConfigError, reject_unknown_keys
 
@@ -300,7 +300,7 @@ def make_autoscalers(kind: str, fp: FluidParams, rate_rps: float, *, dynamics: P
     Every autoscaler gets the same per-worker capacities (roofline x ``TARGET_UTILIZATION`` where a
     capacity is needed) and targets equivalent to that utilisation in its own metric. The
     hysteretic controller's dead band comes from the noise measured on ``arrival_times_s`` when
-    they span at least 45 minutes (:func:`~controllers.measured_need_noise`), from the Poisson
+    they span at least 45 minutes (:func:`tokenfactory.controllers.measured_need_noise`), from the Poisson
     closed form otherwise."""
     if kind not in AUTOSCALER_KINDS:
         raise ConfigError("autoscaler", f"{kind!r} is not one of {', '.join(AUTOSCALER_KINDS)}")
@@ -381,8 +381,8 @@ def compare_servegen_day(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: Po
                          scale: float = 5.0, hours: float | None = None):
     """A day of ServeGen m-large rates x ``scale`` (a tenant population ``scale`` times larger, so
     pools hold several workers) through the pool model; synthetic rates without the trace data."""
-    from studies.forecasting import load_rate_series
-    from traces import trace_available
+    from tokenfactory.studies.forecasting import load_rate_series
+    from tokenfactory.traces import trace_available
 
     spec = "servegen:m-large" if trace_available("servegen:m-large") else "synthetic"
     rates, shape = load_rate_series(spec)
@@ -416,10 +416,10 @@ def compare_servegen_day(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: Po
 def compare_azure_replay(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: PoolDynamics = PoolDynamics(),
                          load: float = 2.5, minutes: float | None = None):
     """Azure conversation through the request simulator at a load multiplier: superposed, randomly
-    shifted copies of the hour (:func:`~studies.trace_replay.superpose_trace`) so the mean demand is
+    shifted copies of the hour (:func:`tokenfactory.studies.trace_replay.superpose_trace`) so the mean demand is
     ``load`` workers' capacity of the bottleneck pool; synthetic requests without the trace data."""
-    from studies.trace_replay import build_replay, superpose_trace
-    from traces import SyntheticWorkload, generate_requests, load_trace, trace_available
+    from tokenfactory.studies.trace_replay import build_replay, superpose_trace
+    from tokenfactory.traces import SyntheticWorkload, generate_requests, load_trace, trace_available
 
     minutes = minutes or (10.0 if quick else 20.0)
     if trace_available("azure-conv-2023"):
@@ -596,7 +596,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     metrics: dict[str, Any] = {}
     lines = ["Pools of DeepSeek-V3 workers on 8 x H200 (roofline rates); start-up 120 s unless stated, "
              f"warm-up 30 s at half speed; SLO TTFT <= {SLO_TTFT_S} s, TPOT <= {SLO_TPOT_S} s. Oscillation verdicts "
-             f"come from the detectors (`controllers.oscillation.assess`) on the pool sizes, swings under "
+             f"come from the detectors (`tokenfactory.controllers.oscillation.assess`) on the pool sizes, swings under "
              f"{MIN_AMPLITUDE_WORKERS} workers ignored.", ""]
     if cfg["reproductions"]:
         flap, flap_r = reproduce_flapping(quick)

@@ -19,12 +19,12 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from controllers import StabilityEnvelope, assess
-from plant_models import ClusterConfig, DESParams, FluidParams, FluidPlant, RequestShape, Worker, simulate
-from studies.report import StudyReport
+from tokenfactory.controllers import StabilityEnvelope, assess
+from tokenfactory.plant_models import ClusterConfig, DESParams, FluidParams, FluidPlant, RequestShape, Worker, simulate
+from tokenfactory.studies.report import StudyReport
 from tokenfactory.scenario import build_controller
 from tokenfactory.validation import ConfigError, check_number, reject_unknown_keys
-from traces import SyntheticWorkload, generate_requests, load_trace, trace_available
+from tokenfactory.traces import SyntheticWorkload, generate_requests, load_trace, trace_available
 
 __all__ = ["run", "run_replay", "ReplaySetup", "build_replay", "scale_trace", "superpose_trace", "PLANT", "ADMISSIONS"]
 
@@ -117,7 +117,7 @@ def make_controller(kind: str, plant: FluidPlant, slo_ttft_s: float = 2.0):
     if kind == "open":
         return None
     if kind in BASELINE_ADMISSIONS:
-        from studies.reconfiguration import make_admission
+        from tokenfactory.studies.reconfiguration import make_admission
 
         return make_admission(kind, plant.params, int(plant.fill_workers), int(plant.decode_workers), slo_ttft_s)
     ctrl, _ = build_controller({"kind": kind}, plant, StabilityEnvelope())
@@ -127,14 +127,14 @@ def make_controller(kind: str, plant: FluidPlant, slo_ttft_s: float = 2.0):
 def run_replay(trace: pd.DataFrame, setup: ReplaySetup, admission: str, scale: float,
                cluster: dict | None = None, autoscaler: str | None = None) -> tuple[dict, Any]:
     """One replay: returns (metrics with the ready buffer's oscillation report, DESResult).
-    ``autoscaler`` (a kind of ``studies.reconfiguration.AUTOSCALER_KINDS``) sizes both pools."""
+    ``autoscaler`` (a kind of ``tokenfactory.studies.reconfiguration.AUTOSCALER_KINDS``) sizes both pools."""
     cl = ClusterConfig.from_dict({"fill_workers": int(setup.plant.fill_workers),
                                   "decode_workers": int(setup.plant.decode_workers),
                                   "measurement_delay_s": setup.plant.params.measurement_delay_s, **(cluster or {})})
     replay = scale_trace(trace, scale) if scale != 1 else trace
     scalers = []
     if autoscaler:
-        from studies.reconfiguration import make_autoscalers
+        from tokenfactory.studies.reconfiguration import make_autoscalers
 
         rate = len(replay) / max(float(replay["arrival_s"].max()), 1e-9)
         scalers = make_autoscalers(autoscaler, setup.plant.params, rate, dynamics=cl.dynamics,

@@ -1,7 +1,7 @@
 
 import pytest
 
-from studies.feedback_oscillation import scenario_path
+from tokenfactory.studies.feedback_oscillation import scenario_path
 from tokenfactory.scenario import load_scenario
 
 
@@ -14,7 +14,7 @@ def smoothed_scenario():
 @pytest.fixture(scope="session")
 def des_params():
     """Request-simulator service times of DeepSeek-V3 on 8 x H200 fill and decode workers."""
-    from plant_models import DESParams, Worker, accelerator_preset, model_preset
+    from tokenfactory.plant_models import DESParams, Worker, accelerator_preset, model_preset
 
     w = Worker(model_preset("deepseek-v3"), accelerator_preset("h200"))
     return DESParams.from_workers(w, w)
@@ -42,7 +42,7 @@ def run_study_without_traces(name, tmp_path_factory):
     (output folder, metrics)."""
     import json
 
-    from studies import run_study
+    from tokenfactory.studies import run_study
 
     mp = pytest.MonkeyPatch()
     mp.setenv("TOKENFACTORY_TRACES", str(tmp_path_factory.mktemp("no-traces")))

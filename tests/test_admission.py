@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from controllers import (
+from tokenfactory.controllers import (
     CompletionTriggeredAdmission,
     SmoothedAdmission,
     ThresholdAdmission,
@@ -15,7 +15,7 @@ from controllers import (
     assess,
     stability_margins,
 )
-from plant_models import FluidPlant, Measurement, simulate_loop
+from tokenfactory.plant_models import FluidPlant, Measurement, simulate_loop
 from tokenfactory import ConfigError
 
 DURATION = 160.0

@@ -3,8 +3,8 @@
 
 import pytest
 
-from controllers import HorizontalPodAutoscaler, KnativeAutoscaler, ScaleAction
-from plant_models import Measurement
+from tokenfactory.controllers import HorizontalPodAutoscaler, KnativeAutoscaler, ScaleAction
+from tokenfactory.plant_models import Measurement
 from tokenfactory import ConfigError
 
 
@@ -63,7 +63,7 @@ def test_bad_hpa(kw, field):
 
 
 def test_dynamo_throughput_planner():
-    from controllers import DynamoThroughputPlanner
+    from tokenfactory.controllers import DynamoThroughputPlanner
 
     d = DynamoThroughputPlanner("decode", per_engine_rps=100.0)
     assert [d.recommend(x) for x in (50.0, 250.0, 199.0)] == [1, 3, 2]  # ceil(last interval / capacity)
@@ -73,7 +73,7 @@ def test_dynamo_throughput_planner():
 
 
 def test_dynamo_load_planner():
-    from controllers import DynamoLoadPlanner
+    from tokenfactory.controllers import DynamoLoadPlanner
 
     d = DynamoLoadPlanner("decode", sla_target=0.9)
     assert d.recommend(2, 0.95) == 3            # above the SLA target: +1
@@ -83,7 +83,7 @@ def test_dynamo_load_planner():
 
 
 def test_aibrix_apa():
-    from controllers import AIBrixAPA
+    from tokenfactory.controllers import AIBrixAPA
 
     a = AIBrixAPA("decode", target=0.5)
     assert a.recommend(0, 4, 0.54) == 4         # inside +/-10 %

@@ -2,8 +2,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from controllers import PoolRates, hourly_peak, plan_capacity, score_plan, workers_needed
-from plant_models import FluidParams, RequestShape, Worker, accelerator_preset, model_preset
+from tokenfactory.controllers import PoolRates, hourly_peak, plan_capacity, score_plan, workers_needed
+from tokenfactory.plant_models import FluidParams, RequestShape, Worker, accelerator_preset, model_preset
 
 RATES = PoolRates(fill_rps_per_worker=10.0, decode_rps_per_worker=25.0, fill_gpus_per_worker=8, decode_gpus_per_worker=4)
 

@@ -33,7 +33,7 @@ def test_errors_are_one_line_exit_2(capsys, argv, needle):
 
 
 def test_margins_command(capsys):
-    from studies.feedback_oscillation import scenario_path
+    from tokenfactory.studies.feedback_oscillation import scenario_path
 
     assert main(["margins", str(scenario_path("smoothed")), "--check"]) == 0
     out = capsys.readouterr().out
@@ -43,7 +43,7 @@ def test_margins_command(capsys):
 
 
 def test_margins_json(capsys):
-    from studies.feedback_oscillation import scenario_path
+    from tokenfactory.studies.feedback_oscillation import scenario_path
 
     assert main(["margins", str(scenario_path("smoothed")), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)

@@ -1,6 +1,6 @@
 import pytest
 
-from plant_models import DelayLine
+from tokenfactory.plant_models import DelayLine
 
 
 def test_integer_delay_is_exact():

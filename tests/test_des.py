@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controllers import SmoothedAdmission, assess
-from plant_models import (
+from tokenfactory.controllers import SmoothedAdmission, assess
+from tokenfactory.plant_models import (
     ClusterConfig,
     DecodeRateDip,
     DESParams,
@@ -24,7 +24,7 @@ from plant_models import (
 )
 from conftest import poisson_trace
 from tokenfactory import ConfigError
-from traces import SyntheticWorkload, generate_requests, load_trace, trace_available
+from tokenfactory.traces import SyntheticWorkload, generate_requests, load_trace, trace_available
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +211,7 @@ def test_conservation_under_random_seeds_and_faults(params, seed, rate, evs, bou
             pass
 
         def update(self, t, m):
-            from plant_models import AdmissionAction
+            from tokenfactory.plant_models import AdmissionAction
             return AdmissionAction(rate, bound)
 
     tr = generate_requests(SyntheticWorkload(mean_rate_rps=rate, seed=seed % 1000, agentic_fraction=0.2), 50)

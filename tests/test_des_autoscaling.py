@@ -6,9 +6,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controllers import EarlyRejection, HorizontalPodAutoscaler, HystereticPoolController, ScaleAction
+from tokenfactory.controllers import EarlyRejection, HorizontalPodAutoscaler, HystereticPoolController, ScaleAction
 from conftest import poisson_trace as shared_poisson_trace
-from plant_models import ClusterConfig, PoolDynamics, simulate
+from tokenfactory.plant_models import ClusterConfig, PoolDynamics, simulate
 from tokenfactory import ConfigError
 
 

@@ -2,8 +2,8 @@ import control
 import numpy as np
 import pytest
 
-from controllers import DelayedLoop, predict_limit_cycles, relay_integrator_delay_cycle
-from plant_models import simulate_delayed_feedback
+from tokenfactory.controllers import DelayedLoop, predict_limit_cycles, relay_integrator_delay_cycle
+from tokenfactory.plant_models import simulate_delayed_feedback
 
 PLANT = control.tf([1], [10, 1])
 

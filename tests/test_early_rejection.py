@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from controllers import EarlyRejection, WatermarkAdmission
-from plant_models import Measurement
+from tokenfactory.controllers import EarlyRejection, WatermarkAdmission
+from tokenfactory.plant_models import Measurement
 from tokenfactory import ConfigError
 
 
@@ -67,7 +67,7 @@ def test_bad_parameters():
 
 def test_runs_in_the_admission_loop_fluid_plant(smoothed_scenario):
     """The same objects close the admission loop of the 10 ms fluid plant (simulate_loop)."""
-    from plant_models import LoopScenario, simulate_loop
+    from tokenfactory.plant_models import LoopScenario, simulate_loop
 
     plant = smoothed_scenario.plant
     sc = LoopScenario(demand=1.3 * plant.decode_capacity, duration_s=60.0, dt=0.01)

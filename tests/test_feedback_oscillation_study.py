@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from studies import run_study
+from tokenfactory.studies import run_study
 
 
 @pytest.fixture(scope="module")

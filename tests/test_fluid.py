@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import plant_models.fluid as fluid
-from plant_models import (
+import tokenfactory.plant_models.fluid as fluid
+from tokenfactory.plant_models import (
     AdmissionAction,
     ConservationError,
     DecodeRateDip,

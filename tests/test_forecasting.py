@@ -2,7 +2,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from controllers import FORECASTERS, backtest, make_forecaster, mase_scale, pick_best_model
+from tokenfactory.controllers import FORECASTERS, backtest, make_forecaster, mase_scale, pick_best_model
 from tokenfactory import ConfigError
 
 DT = 600.0

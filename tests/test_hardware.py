@@ -1,6 +1,6 @@
 import pytest
 
-from plant_models import ACCELERATOR_PRESETS, accelerator_from_dict, accelerator_preset, load_accelerator
+from tokenfactory.plant_models import ACCELERATOR_PRESETS, accelerator_from_dict, accelerator_preset, load_accelerator
 from tokenfactory import ConfigError
 
 # (preset, HBM GB, HBM TB/s, dense FP8 PFLOPS, scale-up domain) from the vendor datasheets cited

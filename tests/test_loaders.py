@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from tokenfactory import ConfigError
-from traces import TRACES, TraceError, data_dir, load_trace, trace_available
+from tokenfactory.traces import TRACES, TraceError, data_dir, load_trace, trace_available
 
 REAL = {
     # name: (rows, kind)

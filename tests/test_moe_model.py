@@ -1,6 +1,6 @@
 import pytest
 
-from plant_models import MODEL_PRESETS, AttentionSpec, MoEModel, load_model, model_from_dict, model_preset
+from tokenfactory.plant_models import MODEL_PRESETS, AttentionSpec, MoEModel, load_model, model_from_dict, model_preset
 from tokenfactory import ConfigError
 
 # Published totals: DeepSeek-V3 technical report (671B / 37B), Kimi K2 model card (1.04T / 32B).

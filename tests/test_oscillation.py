@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import scipy.signal as sps
 
-from controllers import assess, autocorrelation, decay_ratio, first_harmonic_amplitude, thornhill_regularity
+from tokenfactory.controllers import assess, autocorrelation, decay_ratio, first_harmonic_amplitude, thornhill_regularity
 from tokenfactory import ConfigError
 
 DT = 0.1

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controllers import ScaleAction
-from plant_models import (
+from tokenfactory.controllers import ScaleAction
+from tokenfactory.plant_models import (
     AdmissionAction,
     DemandStep,
     FluidParams,
@@ -161,7 +161,7 @@ def test_bad_dynamics_and_sample_periods(fp):
 
 
 def test_count_reversals():
-    from plant_models import count_reversals
+    from tokenfactory.plant_models import count_reversals
 
     rows = [{"pool": "decode", "from": 2, "to": 1}, {"pool": "decode", "from": 1, "to": 2},
             {"pool": "fill", "from": 2, "to": 3}, {"pool": "decode", "from": 2, "to": 3},

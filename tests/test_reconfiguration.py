@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controllers import HystereticPoolController, QueueRelayScaler, need_noise_std, predict_pool_flapping
-from plant_models import DemandStep, PoolDynamics, PoolScenario, simulate_pools
-from studies.reconfiguration import SHAPE, describing_function_check, fluid_params
+from tokenfactory.controllers import HystereticPoolController, QueueRelayScaler, need_noise_std, predict_pool_flapping
+from tokenfactory.plant_models import DemandStep, PoolDynamics, PoolScenario, simulate_pools
+from tokenfactory.studies.reconfiguration import SHAPE, describing_function_check, fluid_params
 from tokenfactory import ConfigError
 
 MU = 50.0  # requests/s per worker in the hand-worked tests
@@ -146,7 +146,7 @@ def test_no_flapping_at_any_constant_demand():
 
 
 def test_measured_noise_matches_poisson_and_grows_with_burstiness():
-    from controllers import measured_need_noise
+    from tokenfactory.controllers import measured_need_noise
 
     rng = np.random.default_rng(1)
     poisson = np.cumsum(rng.exponential(1 / 100.0, 100 * 20000))

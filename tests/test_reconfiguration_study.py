@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from studies.reconfiguration import CONTROL_PLANES, reproduce_cascade, reproduce_flapping, reproduce_seesaw
+from tokenfactory.studies.reconfiguration import CONTROL_PLANES, reproduce_cascade, reproduce_flapping, reproduce_seesaw
 from tokenfactory import ConfigError
 
 
@@ -52,7 +52,7 @@ def test_seesaw_is_flagged_and_smoothed_admission_is_not(seesaw):
 
 
 def test_study_metrics_shape(tmp_path):
-    from studies.reconfiguration import run
+    from tokenfactory.studies.reconfiguration import run
 
     planes = ["kubernetes-hpa", "tokenfactory-hysteretic", "static + mooncake-early-rejection"]
     m = run(tmp_path, quick=True, config={"planes": planes, "azure_minutes": 3.0, "servegen_hours": 2.0})
@@ -77,7 +77,7 @@ def test_study_metrics_shape(tmp_path):
 
 
 def test_unknown_config_and_planes_are_errors(tmp_path):
-    from studies.reconfiguration import run
+    from tokenfactory.studies.reconfiguration import run
 
     with pytest.raises(ConfigError, match="reconfiguration"):
         run(tmp_path, quick=True, config={"plane": ["x"]})
@@ -86,7 +86,7 @@ def test_unknown_config_and_planes_are_errors(tmp_path):
 
 
 def test_comparison_runs_on_synthetic_without_trace_data(tmp_path, monkeypatch):
-    from studies.reconfiguration import compare_azure_replay, compare_servegen_day
+    from tokenfactory.studies.reconfiguration import compare_azure_replay, compare_servegen_day
 
     monkeypatch.setenv("TOKENFACTORY_TRACES", str(tmp_path))
     rows, _, info = compare_azure_replay(True, ("tokenfactory-hysteretic",), minutes=2.0)

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from plant_models import (
+from tokenfactory.plant_models import (
     Efficiency,
     Parallelism,
     Worker,

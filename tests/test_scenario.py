@@ -1,7 +1,7 @@
 import pytest
 
-from controllers import CompletionTriggeredAdmission, SmoothedAdmission
-from studies.feedback_oscillation import scenario_path
+from tokenfactory.controllers import CompletionTriggeredAdmission, SmoothedAdmission
+from tokenfactory.studies.feedback_oscillation import scenario_path
 from tokenfactory import ConfigError
 from tokenfactory.scenario import load_scenario, margins_table, scenario_from_dict
 

@@ -4,7 +4,7 @@ import control
 import numpy as np
 import pytest
 
-from controllers import (
+from tokenfactory.controllers import (
     DelayedLoop,
     loop_transfer,
     pade_order_for,
@@ -12,7 +12,7 @@ from controllers import (
     stability_map,
     stability_margins,
 )
-from plant_models import simulate_delayed_feedback
+from tokenfactory.plant_models import simulate_delayed_feedback
 from tokenfactory import ConfigError
 
 PLANT = control.tf([1], [10, 1])

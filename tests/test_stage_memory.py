@@ -1,6 +1,6 @@
 import pytest
 
-from plant_models import kv_crossover_depth, model_preset, stage_memory, stage_memory_sweep
+from tokenfactory.plant_models import kv_crossover_depth, model_preset, stage_memory, stage_memory_sweep
 from tokenfactory import ConfigError
 
 

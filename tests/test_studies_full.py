@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from studies import STUDIES, run_study
+from tokenfactory.studies import STUDIES, run_study
 
 
 @pytest.mark.slow

@@ -3,7 +3,7 @@ import math
 import pytest
 
 from tokenfactory import ConfigError
-from traces import (
+from tokenfactory.traces import (
     SyntheticWorkload,
     counts,
     fit_workload,

@@ -2,7 +2,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from traces import acf_at, counts, rates_from_requests, trace_available, trace_info, load_trace
+from tokenfactory.traces import acf_at, counts, rates_from_requests, trace_available, trace_info, load_trace
 
 
 def _poisson_table(rate, duration, seed):

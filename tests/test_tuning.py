@@ -1,7 +1,7 @@
 import control
 import pytest
 
-from controllers import effective_delay, loop_transfer, simc_pi, stability_margins
+from tokenfactory.controllers import effective_delay, loop_transfer, simc_pi, stability_margins
 from tokenfactory import ConfigError
 
 

@@ -32,18 +32,18 @@ def _print_table(d: dict) -> None:
 
 
 def _cmd_describe(args) -> int:
-    from studies.report import to_jsonable
+    from tokenfactory.studies.report import to_jsonable
 
     if args.what == "model":
-        from plant_models import load_model
+        from tokenfactory.plant_models import load_model
 
         d = load_model(args.name).summary()
     elif args.what == "hardware":
-        from plant_models import load_accelerator
+        from tokenfactory.plant_models import load_accelerator
 
         d = load_accelerator(args.name).to_dict()
     else:
-        from plant_models import Worker
+        from tokenfactory.plant_models import Worker
 
         w = Worker.from_dict({
             "model": args.name, "hardware": args.hardware,
@@ -64,7 +64,7 @@ def _cmd_describe(args) -> int:
 def _cmd_study(args) -> int:
     from pathlib import Path
 
-    from studies import STUDIES, run_study
+    from tokenfactory.studies import STUDIES, run_study
 
     names = list(STUDIES) if args.name == "all" else [args.name]
     for name in names:
@@ -78,7 +78,7 @@ def _cmd_study(args) -> int:
 def _cmd_margins(args) -> int:
     import pandas as pd
 
-    from studies.report import to_jsonable
+    from tokenfactory.studies.report import to_jsonable
     from tokenfactory.scenario import load_scenario, margins_table
 
     sc = load_scenario(args.scenario)
@@ -110,9 +110,9 @@ def _cmd_margins(args) -> int:
 def _cmd_forecast(args) -> int:
     from pathlib import Path
 
-    from controllers import FORECASTERS
-    from studies.forecasting import load_rate_series, run_forecast_job
-    from studies.report import StudyReport
+    from tokenfactory.controllers import FORECASTERS
+    from tokenfactory.studies.forecasting import load_rate_series, run_forecast_job
+    from tokenfactory.studies.report import StudyReport
 
     models = args.models.split(",") if args.models else list(FORECASTERS)
     for m in models:
@@ -141,8 +141,8 @@ def _cmd_forecast(args) -> int:
 def _cmd_traces(args) -> int:
     from pathlib import Path
 
-    from studies.report import to_jsonable
-    from traces import TRACES, data_dir, trace_available
+    from tokenfactory.studies.report import to_jsonable
+    from tokenfactory.traces import TRACES, data_dir, trace_available
 
     if args.action == "list":
         print(f"data folder: {data_dir()} ({'found' if data_dir().is_dir() else 'absent'}; set TOKENFACTORY_TRACES)")
@@ -151,7 +151,7 @@ def _cmd_traces(args) -> int:
         print("  synthetic               (embedded; tokenfactory traces synth)")
         return 0
     if args.action == "info":
-        from traces import load_trace, trace_info
+        from tokenfactory.traces import load_trace, trace_info
 
         if not args.name:
             raise ConfigError("name", "traces info needs a trace name or path")
@@ -161,7 +161,7 @@ def _cmd_traces(args) -> int:
             _print_table({k: v for k, v in info.items()})
         return 0
     if args.action == "fit":
-        from traces import compare_to_trace, fit_workload, generate_rates, generate_requests, load_trace
+        from tokenfactory.traces import compare_to_trace, fit_workload, generate_rates, generate_requests, load_trace
 
         tr = load_trace(args.name)
         w = fit_workload(tr, seed=args.seed)
@@ -176,7 +176,7 @@ def _cmd_traces(args) -> int:
     # synth
     import dataclasses
 
-    from traces import SyntheticWorkload, generate_rates, generate_requests
+    from tokenfactory.traces import SyntheticWorkload, generate_rates, generate_requests
 
     kw = {"seed": args.seed}
     if args.rate is not None:
@@ -200,11 +200,11 @@ def _cmd_simulate(args) -> int:
     import tomllib
     from pathlib import Path
 
-    from studies.report import to_jsonable
-    from studies.reconfiguration import AUTOSCALER_KINDS
-    from studies.trace_replay import ADMISSIONS, BASELINE_ADMISSIONS, build_replay, run_replay
+    from tokenfactory.studies.report import to_jsonable
+    from tokenfactory.studies.reconfiguration import AUTOSCALER_KINDS
+    from tokenfactory.studies.trace_replay import ADMISSIONS, BASELINE_ADMISSIONS, build_replay, run_replay
     from tokenfactory.validation import reject_unknown_keys
-    from traces import SyntheticWorkload, generate_requests, load_trace
+    from tokenfactory.traces import SyntheticWorkload, generate_requests, load_trace
 
     plant, cluster, admission = {}, {}, args.admission
     if args.scenario:
@@ -321,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", default="synthetic.csv", help="synth: output CSV")
     t.set_defaults(func=_cmd_traces)
 
-    from studies import STUDIES
+    from tokenfactory.studies import STUDIES
 
     s = sub.add_parser("study", help="run a study (or `all`) and write its report")
     s.add_argument("name", choices=[*STUDIES, "all"])

@@ -39,13 +39,13 @@ from typing import Any
 
 import pandas as pd
 
-from controllers.admission import CompletionTriggeredAdmission, SmoothedAdmission, ThresholdAdmission
-from controllers.autotune import StabilityEnvelope, TuningReport, admission_loop, tune_smoothed_admission
-from controllers.describing import predict_limit_cycles
-from controllers.stability import DelayedLoop, stability_margins
-from controllers.tuning import simc_pi
-from plant_models.fluid import FluidParams, FluidPlant, LoopScenario, RequestShape
-from plant_models.roofline import Worker
+from tokenfactory.controllers.admission import CompletionTriggeredAdmission, SmoothedAdmission, ThresholdAdmission
+from tokenfactory.controllers.autotune import StabilityEnvelope, TuningReport, admission_loop, tune_smoothed_admission
+from tokenfactory.controllers.describing import predict_limit_cycles
+from tokenfactory.controllers.stability import DelayedLoop, stability_margins
+from tokenfactory.controllers.tuning import simc_pi
+from tokenfactory.plant_models.fluid import FluidParams, FluidPlant, LoopScenario, RequestShape
+from tokenfactory.plant_models.roofline import Worker
 from tokenfactory.validation import ConfigError, check_choice, check_number, reject_unknown_keys
 
 __all__ = ["Scenario", "load_scenario", "scenario_from_dict", "build_plant", "build_controller",
@@ -119,7 +119,7 @@ def build_controller(d: Mapping[str, Any], plant: FluidPlant, envelope: Stabilit
         gains = simc_pi(1.0, report.effective_delay_s, tau_c=report.tau_c_s)
         kc = check_number(f"{where}.kc", d.get("kc", gains.kc), low=0.0, low_inclusive=False)
         ti = check_number(f"{where}.ti", d.get("ti", gains.ti), low=0.0, low_inclusive=False)
-        from controllers.tuning import PIGains
+        from tokenfactory.controllers.tuning import PIGains
 
         ctrl = SmoothedAdmission(d.get("target_ready", ctrl.target_ready),
                                  PIGains(kc, ti, report.tau_c_s, report.effective_delay_s),

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from tokenfactory.validation import ConfigError
-from traces.schema import REQUEST_COLUMNS
+from tokenfactory.traces.schema import REQUEST_COLUMNS
 
 __all__ = ["TraceError", "TraceSpec", "TRACES", "data_dir", "load_trace", "trace_available",
            "load_azure_2023", "load_mooncake", "load_agentic", "load_servegen_aggregate",
@@ -259,7 +259,7 @@ def load_servegen_per_client(path, name: str = "servegen-per-client") -> pd.Data
 
 
 def load_request_csv(path, name: str | None = None) -> pd.DataFrame:
-    """A user CSV in the request-table format (see :mod:`traces.schema`)."""
+    """A user CSV in the request-table format (see :mod:`tokenfactory.traces.schema`)."""
     df = _read_csv(path)
     _require(path, df, ["arrival_s", "input_tokens", "output_tokens"])
     for col in ("arrival_s", "input_tokens", "output_tokens", "cached_tokens", "turn"):

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from tokenfactory.validation import check_int, check_number, reject_unknown_keys
-from traces.stats import counts
+from tokenfactory.traces.stats import counts
 
 __all__ = ["SyntheticWorkload", "rate_at", "generate_requests", "generate_rates", "fit_workload",
            "compare_to_trace"]
@@ -137,7 +137,7 @@ def _sessions(w: SyntheticWorkload, rng, duration_s: float, start_s: float) -> p
 
 
 def generate_requests(w: SyntheticWorkload, duration_s: float, start_s: float = 0.0) -> pd.DataFrame:
-    """A request table (see :mod:`traces.schema`) over [start_s, start_s + duration_s)."""
+    """A request table (see :mod:`tokenfactory.traces.schema`) over [start_s, start_s + duration_s)."""
     check_number("duration_s", duration_s, low=0.0, low_inclusive=False)
     rng = np.random.default_rng(w.seed)
     win = w.burst_window_s
@@ -260,7 +260,7 @@ def fit_workload(trace: pd.DataFrame, seed: int = 0) -> SyntheticWorkload:
 
 def compare_to_trace(trace: pd.DataFrame, synthetic: pd.DataFrame) -> pd.DataFrame:
     """Side-by-side statistics of a trace and a synthetic one (relative difference)."""
-    from traces.stats import trace_info
+    from tokenfactory.traces.stats import trace_info
 
     a, b = trace_info(trace), trace_info(synthetic)
     rows = []
