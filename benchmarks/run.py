@@ -67,8 +67,9 @@ def _forecasting(budget_s: float = 120.0) -> dict:
 
 def _des_child(queue) -> None:
     from tokenfactory.plant_models import ClusterConfig, DESParams, Worker, accelerator_preset, model_preset, simulate
-    from tokenfactory.studies.trace_replay import scale_trace
-    from tokenfactory.traces import SyntheticWorkload, generate_requests, load_trace, trace_available
+    from tokenfactory.registry import build_admission
+    from tokenfactory.replay import build_replay
+    from tokenfactory.traces import SyntheticWorkload, generate_requests, load_trace, scale_trace, trace_available
 
     if trace_available("azure-conv-2023"):
         name, tr = "azure-conv-2023 x4", scale_trace(load_trace("azure-conv-2023"), 4.0)
@@ -78,9 +79,7 @@ def _des_child(queue) -> None:
     p = DESParams.from_workers(w, w)
     out = {"trace": name, "workers": "8 fill + 8 decode"}
     for label, ctrl in (("open", None), ("smoothed", "smoothed")):
-        from tokenfactory.studies.trace_replay import build_replay, make_controller
-
-        c = make_controller(ctrl, build_replay(tr, {"fill_workers": 8, "decode_workers": 8}).plant) if ctrl else None
+        c = build_admission(ctrl, build_replay(tr, {"fill_workers": 8, "decode_workers": 8}).context()) if ctrl else None
         t0 = time.perf_counter()
         r = simulate(tr, p, ClusterConfig(fill_workers=8, decode_workers=8, progress=False), c)
         wall = time.perf_counter() - t0

@@ -9,7 +9,7 @@
   shedding of backlog over a bound.
 
 All share the :mod:`tokenfactory.controllers.interface` protocol and return
-:class:`tokenfactory.plant_models.signals.AdmissionAction`.
+:class:`tokenfactory.signals.AdmissionAction`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import control
 
 from tokenfactory.controllers.interface import SampledController
 from tokenfactory.controllers.tuning import PIGains
-from tokenfactory.plant_models.signals import AdmissionAction, Measurement
+from tokenfactory.signals import AdmissionAction, Measurement
 from tokenfactory.validation import check_choice, check_number
 
 __all__ = ["CompletionTriggeredAdmission", "ThresholdAdmission", "SmoothedAdmission"]

@@ -3,7 +3,7 @@
 Each is a :class:`tokenfactory.controllers.interface.SampledController` whose ``update(t, measurement)``
 returns a :class:`ScaleAction` (desired workers of one pool); the decision core is a pure
 ``recommend`` method so it can be checked against hand-worked sequences from the documented
-algorithm. The metric is any function of the :class:`tokenfactory.plant_models.signals.Measurement`.
+algorithm. The metric is any function of the :class:`tokenfactory.signals.Measurement`.
 
 * :class:`HorizontalPodAutoscaler` - Kubernetes HPA, autoscaling/v2 (kubernetes.io docs,
   "Horizontal Pod Autoscaling", algorithm details and default behavior): desired =
@@ -32,22 +32,14 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from tokenfactory.controllers.interface import SampledController
-from tokenfactory.plant_models.signals import Measurement
+from tokenfactory.signals import Measurement, ScaleAction
 from tokenfactory.validation import ConfigError, check_choice, check_int, check_number
 
 __all__ = ["ScaleAction", "HorizontalPodAutoscaler", "KnativeAutoscaler", "DynamoThroughputPlanner",
            "DynamoLoadPlanner", "AIBrixAPA", "POOL_METRICS"]
 
-
-@dataclass(frozen=True)
-class ScaleAction:
-    """Desired number of workers for ``pool`` ("fill" or "decode")."""
-
-    pool: str
-    replicas: int
 
 
 #: metrics a pool autoscaler can watch, as functions of a Measurement

@@ -48,7 +48,7 @@ import control
 from tokenfactory.controllers.autoscaling import ScaleAction, _current, _PoolAutoscaler
 from tokenfactory.controllers.describing import LimitCycle, predict_limit_cycles
 from tokenfactory.controllers.stability import DelayedLoop
-from tokenfactory.plant_models.signals import Measurement
+from tokenfactory.signals import Measurement
 from tokenfactory.validation import ConfigError, check_int, check_number
 
 __all__ = ["HystereticPoolController", "QueueRelayScaler", "pool_relay_loop", "predict_pool_flapping",

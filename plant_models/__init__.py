@@ -8,8 +8,8 @@ from tokenfactory.plant_models.roofline import *  # noqa: F401,F403
 from tokenfactory.plant_models.roofline import __all__ as _rl
 from tokenfactory.plant_models.stage_memory import *  # noqa: F401,F403
 from tokenfactory.plant_models.stage_memory import __all__ as _sm
-from tokenfactory.plant_models.signals import *  # noqa: F401,F403
-from tokenfactory.plant_models.signals import __all__ as _sg
+from tokenfactory.signals import *  # noqa: F401,F403  (re-exported: the plants' inputs and outputs)
+from tokenfactory.signals import __all__ as _sg
 from tokenfactory.plant_models.delay import *  # noqa: F401,F403
 from tokenfactory.plant_models.delay import __all__ as _dl
 from tokenfactory.plant_models.fluid import *  # noqa: F401,F403

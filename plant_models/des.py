@@ -36,9 +36,9 @@ import pandas as pd
 import simpy
 
 from tokenfactory.plant_models.fluid import ConservationError, DecodeRateDip
-from tokenfactory.plant_models.pools import POOLS, PoolDynamics, _split, count_reversals
+from tokenfactory.plant_models.pools import PoolDynamics
 from tokenfactory.plant_models.roofline import Worker
-from tokenfactory.plant_models.signals import REJECT_REASONS, AdmissionAction, Measurement
+from tokenfactory.signals import POOLS, REJECT_REASONS, AdmissionAction, Measurement, count_reversals, split_action
 from tokenfactory.validation import ConfigError, check_int, check_number, reject_unknown_keys
 
 __all__ = ["DESParams", "ClusterConfig", "WorkerCrash", "LinkSlowdown", "Reconfiguration",
@@ -891,7 +891,7 @@ class _Sim:
         env = self.env
         yield env.timeout(self.cfg.autoscale_start_s + self.cfg.snapshot_dt / 2)
         while True:
-            _, scales = _split(scaler.update(env.now, self.measure(env.now, scaler.sample_period)))
+            _, scales = split_action(scaler.update(env.now, self.measure(env.now, scaler.sample_period)))
             for a in scales:
                 if a.pool not in POOLS:
                     raise ConfigError(f"{type(scaler).__name__}.pool", f"{a.pool!r} is not one of {POOLS}")
@@ -997,7 +997,7 @@ def _percentile(x, q):
 def simulate(trace: pd.DataFrame, params: DESParams, cluster: ClusterConfig = ClusterConfig(),
              controller=None, autoscalers=()) -> DESResult:
     """Replay ``trace`` (a request table) through the cluster with ``controller`` (None: admit all)
-    and pool ``autoscalers`` (each returns :class:`tokenfactory.controllers.autoscaling.ScaleAction`; workers
+    and pool ``autoscalers`` (each returns :class:`tokenfactory.signals.ScaleAction`; workers
     start, warm up and drain as ``cluster.dynamics`` says).
 
     Runs until ``cluster.duration_s`` (default: the last arrival + ``drain_s``). Raises

@@ -36,7 +36,8 @@ import pandas as pd
 
 from tokenfactory.plant_models.delay import DelayLine
 from tokenfactory.plant_models.roofline import Worker
-from tokenfactory.plant_models.signals import AdmissionAction, Measurement
+from tokenfactory.signals import AdmissionAction, Measurement
+from tokenfactory.errors import ConservationError
 from tokenfactory.validation import ConfigError, check_int, check_number, reject_unknown_keys
 
 __all__ = [
@@ -61,10 +62,6 @@ INPUTS = ("demand", "admission_command", "backlog_bound", "ready_inflow", "fill_
           "decode_workers", "decode_rate_factor")
 OUTPUTS = ("backlog", "fill_wip", "ready", "decoding", "admitted_rate", "completion_rate",
            "dispatch_rate", "shed_rate", "decode_slots", "fill_capacity", "decode_utilization")
-
-
-class ConservationError(RuntimeError):
-    """A simulation lost or invented requests: arrivals != completed + shed + in system."""
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ too fine to run a day of traffic. This model keeps the same flows and rates (one
   slots free; when the decode pool shrinks, sequences over the new slot count move back to the
   ready buffer with their KV (live migration, counted as ``preempted``).
 
-Pools are sized by autoscalers (:class:`tokenfactory.controllers.autoscaling.ScaleAction`: desired workers of
+Pools are sized by autoscalers (:class:`tokenfactory.signals.ScaleAction`: desired workers of
 a pool, Kubernetes-deployment semantics): a new worker is billed from the decision, serves after
 ``startup_s`` and runs at ``warmup_factor`` of full speed for its first ``warmup_s``; a scale-down
 cancels workers still starting first, then drains serving ones (billed ``drain_s`` more).
@@ -41,12 +41,11 @@ import numpy as np
 import pandas as pd
 
 from tokenfactory.plant_models.fluid import ConservationError, DemandStep, FluidParams
-from tokenfactory.plant_models.signals import REJECT_REASONS, AdmissionAction, Measurement
+from tokenfactory.signals import POOLS, REJECT_REASONS, AdmissionAction, Measurement, count_reversals, split_action
 from tokenfactory.validation import ConfigError, check_int, check_number
 
-__all__ = ["PoolDynamics", "PoolScenario", "PoolFleet", "PoolResponse", "simulate_pools", "count_reversals", "POOLS"]
+__all__ = ["PoolDynamics", "PoolScenario", "PoolFleet", "PoolResponse", "simulate_pools"]
 
-POOLS = ("fill", "decode")
 
 
 @dataclass(frozen=True)
@@ -131,21 +130,6 @@ class PoolScenario:
             lam = np.where(t >= d.at_s, lam * d.factor, lam)
         return lam
 
-
-def count_reversals(actions: Sequence[dict]) -> int:
-    """Scale actions that reverse the previous action's direction on the same pool (an up after a
-    down or a down after an up): a direct count of flapping that needs no regularity, unlike the
-    oscillation detectors. ``actions`` are rows with ``pool``, ``from`` and ``to``."""
-    last: dict[str, int] = {}
-    n = 0
-    for a in actions:
-        d = (a["to"] > a["from"]) - (a["to"] < a["from"])
-        if d == 0:
-            continue
-        if last.get(a["pool"], d) != d:
-            n += 1
-        last[a["pool"]] = d
-    return n
 
 
 class PoolFleet:
@@ -238,18 +222,6 @@ class PoolResponse:
         return self.series
 
 
-def _split(action) -> tuple[AdmissionAction | None, list]:
-    """A controller may return an admission action, a scale action, or a sequence of scale actions."""
-    if action is None:
-        return None, []
-    if isinstance(action, AdmissionAction):
-        return action, []
-    if isinstance(action, Sequence) and not isinstance(action, str):
-        return None, list(action)
-    if hasattr(action, "pool") and hasattr(action, "replicas"):
-        return None, [action]
-    return AdmissionAction(float(action)), []
-
 
 _SERIES = ("time_s", "demand", "arrivals", "admitted", "rejected", "completed", "backlog", "fill_in_progress",
            "in_transfer", "ready", "decoding", "decode_slots", "fill_capacity", "fill_workers",
@@ -306,7 +278,7 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
             next_sample[j] += c.sample_period
             m = _measure(S, k, delay_steps, c.sample_period, dt) if k else _initial_measurement(
                 p, fleets, t)
-            adm, scales = _split(c.update(t, m))
+            adm, scales = split_action(c.update(t, m))
             if adm is not None:
                 action = adm
             for a in scales:

@@ -10,7 +10,6 @@ the synthetic workload when the shared traces are absent), or
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -33,44 +32,18 @@ from tokenfactory.controllers.plots import capacity_plan_plot, forecast_plot
 from tokenfactory.plant_models import FluidParams, RequestShape, Worker
 from tokenfactory.studies.report import StudyReport
 from tokenfactory.validation import ConfigError
-from tokenfactory.traces import (
-    SyntheticWorkload,
-    data_dir,
-    generate_rates,
-    load_trace,
-    rates_from_requests,
-    trace_available,
-)
+from tokenfactory.traces import load_rate_series, trace_available
 
-__all__ = ["run", "run_forecast_job", "load_rate_series", "HORIZONS", "QUICK_MODELS"]
+__all__ = ["run", "run_forecast_job", "HORIZONS", "QUICK_MODELS", "rate_series_and_shape"]
 
 HORIZONS = {"1h": 3600.0, "1d": DAY_S}
 QUICK_MODELS = ["seasonal-naive-daily", "constant", "kalman", "holt-winters", "fourier", "ucm"]
-SYNTHETIC = SyntheticWorkload(mean_rate_rps=200.0, daily_amplitude=0.35, weekend_factor=0.75,
-                              rate_noise_cv=0.15, rate_noise_ar=0.8, seed=11)
 
 
-def load_rate_series(spec: str, interval_s: float = 600.0) -> tuple[pd.DataFrame, RequestShape]:
-    """A rate series and the mean request shape to size workers with.
-
-    Registered ServeGen names take their token means from ``token_stats_summary.json``; request
-    tables are binned into ``interval_s`` windows and use their own mean sizes; ``synthetic``
-    is 14 days of the embedded workload."""
-    if spec == "synthetic":
-        df = generate_rates(SYNTHETIC, 14 * DAY_S, interval_s, missing_fraction=0.01)
-        return df, RequestShape(int(SYNTHETIC.input_median * 1.6), int(SYNTHETIC.output_median * 1.5))
-    df = load_trace(spec)
-    if df.attrs["kind"] == "requests":
-        shape = RequestShape(max(1, int(df["input_tokens"].mean())), max(1, int(df["output_tokens"].mean())))
-        return rates_from_requests(df, interval_s), shape
-    shape = RequestShape(1024, 256)
-    summary = data_dir() / "servegen" / "token_stats_summary.json"
-    if spec.startswith("servegen:") and summary.is_file():
-        key = {"m-large": "language/m-large", "m-small": "language/m-small",
-               "deepseek-r1": "reason/deepseek-r1"}[spec.split(":", 1)[1]]
-        tok = json.loads(summary.read_text())[key]["tokens"]
-        shape = RequestShape(max(1, round(tok["input_tokens"]["mean"])), max(1, round(tok["output_tokens"]["mean"])))
-    return df, shape
+def rate_series_and_shape(spec: str, interval_s: float = 600.0) -> tuple[pd.DataFrame, RequestShape]:
+    """:func:`tokenfactory.traces.load_rate_series` with its mean request as a :class:`RequestShape`."""
+    rs = load_rate_series(spec, interval_s)
+    return rs.rates, RequestShape(rs.input_tokens, rs.output_tokens)
 
 
 def _pool_rates(shape: RequestShape, model: str, hardware: str) -> PoolRates:
@@ -165,7 +138,7 @@ def run_forecast_job(series: pd.DataFrame, name: str, horizon: str, models, repo
 
 def _series_for(name: str):
     if name == "synthetic" or trace_available(name):
-        return load_rate_series(name)
+        return rate_series_and_shape(name)
     return None
 
 
@@ -179,7 +152,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     loaded = {n: _series_for(n) for n in cfg["traces"]}
     absent = [n for n, v in loaded.items() if v is None]
     if absent:  # the embedded default: the project runs without the shared traces
-        loaded = {n: v for n, v in loaded.items() if v is not None} or {"synthetic": load_rate_series("synthetic")}
+        loaded = {n: v for n, v in loaded.items() if v is not None} or {"synthetic": rate_series_and_shape("synthetic")}
     results: dict[str, Any] = {}
     lines = [f"Traces: {', '.join(loaded)}" + (f" (absent, skipped: {', '.join(absent)})" if absent else "") + ".",
              f"Rolling-origin backtests over the last {cfg['test_days']:g} days; MASE is scaled by the daily "

@@ -27,17 +27,10 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from tokenfactory.controllers import (
-    AIBrixAPA,
-    DynamoLoadPlanner,
-    DynamoThroughputPlanner,
     EarlyRejection,
     HorizontalPodAutoscaler,
     HystereticPoolController,
-    KnativeAutoscaler,
-    measured_need_noise,
     QueueRelayScaler,
-    StabilityEnvelope,
-    WatermarkAdmission,
     assess,
     first_harmonic_amplitude,
     predict_pool_flapping,
@@ -46,7 +39,6 @@ from tokenfactory.plant_models import (
     ClusterConfig,
     DemandStep,
     FluidParams,
-    FluidPlant,
     PoolDynamics,
     PoolScenario,
     RequestShape,
@@ -54,14 +46,21 @@ from tokenfactory.plant_models import (
     simulate,
     simulate_pools,
 )
+from tokenfactory.registry import CONTROL_PLANES, TARGET_UTILIZATION, PlantContext, build_admission, control_plane
+from tokenfactory.replay import build_replay
 from tokenfactory.studies.report import StudyReport
-from tokenfactory.scenario import build_controller
+from tokenfactory.traces import (
+    SyntheticWorkload,
+    generate_requests,
+    load_rate_series,
+    load_trace,
+    superpose_trace,
+    trace_available,
+)
 from tokenfactory.validation import ConfigError, reject_unknown_keys
 
 __all__ = ["run", "fluid_params", "reproduce_flapping", "reproduce_cascade", "reproduce_seesaw",
-           "describing_function_check", "CONTROL_PLANES", "control_plane", "compare_servegen_day",
-           "compare_azure_replay", "make_autoscalers", "make_admission", "AUTOSCALER_KINDS", "ADMISSION_KINDS",
-           "SHAPE", "SEESAW_SHAPE"]
+           "describing_function_check", "compare_servegen_day", "compare_azure_replay", "SHAPE", "SEESAW_SHAPE"]
 
 PLANT = {"model": "deepseek-v3", "hardware": "h200"}
 #: the nominal request of the flapping and cascade reproductions (tokens)
@@ -74,22 +73,7 @@ SLO_TTFT_S, SLO_TPOT_S = 2.0, 0.1
 #: a long-context SLO of several prefill times, the regime where Mooncake's early rejection acts)
 SEESAW_SLO_TTFT_S = 10.0
 MIN_AMPLITUDE_WORKERS = 0.25   # pool-size swings below a quarter worker are not flapping
-TARGET_UTILIZATION = 0.85
 
-#: every control plane of the comparison: (pool autoscaler kind or None, admission kind or None)
-CONTROL_PLANES: dict[str, tuple[str | None, str | None]] = {
-    "static + vllm-watermark": (None, "vllm-watermark"),
-    "static + mooncake-early-rejection": (None, "mooncake"),
-    "static + mooncake-predictive-rejection": (None, "mooncake-predictive"),
-    "static + tokenfactory-smoothed": (None, "smoothed"),
-    "kubernetes-hpa": ("hpa", None),
-    "knative-kpa": ("kpa", None),
-    "dynamo-throughput": ("dynamo-throughput", None),
-    "dynamo-load": ("dynamo-load", None),
-    "aibrix-apa": ("apa", None),
-    "tokenfactory-hysteretic": ("hysteretic", None),
-    "tokenfactory-hysteretic + smoothed": ("hysteretic", "smoothed"),
-}
 
 
 def fluid_params(shape: RequestShape, measurement_delay_s: float = 0.5) -> FluidParams:
@@ -200,11 +184,8 @@ def _phase_deg(x: np.ndarray, y: np.ndarray, dt: float, period_s: float) -> floa
 
 
 def _smoothed_for(fp: FluidParams, fill_workers: int, decode_workers: int, slo_ttft_s: float = SLO_TTFT_S):
-    """tokenfactory's admission, auto-tuned on the fluid plant, shedding what would wait longer
-    than half the TTFT SLO (the backlog bound follows from the SLO, not from a guess)."""
-    ctrl, _ = build_controller({"kind": "smoothed", "backlog_bound_s": 0.5 * slo_ttft_s},
-                               FluidPlant(fp, fill_workers, decode_workers), StabilityEnvelope())
-    return ctrl
+    """tokenfactory's admission at these pool sizes (the registry's ``smoothed`` kind)."""
+    return build_admission("smoothed", PlantContext(fp, fill_workers, decode_workers, slo_ttft_s=slo_ttft_s))
 
 
 def reproduce_seesaw(quick: bool = False) -> tuple[dict, dict]:
@@ -289,71 +270,9 @@ def describing_function_check(quick: bool = False) -> tuple[list[dict], dict]:
 # (e) the comparison
 
 
-AUTOSCALER_KINDS = ("hpa", "kpa", "dynamo-throughput", "dynamo-load", "apa", "hysteretic")
-ADMISSION_KINDS = ("vllm-watermark", "mooncake", "mooncake-predictive", "smoothed")
-
-
-def make_autoscalers(kind: str, fp: FluidParams, rate_rps: float, *, dynamics: PoolDynamics = PoolDynamics(),
-                     max_replicas: int = 64, arrival_times_s=None) -> list:
-    """Fresh autoscalers of ``kind`` for both pools, with their documented defaults.
-
-    Every autoscaler gets the same per-worker capacities (roofline x ``TARGET_UTILIZATION`` where a
-    capacity is needed) and targets equivalent to that utilisation in its own metric. The
-    hysteretic controller's dead band comes from the noise measured on ``arrival_times_s`` when
-    they span at least 45 minutes (:func:`tokenfactory.controllers.measured_need_noise`), from the Poisson
-    closed form otherwise."""
-    if kind not in AUTOSCALER_KINDS:
-        raise ConfigError("autoscaler", f"{kind!r} is not one of {', '.join(AUTOSCALER_KINDS)}")
-    mu_f, mu_d = fp.fill_rate_per_worker, fp.decode_capacity(1)
-    bounds = {"min_replicas": 1, "max_replicas": max_replicas}
-    if kind == "hpa":
-        return [HorizontalPodAutoscaler("fill", 0.7, "fill_utilization", **bounds),
-                HorizontalPodAutoscaler("decode", 0.8, "kv_occupancy", **bounds)]
-    if kind == "kpa":  # concurrency per replica at the target utilisation (Little's law for fill)
-        return [KnativeAutoscaler("fill", 0.7 * mu_f * fp.fill_to_ready_s, "fill_concurrency", **bounds),
-                KnativeAutoscaler("decode", 0.8 * fp.decode_slots_per_worker, "decode_concurrency", **bounds)]
-    if kind == "dynamo-throughput":
-        return [DynamoThroughputPlanner("fill", TARGET_UTILIZATION * mu_f, **bounds),
-                DynamoThroughputPlanner("decode", TARGET_UTILIZATION * mu_d, **bounds)]
-    if kind == "dynamo-load":
-        return [DynamoLoadPlanner("fill", 0.9, "fill_utilization", **bounds),
-                DynamoLoadPlanner("decode", 1.0, "kv_occupancy", **bounds)]
-    if kind == "apa":
-        return [AIBrixAPA("fill", 0.7, "fill_utilization", **bounds),
-                AIBrixAPA("decode", 0.8, "kv_occupancy", **bounds)]
-    kw = dict(startup_s=dynamics.startup_s, warmup_s=dynamics.warmup_s, target_utilization=TARGET_UTILIZATION,
-              **bounds)
-    out = []
-    for pool, mu in (("fill", mu_f), ("decode", mu_d)):
-        noise = None
-        if arrival_times_s is not None and len(arrival_times_s) > 1 and \
-                float(np.max(arrival_times_s) - np.min(arrival_times_s)) >= 2700.0:
-            noise = measured_need_noise(arrival_times_s, mu, TARGET_UTILIZATION, 30.0)
-        out.append(HystereticPoolController.tuned(pool, mu, rate_rps, noise_std=noise, **kw))
-    return out
-
-
-def make_admission(kind: str, fp: FluidParams, fill_workers: int, decode_workers: int,
-                   slo_ttft_s: float = SLO_TTFT_S):
-    """A fresh admission controller of ``kind`` (one of ``ADMISSION_KINDS``)."""
-    if kind == "vllm-watermark":
-        return WatermarkAdmission(sample_period=0.25)  # the orchestrator samples every 250 ms
-    if kind in ("mooncake", "mooncake-predictive"):
-        return EarlyRejection(fill_latency_s=fp.fill_latency_s, slo_ttft_s=slo_ttft_s,
-                              predictive=kind == "mooncake-predictive")
-    if kind == "smoothed":
-        return _smoothed_for(fp, fill_workers, decode_workers, slo_ttft_s)
-    raise ConfigError("admission", f"{kind!r} is not one of {', '.join(ADMISSION_KINDS)}")
-
-
-def control_plane(name: str, fp: FluidParams, rate_rps: float, *, dynamics: PoolDynamics, fill_workers: int,
-                  decode_workers: int, max_replicas: int = 64, arrival_times_s=None) -> tuple[list, Any]:
-    """Fresh controller objects for control plane ``name``: (pool autoscalers, admission or None)."""
-    scaler, admission = CONTROL_PLANES[name]
-    scalers = make_autoscalers(scaler, fp, rate_rps, dynamics=dynamics, max_replicas=max_replicas,
-                               arrival_times_s=arrival_times_s) if scaler else []
-    adm = make_admission(admission, fp, fill_workers, decode_workers) if admission else None
-    return scalers, adm
+def _ctx(fp: FluidParams, rate: float, dynamics: PoolDynamics, nf: int, nd: int, arrival_times_s=None) -> PlantContext:
+    return PlantContext(fp, nf, nd, slo_ttft_s=SLO_TTFT_S, slo_tpot_s=SLO_TPOT_S, rate_rps=rate, dynamics=dynamics,
+                        arrival_times_s=arrival_times_s)
 
 
 def _pools_for(fp: FluidParams, rate: float) -> tuple[int, int]:
@@ -381,11 +300,9 @@ def compare_servegen_day(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: Po
                          scale: float = 5.0, hours: float | None = None):
     """A day of ServeGen m-large rates x ``scale`` (a tenant population ``scale`` times larger, so
     pools hold several workers) through the pool model; synthetic rates without the trace data."""
-    from tokenfactory.studies.forecasting import load_rate_series
-    from tokenfactory.traces import trace_available
-
     spec = "servegen:m-large" if trace_available("servegen:m-large") else "synthetic"
-    rates, shape = load_rate_series(spec)
+    rs = load_rate_series(spec)
+    rates, shape = rs.rates, RequestShape(rs.input_tokens, rs.output_tokens)
     day = 86400.0
     first = rates.index[0]
     y = rates["rate_rps"].loc[first + 6 * day: first + 7 * day - 1].interpolate(limit_direction="both")
@@ -403,7 +320,7 @@ def compare_servegen_day(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: Po
     for name in planes:
         scaler, _ = CONTROL_PLANES[name]
         nf, nd = _pools_for(fp, mean_rate if scaler is None else float(demand.iloc[0]))
-        scalers, adm = control_plane(name, fp, mean_rate, dynamics=dynamics, fill_workers=nf, decode_workers=nd)
+        scalers, adm = control_plane(name, _ctx(fp, mean_rate, dynamics, nf, nd))
         r = simulate_pools(fp, nf, nd, sc, controllers=[*scalers, *([adm] if adm else [])], dynamics=dynamics)
         osc, reps = _pool_oscillation(r.series, sc.dt, 600.0)
         rows.append(_row(name, f"{spec} day 7 x{scale:g} (pool model)", r.metrics, osc, reps))
@@ -416,11 +333,8 @@ def compare_servegen_day(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: Po
 def compare_azure_replay(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: PoolDynamics = PoolDynamics(),
                          load: float = 2.5, minutes: float | None = None):
     """Azure conversation through the request simulator at a load multiplier: superposed, randomly
-    shifted copies of the hour (:func:`tokenfactory.studies.trace_replay.superpose_trace`) so the mean demand is
+    shifted copies of the hour (:func:`tokenfactory.traces.superpose_trace`) so the mean demand is
     ``load`` workers' capacity of the bottleneck pool; synthetic requests without the trace data."""
-    from tokenfactory.studies.trace_replay import build_replay, superpose_trace
-    from tokenfactory.traces import SyntheticWorkload, generate_requests, load_trace, trace_available
-
     minutes = minutes or (10.0 if quick else 20.0)
     if trace_available("azure-conv-2023"):
         name, trace = "azure-conv-2023", load_trace("azure-conv-2023")
@@ -441,8 +355,7 @@ def compare_azure_replay(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: Po
     for plane in planes:
         nf, nd = _pools_for(fp, mean_rate)
         # the hysteretic controller's dead band from the noise measured on the hour it is tuned for
-        scalers, adm = control_plane(plane, fp, mean_rate, dynamics=dynamics, fill_workers=nf, decode_workers=nd,
-                                     arrival_times_s=full_hour["arrival_s"].to_numpy())
+        scalers, adm = control_plane(plane, _ctx(fp, mean_rate, dynamics, nf, nd, full_hour["arrival_s"].to_numpy()))
         cl = ClusterConfig(fill_workers=nf, decode_workers=nd, measurement_delay_s=fp.measurement_delay_s,
                            slo_ttft_s=SLO_TTFT_S, slo_tpot_s=SLO_TPOT_S, drain_s=60.0, dynamics=dynamics,
                            autoscale_start_s=60.0, snapshot_dt=0.5, seed=6)

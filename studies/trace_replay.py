@@ -11,141 +11,21 @@ Run: ``tokenfactory study trace-replay [--quick] [--out DIR]`` or
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from tokenfactory.controllers import StabilityEnvelope, assess
-from tokenfactory.plant_models import ClusterConfig, DESParams, FluidParams, FluidPlant, RequestShape, Worker, simulate
+from tokenfactory.replay import DEFAULT_PLANT, build_replay, run_replay
 from tokenfactory.studies.report import StudyReport
-from tokenfactory.scenario import build_controller
-from tokenfactory.validation import ConfigError, check_number, reject_unknown_keys
 from tokenfactory.traces import SyntheticWorkload, generate_requests, load_trace, trace_available
 
-__all__ = ["run", "run_replay", "ReplaySetup", "build_replay", "scale_trace", "superpose_trace", "PLANT", "ADMISSIONS"]
+__all__ = ["run", "PLANT", "ADMISSIONS"]
 
-#: the preset disaggregated cluster: DeepSeek-V3 on 8xH200 workers
-PLANT = {"model": "deepseek-v3", "hardware": "h200", "fill_workers": 2, "decode_workers": 1,
-         "measurement_delay_s": 0.5, "kv_stripes": 8, "kv_setup_s": 0.005}
+PLANT = DEFAULT_PLANT
+#: admission kinds the study compares
 ADMISSIONS = ("naive", "threshold", "smoothed")
-
-
-@dataclasses.dataclass
-class ReplaySetup:
-    trace: pd.DataFrame
-    params: DESParams
-    plant: FluidPlant
-    shape: RequestShape
-    capacity_rps: float
-    bottleneck: str
-
-
-def _shape(trace: pd.DataFrame) -> RequestShape:
-    new = (trace["input_tokens"] - trace["cached_tokens"]).clip(lower=1)
-    out = trace["output_tokens"].clip(lower=1)
-    cv = float(out.std() / out.mean()) if len(out) > 1 else 0.0
-    return RequestShape(max(1, int(round(new.mean()))), max(1, int(round(out.mean()))),
-                        cached_tokens=int(round(trace["cached_tokens"].mean())), output_cv=min(cv, 10.0))
-
-
-def build_replay(trace: pd.DataFrame, plant: dict | None = None) -> ReplaySetup:
-    """Roofline parameters for the DES and the fluid plant (for tuning) at the trace's shape."""
-    cfg = {**PLANT, **(plant or {})}
-    reject_unknown_keys("plant", cfg, set(PLANT) | {"parallelism", "efficiency", "decode_model", "decode_hardware"})
-    fill = Worker.from_dict({"model": cfg["model"], "hardware": cfg["hardware"],
-                             **{k: cfg[k] for k in ("parallelism", "efficiency") if k in cfg}})
-    dec = Worker.from_dict({"model": cfg.get("decode_model", cfg["model"]),
-                            "hardware": cfg.get("decode_hardware", cfg["hardware"]),
-                            **{k: cfg[k] for k in ("parallelism", "efficiency") if k in cfg}})
-    shape = _shape(trace)
-    fp = FluidParams.from_workers(fill, dec, shape, measurement_delay_s=cfg["measurement_delay_s"],
-                                  kv_stripes=cfg["kv_stripes"], kv_setup_s=cfg["kv_setup_s"])
-    plant_model = FluidPlant(fp, cfg["fill_workers"], cfg["decode_workers"])
-    params = DESParams.from_workers(fill, dec, kv_stripes=cfg["kv_stripes"], kv_setup_s=cfg["kv_setup_s"])
-    caps = {"fill": plant_model.fill_capacity, "decode": plant_model.decode_capacity}
-    neck = min(caps, key=caps.get)
-    return ReplaySetup(trace, params, plant_model, shape, caps[neck], neck)
-
-
-def scale_trace(trace: pd.DataFrame, scale: float) -> pd.DataFrame:
-    """The trace replayed ``scale`` times faster (arrival times divided by ``scale``)."""
-    check_number("scale", scale, low=0.0, low_inclusive=False)
-    if trace.attrs.get("per_session_clock"):
-        raise ConfigError("scale", "a trace with per-session clocks is replayed as closed sessions; it has no "
-                          "arrival rate to scale")
-    out = trace.copy()
-    out["arrival_s"] = out["arrival_s"] / scale
-    out.attrs = dict(trace.attrs)
-    return out
-
-
-def superpose_trace(trace: pd.DataFrame, multiplier: float, seed: int = 0) -> pd.DataFrame:
-    """``multiplier`` x the trace's load over the same span: superposed copies of the trace, each
-    shifted circularly by a seeded random offset (independent tenants with the same pattern); a
-    fractional remainder is a random thinning of one more copy. Unlike :func:`scale_trace` the
-    replay keeps its duration, so controllers with minute-scale windows see a long run."""
-    check_number("multiplier", multiplier, low=0.0, low_inclusive=False)
-    if trace.attrs.get("per_session_clock"):
-        raise ConfigError("multiplier", "a trace with per-session clocks cannot be superposed")
-    rng = np.random.default_rng(seed)
-    span = float(trace["arrival_s"].max()) + 1e-6
-    whole, frac = int(multiplier), multiplier - int(multiplier)
-    parts = []
-    for k in range(whole + (1 if frac > 0 else 0)):
-        part = trace.copy()
-        if k == whole:  # the fractional copy
-            part = part[rng.random(len(part)) < frac]
-        off = 0.0 if k == 0 else rng.uniform(0.0, span)
-        part["arrival_s"] = (part["arrival_s"] + off) % span
-        if "session_id" in part:
-            part["session_id"] = part["session_id"].astype(str) + f"#{k}"
-        parts.append(part)
-    out = pd.concat(parts, ignore_index=True).sort_values("arrival_s", kind="stable").reset_index(drop=True)
-    out.attrs = dict(trace.attrs)
-    return out
-
-
-#: admission policies of today's systems (built by studies.reconfiguration.make_admission)
-BASELINE_ADMISSIONS = ("mooncake", "mooncake-predictive", "vllm-watermark")
-
-
-def make_controller(kind: str, plant: FluidPlant, slo_ttft_s: float = 2.0):
-    if kind == "open":
-        return None
-    if kind in BASELINE_ADMISSIONS:
-        from tokenfactory.studies.reconfiguration import make_admission
-
-        return make_admission(kind, plant.params, int(plant.fill_workers), int(plant.decode_workers), slo_ttft_s)
-    ctrl, _ = build_controller({"kind": kind}, plant, StabilityEnvelope())
-    return ctrl
-
-
-def run_replay(trace: pd.DataFrame, setup: ReplaySetup, admission: str, scale: float,
-               cluster: dict | None = None, autoscaler: str | None = None) -> tuple[dict, Any]:
-    """One replay: returns (metrics with the ready buffer's oscillation report, DESResult).
-    ``autoscaler`` (a kind of ``tokenfactory.studies.reconfiguration.AUTOSCALER_KINDS``) sizes both pools."""
-    cl = ClusterConfig.from_dict({"fill_workers": int(setup.plant.fill_workers),
-                                  "decode_workers": int(setup.plant.decode_workers),
-                                  "measurement_delay_s": setup.plant.params.measurement_delay_s, **(cluster or {})})
-    replay = scale_trace(trace, scale) if scale != 1 else trace
-    scalers = []
-    if autoscaler:
-        from tokenfactory.studies.reconfiguration import make_autoscalers
-
-        rate = len(replay) / max(float(replay["arrival_s"].max()), 1e-9)
-        scalers = make_autoscalers(autoscaler, setup.plant.params, rate, dynamics=cl.dynamics,
-                                   arrival_times_s=replay["arrival_s"].to_numpy())
-    res = simulate(replay, setup.params, cl, make_controller(admission, setup.plant, cl.slo_ttft_s), scalers)
-    s = res.series
-    after = s[s["time_s"] > 0.1 * s["time_s"].iloc[-1]]
-    rep = assess(after["ready"].to_numpy(), cl.snapshot_dt, min_amplitude=1.0) if len(after) >= 16 else None
-    m = {**res.metrics, "admission": admission, "autoscaler": autoscaler, "scale": scale,
-         "ready_oscillation": rep.to_dict() if rep else None, "oscillating": bool(rep.oscillating) if rep else False}
-    return m, res
 
 
 def _trace_for(name: str, quick: bool) -> pd.DataFrame | None:

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from tokenfactory.studies.reconfiguration import CONTROL_PLANES, reproduce_cascade, reproduce_flapping, reproduce_seesaw
+from tokenfactory.registry import CONTROL_PLANES
+from tokenfactory.studies.reconfiguration import reproduce_cascade, reproduce_flapping, reproduce_seesaw
 from tokenfactory import ConfigError
 
 

@@ -1,11 +1,19 @@
 """tokenfactory: an LLM inference cluster as a plant with delayed feedback.
 
-The library lives in the flat packages ``plant_models`` (descriptors, service rates, plant
-models), ``controllers`` (controllers and stability analysis), ``traces`` (workloads) and
-``studies`` (runnable studies). This package holds the shared configuration helpers and the CLI.
+One import name, layered bottom to top (no import runs upward; ``tests/test_layers.py`` checks):
+
+* core - :mod:`tokenfactory.errors`, :mod:`tokenfactory.validation`, :mod:`tokenfactory.signals`
+  (what controllers see and command);
+* :mod:`tokenfactory.plant_models` - descriptors, the service model and the plants (fluid loop,
+  pool model, request simulator); :mod:`tokenfactory.traces` - workloads;
+* :mod:`tokenfactory.controllers` - controllers and their analysis (margins, describing
+  functions, detectors, forecasting);
+* :mod:`tokenfactory.registry` (controller kinds by name), :mod:`tokenfactory.scenario`,
+  :mod:`tokenfactory.replay`;
+* :mod:`tokenfactory.studies` - runnable studies; :mod:`tokenfactory.cli` - the command line.
 """
 
-from tokenfactory.validation import ConfigError
+from tokenfactory.errors import ConfigError, ConservationError
 
 __version__ = "0.1.0"
-__all__ = ["ConfigError", "__version__"]
+__all__ = ["ConfigError", "ConservationError", "__version__"]

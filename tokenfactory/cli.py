@@ -1,6 +1,6 @@
 """The ``tokenfactory`` command line.
 
-Subcommands: ``describe`` (model, hardware, worker), ``margins`` (a scenario's stability
+Subcommands: ``describe`` (model, hardware, worker, controller kinds), ``margins`` (a scenario's stability
 margins), ``forecast`` (backtests and a capacity plan), ``simulate`` (request-level replay),
 ``traces`` (list, info, fit, synth),
 ``study`` (runnable studies). Every error that
@@ -34,6 +34,21 @@ def _print_table(d: dict) -> None:
 def _cmd_describe(args) -> int:
     from tokenfactory.studies.report import to_jsonable
 
+    if args.what == "kinds":
+        from tokenfactory.registry import ADMISSION_KINDS, AUTOSCALER_KINDS
+
+        rows = [{"layer": k.layer, "kind": k.name, "baseline": k.baseline, "parameters": list(k.keys),
+                 "summary": k.summary} for k in (*ADMISSION_KINDS.values(), *AUTOSCALER_KINDS.values())]
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            width = max(len(r["kind"]) for r in rows)
+            for r in rows:
+                tag = "baseline" if r["baseline"] else "tokenfactory"
+                print(f"{r['layer']:<15} {r['kind']:<{width}}  [{tag}] {r['summary']}")
+        return 0
+    if args.name is None:
+        raise ConfigError("name", f"describe {args.what} needs a preset name or a TOML file")
     if args.what == "model":
         from tokenfactory.plant_models import load_model
 
@@ -111,14 +126,14 @@ def _cmd_forecast(args) -> int:
     from pathlib import Path
 
     from tokenfactory.controllers import FORECASTERS
-    from tokenfactory.studies.forecasting import load_rate_series, run_forecast_job
+    from tokenfactory.studies.forecasting import rate_series_and_shape, run_forecast_job
     from tokenfactory.studies.report import StudyReport
 
     models = args.models.split(",") if args.models else list(FORECASTERS)
     for m in models:
         if m not in FORECASTERS:
             raise ConfigError("models", f"unknown model {m!r}; models are {', '.join(FORECASTERS)}")
-    series, shape = load_rate_series(args.trace, args.interval)
+    series, shape = rate_series_and_shape(args.trace, args.interval)
     out = Path(args.out or Path("reports") / "forecast" / args.trace.replace(":", "-").replace("/", "_"))
     cfg = {"trace": args.trace, "horizon": args.horizon, "models": models, "test_days": args.test_days,
            "plan": {"model": args.model, "hardware": args.hardware, "headroom": args.headroom,
@@ -200,11 +215,11 @@ def _cmd_simulate(args) -> int:
     import tomllib
     from pathlib import Path
 
+    from tokenfactory.registry import ADMISSION_KINDS, AUTOSCALER_KINDS
+    from tokenfactory.replay import build_replay, run_replay
     from tokenfactory.studies.report import to_jsonable
-    from tokenfactory.studies.reconfiguration import AUTOSCALER_KINDS
-    from tokenfactory.studies.trace_replay import ADMISSIONS, BASELINE_ADMISSIONS, build_replay, run_replay
-    from tokenfactory.validation import reject_unknown_keys
     from tokenfactory.traces import SyntheticWorkload, generate_requests, load_trace
+    from tokenfactory.validation import check_choice, reject_unknown_keys
 
     plant, cluster, admission = {}, {}, args.admission
     if args.scenario:
@@ -219,11 +234,9 @@ def _cmd_simulate(args) -> int:
         cluster = dict(sc.get("cluster", {}))
         admission = admission or sc.get("controller", {}).get("kind")
     admission = admission or "smoothed"
-    known = (*ADMISSIONS, *BASELINE_ADMISSIONS, "open")
-    if admission not in known:
-        raise ConfigError("admission", f"{admission!r} is not one of {', '.join(known)}")
-    if args.autoscaler is not None and args.autoscaler not in AUTOSCALER_KINDS:
-        raise ConfigError("autoscaler", f"{args.autoscaler!r} is not one of {', '.join(AUTOSCALER_KINDS)}")
+    check_choice("admission", admission, ADMISSION_KINDS)
+    if args.autoscaler is not None:
+        check_choice("autoscaler", args.autoscaler, AUTOSCALER_KINDS)
     cluster.setdefault("seed", args.seed)
     if args.progress is not None:
         cluster["progress"] = args.progress
@@ -260,9 +273,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tokenfactory", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser("describe", help="derived figures of a model, an accelerator or a worker")
-    d.add_argument("what", choices=["model", "hardware", "worker"])
-    d.add_argument("name", help="preset name or TOML file (for worker: the model)")
+    d = sub.add_parser("describe", help="derived figures of a model, an accelerator or a worker; the "
+                                        "registered controller kinds")
+    d.add_argument("what", choices=["model", "hardware", "worker", "kinds"])
+    d.add_argument("name", nargs="?", default=None, help="preset name or TOML file (for worker: the model)")
     d.add_argument("--json", action="store_true", help="machine-readable output")
     d.add_argument("--hardware", default="h200", help="worker: accelerator preset or TOML")
     d.add_argument("--tp", type=int, default=1)
@@ -297,10 +311,10 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--scale", type=float, default=1.0, help="replay x times faster")
     sm.add_argument("--scenario", default=None, help="TOML with [plant], [cluster], [controller]")
     sm.add_argument("--admission", default=None,
-                    help="naive, threshold, smoothed, mooncake, mooncake-predictive, vllm-watermark or open")
+                    help="an admission kind (tokenfactory describe kinds); default smoothed")
     sm.add_argument("--autoscaler", default=None,
-                    help="size both pools: hpa, kpa, dynamo-throughput, dynamo-load, apa or hysteretic "
-                         "(start-up/warm-up from the scenario's [cluster.dynamics])")
+                    help="an autoscaler kind sizing both pools (tokenfactory describe kinds); start-up/warm-up "
+                         "from the scenario's [cluster.dynamics]")
     sm.add_argument("--seed", type=int, default=0)
     sm.add_argument("--duration", default="1h", help="synthetic trace length")
     sm.add_argument("--out", default=None)

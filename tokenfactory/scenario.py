@@ -16,7 +16,7 @@ Resolved once and validated up front: unknown keys and out-of-range values raise
     measurement_delay_s = 0.5
 
     [controller]
-    kind = "smoothed"              # naive | threshold | smoothed
+    kind = "smoothed"              # any admission kind: tokenfactory describe kinds
     sample_period_s = 0.25
 
     [envelope]
@@ -39,13 +39,13 @@ from typing import Any
 
 import pandas as pd
 
-from tokenfactory.controllers.admission import CompletionTriggeredAdmission, SmoothedAdmission, ThresholdAdmission
-from tokenfactory.controllers.autotune import StabilityEnvelope, TuningReport, admission_loop, tune_smoothed_admission
+from tokenfactory.controllers.admission import CompletionTriggeredAdmission, SmoothedAdmission
+from tokenfactory.controllers.autotune import StabilityEnvelope, TuningReport, admission_loop
 from tokenfactory.controllers.describing import predict_limit_cycles
 from tokenfactory.controllers.stability import DelayedLoop, stability_margins
-from tokenfactory.controllers.tuning import simc_pi
 from tokenfactory.plant_models.fluid import FluidParams, FluidPlant, LoopScenario, RequestShape
 from tokenfactory.plant_models.roofline import Worker
+from tokenfactory.registry import ADMISSION_KINDS, PlantContext, admission_kinds, build_admission, smoothed_admission
 from tokenfactory.validation import ConfigError, check_choice, check_number, reject_unknown_keys
 
 __all__ = ["Scenario", "load_scenario", "scenario_from_dict", "build_plant", "build_controller",
@@ -54,12 +54,6 @@ __all__ = ["Scenario", "load_scenario", "scenario_from_dict", "build_plant", "bu
 _PLANT_KEYS = {"model", "hardware", "parallelism", "efficiency", "decode_model", "decode_hardware",
                "decode_parallelism", "fill_workers", "decode_workers", "prompt_tokens", "output_tokens",
                "cached_tokens", "measurement_delay_s", "kv_stripes", "kv_setup_s"}
-_CONTROLLER_KEYS = {
-    "naive": {"kind", "sample_period_s", "open_gain", "low_water", "open_floor"},
-    "threshold": {"kind", "sample_period_s", "threshold", "hysteresis", "signal", "open_rate"},
-    "smoothed": {"kind", "sample_period_s", "filter_tau_s", "service_filter_tau_s", "safety_z",
-                 "backlog_bound_s", "kc", "ti", "target_ready"},
-}
 
 
 @dataclass
@@ -99,34 +93,18 @@ def build_plant(d: Mapping[str, Any], where: str = "plant") -> FluidPlant:
 
 def build_controller(d: Mapping[str, Any], plant: FluidPlant, envelope: StabilityEnvelope,
                      where: str = "controller") -> tuple[Any, TuningReport | None]:
+    """The scenario's admission controller: any registered admission kind
+    (:func:`tokenfactory.registry.admission_kinds`) with its parameters; ``smoothed`` is tuned over
+    ``envelope`` and returns its tuning report. A scenario's smoothed controller sheds backlog over
+    ``backlog_bound_s`` = 30 s unless the file says otherwise."""
     d = dict(d)
-    kind = check_choice(f"{where}.kind", d.get("kind"), _CONTROLLER_KEYS)
-    reject_unknown_keys(where, d, _CONTROLLER_KEYS[kind])
-    if kind == "naive":
-        return CompletionTriggeredAdmission(open_gain=d.get("open_gain", 0.5), low_water=d.get("low_water", 50.0),
-                                            open_floor=d.get("open_floor", 1.0),
-                                            sample_period=d.get("sample_period_s", 0.05)), None
-    if kind == "threshold":
-        return ThresholdAdmission(threshold=d.get("threshold", 1.05), hysteresis=d.get("hysteresis", 0.0),
-                                  signal=d.get("signal", "kv_occupancy"), open_rate=d.get("open_rate"),
-                                  sample_period=d.get("sample_period_s", 0.1)), None
-    T = d.get("sample_period_s", 0.25)
-    ctrl, report = tune_smoothed_admission(
-        plant, sample_period=T, filter_tau=d.get("filter_tau_s"),
-        service_filter_tau=d.get("service_filter_tau_s", 5.0), envelope=envelope,
-        safety_z=d.get("safety_z", 2.0), backlog_bound_s=d.get("backlog_bound_s", 30.0))
-    if "kc" in d or "ti" in d or "target_ready" in d:  # hand tuning overrides the auto-tuner
-        gains = simc_pi(1.0, report.effective_delay_s, tau_c=report.tau_c_s)
-        kc = check_number(f"{where}.kc", d.get("kc", gains.kc), low=0.0, low_inclusive=False)
-        ti = check_number(f"{where}.ti", d.get("ti", gains.ti), low=0.0, low_inclusive=False)
-        from tokenfactory.controllers.tuning import PIGains
-
-        ctrl = SmoothedAdmission(d.get("target_ready", ctrl.target_ready),
-                                 PIGains(kc, ti, report.tau_c_s, report.effective_delay_s),
-                                 filter_tau=ctrl.filter_tau, service_filter_tau=ctrl.service_filter_tau,
-                                 sample_period=T, rate_limit=ctrl.rate_limit, backlog_bound=ctrl.backlog_bound)
-        report = None
-    return ctrl, report
+    kind = check_choice(f"{where}.kind", d.get("kind"), admission_kinds())
+    params = {k: v for k, v in d.items() if k != "kind"}
+    reject_unknown_keys(where, params, ADMISSION_KINDS[kind].keys)
+    ctx = PlantContext(plant.params, plant.fill_workers, plant.decode_workers, envelope=envelope)
+    if kind == "smoothed":
+        return smoothed_admission(ctx, {"backlog_bound_s": 30.0, **params}, where=where)
+    return build_admission(kind, ctx, params, where=where), None
 
 
 def scenario_from_dict(d: Mapping[str, Any], name: str = "scenario") -> Scenario:

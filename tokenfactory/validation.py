@@ -11,6 +11,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from tokenfactory.errors import ConfigError
+
 __all__ = [
     "ConfigError",
     "check_number",
@@ -20,15 +22,6 @@ __all__ = [
 ]
 
 
-class ConfigError(ValueError):
-    """A configuration value is missing, unknown or out of range.
-
-    ``field`` is the dotted path of the offending key (``"model.active_experts"``).
-    """
-
-    def __init__(self, field: str, message: str):
-        self.field = field
-        super().__init__(f"{field}: {message}")
 
 
 def _fmt(x: float) -> str:

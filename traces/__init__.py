@@ -10,4 +10,9 @@ from tokenfactory.traces.stats import __all__ as _st
 from tokenfactory.traces.synthetic import *  # noqa: F401,F403
 from tokenfactory.traces.synthetic import __all__ as _sy
 
-__all__ = [*_ld, *_sc, *_st, *_sy]
+from tokenfactory.traces.transforms import *  # noqa: F401,F403
+from tokenfactory.traces.transforms import __all__ as _tf
+from tokenfactory.traces.rates import *  # noqa: F401,F403
+from tokenfactory.traces.rates import __all__ as _rt
+
+__all__ = [*_ld, *_sc, *_st, *_sy, *_tf, *_rt]

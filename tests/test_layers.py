@@ -1,0 +1,131 @@
+"""The layering: no import runs upward, no study imports another study, one import name.
+
+Every module of the installed package is parsed (imports inside functions included) and each
+``tokenfactory.*`` import is checked against the layer table below, the one docs/architecture.md
+draws. A module may import its own layer and the layers below it.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+#: (layer, module prefixes), bottom first; the first matching prefix wins, longest prefixes first
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("core", ("tokenfactory.errors", "tokenfactory.validation", "tokenfactory.signals", "tokenfactory.events")),
+    ("service", ("tokenfactory.plant_models.hardware", "tokenfactory.plant_models.moe_model",
+                 "tokenfactory.plant_models.roofline", "tokenfactory.plant_models.stage_memory",
+                 "tokenfactory.plant_models.service", "tokenfactory.plant_models.published")),
+    ("plants and traces", ("tokenfactory.plant_models", "tokenfactory.traces")),
+    ("controllers and analysis", ("tokenfactory.controllers",)),
+    ("registry", ("tokenfactory.registry", "tokenfactory.scenario", "tokenfactory.replay", "tokenfactory.stack",
+                  "tokenfactory.testing", "tokenfactory.sweep")),
+    ("studies", ("tokenfactory.studies",)),
+    ("cli", ("tokenfactory.cli", "tokenfactory.__main__")),
+]
+ROOT_PACKAGE = "tokenfactory"  # its __init__ is part of the core: it may import only core modules
+
+
+def _layer_of(module: str) -> int:
+    if module == ROOT_PACKAGE:
+        return 0
+    best, best_len = None, -1
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > best_len:
+                best, best_len = i, len(p)
+    if best is None:
+        raise AssertionError(f"module {module} is in no layer; add it to tests/test_layers.py LAYERS and "
+                             "docs/architecture.md")
+    return best
+
+
+def _package_modules() -> dict[str, Path]:
+    """Every module of the installed package, found through the import system (so the
+    package-dir mapping is what is checked, not the folder names)."""
+    mods: dict[str, Path] = {}
+    for pkg in ("tokenfactory", "tokenfactory.controllers", "tokenfactory.plant_models", "tokenfactory.traces",
+                "tokenfactory.studies"):
+        spec = importlib.util.find_spec(pkg)
+        assert spec is not None and spec.submodule_search_locations, pkg
+        folder = Path(list(spec.submodule_search_locations)[0])
+        for f in sorted(folder.rglob("*.py")):
+            rel = f.relative_to(folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            name = ".".join([pkg, *parts])
+            mods[name] = f
+    return mods
+
+
+def _imports(path: Path, module: str) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    is_pkg = path.name == "__init__.py"
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative import: resolve against the module's package
+                base = module.split(".")
+                base = base if is_pkg else base[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            out.append((node.lineno, name))
+            # `from tokenfactory import studies`-style imports name submodules
+            for a in node.names:
+                if f"{name}.{a.name}" in MODULES:
+                    out.append((node.lineno, f"{name}.{a.name}"))
+    return out
+
+
+MODULES = _package_modules()
+
+
+def test_every_module_is_in_a_layer():
+    for name in MODULES:
+        _layer_of(name)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_upward_imports(module):
+    here = _layer_of(module)
+    bad = []
+    for line, imported in _imports(MODULES[module], module):
+        top = imported.split(".")[0]
+        assert top not in ("controllers", "plant_models", "traces", "studies"), (
+            f"{module}:{line} imports {imported!r}: use the one import name, tokenfactory.{imported}")
+        if top != ROOT_PACKAGE:
+            continue
+        there = _layer_of(imported)
+        if there > here:
+            bad.append(f"{module}:{line} ({LAYERS[here][0]}) imports {imported} ({LAYERS[there][0]})")
+    assert not bad, "upward imports:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("tokenfactory.studies.")))
+def test_no_study_imports_another_study(module):
+    shared = {"tokenfactory.studies", "tokenfactory.studies.report"}  # the registry and the report writer
+    for line, imported in _imports(MODULES[module], module):
+        if imported.startswith("tokenfactory.studies") and imported not in shared and imported != module:
+            raise AssertionError(f"{module}:{line} imports the study {imported}; move what they share below "
+                                 "the studies layer")
+
+
+def test_the_layer_check_catches_an_upward_import(tmp_path):
+    # the checker itself: a core module importing a controller is reported
+    f = tmp_path / "signals.py"
+    f.write_text("from tokenfactory.controllers import SmoothedAdmission\n")
+    imported = _imports(f, "tokenfactory.signals")
+    assert [(_layer_of(m) > _layer_of("tokenfactory.signals")) for _, m in imported] == [True]
+
+
+def test_the_mapped_folders_are_subpackages():
+    # the four top-level folders install under the one import name, and the bare names do not exist
+    for pkg in ("controllers", "plant_models", "traces", "studies"):
+        assert importlib.util.find_spec(f"tokenfactory.{pkg}") is not None
+    assert len(MODULES) > 40

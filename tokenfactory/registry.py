@@ -1,0 +1,423 @@
+"""The registry: every controller kind by name, in one place.
+
+Scenario files, studies and the CLI's choices all build controllers through this module, so a new
+policy is added by one :func:`register` call (its builder, its accepted parameters and a line of
+description) and appears everywhere - ``tokenfactory simulate --admission``, scenario TOML
+``[controller] kind = ...``, the study comparisons.
+
+A builder takes a :class:`PlantContext` (the roofline rates of the plant the controller will run on,
+the pool sizes, SLOs and demand it is tuned for) and a mapping of parameters; unknown parameters
+are rejected with their name.
+
+* admission kinds (the seconds layer): ``open``, ``naive``, ``threshold``, ``smoothed`` and
+  today's baselines ``vllm-watermark``, ``mooncake``, ``mooncake-predictive``;
+* autoscaler kinds (the reconfiguration layer, a builder returns one controller per pool):
+  ``hpa``, ``kpa``, ``dynamo-throughput``, ``dynamo-load``, ``apa`` and ``hysteretic``;
+* :data:`CONTROL_PLANES`: the combinations deployments run (an autoscaler kind and an admission
+  kind), used by the comparisons.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tokenfactory.controllers.admission import CompletionTriggeredAdmission, SmoothedAdmission, ThresholdAdmission
+from tokenfactory.controllers.autoscaling import (
+    AIBrixAPA,
+    DynamoLoadPlanner,
+    DynamoThroughputPlanner,
+    HorizontalPodAutoscaler,
+    KnativeAutoscaler,
+)
+from tokenfactory.controllers.autotune import StabilityEnvelope, TuningReport, tune_smoothed_admission
+from tokenfactory.controllers.early_rejection import EarlyRejection, WatermarkAdmission
+from tokenfactory.controllers.reconfiguration import HystereticPoolController, measured_need_noise
+from tokenfactory.controllers.tuning import PIGains, simc_pi
+from tokenfactory.plant_models.fluid import FluidParams, FluidPlant
+from tokenfactory.plant_models.pools import PoolDynamics
+from tokenfactory.validation import ConfigError, check_number, reject_unknown_keys
+
+__all__ = ["PlantContext", "ControllerKind", "register", "ADMISSION_KINDS", "AUTOSCALER_KINDS",
+           "CONTROL_PLANES", "build_admission", "build_autoscalers", "control_plane", "admission_kinds",
+           "autoscaler_kinds", "smoothed_admission", "TARGET_UTILIZATION"]
+
+#: the utilisation every capacity-based autoscaler targets (15 % headroom for bursts)
+TARGET_UTILIZATION = 0.85
+
+
+@dataclass(frozen=True)
+class PlantContext:
+    """What a controller builder may know about the plant it will run on.
+
+    Parameters
+    ----------
+    params : FluidParams
+        Roofline rates and delays of one fill and one decode worker at the request shape.
+    fill_workers, decode_workers : int
+        Pool sizes the controller is tuned for (admission tunes at these).
+    slo_ttft_s, slo_tpot_s : float
+        The SLO the controller protects.
+    rate_rps : float or None
+        Mean demand (requests/s); autoscalers use it for their noise-derived dead bands.
+    dynamics : PoolDynamics
+        Start-up, warm-up and drain of workers (autoscalers' cooldowns follow from them).
+    max_replicas : int
+        Upper bound of every autoscaler.
+    arrival_times_s : array or None
+        Arrival times of the replayed stream; the hysteretic controller measures its need noise on
+        them when they span at least 45 minutes.
+    envelope : StabilityEnvelope
+        Errors the admission tuning must tolerate.
+    """
+
+    params: FluidParams
+    fill_workers: int = 1
+    decode_workers: int = 1
+    slo_ttft_s: float = 2.0
+    slo_tpot_s: float = 0.1
+    rate_rps: float | None = None
+    dynamics: PoolDynamics = field(default_factory=PoolDynamics)
+    max_replicas: int = 64
+    arrival_times_s: Any = None
+    envelope: StabilityEnvelope = field(default_factory=StabilityEnvelope)
+
+    @property
+    def plant(self) -> FluidPlant:
+        """The admission-loop fluid plant at these pool sizes (what admission is tuned on)."""
+        return FluidPlant(self.params, self.fill_workers, self.decode_workers)
+
+
+@dataclass(frozen=True)
+class ControllerKind:
+    """One registered controller kind.
+
+    Parameters
+    ----------
+    name : str
+        The name users type (``--admission NAME``, ``kind = "NAME"``).
+    layer : str
+        ``"admission"`` or ``"reconfiguration"``.
+    summary : str
+        One line: what it is and whose it is.
+    build : callable
+        ``build(ctx, params) -> controller`` (admission; ``None`` for no controller) or a list of
+        controllers, one per pool (reconfiguration).
+    keys : tuple of str
+        Parameters the builder accepts; anything else is rejected.
+    baseline : bool
+        True for today's systems, False for tokenfactory's own controllers.
+    """
+
+    name: str
+    layer: str
+    summary: str
+    build: Callable[[PlantContext, dict], Any]
+    keys: tuple[str, ...] = ()
+    baseline: bool = False
+
+
+ADMISSION_KINDS: dict[str, ControllerKind] = {}
+AUTOSCALER_KINDS: dict[str, ControllerKind] = {}
+
+
+def register(kind: ControllerKind) -> ControllerKind:
+    """Add ``kind`` to the registry of its layer (a name may be registered once).
+
+    Parameters
+    ----------
+    kind : ControllerKind
+        The kind to add.
+
+    Returns
+    -------
+    ControllerKind
+        ``kind``, so the call can be used as an expression.
+    """
+    table = {"admission": ADMISSION_KINDS, "reconfiguration": AUTOSCALER_KINDS}.get(kind.layer)
+    if table is None:
+        raise ConfigError("kind.layer", f"{kind.layer!r} is not one of 'admission', 'reconfiguration'")
+    if kind.name in table:
+        raise ConfigError("kind.name", f"{kind.name!r} is already registered in the {kind.layer} layer")
+    table[kind.name] = kind
+    return kind
+
+
+def admission_kinds() -> tuple[str, ...]:
+    """Names of the registered admission kinds, in registration order."""
+    return tuple(ADMISSION_KINDS)
+
+
+def autoscaler_kinds() -> tuple[str, ...]:
+    """Names of the registered autoscaler kinds, in registration order."""
+    return tuple(AUTOSCALER_KINDS)
+
+
+def _lookup(table: Mapping[str, ControllerKind], kind: str, where: str) -> ControllerKind:
+    if kind not in table:
+        raise ConfigError(where, f"{kind!r} is not one of {', '.join(table)}")
+    return table[kind]
+
+
+def build_admission(kind: str, ctx: PlantContext, params: Mapping[str, Any] | None = None,
+                    where: str = "admission") -> Any:
+    """A fresh admission controller of ``kind`` for the plant in ``ctx``.
+
+    Parameters
+    ----------
+    kind : str
+        A registered admission kind (:func:`admission_kinds`).
+    ctx : PlantContext
+        The plant it will run on.
+    params : mapping, optional
+        The kind's parameters (its ``keys``); unknown ones raise :class:`ConfigError`.
+    where : str
+        Field path used in error messages.
+
+    Returns
+    -------
+    controller or None
+        ``None`` for ``open`` (admit everything).
+    """
+    k = _lookup(ADMISSION_KINDS, kind, f"{where}.kind" if params else where)
+    p = dict(params or {})
+    p.pop("kind", None)
+    reject_unknown_keys(where, p, k.keys)
+    return k.build(ctx, p)
+
+
+def build_autoscalers(kind: str, ctx: PlantContext, params: Mapping[str, Any] | None = None,
+                      where: str = "autoscaler") -> list:
+    """Fresh autoscalers of ``kind``, one per pool, with their documented defaults.
+
+    Every autoscaler gets the same per-worker capacities (roofline x :data:`TARGET_UTILIZATION`
+    where a capacity is needed) and targets equivalent to that utilisation in its own metric.
+
+    Parameters
+    ----------
+    kind : str
+        A registered autoscaler kind (:func:`autoscaler_kinds`).
+    ctx : PlantContext
+        The plant and demand they size.
+    params : mapping, optional
+        The kind's parameters; unknown ones raise :class:`ConfigError`.
+    where : str
+        Field path used in error messages.
+
+    Returns
+    -------
+    list
+        One controller per pool (fill, decode).
+    """
+    k = _lookup(AUTOSCALER_KINDS, kind, where)
+    p = dict(params or {})
+    p.pop("kind", None)
+    reject_unknown_keys(where, p, k.keys)
+    return k.build(ctx, p)
+
+
+# ------------------------------------------------------------------------------------------
+# admission kinds
+
+
+def _open(ctx: PlantContext, p: dict) -> None:
+    return None
+
+
+def _naive(ctx: PlantContext, p: dict) -> CompletionTriggeredAdmission:
+    return CompletionTriggeredAdmission(open_gain=p.get("open_gain", 0.5), low_water=p.get("low_water", 50.0),
+                                        open_floor=p.get("open_floor", 1.0),
+                                        sample_period=p.get("sample_period_s", 0.05))
+
+
+def _threshold(ctx: PlantContext, p: dict) -> ThresholdAdmission:
+    return ThresholdAdmission(threshold=p.get("threshold", 1.05), hysteresis=p.get("hysteresis", 0.0),
+                              signal=p.get("signal", "kv_occupancy"), open_rate=p.get("open_rate"),
+                              sample_period=p.get("sample_period_s", 0.1))
+
+
+def smoothed_admission(ctx: PlantContext, p: Mapping[str, Any] | None = None,
+                       where: str = "controller") -> tuple[SmoothedAdmission, TuningReport | None]:
+    """tokenfactory's smoothed admission, SIMC-tuned on the fluid plant over ``ctx.envelope``.
+
+    Without ``backlog_bound_s`` it sheds what would wait longer than half the TTFT SLO (the bound
+    follows from the SLO, not from a guess). ``kc``/``ti``/``target_ready`` override the tuner
+    (hand tuning; the report is then ``None``).
+
+    Parameters
+    ----------
+    ctx : PlantContext
+        The plant to tune on.
+    p : mapping, optional
+        ``sample_period_s``, ``filter_tau_s``, ``service_filter_tau_s``, ``safety_z``,
+        ``backlog_bound_s``, ``kc``, ``ti``, ``target_ready``.
+    where : str
+        Field path used in error messages.
+
+    Returns
+    -------
+    tuple
+        ``(SmoothedAdmission, TuningReport or None)``.
+    """
+    p = dict(p or {})
+    T = p.get("sample_period_s", 0.25)
+    ctrl, report = tune_smoothed_admission(
+        ctx.plant, sample_period=T, filter_tau=p.get("filter_tau_s"),
+        service_filter_tau=p.get("service_filter_tau_s", 5.0), envelope=ctx.envelope,
+        safety_z=p.get("safety_z", 2.0), backlog_bound_s=p.get("backlog_bound_s", 0.5 * ctx.slo_ttft_s))
+    if "kc" in p or "ti" in p or "target_ready" in p:  # hand tuning overrides the auto-tuner
+        gains = simc_pi(1.0, report.effective_delay_s, tau_c=report.tau_c_s)
+        kc = check_number(f"{where}.kc", p.get("kc", gains.kc), low=0.0, low_inclusive=False)
+        ti = check_number(f"{where}.ti", p.get("ti", gains.ti), low=0.0, low_inclusive=False)
+        ctrl = SmoothedAdmission(p.get("target_ready", ctrl.target_ready),
+                                 PIGains(kc, ti, report.tau_c_s, report.effective_delay_s),
+                                 filter_tau=ctrl.filter_tau, service_filter_tau=ctrl.service_filter_tau,
+                                 sample_period=T, rate_limit=ctrl.rate_limit, backlog_bound=ctrl.backlog_bound)
+        report = None
+    return ctrl, report
+
+
+def _watermark(ctx: PlantContext, p: dict) -> WatermarkAdmission:
+    return WatermarkAdmission(sample_period=p.get("sample_period_s", 0.25))  # the orchestrator samples every 250 ms
+
+
+def _mooncake(predictive: bool) -> Callable[[PlantContext, dict], EarlyRejection]:
+    def build(ctx: PlantContext, p: dict) -> EarlyRejection:
+        return EarlyRejection(fill_latency_s=ctx.params.fill_latency_s, slo_ttft_s=ctx.slo_ttft_s,
+                              predictive=predictive)
+    return build
+
+
+_SMOOTHED_KEYS = ("sample_period_s", "filter_tau_s", "service_filter_tau_s", "safety_z", "backlog_bound_s",
+                  "kc", "ti", "target_ready")
+register(ControllerKind("open", "admission", "no admission control: every arrival enters the fill queue",
+                        _open, baseline=True))
+register(ControllerKind("naive", "admission", "completion-triggered admission (section 18's naive loop)", _naive,
+                        ("sample_period_s", "open_gain", "low_water", "open_floor"), baseline=True))
+register(ControllerKind("threshold", "admission", "on/off admission on a busy signal (503 on busy, Dynamo "
+                        "frontend style)", _threshold,
+                        ("sample_period_s", "threshold", "hysteresis", "signal", "open_rate"), baseline=True))
+register(ControllerKind("smoothed", "admission", "tokenfactory: feed-forward + PI on the filtered ready buffer, "
+                        "SIMC-tuned over a stability envelope",
+                        lambda ctx, p: smoothed_admission(ctx, p)[0], _SMOOTHED_KEYS))
+register(ControllerKind("vllm-watermark", "admission", "vLLM's 1 % KV watermark: admit while KV has room",
+                        _watermark, ("sample_period_s",), baseline=True))
+register(ControllerKind("mooncake", "admission", "Mooncake early rejection on the current decode load "
+                        "(FAST'25 sec. 7.2-7.3)", _mooncake(False), baseline=True))
+register(ControllerKind("mooncake-predictive", "admission", "Mooncake prediction-based early rejection "
+                        "(FAST'25 sec. 7.4)", _mooncake(True), baseline=True))
+
+
+# ------------------------------------------------------------------------------------------
+# autoscaler kinds
+
+
+def _bounds(ctx: PlantContext) -> dict:
+    return {"min_replicas": 1, "max_replicas": ctx.max_replicas}
+
+
+def _rates(ctx: PlantContext) -> tuple[float, float]:
+    return ctx.params.fill_rate_per_worker, ctx.params.decode_capacity(1)
+
+
+def _hpa(ctx: PlantContext, p: dict) -> list:
+    return [HorizontalPodAutoscaler("fill", 0.7, "fill_utilization", **_bounds(ctx)),
+            HorizontalPodAutoscaler("decode", 0.8, "kv_occupancy", **_bounds(ctx))]
+
+
+def _kpa(ctx: PlantContext, p: dict) -> list:  # concurrency per replica at the target utilisation (Little's law)
+    mu_f, _ = _rates(ctx)
+    return [KnativeAutoscaler("fill", 0.7 * mu_f * ctx.params.fill_to_ready_s, "fill_concurrency", **_bounds(ctx)),
+            KnativeAutoscaler("decode", 0.8 * ctx.params.decode_slots_per_worker, "decode_concurrency",
+                              **_bounds(ctx))]
+
+
+def _dynamo_throughput(ctx: PlantContext, p: dict) -> list:
+    mu_f, mu_d = _rates(ctx)
+    pred = p.get("predictor", "constant")
+    return [DynamoThroughputPlanner("fill", TARGET_UTILIZATION * mu_f, predictor=pred, **_bounds(ctx)),
+            DynamoThroughputPlanner("decode", TARGET_UTILIZATION * mu_d, predictor=pred, **_bounds(ctx))]
+
+
+def _dynamo_load(ctx: PlantContext, p: dict) -> list:
+    return [DynamoLoadPlanner("fill", 0.9, "fill_utilization", **_bounds(ctx)),
+            DynamoLoadPlanner("decode", 1.0, "kv_occupancy", **_bounds(ctx))]
+
+
+def _apa(ctx: PlantContext, p: dict) -> list:
+    return [AIBrixAPA("fill", 0.7, "fill_utilization", **_bounds(ctx)),
+            AIBrixAPA("decode", 0.8, "kv_occupancy", **_bounds(ctx))]
+
+
+def _hysteretic(ctx: PlantContext, p: dict) -> list:
+    if ctx.rate_rps is None:
+        raise ConfigError("autoscaler", "the hysteretic controller needs the mean demand (PlantContext.rate_rps) "
+                          "to derive its dead band")
+    mu_f, mu_d = _rates(ctx)
+    kw = dict(startup_s=ctx.dynamics.startup_s, warmup_s=ctx.dynamics.warmup_s,
+              target_utilization=TARGET_UTILIZATION, **_bounds(ctx))
+    arr = ctx.arrival_times_s
+    out = []
+    for pool, mu in (("fill", mu_f), ("decode", mu_d)):
+        noise = None
+        if arr is not None and len(arr) > 1 and float(np.max(arr) - np.min(arr)) >= 2700.0:
+            noise = measured_need_noise(arr, mu, TARGET_UTILIZATION, 30.0)
+        out.append(HystereticPoolController.tuned(pool, mu, ctx.rate_rps, noise_std=noise, **kw))
+    return out
+
+
+register(ControllerKind("hpa", "reconfiguration", "Kubernetes HPA (tolerance 0.1, scale-down stabilisation "
+                        "300 s) on fill utilisation and KV occupancy", _hpa, baseline=True))
+register(ControllerKind("kpa", "reconfiguration", "Knative KPA (stable window 60 s, panic window 6 s) on "
+                        "concurrency", _kpa, baseline=True))
+register(ControllerKind("dynamo-throughput", "reconfiguration", "NVIDIA Dynamo planner, throughput mode "
+                        "(ceil(predicted demand / capacity) every 180 s)", _dynamo_throughput, ("predictor",),
+                        baseline=True))
+register(ControllerKind("dynamo-load", "reconfiguration", "NVIDIA Dynamo planner, load mode (+-1 per 5 s tick)",
+                        _dynamo_load, baseline=True))
+register(ControllerKind("apa", "reconfiguration", "AIBrix APA (fluctuation tolerances, 60 s window)", _apa,
+                        baseline=True))
+register(ControllerKind("hysteretic", "reconfiguration", "tokenfactory: pending-aware hysteretic pool "
+                        "controller with a noise-derived dead band, dwell and cooldown", _hysteretic))
+
+
+#: every control plane of the comparisons: (autoscaler kind or None, admission kind or None)
+CONTROL_PLANES: dict[str, tuple[str | None, str | None]] = {
+    "static + vllm-watermark": (None, "vllm-watermark"),
+    "static + mooncake-early-rejection": (None, "mooncake"),
+    "static + mooncake-predictive-rejection": (None, "mooncake-predictive"),
+    "static + tokenfactory-smoothed": (None, "smoothed"),
+    "kubernetes-hpa": ("hpa", None),
+    "knative-kpa": ("kpa", None),
+    "dynamo-throughput": ("dynamo-throughput", None),
+    "dynamo-load": ("dynamo-load", None),
+    "aibrix-apa": ("apa", None),
+    "tokenfactory-hysteretic": ("hysteretic", None),
+    "tokenfactory-hysteretic + smoothed": ("hysteretic", "smoothed"),
+}
+
+
+def control_plane(name: str, ctx: PlantContext) -> tuple[list, Any]:
+    """Fresh controller objects for control plane ``name``.
+
+    Parameters
+    ----------
+    name : str
+        A key of :data:`CONTROL_PLANES`.
+    ctx : PlantContext
+        The plant, demand and pool sizes.
+
+    Returns
+    -------
+    tuple
+        ``(pool autoscalers, admission controller or None)``.
+    """
+    if name not in CONTROL_PLANES:
+        raise ConfigError("control_plane", f"{name!r} is not one of {', '.join(CONTROL_PLANES)}")
+    scaler, admission = CONTROL_PLANES[name]
+    scalers = build_autoscalers(scaler, ctx) if scaler else []
+    adm = build_admission(admission, ctx) if admission else None
+    return scalers, adm

@@ -1,0 +1,148 @@
+"""What a controller sees of the plant and what it may command (bottom layer).
+
+The same types pass between controllers and every plant representation (the admission-loop fluid
+plant, the pool model, the request simulator), so a controller object runs unchanged in all:
+a :class:`Measurement` in, an :class:`AdmissionAction`, a :class:`ScaleAction` or a list of them
+out (:func:`split_action` sorts a controller's return value).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from tokenfactory.errors import ConfigError
+
+__all__ = ["Measurement", "AdmissionAction", "ScaleAction", "REJECT_REASONS", "POOLS", "split_action",
+           "count_reversals"]
+
+#: why a request can be rejected (every rejection in every plant carries one of these)
+REJECT_REASONS = ("backlog_over_bound", "decode_overloaded", "predicted_slo_violation")
+#: the pools a :class:`ScaleAction` can size
+POOLS = ("fill", "decode")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A sample of the plant as the orchestrator sees it, already ``measurement_delay_s`` old.
+
+    Counts are requests; rates are requests per second. ``time_s`` is when the sample was taken
+    (its age is the plant's measurement delay), ``decode_slots`` and ``fill_capacity`` describe
+    the pools at that moment. ``*_workers`` count serving workers, ``*_workers_starting`` the ones
+    provisioned but not yet serving (a pool autoscaler's moves still in transit);
+    ``arrival_rate`` is what reached the orchestrator (before admission), when the plant knows it.
+    """
+
+    time_s: float
+    backlog: float
+    fill_in_progress: float
+    ready: float
+    active_decodes: float
+    completion_rate: float
+    admitted_rate: float
+    decode_slots: float
+    fill_capacity: float
+    fill_workers: float = math.nan
+    decode_workers: float = math.nan
+    fill_workers_starting: float = 0.0
+    decode_workers_starting: float = 0.0
+    arrival_rate: float = math.nan
+
+    @property
+    def decode_utilization(self) -> float:
+        return self.active_decodes / self.decode_slots if self.decode_slots > 0 else 0.0
+
+    @property
+    def kv_occupancy(self) -> float:
+        """Sequences holding KV in decode or waiting for it, per decode slot (a busy signal)."""
+        return (self.active_decodes + self.ready) / self.decode_slots if self.decode_slots > 0 else math.inf
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class AdmissionAction:
+    """An admission command: release ``rate`` requests/s from the backlog into fill, and shed
+    (reject with ``reason``) whatever backlog exceeds ``backlog_bound``. Early rejection at arrival
+    is ``backlog_bound=0`` with its own reason."""
+
+    rate: float
+    backlog_bound: float = math.inf
+    reason: str = "backlog_over_bound"
+
+    def __post_init__(self) -> None:
+        if not (self.rate >= 0.0) or math.isnan(self.rate):
+            raise ValueError(f"AdmissionAction.rate must be >= 0, got {self.rate}")
+        if not self.backlog_bound >= 0.0:
+            raise ValueError(f"AdmissionAction.backlog_bound must be >= 0, got {self.backlog_bound}")
+        if self.reason not in REJECT_REASONS:
+            raise ValueError(f"AdmissionAction.reason must be one of {REJECT_REASONS}, got {self.reason!r}")
+
+
+@dataclass(frozen=True)
+class ScaleAction:
+    """Desired number of workers for ``pool`` (``"fill"`` or ``"decode"``), with Kubernetes
+    deployment semantics: the plant starts or drains workers to reach ``replicas``."""
+
+    pool: str
+    replicas: int
+
+    def __post_init__(self) -> None:
+        if self.pool not in POOLS:
+            raise ConfigError("ScaleAction.pool", f"{self.pool!r} is not one of {POOLS}")
+        if isinstance(self.replicas, bool) or int(self.replicas) != self.replicas or self.replicas < 0:
+            raise ConfigError("ScaleAction.replicas", f"expected an integer >= 0, got {self.replicas!r}")
+
+
+def split_action(action) -> tuple[AdmissionAction | None, list[ScaleAction]]:
+    """Sort a controller's return value into (admission action or None, scale actions).
+
+    Parameters
+    ----------
+    action : AdmissionAction, ScaleAction, sequence of ScaleAction, float or None
+        What :meth:`Controller.update` returned; a bare number is an admission rate.
+
+    Returns
+    -------
+    tuple
+        ``(AdmissionAction | None, list[ScaleAction])``.
+    """
+    if action is None:
+        return None, []
+    if isinstance(action, AdmissionAction):
+        return action, []
+    if isinstance(action, ScaleAction):
+        return None, [action]
+    if isinstance(action, Sequence) and not isinstance(action, str):
+        return None, list(action)
+    return AdmissionAction(float(action)), []
+
+
+def count_reversals(actions: Sequence[dict]) -> int:
+    """Scale actions that reverse the previous action's direction on the same pool.
+
+    An up after a down or a down after an up: a direct count of flapping that needs no
+    regularity, unlike the oscillation detectors.
+
+    Parameters
+    ----------
+    actions : sequence of dict
+        Rows with ``pool``, ``from`` and ``to`` (worker counts), in time order.
+
+    Returns
+    -------
+    int
+        The number of reversals.
+    """
+    last: dict[str, int] = {}
+    n = 0
+    for a in actions:
+        d = (a["to"] > a["from"]) - (a["to"] < a["from"])
+        if d == 0:
+            continue
+        if last.get(a["pool"], d) != d:
+            n += 1
+        last[a["pool"]] = d
+    return n

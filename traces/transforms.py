@@ -1,0 +1,48 @@
+"""Transforms of a request table that change its load: faster replay and superposed copies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from tokenfactory.validation import ConfigError, check_number
+
+__all__ = ["scale_trace", "superpose_trace"]
+
+
+def scale_trace(trace: pd.DataFrame, scale: float) -> pd.DataFrame:
+    """The trace replayed ``scale`` times faster (arrival times divided by ``scale``)."""
+    check_number("scale", scale, low=0.0, low_inclusive=False)
+    if trace.attrs.get("per_session_clock"):
+        raise ConfigError("scale", "a trace with per-session clocks is replayed as closed sessions; it has no "
+                          "arrival rate to scale")
+    out = trace.copy()
+    out["arrival_s"] = out["arrival_s"] / scale
+    out.attrs = dict(trace.attrs)
+    return out
+
+
+def superpose_trace(trace: pd.DataFrame, multiplier: float, seed: int = 0) -> pd.DataFrame:
+    """``multiplier`` x the trace's load over the same span: superposed copies of the trace, each
+    shifted circularly by a seeded random offset (independent tenants with the same pattern); a
+    fractional remainder is a random thinning of one more copy. Unlike :func:`scale_trace` the
+    replay keeps its duration, so controllers with minute-scale windows see a long run."""
+    check_number("multiplier", multiplier, low=0.0, low_inclusive=False)
+    if trace.attrs.get("per_session_clock"):
+        raise ConfigError("multiplier", "a trace with per-session clocks cannot be superposed")
+    rng = np.random.default_rng(seed)
+    span = float(trace["arrival_s"].max()) + 1e-6
+    whole, frac = int(multiplier), multiplier - int(multiplier)
+    parts = []
+    for k in range(whole + (1 if frac > 0 else 0)):
+        part = trace.copy()
+        if k == whole:  # the fractional copy
+            part = part[rng.random(len(part)) < frac]
+        off = 0.0 if k == 0 else rng.uniform(0.0, span)
+        part["arrival_s"] = (part["arrival_s"] + off) % span
+        if "session_id" in part:
+            part["session_id"] = part["session_id"].astype(str) + f"#{k}"
+        parts.append(part)
+    out = pd.concat(parts, ignore_index=True).sort_values("arrival_s", kind="stable").reset_index(drop=True)
+    out.attrs = dict(trace.attrs)
+    return out
