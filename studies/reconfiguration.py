@@ -96,6 +96,33 @@ def _outcome(metrics: dict, report: dict, **extra) -> dict:
                 "period_s", "amplitude", "reason")}, **extra}
 
 
+def _pool_behaviour(x: dict) -> str:
+    """A pool's behaviour in words, from its outcome figures."""
+    lo, hi = x.get("min_provisioned"), x.get("max_provisioned")
+    if x["oscillating"]:
+        return (f"flaps {hi} -> {lo} -> {hi} (period {x['period_s']:.0f} s, {x['reversals_per_hour']:.1f} "
+                "reversals/h)")
+    if x["reversals_per_hour"] > 0:
+        return f"moves between {lo} and {hi} workers irregularly ({x['reversals_per_hour']:.1f} reversals/h)"
+    return f"holds {hi} workers" if lo == hi else f"settles between {lo} and {hi} workers without reversing"
+
+
+def _cascade_sentence(casc: dict) -> str:
+    b, f = casc["baseline"], casc["fixed"]
+    j = casc["demand_justified_workers"]
+    return (f"HPA goes from {b['provisioned_at_step']} to {b['peak_provisioned']} provisioned workers within "
+            f"{b['seconds_to_peak']:.0f} s of the demand step, while new workers take {casc['startup_s']:.0f} s to "
+            f"load; the pending-aware controller peaks at {f['peak_provisioned']} "
+            + ("= the demand-justified count." if f["peak_provisioned"] == j
+               else f"against a demand-justified {j}."))
+
+
+def _seesaw_behaviour(x: dict) -> str:
+    if x["oscillating"]:
+        return f"oscillates (period {x['period_s']:.1f} s, r = {x['thornhill_r']:.1f})"
+    return "does not oscillate"
+
+
 def _provisioned(series: pd.DataFrame, pool: str) -> pd.Series:
     return series[f"{pool}_workers"] + series[f"{pool}_workers_starting"]
 
@@ -122,7 +149,9 @@ def reproduce_flapping(quick: bool = False, dynamics: PoolDynamics = PoolDynamic
     for key, ctrl in runs.items():
         r = simulate_pools(fp, 4, 2, sc, controllers=[ctrl], dynamics=dynamics)
         rep = _verdict(r.series, "decode_workers", sc.dt, 600.0)
-        out[key] = _outcome(r.metrics, rep, controller=type(ctrl).__name__, params=ctrl.params())
+        after = _provisioned(r.series[r.series["time_s"] >= 600.0], "decode")
+        out[key] = _outcome(r.metrics, rep, controller=type(ctrl).__name__, params=ctrl.params(),
+                            min_provisioned=int(after.min()), max_provisioned=int(after.max()))
         resps[key] = r
     out["demand_rps"], out["decode_worker_rps"] = lam, mu
     return out, resps
@@ -153,8 +182,11 @@ def reproduce_cascade(quick: bool = False, startup_s: float = 300.0) -> tuple[di
         r.series["decode_provisioned"] = prov
         rep = _verdict(r.series, "decode_provisioned", sc.dt, 0.0)
         during = r.series[(r.series["time_s"] >= step_at) & (r.series["time_s"] < step_at + startup_s + 60)]
+        after_step = r.series["time_s"] >= step_at
+        t_peak = float(r.series.loc[after_step & (prov >= prov.max()), "time_s"].iloc[0]) - step_at
         out[key] = _outcome(r.metrics, rep, controller=type(ctrl).__name__,
-                            peak_provisioned=int(prov.max()),
+                            peak_provisioned=int(prov.max()), seconds_to_peak=t_peak,
+                            provisioned_at_step=int(prov[r.series["time_s"] <= step_at].iloc[-1]),
                             peak_provisioned_during_startup=int(_provisioned(during, "decode").max()),
                             overscale_vs_justified=float(prov.max() / justified))
         resps[key] = r
@@ -519,17 +551,19 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         report.save_figure(_reproduction_figure(
             f"(a) flapping: constant demand {flap['demand_rps']:.0f} req/s = 1.3 decode workers", flap_r,
             ["decode"]), "flapping.png",
-            "HPA on waiting requests (baseline) flaps 2 -> 1 -> 2; the hysteretic controller holds 2.")
+            f"HPA on waiting requests (baseline) {_pool_behaviour(flap['baseline'])}; the hysteretic controller "
+            f"{_pool_behaviour(flap['fixed'])}.")
         report.save_figure(_reproduction_figure(
             "(b) cascade: demand doubles at 10 min, start-up 300 s", casc_r, ["decode"],
             justified=casc["demand_justified_workers"]), "cascade.png",
-            "HPA counts starting pods in its replica count but averages the metric over serving ones: it "
-            "doubles every 15 s while the new workers load; the pending-aware controller stops at the "
-            "demand-justified count.")
+            "HPA counts starting pods in its replica count but averages the metric over serving ones: "
+            + _cascade_sentence(casc))
         report.save_figure(_seesaw_figure(see_r, (2.0, 4.0) if quick else (5.0, 7.0)), "seesaw.png",
             "Decode load (sequences per slot) and prefill load (work in fill per fill capacity x latency): "
-            "early rejection on the current decode load swings them out of phase (the measured phase is in the "
-            "summary); smoothed admission holds both.")
+            + "; ".join(f"{label} {_seesaw_behaviour(see[k])}" for k, label in
+                        (("baseline", "early rejection on the current decode load"),
+                         ("predictive", "prediction-based early rejection"), ("fixed", "smoothed admission"))
+                        if k in see) + ".")
         lines += ["## Reproductions (pool-level fluid model)", ""]
         rep_rows = []
         for k, d in metrics["reproductions"].items():

@@ -1,8 +1,16 @@
+import os
 
 import pytest
+from hypothesis import settings
 
-from tokenfactory.studies.feedback_oscillation import scenario_path
 from tokenfactory.scenario import load_scenario
+from tokenfactory.studies.feedback_oscillation import scenario_path
+
+# Property tests draw the same examples on every run (CI and `make test`): a failure is
+# reproducible from the commit alone. HYPOTHESIS_PROFILE=explore draws fresh examples each run.
+settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+settings.register_profile("explore", derandomize=False, deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session")

@@ -6,23 +6,38 @@ from tokenfactory.studies import run_study
 
 
 @pytest.fixture(scope="module")
-def metrics(tmp_path_factory):
+def study(tmp_path_factory):
     out = tmp_path_factory.mktemp("fo")
     run_study("feedback-oscillation", out, quick=True)
+    return out, json.loads((out / "metrics.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def metrics(study):
+    return study[1]
+
+
+def test_plant_figures_are_physical(metrics):
+    for name in ("naive", "smoothed", "threshold"):
+        m = metrics[name]
+        assert 0.5 < m["decode_utilization"] <= 1.0 + 1e-9, name
+        assert m["backlog_p99"] >= 0 and abs(m["conservation_residual"]) < 1e-3, name
+    # the smoothed loop keeps decode at least as busy as the naive one with a smaller backlog
+    assert metrics["smoothed"]["backlog_p99"] <= metrics["naive"]["backlog_p99"]
+
+
+def test_summary_sentences_come_from_the_numbers(study):
+    out, m = study
+    text = (out / "summary.md").read_text()
+    n, s = m["naive"], m["smoothed"]
+    assert f"GM {s['gain_margin']:.2f}, PM {s['phase_margin_deg']:.1f} deg" in text
+    assert f"T = {n['predicted_period_s']:.2f} s" in text
+    assert f"period error {100 * (n['predicted_period_s'] / n['period_s'] - 1):+.1f} %" in text
+    starving = n["decode_utilization"] < s["decode_utilization"] - 0.005
+    assert ("decode starves" in text) == starving and ("decode does not starve" in text) == (not starving)
     for f in ("limit_cycle.png", "delay_robustness.png", "step_and_disturbances.png", "nyquist.png",
-              "stability_map.png", "summary.md", "stability_map.csv"):
-        assert (out / f).stat().st_size > 0, f
-    return json.loads((out / "metrics.json").read_text())
-
-
-def test_required_keys(metrics):
-    for k in ("oscillating", "thornhill_r", "decay_ratio", "period_s", "amplitude", "decode_utilization",
-              "backlog_p99"):
-        assert k in metrics["naive"] and k in metrics["smoothed"], k
-    for k in ("gain_margin", "phase_margin_deg", "delay_margin_s", "ms"):
-        assert k in metrics["smoothed"], k
-    for k in ("predicted_period_s", "predicted_amplitude"):
-        assert k in metrics["naive"], k
+              "stability_map.png"):
+        assert f"![{f}]({f})" in text and (out / f).stat().st_size > 10_000, f
 
 
 def test_naive_oscillates_as_predicted(metrics):
@@ -43,7 +58,9 @@ def test_smoothed_is_quiet_with_margins(metrics):
 def test_responses_and_map(metrics):
     assert metrics["step"]["smoothed"]["overshoot_pct"] < 20
     assert not metrics["step"]["smoothed"]["oscillating"]
-    for d in metrics["disturbances"].values():
-        assert d["settling_time_s"] == d["settling_time_s"]  # settled (not NaN) before the end
+    for name, d in metrics["disturbances"].items():
+        # settled (JSON null if it never did) within two minutes of the disturbance's end
+        assert d["settling_time_s"] is not None and 0.0 < d["settling_time_s"] < 120.0, name
+        assert not d["oscillating"], name
     conf = metrics["stability_map"]["confirmation"]
     assert conf["unstable_point"]["oscillating"] and not conf["design_point"]["oscillating"]

@@ -58,22 +58,33 @@ def test_study_metrics_shape(tmp_path):
     planes = ["kubernetes-hpa", "tokenfactory-hysteretic", "static + mooncake-early-rejection"]
     m = run(tmp_path, quick=True, config={"planes": planes, "azure_minutes": 3.0, "servegen_hours": 2.0})
     saved = json.loads((tmp_path / "metrics.json").read_text())
+    rep = saved["reproductions"]
+    # the baselines misbehave and the fixes do not, in the saved figures too
+    assert rep["flapping"]["baseline"]["oscillating"] and not rep["flapping"]["fixed"]["oscillating"]
+    assert rep["cascade"]["baseline"]["peak_provisioned"] > rep["cascade"]["fixed"]["peak_provisioned"]
     for case in ("flapping", "cascade", "seesaw"):
         for variant in ("baseline", "fixed"):
             o = saved["reproductions"][case][variant]
-            for k in ("oscillating", "actions_per_hour", "slo_attainment", "thornhill_r", "decay_ratio", "forsman_h",
-                      "hagglund_detections"):
-                assert k in o, (case, variant, k)
+            assert 0.0 <= o["slo_attainment"] <= 1.0 and o["actions_per_hour"] >= o["reversals_per_hour"] >= 0
     rows = saved["comparison"]
-    assert len(rows) == 2 * len(planes)
+    assert sorted(r["controller"] for r in rows) == sorted(planes * 2)
     for r in rows:
-        assert {"controller", "gpu_hours", "slo_attainment", "rejected", "actions_per_hour", "oscillating"} <= set(r)
-        assert r["controller"] in CONTROL_PLANES
+        assert r["gpu_hours"] > 0 and 0.0 <= r["slo_attainment"] <= 1.0 and r["rejected"] >= 0
+    static = [r for r in rows if r["controller"].startswith("static")]
+    assert all(r["actions_per_hour"] == 0 for r in static)  # no autoscaler, no scale actions
     assert len(saved["describing_function"]) == 3
+    for row in saved["describing_function"]:
+        assert abs(row["period_error"]) < 0.15, row
     summary = (tmp_path / "summary.md").read_text()
-    assert "Winners per column" in summary and "cheapest" in summary
-    for f in ("flapping.png", "cascade.png", "seesaw.png", "describing_function.png", "comparison.csv"):
-        assert (tmp_path / f).stat().st_size > 0
+    # captions are generated from the figures of this run
+    b, f = rep["flapping"]["baseline"], rep["flapping"]["fixed"]
+    assert f"flaps {b['max_provisioned']} -> {b['min_provisioned']} -> {b['max_provisioned']}" in summary
+    assert f"holds {f['max_provisioned']} workers" in summary
+    cb = rep["cascade"]["baseline"]
+    assert f"to {cb['peak_provisioned']} provisioned workers within {cb['seconds_to_peak']:.0f} s" in summary
+    cheapest = [r for r in rows if r["slo_attainment"] >= 0.99]
+    if cheapest:
+        assert "cheapest with SLO attainment >= 0.99: " in summary
     assert m["study"] == "reconfiguration"
 
 
