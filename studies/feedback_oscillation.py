@@ -314,6 +314,12 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                   "params": {k: v for k, v in dataclasses.asdict(plant.params).items()}},
     }
     n, s = naive_m, smooth_m
+    report.headline("naive loop", "oscillates" if n["oscillating"] else "quiet",
+                    note=f"period {n['period_s'] or float('nan'):.2f} s vs {lc.period_s:.2f} s predicted")
+    report.headline("smoothed loop", "oscillates" if s["oscillating"] else "quiet",
+                    note=f"ready swing +/-{s['amplitude']:.1f} requests")
+    report.headline("phase margin", s["phase_margin_deg"], "deg", f"gain margin {s['gain_margin']:.2f}")
+    report.headline("delay margin", s["delay_margin_s"], "s", f"loop delay {naive_loop.delay:.2f} s")
     lines = [
         f"Plant: DeepSeek-V3 on 8xH200 workers, {plant.fill_workers:g} fill + {plant.decode_workers:g} decode; "
         f"decode capacity {c:.0f} requests/s, fill-to-ready delay {plant.params.fill_to_ready_s * 1e3:.0f} ms, "

@@ -202,5 +202,9 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                 f"(perfect foresight: {100 * ideal:+.0f} %), with {f['under_provisioned_hours']} of {f['hours']} hours "
                 "under-provisioned" + (" - it does not beat static peak here: plan hourly, or use a narrower quantile."
                                        if save <= 0 else "."))
+    for n, per_h in results.items():
+        for h, r in per_h.items():
+            report.headline(f"{n}, {h} ahead", r["best_model"],
+                            note=f"MASE {r['models'][r['best_model']]['mase']:.3f}")
     metrics = {"traces": results, "best_models": picks, "synthetic_fallback": bool(absent) and "synthetic" in loaded}
     return report.finish(metrics, lines)

@@ -625,4 +625,17 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                       "cycle); `reversals_per_hour` counts scale actions that undo the previous one's direction, "
                       "which also catches irregular churn."]
         lines += ["", "Winners per column (ties all named):", ""] + _winners(comparison)
+    if "reproductions" in metrics:
+        rp = metrics["reproductions"]
+        report.headline("HPA flapping", f"{rp['flapping']['baseline']['reversals_per_hour']:.1f}", "reversals/h",
+                        f"hysteretic: {rp['flapping']['fixed']['reversals_per_hour']:.1f}/h")
+        report.headline("cascade peak", rp["cascade"]["baseline"]["peak_provisioned"], "workers",
+                        f"hysteretic {rp['cascade']['fixed']['peak_provisioned']}, justified "
+                        f"{rp['cascade']['demand_justified_workers']}")
+    for workload in dict.fromkeys(r["workload"] for r in comparison):
+        ok = [r for r in comparison if r["workload"] == workload and r["slo_attainment"] >= 0.99]
+        if ok:
+            c = min(ok, key=lambda r: r["gpu_hours"])
+            report.headline("cheapest at SLO >= 0.99", c["controller"],
+                            note=f"{workload.split(' (')[0]}: {c['gpu_hours']:.3g} GPU-h")
     return report.finish(metrics, lines)

@@ -1,5 +1,6 @@
-"""Writing a study's outputs: figures (PNG), ``metrics.json`` (with the resolved config), CSVs
-and ``summary.md`` under one folder."""
+"""Writing a study's outputs: figures (PNG), ``metrics.json`` (with the resolved config, the
+provenance and an index of the artefacts), CSVs and ``summary.md`` under one folder; the HTML
+report (:mod:`tokenfactory.studies.html`) is built from these."""
 
 from __future__ import annotations
 
@@ -14,7 +15,47 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["StudyReport", "to_jsonable"]
+__all__ = ["StudyReport", "to_jsonable", "provenance"]
+
+
+def _git_commit() -> str:
+    """The source tree's commit (``+dirty`` with uncommitted changes), or ``unknown``."""
+    import subprocess
+
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10)
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return head.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def provenance() -> dict[str, Any]:
+    """Where a result came from: commit, package versions, Python, platform.
+
+    Returns
+    -------
+    dict
+        ``commit``, ``tokenfactory``, ``python``, ``platform`` and the versions of the numerical
+        dependencies.
+    """
+    from importlib import metadata
+
+    from tokenfactory import __version__
+
+    versions = {}
+    for dist in ("numpy", "scipy", "pandas", "control", "simpy", "statsmodels", "matplotlib"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = None
+    return {"commit": _git_commit(), "tokenfactory": __version__, "python": platform.python_version(),
+            "platform": platform.platform(), "versions": versions}
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -45,6 +86,8 @@ class StudyReport:
     out_dir: Path
     config: dict[str, Any]
     figures: list[tuple[str, str]] = field(default_factory=list)
+    tables: list[tuple[str, str]] = field(default_factory=list)
+    headlines: list[dict[str, Any]] = field(default_factory=list)
     _t0: float = field(default_factory=time.perf_counter)
 
     def __post_init__(self) -> None:
@@ -57,18 +100,36 @@ class StudyReport:
         self.figures.append((filename, caption))
         return path
 
-    def save_table(self, df: pd.DataFrame, filename: str) -> Path:
+    def save_table(self, df: pd.DataFrame, filename: str, caption: str = "") -> Path:
+        """Write ``df`` as a CSV and list it (with ``caption``) in the report."""
         path = self.out_dir / filename
         df.to_csv(path, index=False)
+        self.tables.append((filename, caption))
         return path
 
-    def finish(self, metrics: dict[str, Any], summary_lines: list[str]) -> dict[str, Any]:
-        """Write ``metrics.json`` (metrics + config + provenance) and ``summary.md``."""
-        from tokenfactory import __version__
+    def headline(self, label: str, value: Any, unit: str = "", note: str = "") -> None:
+        """A headline figure of the run, shown first in the HTML report.
 
+        Parameters
+        ----------
+        label : str
+            What it is ("naive loop period").
+        value : number, bool or str
+            The measured value (from this run).
+        unit : str
+            Its unit.
+        note : str
+            One line of context (what it is compared with).
+        """
+        self.headlines.append({"label": label, "value": value, "unit": unit, "note": note})
+
+    def finish(self, metrics: dict[str, Any], summary_lines: list[str]) -> dict[str, Any]:
+        """Write ``metrics.json`` (metrics + config + provenance + artefact index) and ``summary.md``."""
         full = {**metrics, "study": self.name, "config": self.config,
-                "provenance": {"tokenfactory": __version__, "python": platform.python_version(),
-                               "wall_seconds": time.perf_counter() - self._t0}}
+                "provenance": {**provenance(), "wall_seconds": time.perf_counter() - self._t0},
+                "report": {"figures": [{"file": f, "caption": c} for f, c in self.figures],
+                           "tables": [{"file": f, "caption": c} for f, c in self.tables],
+                           "headlines": self.headlines}}
         (self.out_dir / "metrics.json").write_text(json.dumps(to_jsonable(full), indent=2) + "\n")
         lines = [f"# {self.name}", "", *summary_lines, "", "## Figures", ""]
         for filename, caption in self.figures:

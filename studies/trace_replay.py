@@ -142,5 +142,11 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         winners.append(f"{trace} x{load:g}: {' = '.join(tied)} ({top:.3f})")
     lines += ["", "Highest SLO attainment per trace and load (ties within 0.001 joined by '='): "
               + "; ".join(winners) + ".", "", *_contrast_lines(table)]
+    top = table.loc[table["load"] == table["load"].max()]
+    for adm in cfg["admissions"]:
+        t = top[top["admission"] == adm]
+        if len(t):
+            report.headline(f"{adm}: SLO at load {table['load'].max():g}", float(t["slo_attainment"].mean()),
+                            note="mean over traces")
     metrics = {"rows": rows, "absent_traces": absent}
     return report.finish(metrics, lines)

@@ -5,7 +5,6 @@ import json
 
 import pytest
 
-from tokenfactory.registry import CONTROL_PLANES
 from tokenfactory.studies.reconfiguration import reproduce_cascade, reproduce_flapping, reproduce_seesaw
 from tokenfactory import ConfigError
 

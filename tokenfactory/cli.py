@@ -3,7 +3,7 @@
 Subcommands: ``describe`` (model, hardware, worker, controller kinds), ``margins`` (a scenario's stability
 margins), ``forecast`` (backtests and a capacity plan), ``simulate`` (request-level replay),
 ``traces`` (list, info, fit, synth),
-``study`` (runnable studies). Every error that
+``study`` (runnable studies), ``report`` (the HTML report). Every error that
 comes from a bad value is a :class:`ConfigError` and is printed as one line, exit status 2.
 """
 
@@ -81,12 +81,35 @@ def _cmd_study(args) -> int:
 
     from tokenfactory.studies import STUDIES, run_study
 
+    import time
+
+    from tokenfactory.studies.html import write_index
+
     names = list(STUDIES) if args.name == "all" else [args.name]
-    for name in names:
+    t0 = time.perf_counter()
+    for i, name in enumerate(names, 1):
         out = Path(args.out) / name if (args.name == "all" and args.out) else args.out
+        if len(names) > 1:
+            print(f"[{i}/{len(names)}] {name} ...", flush=True)
         result = run_study(name, out, quick=args.quick)
-        where = out or Path("reports") / name
-        print(f"{name}: wrote {where}/ ({result['provenance']['wall_seconds']:.1f} s)")
+        where = Path(out) if out else Path("reports") / name
+        print(f"{name}: wrote {where}/ ({result['provenance']['wall_seconds']:.1f} s, "
+              f"{time.perf_counter() - t0:.0f} s elapsed)", flush=True)
+    if args.name == "all" or not args.out:  # the reports folder holds every study: refresh its page
+        print(f"report: {write_index(Path(args.out or 'reports') if args.name == 'all' else where.parent, order=list(STUDIES))}")
+    return 0
+
+
+def _cmd_report(args) -> int:
+    from pathlib import Path
+
+    from tokenfactory.studies import STUDIES
+    from tokenfactory.studies.html import write_index
+
+    root = Path(args.dir)
+    if not root.is_dir():
+        raise ConfigError("dir", f"{str(root)!r} is not a folder of study reports")
+    print(f"report: {write_index(root, order=list(STUDIES))}")
     return 0
 
 
@@ -342,6 +365,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default=None, help="output folder (default reports/<study>)")
     s.add_argument("--quick", action="store_true", help="the quick variant (fewer points)")
     s.set_defaults(func=_cmd_study)
+
+    r = sub.add_parser("report", help="(re)build the HTML report index.html over a folder of study reports")
+    r.add_argument("dir", nargs="?", default="reports", help="folder with one sub-folder per study")
+    r.set_defaults(func=_cmd_report)
     return p
 
 
