@@ -1,0 +1,213 @@
+"""Sweeps: generated configurations over a base scenario, run serially or on a Dask cluster.
+
+desmod-style: a sweep is *data* - a base configuration plus a grid of overrides (the cartesian
+product of dotted keys' values), or an explicit list of override mappings, optionally replicated
+over seeds. :meth:`Sweep.configs` lists the generated configurations; :func:`run_sweep` runs a
+point function on each and gathers one DataFrame with the overrides of each point beside its
+results - the same frame serially or on a cluster, because every random draw of a point comes
+from the seed in its own configuration.
+
+Where it runs: ``backend="serial"`` (a Python loop), or ``"dask"``: a ``LocalCluster`` with one
+single-threaded worker process per core by default, or an existing cluster given by ``scheduler``
+(``"tcp://host:8786"``) or the ``TOKENFACTORY_DASK_SCHEDULER`` environment variable. Points are
+sent in chunks (``chunk_size``) so a 10^5-point stability map is a few hundred tasks, not 10^5;
+with ``batched=True`` the point function receives a whole chunk (a list of configurations) and
+returns a list of results, which is how vectorised kernels (batched margins) are fed.
+
+The point function must be importable by the workers (a module-level function).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from tokenfactory.validation import ConfigError, check_choice, check_int
+
+__all__ = ["Sweep", "run_sweep", "set_dotted", "SCHEDULER_ENV"]
+
+#: environment variable naming a Dask scheduler address to use instead of a local cluster
+SCHEDULER_ENV = "TOKENFACTORY_DASK_SCHEDULER"
+
+
+def set_dotted(config: Mapping[str, Any], key: str, value: Any) -> dict:
+    """A deep copy of ``config`` with ``key`` (dotted path, e.g. ``"plant.fill_workers"``) set.
+
+    Parameters
+    ----------
+    config : mapping
+        The base configuration (nested mappings).
+    key : str
+        Dotted path; intermediate mappings are created when missing.
+    value : any
+        The value to set.
+
+    Returns
+    -------
+    dict
+        The new configuration (``config`` is not modified).
+    """
+    out = copy.deepcopy(dict(config))
+    node = out
+    parts = key.split(".")
+    for p in parts[:-1]:
+        nxt = node.get(p)
+        if nxt is None:
+            nxt = node[p] = {}
+        elif not isinstance(nxt, dict):
+            raise ConfigError(f"sweep.{key}", f"{p!r} is a value, not a section, in the base configuration")
+        node = nxt
+    node[parts[-1]] = value
+    return out
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A set of generated configurations.
+
+    Parameters
+    ----------
+    base : mapping
+        The base configuration every point starts from.
+    grid : mapping of str to sequence, optional
+        Dotted key -> values; the points are the cartesian product (first key varies slowest).
+    points : sequence of mapping, optional
+        Explicit override mappings (dotted key -> value), one per point; combined with ``grid``
+        as a product when both are given.
+    seeds : sequence of int, optional
+        Replications: every point is run once per seed, with the seed set at ``seed_key``.
+    seed_key : str
+        Where the seed goes in the configuration (dotted).
+    """
+
+    base: Mapping[str, Any] = field(default_factory=dict)
+    grid: Mapping[str, Sequence[Any]] | None = None
+    points: Sequence[Mapping[str, Any]] | None = None
+    seeds: Sequence[int] | None = None
+    seed_key: str = "seed"
+
+    def __post_init__(self) -> None:
+        for k, vals in (self.grid or {}).items():
+            if isinstance(vals, (str, bytes)) or not isinstance(vals, Iterable):
+                raise ConfigError(f"sweep.grid.{k}", "expected a list of values")
+            if len(list(vals)) == 0:
+                raise ConfigError(f"sweep.grid.{k}", "expected at least one value")
+        for s in self.seeds or ():
+            check_int("sweep.seeds", s, low=0)
+
+    def overrides(self) -> list[dict[str, Any]]:
+        """The override mapping of every point, in run order."""
+        grid = self.grid or {}
+        keys = list(grid)
+        from_grid = [dict(zip(keys, vals)) for vals in itertools.product(*(list(grid[k]) for k in keys))]
+        explicit = [dict(p) for p in self.points] if self.points is not None else [{}]
+        combos = [{**g, **p} for g in from_grid for p in explicit]
+        if self.seeds is not None:
+            combos = [{**c, self.seed_key: int(s)} for c in combos for s in self.seeds]
+        return combos
+
+    def configs(self) -> list[dict[str, Any]]:
+        """The full configuration of every point (base with its overrides applied)."""
+        out = []
+        for ov in self.overrides():
+            cfg = dict(copy.deepcopy(dict(self.base)))
+            for k, v in ov.items():
+                cfg = set_dotted(cfg, k, v)
+            out.append(cfg)
+        return out
+
+    def __len__(self) -> int:
+        n = math.prod(len(list(v)) for v in (self.grid or {}).values())
+        n *= len(self.points) if self.points is not None else 1
+        return n * (len(self.seeds) if self.seeds is not None else 1)
+
+
+def _run_chunk(fn: Callable, configs: list[dict], batched: bool) -> list[dict]:
+    results = fn(configs) if batched else [fn(c) for c in configs]
+    if len(results) != len(configs):
+        raise ValueError(f"the point function returned {len(results)} results for {len(configs)} points")
+    return [dict(r) for r in results]
+
+
+def _chunks(items: list, size: int) -> list[list]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def run_sweep(fn: Callable, sweep: Sweep, *, backend: str = "serial", scheduler: str | None = None,
+              workers: int | None = None, chunk_size: int | None = None, batched: bool = False) -> pd.DataFrame:
+    """Run ``fn`` on every configuration of ``sweep`` and gather one DataFrame.
+
+    Parameters
+    ----------
+    fn : callable
+        ``fn(config) -> mapping`` of results (or, with ``batched``, ``fn(list of configs) -> list
+        of mappings``). Must be importable by the workers for the Dask backend.
+    sweep : Sweep
+        The points.
+    backend : str
+        ``"serial"`` or ``"dask"``.
+    scheduler : str, optional
+        Address of an existing Dask scheduler (default: ``$TOKENFACTORY_DASK_SCHEDULER``, else a
+        ``LocalCluster`` started for this call).
+    workers : int, optional
+        Worker processes of the local cluster (default: the machine's cores).
+    chunk_size : int, optional
+        Points per task (default: enough for ~4 tasks per worker, at most 2,000 points).
+    batched : bool
+        Pass whole chunks to ``fn``.
+
+    Returns
+    -------
+    DataFrame
+        One row per point, in ``sweep`` order: the override columns, then ``fn``'s results.
+    """
+    check_choice("sweep.backend", backend, ("serial", "dask"))
+    overrides = sweep.overrides()
+    configs = sweep.configs()
+    if not configs:
+        return pd.DataFrame()
+    scheduler = scheduler or os.environ.get(SCHEDULER_ENV) or None
+    if backend == "serial":
+        size = chunk_size or len(configs)
+        results = [r for ch in _chunks(configs, size) for r in _run_chunk(fn, ch, batched)]
+    else:
+        results = _run_dask(fn, configs, scheduler, workers, chunk_size, batched)
+    rows = [{**ov, **res} for ov, res in zip(overrides, results)]
+    return pd.DataFrame(rows)
+
+
+def _run_dask(fn: Callable, configs: list[dict], scheduler: str | None, workers: int | None,
+              chunk_size: int | None, batched: bool) -> list[dict]:
+    import logging
+
+    from distributed import Client, LocalCluster
+
+    n_workers = workers or max(1, os.cpu_count() or 1)
+    check_int("sweep.workers", n_workers, low=1)
+    size = chunk_size or max(1, min(2000, math.ceil(len(configs) / (4 * n_workers))))
+    check_int("sweep.chunk_size", size, low=1)
+    chunks = _chunks(configs, size)
+    cluster = None
+    # a finished local cluster's shutdown chatter is not the user's business
+    for name in ("distributed", "distributed.worker", "distributed.nanny", "distributed.scheduler"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    if scheduler:
+        client = Client(scheduler)
+    else:
+        cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=None)
+        client = Client(cluster)
+    try:
+        futures = client.map(_run_chunk, [fn] * len(chunks), chunks, [batched] * len(chunks), pure=False)
+        parts = client.gather(futures)
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+    return [r for part in parts for r in part]
