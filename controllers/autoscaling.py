@@ -79,7 +79,36 @@ class _PoolAutoscaler(SampledController):
 
 
 class HorizontalPodAutoscaler(_PoolAutoscaler):
-    """Kubernetes HPA on a per-replica average metric (e.g. utilization 0-1) with target ``target``."""
+    """Kubernetes HPA on a per-replica average metric (e.g. utilization 0-1) with target ``target``.
+
+    The current replica count is the deployment's (serving plus starting workers), while the
+    metric comes from serving workers only; during a start-up both together can cascade.
+
+    Parameters
+    ----------
+    pool : str
+        The pool it sizes: ``"fill"`` or ``"decode"``.
+    target : float
+        Desired value of the metric (> 0; a utilization in 0-1, or KV occupancy).
+    metric : str
+        A key of :data:`POOL_METRICS`: the measured signal the target refers to (default
+        ``"decode_utilization"``).
+    min_replicas, max_replicas : int
+        Bounds of the recommendation (workers; defaults 1 and 1000; max >= max(1, min)).
+    tolerance : float
+        No change while |metric / target - 1| is at most this ([0, 1]; default 0.1).
+    downscale_stabilization_s : float
+        Scale-down stabilization window (s, >= 0; default 300): never scale below the highest
+        recommendation of this window.
+    scale_up_pods : int
+        Scale-up policy: add at most this many pods per sample (>= 0; default 4) ...
+    scale_up_percent : float
+        ... or this percentage of the current count (>= 0; default 100), whichever allows more.
+    scale_down_percent : float
+        Scale-down policy: remove at most this percentage per sample ([0, 100]; default 100).
+    sample_period : float
+        Sync period (s, > 0; default 15); the scaling policies apply per sample.
+    """
 
     name = "hpa"
 
@@ -102,6 +131,23 @@ class HorizontalPodAutoscaler(_PoolAutoscaler):
         self._recs: deque = deque()  # (t, recommendation) for the scale-down stabilization window
 
     def recommend(self, t: float, current: int, metric_value: float) -> int:
+        """The HPA decision at one sync (records the raw recommendation for stabilization).
+
+        Parameters
+        ----------
+        t : float
+            Time of the sync (s).
+        current : int
+            Current replicas (the deployment's, starting ones included).
+        metric_value : float
+            The metric's current per-replica average.
+
+        Returns
+        -------
+        int
+            Desired replicas: ceil(current x metric / target) outside the tolerance,
+            stabilized on scale-down, rate-limited by the policies, within the bounds.
+        """
         ratio = metric_value / self.target
         raw = current if abs(ratio - 1.0) <= self.tolerance else math.ceil(current * ratio - 1e-9)
         self._recs.append((t, raw))
@@ -115,6 +161,7 @@ class HorizontalPodAutoscaler(_PoolAutoscaler):
         return self._bounded(desired)
 
     def update(self, t: float, m: Measurement) -> ScaleAction:
+        """One sync on the plant's sample: :meth:`recommend` as a :class:`ScaleAction`."""
         # currentReplicas is the deployment's spec (starting pods included); the metric is the
         # average over pods that report it (serving ones) - together they cascade during start-up
         return ScaleAction(self.pool, self.recommend(t, _current(m, self.pool, provisioned=True),
@@ -127,7 +174,34 @@ class HorizontalPodAutoscaler(_PoolAutoscaler):
 
 
 class KnativeAutoscaler(_PoolAutoscaler):
-    """Knative KPA on a total metric (e.g. concurrency) with ``target`` per replica."""
+    """Knative KPA on a total metric (e.g. concurrency) with ``target`` per replica.
+
+    Parameters
+    ----------
+    pool : str
+        The pool it sizes: ``"fill"`` or ``"decode"``.
+    target : float
+        Metric per replica the autoscaler aims for (> 0; e.g. sequences in flight per
+        replica).
+    metric : str
+        A key of :data:`POOL_METRICS`: the measured signal the target refers to (default
+        ``"decode_concurrency"``).
+    min_replicas, max_replicas : int
+        Bounds of the recommendation (workers; defaults 1 and 1000; max >= max(1, min)).
+    stable_window_s : float
+        Averaging window of the stable mode (s, [6, 3600]; default 60).
+    panic_window_percent : float
+        The panic window as a percentage of the stable window ([1, 100]; default 10, i.e. 6 s).
+    panic_threshold_percent : float
+        Enter panic when the panic-window recommendation reaches this percentage of the
+        current replicas ([110, 1000]; default 200).
+    max_scale_up_rate : float
+        At most this factor x current replicas per decision (> 1; default 1000).
+    max_scale_down_rate : float
+        At least current replicas / this factor per decision (> 1; default 2).
+    sample_period : float
+        Tick (s, > 0; default 2).
+    """
 
     name = "kpa"
 
@@ -159,6 +233,24 @@ class KnativeAutoscaler(_PoolAutoscaler):
         return sum(vals) / len(vals) if vals else 0.0
 
     def recommend(self, t: float, current: int, metric_value: float) -> int:
+        """The KPA decision at one tick (records the observation in the windows).
+
+        Parameters
+        ----------
+        t : float
+            Time of the tick (s).
+        current : int
+            Serving (ready) replicas.
+        metric_value : float
+            The metric's current total over the pool.
+
+        Returns
+        -------
+        int
+            Desired replicas: ceil(stable-window average / target), or in panic
+            max(ceil(panic-window average / target), current); rate-limited and within the
+            bounds.
+        """
         self._obs.append((t, metric_value))
         while self._obs and self._obs[0][0] <= t - self.stable_window_s:
             self._obs.popleft()
@@ -175,6 +267,7 @@ class KnativeAutoscaler(_PoolAutoscaler):
         return self._bounded(desired)
 
     def update(self, t: float, m: Measurement) -> ScaleAction:
+        """One tick on the plant's sample: :meth:`recommend` as a :class:`ScaleAction`."""
         return ScaleAction(self.pool, self.recommend(t, _current(m, self.pool), POOL_METRICS[self.metric](m)))
 
     def params(self) -> dict:
@@ -184,7 +277,30 @@ class KnativeAutoscaler(_PoolAutoscaler):
 
 
 class DynamoThroughputPlanner(_PoolAutoscaler):
-    """Dynamo throughput-mode planner: predicted demand / per-engine capacity, every interval."""
+    """Dynamo throughput-mode planner: predicted demand / per-engine capacity, every interval.
+
+    Each adjustment interval records one demand value (the metric at that sample) and sizes the
+    pool for the next interval's predicted demand.
+
+    Parameters
+    ----------
+    pool : str
+        The pool it sizes: ``"fill"`` or ``"decode"``.
+    per_engine_rps : float
+        Demand one worker serves at its target load (requests/s, > 0).
+    predictor : str
+        ``"constant"`` (default: the last interval's demand), ``"arima"`` or ``"kalman"``
+        (fitted on the recorded intervals once there are 3).
+    metric : callable, optional
+        ``metric(measurement) -> requests/s``, the demand the pool receives (default: the
+        admitted rate).
+    min_replicas, max_replicas : int
+        Bounds of the recommendation (workers; defaults 1 and 1000; max >= max(1, min)).
+    sample_period : float
+        Adjustment interval (s, > 0; default 180).
+    observe_period : float
+        Accepted for Dynamo's configuration shape but not used (default 5).
+    """
 
     name = "dynamo-throughput"
 
@@ -202,6 +318,18 @@ class DynamoThroughputPlanner(_PoolAutoscaler):
         self._intervals: list[float] = []  # mean demand of each past adjustment interval
 
     def recommend(self, demand_this_interval: float) -> int:
+        """Record this interval's demand and size the pool for the predicted next one.
+
+        Parameters
+        ----------
+        demand_this_interval : float
+            Demand observed at this adjustment (requests/s).
+
+        Returns
+        -------
+        int
+            ceil(predicted demand / ``per_engine_rps``) within the bounds.
+        """
         import pandas as pd
 
         from tokenfactory.controllers.forecasting import make_forecaster
@@ -217,6 +345,7 @@ class DynamoThroughputPlanner(_PoolAutoscaler):
         return self._bounded(want)
 
     def update(self, t: float, m: Measurement) -> ScaleAction:
+        """One adjustment on the plant's sample: :meth:`recommend` as a :class:`ScaleAction`."""
         return ScaleAction(self.pool, self.recommend(self.metric(m)))
 
     def params(self) -> dict:
@@ -226,7 +355,25 @@ class DynamoThroughputPlanner(_PoolAutoscaler):
 
 
 class DynamoLoadPlanner(_PoolAutoscaler):
-    """Dynamo load-mode planner: +1 above the SLA target, -1 only if consolidation stays < 80 %."""
+    """Dynamo load-mode planner: +1 above the SLA target, -1 only if consolidation stays < 80 %.
+
+    Parameters
+    ----------
+    pool : str
+        The pool it sizes: ``"fill"`` or ``"decode"``.
+    sla_target : float
+        Per-replica load above which a replica is added (> 0; default 0.9).
+    metric : str
+        A key of :data:`POOL_METRICS`: the measured signal the target refers to (default
+        ``"decode_utilization"``).
+    consolidation_fraction : float
+        Remove a replica only if the load spread over one replica fewer stays under this
+        fraction of ``sla_target`` ((0, 1]; default 0.8).
+    min_replicas, max_replicas : int
+        Bounds of the recommendation (workers; defaults 1 and 1000; max >= max(1, min)).
+    sample_period : float
+        Tick (s, > 0; default 5).
+    """
 
     name = "dynamo-load"
 
@@ -241,6 +388,20 @@ class DynamoLoadPlanner(_PoolAutoscaler):
                                                    low=0.0, high=1.0, low_inclusive=False)
 
     def recommend(self, current: int, load: float) -> int:
+        """The load-mode decision at one tick.
+
+        Parameters
+        ----------
+        current : int
+            Serving replicas.
+        load : float
+            The metric's current per-replica value.
+
+        Returns
+        -------
+        int
+            current + 1, current - 1 or current, within the bounds.
+        """
         if load > self.sla_target:
             want = current + 1
         elif current > 1 and load * current / (current - 1) < self.consolidation_fraction * self.sla_target:
@@ -250,6 +411,7 @@ class DynamoLoadPlanner(_PoolAutoscaler):
         return self._bounded(want)
 
     def update(self, t: float, m: Measurement) -> ScaleAction:
+        """One tick on the plant's sample: :meth:`recommend` as a :class:`ScaleAction`."""
         return ScaleAction(self.pool, self.recommend(_current(m, self.pool), POOL_METRICS[self.metric](m)))
 
     def params(self) -> dict:
@@ -258,7 +420,28 @@ class DynamoLoadPlanner(_PoolAutoscaler):
 
 
 class AIBrixAPA(_PoolAutoscaler):
-    """AIBrix APA: a +/-10 % band around the target and a 300 s scale-down cooldown."""
+    """AIBrix APA: a +/-10 % band around the target and a 300 s scale-down cooldown.
+
+    Parameters
+    ----------
+    pool : str
+        The pool it sizes: ``"fill"`` or ``"decode"``.
+    target : float
+        Desired per-replica value of the metric (> 0).
+    metric : str
+        A key of :data:`POOL_METRICS`: the measured signal the target refers to (default
+        ``"decode_utilization"``).
+    up_band : float
+        Scale up only when metric / target exceeds 1 + this ([0, 1]; default 0.1).
+    down_band : float
+        Scale down only when metric / target is below 1 - this ([0, 1]; default 0.1).
+    scale_down_cooldown_s : float
+        No scale-down sooner than this after the last change, up or down (s, >= 0; default 300).
+    min_replicas, max_replicas : int
+        Bounds of the recommendation (workers; defaults 1 and 1000; max >= max(1, min)).
+    sample_period : float
+        Decision period (s, > 0; default 15).
+    """
 
     name = "aibrix-apa"
 
@@ -278,6 +461,23 @@ class AIBrixAPA(_PoolAutoscaler):
         self._last_change = -math.inf
 
     def recommend(self, t: float, current: int, metric_value: float) -> int:
+        """The APA decision at one sample (records the time of a change for the cooldown).
+
+        Parameters
+        ----------
+        t : float
+            Time of the decision (s).
+        current : int
+            Current replicas (serving plus starting).
+        metric_value : float
+            The metric's current per-replica value.
+
+        Returns
+        -------
+        int
+            ceil(current x metric / target) outside the band (down only after the cooldown),
+            else current; within the bounds.
+        """
         ratio = metric_value / self.target
         want = current
         if ratio > 1.0 + self.up_band:
@@ -290,6 +490,7 @@ class AIBrixAPA(_PoolAutoscaler):
         return want
 
     def update(self, t: float, m: Measurement) -> ScaleAction:
+        """One decision on the plant's sample: :meth:`recommend` as a :class:`ScaleAction`."""
         return ScaleAction(self.pool, self.recommend(t, _current(m, self.pool, provisioned=True),
                                                      POOL_METRICS[self.metric](m)))
 

@@ -27,7 +27,28 @@ __all__ = ["BacktestResult", "backtest", "mase_scale", "pick_best_model"]
 
 
 def mase_scale(y: pd.Series, season_steps: int) -> float:
-    """In-sample MAE of the seasonal-naive forecast (pairs with both ends present)."""
+    """In-sample MAE of the seasonal-naive forecast (pairs with both ends present).
+
+    The denominator of MASE (Hyndman & Koehler 2006): a MASE below 1 beats the seasonal-naive
+    forecast's in-sample error.
+
+    Parameters
+    ----------
+    y : Series
+        The training history (demand, requests/s; NaN for missing windows).
+    season_steps : int
+        Season length in samples (>= 1; a day of 10-minute windows is 144).
+
+    Returns
+    -------
+    float
+        Mean of |y[t] - y[t - season_steps]| over pairs where both are present (requests/s).
+
+    Raises
+    ------
+    ConfigError
+        When no pair is present or every seasonal difference is 0.
+    """
     v = y.to_numpy(dtype=float)
     d = np.abs(v[season_steps:] - v[:-season_steps])
     d = d[np.isfinite(d)]
@@ -38,7 +59,27 @@ def mase_scale(y: pd.Series, season_steps: int) -> float:
 
 @dataclass
 class BacktestResult:
-    """Per-point forecasts (``points``, one row per model x origin x step) and per-model metrics."""
+    """Per-point forecasts (``points``, one row per model x origin x step) and per-model metrics.
+
+    Parameters
+    ----------
+    horizon_steps : int
+        Forecast horizon in samples.
+    interval_s : float
+        Sample spacing of the series (s).
+    points : DataFrame
+        One row per model x origin x step: ``model``, ``origin_s``, ``step`` (1..horizon),
+        ``time_s``, ``actual`` (NaN where missing), ``mean`` and the 80 % / 95 % bounds
+        ``lower_80``, ``upper_80``, ``lower_95``, ``upper_95`` (requests/s).
+    metrics : DataFrame
+        Indexed by model: ``mase``, ``smape`` (%), ``coverage_80``, ``coverage_95`` (0-1),
+        ``fit_seconds``, ``update_seconds`` (None when the model never updated), ``fits``,
+        ``predict_seconds``, ``origins`` and ``points`` (scored points).
+    scale : float
+        The MASE denominator (:func:`mase_scale` of the history before the first origin).
+    origins : list of float
+        Forecast origins (s, the series' ``time_s``).
+    """
 
     horizon_steps: int
     interval_s: float
@@ -48,6 +89,7 @@ class BacktestResult:
     origins: list = field(default_factory=list)
 
     def to_pandas(self) -> pd.DataFrame:
+        """The per-model metrics table (``metrics``)."""
         return self.metrics
 
 
@@ -57,6 +99,40 @@ def backtest(y: pd.Series, models, horizon_steps: int, *, test_days: float = 4.0
 
     Origins run from ``test_days`` before the end, every ``origin_every_s`` (default: the
     horizon), as long as the whole horizon fits in the data.
+
+    Parameters
+    ----------
+    y : Series
+        Demand (requests/s) on a regular grid indexed by ``time_s`` (0 = midnight), NaN for
+        missing windows; at least 10 points.
+    models : sequence of str or callable
+        Model names of :data:`~tokenfactory.controllers.forecasting.FORECASTERS`, or
+        zero-argument factories returning a fresh
+        :class:`~tokenfactory.controllers.forecasting.Forecaster`.
+    horizon_steps : int
+        Steps forecast from each origin (>= 1).
+    test_days : float
+        Length of the test period at the end of the series (days, > 0; default 4).
+    origin_every_s : float, optional
+        Spacing of origins (s; default: the horizon, so test windows do not overlap).
+    refit_every_s : float
+        Re-estimate parameters this often (s; default one day); between refits non-cheap models
+        are only updated with fixed parameters, cheap ones are refitted at every origin.
+    min_train_days : float
+        Least training history before the first origin (days; default 2).
+
+    Returns
+    -------
+    BacktestResult
+        Every forecast point and the per-model metrics (scored where the actual is present).
+
+    Raises
+    ------
+    ConfigError
+        For a series that is not a Series of at least 10 points, ``horizon_steps`` < 1,
+        ``test_days`` <= 0, a test period leaving less than ``min_train_days`` of history, no
+        origin with a whole horizon, an unknown model name, or a history MASE cannot be scaled
+        on.
     """
     if not isinstance(y, pd.Series) or len(y) < 10:
         raise ConfigError("series", "backtest needs a pandas Series of at least 10 points")
@@ -122,7 +198,21 @@ def backtest(y: pd.Series, models, horizon_steps: int, *, test_days: float = 4.0
 def pick_best_model(metrics: pd.DataFrame, min_coverage_80: float = 0.7) -> tuple[str, str]:
     """Lowest MASE among models whose 80 % intervals cover at least ``min_coverage_80`` (a user
     sizing capacity from an upper quantile needs honest intervals); if none does, lowest MASE.
-    Returns (model, reason)."""
+
+    Parameters
+    ----------
+    metrics : DataFrame
+        :attr:`BacktestResult.metrics` (indexed by model, with ``mase`` and ``coverage_80``).
+    min_coverage_80 : float
+        Least acceptable coverage of the 80 % intervals (0-1; default 0.7).
+
+    Returns
+    -------
+    model : str
+        The chosen model.
+    reason : str
+        Why, with its MASE (a sentence for the study's summary).
+    """
     ok = metrics[metrics["coverage_80"] >= min_coverage_80]
     pool = ok if len(ok) else metrics
     best = pool["mase"].idxmin()

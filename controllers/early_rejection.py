@@ -38,7 +38,32 @@ class EarlyRejection(SampledController):
     ``predicted_slo_violation``) or the (predicted) decode load reaches ``decode_threshold`` of
     the decode slots (``decode_overloaded``; at 1.0 every slot is taken and a new sequence would
     wait, stretching its TBT). ``decode_step_s`` (batch per worker -> pass seconds), if given, also
-    rejects when the pass time at the predicted batch exceeds ``slo_tpot_s``."""
+    rejects when the pass time at the predicted batch exceeds ``slo_tpot_s``.
+
+    Admitted requests are released at once (rate ``inf``); a rejection sheds the whole backlog
+    (``backlog_bound=0``), i.e. every request arriving until the next sample.
+
+    Parameters
+    ----------
+    fill_latency_s : float
+        Time one request spends in prefill with no queue (s, >= 0; the registry passes the
+        roofline's ``FluidParams.fill_latency_s``): its own contribution to the predicted TTFT.
+    slo_ttft_s : float
+        Time-to-first-token SLO (s, > 0; default 2.0).
+    decode_threshold : float
+        Decode load, in sequences per decode slot, at which arrivals are rejected
+        ([0.1, 10]; default 1.0, every slot taken).
+    predictive : bool
+        False (default): the decode load measured now (Mooncake sec. 7.2); True: the load
+        predicted for when a request admitted now reaches decode (sec. 7.4).
+    slo_tpot_s : float
+        Time-per-output-token SLO (s, > 0; default 0.1); used only with ``decode_step_s``.
+    decode_step_s : callable, optional
+        ``decode_step_s(batch) -> s``: a decode worker's pass time at a batch of ``batch``
+        sequences (e.g. from the roofline). Default None: no TPOT check.
+    sample_period : float
+        Seconds between decisions (> 0; default 0.5).
+    """
 
     name = "early-rejection"
 
@@ -54,14 +79,39 @@ class EarlyRejection(SampledController):
         self.decode_step_s = decode_step_s
 
     def predicted_ttft(self, m: Measurement) -> float:
-        """Prefill queue it would join / prefill throughput + its own prefill."""
+        """Prefill queue it would join / prefill throughput + its own prefill.
+
+        Parameters
+        ----------
+        m : Measurement
+            The (delayed) sample of the plant.
+
+        Returns
+        -------
+        float
+            Predicted time to first token (s): (backlog + fill in progress) / fill capacity +
+            ``fill_latency_s``; inf without fill capacity.
+        """
         if m.fill_capacity <= 0:
             return math.inf
         return (m.backlog + m.fill_in_progress) / m.fill_capacity + self.fill_latency_s
 
     def predicted_decode_load(self, m: Measurement) -> float:
         """Sequences holding or waiting for a decode slot, per slot - now, or (predictive) when a
-        request admitted now would reach decode."""
+        request admitted now would reach decode.
+
+        Parameters
+        ----------
+        m : Measurement
+            The (delayed) sample of the plant.
+
+        Returns
+        -------
+        float
+            (active decodes + ready) / decode slots; predictive: plus fill in progress and
+            backlog, minus completion rate x predicted TTFT, floored at 0, per slot. inf
+            without decode slots.
+        """
         if m.decode_slots <= 0:
             return math.inf
         load = m.active_decodes + m.ready
@@ -72,6 +122,21 @@ class EarlyRejection(SampledController):
         return load / m.decode_slots
 
     def update(self, t: float, m: Measurement) -> AdmissionAction:
+        """Admit everything, or reject arrivals until the next sample with the reason.
+
+        Parameters
+        ----------
+        t : float
+            Plant time (s).
+        m : Measurement
+            The (delayed) sample of the plant.
+
+        Returns
+        -------
+        AdmissionAction
+            ``rate=inf``; with ``backlog_bound=0`` and ``predicted_slo_violation`` or
+            ``decode_overloaded`` when rejecting.
+        """
         if self.predicted_ttft(m) > self.slo_ttft_s:
             return AdmissionAction(math.inf, 0.0, "predicted_slo_violation")
         load = self.predicted_decode_load(m)
@@ -91,7 +156,17 @@ class EarlyRejection(SampledController):
 
 class WatermarkAdmission(SampledController):
     """Release the backlog at the fill capacity while the KV of everything admitted (decoding,
-    ready, in fill) stays under (1 - ``watermark``) of the decode slots; hold it otherwise."""
+    ready, in fill) stays under (1 - ``watermark``) of the decode slots; hold it otherwise.
+
+    Nothing is rejected here: held requests wait in the backlog.
+
+    Parameters
+    ----------
+    watermark : float
+        Fraction of decode slots kept free ([0, 0.5]; default 0.01, vLLM's 1 %).
+    sample_period : float
+        Seconds between decisions (> 0; default 0.1).
+    """
 
     name = "vllm-watermark"
 
@@ -100,6 +175,21 @@ class WatermarkAdmission(SampledController):
         self.watermark = check_number("watermark.watermark", watermark, low=0.0, high=0.5)
 
     def update(self, t: float, m: Measurement) -> AdmissionAction:
+        """The admission rate that fills the remaining room within one sample.
+
+        Parameters
+        ----------
+        t : float
+            Plant time (s).
+        m : Measurement
+            The (delayed) sample of the plant.
+
+        Returns
+        -------
+        AdmissionAction
+            ``rate`` = min(fill capacity, room / sample period) requests/s, where room =
+            (1 - watermark) x decode slots - (decoding + ready + in fill); 0 without room.
+        """
         held = m.active_decodes + m.ready + m.fill_in_progress
         room = (1.0 - self.watermark) * m.decode_slots - held
         if room <= 0:

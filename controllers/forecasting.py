@@ -43,7 +43,24 @@ Z80, Z95 = stats.norm.ppf(0.9), stats.norm.ppf(0.975)
 
 @dataclass
 class Forecast:
-    """Point forecast and 80 % / 95 % prediction intervals at ``time_s``."""
+    """Point forecast and 80 % / 95 % prediction intervals at ``time_s``.
+
+    Every array has one value per forecast step, in the series' unit (requests/s), clipped
+    at 0 (demand is not negative).
+
+    Parameters
+    ----------
+    model : str
+        Name of the forecaster that made it.
+    time_s : ndarray
+        Times of the forecast steps (s, on the series' grid after its last point).
+    mean : ndarray
+        Point forecast.
+    lower_80, upper_80 : ndarray
+        80 % prediction interval (10 % and 90 % quantiles).
+    lower_95, upper_95 : ndarray
+        95 % prediction interval (2.5 % and 97.5 % quantiles).
+    """
 
     model: str
     time_s: np.ndarray
@@ -54,19 +71,43 @@ class Forecast:
     upper_95: np.ndarray
 
     def to_pandas(self) -> pd.DataFrame:
+        """The forecast as a table indexed by ``time_s`` (columns ``mean`` and the bounds)."""
         return pd.DataFrame({"mean": self.mean, "lower_80": self.lower_80, "upper_80": self.upper_80,
                              "lower_95": self.lower_95, "upper_95": self.upper_95},
                             index=pd.Index(self.time_s, name="time_s"))
 
     def quantile(self, which: str) -> np.ndarray:
-        """``mean``, ``upper_80``, ``upper_95`` ... by name."""
+        """``mean``, ``upper_80``, ``upper_95`` ... by name.
+
+        Parameters
+        ----------
+        which : str
+            ``"mean"``, ``"lower_80"``, ``"upper_80"``, ``"lower_95"`` or ``"upper_95"`` (a
+            capacity plan sized on ``"upper_80"`` covers demand 90 % of the time if the
+            intervals are honest).
+
+        Returns
+        -------
+        ndarray
+            That array.
+
+        Raises
+        ------
+        ConfigError
+            For another name.
+        """
         if which not in ("mean", "lower_80", "upper_80", "lower_95", "upper_95"):
             raise ConfigError("quantile", f"{which!r} is not one of mean, lower_80, upper_80, lower_95, upper_95")
         return getattr(self, which)
 
 
 class Forecaster:
-    """Base: validates the series, remembers its grid, times fit and predict."""
+    """Base: validates the series, remembers its grid, times fit and predict.
+
+    Subclasses implement ``_fit(y)`` and ``_predict(steps) -> (mean, sd or (lo80, hi80, lo95,
+    hi95))``. ``fit_seconds`` and ``predict_seconds`` hold the wall time of the last fit (or
+    update) and prediction (s; nan before the first).
+    """
 
     name = "forecaster"
     #: refitting is cheap: update() refits; state-space models re-filter with fixed parameters
@@ -99,10 +140,30 @@ class Forecaster:
         return self.t_last + self.interval_s * np.arange(1, steps + 1)
 
     def period(self, seconds: float) -> int:
+        """A duration (s) in samples of the fitted series' grid (at least 1)."""
         return max(1, int(round(seconds / self.interval_s)))
 
     # -- API -----------------------------------------------------------------------------
     def fit(self, y: pd.Series) -> "Forecaster":
+        """Estimate the model on ``y``.
+
+        Parameters
+        ----------
+        y : Series
+            Demand (requests/s) on a regular grid indexed by ``time_s`` (0 = midnight), NaN for
+            missing windows; at least 3 observed points (seasonal models need more).
+
+        Returns
+        -------
+        Forecaster
+            ``self``, fitted.
+
+        Raises
+        ------
+        ConfigError
+            For a series that is not a regular-grid Series with 3 observed points, or too short
+            for the model's season.
+        """
         y = self._grid(y)
         t0 = time.perf_counter()
         with warnings.catch_warnings():
@@ -112,10 +173,38 @@ class Forecaster:
         return self
 
     def update(self, y: pd.Series) -> "Forecaster":
-        """Condition on a longer history without re-estimating parameters (refit when cheap)."""
+        """Condition on a longer history without re-estimating parameters (refit when cheap).
+
+        Parameters
+        ----------
+        y : Series
+            The whole history up to the new origin, on the grid of the fit.
+
+        Returns
+        -------
+        Forecaster
+            ``self``; ``fit_seconds`` is the update's wall time.
+        """
         return self.fit(y)
 
     def predict(self, steps: int) -> Forecast:
+        """Forecast ``steps`` samples past the end of the last fitted or updated series.
+
+        Parameters
+        ----------
+        steps : int
+            Horizon in samples (>= 1).
+
+        Returns
+        -------
+        Forecast
+            Mean and 80 % / 95 % intervals, clipped at 0.
+
+        Raises
+        ------
+        ConfigError
+            For ``steps`` that is not a positive integer.
+        """
         t = self._horizon(steps)
         t0 = time.perf_counter()
         with warnings.catch_warnings():
@@ -145,6 +234,14 @@ def _seasonal_fill(y: pd.Series, m: int) -> np.ndarray:
 
 
 class SeasonalNaive(Forecaster):
+    """The value one season ago (gaps filled from earlier seasons); empirical intervals.
+
+    Parameters
+    ----------
+    season_s : float
+        Season length (s; default one day). Needs more than one season of history.
+    """
+
     def __init__(self, season_s: float = DAY_S):
         super().__init__()
         self.season_s = season_s
@@ -223,6 +320,14 @@ class _StateSpace(Forecaster):
 
 
 class Arima(_StateSpace):
+    """ARIMA on statsmodels SARIMAX (Dynamo's ARIMA predictor), without seasonal terms.
+
+    Parameters
+    ----------
+    order : tuple of int
+        (p, d, q) (default (2, 1, 1)).
+    """
+
     name = "arima"
 
     def __init__(self, order=(2, 1, 1)):
@@ -247,6 +352,16 @@ class KalmanTrend(_StateSpace):
 
 
 class Ucm(_StateSpace):
+    """Unobserved components: local level, daily and weekly trigonometric seasonals, AR(1).
+
+    Parameters
+    ----------
+    daily_harmonics : int
+        Harmonics of the daily season (default 4).
+    weekly_harmonics : int
+        Harmonics of the weekly season (default 2); used only with two weeks of history.
+    """
+
     name = "ucm"
 
     def __init__(self, daily_harmonics: int = 4, weekly_harmonics: int = 2):
@@ -274,6 +389,16 @@ def _fourier(t: np.ndarray, daily: int, weekly: int) -> np.ndarray:
 
 
 class FourierOLS(Forecaster):
+    """OLS on a constant, a linear trend and daily/weekly Fourier terms; OLS prediction intervals.
+
+    Parameters
+    ----------
+    daily_harmonics : int
+        Harmonics of the daily cycle (default 6).
+    weekly_harmonics : int
+        Harmonics of the weekly cycle (default 3); used only with a week of history.
+    """
+
     name = "fourier"
 
     def __init__(self, daily_harmonics: int = 6, weekly_harmonics: int = 3):
@@ -301,6 +426,16 @@ class FourierOLS(Forecaster):
 
 
 class FourierARX(_StateSpace):
+    """The Fourier terms and trend as exogenous regressors of a SARIMAX with AR(1) errors.
+
+    Parameters
+    ----------
+    daily_harmonics : int
+        Harmonics of the daily cycle (default 4).
+    weekly_harmonics : int
+        Harmonics of the weekly cycle (default 2); used only with a week of history.
+    """
+
     name = "fourier-arx"
 
     def __init__(self, daily_harmonics: int = 4, weekly_harmonics: int = 2):
@@ -376,6 +511,22 @@ FORECASTERS = {
 
 
 def make_forecaster(name: str) -> Forecaster:
+    """A fresh, unfitted forecaster by name.
+
+    Parameters
+    ----------
+    name : str
+        A key of :data:`FORECASTERS` (``"seasonal-naive-daily"``, ``"arima"``, ``"ucm"``, ...).
+
+    Returns
+    -------
+    Forecaster
+
+    Raises
+    ------
+    ConfigError
+        For an unknown name (field ``models``).
+    """
     if name not in FORECASTERS:
         raise ConfigError("models", f"unknown model {name!r}; models are {', '.join(FORECASTERS)}")
     return FORECASTERS[name]()

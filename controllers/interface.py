@@ -22,6 +22,14 @@ __all__ = ["Controller", "LinearController", "SampledController"]
 
 @runtime_checkable
 class Controller(Protocol):
+    """What a plant needs of a controller (structural: any object with these members).
+
+    Attributes
+    ----------
+    sample_period : float
+        Seconds between samples; the plant holds each action for this long.
+    """
+
     sample_period: float
 
     def reset(self) -> None: ...
@@ -31,6 +39,8 @@ class Controller(Protocol):
 
 @runtime_checkable
 class LinearController(Controller, Protocol):
+    """A controller with a linear small-signal model, so its loop can be analysed."""
+
     def transfer_function(self) -> control.TransferFunction:
         """C(s) from control error to actuation, in the units of the loop."""
         ...
@@ -41,6 +51,16 @@ class SampledController:
 
     Subclasses keep all their state in attributes that ``reset()`` restores, so one object can be
     run many times (every simulation starts with ``reset()``).
+
+    Parameters
+    ----------
+    sample_period : float
+        Seconds between the plant's calls to ``update`` (> 0); the action is held in between.
+
+    Raises
+    ------
+    ConfigError
+        For a non-positive or non-finite ``sample_period`` (field ``<name>.sample_period``).
     """
 
     name = "controller"
@@ -50,12 +70,18 @@ class SampledController:
                                           low_inclusive=False)
 
     def reset(self) -> None:  # stateless by default
-        pass
+        """Restore the initial state (called at the start of every simulation)."""
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
         return f"{type(self).__name__}({fields})"
 
     def params(self) -> dict:
-        """The configuration of this controller (what results record)."""
+        """The configuration of this controller (what results record).
+
+        Returns
+        -------
+        dict
+            Parameter name -> value; subclasses extend it with their own settings.
+        """
         return {"sample_period": self.sample_period}

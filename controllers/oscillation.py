@@ -68,7 +68,21 @@ def _prepare(x, dt: float) -> np.ndarray:
 
 
 def autocorrelation(x: np.ndarray, max_lag: int | None = None) -> np.ndarray:
-    """Biased, normalised ACF of an already mean-removed signal (ACF[0] = 1), via FFT."""
+    """Biased, normalised ACF of an already mean-removed signal (ACF[0] = 1), via FFT.
+
+    Parameters
+    ----------
+    x : ndarray
+        The signal, mean-removed (or detrended) by the caller.
+    max_lag : int, optional
+        Largest lag in samples (default ``len(x) // 2``; at most ``len(x) - 1`` is meaningful).
+
+    Returns
+    -------
+    ndarray
+        ACF at lags 0 .. ``max_lag`` (the biased estimator: every lag divided by the same
+        lag-0 sum, so it tapers towards long lags); all zeros for a zero signal.
+    """
     n = len(x)
     max_lag = n // 2 if max_lag is None else max_lag
     f = np.fft.rfft(x, 2 * n)
@@ -84,7 +98,26 @@ def _zero_crossings(y: np.ndarray) -> np.ndarray:
 
 
 def thornhill_regularity(acf: np.ndarray, dt: float, max_crossings: int = 12) -> tuple[float, float]:
-    """(r, period_s) from ACF zero crossings; r = nan if fewer than 4 crossings."""
+    """(r, period_s) from ACF zero crossings; r = nan if fewer than 4 crossings.
+
+    Parameters
+    ----------
+    acf : ndarray
+        Normalised autocorrelation function (:func:`autocorrelation`).
+    dt : float
+        Sample period of the signal (s).
+    max_crossings : int
+        Zero crossings used, from lag 0 (default 12: the first five to six periods, where the
+        ACF is still well estimated).
+
+    Returns
+    -------
+    r : float
+        Regularity mean(T_p) / (3 std(T_p)) (Thornhill et al. 2003); > 1 means regular;
+        inf when every period is equal, nan with fewer than 4 crossings.
+    period_s : float
+        Mean period (s), nan with fewer than 4 crossings.
+    """
     zc = _zero_crossings(acf)[:max_crossings]
     if len(zc) < 4:
         return math.nan, math.nan
@@ -102,6 +135,17 @@ def decay_ratio(acf: np.ndarray) -> float:
     The extrema are taken between successive ACF zero crossings (first minimum between crossings
     1 and 2, first maximum between 2 and 3, second minimum between 3 and 4), which keeps
     measurement noise from creating spurious local extrema near lag 0.
+
+    Parameters
+    ----------
+    acf : ndarray
+        Normalised autocorrelation function (:func:`autocorrelation`).
+
+    Returns
+    -------
+    float
+        R = a / b (dimensionless); > 0.5 flags an excessively oscillatory loop (Miao & Seborg
+        1999). nan with fewer than 4 zero crossings or when b <= 0.
     """
     zc = _zero_crossings(acf)
     if len(zc) < 4:
@@ -118,7 +162,26 @@ def decay_ratio(acf: np.ndarray) -> float:
 
 
 def forsman_stattin_h(x: np.ndarray, dt: float, alpha: float = 0.5, gamma: float = 0.75) -> float:
-    """h index from consecutive same-sign half-waves (areas within alpha, durations within gamma)."""
+    """h index from consecutive same-sign half-waves (areas within alpha, durations within gamma).
+
+    Parameters
+    ----------
+    x : ndarray
+        The mean-removed (or detrended) signal.
+    dt : float
+        Sample period (s).
+    alpha : float
+        Area tolerance: consecutive half-waves of one sign match when the ratio of their IAE is
+        in (alpha, 1/alpha) (default 0.5, Forsman & Stattin's value).
+    gamma : float
+        Duration tolerance: their durations' ratio must be in (gamma, 1/gamma) (default 0.75).
+
+    Returns
+    -------
+    float
+        h = matching pairs / pairs compared (0-1); > 0.4 indicates an oscillation, white noise
+        gives about 0.1. nan with fewer than 5 zero crossings.
+    """
     zc = _zero_crossings(x)
     if len(zc) < 5:
         return math.nan
@@ -144,7 +207,24 @@ def forsman_stattin_h(x: np.ndarray, dt: float, alpha: float = 0.5, gamma: float
 
 
 def spectral_peak_fraction(x: np.ndarray, dt: float) -> tuple[float, float]:
-    """(fraction of power within +/-20 % of the strongest non-DC peak, its period in s)."""
+    """(fraction of power within +/-20 % of the strongest non-DC peak, its period in s).
+
+    Parameters
+    ----------
+    x : ndarray
+        The signal (Welch's method detrends each segment linearly).
+    dt : float
+        Sample period (s).
+
+    Returns
+    -------
+    fraction : float
+        Share (0-1) of the non-DC power in the band 0.8-1.2 x the peak frequency; nan for a
+        signal without power.
+    period_s : float
+        Period of the peak (s), resolved to the Welch segment (``max(64, n // 4)`` samples,
+        at most n).
+    """
     nper = min(len(x), max(64, len(x) // 4))
     f, p = sps.welch(x, fs=1.0 / dt, nperseg=nper, detrend="linear")
     if p[1:].sum() <= 0:
@@ -155,7 +235,26 @@ def spectral_peak_fraction(x: np.ndarray, dt: float) -> tuple[float, float]:
 
 
 def hagglund_detections(x: np.ndarray, dt: float, acceptable_amplitude: float, period_s: float) -> int:
-    """Load disturbances (half-waves with IAE > 2a/w_u) in the last 50 periods (Hagglund 1995)."""
+    """Load disturbances (half-waves with IAE > 2a/w_u) in the last 50 periods (Hagglund 1995).
+
+    Parameters
+    ----------
+    x : ndarray
+        The mean-removed (or detrended) signal.
+    dt : float
+        Sample period (s).
+    acceptable_amplitude : float
+        Hagglund's a, the amplitude tolerated without alarm (in the signal's units).
+    period_s : float
+        The oscillation's period (s); w_u = 2 pi / period_s.
+
+    Returns
+    -------
+    int
+        Half-waves between successive zero crossings whose IAE exceeds 2 a / w_u, in the last
+        50 periods of the signal (or all of it if shorter); 0 for a non-positive or non-finite
+        period. More than 10 is Hagglund's limit-cycle alarm.
+    """
     if not (period_s > 0) or not math.isfinite(period_s):
         return 0
     wu = 2 * math.pi / period_s
@@ -173,7 +272,24 @@ def hagglund_detections(x: np.ndarray, dt: float, acceptable_amplitude: float, p
 
 def first_harmonic_amplitude(x: np.ndarray, dt: float, period_s: float) -> float:
     """Amplitude of the fundamental at ``period_s`` (least-squares sine fit over whole periods):
-    the quantity a describing-function prediction is compared with."""
+    the quantity a describing-function prediction is compared with.
+
+    Parameters
+    ----------
+    x : ndarray
+        The signal.
+    dt : float
+        Sample period (s).
+    period_s : float
+        The period to fit (s).
+
+    Returns
+    -------
+    float
+        Amplitude (half peak-to-peak of the fitted sine, in the signal's units) over the last
+        whole number of periods; nan if the period is not positive and finite or the signal is
+        shorter than one period.
+    """
     if not (period_s > 0) or not math.isfinite(period_s):
         return math.nan
     n_per = int(len(x) * dt / period_s)
@@ -190,7 +306,37 @@ def first_harmonic_amplitude(x: np.ndarray, dt: float, period_s: float) -> float
 
 @dataclass(frozen=True)
 class OscillationReport:
-    """The verdict and every index, so a failing regression test can print what it saw."""
+    """The verdict and every index, so a failing regression test can print what it saw.
+
+    Attributes
+    ----------
+    oscillating : bool
+        The verdict (module docstring: amplitude above ``min_amplitude``, r > 1, and R > 0.5
+        or h > 0.4).
+    thornhill_r : float
+        Thornhill regularity r (nan when the ACF has too few zero crossings).
+    decay_ratio : float
+        Miao-Seborg decay ratio R (nan when undefined).
+    forsman_h : float
+        Forsman-Stattin h (nan when undefined).
+    spectral_peak_fraction : float
+        Share of power around the dominant spectral peak (screening only).
+    hagglund_detections : int
+        Hagglund load disturbances in the last 50 periods (0 unless r > 1).
+    hagglund_alarm : bool
+        More than 10 detections.
+    period_s : float
+        Oscillation period (s): from the ACF, else the spectral peak.
+    amplitude : float
+        sqrt(2) x the standard deviation of the detrended signal (a sine's amplitude from its
+        RMS), in the signal's units.
+    harmonic_amplitude : float
+        Amplitude of the fundamental at ``period_s`` (what a describing function predicts).
+    samples : int
+        Samples assessed.
+    reason : str
+        Which rule decided the verdict, with the figures.
+    """
 
     oscillating: bool
     thornhill_r: float
@@ -206,6 +352,7 @@ class OscillationReport:
     reason: str
 
     def to_dict(self) -> dict:
+        """The fields as a plain dict (for ``metrics.json``)."""
         return asdict(self)
 
     def __str__(self) -> str:
@@ -222,6 +369,34 @@ def assess(signal, dt: float, *, min_amplitude: float = 0.0,
     ``min_amplitude`` is the smallest amplitude worth calling an oscillation (in the signal's
     units; ripple below it is ignored). ``acceptable_amplitude`` is Hagglund's a (default:
     the larger of ``min_amplitude`` and 3 x the signal's high-frequency noise level).
+
+    The signal is detrended linearly first, so a slow ramp is not taken for an oscillation.
+
+    Parameters
+    ----------
+    signal : array_like
+        The signal, uniformly sampled (1-D, at least 16 finite samples); drop the start-up
+        transient first.
+    dt : float
+        Sample period (s, > 0).
+    min_amplitude : float
+        The smallest amplitude (sqrt(2) x RMS, in the signal's units) worth calling an
+        oscillation; the verdict requires more than this (default 0).
+    acceptable_amplitude : float, optional
+        Hagglund's a for :func:`hagglund_detections`; by default the larger of
+        ``min_amplitude`` and 3 x the noise level (the median absolute sample-to-sample
+        difference, as a standard deviation).
+
+    Returns
+    -------
+    OscillationReport
+        The verdict, every index, the period and both amplitudes.
+
+    Raises
+    ------
+    ConfigError
+        For a signal that is not 1-D, has fewer than 16 samples or non-finite ones, or a
+        ``dt`` <= 0.
     """
     x = _prepare(signal, dt)
     amplitude = float(math.sqrt(2.0) * x.std())  # a sine's amplitude from its RMS

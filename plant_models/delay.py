@@ -16,6 +16,23 @@ class DelayLine:
     """History of one signal sampled every ``dt``; ``read(delay)`` = value ``delay`` s ago.
 
     Before the first push the line returns ``initial`` (the signal's value for t < 0).
+
+    A ring buffer of ``ceil(max_delay / dt) + 2`` samples, so reads cost O(1) however long the
+    simulation.
+
+    Parameters
+    ----------
+    dt : float
+        Sample spacing of the pushes (s, > 0): the simulation step.
+    max_delay : float
+        Longest delay that will be read (s, >= 0).
+    initial : float
+        Value returned for times before the first sample (default 0), in the signal's units.
+
+    Raises
+    ------
+    ValueError
+        For ``dt`` <= 0 or ``max_delay`` < 0.
     """
 
     def __init__(self, dt: float, max_delay: float, initial: float = 0.0):
@@ -30,11 +47,35 @@ class DelayLine:
         self._n = 0  # samples pushed so far
 
     def push(self, value: float) -> None:
+        """Append the newest sample (one per ``dt``).
+
+        Parameters
+        ----------
+        value : float
+            The signal's value at this step.
+        """
         self._buf[self._n % self.size] = value
         self._n += 1
 
     def read(self, delay: float) -> float:
-        """Value ``delay`` seconds before the newest sample (delay 0 = newest)."""
+        """Value ``delay`` seconds before the newest sample (delay 0 = newest).
+
+        Parameters
+        ----------
+        delay : float
+            How far back (s, >= 0, at most the line's ``max_delay``); between grid points the
+            value is interpolated linearly.
+
+        Returns
+        -------
+        float
+            The delayed value; ``initial`` for times before the first push.
+
+        Raises
+        ------
+        ValueError
+            When ``delay`` exceeds the line's capacity.
+        """
         steps = delay / self.dt
         k = int(steps)
         frac = steps - k

@@ -24,6 +24,38 @@ def simulate_delayed_feedback(plant, delay: float, law: Callable[[float, float],
 
     ``law`` may keep state (a relay with hysteresis, a PI). ``disturbance(t)`` adds to the plant
     input. Returns (t, y, u) arrays on the grid of ``dt``.
+
+    The state starts at zero; the delayed input is zero before t = 0.
+
+    Parameters
+    ----------
+    plant : control.TransferFunction or control.StateSpace
+        The rational part P(s), single-input single-output, continuous time.
+    delay : float
+        Input delay (s, >= 0), applied exactly on the grid (a multiple of ``dt`` is exact;
+        otherwise linear interpolation).
+    law : callable
+        ``law(t, e) -> u``: the controller, called once per step with the time (s) and the
+        error e = reference - y.
+    t_end : float
+        End of the simulation (s); the grid is 0, dt, ..., round(t_end / dt) x dt.
+    dt : float
+        Step (s, > 0); P(s) is discretised with a zero-order hold at this step.
+    reference : float
+        Constant reference (default 0), in the output's units.
+    disturbance : callable, optional
+        ``disturbance(t)``, added to the controller output before the delay (an input
+        disturbance). Default None. Known defect: with ``delay == 0`` the current code feeds
+        the plant ``u`` without it, so the disturbance has no effect.
+
+    Returns
+    -------
+    t : ndarray
+        The time grid (s).
+    y : ndarray
+        Plant output at each step.
+    u : ndarray
+        Controller output at each step (without the disturbance).
     """
     ss = control.ss(plant)
     d = control.c2d(ss, dt, method="zoh")

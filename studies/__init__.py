@@ -22,7 +22,29 @@ STUDIES: dict[str, str] = {
 
 
 def run_study(name: str, out_dir: str | Path | None = None, quick: bool = False) -> dict[str, Any]:
-    """Run study ``name``, writing under ``out_dir`` (default ``reports/<name>``)."""
+    """Run study ``name``, writing under ``out_dir`` (default ``reports/<name>``).
+
+    Parameters
+    ----------
+    name : str
+        A key of :data:`STUDIES` (``"operating-modes"``, ``"feedback-oscillation"``, ...).
+    out_dir : str or Path, optional
+        Folder for the study's figures, CSVs, ``metrics.json`` and ``summary.md``; created if
+        missing. Default ``reports/<name>`` relative to the working directory.
+    quick : bool
+        Run the study's quick variant (shorter runs, fewer points or models; what the default test
+        suite runs). Default False: the full study.
+
+    Returns
+    -------
+    dict
+        The study's metrics as written to ``metrics.json`` (with its config and provenance).
+
+    Raises
+    ------
+    ConfigError
+        When ``name`` is not a known study.
+    """
     if name not in STUDIES:
         raise ConfigError("study", f"unknown study {name!r}; studies are {', '.join(STUDIES)}")
     module = importlib.import_module(STUDIES[name])

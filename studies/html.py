@@ -160,12 +160,15 @@ def render_index(reports_dir: str | Path, order: list[str] | None = None) -> str
     reports_dir : str or Path
         The folder holding one sub-folder per study.
     order : list of str, optional
-        Study folder names in the order to show them; others follow alphabetically.
+        Study folder names in the order to show them; others follow alphabetically (names
+        without a folder are skipped).
 
     Returns
     -------
     str
-        The page.
+        The page: headline cards, rendered summary, figures, table previews (first 12 rows and
+        14 columns), configuration and provenance of each study. A folder whose
+        ``metrics.json`` cannot be read or parsed is left out.
     """
     root = Path(reports_dir)
     found = {p.parent.name: p.parent for p in sorted(root.glob("*/metrics.json"))}
@@ -204,9 +207,9 @@ def write_index(reports_dir: str | Path, order: list[str] | None = None) -> Path
     Parameters
     ----------
     reports_dir : str or Path
-        The folder holding one sub-folder per study.
+        The folder holding one sub-folder per study (created if missing).
     order : list of str, optional
-        Study folder names in display order.
+        Study folder names in display order; others follow alphabetically.
 
     Returns
     -------

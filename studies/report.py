@@ -59,7 +59,21 @@ def provenance() -> dict[str, Any]:
 
 
 def to_jsonable(obj: Any) -> Any:
-    """Convert numpy/pandas scalars and containers to plain JSON; non-finite floats become None."""
+    """Convert numpy/pandas scalars and containers to plain JSON; non-finite floats become None.
+
+    JSON has no NaN or infinity, so an unmeasured or unbounded figure is written as ``null``.
+
+    Parameters
+    ----------
+    obj : any
+        A value of a study's metrics: dicts (keys become strings), lists, tuples, numpy arrays,
+        numpy scalars, bools, floats, paths; anything else is returned unchanged.
+
+    Returns
+    -------
+    any
+        The same structure built from dict, list, bool, int, float, str and None.
+    """
     if isinstance(obj, dict):
         return {str(k): to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -80,7 +94,26 @@ def to_jsonable(obj: Any) -> Any:
 
 @dataclass
 class StudyReport:
-    """Collects one study's artefacts and writes them into ``out_dir``."""
+    """Collects one study's artefacts and writes them into ``out_dir``.
+
+    The folder is created on construction; :meth:`finish` writes ``metrics.json`` and
+    ``summary.md`` and records the wall time since construction.
+
+    Parameters
+    ----------
+    name : str
+        The study's name (the title of ``summary.md`` and of its HTML section).
+    out_dir : str or Path
+        Folder the artefacts are written to.
+    config : dict
+        The study's resolved configuration (written into ``metrics.json``; seeds included).
+    figures : list of (str, str)
+        ``(file name, caption)`` of the figures saved so far (default empty).
+    tables : list of (str, str)
+        ``(file name, caption)`` of the CSV tables saved so far (default empty).
+    headlines : list of dict
+        Headline figures (``label``, ``value``, ``unit``, ``note``) added by :meth:`headline`.
+    """
 
     name: str
     out_dir: Path
@@ -95,13 +128,44 @@ class StudyReport:
         self.out_dir.mkdir(parents=True, exist_ok=True)
 
     def save_figure(self, fig, filename: str, caption: str) -> Path:
+        """Save ``fig`` as a PNG (120 dpi) in the folder and list it with ``caption``.
+
+        Parameters
+        ----------
+        fig : matplotlib.figure.Figure
+            The figure.
+        filename : str
+            File name inside ``out_dir`` (``"loop.png"``).
+        caption : str
+            What the figure shows; generated from the run's numbers where it states an outcome.
+
+        Returns
+        -------
+        Path
+            The written file.
+        """
         path = self.out_dir / filename
         fig.savefig(path, dpi=120)
         self.figures.append((filename, caption))
         return path
 
     def save_table(self, df: pd.DataFrame, filename: str, caption: str = "") -> Path:
-        """Write ``df`` as a CSV and list it (with ``caption``) in the report."""
+        """Write ``df`` as a CSV and list it (with ``caption``) in the report.
+
+        Parameters
+        ----------
+        df : DataFrame
+            The table (its index is not written).
+        filename : str
+            File name inside ``out_dir`` (``"margins.csv"``).
+        caption : str
+            What the table holds (default empty).
+
+        Returns
+        -------
+        Path
+            The written file.
+        """
         path = self.out_dir / filename
         df.to_csv(path, index=False)
         self.tables.append((filename, caption))
@@ -117,14 +181,30 @@ class StudyReport:
         value : number, bool or str
             The measured value (from this run).
         unit : str
-            Its unit.
+            Its unit (``"s"``, ``"requests/s"``; default empty).
         note : str
-            One line of context (what it is compared with).
+            One line of context (what it is compared with; default empty).
         """
         self.headlines.append({"label": label, "value": value, "unit": unit, "note": note})
 
     def finish(self, metrics: dict[str, Any], summary_lines: list[str]) -> dict[str, Any]:
-        """Write ``metrics.json`` (metrics + config + provenance + artefact index) and ``summary.md``."""
+        """Write ``metrics.json`` (metrics + config + provenance + artefact index) and ``summary.md``.
+
+        Parameters
+        ----------
+        metrics : dict
+            The run's figures. The keys ``study``, ``config``, ``provenance`` and ``report``
+            are reserved: this method sets them.
+        summary_lines : list of str
+            Markdown lines of the summary (outcome sentences generated from the run's numbers);
+            the figure list with captions is appended.
+
+        Returns
+        -------
+        dict
+            What was written to ``metrics.json``, before JSON conversion (numpy values and
+            non-finite floats are kept; the file has plain JSON with ``null`` for them).
+        """
         full = {**metrics, "study": self.name, "config": self.config,
                 "provenance": {**provenance(), "wall_seconds": time.perf_counter() - self._t0},
                 "report": {"figures": [{"file": f, "caption": c} for f, c in self.figures],

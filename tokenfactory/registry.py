@@ -58,20 +58,24 @@ class PlantContext:
     params : FluidParams
         Roofline rates and delays of one fill and one decode worker at the request shape.
     fill_workers, decode_workers : int
-        Pool sizes the controller is tuned for (admission tunes at these).
+        Pool sizes the controller is tuned for (admission tunes at these; default 1 each).
     slo_ttft_s, slo_tpot_s : float
-        The SLO the controller protects.
+        The SLO the controller protects: time to first token and time per output token (s;
+        defaults 2.0 and 0.1). Smoothed admission sheds what would wait longer than half the
+        TTFT SLO; Mooncake early rejection rejects on the TTFT SLO.
     rate_rps : float or None
-        Mean demand (requests/s); autoscalers use it for their noise-derived dead bands.
+        Mean demand (requests/s); the hysteretic autoscaler derives its dead band from it and
+        refuses to build without it. Default None.
     dynamics : PoolDynamics
-        Start-up, warm-up and drain of workers (autoscalers' cooldowns follow from them).
+        Start-up, warm-up and drain of workers; the hysteretic autoscaler's dwell and cooldown
+        follow from start-up and warm-up (the baselines keep their documented timings).
     max_replicas : int
-        Upper bound of every autoscaler.
+        Upper bound of every autoscaler (workers per pool; default 64); the lower bound is 1.
     arrival_times_s : array or None
-        Arrival times of the replayed stream; the hysteretic controller measures its need noise on
-        them when they span at least 45 minutes.
+        Arrival times of the replayed stream (s); the hysteretic controller measures its need
+        noise on them when they span at least 45 minutes (else it uses a Poisson estimate).
     envelope : StabilityEnvelope
-        Errors the admission tuning must tolerate.
+        Errors the admission tuning must tolerate (delay and service-rate factors, margin floors).
     """
 
     params: FluidParams
@@ -147,12 +151,24 @@ def register(kind: ControllerKind) -> ControllerKind:
 
 
 def admission_kinds() -> tuple[str, ...]:
-    """Names of the registered admission kinds, in registration order."""
+    """Names of the registered admission kinds, in registration order.
+
+    Returns
+    -------
+    tuple of str
+        What ``tokenfactory simulate --admission`` and a scenario's ``[controller] kind`` accept.
+    """
     return tuple(ADMISSION_KINDS)
 
 
 def autoscaler_kinds() -> tuple[str, ...]:
-    """Names of the registered autoscaler kinds, in registration order."""
+    """Names of the registered autoscaler kinds, in registration order.
+
+    Returns
+    -------
+    tuple of str
+        The kinds :func:`build_autoscalers` accepts.
+    """
     return tuple(AUTOSCALER_KINDS)
 
 
@@ -173,9 +189,10 @@ def build_admission(kind: str, ctx: PlantContext, params: Mapping[str, Any] | No
     ctx : PlantContext
         The plant it will run on.
     params : mapping, optional
-        The kind's parameters (its ``keys``); unknown ones raise :class:`ConfigError`.
+        The kind's parameters (its ``keys``; a ``kind`` entry is ignored, so a scenario's
+        ``[controller]`` table can be passed whole); unknown ones raise :class:`ConfigError`.
     where : str
-        Field path used in error messages.
+        Field path used in error messages (default ``"admission"``).
 
     Returns
     -------
@@ -193,8 +210,11 @@ def build_autoscalers(kind: str, ctx: PlantContext, params: Mapping[str, Any] | 
                       where: str = "autoscaler") -> list:
     """Fresh autoscalers of ``kind``, one per pool, with their documented defaults.
 
-    Every autoscaler gets the same per-worker capacities (roofline x :data:`TARGET_UTILIZATION`
-    where a capacity is needed) and targets equivalent to that utilisation in its own metric.
+    The capacity-based kinds (``dynamo-throughput``, ``hysteretic``) size pools to the roofline
+    per-worker capacity x :data:`TARGET_UTILIZATION`. The metric-target kinds keep their own
+    targets: ``hpa`` and ``apa`` 0.7 fill utilisation and 0.8 KV occupancy, ``kpa`` 0.7 and
+    0.8 of a replica's concurrency at full rate (Little's law), ``dynamo-load`` 0.9 fill
+    utilisation and 1.0 KV occupancy. Every kind is bounded to [1, ``ctx.max_replicas``].
 
     Parameters
     ----------
@@ -203,9 +223,10 @@ def build_autoscalers(kind: str, ctx: PlantContext, params: Mapping[str, Any] | 
     ctx : PlantContext
         The plant and demand they size.
     params : mapping, optional
-        The kind's parameters; unknown ones raise :class:`ConfigError`.
+        The kind's parameters (a ``kind`` entry is ignored); unknown ones raise
+        :class:`ConfigError`.
     where : str
-        Field path used in error messages.
+        Field path used in error messages (default ``"autoscaler"``).
 
     Returns
     -------

@@ -37,17 +37,21 @@ class ReplaySetup:
     Parameters
     ----------
     trace : DataFrame
-        The request table.
+        The request table (:mod:`tokenfactory.traces.schema`) the setup was derived from.
     params : DESParams
-        Request-simulator parameters (roofline tables).
+        Request-simulator parameters: roofline tables of one fill and one decode worker (pass
+        times by batch and context), KV-transfer stripes and set-up time.
     plant : FluidPlant
-        The fluid plant at the trace's mean request shape (what admission is tuned on).
+        The fluid plant at the trace's mean request shape and the plant's pool sizes (what
+        admission is tuned on).
     shape : RequestShape
-        The trace's mean request.
+        The trace's mean request (:func:`request_shape_of`).
     capacity_rps : float
-        The cluster's bottleneck capacity at that shape (requests/s).
+        The cluster's bottleneck capacity at that shape (requests/s): the smaller of the fill
+        pool's prefill throughput and the decode pool's completion rate with every slot busy.
+        A replay "load" of x means x times this.
     bottleneck : str
-        ``"fill"`` or ``"decode"``.
+        The pool that sets ``capacity_rps``: ``"fill"`` or ``"decode"``.
     """
 
     trace: pd.DataFrame
@@ -58,14 +62,44 @@ class ReplaySetup:
     bottleneck: str
 
     def context(self, slo_ttft_s: float = 2.0, slo_tpot_s: float = 0.1, **kw: Any) -> PlantContext:
-        """The :class:`PlantContext` controllers of this replay are built for."""
+        """The :class:`PlantContext` controllers of this replay are built for.
+
+        Parameters
+        ----------
+        slo_ttft_s : float
+            Time-to-first-token SLO (s; default 2.0).
+        slo_tpot_s : float
+            Time-per-output-token SLO (s; default 0.1).
+        **kw
+            Further :class:`PlantContext` fields (``rate_rps``, ``dynamics``,
+            ``arrival_times_s``, ...).
+
+        Returns
+        -------
+        PlantContext
+            At this setup's fluid parameters and pool sizes.
+        """
         return PlantContext(self.plant.params, int(self.plant.fill_workers), int(self.plant.decode_workers),
                             slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, **kw)
 
 
 def request_shape_of(trace: pd.DataFrame) -> RequestShape:
     """The mean request of a request table: new (uncached) prompt tokens, output tokens, cached
-    tokens and the output length's coefficient of variation."""
+    tokens and the output length's coefficient of variation.
+
+    Parameters
+    ----------
+    trace : DataFrame
+        A request table with ``input_tokens``, ``cached_tokens`` and ``output_tokens`` columns.
+
+    Returns
+    -------
+    RequestShape
+        ``prompt_tokens`` = mean of (input - cached) tokens and ``output_tokens`` = mean output
+        tokens, each request counted as at least 1 token and the means rounded to >= 1;
+        ``cached_tokens`` = mean cached tokens; ``output_cv`` = sample standard deviation / mean
+        of the output lengths (0 for a single request), capped at 10.
+    """
     new = (trace["input_tokens"] - trace["cached_tokens"]).clip(lower=1)
     out = trace["output_tokens"].clip(lower=1)
     cv = float(out.std() / out.mean()) if len(out) > 1 else 0.0
@@ -87,6 +121,13 @@ def build_replay(trace: pd.DataFrame, plant: dict | None = None) -> ReplaySetup:
     Returns
     -------
     ReplaySetup
+        The request-simulator parameters, the fluid plant at the trace's mean request and pool
+        sizes, and the bottleneck capacity (requests/s) with the pool that sets it.
+
+    Raises
+    ------
+    ConfigError
+        For an unknown key of ``plant`` or an unknown model or hardware preset.
     """
     cfg = {**DEFAULT_PLANT, **(plant or {})}
     reject_unknown_keys("plant", cfg, set(DEFAULT_PLANT) | _PLANT_EXTRA_KEYS)
@@ -108,6 +149,12 @@ def run_replay(trace: pd.DataFrame, setup: ReplaySetup, admission: str, scale: f
                cluster: dict | None = None, autoscaler: str | None = None) -> tuple[dict, Any]:
     """One replay through the request simulator.
 
+    The controllers are built for the replayed stream: its mean rate (requests over the last
+    arrival time, after ``scale``) and its arrival times go into the :class:`PlantContext`.
+    The oscillation verdict is :func:`~tokenfactory.controllers.oscillation.assess` on the
+    ready buffer's snapshots after the first 10 % of the run (the start-up transient), with a
+    1-request minimum amplitude; with fewer than 16 snapshots there is no verdict.
+
     Parameters
     ----------
     trace : DataFrame
@@ -115,18 +162,24 @@ def run_replay(trace: pd.DataFrame, setup: ReplaySetup, admission: str, scale: f
     setup : ReplaySetup
         From :func:`build_replay`.
     admission : str
-        A registered admission kind (``open`` for none).
+        A registered admission kind (:func:`tokenfactory.registry.admission_kinds`; ``open``
+        for none).
     scale : float
-        Replay speed-up (arrival times divided by ``scale``).
+        Replay speed-up (> 0; default 1): arrival times are divided by ``scale``, so the
+        offered load is ``scale`` times the trace's.
     cluster : dict, optional
-        :class:`ClusterConfig` fields (pool sizes default to the setup's).
+        :class:`ClusterConfig` fields (pool sizes and measurement delay default to the
+        setup's).
     autoscaler : str, optional
-        A registered autoscaler kind sizing both pools.
+        A registered autoscaler kind sizing both pools (default: none, fixed pools).
 
     Returns
     -------
     tuple
-        ``(metrics, DESResult)``; metrics add the ready buffer's oscillation report.
+        ``(metrics, DESResult)``. ``metrics`` is the simulator's metrics plus ``admission``,
+        ``autoscaler``, ``scale``, ``ready_oscillation`` (the
+        :class:`~tokenfactory.controllers.oscillation.OscillationReport` as a dict, or None)
+        and ``oscillating`` (bool; False without a verdict).
     """
     cl = ClusterConfig.from_dict({"fill_workers": int(setup.plant.fill_workers),
                                   "decode_workers": int(setup.plant.decode_workers),

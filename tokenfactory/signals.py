@@ -32,6 +32,41 @@ class Measurement:
     the pools at that moment. ``*_workers`` count serving workers, ``*_workers_starting`` the ones
     provisioned but not yet serving (a pool autoscaler's moves still in transit);
     ``arrival_rate`` is what reached the orchestrator (before admission), when the plant knows it.
+
+    Every plant builds these (the fluid plant, the pool model, the request simulator); the
+    request-level plants average the rates over the controller's sample period, as a scrape of
+    counters would.
+
+    Parameters
+    ----------
+    time_s : float
+        When the sample was taken (s of plant time); the controller reads it at
+        ``time_s + measurement_delay_s``.
+    backlog : float
+        Requests waiting at the orchestrator for admission into the fill (prefill) pool.
+    fill_in_progress : float
+        Requests admitted and not yet KV-ready in decode: queued at or running on fill workers,
+        or having their KV transferred.
+    ready : float
+        Requests whose KV is ready and that wait for a decode slot (the ready buffer).
+    active_decodes : float
+        Sequences holding a decode slot and generating tokens.
+    completion_rate : float
+        Requests finishing decode (requests/s).
+    admitted_rate : float
+        Requests released from the backlog into fill (requests/s).
+    decode_slots : float
+        Sequences the serving decode workers can hold at once (KV capacity at the request shape).
+    fill_capacity : float
+        Prefill throughput of the serving fill workers (requests/s).
+    fill_workers, decode_workers : float
+        Serving workers of each pool; NaN (default) when the plant does not report them (a fluid
+        plant's decode count may be fractional during a worker-loss scenario).
+    fill_workers_starting, decode_workers_starting : float
+        Workers provisioned but still starting or warming up (default 0).
+    arrival_rate : float
+        Requests reaching the orchestrator, before admission (requests/s); NaN (default) when
+        the plant does not measure it.
     """
 
     time_s: float
@@ -51,6 +86,7 @@ class Measurement:
 
     @property
     def decode_utilization(self) -> float:
+        """Active decodes per decode slot (0-1; 0 when there are no slots)."""
         return self.active_decodes / self.decode_slots if self.decode_slots > 0 else 0.0
 
     @property
@@ -59,6 +95,7 @@ class Measurement:
         return (self.active_decodes + self.ready) / self.decode_slots if self.decode_slots > 0 else math.inf
 
     def to_dict(self) -> dict:
+        """The fields as a plain dict (one row of a measurement log)."""
         return asdict(self)
 
 
@@ -66,7 +103,28 @@ class Measurement:
 class AdmissionAction:
     """An admission command: release ``rate`` requests/s from the backlog into fill, and shed
     (reject with ``reason``) whatever backlog exceeds ``backlog_bound``. Early rejection at arrival
-    is ``backlog_bound=0`` with its own reason."""
+    is ``backlog_bound=0`` with its own reason.
+
+    The plant holds the command until the controller's next sample; the admitted flow is also
+    limited by the fill capacity and by what is in the backlog.
+
+    Parameters
+    ----------
+    rate : float
+        Admission rate (requests/s, >= 0); ``math.inf`` admits as fast as fill takes requests.
+    backlog_bound : float
+        Largest backlog kept (requests, >= 0; default ``inf``, nothing shed); the excess is
+        rejected with ``reason``.
+    reason : str
+        Why shed requests are rejected, one of :data:`REJECT_REASONS` (default
+        ``"backlog_over_bound"``).
+
+    Raises
+    ------
+    ValueError
+        When ``rate`` is negative or NaN, ``backlog_bound`` is negative or NaN, or ``reason`` is
+        not a known reason.
+    """
 
     rate: float
     backlog_bound: float = math.inf
@@ -84,7 +142,22 @@ class AdmissionAction:
 @dataclass(frozen=True)
 class ScaleAction:
     """Desired number of workers for ``pool`` (``"fill"`` or ``"decode"``), with Kubernetes
-    deployment semantics: the plant starts or drains workers to reach ``replicas``."""
+    deployment semantics: the plant starts or drains workers to reach ``replicas``.
+
+    Parameters
+    ----------
+    pool : str
+        ``"fill"`` (prefill) or ``"decode"``, one of :data:`POOLS`.
+    replicas : int
+        Desired provisioned workers in the pool, serving plus starting (>= 0). Below the current
+        count the plant cancels starting workers first, then drains the newest serving ones;
+        above it, new workers serve only after the plant's start-up delay.
+
+    Raises
+    ------
+    ConfigError
+        When ``pool`` is unknown or ``replicas`` is not a non-negative integer.
+    """
 
     pool: str
     replicas: int

@@ -53,6 +53,11 @@ def set_dotted(config: Mapping[str, Any], key: str, value: Any) -> dict:
     -------
     dict
         The new configuration (``config`` is not modified).
+
+    Raises
+    ------
+    ConfigError
+        When an intermediate part of ``key`` names a value, not a section, in ``config``.
     """
     out = copy.deepcopy(dict(config))
     node = out
@@ -75,16 +80,23 @@ class Sweep:
     Parameters
     ----------
     base : mapping
-        The base configuration every point starts from.
+        The base configuration every point starts from (default: empty).
     grid : mapping of str to sequence, optional
         Dotted key -> values; the points are the cartesian product (first key varies slowest).
+        Each value list must be non-empty and not a string.
     points : sequence of mapping, optional
         Explicit override mappings (dotted key -> value), one per point; combined with ``grid``
-        as a product when both are given.
+        as a product when both are given (a point's value wins over the grid's for the same key).
     seeds : sequence of int, optional
-        Replications: every point is run once per seed, with the seed set at ``seed_key``.
+        Replications (each seed >= 0): every point is run once per seed, with the seed set at
+        ``seed_key``; seeds vary fastest.
     seed_key : str
-        Where the seed goes in the configuration (dotted).
+        Where the seed goes in the configuration (dotted; default ``"seed"``).
+
+    Raises
+    ------
+    ConfigError
+        For a grid entry that is not a non-empty list of values, or a negative or non-integer seed.
     """
 
     base: Mapping[str, Any] = field(default_factory=dict)
@@ -103,7 +115,13 @@ class Sweep:
             check_int("sweep.seeds", s, low=0)
 
     def overrides(self) -> list[dict[str, Any]]:
-        """The override mapping of every point, in run order."""
+        """The override mapping of every point, in run order.
+
+        Returns
+        -------
+        list of dict
+            Dotted key -> value, one mapping per point (grid x points x seeds).
+        """
         grid = self.grid or {}
         keys = list(grid)
         from_grid = [dict(zip(keys, vals)) for vals in itertools.product(*(list(grid[k]) for k in keys))]
@@ -114,7 +132,13 @@ class Sweep:
         return combos
 
     def configs(self) -> list[dict[str, Any]]:
-        """The full configuration of every point (base with its overrides applied)."""
+        """The full configuration of every point (base with its overrides applied).
+
+        Returns
+        -------
+        list of dict
+            One nested configuration per point, in the order of :meth:`overrides`.
+        """
         out = []
         for ov in self.overrides():
             cfg = dict(copy.deepcopy(dict(self.base)))
@@ -159,14 +183,24 @@ def run_sweep(fn: Callable, sweep: Sweep, *, backend: str = "serial", scheduler:
     workers : int, optional
         Worker processes of the local cluster (default: the machine's cores).
     chunk_size : int, optional
-        Points per task (default: enough for ~4 tasks per worker, at most 2,000 points).
+        Points per task (Dask default: enough for ~4 tasks per worker, at most 2,000 points;
+        serial default: all points in one chunk, which matters only with ``batched``).
     batched : bool
-        Pass whole chunks to ``fn``.
+        Pass whole chunks to ``fn`` (default False: one configuration per call).
 
     Returns
     -------
     DataFrame
-        One row per point, in ``sweep`` order: the override columns, then ``fn``'s results.
+        One row per point, in ``sweep`` order: the override columns, then ``fn``'s results (a
+        result key equal to an override key replaces it). Empty for a sweep of no points.
+
+    Raises
+    ------
+    ConfigError
+        For an unknown ``backend``, or (Dask backend) a negative ``workers`` or ``chunk_size``
+        (0 or None means the default).
+    ValueError
+        When ``fn`` returns a different number of results than the chunk had points.
     """
     check_choice("sweep.backend", backend, ("serial", "dask"))
     overrides = sweep.overrides()

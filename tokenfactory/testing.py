@@ -42,18 +42,21 @@ def assert_no_oscillation(series, dt: float, *, min_amplitude: float = 0.0, name
     Parameters
     ----------
     series : array_like
-        The signal, sampled every ``dt`` seconds (drop the start-up transient first).
+        The signal, sampled every ``dt`` seconds (at least 16 finite samples; drop the start-up
+        transient first).
     dt : float
-        Sample period (s).
+        Sample period (s, > 0).
     min_amplitude : float
-        The smallest amplitude worth calling an oscillation, in the signal's units.
+        The smallest amplitude worth calling an oscillation, in the signal's units (default 0:
+        any regular, persistent oscillation fails).
     name : str
-        What the signal is, for the message.
+        What the signal is, for the message (default ``"signal"``).
     max_reversals : int, optional
         With ``actions`` (scale-action rows with ``pool``, ``from``, ``to``): also fail when the
         actions reverse direction more than this many times (flapping without regularity).
     actions : iterable of dict, optional
-        Scale actions to count reversals in.
+        Scale actions to count reversals in, in time order (e.g. a simulation result's action
+        log); only used with ``max_reversals``.
 
     Returns
     -------
@@ -105,9 +108,10 @@ def assert_margins(target, *, gm: float | None = None, pm: float | None = None,
     ----------
     target : DelayedLoop, Scenario or path
         One loop, or a scenario (file) whose admission loop is checked at every point of its
-        stability envelope.
+        stability envelope (the scenario's controller must be the linear smoothed admission).
+        Every floor left at None is not checked; stability always is.
     gm : float, optional
-        Gain-margin floor (the factor the loop gain may grow by).
+        Gain-margin floor (the factor the loop gain may grow by, dimensionless; not in dB).
     pm : float, optional
         Phase-margin floor in degrees.
     delay_margin : float, optional
@@ -123,7 +127,10 @@ def assert_margins(target, *, gm: float | None = None, pm: float | None = None,
     Raises
     ------
     AssertionError
-        Naming the loop, the margin and its value, for the first loop that is unstable or misses a floor.
+        Naming the loop, the margin and its value, for the first loop that is unstable or misses
+        a floor; also when a scenario's controller is not linear.
+    TypeError
+        When ``target`` is none of the accepted types.
     """
     out = []
     for name, loop in _loops(target):
@@ -164,18 +171,23 @@ def assert_conserved(result, *, rtol: float = 1e-9) -> dict[str, float]:
     result : simulation result
         From the request simulator, the pool model or the admission-loop fluid plant.
     rtol : float
-        Tolerance relative to the arrivals (the fluid plants integrate real numbers).
+        Tolerance relative to the arrivals (default 1e-9; the fluid plants integrate real
+        numbers), plus an absolute 1e-9 requests.
 
     Returns
     -------
     dict
-        ``arrived``, ``completed``, ``rejected``, ``in_flight`` and ``residual``.
+        ``arrived``, ``completed``, ``rejected``, ``in_flight`` and ``residual`` (arrived minus
+        the other three), in requests. For the admission-loop fluid plant, which computes its own
+        residual (delay lines included), only ``arrived`` and ``residual``.
 
     Raises
     ------
     AssertionError
         With the four counts and the residual. For request-level results, also when a request's
         final state is not completed/rejected/in flight or a rejection carries no reason.
+    TypeError
+        When ``result`` reports no request counts.
     """
     residual_attr = getattr(result, "conservation_residual", None)
     if residual_attr is not None:  # the fluid plant computes its own residual, delay lines included

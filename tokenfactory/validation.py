@@ -32,7 +32,33 @@ def check_number(field: str, value: Any, *, low: float | None = None, high: floa
                  low_inclusive: bool = True, high_inclusive: bool = True, allow_inf: bool = False) -> float:
     """Return ``value`` as a float inside [low, high] or raise :class:`ConfigError`.
 
-    NaN is always rejected; +inf only with ``allow_inf`` (for "no limit" settings)."""
+    NaN is always rejected; +inf only with ``allow_inf`` (for "no limit" settings). Booleans are
+    rejected although Python counts them as numbers (``True`` is not a rate).
+
+    Parameters
+    ----------
+    field : str
+        Dotted path of the setting (``"fluid.measurement_delay_s"``), used in the error message.
+    value : any
+        The value read from the configuration; must be an ``int`` or a ``float``.
+    low, high : float, optional
+        Bounds of the allowed range, in the setting's own unit; ``None`` (default) is unbounded.
+    low_inclusive, high_inclusive : bool
+        Whether ``low``/``high`` themselves are allowed (default True: a closed interval).
+    allow_inf : bool
+        Accept ``+inf`` (default False); ``-inf`` is always rejected.
+
+    Returns
+    -------
+    float
+        ``value`` as a float.
+
+    Raises
+    ------
+    ConfigError
+        When ``value`` is not a number, is NaN or infinite, or lies outside the range; the message
+        names ``field`` and prints the range in interval notation (``(0, inf)``).
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(field, f"expected a number, got {value!r}")
     v = float(value)
@@ -50,7 +76,30 @@ def check_number(field: str, value: Any, *, low: float | None = None, high: floa
 
 
 def check_int(field: str, value: Any, *, low: int | None = None, high: int | None = None) -> int:
-    """Return ``value`` as an int inside [low, high] or raise :class:`ConfigError`."""
+    """Return ``value`` as an int inside [low, high] or raise :class:`ConfigError`.
+
+    A float with an integral value (``4.0``, as TOML and JSON may give) is accepted; ``4.5`` and
+    booleans are not.
+
+    Parameters
+    ----------
+    field : str
+        Dotted path of the setting, used in the error message.
+    value : any
+        The value read from the configuration.
+    low, high : int, optional
+        Inclusive bounds; ``None`` (default) is unbounded.
+
+    Returns
+    -------
+    int
+        ``value`` as an int.
+
+    Raises
+    ------
+    ConfigError
+        When ``value`` is not an integer or lies outside [low, high].
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float)) or float(value) != int(value):
         raise ConfigError(field, f"expected an integer, got {value!r}")
     check_number(field, value, low=low, high=high)
@@ -58,6 +107,27 @@ def check_int(field: str, value: Any, *, low: int | None = None, high: int | Non
 
 
 def check_choice(field: str, value: Any, choices: Iterable[str]) -> str:
+    """Return ``value`` if it is one of ``choices``, else raise :class:`ConfigError`.
+
+    Parameters
+    ----------
+    field : str
+        Dotted path of the setting, used in the error message.
+    value : any
+        The value read from the configuration (compared with ``==``, so case matters).
+    choices : iterable of str
+        The allowed values (a mapping's keys work); the message lists them in this order.
+
+    Returns
+    -------
+    str
+        ``value`` unchanged.
+
+    Raises
+    ------
+    ConfigError
+        When ``value`` is not among ``choices``.
+    """
     choices = list(choices)
     if value not in choices:
         raise ConfigError(field, f"{value!r} is not one of {', '.join(map(repr, choices))}")
@@ -65,7 +135,26 @@ def check_choice(field: str, value: Any, choices: Iterable[str]) -> str:
 
 
 def reject_unknown_keys(where: str, mapping: Mapping[str, Any], allowed: Iterable[str]) -> None:
-    """Raise :class:`ConfigError` for the first key of ``mapping`` not in ``allowed``."""
+    """Raise :class:`ConfigError` for the first key of ``mapping`` not in ``allowed``.
+
+    Unknown keys are errors, not warnings: a misspelt setting would otherwise silently run with
+    its default.
+
+    Parameters
+    ----------
+    where : str
+        Dotted path of the section holding the keys (``"plant"``); the error names
+        ``where.key``, or just the key when ``where`` is empty.
+    mapping : mapping of str
+        The section as read (only its keys are checked).
+    allowed : iterable of str
+        The keys the section accepts; the message lists them sorted.
+
+    Raises
+    ------
+    ConfigError
+        For the first key, in ``mapping``'s order, that is not allowed.
+    """
     allowed = set(allowed)
     for key in mapping:
         if key not in allowed:

@@ -27,7 +27,21 @@ __all__ = ["TraceError", "TraceSpec", "TRACES", "data_dir", "load_trace", "trace
 
 
 class TraceError(ConfigError):
-    """A trace file is missing, unreadable or malformed; ``field`` is ``file:row N:column``."""
+    """A trace file is missing, unreadable or malformed; ``field`` is ``file: row N: column 'c'``.
+
+    A :class:`ConfigError`, so the CLI reports it like any other bad input.
+
+    Parameters
+    ----------
+    path : str or Path
+        The offending file; only its name goes into ``field``.
+    message : str
+        What is wrong (and what was expected).
+    row : int, optional
+        Line number in the file (1-based, the CSV header is line 1), when one row is at fault.
+    column : str, optional
+        The column (or JSON field) at fault.
+    """
 
     def __init__(self, path, message: str, row: int | None = None, column: str | None = None):
         where = Path(path).name
@@ -39,7 +53,15 @@ class TraceError(ConfigError):
 
 
 def data_dir() -> Path:
-    """The trace folder: $TOKENFACTORY_TRACES, else ../shared/traces beside the checkout."""
+    """The trace folder: $TOKENFACTORY_TRACES, else ../shared/traces beside the checkout.
+
+    Returns
+    -------
+    Path
+        The folder registered trace paths (:data:`TRACES`) are relative to; it need not exist.
+        The fallback is computed from this file's location, so it is "beside the checkout" for
+        a source checkout or an editable install.
+    """
     env = os.environ.get("TOKENFACTORY_TRACES")
     if env:
         return Path(env)
@@ -134,7 +156,28 @@ def _require(path, df: pd.DataFrame, columns):
 
 def load_azure_2023(path, name: str = "azure-2023") -> pd.DataFrame:
     """Azure LLM inference trace 2023: TIMESTAMP (absolute, UTC assumed), ContextTokens,
-    GeneratedTokens. No sessions or cache information."""
+    GeneratedTokens. No sessions or cache information.
+
+    Parameters
+    ----------
+    path : str or Path
+        The CSV (``AzureLLMInferenceTrace_code.csv`` or ``_conv.csv``).
+    name : str
+        Name recorded in ``attrs["name"]`` (default ``"azure-2023"``).
+
+    Returns
+    -------
+    DataFrame
+        A request table (:mod:`tokenfactory.traces.schema`): ``arrival_s`` in seconds since
+        the first request, ``input_tokens`` = ContextTokens, ``output_tokens`` =
+        GeneratedTokens, ``cached_tokens`` 0. ``attrs["start_time"]`` is the first timestamp.
+
+    Raises
+    ------
+    TraceError
+        For a missing file or column, an unparsable timestamp, time going backwards, or a
+        non-numeric or negative token count (naming the row).
+    """
     df = _read_csv(path)
     _require(path, df, ["TIMESTAMP", "ContextTokens", "GeneratedTokens"])
     ts = pd.to_datetime(df["TIMESTAMP"], errors="coerce", format="mixed")
@@ -155,7 +198,30 @@ def load_mooncake(path, name: str = "mooncake", block_tokens: int = 512) -> pd.D
     """Mooncake FAST'25 JSONL: timestamp (ms from the first request; arrivals quantised into ~3 s
     slots), input_length, output_length, hash_ids (chained 512-token prefix blocks).
     ``cached_tokens`` = tokens of the leading blocks already seen earlier in the trace (an
-    infinite prefix cache), capped at the input length."""
+    infinite prefix cache), capped at the input length.
+
+    Parameters
+    ----------
+    path : str or Path
+        The JSONL file, one request per line (blank lines skipped).
+    name : str
+        Name recorded in ``attrs["name"]`` (default ``"mooncake"``).
+    block_tokens : int
+        Tokens per prefix block behind one hash id (default 512, Mooncake's block size).
+
+    Returns
+    -------
+    DataFrame
+        A request table with the extra column ``hash_ids`` (list of int per request);
+        ``attrs["block_tokens"]`` and ``attrs["arrival_quantum_s"]`` (3.0, the published
+        trace's timestamp resolution) are set.
+
+    Raises
+    ------
+    TraceError
+        For a missing file, invalid JSON, a missing field, a negative or non-numeric timestamp
+        or length, time going backwards, or a file with no requests.
+    """
     path = Path(path)
     if not path.is_file():
         raise TraceError(path, f"file does not exist (looked at {path})")
@@ -204,7 +270,29 @@ def load_agentic(path, name: str = "agentic-coding") -> pd.DataFrame:
     """Claude Code sessions (kv-cache-tester, flattened): per-call tokens, prefix hits within
     the conversation, think times. Conversations have no shared clock: each starts at 0, so
     ``arrival_s`` here is the call's time within its conversation (use the synthetic generator or
-    a session arrival process to place sessions on one clock)."""
+    a session arrival process to place sessions on one clock).
+
+    Parameters
+    ----------
+    path : str or Path
+        The CSV with ``conv_id``, ``t_s``, ``in_tokens``, ``out_tokens``,
+        ``prefix_hit_tokens``, ``think_time_s`` (optional ``agent_id``).
+    name : str
+        Name recorded in ``attrs["name"]`` (default ``"agentic-coding"``).
+
+    Returns
+    -------
+    DataFrame
+        A request table with ``session_id`` = conv_id (``conv_id/agent_id`` for sub-agents),
+        ``turn`` = call index within the session, ``cached_tokens`` = prefix_hit_tokens and
+        ``attrs["per_session_clock"] = True``: it cannot be binned into a cluster arrival rate,
+        scaled or superposed.
+
+    Raises
+    ------
+    TraceError
+        For a missing file or column, or a non-numeric or negative value in a numeric column.
+    """
     df = _read_csv(path)
     _require(path, df, ["conv_id", "t_s", "in_tokens", "out_tokens", "prefix_hit_tokens", "think_time_s"])
     for col in ("t_s", "in_tokens", "out_tokens", "prefix_hit_tokens"):
@@ -223,7 +311,31 @@ def load_agentic(path, name: str = "agentic-coding") -> pd.DataFrame:
 
 def load_servegen_aggregate(path, name: str = "servegen") -> pd.DataFrame:
     """ServeGen aggregate: window_start_s, total_rate_rps, active_clients, agg_cv2_rate_weighted.
-    Windows where every client is idle (rate 0 and no active client) are collection gaps -> NaN."""
+    Windows where every client is idle (rate 0 and no active client) are collection gaps -> NaN.
+
+    Parameters
+    ----------
+    path : str or Path
+        The aggregate CSV (``*_aggregate_10min.csv``); ``active_clients`` and
+        ``agg_cv2_rate_weighted`` are optional (without ``active_clients`` every zero-rate
+        window is a gap).
+    name : str
+        Name recorded in ``attrs["name"]`` (default ``"servegen"``).
+
+    Returns
+    -------
+    DataFrame
+        A rate series (:mod:`tokenfactory.traces.schema`) on the file's regular grid:
+        ``rate_rps`` (requests/s, NaN in gaps), ``active_clients`` and ``idc`` (from
+        agg_cv2_rate_weighted) when present. ``attrs["missing_windows"]`` counts the gaps;
+        ``attrs["clock"]`` notes that window 0 is 00:00 local time.
+
+    Raises
+    ------
+    TraceError
+        For a missing file or column, a non-numeric or negative value, time going backwards, a
+        repeated window or windows off a regular grid.
+    """
     df = _read_csv(path)
     _require(path, df, ["window_start_s", "total_rate_rps"])
     t = _check_numeric(path, df, "window_start_s")
@@ -244,7 +356,28 @@ def load_servegen_aggregate(path, name: str = "servegen") -> pd.DataFrame:
 
 def load_servegen_per_client(path, name: str = "servegen-per-client") -> pd.DataFrame:
     """ServeGen per-client long format (client_id, window_start_s, rate_rps, cv_iat, ...), summed
-    over clients per window into a rate series (idc = rate-weighted cv^2, as the aggregate files)."""
+    over clients per window into a rate series (idc = rate-weighted cv^2, as the aggregate files).
+
+    Parameters
+    ----------
+    path : str or Path
+        The long-format CSV, one row per client and window.
+    name : str
+        Name recorded in ``attrs["name"]`` (default ``"servegen-per-client"``).
+
+    Returns
+    -------
+    DataFrame
+        A rate series: ``rate_rps`` = sum over clients (requests/s; NaN where no client was
+        active), ``active_clients`` = clients with a positive rate, ``idc`` = sum(rate x cv^2) /
+        sum(rate).
+
+    Raises
+    ------
+    TraceError
+        For a missing file or column, a non-numeric or negative value, or windows off a regular
+        grid.
+    """
     df = _read_csv(path)
     _require(path, df, ["client_id", "window_start_s", "rate_rps", "cv_iat"])
     for col in ("window_start_s", "rate_rps", "cv_iat"):
@@ -259,7 +392,28 @@ def load_servegen_per_client(path, name: str = "servegen-per-client") -> pd.Data
 
 
 def load_request_csv(path, name: str | None = None) -> pd.DataFrame:
-    """A user CSV in the request-table format (see :mod:`tokenfactory.traces.schema`)."""
+    """A user CSV in the request-table format (see :mod:`tokenfactory.traces.schema`).
+
+    Parameters
+    ----------
+    path : str or Path
+        The CSV: ``arrival_s`` (s, non-decreasing), ``input_tokens``, ``output_tokens`` and
+        optionally ``cached_tokens`` (<= input_tokens), ``session_id``, ``turn``,
+        ``think_time_s``; no other column.
+    name : str, optional
+        Name recorded in ``attrs["name"]`` (default: the file's stem).
+
+    Returns
+    -------
+    DataFrame
+        The request table, ``arrival_s`` shifted so the first request is at 0.
+
+    Raises
+    ------
+    TraceError
+        For a missing file or required column, an unknown column, an empty, non-numeric or
+        negative numeric cell, time going backwards, or cached_tokens > input_tokens.
+    """
     df = _read_csv(path)
     _require(path, df, ["arrival_s", "input_tokens", "output_tokens"])
     for col in ("arrival_s", "input_tokens", "output_tokens", "cached_tokens", "turn"):
@@ -280,7 +434,28 @@ def load_request_csv(path, name: str | None = None) -> pd.DataFrame:
 
 def load_rate_csv(path, name: str | None = None) -> pd.DataFrame:
     """A user CSV rate series: ``time_s`` + ``rate_rps`` (optional active_clients, idc); empty
-    rate cells are missing windows."""
+    rate cells are missing windows.
+
+    Parameters
+    ----------
+    path : str or Path
+        The CSV: ``time_s`` (window start, s, on a regular grid; skipped windows become NaN),
+        ``rate_rps`` (requests/s, >= 0), optional ``active_clients`` and ``idc``; no other column.
+    name : str, optional
+        Name recorded in ``attrs["name"]`` (default: the file's stem).
+
+    Returns
+    -------
+    DataFrame
+        The rate series, ``time_s`` shifted so the first window starts at 0 (the original start
+        is ``attrs["start_s"]``; ``attrs["interval_s"]`` is the grid step).
+
+    Raises
+    ------
+    TraceError
+        For a missing file or column, an unknown column, a non-numeric or negative value, time
+        going backwards, fewer than two windows, or windows off a regular grid.
+    """
     df = _read_csv(path)
     _require(path, df, ["time_s", "rate_rps"])
     t = _check_numeric(path, df, "time_s")
@@ -309,6 +484,22 @@ def load_rate_csv(path, name: str | None = None) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class TraceSpec:
+    """A registered public trace: where it lives in the data folder and how to load it.
+
+    Parameters
+    ----------
+    name : str
+        The name users pass (``tokenfactory traces info NAME``, ``load_trace(NAME)``).
+    relative_path : str
+        Path of the file inside :func:`data_dir`.
+    loader : callable
+        ``loader(path, name=...) -> DataFrame``, one of this module's ``load_*`` functions.
+    kind : str
+        ``"requests"`` (a request table) or ``"rates"`` (a rate series).
+    description : str
+        One line: source, span and size (shown by ``tokenfactory traces list``).
+    """
+
     name: str
     relative_path: str
     loader: Callable
@@ -335,11 +526,46 @@ TRACES: dict[str, TraceSpec] = {s.name: s for s in (
 
 
 def trace_available(name: str) -> bool:
+    """Whether registered trace ``name`` is present in the data folder.
+
+    Parameters
+    ----------
+    name : str
+        A key of :data:`TRACES`.
+
+    Returns
+    -------
+    bool
+        False for an unregistered name or a missing file (tests and studies fall back to the
+        synthetic workload).
+    """
     return name in TRACES and (data_dir() / TRACES[name].relative_path).is_file()
 
 
 def load_trace(spec: str | Path) -> pd.DataFrame:
-    """A registered name (see :data:`TRACES`) or a path to a trace file."""
+    """A registered name (see :data:`TRACES`) or a path to a trace file.
+
+    A path's format is recognised from its suffix (``.jsonl``: Mooncake) or its CSV header:
+    Azure 2023, ServeGen aggregate, ServeGen per-client, agentic sessions, a rate series
+    (a ``rate_rps`` column), else a request table.
+
+    Parameters
+    ----------
+    spec : str or Path
+        A registered trace name or a file path.
+
+    Returns
+    -------
+    DataFrame
+        A request table or a rate series (``attrs["kind"]`` says which).
+
+    Raises
+    ------
+    TraceError
+        When a registered trace's file is not in the data folder, or the file is malformed.
+    ConfigError
+        When ``spec`` is neither a registered name nor an existing path.
+    """
     s = str(spec)
     if s in TRACES:
         t = TRACES[s]

@@ -48,11 +48,22 @@ def load_rate_series(spec: str, interval_s: float = 600.0) -> RateSeries:
         Registered ServeGen names take their token means from ``token_stats_summary.json``; request
         tables are binned into ``interval_s`` windows and use their own mean sizes.
     interval_s : float
-        Bin width for request tables and the synthetic series.
+        Bin width for request tables and the synthetic series (s; default 600). A registered or
+        user rate series keeps its own interval.
 
     Returns
     -------
     RateSeries
+        The rates (requests/s) and the mean prompt and output tokens. For ``"synthetic"`` the
+        sizes are about the log-normal means of :data:`SYNTHETIC_RATES` (1.6 x and 1.5 x the
+        medians; exp(sigma^2 / 2) is 1.65 and 1.50 at sigma 1.0 and 0.9); for a rate series
+        without token statistics, 1024 prompt and 256 output tokens (an assumption).
+
+    Raises
+    ------
+    ConfigError
+        For an unknown name or a missing file, a malformed file (:class:`TraceError`), or a
+        request table with per-session clocks (it has no arrival rate).
     """
     if spec == "synthetic":
         df = generate_rates(SYNTHETIC_RATES, 14 * DAY_S, interval_s, missing_fraction=0.01)

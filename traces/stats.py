@@ -21,7 +21,22 @@ def _q(x: pd.Series) -> dict:
 
 def counts(arrival_s: np.ndarray, window_s: float) -> np.ndarray:
     """Arrivals per window over the trace's span (whole windows only: a trailing partial window
-    is dropped, so it cannot inflate the dispersion)."""
+    is dropped, so it cannot inflate the dispersion).
+
+    Parameters
+    ----------
+    arrival_s : ndarray
+        Arrival times (s), sorted, measured from the start of the first window (the span is the
+        last arrival time).
+    window_s : float
+        Window width (s, > 0).
+
+    Returns
+    -------
+    ndarray of int
+        Arrivals in each of the ``floor(span / window_s)`` whole windows; at least one window,
+        so a span shorter than ``window_s`` gives one (partial) window.
+    """
     span = float(arrival_s[-1]) if len(arrival_s) else 0.0
     n = max(1, int(span // window_s))
     idx = (np.asarray(arrival_s) // window_s).astype(int)
@@ -29,7 +44,24 @@ def counts(arrival_s: np.ndarray, window_s: float) -> np.ndarray:
 
 
 def acf_at(x: np.ndarray, lag: int) -> float | None:
-    """Autocorrelation at ``lag`` samples, over pairs where both ends are present."""
+    """Autocorrelation at ``lag`` samples, over pairs where both ends are present.
+
+    Mean and variance are taken over all present samples (NaN = missing window), so gaps do
+    not bias the estimate towards zero.
+
+    Parameters
+    ----------
+    x : ndarray
+        A regularly sampled series (counts or rates); NaN marks a missing sample.
+    lag : int
+        Lag in samples (e.g. 60 one-minute counts = 1 h).
+
+    Returns
+    -------
+    float or None
+        The autocorrelation (-1 to 1); None when ``lag`` is not in ``1 .. len(x) - 3``, fewer
+        than 3 pairs are present, or the series is constant.
+    """
     x = np.asarray(x, dtype=float)
     if lag <= 0 or lag >= len(x) - 2:
         return None
@@ -43,6 +75,25 @@ def acf_at(x: np.ndarray, lag: int) -> float | None:
 
 
 def request_stats(df: pd.DataFrame) -> dict:
+    """Arrival-process and request-size statistics of a request table.
+
+    Parameters
+    ----------
+    df : DataFrame
+        A request table (:mod:`tokenfactory.traces.schema`).
+
+    Returns
+    -------
+    dict
+        ``kind``, ``rows``; for a trace on one clock: ``span_s`` (s), ``mean_rate_rps``
+        (requests/s), ``peak_to_mean_<w>s`` and ``idc_<w>s`` (index of dispersion var/mean of
+        counts) for 10, 60 and 600 s windows, ``acf_1h`` and ``acf_1d`` (autocorrelation of
+        one-minute counts; None when the trace is too short); for per-session clocks a ``note``
+        instead. Then quantiles (``mean``, ``p50``, ``p90``, ``p99``, ``max``) of
+        ``input_tokens`` and ``output_tokens``, of ``cached_tokens`` with ``prefix_reuse_ratio``
+        (cached / input tokens; None when nothing is cached), ``sessions`` and
+        ``turns_per_session`` when the trace has sessions, and ``think_time_s`` when known.
+    """
     out: dict = {"kind": "requests", "rows": int(len(df))}
     per_session_clock = bool(df.attrs.get("per_session_clock"))
     if not per_session_clock and len(df) > 1:
@@ -76,12 +127,42 @@ def request_stats(df: pd.DataFrame) -> dict:
 
 
 def daily_profile(rates: pd.DataFrame) -> pd.Series:
-    """Mean rate by time of day (requires a ``time_s`` index whose 0 is midnight)."""
+    """Mean rate by time of day (requires a ``time_s`` index whose 0 is midnight).
+
+    Parameters
+    ----------
+    rates : DataFrame
+        A rate series (index ``time_s``, column ``rate_rps``); missing windows are skipped.
+
+    Returns
+    -------
+    Series
+        Mean ``rate_rps`` (requests/s) indexed by the window's second of the day (0-86400).
+    """
     tod = (rates.index.to_numpy() % 86400.0)
     return rates["rate_rps"].groupby(tod).mean()
 
 
 def rate_stats(df: pd.DataFrame) -> dict:
+    """Level, burstiness and seasonality statistics of a rate series.
+
+    Parameters
+    ----------
+    df : DataFrame
+        A rate series (:mod:`tokenfactory.traces.schema`); ``attrs["interval_s"]`` gives the
+        window width (else the median index step).
+
+    Returns
+    -------
+    dict
+        ``kind``, ``rows``, ``span_s`` (s), ``interval_s`` (s), ``missing_windows``,
+        ``mean_rate_rps`` (requests/s, over present windows), ``peak_to_mean_<interval>s``,
+        ``peak_to_mean_1h`` (of hourly means, when there are two hours),
+        ``idc_mean_rate_weighted`` (when the series has ``idc``), ``acf_1h`` and ``acf_1d``
+        (None when too short), and for two days or more ``daily_peak_to_trough`` and
+        ``daily_amplitude`` ((max - min) / 2 / mean of the time-of-day profile; assumes window
+        0 starts at midnight).
+    """
     r = df["rate_rps"]
     interval = float(df.attrs.get("interval_s", np.median(np.diff(df.index))))
     span = float(df.index[-1] - df.index[0] + interval)
@@ -104,13 +185,45 @@ def rate_stats(df: pd.DataFrame) -> dict:
 
 
 def trace_info(df: pd.DataFrame) -> dict:
+    """What ``tokenfactory traces info`` prints: name, source and the table's statistics.
+
+    Parameters
+    ----------
+    df : DataFrame
+        A request table or a rate series (``attrs["kind"]``; a table without it is taken as
+        requests).
+
+    Returns
+    -------
+    dict
+        ``name`` and ``source`` from ``attrs``, then :func:`request_stats` or :func:`rate_stats`.
+    """
     info = {"name": df.attrs.get("name"), "source": df.attrs.get("source")}
     info.update(request_stats(df) if df.attrs.get("kind", "requests") == "requests" else rate_stats(df))
     return info
 
 
 def rates_from_requests(df: pd.DataFrame, interval_s: float = 60.0) -> pd.DataFrame:
-    """A request table as a rate series (arrivals per second in each window)."""
+    """A request table as a rate series (arrivals per second in each window).
+
+    Parameters
+    ----------
+    df : DataFrame
+        A request table on one clock (``arrival_s`` from 0).
+    interval_s : float
+        Window width (s; default 60). A trailing partial window is dropped (:func:`counts`).
+
+    Returns
+    -------
+    DataFrame
+        A rate series: ``rate_rps`` = arrivals / ``interval_s`` (requests/s), indexed by window
+        start ``time_s``; ``attrs`` carry the table's name and source and ``interval_s``.
+
+    Raises
+    ------
+    ConfigError
+        For a trace with per-session clocks (it has no cluster arrival rate).
+    """
     if df.attrs.get("per_session_clock"):
         from tokenfactory.validation import ConfigError
 

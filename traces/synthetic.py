@@ -35,6 +35,78 @@ WEEK = 7 * DAY
 
 @dataclass(frozen=True)
 class SyntheticWorkload:
+    """Parameters of the synthetic workload; every field is validated on construction.
+
+    The clock's 0 is Monday 00:00. The expected rate is ``mean_rate_rps`` x (daily cycle) x
+    (weekend factor on Saturday and Sunday) x (1 + trend); :func:`generate_requests` adds
+    burstiness (``idc``) and sessions, :func:`generate_rates` adds slow AR(1) noise.
+
+    Parameters
+    ----------
+    mean_rate_rps : float
+        Base rate (requests/s, > 0; default 5): the weekday daily mean at t = 0. The long-run
+        mean is lower when ``weekend_factor`` < 1: x (5 + 2 ``weekend_factor``) / 7 over a week.
+    daily_amplitude : float
+        Relative amplitude of the 24 h harmonic ([0, 0.95]; default 0.3): the rate swings
+        +/- this fraction around the base.
+    daily_second_harmonic : float
+        Relative amplitude of the 12 h harmonic, aligned with ``peak_hour`` ([0, 0.5]; default
+        0.1): raises the peak and the trough by this fraction and lowers the hours six hours
+        either side of the peak (a sharper peak, a flatter night).
+    peak_hour : float
+        Hour of day of the 24 h harmonic's peak ([0, 24]; default 14).
+    weekend_factor : float
+        Rate multiplier on Saturday and Sunday ((0, 2]; default 0.8).
+    trend_per_day : float
+        Linear growth per day as a fraction of the base rate ([-0.1, 0.5]; default 0).
+    idc : float
+        Index of dispersion (variance / mean) of arrival counts in ``burst_window_s`` windows
+        (>= 1; default 4; 1 = Poisson). Used by :func:`generate_requests`.
+    burst_window_s : float
+        Window over which the burst multiplier is constant (s, >= 0.001; default 10).
+    rate_noise_cv : float
+        Coefficient of variation of the log-normal noise on each window of a rate series
+        ([0, 2]; default 0.08). Used by :func:`generate_rates` only.
+    rate_noise_ar : float
+        Lag-1 autocorrelation of that noise between successive windows ([0, 0.999]; default 0.7).
+    input_median : float
+        Median prompt length of a non-session request (tokens, > 0; default 1000).
+    input_sigma : float
+        Log-normal sigma of prompt lengths ([0, 4]; default 1.0; the mean is
+        ``input_median`` x exp(sigma^2 / 2)).
+    output_median : float
+        Median output length (tokens, > 0; default 150); outputs are capped at 32,768 tokens.
+    output_sigma : float
+        Log-normal sigma of output lengths ([0, 4]; default 0.9).
+    context_limit : int
+        The model's context window (tokens, >= 16; default 200,000): caps prompt lengths and
+        triggers session compaction.
+    agentic_fraction : float
+        Share of the expected traffic that comes from agentic sessions ([0, 1]; default 0: no
+        sessions).
+    session_turns_mean : float
+        Mean calls per session (>= 1; default 30; geometric).
+    session_initial_context_median : float
+        Median context of a session's first call (tokens, > 0; default 20,000; log-normal with
+        sigma 0.8, capped at half of ``context_limit``).
+    session_new_tokens_median : float
+        Median new input tokens per turn (tokens, > 0; default 700; log-normal with sigma 1.2).
+    think_time_scale_s : float
+        Minimum (Pareto scale) of the think time between a call's end and the next call (s,
+        > 0; default 5).
+    think_time_alpha : float
+        Pareto tail index of think times ([1.01, 10]; default 1.3: heavy-tailed, finite mean).
+    compaction_keep : float
+        Fraction of ``context_limit`` a session keeps when compacted ([0, 0.9]; default 0.2).
+    seed : int
+        Seed of the generator every draw comes from (>= 0; default 0).
+
+    Raises
+    ------
+    ConfigError
+        For a field outside its range.
+    """
+
     mean_rate_rps: float = 5.0
     daily_amplitude: float = 0.3
     daily_second_harmonic: float = 0.1
@@ -85,12 +157,39 @@ class SyntheticWorkload:
 
     @classmethod
     def from_dict(cls, d, where: str = "synthetic") -> "SyntheticWorkload":
+        """Build from a mapping (a TOML ``[synthetic]`` table); unknown keys are errors.
+
+        Parameters
+        ----------
+        d : mapping
+            Field name -> value; missing fields keep their defaults.
+        where : str
+            Field path used in error messages (default ``"synthetic"``).
+
+        Returns
+        -------
+        SyntheticWorkload
+        """
         reject_unknown_keys(where, d, {f.name for f in dataclasses.fields(cls)})
         return cls(**d)
 
 
 def rate_at(w: SyntheticWorkload, t) -> np.ndarray:
-    """Expected arrival rate (requests/s) at times ``t`` (s; 0 = Monday 00:00)."""
+    """Expected arrival rate (requests/s) at times ``t`` (s; 0 = Monday 00:00).
+
+    Parameters
+    ----------
+    w : SyntheticWorkload
+        The workload.
+    t : float or array_like
+        Times (s since Monday 00:00).
+
+    Returns
+    -------
+    ndarray
+        ``mean_rate_rps`` x daily cycle x weekend factor x trend, floored at 0 (requests/s),
+        before burstiness and noise.
+    """
     t = np.asarray(t, dtype=float)
     phase = 2 * np.pi * (t / DAY - w.peak_hour / 24.0)
     daily = 1.0 + w.daily_amplitude * np.cos(phase) + w.daily_second_harmonic * np.cos(2 * phase)
@@ -137,7 +236,34 @@ def _sessions(w: SyntheticWorkload, rng, duration_s: float, start_s: float) -> p
 
 
 def generate_requests(w: SyntheticWorkload, duration_s: float, start_s: float = 0.0) -> pd.DataFrame:
-    """A request table (see :mod:`tokenfactory.traces.schema`) over [start_s, start_s + duration_s)."""
+    """A request table (see :mod:`tokenfactory.traces.schema`) over [start_s, start_s + duration_s).
+
+    Non-session requests arrive at (1 - ``agentic_fraction``) x :func:`rate_at`, modulated per
+    ``burst_window_s`` window by a Gamma multiplier (counts are negative binomial with
+    dispersion ``idc``); sessions start at ``agentic_fraction`` x rate / ``session_turns_mean``
+    and run until they end or the period does.
+
+    Parameters
+    ----------
+    w : SyntheticWorkload
+        The workload (its ``seed`` seeds every draw).
+    duration_s : float
+        Length of the period (s, > 0).
+    start_s : float
+        Where the period starts on the workload's clock (s since Monday 00:00; default 0).
+
+    Returns
+    -------
+    DataFrame
+        The request table, ``arrival_s`` measured from ``start_s``; ``attrs`` carry ``name``
+        (``"synthetic"``), ``kind``, ``source``, ``start_s`` and ``config`` (the workload's
+        fields).
+
+    Raises
+    ------
+    ConfigError
+        For ``duration_s`` <= 0.
+    """
     check_number("duration_s", duration_s, low=0.0, low_inclusive=False)
     rng = np.random.default_rng(w.seed)
     win = w.burst_window_s
@@ -169,7 +295,36 @@ def generate_requests(w: SyntheticWorkload, duration_s: float, start_s: float = 
 def generate_rates(w: SyntheticWorkload, duration_s: float, interval_s: float = 600.0,
                    missing_fraction: float = 0.0) -> pd.DataFrame:
     """A rate series: the expected rate times AR(1) log-normal noise of cv ``rate_noise_cv``;
-    ``missing_fraction`` of windows (in runs) become collection gaps (NaN)."""
+    ``missing_fraction`` of windows (in runs) become collection gaps (NaN).
+
+    The noise has mean 1, so it does not shift the mean rate; ``idc`` and sessions play no part.
+
+    Parameters
+    ----------
+    w : SyntheticWorkload
+        The workload (its ``seed`` seeds every draw).
+    duration_s : float
+        Length of the series (s, >= ``interval_s``); windows start at 0, ``interval_s``, ...
+        up to ``duration_s``.
+    interval_s : float
+        Window width (s, > 0; default 600, ServeGen's 10 minutes); the rate is sampled at each
+        window's start.
+    missing_fraction : float
+        Share of windows to blank as gaps ([0, 0.5]; default 0), in runs of 1-6 windows at
+        random places; runs may overlap, so the blanked share can come out a little lower.
+
+    Returns
+    -------
+    DataFrame
+        A rate series (``rate_rps`` in requests/s, index ``time_s``); ``attrs`` carry ``name``
+        (``"synthetic-rates"``), ``kind``, ``source``, ``interval_s`` and ``config``.
+
+    Raises
+    ------
+    ConfigError
+        For ``duration_s`` < ``interval_s``, ``interval_s`` <= 0 or ``missing_fraction``
+        outside [0, 0.5].
+    """
     check_number("duration_s", duration_s, low=interval_s)
     check_number("interval_s", interval_s, low=0.0, low_inclusive=False)
     check_number("missing_fraction", missing_fraction, low=0.0, high=0.5)
@@ -200,7 +355,27 @@ def fit_workload(trace: pd.DataFrame, seed: int = 0) -> SyntheticWorkload:
 
     Rates: mean, daily first/second harmonic amplitude and phase, weekend factor, noise cv and
     lag-1 autocorrelation of the residual. Requests: mean rate, idc at 10 s, log-normal sizes
-    (median, and sigma from the 50-90 % quantile spread), and session think times / turns."""
+    (median, and sigma from the 50-90 % quantile spread), and session think times / turns.
+
+    Rates are fitted by least squares on a constant, two daily harmonics and a weekend
+    indicator, over present windows; the second harmonic's own phase is not kept (the
+    generator aligns it with ``peak_hour``). Think times are fitted as a Pareto tail above
+    their 5 % quantile (maximum likelihood). Fields a table says nothing about keep their
+    defaults.
+
+    Parameters
+    ----------
+    trace : DataFrame
+        A request table, or a rate series (``attrs["kind"] == "rates"``) whose ``time_s`` 0
+        is Monday 00:00.
+    seed : int
+        Seed of the returned workload (default 0).
+
+    Returns
+    -------
+    SyntheticWorkload
+        The fitted workload; estimates are clipped into the fields' allowed ranges.
+    """
     kw: dict = {"seed": seed}
     if trace.attrs.get("kind") == "rates":
         r = trace["rate_rps"]
@@ -259,7 +434,22 @@ def fit_workload(trace: pd.DataFrame, seed: int = 0) -> SyntheticWorkload:
 
 
 def compare_to_trace(trace: pd.DataFrame, synthetic: pd.DataFrame) -> pd.DataFrame:
-    """Side-by-side statistics of a trace and a synthetic one (relative difference)."""
+    """Side-by-side statistics of a trace and a synthetic one (relative difference).
+
+    Parameters
+    ----------
+    trace : DataFrame
+        The real trace (request table or rate series).
+    synthetic : DataFrame
+        A generated one of the same kind (e.g. from the :func:`fit_workload` of ``trace``).
+
+    Returns
+    -------
+    DataFrame
+        Columns ``statistic`` (the :func:`~tokenfactory.traces.stats.trace_info` key; nested
+        ones as ``input_tokens.p90``), ``trace``, ``synthetic`` and ``relative_difference`` =
+        (synthetic - trace) / abs(trace), NaN when either is missing or the trace's value is 0.
+    """
     from tokenfactory.traces.stats import trace_info
 
     a, b = trace_info(trace), trace_info(synthetic)

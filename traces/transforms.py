@@ -11,7 +11,28 @@ __all__ = ["scale_trace", "superpose_trace"]
 
 
 def scale_trace(trace: pd.DataFrame, scale: float) -> pd.DataFrame:
-    """The trace replayed ``scale`` times faster (arrival times divided by ``scale``)."""
+    """The trace replayed ``scale`` times faster (arrival times divided by ``scale``).
+
+    The arrival rate grows by ``scale`` and the duration shrinks by it; request sizes are
+    unchanged. Only ``arrival_s`` is rescaled (``think_time_s`` keeps the original values).
+
+    Parameters
+    ----------
+    trace : DataFrame
+        A request table on one clock.
+    scale : float
+        Speed-up factor (> 0; < 1 slows the replay down).
+
+    Returns
+    -------
+    DataFrame
+        A copy with ``arrival_s / scale`` and the same ``attrs``.
+
+    Raises
+    ------
+    ConfigError
+        For ``scale`` <= 0, or a trace with per-session clocks.
+    """
     check_number("scale", scale, low=0.0, low_inclusive=False)
     if trace.attrs.get("per_session_clock"):
         raise ConfigError("scale", "a trace with per-session clocks is replayed as closed sessions; it has no "
@@ -26,7 +47,29 @@ def superpose_trace(trace: pd.DataFrame, multiplier: float, seed: int = 0) -> pd
     """``multiplier`` x the trace's load over the same span: superposed copies of the trace, each
     shifted circularly by a seeded random offset (independent tenants with the same pattern); a
     fractional remainder is a random thinning of one more copy. Unlike :func:`scale_trace` the
-    replay keeps its duration, so controllers with minute-scale windows see a long run."""
+    replay keeps its duration, so controllers with minute-scale windows see a long run.
+
+    Parameters
+    ----------
+    trace : DataFrame
+        A request table on one clock.
+    multiplier : float
+        Load factor (> 0): ``int(multiplier)`` whole copies (the first unshifted) plus, for a
+        fractional part f, one more copy keeping each request with probability f.
+    seed : int
+        Seed of the offsets and the thinning (default 0).
+
+    Returns
+    -------
+    DataFrame
+        The superposed table sorted by ``arrival_s``, with copy k's ``session_id`` suffixed
+        ``#k`` so sessions stay distinct; same ``attrs``.
+
+    Raises
+    ------
+    ConfigError
+        For ``multiplier`` <= 0, or a trace with per-session clocks.
+    """
     check_number("multiplier", multiplier, low=0.0, low_inclusive=False)
     if trace.attrs.get("per_session_clock"):
         raise ConfigError("multiplier", "a trace with per-session clocks cannot be superposed")
