@@ -279,8 +279,10 @@ class KnativeAutoscaler(_PoolAutoscaler):
 class DynamoThroughputPlanner(_PoolAutoscaler):
     """Dynamo throughput-mode planner: predicted demand / per-engine capacity, every interval.
 
-    Each adjustment interval records one demand value (the metric at that sample) and sizes the
-    pool for the next interval's predicted demand.
+    Each adjustment interval records one demand value and sizes the pool for the next interval's
+    predicted demand. The plants average rates over a controller's sample period (what a scrape of
+    counters gives), so with the default metric that value is the interval's mean admitted rate,
+    as Dynamo's planner reads it from Prometheus.
 
     Parameters
     ----------
@@ -299,7 +301,8 @@ class DynamoThroughputPlanner(_PoolAutoscaler):
     sample_period : float
         Adjustment interval (s, > 0; default 180).
     observe_period : float
-        Accepted for Dynamo's configuration shape but not used (default 5).
+        Dynamo's metric-collection period; accepted for its configuration shape and recorded, but
+        the plants' interval averaging makes it unnecessary here (default 5).
     """
 
     name = "dynamo-throughput"

@@ -45,8 +45,7 @@ def simulate_delayed_feedback(plant, delay: float, law: Callable[[float, float],
         Constant reference (default 0), in the output's units.
     disturbance : callable, optional
         ``disturbance(t)``, added to the controller output before the delay (an input
-        disturbance). Default None. Known defect: with ``delay == 0`` the current code feeds
-        the plant ``u`` without it, so the disturbance has no effect.
+        disturbance). Default None.
 
     Returns
     -------
@@ -70,7 +69,8 @@ def simulate_delayed_feedback(plant, delay: float, law: Callable[[float, float],
         yk = float((C @ x)[0]) + float(D[0, 0]) * (line.read(max(delay - dt, 0.0)) if k else 0.0)
         y[k] = yk
         u[k] = law(t[k], reference - yk)
-        line.push(u[k] + (disturbance(t[k]) if disturbance else 0.0))
-        ud = line.read(delay) if delay > 0 else u[k]
+        uk = u[k] + (disturbance(t[k]) if disturbance else 0.0)
+        line.push(uk)
+        ud = line.read(delay) if delay > 0 else uk
         x = A @ x + B[:, 0] * ud
     return t, y, u

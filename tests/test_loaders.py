@@ -113,3 +113,14 @@ def test_user_formats_load_by_path(tmp_path):
     assert np.isnan(s["rate_rps"].iloc[1]) and s.attrs["missing_windows"] == 1
     with pytest.raises(ConfigError, match="neither a registered trace"):
         load_trace(tmp_path / "nothing.csv")
+
+
+def test_a_folder_or_unreadable_file_is_a_trace_error(tmp_path):
+    from tokenfactory.traces import TraceError, load_trace
+
+    with pytest.raises(TraceError, match="is not a file"):
+        load_trace(tmp_path)
+    bad = tmp_path / "bin.csv"
+    bad.write_bytes(b"\xff\xfe\x00\x01" * 10)
+    with pytest.raises(TraceError, match="bin.csv"):
+        load_trace(bad)

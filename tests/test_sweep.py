@@ -54,6 +54,9 @@ def test_bad_sweeps_are_errors():
         set_dotted(BASE, "seed.x", 1)
     with pytest.raises(ConfigError, match="sweep.backend"):
         run_sweep(noisy_queue_point, Sweep(BASE), backend="spark")
+    with pytest.raises(ConfigError, match="sweep.chunk_size"):
+        run_sweep(noisy_queue_point, Sweep(BASE), chunk_size=-1)
+    assert len(Sweep(BASE, grid={"load.rate": (r for r in (1, 2))}).configs()) == 2  # a generator grid
 
 
 def test_serial_frame_has_overrides_and_results():

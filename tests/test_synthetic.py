@@ -87,3 +87,28 @@ def test_bad_config(kw, field):
         SyntheticWorkload(**kw)
     with pytest.raises(ConfigError, match="synthetic.colour"):
         SyntheticWorkload.from_dict({"colour": 1})
+
+
+def test_fit_counts_turns_per_session_only_over_session_rows():
+    w = SyntheticWorkload(mean_rate_rps=4.0, agentic_fraction=0.3, session_turns_mean=20.0, daily_amplitude=0.0,
+                          seed=5)
+    r = generate_requests(w, 4 * 3600.0)
+    truth = float(r[r["session_id"] != ""].groupby("session_id").size().mean())
+    assert fit_workload(r).session_turns_mean == pytest.approx(truth)
+
+
+def test_superposed_sessions_keep_their_turn_order():
+    from tokenfactory.traces import superpose_trace
+
+    w = SyntheticWorkload(mean_rate_rps=2.0, agentic_fraction=0.5, session_turns_mean=8.0, daily_amplitude=0.0,
+                          seed=9)
+    r = generate_requests(w, 3600.0)
+    out = superpose_trace(r, 2.5, seed=3)
+    assert (out["session_id"] == "").sum() == pytest.approx(2.5 * (r["session_id"] == "").sum(), rel=0.1)
+    for sid, g in out[out["session_id"] != ""].groupby("session_id"):
+        assert g.sort_values("arrival_s")["turn"].is_monotonic_increasing, sid
+    # whole sessions of the fractional copy are kept or dropped
+    halves = out[out["session_id"].str.endswith("#2")].groupby("session_id")
+    originals = r[r["session_id"] != ""].groupby("session_id").size()
+    for sid, g in halves:
+        assert len(g) == originals[sid.rsplit("#", 1)[0]]

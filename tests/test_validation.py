@@ -30,3 +30,15 @@ def test_range_in_message():
         check_choice("x", "c", ["a", "b"])
     with pytest.raises(ConfigError, match="sec.zz: unknown key"):
         reject_unknown_keys("sec", {"zz": 1}, {"a"})
+
+
+def test_check_int_rejects_nan_and_inf_with_the_field_name():
+    import math
+
+    import pytest
+
+    from tokenfactory.validation import ConfigError, check_int
+
+    for bad in (math.nan, math.inf, -math.inf):
+        with pytest.raises(ConfigError, match="pool.replicas: expected an integer"):
+            check_int("pool.replicas", bad)

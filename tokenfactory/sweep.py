@@ -106,11 +106,15 @@ class Sweep:
     seed_key: str = "seed"
 
     def __post_init__(self) -> None:
+        grid = {}
         for k, vals in (self.grid or {}).items():
             if isinstance(vals, (str, bytes)) or not isinstance(vals, Iterable):
                 raise ConfigError(f"sweep.grid.{k}", "expected a list of values")
-            if len(list(vals)) == 0:
+            grid[k] = tuple(vals)  # a generator is read once, here, not consumed by the check
+            if len(grid[k]) == 0:
                 raise ConfigError(f"sweep.grid.{k}", "expected at least one value")
+        if self.grid is not None:
+            object.__setattr__(self, "grid", grid)
         for s in self.seeds or ():
             check_int("sweep.seeds", s, low=0)
 
@@ -208,6 +212,8 @@ def run_sweep(fn: Callable, sweep: Sweep, *, backend: str = "serial", scheduler:
     if not configs:
         return pd.DataFrame()
     scheduler = scheduler or os.environ.get(SCHEDULER_ENV) or None
+    if chunk_size is not None:
+        check_int("sweep.chunk_size", chunk_size, low=1)
     if backend == "serial":
         size = chunk_size or len(configs)
         results = [r for ch in _chunks(configs, size) for r in _run_chunk(fn, ch, batched)]

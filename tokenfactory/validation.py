@@ -100,7 +100,8 @@ def check_int(field: str, value: Any, *, low: int | None = None, high: int | Non
     ConfigError
         When ``value`` is not an integer or lies outside [low, high].
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or float(value) != int(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)) \
+            or float(value) != int(value):
         raise ConfigError(field, f"expected an integer, got {value!r}")
     check_number(field, value, low=low, high=high)
     return int(value)

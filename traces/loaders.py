@@ -577,9 +577,14 @@ def load_trace(spec: str | Path) -> pd.DataFrame:
     path = Path(s)
     if not path.exists():
         raise ConfigError("trace", f"{s!r} is neither a registered trace ({', '.join(TRACES)}) nor a file")
+    if not path.is_file():
+        raise TraceError(path, "is not a file (a request table or rate series in CSV, or Mooncake JSONL)")
     if path.suffix == ".jsonl":
         return load_mooncake(path, name=path.stem)
-    header = pd.read_csv(path, nrows=0).columns
+    try:
+        header = pd.read_csv(path, nrows=0).columns
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise TraceError(path, f"not a readable CSV ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
     cols = set(header)
     if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= cols:
         return load_azure_2023(path, name=path.stem)

@@ -420,7 +420,9 @@ def fit_workload(trace: pd.DataFrame, seed: int = 0) -> SyntheticWorkload:
             tail = tt[tt >= xm]
             kw["think_time_scale_s"] = max(xm, 0.01)
             kw["think_time_alpha"] = float(np.clip(len(tail) / np.log(tail / xm).sum(), 1.01, 10.0))
-        kw["session_turns_mean"] = float(df.groupby("session_id").size().mean())
+        in_session = df[df["session_id"] != ""]  # rows outside sessions are not one long session
+        if len(in_session):
+            kw["session_turns_mean"] = float(in_session.groupby("session_id").size().mean())
     if (df["session_id"] != "").any():
         kw["agentic_fraction"] = float((df["session_id"] != "").mean())
         kw["context_limit"] = int(df["input_tokens"].max())
