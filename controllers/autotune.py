@@ -75,7 +75,8 @@ def admission_loop(plant: FluidPlant, controller: SmoothedAdmission, *, delay_fa
 
 def envelope_margins(plant: FluidPlant, controller: SmoothedAdmission,
                      envelope: StabilityEnvelope, _cache: dict | None = None) -> list[dict]:
-    """Exact-delay margins at every point of the envelope (one dict per point)."""
+    """Exact-delay verdict and margins at every point of the envelope (one dict per point);
+    ``meets_floors`` needs the Nyquist verdict stable as well as the floors."""
     rows = []
     for d, r in envelope.points():
         m = stability_margins(admission_loop(plant, controller, delay_factor=d, service_rate_factor=r,
@@ -110,7 +111,8 @@ class TuningReport:
 
     @property
     def worst_envelope_point(self) -> dict:
-        return min(self.envelope_margins, key=lambda r: (r["phase_margin_deg"], r["gain_margin"]))
+        # an unstable point first (by the Nyquist count), then the smallest |PM|, then GM
+        return min(self.envelope_margins, key=lambda r: (r["stable"], abs(r["phase_margin_deg"]), r["gain_margin"]))
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -157,7 +159,8 @@ def tune_smoothed_admission(plant: FluidPlant, *, sample_period: float = 0.25,
             return ctrl, TuningReport(p.fill_to_ready_s, p.measurement_delay_s, sample_period, filter_tau,
                                       theta, factor * theta, factor, gains, c, target_base + safety, safety,
                                       nominal, envelope, rows)
-    worst = min(rows, key=lambda r: r["phase_margin_deg"])
+    worst = min(rows, key=lambda r: (r["stable"], abs(r["phase_margin_deg"])))
     raise ConfigError("tuning.envelope", f"no tau_c up to {tau_c_factors[-1]} x theta meets GM >= "
                       f"{envelope.gm_floor} and PM >= {envelope.pm_floor_deg} deg over the envelope "
-                      f"(worst point {worst['delay_factor']}x delay: PM {worst['phase_margin_deg']:.1f} deg)")
+                      f"(worst point {worst['delay_factor']}x delay: "
+                      f"{'stable' if worst['stable'] else 'unstable'}, PM {worst['phase_margin_deg']:.1f} deg)")

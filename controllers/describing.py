@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from scipy.optimize import brentq, least_squares
 
-from tokenfactory.controllers.stability import DelayedLoop, _grid, _siso_polys, pade_order_for
+from tokenfactory.controllers.stability import DelayedLoop, _grid, _phase_crossovers, pade_order_for
 from tokenfactory.validation import ConfigError
 
 __all__ = ["LimitCycle", "predict_limit_cycles", "relay_integrator_delay_cycle"]
@@ -38,20 +38,18 @@ class LimitCycle:
         return {**asdict(self), "period_s": self.period_s}
 
 
-def _response(loop: DelayedLoop, method: str, pade_order: int | None):
+def _model(loop: DelayedLoop, method: str, pade_order: int | None) -> tuple[DelayedLoop, str]:
+    """The loop the balance is solved on: ``loop`` itself, or its Pade model (delay 0)."""
     if method == "exact":
-        return loop.response, "exact"
+        return loop, "exact"
     if method != "pade":
         raise ConfigError("method", f"{method!r} is not one of 'exact', 'pade'")
     if pade_order is None:
-        # resolve the phase up to a few times the first phase crossover
-        w = _grid(loop)
-        L = loop.response(w)
-        idx = np.nonzero((np.sign(L.imag[:-1]) != np.sign(L.imag[1:])) & (L.real[:-1] < 0))[0]
-        w_top = w[idx[0]] if len(idx) else 1.0 / max(loop.delay, 1e-9)
+        # resolve the phase up to twice the first phase crossover
+        w, _ = _phase_crossovers(loop, 1)
+        w_top = w[0] if len(w) else 1.0 / max(loop.delay, 1e-9)
         pade_order = pade_order_for(loop.delay, 2.0 * w_top) if loop.delay > 0 else 1
-    num, den = _siso_polys(loop.pade(pade_order))
-    return (lambda x: np.polyval(num, 1j * np.asarray(x)) / np.polyval(den, 1j * np.asarray(x))), f"pade-{pade_order}"
+    return DelayedLoop(loop.pade(pade_order), 0.0, loop.name), f"pade-{pade_order}"
 
 
 def predict_limit_cycles(loop: DelayedLoop, nonlinearity, *, method: str = "exact",
@@ -61,15 +59,15 @@ def predict_limit_cycles(loop: DelayedLoop, nonlinearity, *, method: str = "exac
     Seeds come from the phase crossovers of L (where a real N(A) can balance the loop); complex
     N(A) (hysteresis) is then solved for (A, w) jointly by least squares from each seed.
     """
-    f, label = _response(loop, method, pade_order)
+    model, label = _model(loop, method, pade_order)
+    f = model.response
     N = nonlinearity.describing_function
     w = _grid(loop)
-    L = f(w)
     seeds = []
-    idx = np.nonzero((np.sign(L.imag[:-1]) != np.sign(L.imag[1:])) & (L.real[:-1] < 0))[0]
-    for i in idx[:6]:
-        wc = brentq(lambda x: f(np.array([x]))[0].imag, w[i], w[i + 1])
-        target = 1.0 / abs(f(np.array([wc]))[0])  # N(A) needed with a real N
+    # the phase crossovers (the stability module's crossing search on the same response)
+    w_pc, mag_pc = _phase_crossovers(model, 6)
+    for wc, mag in zip(w_pc, mag_pc):
+        target = 1.0 / mag  # N(A) needed with a real N
         lo, hi = amplitude_bounds
         g = lambda a: abs(N(a)) - target  # noqa: E731
         grid_a = np.logspace(np.log10(lo), np.log10(hi), 400)

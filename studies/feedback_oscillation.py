@@ -148,7 +148,10 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     r_smooth = _simulate(plant, smoothed, sim, ready0=target)
     smooth_m = _loop_summary(r_smooth, t_a)
     nominal = stability_margins(admission_loop(plant, smoothed))
-    smooth_m.update({"gain_margin": nominal.gain_margin, "phase_margin_deg": nominal.phase_margin_deg,
+    smooth_m.update({"stable": nominal.stable, "open_loop_rhp_poles": nominal.open_loop_rhp_poles,
+                     "closed_loop_rhp_poles": nominal.closed_loop_rhp_poles,
+                     "gain_margin": nominal.gain_margin, "lower_gain_margin": nominal.lower_gain_margin,
+                     "phase_margin_deg": nominal.phase_margin_deg,
                      "delay_margin_s": nominal.delay_margin_s, "ms": nominal.ms,
                      "crossover_rad_s": nominal.crossover_rad_s, "target_ready": target,
                      "controller": smoothed.params(), "tuning": smooth_sc.tuning.to_dict()})
@@ -160,7 +163,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         pl = FluidPlant(plant.params.scaled(delay_factor=f), plant.fill_workers, plant.decode_workers)
         rr = _simulate(pl, smoothed, sim, ready0=target)
         m = stability_margins(admission_loop(plant, smoothed, delay_factor=f))
-        robustness[f"{f:g}x"] = {**_loop_summary(rr, t_a), "gain_margin": m.gain_margin,
+        robustness[f"{f:g}x"] = {**_loop_summary(rr, t_a), "stable": m.stable, "gain_margin": m.gain_margin,
                                  "phase_margin_deg": m.phase_margin_deg, "delay_margin_s": m.delay_margin_s}
         rob_runs[f"smoothed, delay x{f:g}"] = rr
     r_thr = _simulate(plant, ThresholdAdmission(), sim, ready0=target)
@@ -344,7 +347,9 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         f"T = {n['period_s'] or float('nan'):.2f} s, first harmonic {n['harmonic_amplitude'] or float('nan'):.1f} "
         f"({_agreement(lc.period_s, n['period_s'], 'period')}). "
         + _naive_cost_sentence(n, s),
-        f"* **(b) Smoothed loop**: GM {s['gain_margin']:.2f}, PM {s['phase_margin_deg']:.1f} deg, delay margin "
+        f"* **(b) Smoothed loop**: {'stable' if s['stable'] else 'UNSTABLE'} by the Nyquist count on the exact delay "
+        f"({s['open_loop_rhp_poles']} open-loop and {s['closed_loop_rhp_poles']} closed-loop right-half-plane poles); "
+        f"GM {s['gain_margin']:.2f}, PM {s['phase_margin_deg']:.1f} deg, delay margin "
         f"{s['delay_margin_s']:.2f} s, Ms {s['ms']:.2f} (exact delay; {s['pade_check']['method']} gives PM "
         f"{s['pade_check']['phase_margin_deg']:.1f} deg). Tuned by SIMC with tau_c = "
         f"{smooth_sc.tuning.tau_c_over_theta:g} theta so the floors (GM >= 2, PM >= 45 deg) hold over the envelope "

@@ -50,6 +50,23 @@ def test_margins_json(capsys):
     assert len(d["rows"]) == 9 and d["tuning"]["envelope_ok"]
 
 
+def test_margins_check_fails_an_unstable_loop(tmp_path, capsys):
+    """A hand-tuned gain 8x the auto-tuned one: the Nyquist count finds closed-loop RHP poles at
+    the nominal and doubled delays; --check exits 1 and says so."""
+    from tokenfactory.studies.feedback_oscillation import scenario_path
+
+    text = scenario_path("smoothed").read_text().replace("safety_z = 2.0", "safety_z = 2.0\nkc = 2.24")
+    f = tmp_path / "hot.toml"
+    f.write_text(text)
+    assert main(["margins", str(f), "--check"]) == 1
+    out = capsys.readouterr().out
+    assert "NOT all envelope points meet" in out and "points unstable by the Nyquist count" in out
+    assert main(["margins", str(f), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert any(not r["stable"] and r["closed_loop_rhp_poles"] > 0 for r in rows)
+    assert all(not r["meets_floors"] for r in rows if not r["stable"])
+
+
 def test_margins_bad_scenario(tmp_path, capsys):
     f = tmp_path / "s.toml"
     f.write_text('[plant]\nmodel = "deepseek-v3"\nhardware = "h200"\nfill_workers = 6\ndecode_workers = 4\n'

@@ -50,6 +50,7 @@ def test_naive_oscillates_as_predicted(metrics):
 def test_smoothed_is_quiet_with_margins(metrics):
     s = metrics["smoothed"]
     assert not s["oscillating"]
+    assert s["stable"] and s["closed_loop_rhp_poles"] == 0
     assert s["gain_margin"] >= 2 and s["phase_margin_deg"] >= 45 and s["delay_margin_s"] > 0
     assert all(not v["oscillating"] for v in metrics["delay_robustness"].values())
     assert s["decode_utilization"] >= metrics["naive"]["decode_utilization"] - 1e-6

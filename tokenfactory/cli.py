@@ -139,9 +139,11 @@ def _cmd_margins(args) -> int:
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(table.round(3).to_string(index=False))
     ok = bool(table["meets_floors"].all())
+    unstable = int((~table["stable"]).sum()) if "stable" in table else 0
     print(f"{'all envelope points meet' if ok else 'NOT all envelope points meet'} the floors "
           f"GM >= {sc.envelope.gm_floor:g}, PM >= {sc.envelope.pm_floor_deg:g} deg"
-          + ("" if ok or "limit_cycle" not in table else " (a limit cycle is predicted)"))
+          + ("" if ok or "limit_cycle" not in table else " (a limit cycle is predicted)")
+          + (f" ({unstable} of {len(table)} points unstable by the Nyquist count)" if unstable else ""))
     return 0 if ok or not args.check else 1
 
 
@@ -312,7 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("margins", help="stability margins (or predicted limit cycles) of a scenario file")
     m.add_argument("scenario", help="scenario TOML (see studies/scenarios/)")
     m.add_argument("--json", action="store_true")
-    m.add_argument("--check", action="store_true", help="exit 1 if any envelope point misses the floors")
+    m.add_argument("--check", action="store_true",
+                   help="exit 1 if any envelope point is unstable (Nyquist count) or misses the floors")
     m.set_defaults(func=_cmd_margins)
 
     f = sub.add_parser("forecast", help="backtest forecasters on a trace and plan capacity from the best")

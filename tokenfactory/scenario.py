@@ -150,15 +150,18 @@ def naive_limit_cycle(plant: FluidPlant, controller: CompletionTriggeredAdmissio
 
 
 def margins_table(sc: Scenario) -> pd.DataFrame:
-    """One row per envelope point: exact and Pade margins (linear controllers) or the predicted
-    limit cycle (relay-like controllers)."""
+    """One row per envelope point: the Nyquist verdict and exact and Pade margins (linear
+    controllers), or the predicted limit cycle (relay-like controllers). ``meets_floors`` is
+    the verdict *and* the floors: an unstable point fails whatever its margins read."""
     rows = []
     if isinstance(sc.controller, SmoothedAdmission):
         for dfac, rfac in sc.envelope.points():
             loop = admission_loop(sc.plant, sc.controller, delay_factor=dfac, service_rate_factor=rfac)
             ex, pa = stability_margins(loop), stability_margins(loop, "pade")
             rows.append({"delay_factor": dfac, "service_rate_factor": rfac, "loop_delay_s": loop.delay,
-                         "gain_margin": ex.gain_margin, "phase_margin_deg": ex.phase_margin_deg,
+                         "stable": ex.stable, "closed_loop_rhp_poles": ex.closed_loop_rhp_poles,
+                         "gain_margin": ex.gain_margin, "lower_gain_margin": ex.lower_gain_margin,
+                         "phase_margin_deg": ex.phase_margin_deg,
                          "delay_margin_s": ex.delay_margin_s, "ms": ex.ms,
                          "pade": pa.method, "pade_phase_margin_deg": pa.phase_margin_deg,
                          "meets_floors": ex.meets(sc.envelope.gm_floor, sc.envelope.pm_floor_deg)})
