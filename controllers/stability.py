@@ -14,10 +14,15 @@ Definitions
   encirclements of -1 by L(s) as s runs up the indented imaginary axis and back through the
   right half-plane. Z = N + P is the number of closed-loop poles in the right half-plane, and
   the loop is stable iff Z = 0 and L(j w) does not pass through -1 (a closed-loop pole on the
-  axis; then ``ms`` is inf). N is counted on the exact response: the frequency grid is built
-  from the poles, zeros and delay (every factor's phase moves by at most pi/32 between points,
-  the delay's by pi/8 where |L| can reach 1) and refined where the curve passes close to -1.
-  The count is independent of any margin; margins below are read off it.
+  axis; then ``ms`` is inf). N is the winding number of 1 + L on the exact response. The grid is
+  built from the poles, zeros and delay: every factor's phase moves by at most pi/32 between
+  points, the delay's by pi/8 wherever |L| >= (1 + |L(j inf)|)/2, and elsewhere 1 + L stays in
+  the right half-plane, so no turn can be missed; it is then refined until each step turns
+  1 + L by less than 45 deg and moves L by less than half its distance to -1 (the refinement
+  near -1). The contour is closed at a radius where a bound on |R(s)| keeps 1 + L off 0 in the
+  whole right half-plane, and each indentation is shrunk until |L| > 2 on it (Rouche: no
+  closed-loop pole hides inside). The count is independent of any margin; margins are read
+  off it.
 * **Gain margins** (two-sided). The verdict of the loop k L(s) can only change at gains
   k = 1 / |L(j w_p)| where L crosses the negative real axis (phase crossovers, including
   w = 0 and w = inf); each crossing moves Z by +/-2 (+/-1 at w = 0 or inf) with the direction
@@ -39,6 +44,10 @@ Definitions
   w -> 0 and w -> inf (where |S| -> 1 for a strictly proper loop); ``ms_frequency_rad_s`` is
   where it is attained (0 or inf at a limit).
 
+Loops rejected with a ``ConfigError``: improper L; |L(j inf)| >= 1 with a delay (a neutral loop
+with infinitely many closed-loop poles at Re s = ln|L(j inf)|/delay >= 0); L(j inf) = -1 (no
+closed loop); a pole-zero cancellation on the imaginary axis (a hidden marginal mode).
+
 Where this differs from python-control (``control.stability_margins``, 0.10.2)
 -----------------------------------------------------------------------------
 * python-control's GM is the crossover gain nearest 1 in log (GM < 1 for a conditionally stable
@@ -50,6 +59,11 @@ Where this differs from python-control (``control.stability_margins``, 0.10.2)
   |1 + L| has none); here 1/Ms also counts the limits at w = 0 and inf, so Ms = 1 for a strictly
   proper loop whose |1 + L| only grows (python-control: sm = inf).
 * python-control has no stability verdict and no delay margin.
+
+Phase crossovers are found on the continuous phase sum_i arg(jw - r_i) - w delay (analytic, so
+none is skipped however fast the delay turns the phase), gain crossovers on log|R(jw)| (the
+delay does not change |L| on the axis); both are arrays of roots of smooth functions, solved
+together by a vectorised safeguarded Newton iteration.
 """
 
 from __future__ import annotations
