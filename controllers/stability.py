@@ -196,7 +196,22 @@ class _Rational:
 
 @dataclass(frozen=True)
 class DelayedLoop:
-    """Open loop L(s) = rational(s) e^{-delay s} in negative feedback."""
+    """Open loop L(s) = rational(s) e^{-delay s} in negative feedback.
+
+    Parameters
+    ----------
+    rational : control.TransferFunction or LTI
+        The rational part R(s), SISO (controller x filter x plant); converted with ``control.tf``.
+    delay : float
+        Pure loop delay in seconds (>= 0, default 0).
+    name : str
+        Label for tables and messages (default empty).
+
+    Raises
+    ------
+    ConfigError
+        For a negative delay or a MIMO system.
+    """
 
     rational: control.TransferFunction
     delay: float = 0.0
@@ -210,28 +225,48 @@ class DelayedLoop:
         object.__setattr__(self, "_factored", _Rational.from_polys(*polys))
 
     def response(self, omega) -> np.ndarray:
-        """Exact L(j omega)."""
+        """Exact L(j omega) at the angular frequencies ``omega`` (rad/s, array_like)."""
         w = np.asarray(omega, dtype=float)
         num, den = self._polys
         s = 1j * w
         return np.polyval(num, s) / np.polyval(den, s) * np.exp(-s * self.delay)
 
     def pade(self, order: int) -> control.TransferFunction:
-        """Rational model with the delay replaced by a Pade approximation of ``order``."""
+        """Rational model with the delay replaced by a Pade approximation of ``order`` (1..20)."""
         check_int("pade_order", order, low=1, high=20)
         if self.delay == 0:
             return self.rational
         return self.rational * control.tf(*control.pade(self.delay, order))
 
     def with_delay(self, delay: float) -> "DelayedLoop":
+        """The same rational part behind ``delay`` seconds instead."""
         return DelayedLoop(self.rational, delay, self.name)
 
     def scaled(self, gain: float) -> "DelayedLoop":
+        """The loop with its gain multiplied by ``gain``."""
         return DelayedLoop(self.rational * gain, self.delay, self.name)
 
 
 def loop_transfer(controller_tf, plant_tf, delay: float = 0.0, filter_tf=None, name: str = "") -> DelayedLoop:
-    """Assemble L(s) = C(s) F(s) P(s) e^{-delay s} (negative feedback on the measured output)."""
+    """Assemble L(s) = C(s) F(s) P(s) e^{-delay s} (negative feedback on the measured output).
+
+    Parameters
+    ----------
+    controller_tf : LTI
+        Controller C(s), SISO.
+    plant_tf : LTI
+        Plant P(s) without its delay, SISO.
+    delay : float
+        Total loop delay in seconds (>= 0, default 0).
+    filter_tf : LTI, optional
+        Measurement filter F(s) (default none).
+    name : str
+        Label of the loop (default empty).
+
+    Returns
+    -------
+    DelayedLoop
+    """
     rational = control.tf(controller_tf) * control.tf(plant_tf)
     if filter_tf is not None:
         rational = rational * control.tf(filter_tf)
@@ -240,8 +275,19 @@ def loop_transfer(controller_tf, plant_tf, delay: float = 0.0, filter_tf=None, n
 
 @dataclass(frozen=True)
 class GainCrossing:
-    """One gain crossover |L(j w)| = 1: its phase margin in (-180, 180] deg and its delay margin
-    (the extra delay that first puts L(j w) on -1 at this crossing)."""
+    """One gain crossover |L(j w)| = 1.
+
+    Parameters
+    ----------
+    frequency_rad_s : float
+        The crossover frequency w_i (rad/s).
+    phase_margin_deg : float
+        PM_i in (-180, 180] deg: the phase rotation that puts L(j w_i) on -1, signed as
+        python-control signs it (180 + arg L, wrapped).
+    delay_margin_s : float
+        DM_i (s): the phase distance from arg L(j w_i) down to -180 deg, in (0, 360] deg, in
+        radians over w_i - the extra delay that first puts L(j w_i) on -1.
+    """
 
     frequency_rad_s: float
     phase_margin_deg: float
@@ -250,9 +296,18 @@ class GainCrossing:
 
 @dataclass(frozen=True)
 class PhaseCrossing:
-    """One crossing of the negative real axis by L(j w), w >= 0: the loop-gain factor 1/|L| that
-    puts -1 on it, and by how much the closed-loop right-half-plane pole count changes when the
-    gain grows through that factor (+2 / -2, or +/-1 at w = 0 and w = inf)."""
+    """One crossing of the negative real axis by L(j w), w >= 0 (a phase crossover).
+
+    Parameters
+    ----------
+    frequency_rad_s : float
+        Where it crosses (rad/s; 0 when L(0) < 0, inf for L(j inf) < 0 without a delay).
+    gain_factor : float
+        The loop-gain factor 1/|L(j w)| that puts -1 on the crossing.
+    rhp_change : int
+        How the closed-loop right-half-plane pole count changes when the gain grows through
+        ``gain_factor``: +2 / -2 (the crossing and its mirror image), +/-1 at w = 0 and inf.
+    """
 
     frequency_rad_s: float
     gain_factor: float
@@ -263,12 +318,37 @@ class PhaseCrossing:
 class Margins:
     """Stability verdict and margins of one loop (definitions in the module docstring).
 
-    ``gain_margin`` / ``lower_gain_margin`` are gain ratios, ``phase_margin_deg`` in degrees,
-    ``delay_margin_s`` in seconds, ``ms`` the sensitivity peak at ``ms_frequency_rad_s``.
-    ``open_loop_rhp_poles`` is P and ``closed_loop_rhp_poles`` is Z = N + P of the Nyquist
-    criterion. ``gain_crossings`` holds every gain crossover with its PM and DM;
-    ``phase_crossings`` the negative-real-axis crossings with gain factor up to 1e3 (or the one
-    setting ``gain_margin``), at most 32. ``method`` is ``"exact"`` or ``"pade-N"``."""
+    Parameters
+    ----------
+    gain_margin : float
+        Factor by which the loop gain can grow before the Nyquist verdict changes (inf if never).
+    phase_margin_deg : float
+        The gain crossover's PM_i of smallest magnitude, signed, in degrees (inf without one).
+    delay_margin_s : float
+        Smallest DM_i of a stable loop in seconds (inf without crossovers; 0 if unstable or
+        |L(j inf)| >= 1).
+    ms : float
+        Sensitivity peak sup |1/(1 + L(j w))| (inf if L passes through -1).
+    gain_crossovers_rad_s : tuple of float
+        Every gain crossover frequency (rad/s), ascending.
+    phase_crossovers_rad_s : tuple of float
+        The frequencies of ``phase_crossings``.
+    method : str
+        ``"exact"`` or ``"pade-N"``.
+    lower_gain_margin : float
+        Factor (< 1) by which the loop gain can shrink before the verdict changes (0 if never).
+    open_loop_rhp_poles : int
+        P: open-loop poles with Re s > 0 (axis poles excluded: they are indented).
+    closed_loop_rhp_poles : int
+        Z = N + P: closed-loop poles with Re s > 0.
+    ms_frequency_rad_s : float
+        Where ``ms`` is attained (rad/s; 0 or inf at a limit).
+    gain_crossings : tuple of GainCrossing
+        Every gain crossover with its PM_i and DM_i.
+    phase_crossings : tuple of PhaseCrossing
+        The negative-real-axis crossings with gain factor up to 1e3 (and the one setting
+        ``gain_margin``), lowest frequency first, at most 32.
+    """
 
     gain_margin: float
     phase_margin_deg: float
@@ -896,7 +976,22 @@ def _margins(ana: _Analysis, method: str) -> Margins:
 
 
 def pade_phase_error_deg(delay: float, order: int, omega) -> np.ndarray:
-    """|phase(Pade_N(j w)) - (-w delay)| in degrees (the all-pass Pade matches magnitude exactly)."""
+    """|phase(Pade_N(j w)) - (-w delay)| in degrees (the all-pass Pade matches magnitude exactly).
+
+    Parameters
+    ----------
+    delay : float
+        The delay (s).
+    order : int
+        Pade order N.
+    omega : array_like
+        Angular frequencies (rad/s).
+
+    Returns
+    -------
+    numpy.ndarray
+        The phase error at each frequency (deg).
+    """
     w = np.asarray(omega, dtype=float)
     num, den = control.pade(delay, order)
     s = 1j * w
@@ -905,7 +1000,28 @@ def pade_phase_error_deg(delay: float, order: int, omega) -> np.ndarray:
 
 
 def pade_order_for(delay: float, omega_max: float, tol_deg: float = 1.0, max_order: int = 20) -> int:
-    """Smallest Pade order whose phase stays within ``tol_deg`` of the exact delay up to ``omega_max``."""
+    """Smallest Pade order whose phase stays within ``tol_deg`` of the exact delay up to ``omega_max``.
+
+    Parameters
+    ----------
+    delay : float
+        The delay (s, >= 0; 0 gives order 1).
+    omega_max : float
+        Highest frequency to track (rad/s, > 0).
+    tol_deg : float
+        Phase tolerance (deg, default 1).
+    max_order : int
+        Largest order tried (default 20).
+
+    Returns
+    -------
+    int
+
+    Raises
+    ------
+    ConfigError
+        If no order up to ``max_order`` is accurate enough.
+    """
     check_number("delay", delay, low=0.0)
     check_number("omega_max", omega_max, low=0.0, low_inclusive=False)
     if delay == 0:
@@ -959,19 +1075,53 @@ def stability_margins(loop: DelayedLoop, method: str = "exact", pade_order: int 
 
 def delay_margin(loop: DelayedLoop) -> float:
     """Extra pure delay (s) the loop tolerates before it loses stability (exact response); 0 if
-    it is unstable."""
+    it is unstable.
+
+    Parameters
+    ----------
+    loop : DelayedLoop
+
+    Returns
+    -------
+    float
+    """
     return stability_margins(loop).delay_margin_s
 
 
 def sensitivity_peak(loop: DelayedLoop) -> float:
-    """Ms = sup_w |1 / (1 + L(j w))| on the exact response."""
+    """Ms = sup_w |1 / (1 + L(j w))| on the exact response.
+
+    Parameters
+    ----------
+    loop : DelayedLoop
+
+    Returns
+    -------
+    float
+    """
     return stability_margins(loop).ms
 
 
 def stability_map(make_loop: Callable[[float, float], DelayedLoop], x_name: str, x_values: Sequence[float],
                   y_name: str, y_values: Sequence[float]) -> pd.DataFrame:
     """Margins over a grid of two parameters: one row per (x, y) with the Nyquist verdict, both
-    gain margins, PM, delay margin and Ms. ``make_loop(x, y)`` builds the loop for each point."""
+    gain margins, PM, delay margin and Ms.
+
+    Parameters
+    ----------
+    make_loop : callable
+        ``make_loop(x, y) -> DelayedLoop`` builds the loop for each point.
+    x_name, y_name : str
+        Column names of the two parameters.
+    x_values, y_values : sequence of float
+        The grid.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns ``x_name``, ``y_name``, gain_margin, lower_gain_margin, phase_margin_deg,
+        delay_margin_s, ms, stable, closed_loop_rhp_poles, crossover_rad_s.
+    """
     rows = []
     for x in x_values:
         for y in y_values:

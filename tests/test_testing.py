@@ -93,3 +93,15 @@ def test_conserved_fails_on_a_rejection_without_reason(des_run):
                    "rejected": des_run.metrics["rejected"] + 1}
     with pytest.raises(AssertionError, match="carry no reason"):
         assert_conserved(bad)
+
+
+def test_margins_read_the_nyquist_verdict_not_the_sign_of_pm():
+    """python-control's margin_test.py loops: a conditionally stable loop (type3 x 0.1: unstable
+    below 0.626 x its gain) fails a GM floor of 2 on its lower gain margin; a stable loop with a
+    crossover at +22 deg phase passes its PM floor."""
+    s = control.tf("s")
+    with pytest.raises(AssertionError, match=r"lower gain margin 0.62\d+ > 1/2"):
+        assert_margins(DelayedLoop(0.1 * (s + 0.1) ** 2 / (s**3 * (s + 1)), 0.0, "type3"), gm=2.0)
+    three = (8.75 * (4 * s**2 + 0.4 * s + 1)) / ((100 * s + 1) * (s**2 + 0.22 * s + 1)) / (s**2 / 100 + 0.008 * s + 1)
+    (m,) = assert_margins(DelayedLoop(three), gm=2.0, pm=45.0, delay_margin=2.0)
+    assert m.phase_margin_deg > 45 and min(c.phase_margin_deg for c in m.gain_crossings) < -150

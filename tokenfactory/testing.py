@@ -111,9 +111,11 @@ def assert_margins(target, *, gm: float | None = None, pm: float | None = None,
         stability envelope (the scenario's controller must be the linear smoothed admission).
         Every floor left at None is not checked; stability always is.
     gm : float, optional
-        Gain-margin floor (the factor the loop gain may grow by, dimensionless; not in dB).
+        Gain-margin floor (the factor the loop gain may grow by, and shrink by for a
+        conditionally stable loop; dimensionless, not in dB).
     pm : float, optional
-        Phase-margin floor in degrees.
+        Phase-margin floor in degrees, on |PM| (every gain crossover at least this far from
+        -180 deg; a stable loop's smallest-magnitude PM can be negative).
     delay_margin : float, optional
         Delay-margin floor in seconds (extra loop delay tolerated).
     ms : float, optional
@@ -140,7 +142,9 @@ def assert_margins(target, *, gm: float | None = None, pm: float | None = None,
             problems.append("closed loop unstable")
         if gm is not None and not m.gain_margin >= gm:
             problems.append(f"gain margin {m.gain_margin:.4g} < {gm:g}")
-        if pm is not None and not m.phase_margin_deg >= pm:
+        if gm is not None and not m.lower_gain_margin <= 1.0 / gm:
+            problems.append(f"lower gain margin {m.lower_gain_margin:.4g} > 1/{gm:g} (conditionally stable)")
+        if pm is not None and not abs(m.phase_margin_deg) >= pm:
             problems.append(f"phase margin {m.phase_margin_deg:.4g} deg < {pm:g} deg")
         if delay_margin is not None and not m.delay_margin_s >= delay_margin:
             problems.append(f"delay margin {m.delay_margin_s:.4g} s < {delay_margin:g} s")
