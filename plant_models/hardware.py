@@ -10,6 +10,10 @@ Sources (vendor datasheets, read 2025):
 * H100 SXM5  - NVIDIA H100 Tensor Core GPU datasheet: 80 GB HBM3, 3.35 TB/s, BF16 989 TFLOPS and
   FP8 1,979 TFLOPS dense, NVLink 900 GB/s bidirectional, up to 700 W. HGX H100 / DGX H100 pair each
   GPU with a ConnectX-7 400 Gb/s NIC.
+* H800 SXM5  - NVIDIA H800 Tensor Core GPU datasheet (the export variant of H100 SXM5): 80 GB
+  HBM3 at 3.35 TB/s, tensor throughput as H100 SXM (FP8 1,979 / BF16 989 TFLOPS dense), NVLink
+  cut to 400 GB/s bidirectional, 700 W. DeepSeek-V3 Technical Report (arXiv:2412.19437, section
+  3.2.2): one 400 Gb/s InfiniBand NIC (~50 GB/s) per H800 in DeepSeek's serving nodes.
 * H200 SXM   - NVIDIA H200 datasheet: 141 GB HBM3e, 4.8 TB/s; tensor throughput as H100 SXM;
   NVLink 900 GB/s; up to 700 W; ConnectX-7 400 Gb/s per GPU on HGX H200.
 * B200       - NVIDIA HGX B200 / DGX B200 datasheet: 8 GPUs, 1,440 GB HBM3e (180 GB each),
@@ -135,6 +139,9 @@ ACCELERATOR_PRESETS: dict[str, Accelerator] = {
     for a in (
         _gpu("h100-sxm", 80, 3.35, {"bf16": 0.989, "fp8": 1.979}, 900, 400, 8, 700,
              "NVIDIA H100 Tensor Core GPU datasheet (SXM5); HGX H100 ConnectX-7 400 Gb/s per GPU"),
+        _gpu("h800", 80, 3.35, {"bf16": 0.989, "fp8": 1.979}, 400, 400, 8, 700,
+             "NVIDIA H800 Tensor Core GPU datasheet (SXM5); DeepSeek-V3 Technical Report: "
+             "400 Gb/s InfiniBand per GPU"),
         _gpu("h200", 141, 4.8, {"bf16": 0.989, "fp8": 1.979}, 900, 400, 8, 700,
              "NVIDIA H200 Tensor Core GPU datasheet (SXM); HGX H200 ConnectX-7 400 Gb/s per GPU"),
         _gpu("b200", 180, 8.0, {"bf16": 2.25, "fp8": 4.5, "fp4": 9.0}, 1800, 400, 8, 1000,

@@ -135,7 +135,11 @@ class MoEModel:
     ``num_dense_layers`` are the leading layers with a dense FFN (DeepSeek's
     ``first_k_dense_replace``); the rest have ``routed_experts`` experts of which
     ``active_experts`` (k) are chosen per token, plus ``shared_experts`` always-on experts.
-    Precisions are names in :data:`tokenfactory.plant_models.hardware.PRECISIONS`.
+    Precisions are names in :data:`tokenfactory.plant_models.hardware.PRECISIONS`;
+    ``expert_precision`` (default: ``weight_precision``) is that of the routed and shared experts,
+    because the published FP4 checkpoints quantize only the MoE experts (e.g. nvidia/DeepSeek-R1-FP4
+    model card: "only the weights and activations of the linear operators within transformer
+    blocks in MoE are quantized"), the rest stays FP8/BF16.
     """
 
     name: str
@@ -153,6 +157,7 @@ class MoEModel:
     kv_precision: str = "bf16"
     activation_precision: str = "bf16"
     tied_embeddings: bool = False
+    expert_precision: str | None = None
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -170,6 +175,9 @@ class MoEModel:
                               f"{self.routed_experts}; allowed range is [1, {self.routed_experts}]")
         for f in ("weight_precision", "kv_precision", "activation_precision"):
             check_choice(f"{w}.{f}", getattr(self, f), PRECISIONS)
+        if self.expert_precision is None:
+            object.__setattr__(self, "expert_precision", self.weight_precision)
+        check_choice(f"{w}.expert_precision", self.expert_precision, PRECISIONS)
         self.attention.validate(f"{w}.attention", self.num_layers)
 
     # -- structure -------------------------------------------------------------------------
@@ -240,13 +248,19 @@ class MoEModel:
         return PRECISIONS[self.activation_precision]
 
     @property
+    def expert_bytes_per_param(self) -> float:
+        return PRECISIONS[self.expert_precision]
+
+    @property
     def weight_bytes(self) -> float:
-        return self.total_params * self.weight_bytes_per_param
+        experts = self.moe_layers * (self.routed_experts + self.shared_experts) * self.expert_params
+        return (self.non_expert_params * self.weight_bytes_per_param
+                + experts * self.expert_bytes_per_param)
 
     @property
     def expert_weight_bytes(self) -> float:
         """Bytes of one routed expert (the B_W of section 15)."""
-        return self.expert_params * self.weight_bytes_per_param
+        return self.expert_params * self.expert_bytes_per_param
 
     @property
     def routed_expert_weight_bytes(self) -> float:
@@ -289,6 +303,7 @@ class MoEModel:
             "active_fraction": self.active_params / self.total_params,
             "weight_bytes": self.weight_bytes,
             "weight_precision": self.weight_precision,
+            "expert_precision": self.expert_precision,
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "kv_precision": self.kv_precision,
             "kv_bytes_at_128k_context": self.kv_bytes(131072),
@@ -343,6 +358,20 @@ MODEL_PRESETS: dict[str, MoEModel] = {
                    "layers, chosen to give ~25 kB/token as the reference article (section 14) "
                    "suggests for recent hybrids",
         ),
+        MoEModel(
+            name="k3-like", num_layers=61, num_dense_layers=1, hidden_size=7168,
+            vocab_size=163840, dense_intermediate_size=18432, expert_intermediate_size=2048,
+            routed_experts=384, active_experts=8, shared_experts=1,
+            attention=AttentionSpec(num_heads=64, full_attention_layers=16, efficient_kind="local",
+                                    local_window=4096, **_MLA_DSV3),
+            weight_precision="fp8", expert_precision="fp4", kv_precision="bf16",
+            source="ASSUMPTION, not a published model: the reference article (section 23) projects "
+                   "an unreleased 'Kimi K3' with localized-attention layers and gives no sizes. "
+                   "Built as the Kimi K2 body (moonshotai/Kimi-K2-Instruct config.json: 61 layers, "
+                   "384 experts, 8 active, MLA with 64 heads) with 16 full MLA layers and 45 "
+                   "sliding-window (4,096-token) MLA layers, FP4 experts (Blackwell-native; Kimi "
+                   "K2 Thinking already ships 4-bit experts) and FP8 for the rest",
+        ),
     )
 }
 
@@ -374,6 +403,8 @@ def model_from_dict(d: Mapping[str, Any], where: str = "model") -> MoEModel:
     if base is not None:
         preset = model_preset(base)
         merged = {f: getattr(preset, f) for f in _MODEL_FIELDS}
+        if preset.expert_precision == preset.weight_precision:
+            merged["expert_precision"] = None  # experts follow an overridden weight_precision
         merged.update(d)
         attn_merged = dataclasses.asdict(preset.attention)
         attn_merged.update(attn or {})
@@ -385,7 +416,8 @@ def model_from_dict(d: Mapping[str, Any], where: str = "model") -> MoEModel:
         raise ConfigError(f"{where}.attention.kind" if "kind" not in attn
                           else f"{where}.attention.num_heads", "missing")
     missing = sorted(_MODEL_FIELDS - {"attention", "source", "weight_precision", "kv_precision",
-                                      "activation_precision", "tied_embeddings"} - set(d))
+                                      "activation_precision", "tied_embeddings",
+                                      "expert_precision"} - set(d))
     if missing:
         raise ConfigError(f"{where}.{missing[0]}", "missing (give it, or start from base = PRESET)")
     return MoEModel(attention=AttentionSpec(**attn), **d)

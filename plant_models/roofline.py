@@ -1,4 +1,4 @@
-"""Roofline service model of a worker in the four operating modes (article sections 3, 15, 16).
+"""Roofline service model of a worker in the four operating modes (article sections 3, 12, 14-16).
 
 A *worker* is a group of GPUs holding one model replica: ``pp`` pipeline stages of ``ep`` GPUs
 each; in a stage, experts are spread over all ``ep`` GPUs (expert parallelism) and attention runs
@@ -8,20 +8,48 @@ Every phase of a forward pass is timed as a roofline,
 
     t = max(FLOPs / (peak x eff_compute), bytes / (HBM bw x eff_memory), a2a / (link bw x eff_net))
 
-and a pass is the sum of its phases: attention, experts, dense (dense FFN layers, routers,
-embeddings). With ``pp`` stages the worker keeps ``pp`` micro-batches in flight, so a pass over a
-micro-batch of ``b`` items takes the whole-model time on one stage's GPUs and the worker delivers
-``pp x b`` items per pass. TPOT of decode equals the pass time.
+and a stage pass sums its phases. With ``overlap_communication`` (the two-micro-batch overlap of
+DeepSeek's inference system and SGLang/TensorRT-LLM, which hides the all-to-all of one
+micro-batch behind the computation of the other) the network time overlaps the whole pass:
+``max(sum of compute/memory times, sum of network times)``.
+
+**Pipeline.** Layers are split evenly over the ``pp`` stages, so a stage does 1/pp of the
+model's work for a micro-batch on its ``ep`` GPUs: stage time ``t = work / pp + fixed / pp``,
+where ``fixed`` is the per-layer launch/synchronisation overhead times the layers plus the
+latency of the collectives. Each stage boundary adds a hand-off ``h`` (one link latency plus the
+micro-batch's activations over the link). A micro-batch goes round all stages, so
+
+* decode: the batch of ``B`` sequences is split into ``m = min(pp, B)`` micro-batches in flight;
+  TPOT = ``pp x (t(B/m) + h)`` and throughput ``B / TPOT``; with ``m < pp`` stages sit idle
+  (the pipeline bubble) - throughput falls while TPOT does not;
+* fill: a prompt may be cut into ``chunks`` that follow each other through the stages (chunked
+  pipeline prefill); with identical stages the makespan of chunks of stage times ``t_j`` is
+  ``sum_j (t_j + h) + (pp - 1) max_j (t_j + h)`` (a permutation flow shop whose jobs take the
+  same time on every machine), which is the TTFT; a stream of fills keeps every stage busy, so
+  fill throughput is ``tokens / sum_j (t_j + h)``.
+
+At a fixed GPU count, PP therefore trades a longer chain of hand-offs for narrower expert and
+tensor groups, whose collectives take fewer latency rounds (``ceil(log2 n)`` rounds of the
+recursive-doubling / Bruck algorithms; Thakur, Rabenseifner & Gropp, IJHPCA 19(1), 2005) and,
+past the scale-up domain, move off the scale-out network (article section 12).
+
+**All-to-all.** Routed tokens are dispatched at the experts' GEMM precision (FP8 dispatch, BF16
+combine in DeepSeek's serving system; FP4 dispatch for NVFP4 experts, SGLang GB200 part II) and
+combined at the activation precision. Inside the scale-up domain every copy crosses NVLink; past
+it, fill passes send one copy per destination node and forward it over NVLink (DeepEP normal
+kernels) while decode sends one copy per remote expert (DeepEP low-latency kernels).
 
 Modelled simplifications, stated so users can judge them: experts are balanced over the GPUs of a
 stage (the busiest GPU holds at least one active expert per layer); MLA's latent KV is replicated
 over TP ranks (each rank reads all of it), GQA's KV is sharded over min(tp, kv_heads); activation
-and KV-write traffic is counted, kernel launch cost is one optional fixed term per pass.
+and KV-write traffic is counted; the efficiencies and the per-layer overhead are fitted to
+published deployments (study ``roofline-validation``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,7 +58,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tokenfactory.plant_models.hardware import Accelerator, load_accelerator
+from tokenfactory.plant_models.hardware import PRECISIONS, Accelerator, load_accelerator
 from tokenfactory.plant_models.moe_model import MoEModel, load_model
 from tokenfactory.validation import ConfigError, check_int, check_number, reject_unknown_keys
 
@@ -44,6 +72,7 @@ __all__ = [
     "roofline_time",
     "distinct_experts",
     "expert_arithmetic_intensity",
+    "collective_rounds",
     "decode_sweep",
 ]
 
@@ -78,22 +107,45 @@ def expert_arithmetic_intensity(n_tokens, weights: float, weight_bytes: float,
     return 2.0 * n * weights / (weight_bytes + n * activation_bytes + n * output_bytes_per_token)
 
 
+def collective_rounds(participants: int) -> int:
+    """Latency rounds of a collective over ``participants`` GPUs: ceil(log2 n), 0 for one GPU
+    (recursive doubling for all-reduce, Bruck's algorithm for all-to-all; Thakur et al. 2005)."""
+    check_int("participants", participants, low=1)
+    return math.ceil(math.log2(participants)) if participants > 1 else 0
+
+
 @dataclass(frozen=True)
 class Efficiency:
-    """Fractions of peak a real kernel reaches. Defaults are engineering assumptions, not
-    measurements: large FP8 GEMMs on Hopper/Blackwell reach ~60 % of dense peak; streaming HBM
-    reads ~80 % of nominal bandwidth; NVLink all-to-all ~70 % of per-direction bandwidth.
-    ``pass_overhead_s`` is a fixed launch/synchronisation cost per forward pass (0 by default)."""
+    """Fractions of peak a real serving stack reaches, and its fixed costs.
 
-    compute: float = 0.6
-    memory: float = 0.8
-    network: float = 0.7
+    ``compute``, ``memory``, ``network`` and ``layer_overhead_s`` (launch and synchronisation
+    cost per layer per stage pass) are fitted by least squares to 13 published DeepSeek-V3/R1
+    deployments on H800, H100, H200, B200 and GB200 (study ``roofline-validation``;
+    :data:`tokenfactory.plant_models.validation.FITTED_EFFICIENCY` holds the fit these defaults
+    are rounded from; leave-one-out median error 18 %). They are *system* efficiencies - kernel
+    efficiency, expert imbalance, scheduling and runtime gaps lumped together - which is why
+    memory is far below what a streaming kernel reaches. The assumptions they replace were
+    compute 0.6, memory 0.8, network 0.7 and no per-layer overhead.
+
+    ``scale_up_latency_s`` and ``scale_out_latency_s`` are the latency of one round of a
+    collective on NVLink and on the scale-out NIC. They are ASSUMPTIONS (2 us and 5 us, the order
+    of one NVSwitch and one RDMA round trip), not fitted: the published points cannot separate
+    them from the per-layer overhead. ``pass_overhead_s`` is an optional fixed cost per stage pass.
+    """
+
+    compute: float = 0.52
+    memory: float = 0.23
+    network: float = 0.49
+    layer_overhead_s: float = 84e-6
+    scale_up_latency_s: float = 2e-6
+    scale_out_latency_s: float = 5e-6
     pass_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         for f in ("compute", "memory", "network"):
             check_number(f"efficiency.{f}", getattr(self, f), low=0.0, high=1.0, low_inclusive=False)
-        check_number("efficiency.pass_overhead_s", self.pass_overhead_s, low=0.0)
+        for f in ("layer_overhead_s", "scale_up_latency_s", "scale_out_latency_s", "pass_overhead_s"):
+            check_number(f"efficiency.{f}", getattr(self, f), low=0.0, high=1.0)
 
 
 @dataclass(frozen=True)
@@ -125,7 +177,9 @@ class Parallelism:
 
 @dataclass(frozen=True)
 class PhaseTime:
-    """One phase of a pass, timed by the roofline. Times in seconds."""
+    """One phase of a pass over the whole model for one micro-batch, timed by the roofline on the
+    ``gpus`` that run it. Times in seconds; ``network_bytes`` is the total over those GPUs, of
+    which ``scale_out_bytes`` cross the scale-out network."""
 
     phase: str
     flops: float
@@ -134,10 +188,17 @@ class PhaseTime:
     compute_s: float
     memory_s: float
     network_s: float
+    gpus: float = 1.0
+    scale_out_bytes: float = 0.0
 
     @property
     def time_s(self) -> float:
         return max(self.compute_s, self.memory_s, self.network_s)
+
+    @property
+    def busy_s(self) -> float:
+        """Compute/memory time (what the network can hide behind)."""
+        return max(self.compute_s, self.memory_s)
 
     @property
     def bound(self) -> str:
@@ -149,36 +210,75 @@ class PhaseTime:
     def arithmetic_intensity(self) -> float:
         return self.flops / self.hbm_bytes if self.hbm_bytes else math.inf
 
+    @property
+    def network_bytes_per_s_per_gpu(self) -> float:
+        """Network traffic per GPU averaged over the phase (bytes/s)."""
+        return self.network_bytes / self.gpus / self.time_s if self.time_s > 0 else 0.0
+
 
 @dataclass(frozen=True)
 class PassTime:
-    """A forward pass over one micro-batch: its phases, its time, what it produced."""
+    """A micro-batch's pass through the worker's pipeline: its phases (whole model), the time one
+    stage takes for each chunk, the hand-off between stages and what it produced.
+
+    ``time_s`` is the latency of the pass (TPOT for decode, TTFT for a fill): every chunk crosses
+    all ``stages``; ``tokens_per_s`` is the worker's steady-state throughput with
+    ``microbatches`` such passes in flight.
+    """
 
     mode: str
     phases: tuple[PhaseTime, ...]
     tokens: float
     sequences: float
-    overhead_s: float
     microbatches: int
     num_gpus: int
+    stages: int = 1
+    stage_times_s: tuple[float, ...] = ()
+    handoff_s: float = 0.0
+    fixed_s: float = 0.0
+
+    @property
+    def _slots(self) -> tuple[float, ...]:
+        return tuple(t + self.handoff_s for t in self.stage_times_s)
 
     @property
     def time_s(self) -> float:
-        return sum(p.time_s for p in self.phases) + self.overhead_s
+        s = self._slots
+        return sum(s) + (self.stages - 1) * max(s)
+
+    @property
+    def stage_busy_s(self) -> float:
+        """Time one stage spends on this pass (all its chunks, with hand-offs)."""
+        return sum(self._slots)
 
     @property
     def tokens_per_s(self) -> float:
-        """Worker throughput: ``microbatches`` micro-batches complete per pass time."""
-        return self.microbatches * self.tokens / self.time_s
+        """Worker throughput: ``microbatches`` passes in flight, at most one per stage at a time."""
+        return min(self.microbatches * self.tokens / self.time_s, self.tokens / self.stage_busy_s)
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
         return self.tokens_per_s / self.num_gpus
 
     @property
+    def bubble_fraction(self) -> float:
+        """Share of time a stage idles in steady state (the pipeline bubble)."""
+        return 1.0 - self.tokens_per_s * self.stage_busy_s / self.tokens
+
+    @property
+    def overhead_fraction(self) -> float:
+        """Share of the stage time spent on fixed per-layer and collective-latency costs."""
+        return len(self.stage_times_s) * self.fixed_s / sum(self.stage_times_s)
+
+    @property
     def bound(self) -> str:
         """The roof of the longest phase."""
         return max(self.phases, key=lambda p: p.time_s).bound
+
+    @property
+    def network_peak_bytes_per_s_per_gpu(self) -> float:
+        """Largest phase-averaged network traffic per GPU (bytes/s), article section 23.4."""
+        return max(p.network_bytes_per_s_per_gpu for p in self.phases)
 
     def phase(self, name: str) -> PhaseTime:
         for p in self.phases:
@@ -189,7 +289,9 @@ class PassTime:
     def to_dict(self) -> dict[str, Any]:
         d = {"mode": self.mode, "time_s": self.time_s, "tokens": self.tokens,
              "sequences": self.sequences, "tokens_per_s": self.tokens_per_s,
-             "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "bound": self.bound}
+             "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "bound": self.bound,
+             "stages": self.stages, "microbatches": self.microbatches, "handoff_s": self.handoff_s,
+             "bubble_fraction": self.bubble_fraction, "overhead_fraction": self.overhead_fraction}
         for p in self.phases:
             d[f"{p.phase}_s"] = p.time_s
             d[f"{p.phase}_bound"] = p.bound
@@ -219,7 +321,8 @@ class Worker:
 
     ``memory_utilization`` is the usable fraction of HBM (vLLM's ``gpu_memory_utilization``
     default, 0.9); ``working_fraction`` of HBM is reserved for activations, routing buffers and
-    KV-transfer staging (an assumption; the article's M_working).
+    KV-transfer staging (an assumption; the article's M_working). ``overlap_communication`` hides
+    the network time behind the pass's compute (two-micro-batch overlap, see the module notes).
     """
 
     model: MoEModel
@@ -228,12 +331,16 @@ class Worker:
     efficiency: Efficiency = field(default_factory=Efficiency)
     memory_utilization: float = 0.9
     working_fraction: float = 0.05
+    overlap_communication: bool = True
 
     def __post_init__(self) -> None:
         check_number("worker.memory_utilization", self.memory_utilization, low=0.0, high=1.0,
                      low_inclusive=False)
         check_number("worker.working_fraction", self.working_fraction, low=0.0, high=1.0,
                      high_inclusive=False)
+        if not isinstance(self.overlap_communication, bool):
+            raise ConfigError("worker.overlap_communication",
+                              f"{self.overlap_communication!r} must be true or false")
         par, m = self.parallelism, self.model
         if par.pp > m.num_layers:
             raise ConfigError("parallelism.pp", f"{par.pp} stages exceed the model's "
@@ -247,9 +354,10 @@ class Worker:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "worker") -> "Worker":
         """Keys: ``model``, ``hardware`` (name, TOML path or table), ``parallelism``,
-        ``efficiency``, ``memory_utilization``, ``working_fraction``."""
+        ``efficiency``, ``memory_utilization``, ``working_fraction``, ``overlap_communication``."""
         reject_unknown_keys(where, d, {"model", "hardware", "parallelism", "efficiency",
-                                       "memory_utilization", "working_fraction"})
+                                       "memory_utilization", "working_fraction",
+                                       "overlap_communication"})
         for req in ("model", "hardware"):
             if req not in d:
                 raise ConfigError(f"{where}.{req}", "missing")
@@ -257,7 +365,8 @@ class Worker:
         reject_unknown_keys(f"{where}.parallelism", par, {f.name for f in dataclasses.fields(Parallelism)})
         eff = dict(d.get("efficiency", {}))
         reject_unknown_keys(f"{where}.efficiency", eff, {f.name for f in dataclasses.fields(Efficiency)})
-        kw = {k: d[k] for k in ("memory_utilization", "working_fraction") if k in d}
+        kw = {k: d[k] for k in ("memory_utilization", "working_fraction", "overlap_communication")
+              if k in d}
         return cls(model=load_model(d["model"]), accelerator=load_accelerator(d["hardware"]),
                    parallelism=Parallelism(**par), efficiency=Efficiency(**eff), **kw)
 
@@ -266,20 +375,20 @@ class Worker:
     def num_gpus(self) -> int:
         return self.parallelism.num_gpus
 
-    @property
+    @functools.cached_property  # a frozen worker: computed once
     def _kv_replication(self) -> float:
         """Copies of each KV byte across the TP ranks of an attention replica."""
         a, tp = self.model.attention, self.parallelism.tp
         return float(tp) if a.kind == "mla" else tp / min(tp, a.kv_heads)
 
-    @property
+    @functools.cached_property  # a frozen worker: computed once
     def non_expert_bytes(self) -> float:
         """Weights every token touches (attention, dense FFN, routers, embeddings, shared experts)."""
         m = self.model
         shared = m.moe_layers * m.shared_experts * m.expert_weight_bytes
         return m.non_expert_params * m.weight_bytes_per_param + shared
 
-    @property
+    @functools.cached_property  # a frozen worker: computed once
     def weight_bytes_per_gpu(self) -> float:
         p = self.parallelism
         return self.non_expert_bytes / (p.tp * p.pp) + self.model.routed_expert_weight_bytes / (p.ep * p.pp)
@@ -292,7 +401,7 @@ class Worker:
     def working_bytes_per_gpu(self) -> float:
         return self.accelerator.hbm_bytes * self.working_fraction
 
-    @property
+    @functools.cached_property  # a frozen worker: computed once
     def kv_bytes_per_gpu(self) -> float:
         """HBM left for KV after weights and working memory."""
         return self.usable_bytes_per_gpu - self.weight_bytes_per_gpu - self.working_bytes_per_gpu
@@ -309,7 +418,7 @@ class Worker:
                 f"usable {self.usable_bytes_per_gpu / 1e9:.1f} GB; raise ep or pp, or use a GPU "
                 "with more HBM")
 
-    @property
+    @functools.cached_property  # a frozen worker: computed once
     def kv_capacity_bytes(self) -> float:
         """Distinct KV bytes the worker can hold (replicas over TP ranks counted once)."""
         return self.kv_bytes_per_gpu * self.num_gpus / self._kv_replication
@@ -323,19 +432,68 @@ class Worker:
         check_number("context_tokens", context_tokens, low=1.0)
         return int(self.kv_capacity_bytes // self.model.kv_bytes(context_tokens))
 
+    def resident_bytes_per_gpu(self, sequences: float, context_tokens: float,
+                               tokens_in_flight: float = 0.0) -> float:
+        """HBM a GPU actually holds serving ``sequences`` of ``context_tokens``: its weights, its
+        share of their KV (with TP replication) and the activations of ``tokens_in_flight``
+        (input, output, dispatch and combine buffers of hidden size). Buffers for KV moving in or
+        out of the worker are excluded, as in the article's section 23.3."""
+        m = self.model
+        kv = sequences * m.kv_bytes(context_tokens) * self._kv_replication / self.num_gpus
+        act = 4.0 * tokens_in_flight * m.hidden_size * m.activation_bytes_per_element / self.num_gpus
+        return self.weight_bytes_per_gpu + kv + act
+
+    def energy_per_token_j(self, p: PassTime) -> float:
+        """Joules per token at board power on every GPU of the worker (``power_watts``)."""
+        return self.accelerator.power_watts * self.num_gpus / p.tokens_per_s
+
+    # -- links --------------------------------------------------------------------------
+    def _link(self, span: int) -> tuple[float, float]:
+        """(bandwidth per direction, round latency) of a group of ``span`` GPUs."""
+        a, e = self.accelerator, self.efficiency
+        if span <= a.scale_up_domain:
+            return a.scale_up_bandwidth, e.scale_up_latency_s
+        return a.scale_out_bandwidth, e.scale_out_latency_s
+
+    def _all_to_all_bytes(self, tokens: float, per_node_dedup: bool) -> tuple[float, float]:
+        """(NVLink bytes, scale-out bytes) of dispatch + combine for ``tokens`` over a stage."""
+        m, p, a = self.model, self.parallelism, self.accelerator
+        if p.ep == 1:
+            return 0.0, 0.0
+        k = m.active_experts
+        dispatch = min(PRECISIONS[m.expert_precision], m.activation_bytes_per_element)
+        per_copy = m.moe_layers * m.hidden_size * (dispatch + m.activation_bytes_per_element)
+        if p.ep <= a.scale_up_domain:
+            return tokens * k * (p.ep - 1) / p.ep * per_copy, 0.0
+        nodes = p.ep / a.scale_up_domain
+        g = p.ep / nodes
+        local = k * (g - 1) / p.ep
+        remote = k * (p.ep - g) / p.ep
+        if per_node_dedup:  # one RDMA copy per destination node, forwarded over NVLink there
+            out = (nodes - 1) * (1.0 - (1.0 - 1.0 / nodes) ** k)
+            up = local + remote * (g - 1) / g
+        else:               # one RDMA copy per remote expert
+            out, up = remote, local
+        return tokens * up * per_copy, tokens * out * per_copy
+
     # -- phases -------------------------------------------------------------------------
-    def _phase(self, name: str, flops: float, hbm_bytes: float, net_bytes: float,
-               gpus: float, kv_flops: float = 0.0) -> PhaseTime:
-        """Roofline one phase. ``flops`` run at the weight precision's tensor rate; ``kv_flops``
-        (attention scores and values over the cache) at the KV precision's rate."""
+    def _phase(self, name: str, flops: float, hbm_bytes: float, gpus: float, *,
+               precision: str | None = None, kv_flops: float = 0.0,
+               up_bytes: float = 0.0, out_bytes: float = 0.0, span: int | None = None) -> PhaseTime:
+        """Roofline one phase on ``gpus``. ``flops`` run at ``precision``'s tensor rate (default
+        the weights'), ``kv_flops`` (attention scores and values over the cache) at the KV
+        precision's rate; ``up_bytes`` cross the scale-up fabric, ``out_bytes`` the scale-out
+        NICs (a group wider than the domain, ``span`` GPUs, sends everything scale-out)."""
         a, e, m = self.accelerator, self.efficiency, self.model
-        compute_s = (flops / a.peak_flops(m.weight_precision)
+        compute_s = (flops / a.peak_flops(precision or m.weight_precision)
                      + kv_flops / a.peak_flops(m.kv_precision)) / (gpus * e.compute)
-        flops += kv_flops
         memory_s = hbm_bytes / (gpus * a.hbm_bandwidth * e.memory)
-        link = a.scale_up_bandwidth if self.parallelism.ep <= a.scale_up_domain else a.scale_out_bandwidth
-        network_s = net_bytes / (gpus * link * e.network) if net_bytes else 0.0
-        return PhaseTime(name, flops, hbm_bytes, net_bytes, compute_s, memory_s, network_s)
+        if span is not None and span > a.scale_up_domain:
+            up_bytes, out_bytes = 0.0, up_bytes + out_bytes
+        network_s = max(up_bytes / (gpus * a.scale_up_bandwidth * e.network),
+                        out_bytes / (gpus * a.scale_out_bandwidth * e.network))
+        return PhaseTime(name, flops + kv_flops, hbm_bytes, up_bytes + out_bytes, compute_s,
+                         memory_s, network_s, gpus, out_bytes)
 
     def _attention_phase(self, sequences: float, new_tokens: float, cached_tokens: float) -> PhaseTime:
         """Attention over a micro-batch of ``sequences``, each adding ``new_tokens`` after
@@ -355,9 +513,12 @@ class Worker:
         kv_write = per_replica * new_tokens * m.kv_bytes_per_token
         hbm = (m.num_layers * m.attention_params_per_layer * m.weight_bytes_per_param
                + self._kv_replication * (kv_read + kv_write) + 2 * q_tokens * act * m.num_layers)
-        return self._phase("attention", flops, hbm, 0.0, p.tp, kv_flops=kv_flops)
+        # TP: one ring all-reduce of the attention output per layer, 2 (tp-1)/tp of it per GPU.
+        allreduce = 2.0 * (p.tp - 1) * q_tokens * act * m.num_layers
+        return self._phase("attention", flops, hbm, p.tp, kv_flops=kv_flops, up_bytes=allreduce,
+                           span=p.tp)
 
-    def _expert_phase(self, tokens: float) -> PhaseTime:
+    def _expert_phase(self, tokens: float, per_node_dedup: bool = False) -> PhaseTime:
         """Routed + shared experts for ``tokens`` tokens of one micro-batch over a stage's GPUs."""
         m, p = self.model, self.parallelism
         per_layer_distinct = distinct_experts(m.routed_experts, m.active_experts, tokens)
@@ -369,10 +530,9 @@ class Worker:
         hbm_per_gpu = m.moe_layers * (per_gpu_experts * m.expert_weight_bytes
                                       + (m.shared_experts * m.expert_weight_bytes) / p.tp)
         hbm_per_gpu += m.moe_layers * 2 * routed * act / p.ep
-        # Dispatch and combine all-to-all: each routed token leaves and returns unless local.
-        net = 2.0 * m.moe_layers * routed * act * (p.ep - 1) / p.ep if p.ep > 1 else 0.0
-        ph = self._phase("experts", flops, hbm_per_gpu * p.ep, net, p.ep)
-        return ph
+        up, out = self._all_to_all_bytes(tokens, per_node_dedup)
+        return self._phase("experts", flops, hbm_per_gpu * p.ep, p.ep, precision=m.expert_precision,
+                           up_bytes=up, out_bytes=out)
 
     def _dense_phase(self, tokens: float, sequences: float) -> PhaseTime:
         """Dense FFN layers, routers and embeddings/LM head (LM head only for new outputs)."""
@@ -382,35 +542,92 @@ class Worker:
         head = m.vocab_size * m.hidden_size
         flops = 2.0 * tokens * dense + 2.0 * sequences * head
         hbm = replicas * (dense + m.embedding_params) * m.weight_bytes_per_param
-        return self._phase("dense", flops, hbm, 0.0, p.ep)
+        return self._phase("dense", flops, hbm, p.ep)
 
-    def _pass(self, mode: str, sequences: float, new_tokens: float, cached_tokens: float,
-              output_sequences: float) -> PassTime:
+    @functools.cached_property  # a frozen worker: computed once
+    def collective_latency_s(self) -> float:
+        """Latency of the collectives of one pass over the whole model: two all-to-alls per MoE
+        layer over ``ep`` GPUs and one all-reduce per layer over ``tp`` GPUs, each
+        ``ceil(log2 n)`` rounds on its link."""
+        m, p = self.model, self.parallelism
+        a2a = 2 * m.moe_layers * collective_rounds(p.ep) * self._link(p.ep)[1]
+        ar = m.num_layers * collective_rounds(p.tp) * self._link(p.tp)[1]  # computed once per worker
+        return a2a + ar
+
+    @functools.cached_property  # a frozen worker: computed once
+    def fixed_stage_s(self) -> float:
+        """Fixed time of one stage pass: its layers' overhead and collective latency."""
+        e, p = self.efficiency, self.parallelism
+        return (self.model.num_layers * e.layer_overhead_s + self.collective_latency_s) / p.pp \
+            + e.pass_overhead_s
+
+    def handoff_s(self, tokens: float) -> float:
+        """Hand-off of a micro-batch of ``tokens`` between two stages: one link latency plus its
+        activations, sent by the stage's ``ep`` GPUs (0 without pipelining)."""
+        p, m = self.parallelism, self.model
+        if p.pp == 1:
+            return 0.0
+        bw, lat = self._link(p.pp * p.ep)
+        return lat + tokens * m.hidden_size * m.activation_bytes_per_element / (
+            p.ep * bw * self.efficiency.network)
+
+    def _stage_time(self, phases: tuple[PhaseTime, ...]) -> float:
+        """Time one stage takes for its 1/pp share of the phases' work, plus its fixed costs."""
+        if self.overlap_communication:
+            work = max(sum(p.busy_s for p in phases), sum(p.network_s for p in phases))
+        else:
+            work = sum(p.time_s for p in phases)
+        return work / self.parallelism.pp + self.fixed_stage_s
+
+    def _phases(self, sequences: float, new_tokens: float, cached_tokens: float,
+                output_sequences: float) -> tuple[PhaseTime, ...]:
         tokens = sequences * new_tokens
-        phases = (self._attention_phase(sequences, new_tokens, cached_tokens),
-                  self._expert_phase(tokens),
-                  self._dense_phase(tokens, output_sequences))
-        return PassTime(mode, phases, tokens, sequences, self.efficiency.pass_overhead_s,
-                        self.parallelism.pp, self.num_gpus)
+        return (self._attention_phase(sequences, new_tokens, cached_tokens),
+                self._expert_phase(tokens, per_node_dedup=new_tokens > 1),
+                self._dense_phase(tokens, output_sequences))
 
     # -- the four operating modes --------------------------------------------------------
-    def prefill(self, new_tokens: int, sequences: int = 1) -> PassTime:
+    def prefill(self, new_tokens: int, sequences: int = 1, chunks: int = 1) -> PassTime:
         """Prefill of ``sequences`` prompts of ``new_tokens`` each, no cached prefix (per micro-batch)."""
-        return self.midfill(new_tokens, 0, sequences)
+        return self.midfill(new_tokens, 0, sequences, chunks)
 
-    def midfill(self, new_tokens: int, cached_tokens: int, sequences: int = 1) -> PassTime:
-        """``new_tokens`` appended to ``cached_tokens`` of cached KV (read once), per sequence."""
+    def midfill(self, new_tokens: int, cached_tokens: int, sequences: int = 1,
+                chunks: int = 1) -> PassTime:
+        """``new_tokens`` appended to ``cached_tokens`` of cached KV (read once), per sequence.
+
+        With ``chunks > 1`` each prompt is cut into that many equal chunks that follow each other
+        through the pipeline stages, chunk j attending the cache plus the j chunks before it;
+        ``time_s`` is then the flow-shop makespan (TTFT) and the throughput that of a full pipeline.
+        """
         check_number("new_tokens", new_tokens, low=1.0)
         check_number("cached_tokens", cached_tokens, low=0.0)
         check_number("sequences", sequences, low=1.0)
+        check_int("chunks", chunks, low=1, high=int(new_tokens))
         mode = "midfill" if cached_tokens > 0 else "prefill"
-        return self._pass(mode, sequences, new_tokens, cached_tokens, sequences)
+        size = new_tokens / chunks
+        stage_times, phases = [], None
+        for j in range(chunks):
+            last = j == chunks - 1
+            ph = self._phases(sequences, size, cached_tokens + j * size, sequences if last else 0)
+            stage_times.append(self._stage_time(ph))
+            phases = ph if phases is None else tuple(
+                dataclasses.replace(a, flops=a.flops + b.flops, hbm_bytes=a.hbm_bytes + b.hbm_bytes,
+                                    network_bytes=a.network_bytes + b.network_bytes,
+                                    compute_s=a.compute_s + b.compute_s, memory_s=a.memory_s + b.memory_s,
+                                    network_s=a.network_s + b.network_s,
+                                    scale_out_bytes=a.scale_out_bytes + b.scale_out_bytes)
+                for a, b in zip(phases, ph))
+        p = self.parallelism
+        return PassTime(mode, phases, sequences * new_tokens, sequences, p.pp, self.num_gpus,
+                        p.pp, tuple(stage_times), self.handoff_s(sequences * size), self.fixed_stage_s)
 
-    def decode(self, batch: int, context_tokens: int, check_memory: bool = True) -> PassTime:
+    def decode(self, batch: int, context_tokens: int, check_memory: bool = True,
+               microbatches: int | None = None) -> PassTime:
         """One decode pass: ``batch`` sequences on the worker, each at ``context_tokens``.
 
-        The batch is split into ``pp`` micro-batches; the pass time is the TPOT. With
-        ``check_memory`` off, a batch whose KV would not fit is timed anyway (for tables).
+        The batch is split into ``microbatches`` (default ``min(pp, batch)``) micro-batches that
+        circulate through the stages; the pass time is the TPOT. With ``check_memory`` off, a
+        batch whose KV would not fit is timed anyway (for tables).
         """
         check_number("batch", batch, low=1.0)
         check_number("context_tokens", context_tokens, low=0.0)
@@ -418,8 +635,14 @@ class Worker:
         if batch > slots:
             raise ConfigError("batch", f"{batch} sequences at {context_tokens} tokens need more KV "
                               f"than the worker holds; allowed range is [1, {slots}]")
-        micro = batch / self.parallelism.pp
-        return self._pass("decode", micro, 1, context_tokens, micro)
+        p = self.parallelism
+        if microbatches is None:
+            microbatches = int(min(p.pp, max(1, math.floor(batch))))
+        check_int("microbatches", microbatches, low=1, high=max(1, int(batch)))
+        micro = batch / microbatches
+        ph = self._phases(micro, 1, context_tokens, micro)
+        return PassTime("decode", ph, micro, micro, microbatches, self.num_gpus, p.pp,
+                        (self._stage_time(ph),), self.handoff_s(micro), self.fixed_stage_s)
 
     def decode_attention(self, batch: int, context_tokens: int) -> PhaseTime:
         """The attention phase of a decode pass (KV reads private to each sequence)."""
@@ -428,7 +651,7 @@ class Worker:
     def decode_experts(self, batch: int) -> PhaseTime:
         """The expert phase of a decode pass: distinct experts touched by ``batch`` tokens."""
         check_number("batch", batch, low=1.0)
-        return self._expert_phase(batch / self.parallelism.pp)
+        return self._expert_phase(batch / min(self.parallelism.pp, max(1, math.floor(batch))))
 
     # -- plant parameters ---------------------------------------------------------------
     def service_rates(self, prompt_tokens: int, context_tokens: int, cached_tokens: int = 0,
@@ -473,5 +696,6 @@ def decode_sweep(worker: Worker, batches, contexts) -> pd.DataFrame:
                          "attention_s": r.phase("attention").time_s,
                          "experts_s": r.phase("experts").time_s,
                          "dense_s": r.phase("dense").time_s, "bound": r.bound,
+                         "overhead_fraction": r.overhead_fraction,
                          "decode_slots": slots})
     return pd.DataFrame(rows)

@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -158,3 +160,160 @@ def test_decode_sweep_stops_at_kv_capacity(dsv3_h200):
     df = decode_sweep(dsv3_h200, [1, 16, 64, 4096], [8192, 131072])
     assert (df["batch"] <= df["decode_slots"]).all()
     assert set(df.loc[df.context_tokens == 131072, "batch"]) == {1, 16}
+
+
+# -- pipeline, all-to-all and fixed costs: hand-worked cases on a toy model ---------------------
+from tokenfactory.plant_models import AttentionSpec, MoEModel, accelerator_from_dict  # noqa: E402
+from tokenfactory.plant_models.roofline import collective_rounds  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def toy():
+    """4 layers of 16 experts (k=2), hidden 1024, GQA 8x128; a GPU with round numbers."""
+    model = MoEModel(name="toy", num_layers=4, num_dense_layers=0, hidden_size=1024, vocab_size=1000,
+                     dense_intermediate_size=0, expert_intermediate_size=512, routed_experts=16,
+                     active_experts=2, shared_experts=0,
+                     attention=AttentionSpec(kind="gqa", num_heads=8, head_dim=128, kv_heads=8),
+                     weight_precision="fp8", kv_precision="bf16")
+    gpu = accelerator_from_dict({"name": "toy-gpu", "hbm_bytes": 100e9, "hbm_bandwidth": 1e12,
+                                 "dense_flops": {"bf16": 5e14, "fp8": 1e15},
+                                 "scale_up_bandwidth": 100e9, "scale_out_bandwidth": 10e9,
+                                 "scale_up_domain": 8, "power_watts": 1000.0})
+    eff = Efficiency(compute=1.0, memory=1.0, network=1.0, layer_overhead_s=1e-4,
+                     scale_up_latency_s=2e-6, scale_out_latency_s=5e-6)
+    return model, gpu, eff
+
+
+def test_collective_rounds():
+    assert [collective_rounds(n) for n in (1, 2, 3, 8, 9, 16, 64)] == [0, 1, 2, 3, 4, 4, 6]
+
+
+def test_fixed_costs_by_hand(toy):
+    model, gpu, eff = toy
+    # ep=16 spans two 8-GPU domains: two all-to-alls per MoE layer, 4 rounds each at 5 us
+    w = Worker(model, gpu, Parallelism(tp=1, pp=1, ep=16), eff)
+    assert w.collective_latency_s == pytest.approx(4 * 2 * 4 * 5e-6)
+    assert w.fixed_stage_s == pytest.approx(4 * 1e-4 + 160e-6)
+    # pp=2 x ep=8: NVLink all-to-alls of 3 rounds, tp=4 adds one 2-round all-reduce per layer;
+    # each stage pays half of the layers' costs
+    w2 = Worker(model, gpu, Parallelism(tp=4, pp=2, ep=8), eff)
+    assert w2.collective_latency_s == pytest.approx(4 * 2 * 3 * 2e-6 + 4 * 2 * 2e-6)
+    assert w2.fixed_stage_s == pytest.approx((4 * 1e-4 + 48e-6 + 16e-6) / 2)
+
+
+def test_all_to_all_bytes_by_hand(toy):
+    model, gpu, eff = toy
+    per_copy = 4 * 1024 * (1 + 2)  # 4 MoE layers x hidden x (FP8 dispatch + BF16 combine)
+    w = Worker(model, gpu, Parallelism(ep=8), eff)
+    assert w._all_to_all_bytes(100, False) == pytest.approx((100 * 2 * 7 / 8 * per_copy, 0.0))
+    w16 = Worker(model, gpu, Parallelism(ep=16), eff)
+    # decode: one copy per remote expert (half the experts sit on the other node)
+    up, out = w16._all_to_all_bytes(100, False)
+    assert out == pytest.approx(100 * 2 * 8 / 16 * per_copy)
+    assert up == pytest.approx(100 * 2 * 7 / 16 * per_copy)
+    # fill: one copy per destination node, P(node hit) = 1 - (1/2)^2, then forwarded over NVLink
+    up, out = w16._all_to_all_bytes(100, True)
+    assert out == pytest.approx(100 * 0.75 * per_copy)
+    assert up == pytest.approx(100 * (2 * 7 / 16 + 2 * 8 / 16 * 7 / 8) * per_copy)
+
+
+def test_decode_pipeline_by_hand(toy):
+    """TPOT = pp (t_stage + h); a stage does 1/pp of the pass a one-stage worker of the same
+    width does, so TPOT(pp=2, 2b) = TPOT(pp=1, b) + 2 h, and throughput = batch / TPOT."""
+    model, gpu, eff = toy
+    one = Worker(model, gpu, Parallelism(tp=1, pp=1, ep=4), eff)
+    two = Worker(model, gpu, Parallelism(tp=1, pp=2, ep=4), eff)  # 8 GPUs: one NVLink domain
+    b, ctx = 16, 1000
+    r1, r2 = one.decode(b, ctx), two.decode(2 * b, ctx)
+    h = 2e-6 + b * 1024 * 2 / (4 * 100e9)  # one NVLink round + the micro-batch's activations
+    assert r2.handoff_s == pytest.approx(h)
+    assert r2.stage_times_s[0] == pytest.approx(r1.stage_times_s[0] / 2)
+    assert r2.time_s == pytest.approx(r1.time_s + 2 * h)
+    assert r2.tokens_per_s == pytest.approx(2 * b / r2.time_s)
+    assert r2.microbatches == 2 and r2.bubble_fraction == pytest.approx(0.0, abs=1e-12)
+
+
+def test_pipeline_bubble_lowers_throughput_not_tpot(toy):
+    model, gpu, eff = toy
+    w = Worker(model, gpu, Parallelism(tp=1, pp=4, ep=4), eff)
+    r1, r4 = w.decode(1, 1000), w.decode(4, 1000)
+    assert r1.microbatches == 1 and r1.bubble_fraction == pytest.approx(0.75)
+    # same micro-batch size (1 sequence): same TPOT, a quarter of the throughput
+    assert r1.time_s == pytest.approx(r4.time_s)
+    assert r1.tokens_per_s == pytest.approx(r4.tokens_per_s / 4)
+
+
+def test_handoff_crosses_the_scale_out_network(toy):
+    model, gpu, eff = toy
+    w = Worker(model, gpu, Parallelism(tp=1, pp=2, ep=8), eff)   # 16 GPUs: stages on two nodes
+    w_in = Worker(model, gpu, Parallelism(tp=1, pp=2, ep=4), eff)  # 8 GPUs: one node
+    assert w.handoff_s(100) == pytest.approx(5e-6 + 100 * 1024 * 2 / (8 * 10e9))
+    assert w_in.handoff_s(100) == pytest.approx(2e-6 + 100 * 1024 * 2 / (4 * 100e9))
+
+
+def test_chunked_prefill_makespan_matches_a_flow_shop_simulation(toy):
+    model, gpu, eff = toy
+    w = Worker(model, gpu, Parallelism(tp=1, pp=4, ep=2), eff)
+    r = w.prefill(4096, sequences=2, chunks=4)
+    slots = [t + r.handoff_s for t in r.stage_times_s]
+    # later chunks attend more cached tokens, so they take longer
+    assert all(b > a for a, b in zip(r.stage_times_s, r.stage_times_s[1:]))
+    done = [[0.0] * 4 for _ in slots]  # completion of chunk j on stage s
+    for j, t in enumerate(slots):
+        for s in range(4):
+            done[j][s] = max(done[j - 1][s] if j else 0.0, done[j][s - 1] if s else 0.0) + t
+    assert r.time_s == pytest.approx(done[-1][-1])
+    assert r.time_s == pytest.approx(sum(slots) + 3 * max(slots))
+    assert r.tokens_per_s == pytest.approx(2 * 4096 / sum(slots))
+
+
+def test_pp_can_lower_tpot_at_a_fixed_gpu_count(toy):
+    """16 GPUs: PP1 x EP16 runs its all-to-alls over the scale-out network (4 rounds of 5 us);
+    PP2 x EP8 keeps them on NVLink (3 rounds of 2 us) for two hand-offs of ~2 us - with the
+    per-round latency dominant, the pipelined layout has the lower TPOT."""
+    model, gpu, _ = toy
+    eff = Efficiency(compute=1.0, memory=1.0, network=1.0, layer_overhead_s=0.0,
+                     scale_up_latency_s=2e-6, scale_out_latency_s=50e-6)
+    flat = Worker(model, gpu, Parallelism(tp=1, pp=1, ep=16), eff).decode(2, 100)
+    piped = Worker(model, gpu, Parallelism(tp=1, pp=2, ep=8), eff).decode(2, 100)
+    assert flat.fixed_s == pytest.approx(4 * 2 * 4 * 50e-6)
+    assert piped.time_s < flat.time_s
+    # with negligible link latency the wide flat layout wins again
+    fast = dataclasses.replace(eff, scale_up_latency_s=0.0, scale_out_latency_s=0.0)
+    flat0 = Worker(model, gpu, Parallelism(tp=1, pp=1, ep=16), fast).decode(2, 100)
+    piped0 = Worker(model, gpu, Parallelism(tp=1, pp=2, ep=8), fast).decode(2, 100)
+    assert flat0.time_s < piped0.time_s
+
+
+def test_overlap_hides_network_behind_compute(toy):
+    model, gpu, eff = toy
+    par = Parallelism(tp=1, pp=1, ep=16)
+    on = Worker(model, gpu, par, eff, overlap_communication=True).prefill(2048, sequences=16)
+    off = Worker(model, gpu, par, eff, overlap_communication=False).prefill(2048, sequences=16)
+    busy = sum(p.busy_s for p in on.phases)
+    net = sum(p.network_s for p in on.phases)
+    fixed = on.fixed_s
+    assert on.stage_times_s[0] == pytest.approx(max(busy, net) + fixed)
+    assert off.stage_times_s[0] == pytest.approx(sum(p.time_s for p in on.phases) + fixed)
+    assert on.time_s < off.time_s
+
+
+def test_expert_precision_sets_expert_bytes_and_rate():
+    m8 = model_preset("deepseek-v3")
+    m4 = dataclasses.replace(m8, name="dsv3-fp4-experts", expert_precision="fp4")
+    assert m4.expert_weight_bytes == pytest.approx(m8.expert_weight_bytes / 2)
+    a = accelerator_preset("b200")
+    e8 = Worker(m8, a).decode_experts(512)
+    e4 = Worker(m4, a).decode_experts(512)
+    assert e4.hbm_bytes < e8.hbm_bytes
+    assert e4.compute_s == pytest.approx(e8.compute_s / 2)  # FP4 tensor rate is twice FP8 on B200
+
+
+def test_energy_and_residency(toy):
+    model, gpu, eff = toy
+    w = Worker(model, gpu, Parallelism(tp=1, pp=1, ep=8), eff)
+    r = w.decode(8, 1000)
+    assert w.energy_per_token_j(r) == pytest.approx(1000.0 * 8 / r.tokens_per_s)
+    base = w.resident_bytes_per_gpu(0, 1000)
+    assert base == pytest.approx(w.weight_bytes_per_gpu)
+    assert w.resident_bytes_per_gpu(8, 1000) - base == pytest.approx(8 * model.kv_bytes(1000) / 8)
