@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["expert_intensity_plot", "decode_sweep_plot", "stage_memory_plot", "roofline_plot",
-           "loop_response_plot"]
+           "loop_response_plot", "validation_plot", "pareto_plot", "capacity_curve_plot"]
 
 
 def _axes(ax):
@@ -102,4 +102,66 @@ def loop_response_plot(responses: dict, signal: str = "ready", *, target: float 
     ax.set_ylabel(ylabel or signal.replace("_", " "))
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
+    return ax
+
+
+def validation_plot(table: pd.DataFrame, *, targets: tuple[float, float] = (0.2, 0.4), ax=None):
+    """Signed error per published point (rows of ``validation_points.csv``): held out, fitted and
+    with the old assumptions, with the +-target bands."""
+    if ax is None:
+        from matplotlib.figure import Figure
+
+        ax = Figure(figsize=(10, 5.2), layout="constrained").subplots()
+    y = np.arange(len(table))
+    for t, alpha in zip(targets, (0.25, 0.1)):
+        ax.axvspan(-100 * t, 100 * t, color="green", alpha=alpha, lw=0)
+    ax.scatter(100 * table["error_old_assumptions"], y, marker="x", color="0.5",
+               label="old assumed efficiencies")
+    ax.scatter(100 * table["error"], y, marker="o", facecolors="none", edgecolors="C0",
+               label="all points fitted")
+    ax.scatter(100 * table["held_out_error"], y, marker="o", color="C3", label="held out (leave-one-out)")
+    ax.set_yticks(y, [f"{p} ({h})" for p, h in zip(table["point"], table["hardware"])], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("symlog", linthresh=100, linscale=2)
+    ticks = [-80, -40, -20, 0, 20, 40, 100, 200, 400]
+    ax.set_xticks(ticks, [f"{t:+d}" if t else "0" for t in ticks])
+    ax.axvline(0, color="k", lw=0.8)
+    ax.set_xlabel("error of the predicted throughput (%), + = roofline too optimistic")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
+    return ax
+
+
+def pareto_plot(points: pd.DataFrame, *, x: str, y: str, group: str, front: str = "on_front",
+                ax=None, logx: bool = True, logy: bool = False):
+    """Scatter of configurations (``points``), one colour per ``group``, with each group's
+    Pareto front (rows where ``front`` is true, sorted by ``x``) joined by a line."""
+    ax = _axes(ax)
+    for i, (name, g) in enumerate(points.groupby(group, sort=True)):
+        ax.scatter(g[x], g[y], s=6, alpha=0.25, color=f"C{i}", rasterized=True, lw=0)
+        f = g[g[front]].sort_values(x)
+        ax.plot(f[x], f[y], marker="o", ms=3, lw=1.4, color=f"C{i}", label=str(name))
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    return ax
+
+
+def capacity_curve_plot(df: pd.DataFrame, *, y: str, group: str = "hbm_bandwidth_tbs",
+                        x: str = "hbm_capacity_gb", style: str | None = None, ax=None):
+    """A quantity against HBM capacity per GPU, one line per bandwidth (and per ``style``)."""
+    ax = _axes(ax)
+    styles = ["-", "--", ":"]
+    keys = [None] if style is None else sorted(df[style].unique())
+    for i, (bw, g) in enumerate(df.groupby(group, sort=True)):
+        for j, k in enumerate(keys):
+            h = g if k is None else g[g[style] == k]
+            label = f"{bw:g} TB/s" + ("" if k is None else f", {k}")
+            ax.plot(h[x], h[y], ls=styles[j % 3], color=f"C{i}", lw=1.5, label=label)
+    ax.set_xlabel("HBM capacity per GPU (GB)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
     return ax

@@ -14,6 +14,9 @@ __all__ = ["STUDIES", "run_study"]
 #: study name -> module; the default suite (`make run`) runs them in this order.
 STUDIES: dict[str, str] = {
     "operating-modes": "tokenfactory.studies.operating_modes",
+    "roofline-validation": "tokenfactory.studies.roofline_validation",
+    "bandwidth-capacity": "tokenfactory.studies.bandwidth_capacity",
+    "k3-projection": "tokenfactory.studies.k3_projection",
     "feedback-oscillation": "tokenfactory.studies.feedback_oscillation",
     "forecasting": "tokenfactory.studies.forecasting",
     "trace-replay": "tokenfactory.studies.trace_replay",
