@@ -47,7 +47,9 @@ def test_seesaw_is_flagged_and_smoothed_admission_is_not(seesaw):
     assert not f["oscillating"], f["reason"]
     assert b["fill_vs_decode_phase_deg"] > 60  # prefill load swings out of phase with decode load
     assert f["throughput_rps"] == pytest.approx(seesaw["decode_capacity_rps"], rel=0.01)
-    assert b["throughput_rps"] < 0.97 * seesaw["decode_capacity_rps"]
+    # the seesaw costs throughput: 1.8 % of decode capacity at the fitted roofline rates
+    # (it was over 3 % at the pre-fit rates, when this bound was 0.97)
+    assert b["throughput_rps"] < 0.99 * seesaw["decode_capacity_rps"]
     assert f["slo_attainment"] >= b["slo_attainment"]
 
 
