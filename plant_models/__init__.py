@@ -6,6 +6,8 @@ from tokenfactory.plant_models.moe_model import *  # noqa: F401,F403
 from tokenfactory.plant_models.moe_model import __all__ as _mm
 from tokenfactory.plant_models.roofline import *  # noqa: F401,F403
 from tokenfactory.plant_models.roofline import __all__ as _rl
+from tokenfactory.plant_models.token_value import *  # noqa: F401,F403
+from tokenfactory.plant_models.token_value import __all__ as _tv
 from tokenfactory.plant_models.stage_memory import *  # noqa: F401,F403
 from tokenfactory.plant_models.stage_memory import __all__ as _sm
 from tokenfactory.signals import *  # noqa: F401,F403  (re-exported: the plants' inputs and outputs)
@@ -21,4 +23,4 @@ from tokenfactory.plant_models.des import __all__ as _des
 from tokenfactory.plant_models.pools import *  # noqa: F401,F403
 from tokenfactory.plant_models.pools import __all__ as _pools
 
-__all__ = [*_hw, *_mm, *_rl, *_sm, *_sg, *_dl, *_fl, *_lti, *_des, *_pools]
+__all__ = [*_hw, *_mm, *_rl, *_tv, *_sm, *_sg, *_dl, *_fl, *_lti, *_des, *_pools]

@@ -16,8 +16,11 @@ from matplotlib.figure import Figure
 from tokenfactory.plant_models import (
     ACCELERATOR_PRESETS,
     MODEL_PRESETS,
+    TokenValue,
     Worker,
     accelerator_preset,
+    best_decode_batch,
+    decode_value_sweep,
     decode_sweep,
     expert_arithmetic_intensity,
     kv_crossover_depth,
@@ -39,6 +42,10 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "decode_contexts": [8192, 32768, 131072],
     "decode_batches": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024],
     # Article section 14 example: 70 kB/token x 2M active tokens, double-buffered.
+    # Decode batch optimum by value (issue 13 part 8): tokens/s weighted by the interactivity
+    # price curve and the TPOT SLO of TokenValue (fields overridable here).
+    "value_contexts": [8192, 131072, 1048576],
+    "token_value": {},
     "stage_example": {"kv_bytes_per_token": 70e3, "active_context_tokens": 2e6,
                       "double_buffer": True, "working_bytes": 20e9, "slack_fraction": 0.0,
                       "target_band_bytes": [400e9, 500e9], "depths": list(range(1, 13))},
@@ -97,6 +104,42 @@ def _decode(model, cfg, report: StudyReport) -> dict[str, Any]:
                        "where KV no longer fits: at long context the batch is capped early and each "
                        "added sequence brings its own KV scan, so batching buys little (section 16).")
     report.save_table(pd.concat(frames), "decode_sweep.csv")
+    return out
+
+
+def _decode_value(model, cfg, report: StudyReport) -> dict[str, Any]:
+    """Batch that maximises revenue (tokens/s x price at that TPOT) vs raw tokens/s (section 16)."""
+    value = TokenValue.from_dict(cfg["token_value"])
+    fig = Figure(figsize=(11, 4.4), layout="constrained")
+    axes = fig.subplots(1, len(cfg["decode_hardware"]), squeeze=False)[0]
+    out: dict[str, Any] = {"token_value": value.to_dict()}
+    frames = []
+    for ax, hw in zip(axes, cfg["decode_hardware"]):
+        w = Worker(model, accelerator_preset(hw), parallelism=_par(cfg))
+        out[hw] = {}
+        for c in cfg["value_contexts"]:
+            best = best_decode_batch(w, c, value)
+            best["dp_attention"] = w.parallelism.dp_attention
+            out[hw][str(int(c))] = best
+            df = decode_value_sweep(w, c, value)
+            if df.empty:
+                continue
+            frames.append(df.assign(hardware=hw, context_tokens=c))
+            ax.plot(df["batch"], df["revenue_per_gpu_hour"], marker="o", ms=2, label=f"{_ctx(c)} context")
+            ax.plot([best["value_batch"]], [best["value_revenue_per_gpu_hour"]], "k*", ms=9)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("decode batch (sequences per worker)")
+        ax.set_ylabel("revenue (USD per GPU-hour)")
+        ax.set_title(f"{model.name} on 8x {hw}: value of a decode batch")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    report.save_figure(fig, "decode_value.png",
+                       "Revenue per GPU-hour vs decode batch at 8k, 128k and 1M context: output "
+                       "tokens/s priced by the user's speed (interactive above batch, nothing past "
+                       "the TPOT SLO); stars mark the value-maximising batch (section 16).")
+    if frames:
+        report.save_table(pd.concat(frames), "decode_value.csv")
     return out
 
 
@@ -185,6 +228,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         "expert_intensity": _expert_intensity(model, report),
         "decode": _decode(model, cfg, report),
         "stage_memory": _stage(["deepseek-v3", "kimi-k2"], cfg, report),
+        "decode_value": _decode_value(model, cfg, report),
     }
     ei, dec, st = metrics["expert_intensity"], metrics["decode"], metrics["stage_memory"]
     hw0 = cfg["decode_hardware"][0]
@@ -208,4 +252,46 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         f"P={st['models']['deepseek-v3']['depths_in_target_band']} (DeepSeek-V3) and "
         f"P={st['models']['kimi-k2']['depths_in_target_band']} (Kimi K2).",
     ]
+    dv = metrics["decode_value"]
+    lines.append("* **Decode batch optimum by value** (tokens/s priced by the user's speed: "
+                 f"USD {dv['token_value']['interactive_price_per_mtok']}/M at "
+                 f">= {dv['token_value']['interactive_tps']:g} tok/s per user, "
+                 f"{dv['token_value']['batch_price_per_mtok']}/M at {dv['token_value']['batch_tps']:g}, "
+                 f"falling to nothing at a {dv['token_value']['slo_tpot_s']:g} s TPOT):")
+    for hw in cfg["decode_hardware"]:
+        parts = []
+        for c in cfg["value_contexts"]:
+            b = dv[hw][str(int(c))]
+            if b["value_batch"] is None:
+                parts.append(f"{_ctx(c)}: no sequence fits")
+                continue
+            same = b["value_batch"] == b["throughput_batch"]
+            capped = b["value_batch"] == b["decode_slots"]
+            parts.append(
+                f"{_ctx(c)}: batch {b['value_batch']} ({b['value_batch'] / b['dp_attention']:.3g} per "
+                f"attention replica, TPOT {1e3 * b['value_tpot_s']:.0f} ms, "
+                f"USD {b['value_revenue_per_gpu_hour']:.3g}/GPU-h)"
+                + (", also the throughput optimum" if same else
+                   f" vs throughput optimum {b['throughput_batch']} at "
+                   f"{1e3 * b['throughput_tpot_s']:.0f} ms worth USD {b['throughput_revenue_per_gpu_hour']:.3g}")
+                + (", capped by KV" if capped else ""))
+        lines.append(f"  * {hw}: " + "; ".join(parts) + ".")
+    long_ctx = [(hw, c, dv[hw][str(int(c))]) for hw in cfg["decode_hardware"] for c in cfg["value_contexts"]
+                if c >= 131072 and dv[hw][str(int(c))]["value_batch"] is not None]
+    if long_ctx:
+        per_rep = [b["value_batch"] / b["dp_attention"] for _, _, b in long_ctx]
+        moved = sum(b["value_batch"] < b["throughput_batch"] for _, _, b in long_ctx)
+        capped = sum(b["value_batch"] == b["decode_slots"] for _, _, b in long_ctx)
+        lines.append(
+            f"  * At 128k context and beyond the value-maximising batch is {min(per_rep):.2g}-{max(per_rep):.2g} "
+            "sequences per attention replica, "
+            + ("within" if max(per_rep) <= 5 else "above")
+            + " the article's 'closer to 1 or 5'; "
+            + (f"the price of speed lowers it below the throughput optimum in {moved} of {len(long_ctx)} cases"
+               if moved else "the price of speed never moves it below the throughput optimum")
+            + f", and KV capacity caps it in {capped} of {len(long_ctx)}.")
     return report.finish(metrics, lines)
+
+
+def _ctx(c: int) -> str:
+    return f"{c // 1048576}M" if c >= 1048576 else f"{c // 1024}k"
