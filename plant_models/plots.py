@@ -107,7 +107,22 @@ def loop_response_plot(responses: dict, signal: str = "ready", *, target: float 
 
 def validation_plot(table: pd.DataFrame, *, targets: tuple[float, float] = (0.2, 0.4), ax=None):
     """Signed error per published point (rows of ``validation_points.csv``): held out, fitted and
-    with the old assumptions, with the +-target bands."""
+    with the old assumptions, with the +-target bands.
+
+    Parameters
+    ----------
+    table : pandas.DataFrame
+        One row per point with ``point``, ``hardware``, ``error``, ``held_out_error`` and
+        ``error_old_assumptions`` (signed fractions, + = the roofline predicts more throughput).
+    targets : tuple of float
+        The median and worst-case error targets drawn as bands (fractions, default 0.2 and 0.4).
+    ax : matplotlib.axes.Axes, optional
+        Axes to draw on; a new figure's when omitted.
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+    """
     if ax is None:
         from matplotlib.figure import Figure
 
@@ -135,7 +150,27 @@ def validation_plot(table: pd.DataFrame, *, targets: tuple[float, float] = (0.2,
 def pareto_plot(points: pd.DataFrame, *, x: str, y: str, group: str, front: str = "on_front",
                 ax=None, logx: bool = True, logy: bool = False):
     """Scatter of configurations (``points``), one colour per ``group``, with each group's
-    Pareto front (rows where ``front`` is true, sorted by ``x``) joined by a line."""
+    Pareto front (rows where ``front`` is true, sorted by ``x``) joined by a line.
+
+    Parameters
+    ----------
+    points : pandas.DataFrame
+        One row per configuration.
+    x, y : str
+        Columns on the horizontal and vertical axes.
+    group : str
+        Column whose values get one colour and one front line each.
+    front : str
+        Boolean column marking the front points (default ``"on_front"``).
+    ax : matplotlib.axes.Axes, optional
+        Axes to draw on; a new figure's when omitted.
+    logx, logy : bool
+        Logarithmic axes (default: x only).
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+    """
     ax = _axes(ax)
     for i, (name, g) in enumerate(points.groupby(group, sort=True)):
         ax.scatter(g[x], g[y], s=6, alpha=0.25, color=f"C{i}", rasterized=True, lw=0)
@@ -152,7 +187,27 @@ def pareto_plot(points: pd.DataFrame, *, x: str, y: str, group: str, front: str 
 
 def capacity_curve_plot(df: pd.DataFrame, *, y: str, group: str = "hbm_bandwidth_tbs",
                         x: str = "hbm_capacity_gb", style: str | None = None, ax=None):
-    """A quantity against HBM capacity per GPU, one line per bandwidth (and per ``style``)."""
+    """A quantity against HBM capacity per GPU, one line per bandwidth (and per ``style``).
+
+    Parameters
+    ----------
+    df : pandas.DataFrame
+        Rows of a capacity sweep (study ``bandwidth-capacity``).
+    y : str
+        Column to plot.
+    group : str
+        Column with one line colour per value (default the bandwidth in TB/s).
+    x : str
+        Column on the horizontal axis (default the capacity in GB).
+    style : str, optional
+        Column whose values get solid, dashed and dotted lines (e.g. the batch policy).
+    ax : matplotlib.axes.Axes, optional
+        Axes to draw on; a new figure's when omitted.
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+    """
     ax = _axes(ax)
     styles = ["-", "--", ":"]
     keys = [None] if style is None else sorted(df[style].unique())

@@ -109,7 +109,17 @@ def expert_arithmetic_intensity(n_tokens, weights: float, weight_bytes: float,
 
 def collective_rounds(participants: int) -> int:
     """Latency rounds of a collective over ``participants`` GPUs: ceil(log2 n), 0 for one GPU
-    (recursive doubling for all-reduce, Bruck's algorithm for all-to-all; Thakur et al. 2005)."""
+    (recursive doubling for all-reduce, Bruck's algorithm for all-to-all; Thakur et al. 2005).
+
+    Parameters
+    ----------
+    participants : int
+        GPUs taking part (>= 1).
+
+    Returns
+    -------
+    int
+    """
     check_int("participants", participants, low=1)
     return math.ceil(math.log2(participants)) if participants > 1 else 0
 

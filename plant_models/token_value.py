@@ -28,7 +28,21 @@ __all__ = ["TokenValue", "batch_grid", "decode_value_sweep", "best_decode_batch"
 
 @dataclass(frozen=True)
 class TokenValue:
-    """Price of one output token (USD) as a function of TPOT."""
+    """Price of one output token (USD) as a function of TPOT.
+
+    Parameters
+    ----------
+    interactive_price_per_mtok : float
+        USD per million output tokens at or above ``interactive_tps`` (default 2.19).
+    batch_price_per_mtok : float
+        USD per million output tokens at ``batch_tps`` (default 1.095; at most the interactive price).
+    interactive_tps : float
+        User-visible tokens/s from which the full price is paid (> 0, default 30).
+    batch_tps : float
+        Tokens/s at which the batch price is paid (0 < batch_tps <= interactive_tps, default 10).
+    slo_tpot_s : float
+        TPOT SLO (s, > 0, default 0.5): at or past it a token is worth nothing.
+    """
 
     interactive_price_per_mtok: float = 2.19
     batch_price_per_mtok: float = 1.095
@@ -80,7 +94,20 @@ class TokenValue:
 
 
 def batch_grid(slots: int, ratio: float = 1.15) -> np.ndarray:
-    """Every batch up to 16, then a geometric grid (``ratio``) up to and including ``slots``."""
+    """Every batch up to 16, then a geometric grid (``ratio``) up to and including ``slots``.
+
+    Parameters
+    ----------
+    slots : int
+        Largest batch (the KV-limited decode slots); an empty grid when < 1.
+    ratio : float
+        Step of the geometric part (> 1, default 1.15).
+
+    Returns
+    -------
+    numpy.ndarray
+        Sorted distinct integer batches.
+    """
     if slots < 1:
         return np.array([], dtype=int)
     geo = np.unique(np.round(16 * ratio ** np.arange(0, np.log(max(slots, 16) / 16) / np.log(ratio) + 1)))
@@ -92,7 +119,24 @@ def decode_value_sweep(worker, context_tokens: float, value: TokenValue,
                        batches=None) -> "pd.DataFrame":
     """Decode TPOT, throughput and revenue of ``worker`` over batch sizes at ``context_tokens``
     (default batches: :func:`batch_grid` up to the KV-limited slots). Per-GPU columns; revenue
-    in USD per GPU-hour."""
+    in USD per GPU-hour.
+
+    Parameters
+    ----------
+    worker : Worker
+        The decode worker.
+    context_tokens : float
+        Context of every sequence (tokens).
+    value : TokenValue
+        The price curve.
+    batches : iterable of int, optional
+        Batches to time; those outside [1, slots] are skipped.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per batch (empty when no sequence fits).
+    """
     import pandas as pd
 
     slots = worker.decode_slots(context_tokens)
@@ -111,7 +155,23 @@ def decode_value_sweep(worker, context_tokens: float, value: TokenValue,
 
 def best_decode_batch(worker, context_tokens: float, value: TokenValue, batches=None) -> dict:
     """The batch that maximises revenue and the one that maximises raw tokens/s, with their
-    TPOT, throughput and revenue (``None`` entries when no sequence fits)."""
+    TPOT, throughput and revenue (``None`` entries when no sequence fits).
+
+    Parameters
+    ----------
+    worker : Worker
+        The decode worker.
+    context_tokens : float
+        Context of every sequence (tokens).
+    value : TokenValue
+        The price curve.
+    batches : iterable of int, optional
+        Batches to consider (default :func:`batch_grid`).
+
+    Returns
+    -------
+    dict
+    """
     df = decode_value_sweep(worker, context_tokens, value, batches)
     if df.empty:
         return {"decode_slots": 0, "value_batch": None, "throughput_batch": None}

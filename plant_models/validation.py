@@ -52,13 +52,43 @@ MODES = ("prefill", "decode", "aggregated", "ttft", "tpot")
 class PublishedPoint:
     """One published measurement with the configuration it was taken at.
 
-    ``mode`` says what is compared: ``"prefill"`` input tokens/s per GPU of prefill passes of
-    ``sequences`` prompts of ``prompt_tokens``; ``"decode"`` output tokens/s per GPU at a batch of
-    ``sequences`` per worker and mean context ``context_tokens``; ``"aggregated"`` output
-    tokens/s per GPU of one engine doing both (each request's ``prompt_tokens`` prefill shares the
-    worker with its ``output_tokens`` decode steps); ``"ttft"`` the latency of one prefill pass;
-    ``"tpot"`` the latency of one decode pass. ``published`` is in the compared unit (tokens/s
-    per GPU, or seconds).
+    Parameters
+    ----------
+    key : str
+        Short unique id.
+    system : str
+        Who measured what.
+    source : str
+        Public URL(s) of the figure and of the configuration.
+    date : str
+        Publication date (or commit).
+    model : str
+        Model preset the measurement is of.
+    hardware : str
+        Accelerator preset.
+    parallelism : mapping
+        ``tp``, ``pp``, ``ep`` of one worker.
+    mode : str
+        What is compared: ``"prefill"`` input tokens/s per GPU of prefill passes of ``sequences``
+        prompts of ``prompt_tokens``; ``"decode"`` output tokens/s per GPU at a batch of
+        ``sequences`` per worker and mean context ``context_tokens``; ``"aggregated"`` output
+        tokens/s per GPU of one engine doing both (each request's ``prompt_tokens`` prefill shares
+        the worker with its ``output_tokens`` decode steps); ``"ttft"`` the latency of one prefill
+        pass; ``"tpot"`` the latency of one decode pass.
+    published : float
+        The published figure in the compared unit (tokens/s per GPU, or seconds).
+    sequences : int
+        Prompts per prefill pass, or decode batch per worker.
+    prompt_tokens, context_tokens, output_tokens : int
+        Request shape (tokens; those the mode uses).
+    chunks : int
+        Pipeline chunks of a prefill (``"ttft"``; default 1).
+    model_overrides : mapping
+        Fields changed from the model preset (precisions of the checkpoint served).
+    conversion : str
+        How the published figure became ``published``.
+    caveat : str
+        What the roofline leaves out for this point.
     """
 
     key: str
@@ -261,14 +291,38 @@ def _model(base: str, overrides: tuple) -> Any:
 
 
 def point_worker(point: PublishedPoint, efficiency: Efficiency | None = None) -> Worker:
-    """The worker a point was measured on (with the default efficiencies unless given)."""
+    """The worker a point was measured on (with the default efficiencies unless given).
+
+    Parameters
+    ----------
+    point : PublishedPoint
+        The measurement.
+    efficiency : Efficiency, optional
+        Efficiencies of the worker (default ``Efficiency()``).
+
+    Returns
+    -------
+    Worker
+    """
     model = _model(point.model, tuple(sorted(point.model_overrides.items())))
     return Worker(model, accelerator_preset(point.hardware), Parallelism(**point.parallelism),
                   efficiency or Efficiency())
 
 
 def predict_point(point: PublishedPoint, efficiency: Efficiency | None = None) -> float:
-    """The roofline's value of ``point.mode``'s quantity (tokens/s per GPU or seconds)."""
+    """The roofline's value of ``point.mode``'s quantity (tokens/s per GPU or seconds).
+
+    Parameters
+    ----------
+    point : PublishedPoint
+        The measurement to predict.
+    efficiency : Efficiency, optional
+        Efficiencies to predict with (default ``Efficiency()``).
+
+    Returns
+    -------
+    float
+    """
     w = point_worker(point, efficiency)
     if point.mode == "prefill":
         return w.prefill(point.prompt_tokens, sequences=point.sequences).tokens_per_s_per_gpu
@@ -295,7 +349,21 @@ def _signed_error(point: PublishedPoint, predicted: float) -> float:
 
 @dataclass(frozen=True)
 class EfficiencyFit:
-    """Fitted efficiencies and the prediction error at every point."""
+    """Fitted efficiencies and the prediction error at every point.
+
+    Parameters
+    ----------
+    efficiency : Efficiency
+        The fitted efficiencies.
+    table : pandas.DataFrame
+        :func:`error_table` of every point at the fit.
+    cost : float
+        Robust data cost at the optimum (sum of soft-L1 log-ratio terms).
+    starts : int
+        Optimiser starts used.
+    identified : dict
+        Per fitted parameter, whether moving it +-20 % changes the data cost.
+    """
 
     efficiency: Efficiency
     table: pd.DataFrame
@@ -315,7 +383,24 @@ def error_table(points: Sequence[PublishedPoint], efficiency: Efficiency,
                 train_keys: set[str] | None = None,
                 reference: Efficiency | None = None) -> pd.DataFrame:
     """Predicted vs published per point (and with ``reference`` efficiencies if given);
-    ``held_out`` marks points outside ``train_keys``."""
+    ``held_out`` marks points outside ``train_keys``.
+
+    Parameters
+    ----------
+    points : sequence of PublishedPoint
+        The measurements.
+    efficiency : Efficiency
+        Efficiencies to predict with.
+    train_keys : set of str, optional
+        Keys of the points a fit used (default: none marked held out).
+    reference : Efficiency, optional
+        Second set of efficiencies whose errors are added as ``error_old_assumptions``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per point; ``error`` is signed (+ = the roofline predicts more throughput).
+    """
     rows = []
     for p in points:
         pred = predict_point(p, efficiency)
@@ -358,6 +443,34 @@ def fit_efficiency(points: Sequence[PublishedPoint] = PUBLISHED_POINTS, *,
     point is bound by leaves the data term flat: the prior then keeps it at the base assumption
     instead of wherever the optimiser stopped (:attr:`EfficiencyFit.identified` says which are
     bound).
+
+    Parameters
+    ----------
+    points : sequence of PublishedPoint
+        The measurements (default :data:`PUBLISHED_POINTS`).
+    train_keys : sequence of str, optional
+        Keys of the points to fit (default all); at least as many as fitted parameters.
+    base : Efficiency, optional
+        Prior and non-fitted values (default :data:`ASSUMED_EFFICIENCY`).
+    starts : int
+        Optimiser starts (default 4).
+    seed : int
+        Seed of the random starts (default 0).
+    prior_weight : float
+        Weight of the prior residuals (default 0.02).
+    robust_scale : float
+        Soft-L1 scale of the log-ratio residuals (default 0.2).
+    x0 : Efficiency, optional
+        First starting point (default ``base``).
+
+    Returns
+    -------
+    EfficiencyFit
+
+    Raises
+    ------
+    ConfigError
+        ``train_keys`` names an unknown point or too few points.
     """
     from scipy.optimize import least_squares
 
@@ -426,6 +539,19 @@ def cross_validate(points: Sequence[PublishedPoint] = PUBLISHED_POINTS, *,
     Each refit starts from ``full_fit`` (the fit on all points; computed when not given) and from
     the random starts of :func:`fit_efficiency` ``**kw``. One row per point with its held-out
     prediction, error and the efficiencies fitted without it.
+
+    Parameters
+    ----------
+    points : sequence of PublishedPoint
+        The measurements (default :data:`PUBLISHED_POINTS`).
+    full_fit : EfficiencyFit, optional
+        The fit on all points, the refits' first start (computed when omitted).
+    base : Efficiency, optional
+        Prior of every refit (default :data:`ASSUMED_EFFICIENCY`).
+
+    Returns
+    -------
+    pandas.DataFrame
     """
     keys = [p.key for p in points]
     if full_fit is None:

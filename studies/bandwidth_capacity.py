@@ -210,6 +210,10 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         lines.append(f"* The model never fits at {rb:g} TB/s in the swept capacities.")
         return report.finish(metrics, lines)
     rises = ref["rise_tokens_per_s_per_gb"] > 3 * max(ref["plateau_tokens_per_s_per_gb"], 0.0)
+    report.headline("knee of the capacity curve", ref["knee_capacity_gb"], "GB per GPU",
+                    f"{100 * frac:.0f} % of the {rb:g} TB/s plateau")
+    report.headline("revenue lost filling spare capacity", 100 * ref["fill_revenue_decline_fraction"], "%",
+                    f"peak at {ref['fill_revenue_peak_capacity_gb']:g} GB to {cap_max:g} GB, every KV slot used")
     lines += [
         f"* **Steep rise, then plateau** (at {rb:g} TB/s): below {ref['min_feasible_capacity_gb']:g} GB "
         f"per GPU weights and working memory leave no KV room; from there throughput climbs "

@@ -374,6 +374,8 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
             "median_energy_per_query_j": float(g.energy_per_query_j.median()),
             "median_network_peak_gbs_per_gpu": float(g.network_peak_gbs_per_gpu.median())}
     counts = pd.Series([c["verdict"] for c in claims]).value_counts().to_dict()
+    report.headline("article claims reproduced", counts.get("reproduced", 0), f"of {len(claims)}",
+                    f"{counts.get('partly', 0)} partly, {counts.get('not reproduced', 0)} not")
     metrics = {"model": model.summary(), "points": len(df), "front_points": int(df.on_front.sum()),
                "layouts": int(df.groupby(["hardware", "layout"]).ngroups), "fronts": fronts,
                "claims": claims, "verdicts": counts}

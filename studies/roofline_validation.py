@@ -110,6 +110,12 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     }
 
     f = fitted
+    report.headline("held-out median error", 100 * metrics["held_out_median_abs_error"], "%",
+                    f"leave-one-out over {len(table)} published points; old assumptions "
+                    f"{100 * metrics['old_assumptions_median_abs_error']:.0f} %")
+    report.headline("fitted memory efficiency", f["memory"], "",
+                    f"compute {f['compute']:.2f}, network {f['network']:.2f}, "
+                    f"{f['layer_overhead_s'] * 1e6:.0f} us per layer")
     lines = [
         f"{len(table)} published DeepSeek-V3/R1 measurements on "
         f"{', '.join(sorted(table['hardware'].unique()))} (sources and conversions in "
