@@ -3,7 +3,7 @@
 One import name, layered bottom to top (no import runs upward; ``tests/test_layers.py`` checks):
 
 * core - :mod:`tokenfactory.errors`, :mod:`tokenfactory.validation`, :mod:`tokenfactory.signals`
-  (what controllers see and command);
+  (what controllers see and command), :mod:`tokenfactory.events` (disturbances plants accept);
 * :mod:`tokenfactory.plant_models` - descriptors, the service model and the plants (fluid loop,
   pool model, request simulator); :mod:`tokenfactory.traces` - workloads;
 * :mod:`tokenfactory.controllers` - controllers and their analysis (margins, describing

@@ -1,0 +1,168 @@
+"""Disturbances and events that happen to a plant (core layer).
+
+One set of types for every plant representation: the admission-loop fluid plant
+(:class:`tokenfactory.plant_models.fluid.LoopScenario`) takes demand steps, decode-rate dips and
+lost decode workers; the pool model takes demand steps; the request simulator
+(:class:`tokenfactory.plant_models.des.ClusterConfig`) takes worker crashes, link slowdowns,
+decode-rate dips and reconfigurations. Each plant says which kinds it accepts
+(:func:`events_from_dicts` ``allowed``) and rejects the others.
+
+Every event validates its fields on construction (:class:`ConfigError` naming ``kind.field``);
+:func:`events_from_dicts` builds events from TOML/JSON tables (``kind = "worker_crash"`` plus the
+fields) and names the failing table (``cluster.events[2].pool``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from tokenfactory.errors import ConfigError
+from tokenfactory.signals import POOLS
+from tokenfactory.validation import check_choice, check_int, check_number, reject_unknown_keys
+
+__all__ = ["DemandStep", "DecodeRateDip", "DecodeWorkersLost", "WorkerCrash", "LinkSlowdown", "Reconfiguration",
+           "EVENT_KINDS", "events_from_dicts"]
+
+
+@dataclass(frozen=True)
+class DemandStep:
+    """Demand multiplied by ``factor`` from ``at_s`` on."""
+
+    kind: ClassVar[str] = "demand_step"
+    at_s: float
+    factor: float
+
+    def __post_init__(self) -> None:
+        check_number(f"{self.kind}.at_s", self.at_s, low=0.0)
+        check_number(f"{self.kind}.factor", self.factor, low=0.0)
+
+
+@dataclass(frozen=True)
+class _FactorWindow:
+    """Something runs at ``factor`` x its normal speed in [start_s, start_s + duration_s)."""
+
+    kind: ClassVar[str] = "factor_window"
+    start_s: float
+    duration_s: float
+    factor: float
+
+    def __post_init__(self) -> None:
+        check_number(f"{self.kind}.start_s", self.start_s, low=0.0)
+        check_number(f"{self.kind}.duration_s", self.duration_s, low=0.0)
+        check_number(f"{self.kind}.factor", self.factor, low=0.0, low_inclusive=False)
+
+
+@dataclass(frozen=True)
+class DecodeRateDip(_FactorWindow):
+    """Decode speed multiplied by ``factor`` (e.g. 0.7 = a 30 % dip) in [start_s, start_s + duration_s)."""
+
+    kind: ClassVar[str] = "decode_rate_dip"
+
+
+@dataclass(frozen=True)
+class DecodeWorkersLost:
+    """``fraction`` of decode workers lost at ``at_s`` (their sequences are re-queued)."""
+
+    kind: ClassVar[str] = "decode_workers_lost"
+    at_s: float
+    fraction: float
+
+    def __post_init__(self) -> None:
+        check_number(f"{self.kind}.at_s", self.at_s, low=0.0)
+        check_number(f"{self.kind}.fraction", self.fraction, low=0.0, high=1.0)
+
+
+@dataclass(frozen=True)
+class WorkerCrash:
+    """Worker ``index`` of ``pool`` ("fill" or "decode") crashes at ``at_s`` and restarts after
+    ``restart_s``; the requests it held lose their state and are re-queued."""
+
+    kind: ClassVar[str] = "worker_crash"
+    at_s: float
+    pool: str = "decode"
+    index: int = 0
+    restart_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        check_number(f"{self.kind}.at_s", self.at_s, low=0.0)
+        check_choice(f"{self.kind}.pool", self.pool, POOLS)
+        check_int(f"{self.kind}.index", self.index, low=0)
+        check_number(f"{self.kind}.restart_s", self.restart_s, low=0.0)
+
+
+@dataclass(frozen=True)
+class LinkSlowdown(_FactorWindow):
+    """KV links run at ``factor`` x bandwidth in [start_s, start_s + duration_s)."""
+
+    kind: ClassVar[str] = "link_slowdown"
+
+
+@dataclass(frozen=True)
+class Reconfiguration:
+    """At ``at_s`` move ``count`` workers from pool ``source`` to ``target``: each drains its
+    work, is offline for ``downtime_s``, then serves the other pool."""
+
+    kind: ClassVar[str] = "reconfiguration"
+    at_s: float
+    source: str
+    target: str
+    count: int = 1
+    downtime_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        check_number(f"{self.kind}.at_s", self.at_s, low=0.0)
+        check_choice(f"{self.kind}.source", self.source, POOLS)
+        check_choice(f"{self.kind}.target", self.target, POOLS)
+        if self.source == self.target:
+            raise ConfigError(f"{self.kind}.target", f"a move goes to the other pool, not {self.target!r} again")
+        check_int(f"{self.kind}.count", self.count, low=1)
+        check_number(f"{self.kind}.downtime_s", self.downtime_s, low=0.0)
+
+
+#: every event kind by the name scenario files use
+EVENT_KINDS: dict[str, type] = {k.kind: k for k in (DemandStep, DecodeRateDip, DecodeWorkersLost, WorkerCrash,
+                                                     LinkSlowdown, Reconfiguration)}
+
+
+def events_from_dicts(items: Iterable[Any], where: str, allowed: Iterable[str]) -> tuple:
+    """Events from tables (``{"kind": "worker_crash", "at_s": 20.0, ...}``) or event objects.
+
+    Parameters
+    ----------
+    items : iterable
+        Mappings with a ``kind`` key and the event's fields, or event objects.
+    where : str
+        Dotted path of the list in the configuration (errors name ``where[i].field``).
+    allowed : iterable of str
+        The kinds the plant accepts.
+
+    Returns
+    -------
+    tuple
+        The events, in the given order.
+    """
+    allowed = tuple(allowed)
+    out = []
+    for i, item in enumerate(items):
+        at = f"{where}[{i}]"
+        if not isinstance(item, Mapping):
+            if getattr(type(item), "kind", None) not in allowed or not dataclasses.is_dataclass(item):
+                raise ConfigError(at, f"{item!r} is not one of the accepted events ({', '.join(allowed)})")
+            out.append(item)
+            continue
+        item = dict(item)
+        kind = item.pop("kind", None)
+        if kind not in allowed:
+            raise ConfigError(f"{at}.kind", f"{kind!r} is not one of {', '.join(allowed)}")
+        cls = EVENT_KINDS[kind]
+        reject_unknown_keys(at, item, {f.name for f in dataclasses.fields(cls)})
+        try:
+            out.append(cls(**item))
+        except ConfigError as e:  # name the table, not just the kind
+            raise ConfigError(f"{at}.{e.field.split('.', 1)[-1]}", str(e).split(": ", 1)[-1]) from None
+        except TypeError as e:  # a required field is missing
+            raise ConfigError(at, str(e)) from None
+    return tuple(out)
