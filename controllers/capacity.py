@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from tokenfactory.plant_models.fluid import FluidParams
+from tokenfactory.plant_models.service import ServiceModel
 from tokenfactory.validation import ConfigError, check_int, check_number
 
 __all__ = ["PoolRates", "hourly_peak", "workers_needed", "plan_capacity", "score_plan"]
@@ -41,8 +42,15 @@ class PoolRates:
         check_int("rates.decode_gpus_per_worker", self.decode_gpus_per_worker, low=1)
 
     @classmethod
+    def from_service(cls, service: ServiceModel) -> "PoolRates":
+        """From the service model at its request shape (decode with every slot busy); GPUs per
+        worker from the workers' layouts."""
+        return cls(service.fill_rate_rps, service.decode_rate_rps(), service.fill_worker.num_gpus,
+                   service.decode_worker.num_gpus)
+
+    @classmethod
     def from_params(cls, params: FluidParams, fill_gpus: int = 8, decode_gpus: int = 8) -> "PoolRates":
-        """From the fluid plant's roofline-derived rates (decode at full batch)."""
+        """From the fluid plant's rates (sampled from the same service model; decode at full batch)."""
         return cls(params.fill_rate_per_worker, params.decode_capacity(1.0), fill_gpus, decode_gpus)
 
     def to_dict(self) -> dict:

@@ -68,7 +68,6 @@ __all__ = [
     "PhaseTime",
     "PassTime",
     "Worker",
-    "ServiceRates",
     "roofline_time",
     "distinct_experts",
     "expert_arithmetic_intensity",
@@ -306,23 +305,6 @@ class PassTime:
             d[f"{p.phase}_s"] = p.time_s
             d[f"{p.phase}_bound"] = p.bound
         return d
-
-
-@dataclass(frozen=True)
-class ServiceRates:
-    """What a plant model needs from one worker at a nominal request shape (SI units)."""
-
-    fill_seconds: float            # one fill pass (one prompt per attention replica), seconds
-    fill_tokens_per_s: float       # worker fill throughput, new tokens/s
-    decode_step_s: float           # one decode pass at the nominal batch (= TPOT)
-    decode_batch: int              # sequences decoded concurrently per worker
-    decode_slots: int              # most sequences whose KV fits at the nominal context
-    decode_tokens_per_s: float     # worker decode throughput, tokens/s
-    kv_bytes_per_request: float    # KV blob produced by one fill
-    num_gpus: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -662,33 +644,6 @@ class Worker:
         """The expert phase of a decode pass: distinct experts touched by ``batch`` tokens."""
         check_number("batch", batch, low=1.0)
         return self._expert_phase(batch / min(self.parallelism.pp, max(1, math.floor(batch))))
-
-    # -- plant parameters ---------------------------------------------------------------
-    def service_rates(self, prompt_tokens: int, context_tokens: int, cached_tokens: int = 0,
-                      decode_batch: int | None = None) -> ServiceRates:
-        """Service rates at a nominal request shape: what plant models are parameterised by.
-
-        A fill pass takes one prompt per attention replica (so every GPU works);
-        ``decode_batch`` defaults to the largest batch whose KV fits at ``context_tokens``.
-        """
-        fill = self.midfill(prompt_tokens, cached_tokens, sequences=self.parallelism.dp_attention)
-        slots = self.decode_slots(context_tokens)
-        if slots < 1:
-            raise ConfigError("context_tokens", f"one sequence of {context_tokens} tokens does not "
-                              "fit in the worker's KV memory")
-        batch = slots if decode_batch is None else int(check_int("decode_batch", decode_batch,
-                                                                  low=1, high=slots))
-        dec = self.decode(batch, context_tokens)
-        return ServiceRates(
-            fill_seconds=fill.time_s,
-            fill_tokens_per_s=fill.tokens_per_s,
-            decode_step_s=dec.time_s,
-            decode_batch=batch,
-            decode_slots=slots,
-            decode_tokens_per_s=dec.tokens_per_s,
-            kv_bytes_per_request=self.model.kv_bytes(prompt_tokens + cached_tokens),
-            num_gpus=self.num_gpus,
-        )
 
 
 def decode_sweep(worker: Worker, batches, contexts) -> pd.DataFrame:

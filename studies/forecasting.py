@@ -29,7 +29,7 @@ from tokenfactory.controllers import (
     score_plan,
 )
 from tokenfactory.controllers.plots import capacity_plan_plot, forecast_plot
-from tokenfactory.plant_models import FluidParams, RequestShape, Worker
+from tokenfactory.plant_models import RequestShape, ServiceModel, Worker
 from tokenfactory.studies.report import StudyReport
 from tokenfactory.validation import ConfigError
 from tokenfactory.traces import load_rate_series, trace_available
@@ -48,7 +48,7 @@ def rate_series_and_shape(spec: str, interval_s: float = 600.0) -> tuple[pd.Data
 
 def _pool_rates(shape: RequestShape, model: str, hardware: str) -> PoolRates:
     w = Worker.from_dict({"model": model, "hardware": hardware})
-    return PoolRates.from_params(FluidParams.from_workers(w, w, shape), w.num_gpus, w.num_gpus)
+    return PoolRates.from_service(ServiceModel(w, w, shape))
 
 
 def _rolling_plan(y: pd.Series, model: str, quantile: str, first: int, steps: int, rates: PoolRates,

@@ -148,14 +148,6 @@ def test_worker_from_dict_rejects_unknown_keys():
         Worker.from_dict({"model": "deepseek-v3", "hardware": "h200", "parallelism": {"dp": 2}})
 
 
-def test_service_rates_consistent(dsv3_h200):
-    r = dsv3_h200.service_rates(prompt_tokens=2048, context_tokens=8192)
-    assert r.decode_batch == r.decode_slots == dsv3_h200.decode_slots(8192)
-    assert r.decode_tokens_per_s == pytest.approx(r.decode_batch / r.decode_step_s)
-    assert r.fill_tokens_per_s == pytest.approx(8 * 2048 / r.fill_seconds)
-    assert r.kv_bytes_per_request == pytest.approx(2048 * 70_272)
-
-
 def test_decode_sweep_stops_at_kv_capacity(dsv3_h200):
     df = decode_sweep(dsv3_h200, [1, 16, 64, 4096], [8192, 131072])
     assert (df["batch"] <= df["decode_slots"]).all()

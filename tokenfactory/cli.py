@@ -58,17 +58,18 @@ def _cmd_describe(args) -> int:
 
         d = load_accelerator(args.name).to_dict()
     else:
-        from tokenfactory.plant_models import Worker
+        from tokenfactory.plant_models import RequestShape, ServiceModel, Worker
 
         w = Worker.from_dict({
             "model": args.name, "hardware": args.hardware,
             "parallelism": {"tp": args.tp, "pp": args.pp, "ep": args.ep}})
-        rates = w.service_rates(args.prompt_tokens, args.context_tokens)
+        service = ServiceModel(w, w, RequestShape(args.prompt_tokens, args.output_tokens))
+        rates = service.summary(args.context_tokens)
         d = {"model": w.model.name, "hardware": w.accelerator.name, "num_gpus": w.num_gpus,
              "weight_bytes_per_gpu": w.weight_bytes_per_gpu, "kv_bytes_per_gpu": w.kv_bytes_per_gpu,
-             "kv_capacity_tokens": w.kv_capacity_tokens, **rates.to_dict(),
-             "decode_tokens_per_s_per_gpu": rates.decode_tokens_per_s / w.num_gpus,
-             "fill_tokens_per_s_per_gpu": rates.fill_tokens_per_s / w.num_gpus}
+             "kv_capacity_bytes": w.kv_capacity_bytes, **rates,
+             "decode_tokens_per_s_per_gpu": rates["decode_tokens_per_s"] / w.num_gpus,
+             "fill_tokens_per_s_per_gpu": rates["fill_tokens_per_s"] / w.num_gpus}
     if args.json:
         print(json.dumps(to_jsonable(d), indent=2))
     else:
@@ -275,7 +276,7 @@ def _cmd_simulate(args) -> int:
     (out / "metrics.json").write_text(json.dumps(to_jsonable({**m, "config": res.config, "trace": args.trace,
                                                               "bottleneck": setup.bottleneck,
                                                               "capacity_rps": setup.capacity_rps}), indent=2) + "\n")
-    res.requests.to_csv(out / "requests.csv", index=False)
+    res.records.to_csv(out / "requests.csv", index=False)
     res.series.to_csv(out / "series.csv", index=False)
     res.actions.to_csv(out / "actions.csv", index=False)
     keys = ("requests", "completed", "rejected", "in_flight_end", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99",
@@ -308,7 +309,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--pp", type=int, default=1)
     d.add_argument("--ep", type=int, default=8)
     d.add_argument("--prompt-tokens", type=int, default=2048, help="worker: nominal prompt")
-    d.add_argument("--context-tokens", type=int, default=8192, help="worker: nominal decode context")
+    d.add_argument("--output-tokens", type=int, default=512, help="worker: nominal output")
+    d.add_argument("--context-tokens", type=int, default=None,
+                   help="worker: decode context for slots and pass time (default: the mean active context "
+                        "of the prompt and output)")
     d.set_defaults(func=_cmd_describe)
 
     m = sub.add_parser("margins", help="stability margins (or predicted limit cycles) of a scenario file")

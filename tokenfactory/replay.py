@@ -16,8 +16,15 @@ import pandas as pd
 
 from tokenfactory.controllers.oscillation import assess
 from tokenfactory.plant_models.des import ClusterConfig, DESParams, simulate
-from tokenfactory.plant_models.fluid import FluidParams, FluidPlant, RequestShape
+from tokenfactory.plant_models.fluid import FluidParams, FluidPlant
 from tokenfactory.plant_models.roofline import Worker
+from tokenfactory.plant_models.service import (
+    DEFAULT_KV_SETUP_S,
+    DEFAULT_KV_STRIPES,
+    KVLink,
+    RequestShape,
+    ServiceModel,
+)
 from tokenfactory.registry import PlantContext, build_admission, build_autoscalers
 from tokenfactory.traces.transforms import scale_trace
 from tokenfactory.validation import reject_unknown_keys
@@ -26,7 +33,7 @@ __all__ = ["DEFAULT_PLANT", "ReplaySetup", "request_shape_of", "build_replay", "
 
 #: the preset disaggregated cluster: DeepSeek-V3 on 8xH200 workers, 2 fill + 1 decode
 DEFAULT_PLANT = {"model": "deepseek-v3", "hardware": "h200", "fill_workers": 2, "decode_workers": 1,
-                 "measurement_delay_s": 0.5, "kv_stripes": 8, "kv_setup_s": 0.005}
+                 "measurement_delay_s": 0.5, "kv_stripes": DEFAULT_KV_STRIPES, "kv_setup_s": DEFAULT_KV_SETUP_S}
 _PLANT_EXTRA_KEYS = {"parallelism", "efficiency", "decode_model", "decode_hardware"}
 
 
@@ -39,13 +46,15 @@ class ReplaySetup:
     trace : DataFrame
         The request table (:mod:`tokenfactory.traces.schema`) the setup was derived from.
     params : DESParams
-        Request-simulator parameters: roofline tables of one fill and one decode worker (pass
-        times by batch and context), KV-transfer stripes and set-up time.
+        Request-simulator parameters: tables sampled from ``service`` (pass times by batch and
+        context, the KV law, KV-transfer stripes and set-up time).
     plant : FluidPlant
         The fluid plant at the trace's mean request shape and the plant's pool sizes (what
         admission is tuned on).
     shape : RequestShape
         The trace's mean request (:func:`request_shape_of`).
+    service : ServiceModel
+        The service model both plants are sampled from.
     capacity_rps : float
         The cluster's bottleneck capacity at that shape (requests/s): the smaller of the fill
         pool's prefill throughput and the decode pool's completion rate with every slot busy.
@@ -58,6 +67,7 @@ class ReplaySetup:
     params: DESParams
     plant: FluidPlant
     shape: RequestShape
+    service: ServiceModel
     capacity_rps: float
     bottleneck: str
 
@@ -84,13 +94,14 @@ class ReplaySetup:
 
 
 def request_shape_of(trace: pd.DataFrame) -> RequestShape:
-    """The mean request of a request table: new (uncached) prompt tokens, output tokens, cached
-    tokens and the output length's coefficient of variation.
+    """The mean request of a request table (:meth:`RequestShape.from_requests`): new (uncached)
+    prompt tokens, output tokens, cached tokens and the output length's coefficient of variation.
 
     Parameters
     ----------
     trace : DataFrame
-        A request table with ``input_tokens``, ``cached_tokens`` and ``output_tokens`` columns.
+        A request table with ``input_tokens`` and ``output_tokens`` columns (``cached_tokens``
+        optional, 0 when absent).
 
     Returns
     -------
@@ -100,15 +111,12 @@ def request_shape_of(trace: pd.DataFrame) -> RequestShape:
         ``cached_tokens`` = mean cached tokens; ``output_cv`` = sample standard deviation / mean
         of the output lengths (0 for a single request), capped at 10.
     """
-    new = (trace["input_tokens"] - trace["cached_tokens"]).clip(lower=1)
-    out = trace["output_tokens"].clip(lower=1)
-    cv = float(out.std() / out.mean()) if len(out) > 1 else 0.0
-    return RequestShape(max(1, int(round(new.mean()))), max(1, int(round(out.mean()))),
-                        cached_tokens=int(round(trace["cached_tokens"].mean())), output_cv=min(cv, 10.0))
+    return RequestShape.from_requests(trace)
 
 
 def build_replay(trace: pd.DataFrame, plant: dict | None = None) -> ReplaySetup:
-    """Roofline parameters for the request simulator and the fluid plant at the trace's shape.
+    """The service model at the trace's shape, and the request simulator's and the fluid plant's
+    parameters sampled from it.
 
     Parameters
     ----------
@@ -122,7 +130,8 @@ def build_replay(trace: pd.DataFrame, plant: dict | None = None) -> ReplaySetup:
     -------
     ReplaySetup
         The request-simulator parameters, the fluid plant at the trace's mean request and pool
-        sizes, and the bottleneck capacity (requests/s) with the pool that sets it.
+        sizes, the service model, and the bottleneck capacity (requests/s) with the pool that
+        sets it.
 
     Raises
     ------
@@ -136,13 +145,13 @@ def build_replay(trace: pd.DataFrame, plant: dict | None = None) -> ReplaySetup:
     dec = Worker.from_dict({"model": cfg.get("decode_model", cfg["model"]),
                             "hardware": cfg.get("decode_hardware", cfg["hardware"]), **common})
     shape = request_shape_of(trace)
-    fp = FluidParams.from_workers(fill, dec, shape, measurement_delay_s=cfg["measurement_delay_s"],
-                                  kv_stripes=cfg["kv_stripes"], kv_setup_s=cfg["kv_setup_s"])
+    service = ServiceModel(fill, dec, shape, KVLink(cfg["kv_stripes"], cfg["kv_setup_s"]))
+    fp = FluidParams.from_service(service, measurement_delay_s=cfg["measurement_delay_s"])
     plant_model = FluidPlant(fp, cfg["fill_workers"], cfg["decode_workers"])
-    params = DESParams.from_workers(fill, dec, kv_stripes=cfg["kv_stripes"], kv_setup_s=cfg["kv_setup_s"])
+    params = DESParams.from_service(service)
     caps = {"fill": plant_model.fill_capacity, "decode": plant_model.decode_capacity}
     neck = min(caps, key=caps.get)
-    return ReplaySetup(trace, params, plant_model, shape, caps[neck], neck)
+    return ReplaySetup(trace, params, plant_model, shape, service, caps[neck], neck)
 
 
 def run_replay(trace: pd.DataFrame, setup: ReplaySetup, admission: str, scale: float = 1.0,
@@ -176,7 +185,7 @@ def run_replay(trace: pd.DataFrame, setup: ReplaySetup, admission: str, scale: f
     Returns
     -------
     tuple
-        ``(metrics, DESResult)``. ``metrics`` is the simulator's metrics plus ``admission``,
+        ``(metrics, SimulationResult)``. ``metrics`` is the simulator's metrics plus ``admission``,
         ``autoscaler``, ``scale``, ``ready_oscillation`` (the
         :class:`~tokenfactory.controllers.oscillation.OscillationReport` as a dict, or None)
         and ``oscillating`` (bool; False without a verdict).

@@ -43,8 +43,9 @@ from tokenfactory.controllers.admission import CompletionTriggeredAdmission, Smo
 from tokenfactory.controllers.autotune import StabilityEnvelope, TuningReport, admission_loop
 from tokenfactory.controllers.describing import predict_limit_cycles
 from tokenfactory.controllers.stability import DelayedLoop, stability_margins
-from tokenfactory.plant_models.fluid import FluidParams, FluidPlant, LoopScenario, RequestShape
+from tokenfactory.plant_models.fluid import FluidParams, FluidPlant, LoopScenario
 from tokenfactory.plant_models.roofline import Worker
+from tokenfactory.plant_models.service import DEFAULT_KV_SETUP_S, DEFAULT_KV_STRIPES, KVLink, RequestShape, ServiceModel
 from tokenfactory.registry import ADMISSION_KINDS, PlantContext, admission_kinds, build_admission, smoothed_admission
 from tokenfactory.validation import ConfigError, check_choice, check_number, reject_unknown_keys
 
@@ -83,11 +84,13 @@ def build_plant(d: Mapping[str, Any], where: str = "plant") -> FluidPlant:
     decode = Worker.from_dict({"model": d.get("decode_model", d["model"]),
                                "hardware": d.get("decode_hardware", d["hardware"]), **dec_common},
                               where=f"{where}.decode")
-    shape = RequestShape(d.get("prompt_tokens", 2048), d.get("output_tokens", 512), d.get("cached_tokens", 0))
-    params = FluidParams.from_workers(
-        fill, decode, shape,
-        measurement_delay_s=check_number(f"{where}.measurement_delay_s", d.get("measurement_delay_s", 0.5), low=0.0),
-        kv_stripes=d.get("kv_stripes", 8), kv_setup_s=d.get("kv_setup_s", 0.005))
+    nominal = RequestShape()
+    shape = RequestShape(d.get("prompt_tokens", nominal.prompt_tokens), d.get("output_tokens", nominal.output_tokens),
+                         d.get("cached_tokens", nominal.cached_tokens))
+    link = KVLink(d.get("kv_stripes", DEFAULT_KV_STRIPES), d.get("kv_setup_s", DEFAULT_KV_SETUP_S))
+    params = FluidParams.from_service(
+        ServiceModel(fill, decode, shape, link),
+        measurement_delay_s=check_number(f"{where}.measurement_delay_s", d.get("measurement_delay_s", 0.5), low=0.0))
     return FluidPlant(params, d["fill_workers"], d["decode_workers"])
 
 

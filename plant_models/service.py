@@ -1,0 +1,314 @@
+"""The service model: the one derivation of service times and memory every plant samples.
+
+The fluid plant, the pool model, the request simulator and the capacity planner are all built
+from a :class:`ServiceModel` - a fill worker, a decode worker, a request shape and the KV link -
+so they agree on what a request costs (``tests/test_service.py`` checks them against it for every
+model preset). It is a thin layer over the roofline (:class:`tokenfactory.plant_models.roofline.Worker`):
+
+* **fill** - ``fill_pass``: one prompt per attention replica (every GPU works), its time is the
+  fill latency and its throughput the fill rate; ``fill_step_s``: a chunked-prefill step of a token
+  budget, the request simulator's unit of fill work, plus the marginal cost of cached prefix tokens
+  read in the step.
+* **decode** - ``decode_pass_s(batch, context)``: the roofline pass time (TPOT) of a batch at a
+  context; ``decode_context_tokens``: the mean context an active decode holds at the shape.
+* **KV** - one law for what a sequence holds: ``kv_bytes(context) = sequence_state_bytes +
+  kv_bytes_per_token x context``. The fixed per-sequence state is what linear-attention layers keep
+  (and, for local attention, the window, reserved whole: an upper bound for contexts shorter than
+  the window); for full-attention and linear-attention models the law equals
+  :meth:`MoEModel.kv_bytes` exactly. ``slots(context)`` = KV capacity // kv_bytes(context).
+* **KV link** - :class:`KVLink`: a blob moves over ``stripes`` of the fill worker's scale-out NICs
+  plus a fixed ``setup_s``.
+
+Defaults live here and nowhere else: :data:`DEFAULT_KV_STRIPES`, :data:`DEFAULT_KV_SETUP_S`,
+:data:`DEFAULT_FILL_TOKENS_PER_REPLICA`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tokenfactory.plant_models.roofline import PassTime, Worker
+from tokenfactory.validation import ConfigError, check_int, check_number
+
+__all__ = ["DEFAULT_KV_STRIPES", "DEFAULT_KV_SETUP_S", "DEFAULT_FILL_TOKENS_PER_REPLICA", "RequestShape",
+           "KVLink", "ServiceModel", "mean_active_context"]
+
+#: NICs a KV blob is striped over: one per GPU of an 8-GPU fill worker (an ASSUMPTION: transfer
+#: engines such as Mooncake's and NIXL stripe one transfer over the node's RDMA NICs)
+DEFAULT_KV_STRIPES = 8
+#: fixed cost of one KV transfer (connection/registration and completion signalling), seconds;
+#: an ASSUMPTION of the order of a few RDMA round trips plus the scheduler's hand-off
+DEFAULT_KV_SETUP_S = 0.005
+#: chunked-prefill budget: new tokens per attention replica per fill step (an ASSUMPTION, the
+#: order of vLLM's ``max_num_batched_tokens`` and SGLang's ``chunked_prefill_size`` settings)
+DEFAULT_FILL_TOKENS_PER_REPLICA = 2048
+
+
+def mean_active_context(input_tokens: float, output_tokens: float, output_cv: float) -> float:
+    """Mean context an active decode holds when KV is allocated as tokens are generated.
+
+    Sequences that generate longer stay longer, so the active population's mean age is
+    E[L^2] / (2 E[L]) = L (1 + cv^2) / 2 (renewal theory's length-biased sampling); the context is
+    the input (prompt + cached prefix) plus that age.
+
+    Parameters
+    ----------
+    input_tokens : float
+        Prompt plus cached prefix tokens of the mean request.
+    output_tokens : float
+        Mean output tokens.
+    output_cv : float
+        Coefficient of variation of output lengths (1 for exponential, 0 for constant).
+
+    Returns
+    -------
+    float
+        Mean context in tokens.
+    """
+    return input_tokens + output_tokens * (1.0 + output_cv ** 2) / 2.0
+
+
+@dataclass(frozen=True)
+class RequestShape:
+    """The nominal request a plant is parameterised at (tokens).
+
+    ``prompt_tokens`` are the new (uncached) tokens a fill computes, ``cached_tokens`` the prefix
+    it reads from cache. ``output_cv`` is the coefficient of variation of output lengths (1 =
+    exponential, the fluid model's memoryless completion assumption; 0 = constant); it sets the
+    mean context an active decode holds (:func:`mean_active_context`)."""
+
+    prompt_tokens: int = 2048
+    output_tokens: int = 512
+    cached_tokens: int = 0
+    output_cv: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_int("shape.prompt_tokens", self.prompt_tokens, low=1)
+        check_int("shape.output_tokens", self.output_tokens, low=1)
+        check_int("shape.cached_tokens", self.cached_tokens, low=0)
+        check_number("shape.output_cv", self.output_cv, low=0.0, high=10.0)
+
+    @property
+    def input_tokens(self) -> int:
+        """Prompt plus cached prefix: the context a fill leaves behind."""
+        return self.cached_tokens + self.prompt_tokens
+
+    @property
+    def decode_context_tokens(self) -> int:
+        """Context at the end of decode: what KV slots must hold."""
+        return self.input_tokens + self.output_tokens
+
+    @property
+    def mean_active_context_tokens(self) -> int:
+        """Mean context held by an active decode (KV is allocated as tokens are generated)."""
+        return int(round(mean_active_context(self.input_tokens, self.output_tokens, self.output_cv)))
+
+    @classmethod
+    def from_requests(cls, table) -> "RequestShape":
+        """The mean request of a request table (columns ``input_tokens``, ``output_tokens`` and
+        optionally ``cached_tokens``): new prompt tokens, output tokens (at least one each), cached
+        tokens and the output length's coefficient of variation (capped at 10).
+
+        Parameters
+        ----------
+        table : DataFrame
+            A request table.
+
+        Returns
+        -------
+        RequestShape
+        """
+        if not len(table):
+            raise ConfigError("trace", "the request table is empty")
+        inp = np.asarray(table["input_tokens"], dtype=float)
+        cached = np.asarray(table["cached_tokens"], dtype=float) if "cached_tokens" in table else np.zeros(len(inp))
+        new = np.maximum(inp - cached, 1.0)
+        out = np.maximum(np.asarray(table["output_tokens"], dtype=float), 1.0)
+        cv = float(out.std(ddof=1) / out.mean()) if len(out) > 1 else 0.0
+        return cls(max(1, int(round(new.mean()))), max(1, int(round(out.mean()))),
+                   cached_tokens=int(round(cached.mean())), output_cv=min(cv, 10.0))
+
+
+@dataclass(frozen=True)
+class KVLink:
+    """How a finished fill's KV blob reaches decode: striped over ``stripes`` of the fill worker's
+    scale-out NICs, one transfer at a time per fill worker, plus ``setup_s`` per transfer."""
+
+    stripes: int = DEFAULT_KV_STRIPES
+    setup_s: float = DEFAULT_KV_SETUP_S
+
+    def __post_init__(self) -> None:
+        check_int("kv_link.stripes", self.stripes, low=1)
+        check_number("kv_link.setup_s", self.setup_s, low=0.0)
+
+    def bandwidth(self, fill_worker: Worker) -> float:
+        """Bytes/s of one transfer from ``fill_worker``."""
+        return self.stripes * fill_worker.accelerator.scale_out_bandwidth
+
+
+def _stream_step_s(p: PassTime) -> float:
+    """Worker time per pass when passes stream back to back (pipeline stages all busy): the
+    pass's tokens over the worker's throughput (the pass time itself without pipelining)."""
+    return p.tokens / p.tokens_per_s
+
+
+@dataclass(frozen=True)
+class ServiceModel:
+    """Service times and KV memory of one fill and one decode worker at a request shape.
+
+    Parameters
+    ----------
+    fill_worker, decode_worker : Worker
+        The roofline workers of the two pools.
+    shape : RequestShape
+        The nominal request (fill latency and rate, decode context and slots are taken there).
+    link : KVLink
+        The KV transfer path.
+    fill_tokens_per_replica : int
+        Chunked-prefill budget per attention replica (the request simulator's fill step).
+    """
+
+    fill_worker: Worker
+    decode_worker: Worker
+    shape: RequestShape = RequestShape()
+    link: KVLink = KVLink()
+    fill_tokens_per_replica: int = DEFAULT_FILL_TOKENS_PER_REPLICA
+
+    def __post_init__(self) -> None:
+        check_int("service.fill_tokens_per_replica", self.fill_tokens_per_replica, low=1)
+        if self.slots(self.shape.decode_context_tokens) < 1:
+            raise ConfigError("shape", f"a {self.shape.decode_context_tokens}-token context does not fit in a "
+                              f"decode worker ({self.kv_capacity_bytes / 1e9:.1f} GB of KV)")
+
+    # -- KV memory ------------------------------------------------------------------------
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """KV bytes each token of context adds (full-attention layers)."""
+        return self.decode_worker.model.kv_bytes_per_token
+
+    @property
+    def sequence_state_bytes(self) -> float:
+        """Fixed KV state of one sequence whatever its context: linear-attention states, or a
+        local-attention window reserved whole."""
+        m = self.decode_worker.model
+        w = m.attention.local_window
+        return m.kv_bytes(w) - m.kv_bytes_per_token * w
+
+    def kv_bytes(self, context_tokens: float) -> float:
+        """KV bytes one sequence of ``context_tokens`` holds (state + per-token KV)."""
+        return self.sequence_state_bytes + self.kv_bytes_per_token * context_tokens
+
+    @property
+    def kv_capacity_bytes(self) -> float:
+        """KV bytes a decode worker holds (HBM after weights and working memory)."""
+        return self.decode_worker.kv_capacity_bytes
+
+    def slots(self, context_tokens: float) -> int:
+        """Most sequences of ``context_tokens`` whose KV fits in a decode worker."""
+        check_number("context_tokens", context_tokens, low=0.0)
+        return int(self.kv_capacity_bytes // self.kv_bytes(context_tokens))
+
+    @property
+    def kv_blob_bytes(self) -> float:
+        """KV a fill of the nominal request hands to decode (its input's KV and state)."""
+        return self.kv_bytes(self.shape.input_tokens)
+
+    @property
+    def kv_link_bandwidth(self) -> float:
+        return self.link.bandwidth(self.fill_worker)
+
+    def kv_transfer_s(self, nbytes: float) -> float:
+        """Time to move ``nbytes`` over an idle link, setup included."""
+        return nbytes / self.kv_link_bandwidth + self.link.setup_s
+
+    # -- fill -----------------------------------------------------------------------------
+    @property
+    def dp_attention(self) -> int:
+        return self.fill_worker.parallelism.dp_attention
+
+    def fill_pass(self, prompt_tokens: int | None = None, cached_tokens: int | None = None) -> PassTime:
+        """A fill pass of one prompt per attention replica (so every GPU works), at the shape by default."""
+        s = self.shape
+        return self.fill_worker.midfill(s.prompt_tokens if prompt_tokens is None else prompt_tokens,
+                                        s.cached_tokens if cached_tokens is None else cached_tokens,
+                                        sequences=self.dp_attention)
+
+    @property
+    def fill_latency_s(self) -> float:
+        """Time of the nominal fill pass (admission to last prompt token, without queueing)."""
+        return self.fill_pass().time_s
+
+    @property
+    def fill_rate_rps(self) -> float:
+        """Requests/s one fill worker completes at the shape."""
+        return self.fill_pass().tokens_per_s / self.shape.prompt_tokens
+
+    @property
+    def fill_token_budget(self) -> int:
+        """New tokens a fill worker takes per chunked-prefill step."""
+        return self.dp_attention * self.fill_tokens_per_replica
+
+    def fill_step_s(self, tokens: float) -> float:
+        """Worker time of a chunked-prefill step of ``tokens`` new tokens (no cached prefix),
+        spread over the attention replicas, with steps streaming back to back."""
+        check_number("tokens", tokens, low=1.0)
+        dp = self.dp_attention
+        return _stream_step_s(self.fill_worker.midfill(max(1.0, tokens / dp), 0, sequences=dp))
+
+    @property
+    def fill_s_per_cached_token(self) -> float:
+        """Marginal fill time per cached prefix token read (and, for MLA, expanded) in a step,
+        measured on one 512-token chunk after a 32k-token prefix."""
+        w = self.fill_worker
+        base = _stream_step_s(w.midfill(512, 0, sequences=1))
+        return max((_stream_step_s(w.midfill(512, 32768, sequences=1)) - base) / 32768, 0.0)
+
+    # -- decode ---------------------------------------------------------------------------
+    @property
+    def decode_context_tokens(self) -> int:
+        """Mean context an active decode holds at the shape."""
+        return self.shape.mean_active_context_tokens
+
+    @property
+    def decode_slots(self) -> int:
+        """Decode slots per worker at the mean active context."""
+        return self.slots(self.decode_context_tokens)
+
+    def decode_pass_s(self, batch: float, context_tokens: float) -> float:
+        """Decode pass time (TPOT) of ``batch`` sequences at ``context_tokens`` (KV fit not checked)."""
+        return self.decode_worker.decode(batch, context_tokens, check_memory=False).time_s
+
+    def decode_rate_rps(self, batch: int | None = None) -> float:
+        """Completions/s of one decode worker holding ``batch`` sequences (default: every slot)
+        at the mean active context, each generating the shape's output tokens."""
+        b = self.decode_slots if batch is None else batch
+        return b / (self.shape.output_tokens * self.decode_pass_s(b, self.decode_context_tokens))
+
+    # -- summaries ------------------------------------------------------------------------
+    def summary(self, context_tokens: int | None = None) -> dict[str, Any]:
+        """The figures at the shape (what ``tokenfactory describe worker`` prints); decode slots
+        and pass time at ``context_tokens`` instead of the mean active context when given."""
+        fill = self.fill_pass()
+        ctx = self.decode_context_tokens if context_tokens is None else context_tokens
+        slots = self.slots(ctx)
+        if slots < 1:
+            raise ConfigError("context_tokens", f"one sequence of {ctx} tokens does not fit in a decode worker")
+        dec = self.decode_worker.decode(slots, ctx)
+        return {"prompt_tokens": self.shape.prompt_tokens, "output_tokens": self.shape.output_tokens,
+                "fill_seconds": fill.time_s, "fill_tokens_per_s": fill.tokens_per_s,
+                "fill_requests_per_s": self.fill_rate_rps, "decode_context_tokens": ctx,
+                "decode_slots": slots, "decode_step_s": dec.time_s, "decode_tokens_per_s": dec.tokens_per_s,
+                "kv_bytes_per_token": self.kv_bytes_per_token, "sequence_state_bytes": self.sequence_state_bytes,
+                "kv_bytes_per_request": self.kv_blob_bytes, "kv_transfer_s": self.kv_transfer_s(self.kv_blob_bytes)}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Names of what it was built from (for configs and provenance)."""
+        return {"fill": f"{self.fill_worker.model.name}@{self.fill_worker.accelerator.name}",
+                "decode": f"{self.decode_worker.model.name}@{self.decode_worker.accelerator.name}",
+                "shape": dataclasses.asdict(self.shape), "link": dataclasses.asdict(self.link),
+                "fill_tokens_per_replica": self.fill_tokens_per_replica}
+

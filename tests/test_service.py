@@ -1,0 +1,161 @@
+"""One service model: the fluid plant, the pool model, the request simulator and the capacity
+planner are all sampled from it and agree on slots, KV bytes and pass times for every model preset
+(hybrid-25k, whose linear-attention layers hold a fixed state per sequence, included)."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tokenfactory import ConfigError
+from tokenfactory.controllers import PoolRates
+from tokenfactory.plant_models import (
+    ACCELERATOR_PRESETS,
+    MODEL_PRESETS,
+    AttentionSpec,
+    ClusterConfig,
+    DESParams,
+    FluidParams,
+    KVLink,
+    PoolScenario,
+    RequestShape,
+    ServiceModel,
+    Worker,
+    accelerator_preset,
+    model_preset,
+    simulate,
+    simulate_pools,
+)
+
+SHAPE = RequestShape(2048, 512, cached_tokens=0, output_cv=1.0)
+
+
+def _fitting_worker(model: str) -> Worker:
+    """The model on the first accelerator preset that holds it at the default layout."""
+    for hw in ACCELERATOR_PRESETS:
+        try:
+            return Worker(model_preset(model), accelerator_preset(hw))
+        except ConfigError:
+            continue
+    raise AssertionError(f"{model} fits no accelerator preset")
+
+
+@pytest.fixture(scope="module", params=sorted(MODEL_PRESETS))
+def plants(request):
+    """The service model of one preset and the three plants' parameters sampled from it."""
+    w = _fitting_worker(request.param)
+    service = ServiceModel(w, w, SHAPE)
+    return service, FluidParams.from_service(service), DESParams.from_service(service)
+
+
+def test_slots_agree(plants):
+    s, fluid, des = plants
+    ctx = s.decode_context_tokens
+    slots = s.decode_slots
+    assert slots >= 1
+    assert fluid.decode_slots_per_worker == slots
+    assert des.slots(ctx) == slots
+    # the pool model reports the fluid slots of its decode pool
+    pool = simulate_pools(fluid, 1, 3, PoolScenario(0.0, 2.0, dt=1.0))
+    assert (pool.series["decode_slots"] == 3 * slots).all()
+    # KV capacity / KV of one sequence at the mean active context, the roofline's own count
+    assert slots == int(s.kv_capacity_bytes // s.kv_bytes(ctx)) == s.decode_worker.decode_slots(ctx)
+
+
+def test_kv_bytes_agree(plants):
+    s, fluid, des = plants
+    m = s.decode_worker.model
+    inp = SHAPE.input_tokens
+    for ctx in (1, inp, s.decode_context_tokens, 100_000):
+        assert des.kv_bytes(ctx) == pytest.approx(s.kv_bytes(ctx), rel=1e-12)
+        assert s.kv_bytes(ctx) == pytest.approx(m.kv_bytes(ctx), rel=1e-12)  # presets: full or linear attention
+    assert fluid.provenance["kv_blob_bytes"] == pytest.approx(s.kv_blob_bytes, rel=1e-12)
+    assert des.kv_bytes(inp) == pytest.approx(s.kv_blob_bytes, rel=1e-12)
+    assert fluid.kv_transfer_s == pytest.approx(des.kv_transfer_s(inp), rel=1e-12)
+    assert fluid.kv_transfer_s == pytest.approx(s.kv_blob_bytes / (8 * s.fill_worker.accelerator.scale_out_bandwidth)
+                                                + 0.005, rel=1e-12)
+
+
+def test_pass_times_agree(plants):
+    s, fluid, des = plants
+    ctx, slots = s.decode_context_tokens, s.decode_slots
+    full = s.decode_pass_s(slots, ctx)
+    assert fluid.decode_step_s(slots) == pytest.approx(full, rel=1e-12)
+    assert des.decode_pass(slots, ctx)[0] == pytest.approx(full, rel=1e-12)
+    # between table points the two plants interpolate different grids of the same function
+    for b in fluid.decode_step_batches:
+        exact = s.decode_pass_s(b, ctx)
+        assert fluid.decode_step_s(b) == pytest.approx(exact, rel=1e-12)
+        assert des.decode_pass(b, ctx)[0] == pytest.approx(exact, rel=0.05)
+    # fill: the nominal pass (one prompt per attention replica) is a step of the simulator's table
+    dp = s.dp_attention
+    assert fluid.fill_latency_s == pytest.approx(s.fill_latency_s, rel=1e-12)
+    step = dp * SHAPE.prompt_tokens
+    assert des.fill_step_time(step) == pytest.approx(s.fill_step_s(step), rel=1e-12)
+    assert step / des.fill_step_time(step) / SHAPE.prompt_tokens == pytest.approx(fluid.fill_rate_per_worker,
+                                                                                rel=1e-9)
+
+
+def test_capacity_planner_agrees(plants):
+    s, fluid, _ = plants
+    a, b = PoolRates.from_service(s), PoolRates.from_params(fluid, s.fill_worker.num_gpus, s.decode_worker.num_gpus)
+    assert a.fill_rps_per_worker == pytest.approx(b.fill_rps_per_worker, rel=1e-12)
+    assert a.decode_rps_per_worker == pytest.approx(b.decode_rps_per_worker, rel=1e-12)
+    assert a.decode_rps_per_worker == pytest.approx(
+        s.decode_slots / (SHAPE.output_tokens * s.decode_pass_s(s.decode_slots, s.decode_context_tokens)))
+
+
+def test_hybrid_state_counts_in_the_request_simulator():
+    """hybrid-25k holds 36 linear-attention states of 2 MiB per sequence, about as much as 3,000
+    tokens of its full-attention KV: the request simulator's decode batch is bounded by the same
+    slots as the fluid plant's, not by twice as many."""
+    w = Worker(model_preset("hybrid-25k"), accelerator_preset("h200"))
+    s = ServiceModel(w, w, RequestShape(2048, 64, output_cv=0.0))
+    state_tokens = s.sequence_state_bytes / s.kv_bytes_per_token
+    assert 2500 < state_tokens < 3500
+    slots = s.slots(2048 + 64)
+    tokens_only = int(s.kv_capacity_bytes / s.kv_bytes_per_token // (2048 + 64))
+    assert tokens_only > 1.8 * slots  # what the simulator allowed when it left the state out
+    n = 3 * slots
+    trace = pd.DataFrame({"arrival_s": np.zeros(n), "input_tokens": 2048, "cached_tokens": 0, "output_tokens": 64})
+    r = simulate(trace, DESParams.from_service(s), ClusterConfig(fill_workers=4, decode_workers=1, progress=False,
+                                                                 prefix_cache_blocks=0))
+    peak = r.series["active_decodes"].max()
+    assert 0.9 * slots <= peak <= s.slots(2048 + 1)
+    assert r.metrics["completed"] == n
+
+
+def test_kv_law_reserves_a_local_window():
+    """Local (sliding-window) attention: the window is reserved whole, an upper bound below the
+    window and exact beyond it."""
+    base = model_preset("hybrid-25k")
+    att = AttentionSpec(kind="gqa", num_heads=64, head_dim=128, kv_heads=4, full_attention_layers=12,
+                        efficient_kind="local", local_window=4096)
+    from dataclasses import replace
+
+    m = replace(base, name="hybrid-local", attention=att)
+    w = Worker(m, accelerator_preset("h200"))
+    s = ServiceModel(w, w, SHAPE)
+    assert s.kv_bytes(10_000) == pytest.approx(m.kv_bytes(10_000))
+    assert s.kv_bytes(1_000) > m.kv_bytes(1_000)
+    assert s.slots(1_000) <= w.decode_slots(1_000)
+
+
+def test_defaults_live_in_one_place():
+    s = ServiceModel(*(2 * [Worker(model_preset("deepseek-v3"), accelerator_preset("h200"))]))
+    assert (s.link.stripes, s.link.setup_s) == (8, 0.005)
+    with pytest.raises(ConfigError, match="kv_link.stripes"):
+        KVLink(0)
+    with pytest.raises(ConfigError, match="shape"):
+        ServiceModel(s.fill_worker, s.decode_worker, RequestShape(10_000_000, 512))
+
+
+def test_request_shape_of_a_table():
+    t = pd.DataFrame({"input_tokens": [1000, 3000], "cached_tokens": [0, 1000], "output_tokens": [100, 300]})
+    shape = RequestShape.from_requests(t)
+    assert (shape.prompt_tokens, shape.cached_tokens, shape.output_tokens) == (1500, 500, 200)
+    assert shape.output_cv == pytest.approx(np.std([100, 300], ddof=1) / 200)
+    assert shape.mean_active_context_tokens == round(2000 + 200 * (1 + shape.output_cv ** 2) / 2)
+    assert RequestShape.from_requests(t.drop(columns="cached_tokens")).cached_tokens == 0
+    assert math.isclose(RequestShape(2048, 512, output_cv=0.0).mean_active_context_tokens, 2048 + 256)
