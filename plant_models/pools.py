@@ -13,17 +13,19 @@ too fine to run a day of traffic. This model keeps the same flows and rates (one
   rejection at arrival);
 * fill: the fill queue is served at (effective fill workers x fill rate); served requests become
   KV-ready ``fill_to_ready_s`` later;
-* decode: completions D dt / (L x pass time(D / n)) as in the fluid model; ready requests join as
+* decode: completions ``FluidParams.completion_rate`` x dt (D / (L x pass time(D / n)), the fluid
+  model's law, at the warming workers' speed); ready requests join as
   slots free; when the decode pool shrinks, sequences over the new slot count move back to the
   ready buffer with their KV (live migration, counted as ``preempted``).
 
 Pools are sized by autoscalers (:class:`tokenfactory.signals.ScaleAction`: desired workers of
-a pool, Kubernetes-deployment semantics): a new worker is billed from the decision, serves after
+a pool, Kubernetes-deployment semantics, :mod:`tokenfactory.plant_models.fleet`): a new worker is billed from the decision, serves after
 ``startup_s`` and runs at ``warmup_factor`` of full speed for its first ``warmup_s``; a scale-down
 cancels workers still starting first, then drains serving ones (billed ``drain_s`` more).
 
 Conservation: arrived = completed + rejected + backlog + fill + in transfer + ready + decoding,
-checked every run. SLO attainment is a cohort estimate: a request arriving at t meets the SLO if
+checked every step. The result is a :class:`tokenfactory.plant_models.result.SimulationResult`
+(shared series columns; ``arrived``/``completed``/``rejected`` cumulative). SLO attainment is a cohort estimate: a request arriving at t meets the SLO if
 the queues it finds, divided by the service rates at t, give TTFT <= ``slo_ttft_s`` and TPOT
 (pass time plus its ready-buffer wait spread over its tokens, as the request simulator measures
 it) <= ``slo_tpot_s``; rejected requests miss it.
@@ -40,46 +42,19 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from tokenfactory.plant_models.fluid import ConservationError, DemandStep, FluidParams
+from tokenfactory.errors import ConservationError
+from tokenfactory.events import DemandStep, events_from_dicts
+from tokenfactory.plant_models.fleet import PoolDynamics, PoolFleet, free_workers
+from tokenfactory.plant_models.fluid import FluidParams
+from tokenfactory.plant_models.result import SERIES_COLUMNS, SimulationResult
 from tokenfactory.signals import POOLS, REJECT_REASONS, AdmissionAction, Measurement, count_reversals, split_action
 from tokenfactory.validation import ConfigError, check_int, check_number
 
-__all__ = ["PoolDynamics", "PoolScenario", "PoolFleet", "PoolResponse", "simulate_pools"]
+__all__ = ["PoolScenario", "PoolResponse", "simulate_pools"]
 
+#: the former name of the pool model's result (now every plant's)
+PoolResponse = SimulationResult
 
-
-@dataclass(frozen=True)
-class PoolDynamics:
-    """How workers join and leave pools (seconds).
-
-    Defaults are ASSUMPTIONS for a DeepSeek-V3 worker on 8 x H200, stated so they can be
-    replaced: ``startup_s`` 120 s = 671 GB of FP8 weights read at ~6 GB/s from local NVMe (a
-    PCIe Gen4 x4 drive's ~7 GB/s sequential read) plus process start, CUDA-graph capture and
-    expert-parallel group setup; ``warmup_s`` / ``warmup_factor``: the first passes of a new worker
-    run slower (allocator growth, cold caches, lazy graph capture), modelled as half speed for
-    30 s; ``drain_s``: a removed worker stays billed while its sequences migrate off (the pool
-    model's stand-in; the request simulator drains a worker for real - it finishes what it holds).
-    ``gpus_per_worker`` converts worker-hours to GPU-hours. ``fleet_size`` fixes the number of
-    workers (None: elastic, workers come and go): a scale-up then waits until a worker is free, so
-    moving a worker between pools costs its drain, then its start-up in the new role; GPU-hours are
-    the whole fleet's (owned), ``busy_gpu_hours`` the provisioned ones.
-    """
-
-    startup_s: float = 120.0
-    warmup_s: float = 30.0
-    warmup_factor: float = 0.5
-    drain_s: float = 30.0
-    gpus_per_worker: int = 8
-    fleet_size: int | None = None
-
-    def __post_init__(self) -> None:
-        check_number("pools.startup_s", self.startup_s, low=0.0, high=3600.0)
-        check_number("pools.warmup_s", self.warmup_s, low=0.0, high=3600.0)
-        check_number("pools.warmup_factor", self.warmup_factor, low=0.0, high=1.0, low_inclusive=False)
-        check_number("pools.drain_s", self.drain_s, low=0.0, high=3600.0)
-        check_int("pools.gpus_per_worker", self.gpus_per_worker, low=1)
-        if self.fleet_size is not None:
-            check_int("pools.fleet_size", self.fleet_size, low=1)
 
 
 @dataclass(frozen=True)
@@ -115,9 +90,7 @@ class PoolScenario:
                 raise ConfigError("scenario.demand", "rates must be finite and >= 0 (fill gaps first)")
         else:
             check_number("scenario.demand", self.demand, low=0.0)
-        for i, d in enumerate(self.disturbances):
-            if not isinstance(d, DemandStep):
-                raise ConfigError(f"scenario.disturbances[{i}]", f"only DemandStep is supported here, got {d!r}")
+        events_from_dicts(self.disturbances, "scenario.disturbances", (DemandStep.kind,))
 
     def demand_grid(self, t: np.ndarray) -> np.ndarray:
         if isinstance(self.demand, pd.Series):
@@ -132,105 +105,15 @@ class PoolScenario:
 
 
 
-class PoolFleet:
-    """The workers of one pool: serving (with the time their warm-up ends), starting (with the
-    time they start serving) and draining (with the time they are released)."""
-
-    def __init__(self, pool: str, workers: int, dynamics: PoolDynamics):
-        self.pool = pool
-        self.dyn = dynamics
-        self.serving: list[float] = [-math.inf] * workers   # warm-up end times
-        self.starting: list[float] = []                      # serving-from times
-        self.draining: list[float] = []                      # release times
-        self.waiting = 0                                     # requested, no free worker yet (fixed fleet)
-
-    @property
-    def provisioned(self) -> int:
-        """What a deployment's replica count means: serving plus starting (plus, in a fixed fleet,
-        those waiting for a free worker - pending pods)."""
-        return len(self.serving) + len(self.starting) + self.waiting
-
-    @property
-    def in_transit(self) -> int:
-        """Requested but not serving yet: what a pending-aware controller must count."""
-        return len(self.starting) + self.waiting
-
-    @property
-    def billed(self) -> int:
-        return len(self.serving) + len(self.starting) + len(self.draining)
-
-    def set_target(self, t: float, target: int) -> int:
-        """Reconcile toward ``target`` workers; returns the change in provisioned workers.
-
-        Up: requests wait for :meth:`place` (at once in an elastic fleet). Down: unplaced requests
-        go first, then starting workers (newest first), then serving ones drain (newest first)."""
-        before = self.provisioned
-        diff = int(target) - before
-        if diff > 0:
-            self.waiting += diff
-        elif diff < 0:
-            remove = -diff
-            unplaced = min(self.waiting, remove)
-            self.waiting -= unplaced
-            remove -= unplaced
-            cancel = min(len(self.starting), remove)
-            self.starting.sort()
-            for _ in range(cancel):  # the newest (latest to serve) go first
-                self.starting.pop()
-            for _ in range(remove - cancel):
-                if not self.serving:
-                    break
-                self.serving.sort()
-                self.serving.pop()  # the most recently started worker drains
-                self.draining.append(t + self.dyn.drain_s)
-        return self.provisioned - before
-
-    def place(self, t: float, free: float) -> int:
-        """Start up to ``free`` of the waiting requests; returns how many started."""
-        n = int(min(self.waiting, free))
-        if n > 0:
-            self.starting.extend([t + self.dyn.startup_s] * n)
-            self.waiting -= n
-        return n
-
-    def advance(self, t: float) -> None:
-        if self.starting:
-            up = [s for s in self.starting if s <= t + 1e-9]
-            if up:
-                self.starting = [s for s in self.starting if s > t + 1e-9]
-                self.serving.extend(s + self.dyn.warmup_s for s in up)
-        if self.draining:
-            self.draining = [d for d in self.draining if d > t + 1e-9]
-
-    def effective(self, t: float) -> float:
-        """Serving workers in full-speed equivalents (warming workers count ``warmup_factor``)."""
-        f = self.dyn.warmup_factor
-        return float(sum(f if t < w else 1.0 for w in self.serving))
-
-
-@dataclass
-class PoolResponse:
-    """A pool-level simulation: the time series (one row per step), every scaling decision that
-    changed a pool's target, headline metrics and the resolved configuration."""
-
-    series: pd.DataFrame
-    actions: pd.DataFrame
-    metrics: dict
-    config: dict
-
-    def to_pandas(self) -> pd.DataFrame:
-        return self.series
-
-
-
-_SERIES = ("time_s", "demand", "arrivals", "admitted", "rejected", "completed", "backlog", "fill_in_progress",
-           "in_transfer", "ready", "decoding", "decode_slots", "fill_capacity", "fill_workers",
-           "fill_workers_starting", "fill_workers_billed", "decode_workers", "decode_workers_starting",
-           "decode_workers_billed", "ttft_estimate_s", "tpot_estimate_s", "in_slo", "admission_rate")
+#: the shared columns, then the pool model's own: the scenario's demand, rejections per second, the
+#: exact content of the fill-to-ready pipeline, starting and billed workers, the cohort SLO estimate
+_SERIES = (*SERIES_COLUMNS, "demand", "rejection_rate", "in_transfer", "fill_workers_starting",
+           "decode_workers_starting", "fill_workers_billed", "decode_workers_billed", "ttft_estimate_s",
+           "tpot_estimate_s", "in_slo")
 
 
 def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, scenario: PoolScenario, *,
-                   controllers: Sequence = (), dynamics: PoolDynamics = PoolDynamics()) -> PoolResponse:
+                   controllers: Sequence = (), dynamics: PoolDynamics = PoolDynamics()) -> SimulationResult:
     """Run ``controllers`` (admission controllers and/or pool autoscalers, each sampled at its own
     ``sample_period`` with the plant's measurement delay) on the pool-level fluid model.
 
@@ -286,11 +169,10 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
                     raise ConfigError(f"{type(c).__name__}.pool", f"{a.pool!r} is not one of {POOLS}")
                 before = fleets[a.pool].provisioned
                 if fleets[a.pool].set_target(t, max(int(a.replicas), 0)):
-                    scale_rows.append({"time_s": t, "pool": a.pool, "from": before, "to": fleets[a.pool].provisioned,
-                                       "controller": type(c).__name__})
+                    scale_rows.append({"time_s": t, "kind": "scale", "pool": a.pool, "from": before,
+                                       "to": fleets[a.pool].provisioned, "controller": type(c).__name__})
         # -- placement: elastic fleets start every request at once; a fixed fleet waits for free workers
-        free = math.inf if dynamics.fleet_size is None else \
-            dynamics.fleet_size - sum(f.billed for f in fleets.values())
+        free = free_workers(dynamics, sum(f.billed for f in fleets.values()))
         for pool in POOLS:
             free -= fleets[pool].place(t, free)
         # -- arrivals, rejection, admission
@@ -323,8 +205,7 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
             D -= ex
             R += ex
             counts["preempted"] += ex
-        step_s = p.decode_step_s(D / n_dec) / speed if n_dec and speed > 0 else math.inf
-        done = min(D, dt * D / (L * step_s)) if D > 0 and math.isfinite(step_s) else 0.0
+        done = min(D, dt * p.completion_rate(D, n_dec, speed))  # warming workers run at their speed
         D -= done
         counts["completed"] += done
         s = min(R, max(slots - D, 0.0))
@@ -340,13 +221,17 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
         ok = (a_in - rej) if (ttft <= scenario.slo_ttft_s and tpot <= scenario.slo_tpot_s) else 0.0
         in_slo += max(ok, 0.0)
         row = S
-        row["time_s"][k], row["demand"][k], row["arrivals"][k] = t, lam[k], a_in
-        row["admitted"][k], row["rejected"][k], row["completed"][k] = admit, rej, done
+        row["time_s"][k], row["demand"][k] = t, lam[k]
+        row["arrival_rate"][k], row["admitted_rate"][k] = a_in / dt, admit / dt
+        row["completion_rate"][k], row["rejection_rate"][k] = done / dt, rej / dt
+        row["arrived"][k], row["completed"][k], row["rejected"][k] = \
+            counts["arrived"], counts["completed"], counts["rejected"]
         # requests in fill or in transfer, as a scrape would count them: the queue plus Little's law
         # for the pipeline (exact whatever dt; the delay line itself rounds to whole steps)
         row["backlog"][k], row["in_transfer"][k] = B, in_pipe
         row["fill_in_progress"][k] = F + served / dt * p.fill_to_ready_s
-        row["ready"][k], row["decoding"][k], row["decode_slots"][k], row["fill_capacity"][k] = R, D, slots, fill_cap
+        row["ready"][k], row["active_decodes"][k] = R, D
+        row["decode_slots"][k], row["fill_capacity"][k] = slots, fill_cap
         for pool in POOLS:
             fl = fleets[pool]
             row[f"{pool}_workers"][k] = len(fl.serving)
@@ -386,8 +271,10 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
                            "disturbances": [dataclasses.asdict(d) for d in scenario.disturbances]},
               "controllers": [{"name": type(c).__name__, **(c.params() if hasattr(c, "params") else {})}
                               for c in controllers]}
-    return PoolResponse(series, pd.DataFrame(scale_rows, columns=["time_s", "pool", "from", "to", "controller"]),
-                        metrics, config)
+    metrics["duration_s"] = scenario.duration_s
+    return SimulationResult(series=series, records=None, metrics=metrics, config=config,
+                            actions=pd.DataFrame(scale_rows, columns=["time_s", "kind", "pool", "from", "to",
+                                                                      "controller"]))
 
 
 def _initial_measurement(p: FluidParams, fleets, t: float) -> Measurement:
@@ -407,11 +294,11 @@ def _measure(S: dict, k: int, delay_steps: int, period: float, dt: float) -> Mea
     span = (j - lo + 1) * dt
     return Measurement(
         time_s=float(S["time_s"][j]), backlog=float(S["backlog"][j]), fill_in_progress=float(S["fill_in_progress"][j]),
-        ready=float(S["ready"][j]), active_decodes=float(S["decoding"][j]),
-        completion_rate=float(S["completed"][lo:j + 1].sum() / span),
-        admitted_rate=float(S["admitted"][lo:j + 1].sum() / span),
+        ready=float(S["ready"][j]), active_decodes=float(S["active_decodes"][j]),
+        completion_rate=float(S["completion_rate"][lo:j + 1].sum() * dt / span),
+        admitted_rate=float(S["admitted_rate"][lo:j + 1].sum() * dt / span),
         decode_slots=float(S["decode_slots"][j]), fill_capacity=float(S["fill_capacity"][j]),
         fill_workers=float(S["fill_workers"][j]), decode_workers=float(S["decode_workers"][j]),
         fill_workers_starting=float(S["fill_workers_starting"][j]),
         decode_workers_starting=float(S["decode_workers_starting"][j]),
-        arrival_rate=float(S["arrivals"][lo:j + 1].sum() / span))
+        arrival_rate=float(S["arrival_rate"][lo:j + 1].sum() * dt / span))

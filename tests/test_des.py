@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from scipy.signal import welch
 
 from tokenfactory.controllers import SmoothedAdmission, assess
 from tokenfactory.plant_models import (
@@ -80,7 +81,7 @@ def _degenerate(step_s=0.01):
     # instantaneous fill and transfer, one sequence per decode worker, constant pass time
     return DESParams(fill_token_budget=10 ** 9, fill_step_tokens=(1.0, 1e9), fill_step_s=(1e-9, 1e-9),
                      fill_s_per_cached_token=0.0, kv_bytes_per_token=0.0, kv_link_bandwidth=math.inf,
-                     kv_setup_s=0.0, decode_kv_capacity_tokens=1e12, decode_batches=(1.0, 2.0),
+                     kv_setup_s=0.0, decode_kv_capacity_bytes=math.inf, decode_batches=(1.0, 2.0),
                      decode_contexts=(1.0, 1e9), decode_table_s=((step_s, step_s), (step_s, step_s)),
                      decode_max_batch=1)
 
@@ -107,7 +108,7 @@ def test_queueing_matches_exact_fcfs_recursion(servers):
         start = max(a, free[j])
         waits[k] = start - a
         free[j] = start + s
-    q = r.requests
+    q = r.records
     np.testing.assert_allclose((q["decode_start_s"] - q["kv_ready_s"]).to_numpy(), waits, atol=1e-6)
 
 
@@ -116,13 +117,13 @@ def test_erlang_c_and_littles_law(servers):
     waits, expect = [], None
     for seed in (1, 2):
         t, _, r, lam, mu = _mmc_run(servers, 0.7, 100_000, seed)
-        q = r.requests[(r.requests["state"] == "completed") & (r.requests["arrival_s"] > 0.05 * t[-1])]
+        q = r.records[(r.records["state"] == "completed") & (r.records["arrival_s"] > 0.05 * t[-1])]
         waits.append((q["decode_start_s"] - q["kv_ready_s"]).mean())
         expect = _erlang_c_wait(lam, mu, servers)
         # Little's law over the run: time-average number in system = total sojourn time / duration
         s = r.series
-        L = (s["backlog"] + s["fill_in_progress"] + s["ready"] + s["decoding"]).mean()
-        done = r.requests[r.requests["state"] == "completed"]
+        L = (s["backlog"] + s["fill_in_progress"] + s["ready"] + s["active_decodes"]).mean()
+        done = r.records[r.records["state"] == "completed"]
         assert L == pytest.approx((done["completion_s"] - done["arrival_s"]).sum() / r.metrics["duration_s"], rel=0.02)
     assert np.mean(waits) == pytest.approx(expect, rel=0.05)
 
@@ -143,32 +144,53 @@ def test_agreement_with_fluid_model(prefit):
     flu = simulate_loop(plant, ctrl, LoopScenario(demand=1.1 * c, duration_s=dur, dt=0.01))
     s = des.series[des.series["time_s"] > 100]
     w = flu.window(100)
-    assert s["completion_rate"].mean() == pytest.approx(flu.outputs["completion_rate"][w].mean(), rel=0.05)
-    assert s["ready"].mean() == pytest.approx(flu.outputs["ready"][w].mean(), rel=0.15)
-    assert s["backlog"].mean() == pytest.approx(flu.outputs["backlog"][w].mean(), rel=0.15)
-    assert des.metrics["rejected"] == pytest.approx(flu.states["shed"][-1], rel=0.15)
+    assert s["completion_rate"].mean() == pytest.approx(flu.column("completion_rate")[w].mean(), rel=0.05)
+    assert s["ready"].mean() == pytest.approx(flu.column("ready")[w].mean(), rel=0.15)
+    assert s["backlog"].mean() == pytest.approx(flu.column("backlog")[w].mean(), rel=0.15)
+    assert des.metrics["rejected"] == pytest.approx(flu.column("rejected")[-1], rel=0.15)
+
+
+def _dominant_period_s(x, dt):
+    f, pxx = welch(x - x.mean(), fs=1.0 / dt, nperseg=512)
+    return 1.0 / f[1 + int(np.argmax(pxx[1:]))]
 
 
 def test_agreement_on_which_loops_oscillate(prefit):
-    """The stochastic naive loop cycles less regularly than the fluid one (completion counts are
-    Poisson-noisy and fill adds chunking delay), so the verdict is taken over 240 s of a seeded run
-    and the period compared within 25 %."""
+    """At 1.05 x decode capacity (pre-fit rates, see ``prefit``) the naive loop cycles at the fluid
+    model's period in the request simulator too, and the smoothed loop does not cycle, on three
+    seeded traces.
+
+    The stochastic naive loop's cycle is less regular than the fluid one's (completion counts are
+    Poisson-noisy and fill adds chunking delay): over a 240 s window Thornhill's regularity index
+    r is bimodal across seeds (about half the runs above the detector's r > 1, measured 9 of 16
+    seeds before the simulator's rewrite and 7 of 16 after), so a single seed's full verdict is a
+    coin flip. What holds on every seed is the spectrum: the ready queue's power concentrates at
+    the fluid loop's period (checked within 25 %), and the smoothed loop's does not concentrate."""
     scs, params = prefit
     naive_scenario, smoothed_scenario = scs["naive"], scs["smoothed"]
     c = smoothed_scenario.plant.decode_capacity
-    tr = poisson_trace(1.05 * c, 300.0, 1)
     cl = ClusterConfig(fill_workers=6, decode_workers=4, measurement_delay_s=0.5, duration_s=300.0,
                        progress=False, prefix_cache_blocks=0)
-    verdicts = {}
+    fluid = {}
     for name, sc in (("naive", naive_scenario), ("smoothed", smoothed_scenario)):
-        d = simulate(tr, params, cl, sc.controller).series
         f = simulate_loop(sc.plant, sc.controller, LoopScenario(demand=1.05 * c, duration_s=300.0))
-        dv = assess(d.loc[d["time_s"] > 60, "ready"].to_numpy(), 0.1, min_amplitude=1.0)
-        fv = assess(f.sampled("ready", 0.1, 60), 0.1, min_amplitude=1.0)
-        verdicts[name] = (dv.oscillating, fv.oscillating)
-        if name == "naive":
-            assert dv.period_s == pytest.approx(fv.period_s, rel=0.25), f"{dv} vs {fv}"
-    assert verdicts == {"naive": (True, True), "smoothed": (False, False)}, verdicts
+        fluid[name] = assess(f.sampled("ready", 0.1, 60), 0.1, min_amplitude=1.0)
+    assert fluid["naive"].oscillating and not fluid["smoothed"].oscillating
+    regular = 0
+    for seed in (1, 2, 3):
+        tr = poisson_trace(1.05 * c, 300.0, seed)
+        for name, sc in (("naive", naive_scenario), ("smoothed", smoothed_scenario)):
+            d = simulate(tr, params, cl, sc.controller).series
+            x = d.loc[d["time_s"] > 60, "ready"].to_numpy()
+            v = assess(x, 0.1, min_amplitude=1.0)
+            peak = v.to_dict()["spectral_peak_fraction"]
+            if name == "naive":
+                assert peak >= 0.5, f"seed {seed}: {v}"
+                assert _dominant_period_s(x, 0.1) == pytest.approx(fluid["naive"].period_s, rel=0.25), f"seed {seed}"
+                regular += v.oscillating
+            else:
+                assert not v.oscillating and peak < 0.4, f"seed {seed}: {v}"
+    assert regular >= 1
 
 
 def test_prefix_hit_ratio_on_mooncake(params):
@@ -195,8 +217,8 @@ def test_crash_loses_no_request(params):
 def test_deterministic(params):
     tr = generate_requests(SyntheticWorkload(mean_rate_rps=20, seed=4), 120)
     cl = ClusterConfig(fill_workers=1, decode_workers=1, progress=False)
-    a = simulate(tr, params, cl).requests
-    b = simulate(tr, params, cl).requests
+    a = simulate(tr, params, cl).records
+    b = simulate(tr, params, cl).records
     pd.testing.assert_frame_equal(a, b)
 
 
@@ -216,7 +238,7 @@ def test_closed_agentic_sessions_wait_for_think_time(params):
                        "session_id": ["a", "a", "a", "b", "b"], "turn": [0, 1, 2, 0, 1],
                        "think_time_s": [np.nan, 4.0, 2.0, np.nan, 7.0]})
     tr.attrs["per_session_clock"] = True
-    r = simulate(tr, params, ClusterConfig(fill_workers=1, decode_workers=1, progress=False)).requests
+    r = simulate(tr, params, ClusterConfig(fill_workers=1, decode_workers=1, progress=False)).records
     assert (r["state"] == "completed").all()
     assert r.loc[1, "arrival_s"] == pytest.approx(r.loc[0, "completion_s"] + 4.0)
     assert r.loc[2, "arrival_s"] == pytest.approx(r.loc[1, "completion_s"] + 2.0)
@@ -227,9 +249,8 @@ events = st.one_of(
     st.builds(WorkerCrash, st.floats(0, 40), st.sampled_from(["fill", "decode"]), st.integers(0, 2), st.floats(0, 20)),
     st.builds(LinkSlowdown, st.floats(0, 40), st.floats(0.1, 20), st.floats(0.05, 1.0)),
     st.builds(DecodeRateDip, st.floats(0, 40), st.floats(0.1, 20), st.floats(0.1, 1.0)),
-    st.builds(Reconfiguration, st.floats(0, 40), st.sampled_from(["fill", "decode"]).map(str),
-              st.just("x"), st.integers(1, 1), st.floats(0, 10)).map(
-        lambda r: dataclasses.replace(r, target="decode" if r.source == "fill" else "fill")),
+    st.builds(Reconfiguration, st.floats(0, 40), *map(st.just, ("fill", "decode")), st.integers(1, 1), st.floats(0, 10)),
+    st.builds(Reconfiguration, st.floats(0, 40), *map(st.just, ("decode", "fill")), st.integers(1, 1), st.floats(0, 10)),
 )
 
 
@@ -253,9 +274,9 @@ def test_conservation_under_random_seeds_and_faults(params, seed, rate, evs, bou
     r = simulate(tr, params, cl, Fixed())
     m = r.metrics
     assert m["requests"] == m["completed"] + m["rejected"] + m["in_flight_end"]
-    states = r.requests["state"].value_counts()
+    states = r.records["state"].value_counts()
     assert states.get("completed", 0) == m["completed"] and states.get("rejected", 0) == m["rejected"]
-    assert (r.requests.loc[r.requests["state"] == "rejected", "reject_reason"] != "").all()
+    assert (r.records.loc[r.records["state"] == "rejected", "reject_reason"] != "").all()
 
 
 def test_bad_cluster_config():
@@ -264,6 +285,43 @@ def test_bad_cluster_config():
     with pytest.raises(ConfigError, match=r"cluster.events\[0\].kind"):
         ClusterConfig.from_dict({"events": [{"kind": "flood"}]})
     with pytest.raises(ConfigError, match=r"cluster.events\[0\].pool"):
-        ClusterConfig(events=(WorkerCrash(1.0, "gpu"),))
+        ClusterConfig.from_dict({"events": [{"kind": "worker_crash", "at_s": 1.0, "pool": "gpu"}]})
+    with pytest.raises(ConfigError, match=r"worker_crash.pool"):
+        WorkerCrash(1.0, "gpu")
+    with pytest.raises(ConfigError, match=r"cluster.events\[0\]"):
+        ClusterConfig(events=(LoopScenario,))
     with pytest.raises(ConfigError, match="cluster.colour"):
         ClusterConfig.from_dict({"colour": 1})
+
+
+def test_policies_plug_in(params):
+    """The seams the overload work builds on: a batching rule (a Simulator subclass overriding
+    ``can_join``) and a prefix-cache policy object."""
+    from tokenfactory.plant_models import PrefixCache, Simulator
+
+    class CappedBatch(Simulator):
+        def can_join(self, w, i):
+            return w.batch < 4 and super().can_join(w, i)
+
+    class HalfCached(PrefixCache):
+        def lookup(self, blocks, input_tokens, given_cached):
+            return input_tokens // 2
+
+    tr = poisson_trace(40.0, 20.0, 2, inp=1000, out_mean=50)
+    cl = ClusterConfig(fill_workers=2, decode_workers=2, progress=False, drain_s=600)
+    r = CappedBatch(tr, params, cl, prefix_cache=HalfCached()).run()
+    assert r.series["active_decodes"].max() <= 2 * 4
+    assert r.metrics["completed"] == len(tr)
+    assert (r.records["cached_tokens"] == 500).all() and r.metrics["prefix_hit_ratio"] == pytest.approx(0.5)
+    assert r.config["prefix_cache"] == {"policy": "HalfCached"}
+
+
+def test_stages_name_the_record_states(params):
+    from tokenfactory.plant_models import Stage
+
+    tr = poisson_trace(200.0, 5.0, 4, inp=1000, out_mean=400)
+    r = simulate(tr, params, ClusterConfig(fill_workers=1, decode_workers=1, progress=False, duration_s=5.0))
+    states = r.records["state"].cat.categories
+    assert [s.name.lower() for s in Stage] == list(states)
+    in_flight = r.records["state"].isin([s.name.lower() for s in Stage.in_system()]).sum()
+    assert in_flight == r.metrics["in_flight_end"] > 0

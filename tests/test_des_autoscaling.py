@@ -85,7 +85,7 @@ def test_early_rejection_in_the_request_simulator(params):
     m = res.metrics
     assert m["rejected"] > 0
     assert sum(m["rejected_by_reason"].values()) == m["rejected"]
-    assert set(res.requests.loc[res.requests["state"] == "rejected", "reject_reason"]) <= {
+    assert set(res.records.loc[res.records["state"] == "rejected", "reject_reason"]) <= {
         "predicted_slo_violation", "decode_overloaded"}
     assert m["requests"] == m["completed"] + m["rejected"] + m["in_flight_end"]
 

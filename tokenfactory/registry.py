@@ -38,7 +38,7 @@ from tokenfactory.controllers.early_rejection import EarlyRejection, WatermarkAd
 from tokenfactory.controllers.reconfiguration import HystereticPoolController, measured_need_noise
 from tokenfactory.controllers.tuning import PIGains, simc_pi
 from tokenfactory.plant_models.fluid import FluidParams, FluidPlant
-from tokenfactory.plant_models.pools import PoolDynamics
+from tokenfactory.plant_models.fleet import PoolDynamics
 from tokenfactory.validation import ConfigError, check_number, reject_unknown_keys
 
 __all__ = ["PlantContext", "ControllerKind", "register", "ADMISSION_KINDS", "AUTOSCALER_KINDS",

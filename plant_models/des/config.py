@@ -1,0 +1,78 @@
+"""One run's cluster: pools, delays, SLOs, prefix cache, KV watermark, events and run control."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tokenfactory.events import DecodeRateDip, LinkSlowdown, Reconfiguration, WorkerCrash, events_from_dicts
+from tokenfactory.plant_models.fleet import PoolDynamics
+from tokenfactory.validation import ConfigError, check_int, check_number, reject_unknown_keys
+
+__all__ = ["ClusterConfig", "EVENT_KINDS"]
+
+#: the events the request simulator accepts (:mod:`tokenfactory.events`)
+EVENT_KINDS = (WorkerCrash.kind, LinkSlowdown.kind, DecodeRateDip.kind, Reconfiguration.kind)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Pools, delays, SLOs and run control of one simulation (validated up front).
+
+    ``prefix_cache_blocks``: None = an unbounded prefix cache (or, without ``hash_ids`` in the
+    trace, the trace's own ``cached_tokens``), 0 = none, n = LRU of n blocks
+    (:mod:`tokenfactory.plant_models.des.cache`). ``kv_watermark``: a new sequence joins a decode
+    batch only if this fraction of KV stays free for growth (vLLM's default, 1 %).
+    ``snapshot_dt`` is the period of the recorded time series, which is also what controllers
+    sample (with ``measurement_delay_s``).
+    """
+
+    fill_workers: int = 8
+    decode_workers: int = 8
+    measurement_delay_s: float = 0.5
+    snapshot_dt: float = 0.1
+    prefix_cache_blocks: int | None = None
+    slo_ttft_s: float = 2.0
+    slo_tpot_s: float = 0.1
+    kv_watermark: float = 0.01
+    duration_s: float | None = None
+    drain_s: float = 120.0
+    dynamics: PoolDynamics = PoolDynamics()
+    autoscale_start_s: float = 0.0
+    events: tuple = ()
+    seed: int = 0
+    progress: bool | None = None
+
+    def __post_init__(self) -> None:
+        check_int("cluster.fill_workers", self.fill_workers, low=0)
+        check_int("cluster.decode_workers", self.decode_workers, low=0)
+        check_number("cluster.measurement_delay_s", self.measurement_delay_s, low=0.0)
+        check_number("cluster.snapshot_dt", self.snapshot_dt, low=0.001, high=60.0)
+        if self.prefix_cache_blocks is not None:
+            check_int("cluster.prefix_cache_blocks", self.prefix_cache_blocks, low=0)
+        check_number("cluster.slo_ttft_s", self.slo_ttft_s, low=0.0, low_inclusive=False)
+        check_number("cluster.slo_tpot_s", self.slo_tpot_s, low=0.0, low_inclusive=False)
+        check_number("cluster.kv_watermark", self.kv_watermark, low=0.0, high=0.5)
+        if self.duration_s is not None:
+            check_number("cluster.duration_s", self.duration_s, low=0.0, low_inclusive=False)
+        check_number("cluster.drain_s", self.drain_s, low=0.0)
+        check_number("cluster.autoscale_start_s", self.autoscale_start_s, low=0.0)
+        if self.dynamics.fleet_size is not None and self.fill_workers + self.decode_workers > self.dynamics.fleet_size:
+            raise ConfigError("cluster.dynamics.fleet_size", f"{self.dynamics.fleet_size} workers cannot hold the "
+                              f"initial {self.fill_workers} fill + {self.decode_workers} decode")
+        check_int("cluster.seed", self.seed, low=0)
+        object.__setattr__(self, "events", events_from_dicts(self.events, "cluster.events", EVENT_KINDS))
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "cluster") -> "ClusterConfig":
+        """From a mapping (a scenario file's ``[cluster]``); ``dynamics`` is a table of
+        :class:`PoolDynamics` fields, ``events`` a list of tables with a ``kind``."""
+        d = dict(d)
+        reject_unknown_keys(where, d, {f.name for f in dataclasses.fields(cls)})
+        if isinstance(d.get("dynamics"), Mapping):
+            reject_unknown_keys(f"{where}.dynamics", d["dynamics"], {f.name for f in dataclasses.fields(PoolDynamics)})
+            d["dynamics"] = PoolDynamics(**d["dynamics"])
+        evs = events_from_dicts(d.pop("events", []), f"{where}.events", EVENT_KINDS)
+        return cls(events=evs, **d)

@@ -1,0 +1,288 @@
+"""Decode: continuous batching with KV allocated as tokens are generated, simulated in leaps.
+
+A decode worker joins ready sequences between passes while :meth:`DecodeStage.can_join` allows
+(KV watermark and batch cap: the policy seam for batching rules), then *leaps*: one scheduled
+call covers every pass up to the next completion or the pass that would overflow KV, each pass
+timed exactly under the linear-in-context pass-time model (pass j takes t0 + tk B j; the batch's
+context grows by B tokens per pass). A ready arrival (if the worker has room), a speed change or
+a crash cuts a leap short at the next pass boundary.
+
+Per-worker state is O(1) per pass: the pass counter ``n``; for each sequence its finishing pass
+and its context offset (context at pass n = offset + n), so the batch's context sum is
+``offset_sum + B n`` and the next completion is the top of a heap. Joining, completing and
+preempting a sequence cost O(log B); nothing is re-summed per leap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from heapq import heappop, heappush
+
+from tokenfactory.plant_models.des.idle import IdleWorkers
+from tokenfactory.plant_models.des.records import Stage
+
+__all__ = ["DecodeWorker", "DecodeStage"]
+
+_NO_LIMIT = 1 << 62  # passes: "KV never overflows"
+
+
+class DecodeWorker:
+    """One decode worker's state (see the module notes for the leap bookkeeping)."""
+
+    __slots__ = ("index", "online", "draining", "idle", "listening", "in_leap", "interrupted", "token", "n",
+                 "members", "heap", "offset_sum", "leap", "leap_steps", "warm_until", "finished", "retired")
+
+    def __init__(self, index: int, finished):
+        self.index = index
+        self.online = True
+        self.draining = False
+        self.idle = False          # waiting in the idle queue for ready sequences
+        self.listening = False     # in a leap that a ready arrival may cut short
+        self.in_leap = False
+        self.interrupted = False   # its leap already ends at the next pass boundary
+        self.token = 0
+        self.n = 0                 # passes done
+        self.members: dict = {}    # request -> (finishing pass, context offset), oldest first
+        self.heap: list = []       # (finishing pass, request); stale entries skipped
+        self.offset_sum = 0        # sum of context offsets
+        self.leap = None           # (start time, t0, tk, batch, passes)
+        self.leap_steps = 0
+        self.warm_until = -math.inf
+        self.finished = finished
+        self.retired = False
+
+    @property
+    def batch(self) -> int:
+        return len(self.members)
+
+    def context_sum(self) -> float:
+        """Tokens of context the batch holds (at the last pass boundary)."""
+        return self.offset_sum + len(self.members) * self.n
+
+    def holds_work(self) -> bool:
+        return bool(self.members)
+
+
+def _passes_within(t0: float, tk: float, B: int, elapsed: float) -> int:
+    """Whole passes completed in ``elapsed`` when pass j takes t0 + tk B j."""
+    a = tk * B / 2.0
+    b = t0 - tk * B / 2.0
+    if a <= 0:
+        return int(elapsed // b) if b > 0 else 0
+    return int((-b + math.sqrt(b * b + 4 * a * elapsed)) / (2 * a) + 1e-12)
+
+
+class DecodeStage:
+    """The decode pool of :class:`tokenfactory.plant_models.des.core.Simulator` (a mixin)."""
+
+    decode_workers: list
+    ready: deque
+    idle_decode: IdleWorkers
+
+    # -- the batching policy ---------------------------------------------------------------
+    def can_join(self, w: DecodeWorker, i: int) -> bool:
+        """May ready request ``i`` join ``w``'s batch now? The KV of the batch after the join,
+        plus one pass of growth, must stay under the watermark, and the batch under the cap; an
+        empty worker always takes one sequence. Override to try another batching rule."""
+        B = len(w.members)
+        if not B:
+            return True
+        p = self.p
+        return B < p.decode_max_batch and (
+            (B + 1) * p.sequence_state_bytes
+            + p.kv_bytes_per_token * (w.offset_sum + B * w.n + self.ctx_tok[i] + B + 1)) <= self.kv_limit
+
+    # -- sequences in and out --------------------------------------------------------------
+    def join(self, w: DecodeWorker) -> int:
+        """Ready sequences join ``w`` (oldest first) while :meth:`can_join` allows."""
+        ready, rec = self.ready, self.rec
+        joined = 0
+        n = w.n
+        while ready and self.can_join(w, ready[0]):
+            i = ready.popleft()
+            fin = n + self.rem_tok[i]
+            off = self.ctx_tok[i] - n
+            w.members[i] = (fin, off)
+            heappush(w.heap, (fin, i))
+            w.offset_sum += off
+            if rec.decode_start_s[i] != rec.decode_start_s[i]:  # NaN: its first decode
+                rec.decode_start_s[i] = self.env.now
+            rec.stage[i] = Stage.DECODE
+            joined += 1
+        self.decoding += joined
+        return joined
+
+    def _complete_due(self, w: DecodeWorker) -> None:
+        """Sequences whose last pass is done leave the batch."""
+        heap, members, n = w.heap, w.members, w.n
+        done = []
+        while heap and heap[0][0] <= n:
+            fin, i = heappop(heap)
+            m = members.get(i)
+            if m is None or m[0] != fin:
+                continue  # preempted or re-joined since: a stale entry
+            del members[i]
+            w.offset_sum -= m[1]
+            done.append(i)
+        if done:
+            self.complete(done)
+
+    def complete(self, done: list) -> None:
+        """Record completions; a closed session's next turn returns after its think time."""
+        rec, now = self.rec, self.env.now
+        for i in done:
+            rec.completion_s[i] = now
+            rec.stage[i] = Stage.COMPLETED
+        k = len(done)
+        self.completed += k
+        self.completed_since += k
+        self.decoding -= k
+        if self.closed_sessions:
+            for i in done:
+                nxt = self.next_turn[i]
+                if nxt >= 0:  # the next turn's think time runs from this turn's completion
+                    self.call_in(self.think[nxt], self.arrive, nxt)
+
+    def preempt(self, w: DecodeWorker, count: int) -> None:
+        """KV full: the newest ``count`` sequences go back to the front of the ready buffer with
+        their state (their KV is swapped out, not lost) and rejoin when memory frees."""
+        n = w.n
+        for _ in range(count):
+            i = next(reversed(w.members))
+            fin, off = w.members.pop(i)
+            w.offset_sum -= off
+            self.rem_tok[i] = fin - n
+            self.ctx_tok[i] = off + n
+            self.rec.preemptions[i] += 1
+            self.rec.stage[i] = Stage.READY
+            self.ready.appendleft(i)
+        self.decoding -= count
+
+    def crash_decode(self, w: DecodeWorker) -> None:
+        """KV is lost with the worker: its sequences go back to the front of the backlog (oldest
+        first) and are filled again."""
+        ids = list(w.members)
+        for i in reversed(ids):
+            self.rec.requeues[i] += 1
+            self.rec.stage[i] = Stage.BACKLOG
+            self.backlog.appendleft(i)
+        self.decoding -= len(ids)
+        w.members, w.heap, w.offset_sum = {}, [], 0
+        w.token += 1
+        w.in_leap = w.listening = w.interrupted = False
+        self.unidle(w)
+        self.kick_admission()
+
+    # -- the worker's cycle ----------------------------------------------------------------
+    def decode_next(self, w: DecodeWorker) -> None:
+        """Between passes: join, complete, preempt, then leap - or go idle, or finish draining."""
+        if not w.online or w.in_leap or w.retired:
+            return
+        p = self.p
+        while True:
+            if not w.draining:
+                self.join(w)
+            B = len(w.members)
+            if B == 0:
+                if w.draining:
+                    self.worker_finished(w)
+                else:
+                    self.idle_decode.add(w)
+                return
+            heap, members, n = w.heap, w.members, w.n
+            while members.get(heap[0][1], (None,))[0] != heap[0][0]:
+                heappop(heap)  # drop stale tops
+            if heap[0][0] <= n:  # one-token outputs complete without a pass
+                self._complete_due(w)
+                continue
+            S = w.offset_sum + B * n
+            # leap to the next completion, but not past the pass that would overflow KV
+            free = p.decode_kv_capacity_bytes - B * p.sequence_state_bytes - p.kv_bytes_per_token * S
+            growth = B * p.kv_bytes_per_token
+            k_kv = (int(free // growth) if free < math.inf else _NO_LIMIT) if growth > 0 else \
+                (_NO_LIMIT if free >= 0 else 0)
+            if k_kv < 1:
+                if B > 1:
+                    self.preempt(w, self._overflow(w, S))
+                    continue
+                k_kv = _NO_LIMIT  # a single sequence larger than the worker runs (empty-worker rule)
+            k = max(1, min(heap[0][0] - n, k_kv))
+            f = self.rate_factor * self.speed(w)  # (a leap keeps its speed if warm-up ends inside it)
+            t_now, slope = p.decode_pass(B, S / B)
+            t0 = t_now / f
+            tk = slope / B / f  # per token of growth of the batch's context sum
+            total = k * t0 + tk * (B * k * (k - 1) / 2.0)
+            w.listening = not self.ready and not w.draining and B < p.decode_max_batch and (
+                B * p.sequence_state_bytes + p.kv_bytes_per_token * (S + B * k)) < self.kv_limit
+            w.leap = (self.env.now, t0, tk, B, k)
+            w.leap_steps = k
+            w.in_leap = True
+            w.interrupted = False
+            w.token += 1
+            self.call_in(total, self._leap_end, w, w.token)
+            return
+
+    def _overflow(self, w: DecodeWorker, S: float) -> int:
+        """How many of the newest sequences must leave so the rest fit one more pass (keeps one)."""
+        p, n = self.p, w.n
+        keep_B, keep_S, drop = len(w.members), S, 0
+        for fin, off in reversed(w.members.values()):
+            drop += 1
+            keep_B -= 1
+            keep_S -= off + n
+            if keep_B <= 1 or keep_B * p.sequence_state_bytes + p.kv_bytes_per_token * (keep_S + keep_B) \
+                    <= p.decode_kv_capacity_bytes:
+                break
+        return drop
+
+    def _leap_end(self, w: DecodeWorker, token: int) -> None:
+        if token != w.token:
+            return  # crashed, or re-timed by an interruption
+        w.in_leap = w.listening = w.interrupted = False
+        w.n += w.leap_steps
+        self._complete_due(w)
+        self.decode_next(w)
+        if self.ready:
+            self.wake_decode()
+
+    def cut_leap(self, w: DecodeWorker) -> None:
+        """End ``w``'s leap at the next pass boundary (the pass in progress finishes at its timing)."""
+        if not w.in_leap or w.interrupted:
+            return
+        start, t0, tk, B, k = w.leap
+        now = self.env.now
+        s = min(_passes_within(t0, tk, B, now - start), k)
+        w.listening = False
+        if s >= k:
+            return  # the leap ends now anyway
+        end = start + (s + 1) * t0 + tk * B * (s + 1) * s / 2.0
+        w.interrupted = True
+        w.leap_steps = s + 1
+        w.token += 1
+        self.call_in(max(end - now, 0.0), self._leap_end, w, w.token)
+
+    def wake_decode(self) -> None:
+        """Ready sequences wait: idle workers take them (after everything else that happens at
+        this instant, so sequences ready together join together); without an idle worker, one
+        leaping worker with room stops at its next pass boundary to let them join."""
+        if not self.ready:
+            return
+        if self.idle_decode:
+            self.idle_decode.wake(self, self.ready, self.decode_next, then=self._cut_one_leap)
+        else:
+            self._cut_one_leap()
+
+    def _cut_one_leap(self) -> None:
+        head = self.ready[0]
+        for w in self.decode_workers:
+            if w.listening and self.can_join(w, head):
+                self.cut_leap(w)
+                return
+
+    def set_rate_factor(self, f: float) -> None:
+        """Decode speed changes: every leap is re-timed from its next pass boundary."""
+        self.rate_factor = f
+        for w in self.decode_workers:
+            if w.in_leap:
+                self.cut_leap(w)

@@ -1,0 +1,146 @@
+"""Fill: chunked prefill with continuous batching under a token budget, then the KV transfer.
+
+A fill worker takes work in steps: the request it was chunking first, then new requests from the
+fill queue, until the step's token budget is spent; the first chunk of a request consults the
+prefix cache. A finished fill emits the first token and hands its KV blob to the worker's link
+(one transfer at a time, striped NICs, plus setup); the blob lands in the ready buffer.
+
+Workers are small state machines driven by scheduled calls (no process per worker or request):
+a step's end is a scheduled call carrying the worker's ``token``; a crash bumps the token, so
+the pending end is ignored and the step's requests go back to the front of the queue.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from tokenfactory.plant_models.des.idle import IdleWorkers
+from tokenfactory.plant_models.des.records import Stage
+
+__all__ = ["FillWorker", "FillStage"]
+
+
+class FillWorker:
+    """One fill worker's state."""
+
+    __slots__ = ("index", "online", "draining", "busy", "idle", "step", "current", "link_free_at", "token",
+                 "warm_until", "finished", "retired")
+
+    def __init__(self, index: int, finished):
+        self.index = index
+        self.online = True
+        self.draining = False
+        self.busy = False          # inside a step
+        self.idle = False          # waiting in the idle queue for work
+        self.step: list = []       # (request, tokens this step, tokens left after it)
+        self.current: list = []    # a request it was chunking: [request, tokens left]
+        self.link_free_at = 0.0
+        self.token = 0
+        self.warm_until = -math.inf
+        self.finished = finished   # event: drained (finished its work) or retired
+        self.retired = False
+
+    def holds_work(self) -> bool:
+        return self.busy or bool(self.current)
+
+
+class FillStage:
+    """The fill pool of :class:`tokenfactory.plant_models.des.core.Simulator` (a mixin: the
+    simulator's queues, records and clock are its attributes)."""
+
+    fill_workers: list
+    fill_q: deque
+    idle_fill: IdleWorkers
+
+    def kick_fill(self) -> None:
+        """Work entered the fill queue: idle workers start a step (requests admitted at the same
+        instant share one)."""
+        self.idle_fill.wake(self, self.fill_q, self.fill_next)
+
+    def fill_next(self, w: FillWorker) -> None:
+        """Between steps: start the next step, go idle, or finish draining."""
+        if not w.online or w.busy or w.retired:
+            return
+        if w.draining and not w.current:
+            self.worker_finished(w)
+            return
+        if not w.current and not self.fill_q:
+            self.idle_fill.add(w)
+            return
+        p, rec, q = self.p, self.rec, self.fill_q
+        budget = p.fill_token_budget
+        step = []
+        cached_read = 0
+        now = self.env.now
+        # continue the request this worker was chunking, then take new ones
+        while budget > 0 and (w.current or (q and not w.draining)):
+            i, todo = w.current.pop(0) if w.current else q.popleft()
+            if todo < 0:  # first chunk: consult the prefix cache, record the fill start
+                inp = self.inp[i]
+                c = self.cache.lookup(self.hashes[i] if self.hashes is not None else None, inp,
+                                      self.given_cached[i])
+                rec.cached_tokens[i] = c
+                self.hit_tokens += c
+                self.lookup_tokens += inp
+                cached_read += c
+                todo = max(inp - c, 1)
+                rec.fill_start_s[i] = now
+            take = todo if todo < budget else budget
+            budget -= take
+            step.append((i, todo - take))
+        w.step = step
+        w.busy = True
+        w.token += 1
+        self.call_in(p.fill_step_time(p.fill_token_budget - budget, cached_read) / self.speed(w),
+                     self._fill_step_end, w, w.token)
+
+    def _fill_step_end(self, w: FillWorker, token: int) -> None:
+        if token != w.token:
+            return  # the worker crashed during this step
+        w.busy = False
+        for i, left in w.step:
+            if left > 0:
+                w.current.append([i, left])
+            else:
+                self.finish_fill(w, i)
+        w.step = []
+        self.fill_next(w)
+
+    def finish_fill(self, w: FillWorker, i: int) -> None:
+        """Prefill emits the first token; the KV blob queues on the worker's link."""
+        env, p, rec = self.env, self.p, self.rec
+        now = env.now
+        rec.fill_end_s[i] = now
+        if rec.first_token_s[i] != rec.first_token_s[i]:  # NaN: the first fill of this request
+            rec.first_token_s[i] = now
+        inp = self.inp[i]
+        self.rem_tok[i] = self.out[i] - 1  # decode generates the rest
+        self.ctx_tok[i] = inp + 1
+        self.fill_wip -= 1
+        self.in_transfer += 1
+        rec.stage[i] = Stage.TRANSFER
+        start = now if now > w.link_free_at else w.link_free_at
+        busy = p.kv_bytes(inp) / (p.kv_link_bandwidth * self.link_factor)
+        w.link_free_at = start + busy
+        self.call_in(start + busy + p.kv_setup_s - now, self.kv_arrived, i)
+
+    def kv_arrived(self, i: int) -> None:
+        self.in_transfer -= 1
+        self.rec.stage[i] = Stage.READY
+        self.rec.kv_ready_s[i] = self.env.now
+        self.ready.append(i)
+        self.wake_decode()
+
+    def crash_fill(self, w: FillWorker) -> None:
+        """The worker's step and its chunked request are lost: back to the front of the queue
+        (a new fill, prefix cache consulted again)."""
+        lost = [i for i, _ in w.step] + [i for i, _ in w.current]
+        for i in reversed(lost):
+            self.rec.requeues[i] += 1
+            self.fill_q.appendleft([i, -1])
+        w.step, w.current = [], []
+        w.busy = False
+        self.unidle(w)
+        w.token += 1
+        self.kick_fill()

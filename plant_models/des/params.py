@@ -1,0 +1,182 @@
+"""The request simulator's service times: tables sampled from the service model."""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tokenfactory.plant_models.roofline import Worker
+from tokenfactory.plant_models.service import (
+    DEFAULT_KV_SETUP_S,
+    DEFAULT_KV_STRIPES,
+    KVLink,
+    RequestShape,
+    ServiceModel,
+)
+from tokenfactory.validation import ConfigError, check_int, check_number
+
+__all__ = ["DESParams"]
+
+
+@dataclass(frozen=True)
+class DESParams:
+    """Service-time model of one fill and one decode worker (seconds, tokens, bytes).
+
+    * fill pass time = interp(tokens in the step; ``fill_step_tokens``, ``fill_step_s``)
+      + ``fill_s_per_cached_token`` x cached tokens read by requests starting in the step
+    * KV of a sequence of c tokens = ``sequence_state_bytes`` + ``kv_bytes_per_token`` x c (the
+      service model's law: fixed state of linear/local-attention layers plus per-token KV)
+    * KV transfer = blob bytes / ``kv_link_bandwidth`` (the fill worker's striped links, one
+      transfer at a time) + ``kv_setup_s``
+    * decode pass time = T(batch, mean context), bilinear in the roofline table
+      (``decode_batches`` x ``decode_contexts`` -> ``decode_table_s``); within a leap the context
+      grows by one token per step and T is extended linearly with its local slope in context
+    * a decode worker holds at most ``decode_kv_capacity_bytes`` of KV, allocated as tokens are
+      generated (paged, as vLLM and SGLang do); see ``ClusterConfig.kv_watermark``
+
+    Build with :meth:`from_service` (every table sampled from one
+    :class:`tokenfactory.plant_models.service.ServiceModel`, exact at its nominal request).
+    """
+
+    fill_token_budget: int
+    fill_step_tokens: tuple[float, ...]
+    fill_step_s: tuple[float, ...]
+    fill_s_per_cached_token: float
+    kv_bytes_per_token: float
+    kv_link_bandwidth: float
+    kv_setup_s: float
+    decode_kv_capacity_bytes: float
+    decode_batches: tuple[float, ...]
+    decode_contexts: tuple[float, ...]
+    decode_table_s: tuple[tuple[float, ...], ...]
+    sequence_state_bytes: float = 0.0
+    decode_max_batch: int = 1_000_000
+    block_tokens: int = 512
+    provenance: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        check_int("des.fill_token_budget", self.fill_token_budget, low=1)
+        for f in ("fill_s_per_cached_token", "kv_bytes_per_token", "kv_setup_s", "sequence_state_bytes"):
+            check_number(f"des.{f}", getattr(self, f), low=0.0)
+        for f in ("kv_link_bandwidth", "decode_kv_capacity_bytes"):
+            check_number(f"des.{f}", getattr(self, f), low=0.0, low_inclusive=False, allow_inf=True)
+        check_int("des.decode_max_batch", self.decode_max_batch, low=1)
+        check_int("des.block_tokens", self.block_tokens, low=1)
+        for xs, ys, name in ((self.fill_step_tokens, self.fill_step_s, "fill_step"),
+                             (self.decode_batches, [r[0] for r in self.decode_table_s], "decode_table_s")):
+            if len(xs) < 1 or len(xs) != len(ys) or any(a >= b for a, b in zip(xs, xs[1:])):
+                raise ConfigError(f"des.{name}", "needs increasing x values and one time per x")
+            if any(v <= 0 for v in ys):
+                raise ConfigError(f"des.{name}", "times must be > 0")
+        c = self.decode_contexts
+        if len(c) < 2 or any(a >= b for a, b in zip(c, c[1:])) or any(len(r) != len(c) for r in self.decode_table_s):
+            raise ConfigError("des.decode_contexts", "needs >= 2 increasing contexts and one time per (batch, context)")
+        # pure-Python copies for the hot paths (numpy's per-call overhead dominates at this size)
+        object.__setattr__(self, "_tl", [list(map(float, r)) for r in self.decode_table_s])
+        object.__setattr__(self, "_bl", list(map(float, self.decode_batches)))
+        object.__setattr__(self, "_cl", list(map(float, c)))
+        object.__setattr__(self, "_ft", list(map(float, self.fill_step_tokens)))
+        object.__setattr__(self, "_fs", list(map(float, self.fill_step_s)))
+
+    # -- fill and transfer ----------------------------------------------------------------
+    def fill_step_time(self, tokens: float, cached_read: float = 0.0) -> float:
+        """Time of a fill step of ``tokens`` new tokens that reads ``cached_read`` cached tokens."""
+        x, y = self._ft, self._fs
+        if tokens <= x[0]:
+            base = y[0]
+        elif tokens >= x[-1]:
+            base = y[-1]
+        else:
+            k = bisect_right(x, tokens) - 1
+            base = y[k] + (y[k + 1] - y[k]) * (tokens - x[k]) / (x[k + 1] - x[k])
+        return base + self.fill_s_per_cached_token * cached_read
+
+    def kv_bytes(self, context_tokens: float) -> float:
+        """KV bytes one sequence of ``context_tokens`` holds."""
+        return self.sequence_state_bytes + self.kv_bytes_per_token * context_tokens
+
+    def kv_transfer_s(self, input_tokens: float) -> float:
+        """Time to move the KV of an ``input_tokens`` fill over an idle link."""
+        return self.kv_bytes(input_tokens) / self.kv_link_bandwidth + self.kv_setup_s
+
+    # -- decode ---------------------------------------------------------------------------
+    def slots(self, context_tokens: float) -> int | float:
+        """Most sequences of ``context_tokens`` a decode worker's KV holds (inf without a limit)."""
+        per = self.kv_bytes(context_tokens)
+        if math.isinf(self.decode_kv_capacity_bytes) or per <= 0:
+            return math.inf
+        return int(self.decode_kv_capacity_bytes // per)
+
+    def decode_pass(self, batch: int, mean_context: float) -> tuple[float, float]:
+        """(pass time, d pass time / d mean context) at a batch and mean context, bilinear.
+
+        Pure Python on lists: called once per leap, where numpy's per-call overhead dominates."""
+        b, c, T = self._bl, self._cl, self._tl
+        nb, nc = len(b), len(c)
+        i = min(max(bisect_right(b, batch) - 1, 0), nb - 2) if nb > 1 else 0
+        j = min(max(bisect_right(c, mean_context) - 1, 0), nc - 2)
+        if nb > 1:
+            u = min(max((batch - b[i]) / (b[i + 1] - b[i]), 0.0), 1.0)
+            lo = T[i][j] + u * (T[i + 1][j] - T[i][j])
+            hi = T[i][j + 1] + u * (T[i + 1][j + 1] - T[i][j + 1])
+        else:
+            lo, hi = T[0][j], T[0][j + 1]
+        slope = (hi - lo) / (c[j + 1] - c[j])
+        return lo + slope * (mean_context - c[j]), max(slope, 0.0)
+
+    # -- construction ---------------------------------------------------------------------
+    @classmethod
+    def from_service(cls, service: ServiceModel, *, fill_token_budget: int | None = None) -> "DESParams":
+        """Sample every table from the service model (the same source as the fluid plant).
+
+        The fill table has 10 step sizes up to the token budget plus the nominal fill step (one
+        prompt per attention replica, when it fits the budget); the decode table 16 batches up to
+        the slots at a 64-token context plus the nominal slots, by 12 contexts from 64 to 262,144
+        tokens plus the nominal mean active context - so the nominal request's pass times equal the
+        service model's exactly.
+
+        Parameters
+        ----------
+        service : ServiceModel
+            Workers, nominal request and KV link.
+        fill_token_budget : int, optional
+            New tokens per fill step (default: the service model's budget).
+
+        Returns
+        -------
+        DESParams
+        """
+        s = service
+        dp = s.dp_attention
+        budget = int(fill_token_budget or s.fill_token_budget)
+        check_int("des.fill_token_budget", budget, low=1)
+        grid = set(np.geomspace(dp, max(budget, dp), 10).round().astype(int).tolist())
+        nominal_step = dp * s.shape.prompt_tokens
+        if nominal_step <= budget:
+            grid.add(nominal_step)
+        grid = sorted(grid)
+        fill_s = tuple(s.fill_step_s(n) for n in grid)
+        nominal_slots, nominal_ctx = s.decode_slots, s.decode_context_tokens
+        batches = sorted(set(np.geomspace(1, max(2, s.slots(64)), 16).round().astype(int).tolist()) | {nominal_slots})
+        contexts = sorted(set(np.geomspace(64, 262144, 12).round().astype(int).tolist()) | {nominal_ctx})
+        table = tuple(tuple(s.decode_pass_s(int(b), int(c)) for c in contexts) for b in batches)
+        return cls(fill_token_budget=budget, fill_step_tokens=tuple(map(float, grid)), fill_step_s=fill_s,
+                   fill_s_per_cached_token=s.fill_s_per_cached_token, kv_bytes_per_token=s.kv_bytes_per_token,
+                   sequence_state_bytes=s.sequence_state_bytes, kv_link_bandwidth=s.kv_link_bandwidth,
+                   kv_setup_s=s.link.setup_s, decode_kv_capacity_bytes=s.kv_capacity_bytes,
+                   decode_batches=tuple(map(float, batches)), decode_contexts=tuple(map(float, contexts)),
+                   decode_table_s=table, provenance=s.to_dict())
+
+    @classmethod
+    def from_workers(cls, fill_worker: Worker, decode_worker: Worker, *, kv_stripes: int = DEFAULT_KV_STRIPES,
+                     kv_setup_s: float = DEFAULT_KV_SETUP_S, fill_token_budget: int | None = None,
+                     shape: RequestShape = RequestShape()) -> "DESParams":
+        """:meth:`from_service` of ``ServiceModel(fill_worker, decode_worker, shape, KVLink(kv_stripes,
+        kv_setup_s))``."""
+        return cls.from_service(ServiceModel(fill_worker, decode_worker, shape, KVLink(kv_stripes, kv_setup_s)),
+                                fill_token_budget=fill_token_budget)

@@ -1,0 +1,168 @@
+"""How workers join and leave pools: the rules the pool model and the request simulator share.
+
+* :class:`PoolDynamics` - start-up, warm-up, drain and fleet-size assumptions (sources in its
+  docstring).
+* :func:`scale_plan` - Kubernetes-deployment semantics of a desired replica count: a scale-up
+  requests new workers (they wait for a free worker in a fixed fleet, then start up); a
+  scale-down withdraws requests not yet placed, then cancels starting workers (newest first), then
+  drains serving ones (newest first).
+* :func:`free_workers` - how many requests a fixed fleet can place now.
+* :class:`PoolFleet` - one pool's workers on the pool model's time grid (times, not objects).
+
+The request simulator keeps real worker objects (a drained worker finishes what it holds) but
+decides with the same :func:`scale_plan` and :func:`free_workers`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tokenfactory.validation import check_int, check_number
+
+__all__ = ["PoolDynamics", "ScalePlan", "scale_plan", "free_workers", "PoolFleet"]
+
+
+@dataclass(frozen=True)
+class PoolDynamics:
+    """How workers join and leave pools (seconds).
+
+    Defaults are ASSUMPTIONS for a DeepSeek-V3 worker on 8 x H200, stated so they can be
+    replaced: ``startup_s`` 120 s = 671 GB of FP8 weights read at ~6 GB/s from local NVMe (a
+    PCIe Gen4 x4 drive's ~7 GB/s sequential read) plus process start, CUDA-graph capture and
+    expert-parallel group setup; ``warmup_s`` / ``warmup_factor``: the first passes of a new worker
+    run slower (allocator growth, cold caches, lazy graph capture), modelled as half speed for
+    30 s; ``drain_s``: a removed worker stays billed while its sequences migrate off (the pool
+    model's stand-in; the request simulator drains a worker for real - it finishes what it holds).
+    ``gpus_per_worker`` converts worker-hours to GPU-hours. ``fleet_size`` fixes the number of
+    workers (None: elastic, workers come and go): a scale-up then waits until a worker is free, so
+    moving a worker between pools costs its drain, then its start-up in the new role; GPU-hours are
+    the whole fleet's (owned), ``busy_gpu_hours`` the provisioned ones.
+    """
+
+    startup_s: float = 120.0
+    warmup_s: float = 30.0
+    warmup_factor: float = 0.5
+    drain_s: float = 30.0
+    gpus_per_worker: int = 8
+    fleet_size: int | None = None
+
+    def __post_init__(self) -> None:
+        check_number("pools.startup_s", self.startup_s, low=0.0, high=3600.0)
+        check_number("pools.warmup_s", self.warmup_s, low=0.0, high=3600.0)
+        check_number("pools.warmup_factor", self.warmup_factor, low=0.0, high=1.0, low_inclusive=False)
+        check_number("pools.drain_s", self.drain_s, low=0.0, high=3600.0)
+        check_int("pools.gpus_per_worker", self.gpus_per_worker, low=1)
+        if self.fleet_size is not None:
+            check_int("pools.fleet_size", self.fleet_size, low=1)
+
+
+@dataclass(frozen=True)
+class ScalePlan:
+    """What reconciling a pool toward a target does: ``request`` new workers, ``withdraw``
+    requests not yet placed, ``cancel`` starting workers (newest first), ``drain`` serving workers
+    (newest first)."""
+
+    request: int = 0
+    withdraw: int = 0
+    cancel: int = 0
+    drain: int = 0
+
+
+def scale_plan(serving: int, starting: int, waiting: int, target: int) -> ScalePlan:
+    """Deployment semantics: reach ``target`` provisioned workers (serving + starting + waiting).
+
+    Parameters
+    ----------
+    serving : int
+        Workers serving (not draining).
+    starting : int
+        Workers placed and starting up.
+    waiting : int
+        Requested workers not placed yet (a fixed fleet had no free worker).
+    target : int
+        Desired provisioned workers.
+
+    Returns
+    -------
+    ScalePlan
+    """
+    diff = int(target) - (serving + starting + waiting)
+    if diff >= 0:
+        return ScalePlan(request=diff)
+    remove = -diff
+    withdraw = min(waiting, remove)
+    cancel = min(starting, remove - withdraw)
+    return ScalePlan(withdraw=withdraw, cancel=cancel, drain=min(serving, remove - withdraw - cancel))
+
+
+def free_workers(dynamics: PoolDynamics, in_use: int) -> float:
+    """Workers a fixed fleet has free for placement (``inf`` for an elastic fleet); ``in_use``
+    counts every worker holding a slot: serving, draining or starting."""
+    return math.inf if dynamics.fleet_size is None else max(dynamics.fleet_size - in_use, 0)
+
+
+class PoolFleet:
+    """The workers of one pool on the pool model's grid: serving (with the time their warm-up
+    ends), starting (with the time they start serving) and draining (with the time they are
+    released)."""
+
+    def __init__(self, pool: str, workers: int, dynamics: PoolDynamics):
+        self.pool = pool
+        self.dyn = dynamics
+        self.serving: list[float] = [-math.inf] * workers   # warm-up end times
+        self.starting: list[float] = []                      # serving-from times
+        self.draining: list[float] = []                      # release times
+        self.waiting = 0                                     # requested, no free worker yet (fixed fleet)
+
+    @property
+    def provisioned(self) -> int:
+        """What a deployment's replica count means: serving plus starting (plus, in a fixed fleet,
+        those waiting for a free worker - pending pods)."""
+        return len(self.serving) + len(self.starting) + self.waiting
+
+    @property
+    def in_transit(self) -> int:
+        """Requested but not serving yet: what a pending-aware controller must count."""
+        return len(self.starting) + self.waiting
+
+    @property
+    def billed(self) -> int:
+        return len(self.serving) + len(self.starting) + len(self.draining)
+
+    def set_target(self, t: float, target: int) -> int:
+        """Reconcile toward ``target`` workers (:func:`scale_plan`); returns the change in
+        provisioned workers."""
+        before = self.provisioned
+        plan = scale_plan(len(self.serving), len(self.starting), self.waiting, target)
+        self.waiting += plan.request - plan.withdraw
+        self.starting.sort()
+        for _ in range(plan.cancel):  # the newest (latest to serve) go first
+            self.starting.pop()
+        self.serving.sort()
+        for _ in range(plan.drain):
+            self.serving.pop()  # the most recently started worker drains
+            self.draining.append(t + self.dyn.drain_s)
+        return self.provisioned - before
+
+    def place(self, t: float, free: float) -> int:
+        """Start up to ``free`` of the waiting requests; returns how many started."""
+        n = int(min(self.waiting, free))
+        if n > 0:
+            self.starting.extend([t + self.dyn.startup_s] * n)
+            self.waiting -= n
+        return n
+
+    def advance(self, t: float) -> None:
+        if self.starting:
+            up = [s for s in self.starting if s <= t + 1e-9]
+            if up:
+                self.starting = [s for s in self.starting if s > t + 1e-9]
+                self.serving.extend(s + self.dyn.warmup_s for s in up)
+        if self.draining:
+            self.draining = [d for d in self.draining if d > t + 1e-9]
+
+    def effective(self, t: float) -> float:
+        """Serving workers in full-speed equivalents (warming workers count ``warmup_factor``)."""
+        f = self.dyn.warmup_factor
+        return float(sum(f if t < w else 1.0 for w in self.serving))
