@@ -1,15 +1,15 @@
 """The fluid model of the token factory: a python-control ``NonlinearIOSystem`` plus exact delays.
 
-States (requests): admission ``backlog`` Q, ``fill_wip`` W (admitted, not yet KV-ready), ``ready``
-buffer R, ``decoding`` D (active decodes), and cumulative counters (arrived, admitted, completed,
-shed, requeued) that make the conservation law checkable::
+States (requests): admission ``backlog`` Q, ``fill_in_progress`` W (admitted, not yet KV-ready),
+``ready`` buffer R, ``active_decodes`` D, and cumulative counters (arrived, admitted, completed,
+rejected, requeued) that make the conservation law checkable::
 
-    arrived = completed + shed + Q + W + R + D
+    arrived = completed + rejected + Q + W + R + D
 
 Flows (requests/s), with ``f(t, x, u, params)`` as in python-control:
 
 * admission  a = min(command, fill capacity, Q / admit_tau)          (backlog -> fill)
-* shedding   max(Q - bound, 0) / shed_tau, reason "backlog_over_bound"
+* rejection  max(Q - bound, 0) / shed_tau, reason "backlog_over_bound" (shedding)
 * KV ready   a(t - theta), theta = fill latency + KV transfer time    (fill -> ready; exact delay)
 * dispatch   s = min(R / dispatch_s, completions + (slots - D) / dispatch_s)   (ready -> decode)
 * completion c = rate_factor * D / (output_tokens * (t0 + t1 * D / n_decode))  (roofline pass time)
@@ -34,19 +34,18 @@ import control
 import numpy as np
 import pandas as pd
 
+from tokenfactory.events import DecodeRateDip, DecodeWorkersLost, DemandStep, events_from_dicts
 from tokenfactory.plant_models.delay import DelayLine
+from tokenfactory.plant_models.result import SERIES_COLUMNS, SimulationResult
 from tokenfactory.plant_models.roofline import Worker
+from tokenfactory.plant_models.service import DEFAULT_KV_SETUP_S, DEFAULT_KV_STRIPES, KVLink, RequestShape, ServiceModel
 from tokenfactory.signals import AdmissionAction, Measurement
 from tokenfactory.errors import ConservationError
 from tokenfactory.validation import ConfigError, check_int, check_number, reject_unknown_keys
 
 __all__ = [
-    "RequestShape",
     "FluidParams",
     "FluidPlant",
-    "DemandStep",
-    "DecodeRateDip",
-    "DecodeWorkersLost",
     "LoopScenario",
     "LoopResponse",
     "ConservationError",
@@ -56,43 +55,12 @@ __all__ = [
     "OUTPUTS",
 ]
 
-STATES = ("backlog", "fill_wip", "ready", "decoding", "arrived", "admitted", "completed", "shed",
+STATES = ("backlog", "fill_in_progress", "ready", "active_decodes", "arrived", "admitted", "completed", "rejected",
           "requeued")
 INPUTS = ("demand", "admission_command", "backlog_bound", "ready_inflow", "fill_workers",
           "decode_workers", "decode_rate_factor")
-OUTPUTS = ("backlog", "fill_wip", "ready", "decoding", "admitted_rate", "completion_rate",
-           "dispatch_rate", "shed_rate", "decode_slots", "fill_capacity", "decode_utilization")
-
-
-@dataclass(frozen=True)
-class RequestShape:
-    """The nominal request a fluid model is parameterised at (tokens).
-
-    ``output_cv`` is the coefficient of variation of output lengths (1 = exponential, the fluid
-    model's memoryless completion assumption; 0 = constant). It sets the mean context an active
-    decode holds: sequences that generate longer stay longer, so the active population's mean age
-    is E[L^2] / (2 E[L]) = L (1 + cv^2) / 2 (renewal theory's length-biased sampling)."""
-
-    prompt_tokens: int = 2048
-    output_tokens: int = 512
-    cached_tokens: int = 0
-    output_cv: float = 1.0
-
-    def __post_init__(self) -> None:
-        check_int("shape.prompt_tokens", self.prompt_tokens, low=1)
-        check_int("shape.output_tokens", self.output_tokens, low=1)
-        check_int("shape.cached_tokens", self.cached_tokens, low=0)
-        check_number("shape.output_cv", self.output_cv, low=0.0, high=10.0)
-
-    @property
-    def decode_context_tokens(self) -> int:
-        """Context at the end of decode: what KV slots must hold."""
-        return self.cached_tokens + self.prompt_tokens + self.output_tokens
-
-    @property
-    def mean_active_context_tokens(self) -> int:
-        """Mean context held by an active decode (KV is allocated as tokens are generated)."""
-        return int(round(self.cached_tokens + self.prompt_tokens + self.output_tokens * (1 + self.output_cv ** 2) / 2))
+OUTPUTS = ("backlog", "fill_in_progress", "ready", "active_decodes", "admitted_rate", "completion_rate",
+           "dispatch_rate", "rejection_rate", "decode_slots", "fill_capacity", "decode_utilization")
 
 
 @dataclass(frozen=True)
@@ -167,40 +135,38 @@ class FluidParams:
         )
 
     @classmethod
-    def from_workers(cls, fill_worker: Worker, decode_worker: Worker, shape: RequestShape = RequestShape(),
-                     *, measurement_delay_s: float = 0.5, kv_stripes: int = 8, kv_setup_s: float = 0.005,
-                     **kw) -> "FluidParams":
-        """Derive the plant from roofline service rates (nothing typed by hand).
+    def from_service(cls, service: ServiceModel, *, measurement_delay_s: float = 0.5, **kw) -> "FluidParams":
+        """Sample the plant from the service model (nothing typed by hand).
 
-        Fill: one pass over one prompt per attention replica; its time is the fill latency and its
-        throughput the fill rate. KV transfer: blob bytes over ``kv_stripes`` scale-out links of the
-        fill worker's GPUs, plus ``kv_setup_s``. Decode: slots = KV memory / the mean context an
-        active decode holds (``RequestShape.mean_active_context_tokens``); pass time tabulated from
-        the roofline over the feasible batches at that context (interpolated).
+        Fill: the nominal fill pass (one prompt per attention replica) - its time is the fill
+        latency, its throughput the fill rate. KV transfer: the nominal blob over the KV link.
+        Decode: slots at the mean context an active decode holds; pass time tabulated over 16
+        batches up to the slots at that context (interpolated in between, exact at full batch).
         """
-        check_int("plant.kv_stripes", kv_stripes, low=1)
-        check_number("plant.kv_setup_s", kv_setup_s, low=0.0)
-        dp = fill_worker.parallelism.dp_attention
-        fill = fill_worker.midfill(shape.prompt_tokens, shape.cached_tokens, sequences=dp)
-        fill_rate = fill.tokens_per_s / shape.prompt_tokens
-        blob = fill_worker.model.kv_bytes(shape.prompt_tokens + shape.cached_tokens)
-        kv_s = blob / (kv_stripes * fill_worker.accelerator.scale_out_bandwidth) + kv_setup_s
-        ctx = shape.mean_active_context_tokens
-        if decode_worker.decode_slots(shape.decode_context_tokens) < 1:
-            raise ConfigError("plant.shape", f"a {shape.decode_context_tokens}-token context does not fit "
-                              "in a decode worker")
-        slots = decode_worker.decode_slots(ctx)
+        s = service
+        slots = s.decode_slots
+        ctx = s.decode_context_tokens
         batches = np.unique(np.geomspace(1, slots, 16).round().astype(int))
-        times = tuple(decode_worker.decode(int(b), ctx).time_s for b in batches)
+        times = tuple(s.decode_pass_s(int(b), ctx) for b in batches)
         dispatch = times[-1]  # a ready request joins the batch at the next decode pass
-        prov = {"fill_model": fill_worker.model.name, "fill_hardware": fill_worker.accelerator.name,
-                "decode_model": decode_worker.model.name, "decode_hardware": decode_worker.accelerator.name,
-                "shape": dataclasses.asdict(shape), "kv_blob_bytes": blob}
-        return cls(fill_rate_per_worker=fill_rate, fill_latency_s=fill.time_s, kv_transfer_s=kv_s,
-                   decode_slots_per_worker=float(slots), decode_step_batches=tuple(map(float, batches)),
-                   decode_step_times_s=times, output_tokens=float(shape.output_tokens),
-                   dispatch_s=float(dispatch), measurement_delay_s=measurement_delay_s,
-                   provenance=prov, **kw)
+        prov = {"fill_model": s.fill_worker.model.name, "fill_hardware": s.fill_worker.accelerator.name,
+                "decode_model": s.decode_worker.model.name, "decode_hardware": s.decode_worker.accelerator.name,
+                "shape": dataclasses.asdict(s.shape), "link": dataclasses.asdict(s.link),
+                "kv_blob_bytes": s.kv_blob_bytes, "decode_context_tokens": ctx}
+        return cls(fill_rate_per_worker=s.fill_rate_rps, fill_latency_s=s.fill_latency_s,
+                   kv_transfer_s=s.kv_transfer_s(s.kv_blob_bytes), decode_slots_per_worker=float(slots),
+                   decode_step_batches=tuple(map(float, batches)), decode_step_times_s=times,
+                   output_tokens=float(s.shape.output_tokens), dispatch_s=float(dispatch),
+                   measurement_delay_s=measurement_delay_s, provenance=prov, **kw)
+
+    @classmethod
+    def from_workers(cls, fill_worker: Worker, decode_worker: Worker, shape: RequestShape = RequestShape(),
+                     *, measurement_delay_s: float = 0.5, kv_stripes: int = DEFAULT_KV_STRIPES,
+                     kv_setup_s: float = DEFAULT_KV_SETUP_S, **kw) -> "FluidParams":
+        """:meth:`from_service` of ``ServiceModel(fill_worker, decode_worker, shape, KVLink(kv_stripes,
+        kv_setup_s))``."""
+        return cls.from_service(ServiceModel(fill_worker, decode_worker, shape, KVLink(kv_stripes, kv_setup_s)),
+                                measurement_delay_s=measurement_delay_s, **kw)
 
 
 def _flows(x, u, p: FluidParams):
@@ -304,33 +270,8 @@ class FluidPlant:
 # Scenarios and the closed-loop simulator
 
 
-@dataclass(frozen=True)
-class DemandStep:
-    """Demand multiplied by ``factor`` from ``at_s`` on."""
-
-    at_s: float
-    factor: float
-
-
-@dataclass(frozen=True)
-class DecodeRateDip:
-    """Decode speed multiplied by ``factor`` (e.g. 0.7 = a 30 % dip) for ``duration_s``."""
-
-    start_s: float
-    duration_s: float
-    factor: float
-
-
-@dataclass(frozen=True)
-class DecodeWorkersLost:
-    """``fraction`` of decode workers lost at ``at_s`` (their sequences are re-queued)."""
-
-    at_s: float
-    fraction: float
-
-
-_DISTURBANCES = {"demand_step": DemandStep, "decode_rate_dip": DecodeRateDip,
-                 "decode_workers_lost": DecodeWorkersLost}
+#: the disturbances the admission-loop plant accepts (:mod:`tokenfactory.events`)
+DISTURBANCE_KINDS = (DemandStep.kind, DecodeRateDip.kind, DecodeWorkersLost.kind)
 
 
 @dataclass(frozen=True)
@@ -352,9 +293,7 @@ class LoopScenario:
         check_number("scenario.demand_noise_cv", self.demand_noise_cv, low=0.0, high=5.0)
         check_number("scenario.noise_interval_s", self.noise_interval_s, low=self.dt)
         check_int("scenario.seed", self.seed, low=0)
-        for i, d in enumerate(self.disturbances):
-            if not isinstance(d, tuple(_DISTURBANCES.values())):
-                raise ConfigError(f"scenario.disturbances[{i}]", f"unknown disturbance {d!r}")
+        events_from_dicts(self.disturbances, "scenario.disturbances", DISTURBANCE_KINDS)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], *, demand: float, where: str = "scenario") -> "LoopScenario":
@@ -364,17 +303,8 @@ class LoopScenario:
         reject_unknown_keys(where, d, {"duration_s", "dt", "disturbances", "demand_noise_cv",
                                        "noise_interval_s", "seed", "demand_factor"})
         d.pop("demand_factor", None)
-        dist = []
-        for i, item in enumerate(d.pop("disturbances", [])):
-            item = dict(item)
-            kind = item.pop("kind", None)
-            if kind not in _DISTURBANCES:
-                raise ConfigError(f"{where}.disturbances[{i}].kind",
-                                  f"{kind!r} is not one of {', '.join(_DISTURBANCES)}")
-            klass = _DISTURBANCES[kind]
-            reject_unknown_keys(f"{where}.disturbances[{i}]", item, {f.name for f in dataclasses.fields(klass)})
-            dist.append(klass(**item))
-        return cls(demand=demand, disturbances=tuple(dist), **d)
+        dist = events_from_dicts(d.pop("disturbances", []), f"{where}.disturbances", DISTURBANCE_KINDS)
+        return cls(demand=demand, disturbances=dist, **d)
 
     def demand_at(self, t: float, noise: np.ndarray) -> float:
         lam = self.demand
@@ -400,38 +330,8 @@ class LoopScenario:
         return f
 
 
-@dataclass
-class LoopResponse:
-    """A closed-loop fluid simulation: outputs on the simulation grid, controller samples, and the
-    conservation residual. ``to_pandas()`` gives one row per grid point."""
-
-    time: np.ndarray
-    outputs: dict[str, np.ndarray]
-    states: dict[str, np.ndarray]
-    demand: np.ndarray
-    command: np.ndarray
-    sample_times: np.ndarray
-    conservation_residual: float
-    params: FluidParams
-    scenario: LoopScenario
-    controller: str
-
-    def to_pandas(self) -> pd.DataFrame:
-        df = pd.DataFrame({"time_s": self.time, "demand": self.demand, "command": self.command,
-                           **self.outputs})
-        for k in ("arrived", "completed", "shed", "requeued"):
-            df[k] = self.states[k]
-        return df
-
-    def window(self, start_s: float, end_s: float | None = None) -> np.ndarray:
-        end_s = self.time[-1] + 1e-9 if end_s is None else end_s
-        return (self.time >= start_s) & (self.time <= end_s)
-
-    def sampled(self, name: str, period_s: float, start_s: float = 0.0) -> np.ndarray:
-        """Output ``name`` resampled every ``period_s`` from ``start_s`` (for detectors)."""
-        step = max(1, int(round(period_s / self.scenario.dt)))
-        i0 = int(np.searchsorted(self.time, start_s))
-        return self.outputs[name][i0::step]
+#: the former name of the fluid plant's result (now every plant's)
+LoopResponse = SimulationResult
 
 
 def _as_action(a) -> AdmissionAction:
@@ -439,7 +339,7 @@ def _as_action(a) -> AdmissionAction:
 
 
 def simulate_loop(plant: FluidPlant, controller, scenario: LoopScenario, *,
-                  x0: Sequence[float] | None = None, conservation_rtol: float = 1e-6) -> LoopResponse:
+                  x0: Sequence[float] | None = None, conservation_rtol: float = 1e-6) -> SimulationResult:
     """Simulate ``controller`` closing the admission loop around ``plant`` under ``scenario``.
 
     Fixed-step explicit integration on a grid of ``scenario.dt``; the fill-to-ready delay and the
@@ -470,7 +370,8 @@ def simulate_loop(plant: FluidPlant, controller, scenario: LoopScenario, *,
     sts = np.empty((n, len(STATES)))
     demand = np.empty(n)
     command = np.empty(n)
-    samples = []
+    workers = np.empty((n, 2))
+    actions = []
     first = True
     for k in range(n):
         t = t_grid[k]
@@ -492,9 +393,9 @@ def simulate_loop(plant: FluidPlant, controller, scenario: LoopScenario, *,
             m = Measurement(
                 time_s=max(t - tau_m, 0.0),
                 backlog=out_lines["backlog"].read(tau_m),
-                fill_in_progress=out_lines["fill_wip"].read(tau_m),
+                fill_in_progress=out_lines["fill_in_progress"].read(tau_m),
                 ready=out_lines["ready"].read(tau_m),
-                active_decodes=out_lines["decoding"].read(tau_m),
+                active_decodes=out_lines["active_decodes"].read(tau_m),
                 completion_rate=out_lines["completion_rate"].read(tau_m),
                 admitted_rate=out_lines["admitted_rate"].read(tau_m),
                 decode_slots=out_lines["decode_slots"].read(tau_m),
@@ -503,26 +404,51 @@ def simulate_loop(plant: FluidPlant, controller, scenario: LoopScenario, *,
                 decode_workers=plant.decode_workers * scenario.decode_worker_factor(max(t - tau_m, 0.0)),
             )
             action = _as_action(controller.update(t, m))
-            samples.append(t)
+            actions.append({"time_s": t, "kind": "admission", "rate": action.rate,
+                            "backlog_bound": action.backlog_bound})
             u = (lam, action.rate, action.backlog_bound, r_in, plant.fill_workers, nd, rf)
             y = _outputs(t, x, u, p)
         outs[k] = y
         sts[k] = x
         demand[k] = lam
         command[k] = action.rate
+        workers[k] = plant.fill_workers, nd
         admitted_line.push(float(y[OUTPUTS.index("admitted_rate")]))
         if k < n - 1:
             x = x + dt * _dynamics(t, x, u, p)
     states = {s: sts[:, i] for i, s in enumerate(STATES)}
-    in_system = states["backlog"] + states["fill_wip"] + states["ready"] + states["decoding"]
-    residual = states["arrived"] - (states["completed"] + states["shed"] + in_system)
+    in_system = states["backlog"] + states["fill_in_progress"] + states["ready"] + states["active_decodes"]
+    residual = states["arrived"] - (states["completed"] + states["rejected"] + in_system)
     worst = float(np.max(np.abs(residual)))
     scale = max(1.0, float(states["arrived"][-1]))
     if worst > conservation_rtol * scale:
         raise ConservationError(
-            f"fluid model lost requests: max |arrived - (completed + shed + in system)| = {worst:.3g} "
+            f"fluid model lost requests: max |arrived - (completed + rejected + in system)| = {worst:.3g} "
             f"of {scale:.3g} arrivals")
-    if np.min(in_system) < -1e-9 * scale or min(states[s].min() for s in ("backlog", "ready", "decoding")) < -1e-6 * scale:
+    if np.min(in_system) < -1e-9 * scale or min(states[s].min() for s in ("backlog", "ready", "active_decodes")) \
+            < -1e-6 * scale:
         raise ConservationError("a fluid queue went negative; reduce scenario.dt")
-    return LoopResponse(t_grid, {o: outs[:, i] for i, o in enumerate(OUTPUTS)}, states, demand, command,
-                        np.array(samples), worst, p, scenario, type(controller).__name__)
+    o = {name: outs[:, i] for i, name in enumerate(OUTPUTS)}
+    series = pd.DataFrame({
+        "time_s": t_grid, "backlog": o["backlog"], "fill_in_progress": o["fill_in_progress"], "ready": o["ready"],
+        "active_decodes": o["active_decodes"], "decode_slots": o["decode_slots"], "fill_capacity": o["fill_capacity"],
+        "fill_workers": workers[:, 0], "decode_workers": workers[:, 1], "admission_rate": command,
+        "arrival_rate": demand, "admitted_rate": o["admitted_rate"], "completion_rate": o["completion_rate"],
+        "arrived": states["arrived"], "completed": states["completed"], "rejected": states["rejected"],
+        # the fluid plant's own: flows, utilisation and the other counters
+        "dispatch_rate": o["dispatch_rate"], "rejection_rate": o["rejection_rate"],
+        "decode_utilization": o["decode_utilization"], "admitted": states["admitted"],
+        "requeued": states["requeued"]})
+    assert tuple(series.columns[:len(SERIES_COLUMNS)]) == tuple(SERIES_COLUMNS)
+    metrics = {"requests": float(states["arrived"][-1]), "completed": float(states["completed"][-1]),
+               "rejected": float(states["rejected"][-1]), "in_flight_end": float(in_system[-1]),
+               "requeued": float(states["requeued"][-1]), "conservation_residual": worst,
+               "duration_s": float(t_grid[-1]), "controller_samples": len(actions)}
+    config = {"params": {k: v for k, v in dataclasses.asdict(p).items() if k != "provenance"},
+              "fill_workers": plant.fill_workers, "decode_workers": plant.decode_workers,
+              "scenario": {**{f.name: getattr(scenario, f.name) for f in dataclasses.fields(scenario)},
+                           "disturbances": [{"kind": d.kind, **dataclasses.asdict(d)} for d in scenario.disturbances]},
+              "controller": type(controller).__name__,
+              "controller_params": controller.params() if hasattr(controller, "params") else {}}
+    return SimulationResult(series=series, records=None, metrics=metrics, config=config,
+                            actions=pd.DataFrame(actions, columns=["time_s", "kind", "rate", "backlog_bound"]))

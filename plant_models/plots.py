@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["expert_intensity_plot", "decode_sweep_plot", "stage_memory_plot", "roofline_plot",
-           "loop_response_plot", "validation_plot", "pareto_plot", "capacity_curve_plot"]
+           "loop_response_plot", "validation_plot", "pareto_plot", "capacity_curve_plot", "series_plot"]
 
 
 def _axes(ax):
@@ -88,11 +88,11 @@ def roofline_plot(points: pd.DataFrame, *, peak_flops: float, bandwidth: float, 
 
 def loop_response_plot(responses: dict, signal: str = "ready", *, target: float | None = None,
                        events: list[tuple[float, str]] | None = None, ylabel: str | None = None, ax=None):
-    """One output of several :class:`tokenfactory.plant_models.fluid.LoopResponse` runs against time."""
+    """One series column of several :class:`tokenfactory.plant_models.result.SimulationResult`
+    runs (any plant) against time, one line per run."""
     ax = _axes(ax)
     for i, (name, r) in enumerate(responses.items()):
-        ax.plot(r.time, r.outputs[signal] if signal in r.outputs else getattr(r, signal),
-                lw=1.2, color=f"C{i}", label=name)
+        ax.plot(r.series["time_s"], r.series[signal], lw=1.2, color=f"C{i}", label=name)
     if target is not None:
         ax.axhline(target, color="k", ls="--", lw=0.8, label="target")
     for t, label in events or []:
@@ -220,4 +220,18 @@ def capacity_curve_plot(df: pd.DataFrame, *, y: str, group: str = "hbm_bandwidth
     ax.set_xlabel("HBM capacity per GPU (GB)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
+    return ax
+
+
+def series_plot(result, columns="ready", *, start_s: float = 0.0, ylabel: str | None = None, ax=None):
+    """Columns of one result's time series against time (what ``SimulationResult.plot`` draws)."""
+    ax = _axes(ax)
+    s = result.series
+    s = s[s["time_s"] >= start_s]
+    for i, c in enumerate([columns] if isinstance(columns, str) else list(columns)):
+        ax.plot(s["time_s"], s[c], lw=1.0, color=f"C{i}", label=c.replace("_", " "))
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel(ylabel or ("requests" if not isinstance(columns, str) else columns.replace("_", " ")))
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
     return ax

@@ -89,8 +89,8 @@ def _loop_summary(resp, start_s: float) -> dict[str, Any]:
     """Detector indices and plant figures over the assessment window [start_s, end]."""
     rep = _assess_ready(resp, start_s)
     w = resp.window(start_s)
-    ready = resp.outputs["ready"][w]
-    adm = resp.outputs["admitted_rate"][w]
+    ready = resp.column("ready")[w]
+    adm = resp.column("admitted_rate")[w]
     return {
         "oscillating": rep.oscillating, "thornhill_r": rep.thornhill_r, "decay_ratio": rep.decay_ratio,
         "forsman_h": rep.forsman_h, "spectral_peak_fraction": rep.spectral_peak_fraction,
@@ -99,11 +99,11 @@ def _loop_summary(resp, start_s: float) -> dict[str, Any]:
         "amplitude": float((ready.max() - ready.min()) / 2.0),
         "harmonic_amplitude": rep.harmonic_amplitude if rep.oscillating else None,
         "ready_mean": float(ready.mean()), "ready_min": float(ready.min()), "ready_max": float(ready.max()),
-        "decode_utilization": float(resp.outputs["decode_utilization"][w].mean()),
-        "backlog_p99": float(np.percentile(resp.outputs["backlog"][w], 99)),
+        "decode_utilization": float(resp.column("decode_utilization")[w].mean()),
+        "backlog_p99": float(np.percentile(resp.column("backlog")[w], 99)),
         "admission_swing_cv": float(adm.std() / adm.mean()) if adm.mean() > 0 else None,
-        "shed": float(resp.states["shed"][-1]),
-        "conservation_residual": resp.conservation_residual,
+        "shed": float(resp.column("rejected")[-1]),
+        "conservation_residual": resp.metrics["conservation_residual"],
     }
 
 
@@ -203,7 +203,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     x_low[4] = x_low[1] + x_low[3]
     step_runs = {name: simulate_loop(plant, ctrl, step_sim, x0=x_low)
                  for name, ctrl in (("smoothed", smoothed), ("naive", naive))}
-    step_m = {name: {**step_metrics(r.time, r.outputs["ready"], t0=step["at_s"], initial=0.0, final=target,
+    step_m = {name: {**step_metrics(r.time, r.column("ready"), t0=step["at_s"], initial=0.0, final=target,
                                     band=SETTLE_BAND),
                      **_loop_summary(r, step["at_s"] + 60.0)} for name, r in step_runs.items()}
     dip = cfg["dip"]
@@ -217,10 +217,10 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     for name, dsim in dist_sims.items():
         r = _simulate(plant, smoothed, dsim, ready0=target)
         end = dip["start_s"] + (dip["duration_s"] if name == "decode_rate_dip" else 0.0)
-        dist_m[name] = {**disturbance_metrics(r.time, r.outputs["ready"], t_start=dip["start_s"], t_end=end,
+        dist_m[name] = {**disturbance_metrics(r.time, r.column("ready"), t_start=dip["start_s"], t_end=end,
                                               target=target, band=SETTLE_BAND * target),
-                        "min_decode_utilization": float(r.outputs["decode_utilization"][r.window(dip["start_s"])].min()),
-                        "shed": float(r.states["shed"][-1]), "requeued": float(r.states["requeued"][-1]),
+                        "min_decode_utilization": float(r.column("decode_utilization")[r.window(dip["start_s"])].min()),
+                        "shed": float(r.column("rejected")[-1]), "requeued": float(r.column("requeued")[-1]),
                         **{k: v for k, v in _loop_summary(r, end + 20.0).items()
                            if k in ("oscillating", "thornhill_r", "decay_ratio")}}
         dist_runs[name] = r

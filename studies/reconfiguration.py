@@ -253,7 +253,7 @@ def reproduce_seesaw(quick: bool = False) -> tuple[dict, dict]:
     for key, ctrl in runs.items():
         r = simulate_pools(fp, nf, nd, sc, controllers=[ctrl])
         s = r.series
-        s["decode_load"] = (s["decoding"] + s["ready"]) / s["decode_slots"]
+        s["decode_load"] = (s["active_decodes"] + s["ready"]) / s["decode_slots"]
         s["fill_load"] = s["fill_in_progress"] / (nf * mu_f * fp.fill_latency_s)
         after = s[s["time_s"] >= 60.0]
         rep = assess(after["decode_load"].to_numpy(), dt, min_amplitude=0.02)
@@ -263,7 +263,7 @@ def reproduce_seesaw(quick: bool = False) -> tuple[dict, dict]:
         amp = first_harmonic_amplitude(after["decode_load"].to_numpy(), dt, rep.period_s) \
             if math.isfinite(rep.period_s) else 0.0
         out[key] = _outcome(r.metrics, rep_d, controller=type(ctrl).__name__,
-                            throughput_rps=float(after["completed"].sum() / (len(after) * dt)),
+                            throughput_rps=float(after["completion_rate"].mean()),
                             decode_load_harmonic_amplitude=amp, fill_vs_decode_phase_deg=phase,
                             rejected_fraction=r.metrics["rejected"] / max(r.metrics["requests"], 1.0))
         resps[key] = r
@@ -434,7 +434,8 @@ def _reproduction_figure(title: str, resps: dict, pools: list[str], justified: f
         if len(r.actions):
             a = r.actions
             axes[0].plot(a["time_s"] / 60.0, a["to"], "o", ms=3, alpha=0.6, label=f"{key}: actions")
-        slo = (s["in_slo"].rolling(120, min_periods=1).sum() / s["arrivals"].rolling(120, min_periods=1).sum())
+        arrivals = s["arrival_rate"] * (s["time_s"].iloc[1] - s["time_s"].iloc[0])  # per step
+        slo = (s["in_slo"].rolling(120, min_periods=1).sum() / arrivals.rolling(120, min_periods=1).sum())
         axes[1].plot(t, slo.clip(0, 1), label=key)
         axes[2].plot(t, s["ready"] + s["backlog"], lw=0.8, label=f"{key}: queued requests")
     if justified is not None:
@@ -471,7 +472,8 @@ def _seesaw_figure(resps: dict, window_min: tuple[float, float] = (5.0, 7.0)) ->
     ax = axes[-1]
     for key in keys:
         s = resps[key].series
-        slo = s["in_slo"].rolling(600, min_periods=1).sum() / s["arrivals"].rolling(600, min_periods=1).sum()
+        arrivals = s["arrival_rate"] * (s["time_s"].iloc[1] - s["time_s"].iloc[0])  # per step
+        slo = s["in_slo"].rolling(600, min_periods=1).sum() / arrivals.rolling(600, min_periods=1).sum()
         ax.plot(s["time_s"] / 60.0, slo.clip(0, 1), lw=1, label=key)
     ax.set_ylabel("SLO attainment\n(rolling 60 s)")
     ax.set_xlabel("time (min)")

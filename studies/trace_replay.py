@@ -101,7 +101,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
             res = runs.get((name, adm))
             if res is None:
                 continue
-            q = res.requests.dropna(subset=["first_token_s"]).sort_values("arrival_s")
+            q = res.records.dropna(subset=["first_token_s"]).sort_values("arrival_s")
             roll = q.set_index("arrival_s")["ttft_s"].rolling(200, min_periods=20).quantile(0.9)
             ax[0].plot(roll.index, roll.to_numpy(), lw=1.2, color=f"C{i}", label=adm)
             ax[1].plot(res.series["time_s"], res.series["ready"], lw=0.8, color=f"C{i}", label=adm)

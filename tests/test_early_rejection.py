@@ -76,8 +76,8 @@ def test_runs_in_the_admission_loop_fluid_plant(smoothed_scenario):
                  WatermarkAdmission()):
         r = simulate_loop(plant, ctrl, sc, x0=plant.initial_state(100.0))
         tail = r.window(30.0)
-        done = r.states["completed"][tail]
+        done = r.column("completed")[tail]
         rate = (done[-1] - done[0]) / 30.0
         assert rate == pytest.approx(plant.decode_capacity, rel=0.05)  # decode stays busy
         if isinstance(ctrl, EarlyRejection):
-            assert r.states["shed"][-1] > 0  # overload is rejected at arrival, not queued
+            assert r.column("rejected")[-1] > 0  # overload is rejected at arrival, not queued

@@ -49,11 +49,11 @@ def test_params_derive_from_roofline():
     p = FluidParams.from_workers(w, w, shape)
     # exponential output lengths (cv 1): an active decode holds 2048 + 512 (1 + 1)/2 = 2560 tokens
     assert shape.mean_active_context_tokens == 2560
-    rates = w.service_rates(2048, 2560)
-    assert p.fill_rate_per_worker == pytest.approx(rates.fill_tokens_per_s / 2048)
-    assert p.fill_latency_s == pytest.approx(rates.fill_seconds)
-    assert p.decode_slots_per_worker == rates.decode_slots
-    assert p.decode_step_s(rates.decode_slots) == pytest.approx(rates.decode_step_s)
+    fill = w.prefill(2048, sequences=8)  # one prompt per attention replica
+    assert p.fill_rate_per_worker == pytest.approx(fill.tokens_per_s / 2048)
+    assert p.fill_latency_s == pytest.approx(fill.time_s)
+    assert p.decode_slots_per_worker == w.decode_slots(2560)
+    assert p.decode_step_s(w.decode_slots(2560)) == pytest.approx(w.decode(w.decode_slots(2560), 2560).time_s)
     assert RequestShape(2048, 512, output_cv=0.0).mean_active_context_tokens == 2048 + 256
     # KV blob of 2048 tokens x 70,272 B over 8 x 50 GB/s, plus 5 ms setup
     assert p.kv_transfer_s == pytest.approx(2048 * 70272 / (8 * 50e9) + 0.005)
@@ -77,7 +77,7 @@ def test_fill_to_ready_delay_is_exact(plant):
     r = simulate_loop(plant, ConstantRate(a), sc, x0=x0)
     theta = plant.params.fill_to_ready_s
     expected = a * np.minimum(r.time, theta)
-    assert np.max(np.abs(r.outputs["fill_wip"] - expected)) <= a * 0.002
+    assert np.max(np.abs(r.column("fill_in_progress") - expected)) <= a * 0.002
 
 
 def test_measurement_delay_is_what_the_controller_sees(plant):
@@ -87,7 +87,7 @@ def test_measurement_delay_is_what_the_controller_sees(plant):
     tau = plant.params.measurement_delay_s
     for t, m in ctrl.seen[10:]:
         k = int(round((t - tau) / sc.dt))
-        assert m.ready == pytest.approx(r.outputs["ready"][k], rel=1e-9, abs=1e-9)
+        assert m.ready == pytest.approx(r.column("ready")[k], rel=1e-9, abs=1e-9)
         assert m.time_s == pytest.approx(t - tau)
 
 
@@ -96,7 +96,7 @@ def test_littles_law_in_decode(plant):
     sc = LoopScenario(demand=plant.decode_capacity, duration_s=60.0, dt=0.01)
     r = simulate_loop(plant, ConstantRate(plant.decode_capacity), sc, x0=plant.initial_state(100.0, 2000.0))
     w = r.window(30.0)
-    D, c = r.outputs["decoding"][w].mean(), r.outputs["completion_rate"][w].mean()
+    D, c = r.column("active_decodes")[w].mean(), r.column("completion_rate")[w].mean()
     assert D == pytest.approx(c * plant.params.mean_decode_s(), rel=1e-3)
 
 
@@ -115,10 +115,10 @@ def test_conservation_under_random_scenarios(plant, demand_factor, noise, seed, 
     sc = LoopScenario(demand=demand_factor * c, duration_s=60.0, dt=0.01, demand_noise_cv=noise, seed=seed,
                       disturbances=tuple(dists))
     r = simulate_loop(plant, ConstantRate(rate * c, bound_s * c), sc, x0=plant.initial_state(50.0, 100.0))
-    s = r.states
-    in_system = s["backlog"] + s["fill_wip"] + s["ready"] + s["decoding"]
-    np.testing.assert_allclose(s["arrived"], s["completed"] + s["shed"] + in_system,
-                               rtol=1e-7, atol=1e-6 * max(1.0, s["arrived"][-1]))
+    s = r.series
+    in_system = s["backlog"] + s["fill_in_progress"] + s["ready"] + s["active_decodes"]
+    np.testing.assert_allclose(s["arrived"], s["completed"] + s["rejected"] + in_system,
+                               rtol=1e-7, atol=1e-6 * max(1.0, s["arrived"].iloc[-1]))
     assert s["backlog"].min() >= -1e-6 and s["ready"].min() >= -1e-6
 
 
@@ -127,11 +127,11 @@ def test_shedding_over_bound_and_eviction_are_counted(plant):
     sc = LoopScenario(demand=2 * c, duration_s=60.0, dt=0.01,
                       disturbances=(DecodeWorkersLost(10.0, 0.25),))
     r = simulate_loop(plant, ConstantRate(c, bound=5 * c), sc, x0=plant.initial_state(50.0, 0.0))
-    assert r.states["shed"][-1] > 0.5 * c * 40  # half the excess demand over 40 s at least
+    assert r.column("rejected")[-1] > 0.5 * c * 40  # half the excess demand over 40 s at least
     # the bound is enforced as a fluid drain (Q - bound)/shed_tau: steady excess = c x shed_tau
-    assert r.outputs["backlog"][r.window(40.0)].max() <= 5 * c + 1.01 * c * plant.params.shed_tau_s
+    assert r.column("backlog")[r.window(40.0)].max() <= 5 * c + 1.01 * c * plant.params.shed_tau_s
     lost_slots = 0.25 * plant.params.decode_slots(plant.decode_workers)
-    assert 0.8 * lost_slots < r.states["requeued"][-1] <= lost_slots  # the sequences on lost workers
+    assert 0.8 * lost_slots < r.column("requeued")[-1] <= lost_slots  # the sequences on lost workers
 
 
 def test_conservation_violation_is_an_error(plant, monkeypatch):

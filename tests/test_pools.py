@@ -52,9 +52,9 @@ def test_static_pools_bill_exactly_and_serve_the_demand(fp):
     # 6 workers x 8 GPUs for an hour (plus the closing step)
     assert r.metrics["gpu_hours"] == pytest.approx(48.0, rel=2e-4)
     s = r.series[r.series["time_s"] > 600]
-    assert s["completed"].sum() / (len(s) * 0.5) == pytest.approx(lam, rel=1e-3)
+    assert s["completion_rate"].mean() == pytest.approx(lam, rel=1e-3)
     # fluid equilibrium: completions D / (L pass(D / n)) = lambda (Little's law in decode)
-    d = float(s["decoding"].iloc[-1])
+    d = float(s["active_decodes"].iloc[-1])
     assert d / (fp.output_tokens * fp.decode_step_s(d / 2)) == pytest.approx(lam, rel=1e-3)
     assert r.metrics["slo_attainment"] == pytest.approx(1.0)
     assert r.metrics["actions_per_hour"] == 0
@@ -125,7 +125,7 @@ def test_conservation_under_random_loads_and_moves(fp, load, seed, dt, target, a
                        dynamics=PoolDynamics(startup_s=20.0, warmup_s=10.0))
     m = r.metrics
     assert m["requests"] == pytest.approx(m["completed"] + m["rejected"] + m["in_flight_end"], rel=1e-9, abs=1e-6)
-    assert (r.series[["backlog", "ready", "decoding"]] >= -1e-9).all().all()
+    assert (r.series[["backlog", "ready", "active_decodes"]] >= -1e-9).all().all()
 
 
 def test_rate_series_and_steps_drive_the_demand(fp):
