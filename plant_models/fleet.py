@@ -38,6 +38,21 @@ class PoolDynamics:
     workers (None: elastic, workers come and go): a scale-up then waits until a worker is free, so
     moving a worker between pools costs its drain, then its start-up in the new role; GPU-hours are
     the whole fleet's (owned), ``busy_gpu_hours`` the provisioned ones.
+
+    Parameters
+    ----------
+    startup_s : float
+        Decision to serving (s, [0, 3600]).
+    warmup_s : float
+        Time a new worker runs slower (s, [0, 3600]).
+    warmup_factor : float
+        Its speed meanwhile, as a fraction of full speed, in (0, 1].
+    drain_s : float
+        Billed time of a removed worker in the pool model (s, [0, 3600]).
+    gpus_per_worker : int
+        GPUs per worker (>= 1).
+    fleet_size : int or None
+        Fixed number of workers (>= 1), or None for an elastic fleet.
     """
 
     startup_s: float = 120.0
@@ -59,9 +74,19 @@ class PoolDynamics:
 
 @dataclass(frozen=True)
 class ScalePlan:
-    """What reconciling a pool toward a target does: ``request`` new workers, ``withdraw``
-    requests not yet placed, ``cancel`` starting workers (newest first), ``drain`` serving workers
-    (newest first)."""
+    """What reconciling a pool toward a target does.
+
+    Parameters
+    ----------
+    request : int
+        New workers to request (they wait for placement, then start up).
+    withdraw : int
+        Requests not yet placed to withdraw.
+    cancel : int
+        Starting workers to cancel, newest first.
+    drain : int
+        Serving workers to drain, newest first.
+    """
 
     request: int = 0
     withdraw: int = 0
@@ -97,15 +122,37 @@ def scale_plan(serving: int, starting: int, waiting: int, target: int) -> ScaleP
 
 
 def free_workers(dynamics: PoolDynamics, in_use: int) -> float:
-    """Workers a fixed fleet has free for placement (``inf`` for an elastic fleet); ``in_use``
-    counts every worker holding a slot: serving, draining or starting."""
+    """Workers a fixed fleet has free for placement.
+
+    Parameters
+    ----------
+    dynamics : PoolDynamics
+        Its ``fleet_size`` (None: elastic).
+    in_use : int
+        Workers holding a slot: serving, draining or starting.
+
+    Returns
+    -------
+    float
+        ``fleet_size - in_use`` (at least 0), or ``inf`` for an elastic fleet.
+    """
     return math.inf if dynamics.fleet_size is None else max(dynamics.fleet_size - in_use, 0)
 
 
 class PoolFleet:
     """The workers of one pool on the pool model's grid: serving (with the time their warm-up
     ends), starting (with the time they start serving) and draining (with the time they are
-    released)."""
+    released).
+
+    Parameters
+    ----------
+    pool : str
+        ``"fill"`` or ``"decode"``.
+    workers : int
+        Workers serving at the start (warm).
+    dynamics : PoolDynamics
+        Start-up, warm-up and drain times.
+    """
 
     def __init__(self, pool: str, workers: int, dynamics: PoolDynamics):
         self.pool = pool
@@ -131,8 +178,20 @@ class PoolFleet:
         return len(self.serving) + len(self.starting) + len(self.draining)
 
     def set_target(self, t: float, target: int) -> int:
-        """Reconcile toward ``target`` workers (:func:`scale_plan`); returns the change in
-        provisioned workers."""
+        """Reconcile toward ``target`` workers (:func:`scale_plan`).
+
+        Parameters
+        ----------
+        t : float
+            Now (s).
+        target : int
+            Desired provisioned workers.
+
+        Returns
+        -------
+        int
+            The change in provisioned workers.
+        """
         before = self.provisioned
         plan = scale_plan(len(self.serving), len(self.starting), self.waiting, target)
         self.waiting += plan.request - plan.withdraw

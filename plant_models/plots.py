@@ -224,7 +224,25 @@ def capacity_curve_plot(df: pd.DataFrame, *, y: str, group: str = "hbm_bandwidth
 
 
 def series_plot(result, columns="ready", *, start_s: float = 0.0, ylabel: str | None = None, ax=None):
-    """Columns of one result's time series against time (what ``SimulationResult.plot`` draws)."""
+    """Columns of one result's time series against time (what ``SimulationResult.plot`` draws).
+
+    Parameters
+    ----------
+    result : SimulationResult
+        Any plant's result.
+    columns : str or list of str
+        Series columns to draw, one line each.
+    start_s : float
+        Draw from this time on (s).
+    ylabel : str, optional
+        Y-axis label (default: the column, or "requests" for several).
+    ax : matplotlib Axes, optional
+        Where to draw (default: a new figure's axes).
+
+    Returns
+    -------
+    matplotlib Axes
+    """
     ax = _axes(ax)
     s = result.series
     s = s[s["time_s"] >= start_s]

@@ -79,7 +79,19 @@ class RequestShape:
     ``prompt_tokens`` are the new (uncached) tokens a fill computes, ``cached_tokens`` the prefix
     it reads from cache. ``output_cv`` is the coefficient of variation of output lengths (1 =
     exponential, the fluid model's memoryless completion assumption; 0 = constant); it sets the
-    mean context an active decode holds (:func:`mean_active_context`)."""
+    mean context an active decode holds (:func:`mean_active_context`).
+
+    Parameters
+    ----------
+    prompt_tokens : int
+        New prompt tokens a fill computes (>= 1).
+    output_tokens : int
+        Mean output tokens (>= 1).
+    cached_tokens : int
+        Prefix tokens read from cache (>= 0).
+    output_cv : float
+        Coefficient of variation of output lengths, in [0, 10].
+    """
 
     prompt_tokens: int = 2048
     output_tokens: int = 512
@@ -136,7 +148,15 @@ class RequestShape:
 @dataclass(frozen=True)
 class KVLink:
     """How a finished fill's KV blob reaches decode: striped over ``stripes`` of the fill worker's
-    scale-out NICs, one transfer at a time per fill worker, plus ``setup_s`` per transfer."""
+    scale-out NICs, one transfer at a time per fill worker, plus ``setup_s`` per transfer.
+
+    Parameters
+    ----------
+    stripes : int
+        NICs a transfer is striped over (>= 1; default :data:`DEFAULT_KV_STRIPES`).
+    setup_s : float
+        Fixed cost per transfer (s, >= 0; default :data:`DEFAULT_KV_SETUP_S`).
+    """
 
     stripes: int = DEFAULT_KV_STRIPES
     setup_s: float = DEFAULT_KV_SETUP_S
@@ -146,7 +166,18 @@ class KVLink:
         check_number("kv_link.setup_s", self.setup_s, low=0.0)
 
     def bandwidth(self, fill_worker: Worker) -> float:
-        """Bytes/s of one transfer from ``fill_worker``."""
+        """Bytes/s of one transfer from ``fill_worker``.
+
+        Parameters
+        ----------
+        fill_worker : Worker
+            The sending worker (its accelerator's scale-out bandwidth per GPU).
+
+        Returns
+        -------
+        float
+            ``stripes`` x scale-out bandwidth.
+        """
         return self.stripes * fill_worker.accelerator.scale_out_bandwidth
 
 

@@ -1,3 +1,4 @@
+import math
 import os
 
 import pytest
@@ -17,6 +18,22 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
 settings.register_profile("explore", deadline=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+class ConstantAdmission:
+    """A controller commanding a fixed admission rate and backlog bound; records what it saw."""
+
+    def __init__(self, rate, bound=math.inf, sample_period=0.1):
+        self.rate, self.bound, self.sample_period, self.seen = rate, bound, sample_period, []
+
+    def reset(self):
+        self.seen = []
+
+    def update(self, t, m):
+        from tokenfactory.signals import AdmissionAction
+
+        self.seen.append((t, m))
+        return AdmissionAction(self.rate, self.bound)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,3 @@
-import dataclasses
 import math
 
 import numpy as np
@@ -23,7 +22,7 @@ from tokenfactory.plant_models import (
     simulate,
     simulate_loop,
 )
-from conftest import poisson_trace
+from conftest import ConstantAdmission, poisson_trace
 from tokenfactory import ConfigError
 from tokenfactory.traces import SyntheticWorkload, generate_requests, load_trace, trace_available
 
@@ -258,20 +257,10 @@ events = st.one_of(
 @given(seed=st.integers(0, 10 ** 6), rate=st.floats(5, 200), evs=st.lists(events, max_size=4),
        bound=st.one_of(st.just(math.inf), st.floats(0, 500)), duration=st.one_of(st.none(), st.floats(5, 80)))
 def test_conservation_under_random_seeds_and_faults(params, seed, rate, evs, bound, duration):
-    class Fixed:
-        sample_period = 0.5
-
-        def reset(self):
-            pass
-
-        def update(self, t, m):
-            from tokenfactory.plant_models import AdmissionAction
-            return AdmissionAction(rate, bound)
-
     tr = generate_requests(SyntheticWorkload(mean_rate_rps=rate, seed=seed % 1000, agentic_fraction=0.2), 50)
     cl = ClusterConfig(fill_workers=2, decode_workers=2, progress=False, events=tuple(evs), duration_s=duration,
                        prefix_cache_blocks=None)
-    r = simulate(tr, params, cl, Fixed())
+    r = simulate(tr, params, cl, ConstantAdmission(rate, bound, sample_period=0.5))
     m = r.metrics
     assert m["requests"] == m["completed"] + m["rejected"] + m["in_flight_end"]
     states = r.records["state"].value_counts()

@@ -1,5 +1,4 @@
 import dataclasses
-import math
 
 import numpy as np
 import pytest
@@ -8,7 +7,6 @@ from hypothesis import strategies as st
 
 import tokenfactory.plant_models.fluid as fluid
 from tokenfactory.plant_models import (
-    AdmissionAction,
     ConservationError,
     DecodeRateDip,
     DecodeWorkersLost,
@@ -24,18 +22,7 @@ from tokenfactory.plant_models import (
 from tokenfactory import ConfigError
 
 
-class ConstantRate:
-    sample_period = 0.1
-
-    def __init__(self, rate, bound=math.inf):
-        self.rate, self.bound, self.seen = rate, bound, []
-
-    def reset(self):
-        self.seen = []
-
-    def update(self, t, m):
-        self.seen.append((t, m))
-        return AdmissionAction(self.rate, self.bound)
+from conftest import ConstantAdmission as ConstantRate
 
 
 @pytest.fixture(scope="module")

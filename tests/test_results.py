@@ -8,7 +8,6 @@ import pytest
 
 from tokenfactory.plant_models import (
     SERIES_COLUMNS,
-    AdmissionAction,
     ClusterConfig,
     LoopScenario,
     PoolScenario,
@@ -17,20 +16,11 @@ from tokenfactory.plant_models import (
     simulate_loop,
     simulate_pools,
 )
-from conftest import poisson_trace
+from conftest import ConstantAdmission, poisson_trace
 
 
-class Fixed:
-    sample_period = 0.5
-
-    def __init__(self, rate, bound=math.inf):
-        self.rate, self.bound = rate, bound
-
-    def reset(self):
-        pass
-
-    def update(self, t, m):
-        return AdmissionAction(self.rate, self.bound)
+def Fixed(rate, bound=math.inf):
+    return ConstantAdmission(rate, bound, sample_period=0.5)
 
 
 @pytest.fixture(scope="module")

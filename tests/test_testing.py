@@ -76,19 +76,20 @@ def test_conserved_fails_when_a_request_is_lost(des_run, loop_runs):
     lost.metrics = {**des_run.metrics, "completed": des_run.metrics["completed"] - 1}
     with pytest.raises(AssertionError, match="requests not conserved: arrived .* residual 1"):
         assert_conserved(lost)
-    leaky = dataclasses.replace(loop_runs["smoothed"], conservation_residual=5.0)
+    leaky = dataclasses.replace(loop_runs["smoothed"],
+                                metrics={**loop_runs["smoothed"].metrics, "conservation_residual": 5.0})
     with pytest.raises(AssertionError, match="residual 5"):
         assert_conserved(leaky)
 
 
 def test_conserved_fails_on_a_rejection_without_reason(des_run):
     bad = copy.copy(des_run)
-    rec = des_run.requests.copy()
+    rec = des_run.records.copy()
     i = rec.index[rec["state"] == "completed"][0]
     rec["state"] = rec["state"].astype(str)
     rec.loc[i, "state"] = "rejected"
     rec.loc[i, "reject_reason"] = ""
-    bad.requests = rec
+    bad.records = rec
     bad.metrics = {**des_run.metrics, "completed": des_run.metrics["completed"] - 1,
                    "rejected": des_run.metrics["rejected"] + 1}
     with pytest.raises(AssertionError, match="carry no reason"):

@@ -29,7 +29,15 @@ __all__ = ["DemandStep", "DecodeRateDip", "DecodeWorkersLost", "WorkerCrash", "L
 
 @dataclass(frozen=True)
 class DemandStep:
-    """Demand multiplied by ``factor`` from ``at_s`` on."""
+    """Demand multiplied by ``factor`` from ``at_s`` on.
+
+    Parameters
+    ----------
+    at_s : float
+        When the step happens (s, >= 0).
+    factor : float
+        Demand multiplier (>= 0; 1.5 = 50 % more).
+    """
 
     kind: ClassVar[str] = "demand_step"
     at_s: float
@@ -42,7 +50,17 @@ class DemandStep:
 
 @dataclass(frozen=True)
 class _FactorWindow:
-    """Something runs at ``factor`` x its normal speed in [start_s, start_s + duration_s)."""
+    """Something runs at ``factor`` x its normal speed in [start_s, start_s + duration_s).
+
+    Parameters
+    ----------
+    start_s : float
+        Start of the window (s, >= 0).
+    duration_s : float
+        Its length (s, >= 0).
+    factor : float
+        Speed multiplier in the window (> 0; 0.7 = 30 % slower).
+    """
 
     kind: ClassVar[str] = "factor_window"
     start_s: float
@@ -57,14 +75,32 @@ class _FactorWindow:
 
 @dataclass(frozen=True)
 class DecodeRateDip(_FactorWindow):
-    """Decode speed multiplied by ``factor`` (e.g. 0.7 = a 30 % dip) in [start_s, start_s + duration_s)."""
+    """Decode speed multiplied by ``factor`` (e.g. 0.7 = a 30 % dip) in [start_s, start_s + duration_s).
+
+    Parameters
+    ----------
+    start_s : float
+        Start of the dip (s, >= 0).
+    duration_s : float
+        Its length (s, >= 0).
+    factor : float
+        Decode speed multiplier (> 0).
+    """
 
     kind: ClassVar[str] = "decode_rate_dip"
 
 
 @dataclass(frozen=True)
 class DecodeWorkersLost:
-    """``fraction`` of decode workers lost at ``at_s`` (their sequences are re-queued)."""
+    """``fraction`` of decode workers lost at ``at_s`` (their sequences are re-queued).
+
+    Parameters
+    ----------
+    at_s : float
+        When the workers are lost (s, >= 0).
+    fraction : float
+        Share of the decode pool lost, in [0, 1].
+    """
 
     kind: ClassVar[str] = "decode_workers_lost"
     at_s: float
@@ -77,8 +113,20 @@ class DecodeWorkersLost:
 
 @dataclass(frozen=True)
 class WorkerCrash:
-    """Worker ``index`` of ``pool`` ("fill" or "decode") crashes at ``at_s`` and restarts after
-    ``restart_s``; the requests it held lose their state and are re-queued."""
+    """Worker ``index`` of ``pool`` crashes at ``at_s`` and restarts after ``restart_s``; the
+    requests it held lose their state and are re-queued.
+
+    Parameters
+    ----------
+    at_s : float
+        When it crashes (s, >= 0).
+    pool : str
+        ``"fill"`` or ``"decode"``.
+    index : int
+        Which worker of the pool (>= 0; no effect if the pool is smaller).
+    restart_s : float
+        Time until it serves again (s, >= 0).
+    """
 
     kind: ClassVar[str] = "worker_crash"
     at_s: float
@@ -95,7 +143,17 @@ class WorkerCrash:
 
 @dataclass(frozen=True)
 class LinkSlowdown(_FactorWindow):
-    """KV links run at ``factor`` x bandwidth in [start_s, start_s + duration_s)."""
+    """KV links run at ``factor`` x bandwidth in [start_s, start_s + duration_s).
+
+    Parameters
+    ----------
+    start_s : float
+        Start of the slowdown (s, >= 0).
+    duration_s : float
+        Its length (s, >= 0).
+    factor : float
+        Bandwidth multiplier (> 0).
+    """
 
     kind: ClassVar[str] = "link_slowdown"
 
@@ -103,7 +161,19 @@ class LinkSlowdown(_FactorWindow):
 @dataclass(frozen=True)
 class Reconfiguration:
     """At ``at_s`` move ``count`` workers from pool ``source`` to ``target``: each drains its
-    work, is offline for ``downtime_s``, then serves the other pool."""
+    work, is offline for ``downtime_s``, then serves the other pool.
+
+    Parameters
+    ----------
+    at_s : float
+        When the move starts (s, >= 0).
+    source, target : str
+        ``"fill"`` and ``"decode"``, one each.
+    count : int
+        Workers moved (>= 1).
+    downtime_s : float
+        Offline time between draining and serving the target pool (s, >= 0).
+    """
 
     kind: ClassVar[str] = "reconfiguration"
     at_s: float

@@ -33,7 +33,8 @@ Modules, one concern each:
 * :mod:`~tokenfactory.plant_models.des.core` - :class:`Simulator` and :func:`simulate`.
 """
 
-from tokenfactory.events import DecodeRateDip, LinkSlowdown, Reconfiguration, WorkerCrash
+# events and reject reasons were importable from here before they moved to the core layer
+from tokenfactory.events import DecodeRateDip, LinkSlowdown, Reconfiguration, WorkerCrash  # noqa: F401
 from tokenfactory.plant_models.des.cache import (
     LRUPrefixCache,
     NoPrefixCache,
@@ -46,7 +47,7 @@ from tokenfactory.plant_models.des.core import OpenAdmission, Simulator, simulat
 from tokenfactory.plant_models.des.params import DESParams
 from tokenfactory.plant_models.des.records import Snapshot, Stage
 from tokenfactory.plant_models.result import SimulationResult
-from tokenfactory.signals import REJECT_REASONS
+from tokenfactory.signals import REJECT_REASONS  # noqa: F401
 
 #: the former name of the request simulator's result (now every plant's)
 DESResult = SimulationResult

@@ -46,7 +46,13 @@ class NoPrefixCache(PrefixCache):
 
 class UnboundedPrefixCache(PrefixCache):
     """Every block ever filled stays cached; without block hashes the trace's ``cached_tokens``
-    are taken as given."""
+    are taken as given.
+
+    Parameters
+    ----------
+    block_tokens : int
+        Tokens per cached block.
+    """
 
     def __init__(self, block_tokens: int):
         self.block_tokens = block_tokens
@@ -66,7 +72,15 @@ class UnboundedPrefixCache(PrefixCache):
 
 class LRUPrefixCache(PrefixCache):
     """``capacity_blocks`` blocks, least recently used evicted first; without block hashes
-    nothing is known to be cached (a bounded cache cannot take the trace's word for it)."""
+    nothing is known to be cached (a bounded cache cannot take the trace's word for it).
+
+    Parameters
+    ----------
+    capacity_blocks : int
+        Blocks the cache holds.
+    block_tokens : int
+        Tokens per cached block.
+    """
 
     def __init__(self, capacity_blocks: int, block_tokens: int):
         self.capacity_blocks = capacity_blocks
@@ -94,7 +108,19 @@ class LRUPrefixCache(PrefixCache):
 
 
 def prefix_cache_for(blocks: int | None, block_tokens: int) -> PrefixCache:
-    """The policy ``ClusterConfig.prefix_cache_blocks`` names: None unbounded, 0 none, n LRU."""
+    """The policy ``ClusterConfig.prefix_cache_blocks`` names.
+
+    Parameters
+    ----------
+    blocks : int or None
+        None: unbounded; 0: no cache; n: LRU of n blocks.
+    block_tokens : int
+        Tokens per cached block.
+
+    Returns
+    -------
+    PrefixCache
+    """
     if blocks is None:
         return UnboundedPrefixCache(block_tokens)
     if blocks == 0:

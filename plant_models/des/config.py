@@ -27,6 +27,35 @@ class ClusterConfig:
     batch only if this fraction of KV stays free for growth (vLLM's default, 1 %).
     ``snapshot_dt`` is the period of the recorded time series, which is also what controllers
     sample (with ``measurement_delay_s``).
+
+    Parameters
+    ----------
+    fill_workers, decode_workers : int
+        Workers serving at the start (>= 0).
+    measurement_delay_s : float
+        Age of what controllers see (s, >= 0).
+    snapshot_dt : float
+        Sample period of the time series (s, [0.001, 60]).
+    prefix_cache_blocks : int or None
+        Prefix-cache policy (see above).
+    slo_ttft_s, slo_tpot_s : float
+        The SLO ``slo_attainment`` counts against (s, > 0).
+    kv_watermark : float
+        KV fraction kept free when a sequence joins, in [0, 0.5].
+    duration_s : float or None
+        Simulated time (s); None: the last arrival + ``drain_s``.
+    drain_s : float
+        Time after the last arrival when ``duration_s`` is None (s, >= 0).
+    dynamics : PoolDynamics
+        Start-up, warm-up, drain and fleet size of autoscaled workers.
+    autoscale_start_s : float
+        First autoscaler sample (s, >= 0).
+    events : tuple
+        Events of the kinds in :data:`EVENT_KINDS` (objects or tables with a ``kind``).
+    seed : int
+        Seed of the run's random generator (>= 0).
+    progress : bool or None
+        Print progress to stderr (None: when stderr is a terminal).
     """
 
     fill_workers: int = 8

@@ -28,7 +28,15 @@ _NO_LIMIT = 1 << 62  # passes: "KV never overflows"
 
 
 class DecodeWorker:
-    """One decode worker's state (see the module notes for the leap bookkeeping)."""
+    """One decode worker's state (see the module notes for the leap bookkeeping).
+
+    Parameters
+    ----------
+    index : int
+        Its position in the pool when it joined.
+    finished : simpy Event
+        Triggered when it has drained (or left).
+    """
 
     __slots__ = ("index", "online", "draining", "idle", "listening", "in_leap", "interrupted", "token", "n",
                  "members", "heap", "offset_sum", "leap", "leap_steps", "warm_until", "finished", "retired")

@@ -22,7 +22,15 @@ __all__ = ["FillWorker", "FillStage"]
 
 
 class FillWorker:
-    """One fill worker's state."""
+    """One fill worker's state.
+
+    Parameters
+    ----------
+    index : int
+        Its position in the pool when it joined.
+    finished : simpy Event
+        Triggered when it has drained (or left).
+    """
 
     __slots__ = ("index", "online", "draining", "busy", "idle", "step", "current", "link_free_at", "token",
                  "warm_until", "finished", "retired")

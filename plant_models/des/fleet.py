@@ -23,7 +23,13 @@ __all__ = ["StartTicket", "FleetControl"]
 
 
 class StartTicket:
-    """A requested worker: waiting for a free worker (fixed fleet), then starting up."""
+    """A requested worker: waiting for a free worker (fixed fleet), then starting up.
+
+    Parameters
+    ----------
+    pool : str
+        ``"fill"`` or ``"decode"``.
+    """
 
     __slots__ = ("pool", "placed", "cancelled")
 

@@ -41,6 +41,35 @@ class DESParams:
 
     Build with :meth:`from_service` (every table sampled from one
     :class:`tokenfactory.plant_models.service.ServiceModel`, exact at its nominal request).
+
+    Parameters
+    ----------
+    fill_token_budget : int
+        New tokens a fill worker takes per step (>= 1).
+    fill_step_tokens, fill_step_s : tuple of float
+        Fill step time (s) by tokens in the step (increasing tokens, times > 0).
+    fill_s_per_cached_token : float
+        Extra fill time per cached prefix token read (s, >= 0).
+    kv_bytes_per_token : float
+        KV bytes each context token adds (>= 0).
+    kv_link_bandwidth : float
+        Bytes/s of one KV transfer (> 0, inf allowed).
+    kv_setup_s : float
+        Fixed cost per KV transfer (s, >= 0).
+    decode_kv_capacity_bytes : float
+        KV bytes a decode worker holds (> 0, inf allowed).
+    decode_batches, decode_contexts : tuple of float
+        Grid of the decode table (increasing; at least two contexts).
+    decode_table_s : tuple of tuple of float
+        Decode pass time (s) by batch (rows) and mean context (columns).
+    sequence_state_bytes : float
+        Fixed KV state of one sequence (bytes, >= 0).
+    decode_max_batch : int
+        Most sequences a decode worker batches (>= 1).
+    block_tokens : int
+        Tokens per prefix-cache block (>= 1).
+    provenance : mapping
+        What the tables were sampled from (not compared).
     """
 
     fill_token_budget: int

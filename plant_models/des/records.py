@@ -78,6 +78,13 @@ class SnapshotTable:
     ``hold(k, j)`` copies row ``k`` to rows ``k+1 .. j`` with zero rates: the simulator calls it
     when no event can happen before row ``j + 1``'s time, so a quiet stretch costs one numpy write
     instead of one event per sample.
+
+    Parameters
+    ----------
+    rows : int
+        Samples in the run.
+    dt : float
+        Sample period (s).
     """
 
     COLUMNS = Snapshot._fields
@@ -120,7 +127,13 @@ class SnapshotTable:
 
 
 class RequestRecords:
-    """Flat per-request arrays: event times (NaN until they happen), counters, stage, reason."""
+    """Flat per-request arrays: event times (NaN until they happen), counters, stage, reason.
+
+    Parameters
+    ----------
+    n : int
+        Requests in the trace.
+    """
 
     TIMES = ("arrival_s", "admitted_s", "fill_start_s", "fill_end_s", "kv_ready_s", "decode_start_s",
              "first_token_s", "completion_s", "rejected_s")
