@@ -29,7 +29,8 @@ Modules, one concern each:
   model's fleet rules);
 * :mod:`~tokenfactory.plant_models.des.measure` - snapshots, measurements, the control loop;
 * :mod:`~tokenfactory.plant_models.des.records` - :class:`Stage`, :class:`Snapshot`, per-request records;
-* :mod:`~tokenfactory.plant_models.des.idle` - idle workers, woken together once per instant;
+* :mod:`~tokenfactory.plant_models.des.workers` - what every worker has, and idle workers woken
+  together once per instant;
 * :mod:`~tokenfactory.plant_models.des.core` - :class:`Simulator` and :func:`simulate`.
 """
 

@@ -31,7 +31,7 @@ from tokenfactory.plant_models.des.config import ClusterConfig
 from tokenfactory.plant_models.des.decode import DecodeStage, DecodeWorker
 from tokenfactory.plant_models.des.fill import FillStage, FillWorker
 from tokenfactory.plant_models.des.fleet import FleetControl
-from tokenfactory.plant_models.des.idle import IdleWorkers
+from tokenfactory.plant_models.des.workers import IdleWorkers
 from tokenfactory.plant_models.des.measure import Monitor
 from tokenfactory.plant_models.des.params import DESParams
 from tokenfactory.plant_models.des.records import RequestRecords, Stage

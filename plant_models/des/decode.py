@@ -19,7 +19,7 @@ import math
 from collections import deque
 from heapq import heappop, heappush
 
-from tokenfactory.plant_models.des.idle import IdleWorkers
+from tokenfactory.plant_models.des.workers import IdleWorkers, PoolWorker
 from tokenfactory.plant_models.des.records import Stage
 
 __all__ = ["DecodeWorker", "DecodeStage"]
@@ -27,38 +27,29 @@ __all__ = ["DecodeWorker", "DecodeStage"]
 _NO_LIMIT = 1 << 62  # passes: "KV never overflows"
 
 
-class DecodeWorker:
-    """One decode worker's state (see the module notes for the leap bookkeeping).
+class DecodeWorker(PoolWorker):
+    """One decode worker's state (:class:`PoolWorker` plus its batch and leap; see the module
+    notes for the bookkeeping).
 
     Parameters
     ----------
-    index : int
-        Its position in the pool when it joined.
-    finished : simpy Event
-        Triggered when it has drained (or left).
+    index, finished : int, simpy Event
+        As for :class:`PoolWorker`.
     """
 
-    __slots__ = ("index", "online", "draining", "idle", "listening", "in_leap", "interrupted", "token", "n",
-                 "members", "heap", "offset_sum", "leap", "leap_steps", "warm_until", "finished", "retired")
+    __slots__ = ("listening", "in_leap", "interrupted", "n", "members", "heap", "offset_sum", "leap", "leap_steps")
 
     def __init__(self, index: int, finished):
-        self.index = index
-        self.online = True
-        self.draining = False
-        self.idle = False          # waiting in the idle queue for ready sequences
+        super().__init__(index, finished)
         self.listening = False     # in a leap that a ready arrival may cut short
         self.in_leap = False
         self.interrupted = False   # its leap already ends at the next pass boundary
-        self.token = 0
         self.n = 0                 # passes done
         self.members: dict = {}    # request -> (finishing pass, context offset), oldest first
         self.heap: list = []       # (finishing pass, request); stale entries skipped
         self.offset_sum = 0        # sum of context offsets
         self.leap = None           # (start time, t0, tk, batch, passes)
         self.leap_steps = 0
-        self.warm_until = -math.inf
-        self.finished = finished
-        self.retired = False
 
     @property
     def batch(self) -> int:

@@ -12,42 +12,31 @@ the pending end is ignored and the step's requests go back to the front of the q
 
 from __future__ import annotations
 
-import math
 from collections import deque
 
-from tokenfactory.plant_models.des.idle import IdleWorkers
+from tokenfactory.plant_models.des.workers import IdleWorkers, PoolWorker
 from tokenfactory.plant_models.des.records import Stage
 
 __all__ = ["FillWorker", "FillStage"]
 
 
-class FillWorker:
-    """One fill worker's state.
+class FillWorker(PoolWorker):
+    """One fill worker's state (:class:`PoolWorker` plus its step, chunked request and link).
 
     Parameters
     ----------
-    index : int
-        Its position in the pool when it joined.
-    finished : simpy Event
-        Triggered when it has drained (or left).
+    index, finished : int, simpy Event
+        As for :class:`PoolWorker`.
     """
 
-    __slots__ = ("index", "online", "draining", "busy", "idle", "step", "current", "link_free_at", "token",
-                 "warm_until", "finished", "retired")
+    __slots__ = ("busy", "step", "current", "link_free_at")
 
     def __init__(self, index: int, finished):
-        self.index = index
-        self.online = True
-        self.draining = False
+        super().__init__(index, finished)
         self.busy = False          # inside a step
-        self.idle = False          # waiting in the idle queue for work
-        self.step: list = []       # (request, tokens this step, tokens left after it)
+        self.step: list = []       # (request, tokens left after this step)
         self.current: list = []    # a request it was chunking: [request, tokens left]
         self.link_free_at = 0.0
-        self.token = 0
-        self.warm_until = -math.inf
-        self.finished = finished   # event: drained (finished its work) or retired
-        self.retired = False
 
     def holds_work(self) -> bool:
         return self.busy or bool(self.current)

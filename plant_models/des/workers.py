@@ -1,10 +1,39 @@
-"""Workers waiting for work, woken together once per instant."""
+"""What every worker of the request simulator has, and the queue of idle ones."""
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
-__all__ = ["IdleWorkers"]
+__all__ = ["PoolWorker", "IdleWorkers"]
+
+
+class PoolWorker:
+    """A worker's life in its pool: online or crashed, draining, idle, retired; ``token``
+    invalidates its pending scheduled call (a crash or a re-timed pass bumps it).
+
+    Parameters
+    ----------
+    index : int
+        Its position in the pool when it joined.
+    finished : simpy Event
+        Triggered when it has drained (or left).
+    """
+
+    __slots__ = ("index", "online", "draining", "idle", "token", "warm_until", "finished", "retired")
+
+    def __init__(self, index: int, finished):
+        self.index = index
+        self.online = True
+        self.draining = False
+        self.idle = False          # waiting in its pool's IdleWorkers
+        self.token = 0
+        self.warm_until = -math.inf
+        self.finished = finished   # event: drained (finished its work) or retired
+        self.retired = False
+
+    def holds_work(self) -> bool:
+        raise NotImplementedError
 
 
 class IdleWorkers:
