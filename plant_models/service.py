@@ -11,11 +11,13 @@ model preset). It is a thin layer over the roofline (:class:`tokenfactory.plant_
   read in the step.
 * **decode** - ``decode_pass_s(batch, context)``: the roofline pass time (TPOT) of a batch at a
   context; ``decode_context_tokens``: the mean context an active decode holds at the shape.
-* **KV** - one law for what a sequence holds: ``kv_bytes(context) = sequence_state_bytes +
-  kv_bytes_per_token x context``. The fixed per-sequence state is what linear-attention layers keep
-  (and, for local attention, the window, reserved whole: an upper bound for contexts shorter than
-  the window); for full-attention and linear-attention models the law equals
-  :meth:`MoEModel.kv_bytes` exactly. ``slots(context)`` = KV capacity // kv_bytes(context).
+* **KV** - one affine law for what a sequence holds: ``kv_bytes(context) = sequence_state_bytes +
+  kv_bytes_per_token x context``, the tangent of :meth:`MoEModel.kv_bytes` at the shape's mean
+  active context. For full- and linear-attention models that is the model's law itself (the
+  fixed state is what linear-attention layers keep per sequence). A model's KV is concave in
+  context (a local-attention window stops growing), so for local attention the tangent is exact
+  on the nominal side of the window and an upper bound on the other. ``slots(context)`` = KV
+  capacity // kv_bytes(context), the roofline's own count at the nominal context.
 * **KV link** - :class:`KVLink`: a blob moves over ``stripes`` of the fill worker's scale-out NICs
   plus a fixed ``setup_s``.
 
@@ -218,16 +220,17 @@ class ServiceModel:
     # -- KV memory ------------------------------------------------------------------------
     @property
     def kv_bytes_per_token(self) -> float:
-        """KV bytes each token of context adds (full-attention layers)."""
-        return self.decode_worker.model.kv_bytes_per_token
+        """KV bytes each token of context adds at the nominal context (full-attention layers,
+        plus local-attention layers while the context is inside their window)."""
+        m, c = self.decode_worker.model, self.decode_context_tokens
+        return m.kv_bytes(c + 1) - m.kv_bytes(c)
 
     @property
     def sequence_state_bytes(self) -> float:
-        """Fixed KV state of one sequence whatever its context: linear-attention states, or a
-        local-attention window reserved whole."""
-        m = self.decode_worker.model
-        w = m.attention.local_window
-        return m.kv_bytes(w) - m.kv_bytes_per_token * w
+        """KV one sequence holds whatever its context: linear-attention states, or a full
+        local-attention window when the nominal context is past it."""
+        m, c = self.decode_worker.model, self.decode_context_tokens
+        return m.kv_bytes(c) - self.kv_bytes_per_token * c
 
     def kv_bytes(self, context_tokens: float) -> float:
         """KV bytes one sequence of ``context_tokens`` holds (state + per-token KV)."""

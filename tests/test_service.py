@@ -67,9 +67,13 @@ def test_kv_bytes_agree(plants):
     s, fluid, des = plants
     m = s.decode_worker.model
     inp = SHAPE.input_tokens
+    assert s.kv_bytes(s.decode_context_tokens) == pytest.approx(m.kv_bytes(s.decode_context_tokens), rel=1e-12)
     for ctx in (1, inp, s.decode_context_tokens, 100_000):
         assert des.kv_bytes(ctx) == pytest.approx(s.kv_bytes(ctx), rel=1e-12)
-        assert s.kv_bytes(ctx) == pytest.approx(m.kv_bytes(ctx), rel=1e-12)  # presets: full or linear attention
+        if m.attention.efficient_kind == "local" and m.efficient_attention_layers:
+            assert s.kv_bytes(ctx) >= m.kv_bytes(ctx) * (1 - 1e-12)  # the tangent of a concave law
+        else:  # full or linear attention: the model's own affine law
+            assert s.kv_bytes(ctx) == pytest.approx(m.kv_bytes(ctx), rel=1e-12)
     assert fluid.provenance["kv_blob_bytes"] == pytest.approx(s.kv_blob_bytes, rel=1e-12)
     assert des.kv_bytes(inp) == pytest.approx(s.kv_blob_bytes, rel=1e-12)
     assert fluid.kv_transfer_s == pytest.approx(des.kv_transfer_s(inp), rel=1e-12)
@@ -126,20 +130,22 @@ def test_hybrid_state_counts_in_the_request_simulator():
     assert r.metrics["completed"] == n
 
 
-def test_kv_law_reserves_a_local_window():
-    """Local (sliding-window) attention: the window is reserved whole, an upper bound below the
-    window and exact beyond it."""
-    base = model_preset("hybrid-25k")
-    att = AttentionSpec(kind="gqa", num_heads=64, head_dim=128, kv_heads=4, full_attention_layers=12,
-                        efficient_kind="local", local_window=4096)
+def test_kv_law_for_local_attention():
+    """Local (sliding-window) attention: the law is the tangent at the nominal context - exact on
+    its side of the window, an upper bound on the other, and the roofline's slots at it."""
     from dataclasses import replace
 
-    m = replace(base, name="hybrid-local", attention=att)
+    att = AttentionSpec(kind="gqa", num_heads=64, head_dim=128, kv_heads=4, full_attention_layers=12,
+                        efficient_kind="local", local_window=4096)
+    m = replace(model_preset("hybrid-25k"), name="hybrid-local", attention=att)
     w = Worker(m, accelerator_preset("h200"))
-    s = ServiceModel(w, w, SHAPE)
-    assert s.kv_bytes(10_000) == pytest.approx(m.kv_bytes(10_000))
-    assert s.kv_bytes(1_000) > m.kv_bytes(1_000)
-    assert s.slots(1_000) <= w.decode_slots(1_000)
+    inside = ServiceModel(w, w, RequestShape(2048, 512))       # mean context 2560 < window
+    beyond = ServiceModel(w, w, RequestShape(8192, 1024))      # mean context 9216 > window
+    assert inside.sequence_state_bytes == pytest.approx(0.0) and beyond.sequence_state_bytes > 0
+    for s, near, far in ((inside, 1_000, 10_000), (beyond, 10_000, 1_000)):
+        assert s.kv_bytes(near) == pytest.approx(m.kv_bytes(near))
+        assert s.kv_bytes(far) > m.kv_bytes(far)
+        assert s.decode_slots == w.decode_slots(s.decode_context_tokens)
 
 
 def test_defaults_live_in_one_place():
