@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import numpy as np
+import pandas as pd
 
 from tokenfactory.validation import ConfigError, check_number
 
