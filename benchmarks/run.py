@@ -88,7 +88,45 @@ def _des_child(queue) -> None:
         out[label] = {"requests": r.metrics["requests"], "wall_seconds": wall,
                       "sim_requests_per_wall_s": r.metrics["requests"] / wall}
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # the peer, measured in the same process right after: raw simpy on an M/M/c queue, the floor
+    # cost of a process-per-customer simpy model (DistServe's simulator is built this way)
+    out["simpy_mmc"] = _simpy_mmc()
+    out["open"]["ratio_to_simpy_mmc"] = out["open"]["sim_requests_per_wall_s"] / out["simpy_mmc"]["customers_per_wall_s"]
+    out["smoothed"]["ratio_to_simpy_mmc"] = (out["smoothed"]["sim_requests_per_wall_s"]
+                                             / out["simpy_mmc"]["customers_per_wall_s"])
     queue.put(out)
+
+
+def _simpy_mmc(customers: int = 50_000, servers: int = 8, load: float = 0.8, seed: int = 1) -> dict:
+    """Raw simpy: Poisson arrivals, a ``simpy.Resource`` of ``servers``, exponential service, one
+    process per customer - the least a simpy queueing model can do per customer."""
+    import numpy as np
+    import simpy
+
+    rng = np.random.default_rng(seed)
+    inter = rng.exponential(1.0 / (load * servers), customers)
+    service = rng.exponential(1.0, customers)
+    env = simpy.Environment()
+    res = simpy.Resource(env, capacity=servers)
+    done = [0]
+
+    def customer(i):
+        with res.request() as req:
+            yield req
+            yield env.timeout(service[i])
+        done[0] += 1
+
+    def source():
+        for i in range(customers):
+            yield env.timeout(inter[i])
+            env.process(customer(i))
+
+    env.process(source())
+    t0 = time.perf_counter()
+    env.run()
+    wall = time.perf_counter() - t0
+    return {"customers": done[0], "servers": servers, "load": load, "wall_seconds": wall,
+            "customers_per_wall_s": done[0] / wall}
 
 
 def _des() -> dict:
@@ -117,6 +155,24 @@ def _pool_day() -> dict:
     ctrls = [HystereticPoolController.tuned(p, mu, rate, startup_s=120.0)
              for p, mu in (("fill", fp.fill_rate_per_worker), ("decode", fp.decode_capacity(1)))]
     sc = PoolScenario(rate, 86400.0, dt=0.25, seed=1)
+    t0 = time.perf_counter()
+    simulate_pools(fp, 10, 4, sc, controllers=ctrls)
+    t = time.perf_counter() - t0
+    steps = int(sc.duration_s / sc.dt) + 1
+    return {"seconds": t, "steps": steps, "steps_per_s": steps / t, "simulated_s_per_wall_s": sc.duration_s / t}
+
+
+def _pool_fortnight() -> dict:
+    """14 days of the pool model at dt = 1 s under the hysteretic controllers (issue 14: < 10 s)."""
+    from tokenfactory.controllers import HystereticPoolController
+    from tokenfactory.plant_models import FluidParams, PoolScenario, RequestShape, Worker, simulate_pools
+
+    w = Worker.from_dict({"model": "deepseek-v3", "hardware": "h200"})
+    fp = FluidParams.from_workers(w, w, RequestShape(914, 155))
+    rate = 1000.0
+    ctrls = [HystereticPoolController.tuned(p, mu, rate, startup_s=120.0)
+             for p, mu in (("fill", fp.fill_rate_per_worker), ("decode", fp.decode_capacity(1)))]
+    sc = PoolScenario(rate, 14 * 86400.0, dt=1.0, seed=1)
     t0 = time.perf_counter()
     simulate_pools(fp, 10, 4, sc, controllers=ctrls)
     t = time.perf_counter() - t0
@@ -155,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
                                     "simulated_s_per_wall_s": sim.duration_s / t}
     results["pool_model_day"] = _pool_day()
     print(f"  pool model: {results['pool_model_day']}", file=sys.stderr)
+    results["pool_model_14_days_1s"] = _pool_fortnight()
+    print(f"  pool model, 14 days: {results['pool_model_14_days_1s']}", file=sys.stderr)
     results["request_simulator"] = _des()
     print(f"  request simulator: {results['request_simulator']}", file=sys.stderr)
     results["forecasting"] = _forecasting()

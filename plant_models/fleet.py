@@ -161,6 +161,7 @@ class PoolFleet:
         self.starting: list[float] = []                      # serving-from times
         self.draining: list[float] = []                      # release times
         self.waiting = 0                                     # requested, no free worker yet (fixed fleet)
+        self._eff = (-math.inf, 0.0)  # (valid until, value) of effective(): it changes only at events
 
     @property
     def provisioned(self) -> int:
@@ -202,6 +203,8 @@ class PoolFleet:
         for _ in range(plan.drain):
             self.serving.pop()  # the most recently started worker drains
             self.draining.append(t + self.dyn.drain_s)
+        if plan.cancel or plan.drain:  # the serving list changed: effective() must recount
+            self._eff = (-math.inf, 0.0)
         return self.provisioned - before
 
     def place(self, t: float, free: float) -> int:
@@ -218,10 +221,19 @@ class PoolFleet:
             if up:
                 self.starting = [s for s in self.starting if s > t + 1e-9]
                 self.serving.extend(s + self.dyn.warmup_s for s in up)
+                self._eff = (-math.inf, 0.0)
         if self.draining:
             self.draining = [d for d in self.draining if d > t + 1e-9]
 
     def effective(self, t: float) -> float:
         """Serving workers in full-speed equivalents (warming workers count ``warmup_factor``)."""
+        until, value = self._eff
+        if t < until:
+            return value
         f = self.dyn.warmup_factor
-        return float(sum(f if t < w else 1.0 for w in self.serving))
+        value = float(sum(f if t < w else 1.0 for w in self.serving))
+        # valid until the next warm-up end; advance() and set_target(), which change the serving
+        # list, reset the cache
+        pending = [w for w in self.serving if w > t]
+        self._eff = (min(pending) if pending else math.inf, value)
+        return value

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,8 +102,18 @@ class FluidParams:
         return self.fill_latency_s + self.kv_transfer_s
 
     def decode_step_s(self, batch_per_worker: float) -> float:
-        """Decode pass time (TPOT) at a batch, interpolated in the roofline table."""
-        return float(np.interp(batch_per_worker, self.decode_step_batches, self.decode_step_times_s))
+        """Decode pass time (TPOT) at a batch, interpolated in the roofline table (clamped at its ends,
+        as ``numpy.interp``; scalars take a pure-Python path - the pool model calls this twice a step)."""
+        if not isinstance(batch_per_worker, (float, int)):
+            return float(np.interp(batch_per_worker, self.decode_step_batches, self.decode_step_times_s))
+        xs, ys = self.decode_step_batches, self.decode_step_times_s
+        if batch_per_worker <= xs[0]:
+            return ys[0]
+        if batch_per_worker >= xs[-1]:
+            return ys[-1]
+        i = bisect_right(xs, batch_per_worker)
+        x0, y0 = xs[i - 1], ys[i - 1]
+        return y0 + (ys[i] - y0) * (batch_per_worker - x0) / (xs[i] - x0)
 
     def decode_slots(self, decode_workers: float) -> float:
         return decode_workers * self.decode_slots_per_worker

@@ -106,10 +106,19 @@ class PoolScenario:
 
 
 #: the shared columns, then the pool model's own: the scenario's demand, rejections per second, the
-#: exact content of the fill-to-ready pipeline, starting and billed workers, the cohort SLO estimate
-_SERIES = (*SERIES_COLUMNS, "demand", "rejection_rate", "in_transfer", "fill_workers_starting",
+#: exact content of the fill-to-ready pipeline, starting and billed workers, the cohort SLO estimate.
+#: The step loop writes one tuple per step in exactly this order.
+_SERIES = ("time_s", "backlog", "fill_in_progress", "ready", "active_decodes", "decode_slots", "fill_capacity",
+           "fill_workers", "decode_workers", "admission_rate", "arrival_rate", "admitted_rate", "completion_rate",
+           "arrived", "completed", "rejected", "demand", "rejection_rate", "in_transfer", "fill_workers_starting",
            "decode_workers_starting", "fill_workers_billed", "decode_workers_billed", "ttft_estimate_s",
            "tpot_estimate_s", "in_slo")
+if set(SERIES_COLUMNS) - set(_SERIES):  # a new shared column must be written by the step loop too
+    raise ImportError(f"pool model does not write the shared columns {sorted(set(SERIES_COLUMNS) - set(_SERIES))}")
+_COL = {name: i for i, name in enumerate(_SERIES)}
+_T, _B, _F, _R, _D, _SLOTS, _FCAP, _NF, _ND, _NFS, _NDS = (_COL[c] for c in (
+    "time_s", "backlog", "fill_in_progress", "ready", "active_decodes", "decode_slots", "fill_capacity",
+    "fill_workers", "decode_workers", "fill_workers_starting", "decode_workers_starting"))
 
 
 def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, scenario: PoolScenario, *,
@@ -141,29 +150,44 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
     delay_steps = int(round(p.measurement_delay_s / dt))
     transfer_steps = int(round(p.fill_to_ready_s / dt))
     pipeline: deque = deque([0.0] * transfer_steps)  # fill output on its way to the ready buffer
-    in_pipe = 0.0  # sum(pipeline), kept as a running total (this loop runs ~10^5 times a day)
-    S = {k: np.zeros(n) for k in _SERIES}
+    in_pipe = 0.0  # sum(pipeline), kept as a running total
+    rows: list[tuple] = []  # one tuple per step, in _SERIES order (this loop runs ~10^5-10^6 times)
+    # cumulative arrived, admitted and completed after each step, behind a leading zero: a rate
+    # over any window is one subtraction (controllers sample every few steps)
+    cum: tuple[list, list, list] = ([0.0], [0.0], [0.0])
+    cum_arr, cum_adm, cum_done = (c.append for c in cum)
     B = F = R = D = 0.0
-    counts = dict(arrived=0.0, admitted=0.0, completed=0.0, rejected=0.0, preempted=0.0)
+    arrived = admitted = completed = rejected_total = preempted = 0.0
     rejected = {r: 0.0 for r in REJECT_REASONS}
     action = AdmissionAction(math.inf)
+    rate, bound, reason = action.rate, action.backlog_bound, action.reason
     scale_rows: list[dict] = []
     L = p.output_tokens
     in_slo = 0.0
+    fill_fleet, dec_fleet = fleets["fill"], fleets["decode"]
+    fill_rate_w, fill_lat, ttr = p.fill_rate_per_worker, p.fill_latency_s, p.fill_to_ready_s
+    slo_ttft, slo_tpot = scenario.slo_ttft_s, scenario.slo_tpot_s
+    fixed_fleet = dynamics.fleet_size is not None
+    step_s, rate_fn, slots_fn = p.decode_step_s, p.completion_rate, p.decode_slots
+    lam_list, arr_list, t_list = lam.tolist(), arrivals.tolist(), t_grid.tolist()
+    isinf = math.isinf
+    inf = math.inf
+    check_tol = 1e-6
     for k in range(n):
-        t = t_grid[k]
-        for f in fleets.values():
-            f.advance(t)
+        t = t_list[k]
+        fill_fleet.advance(t)
+        dec_fleet.advance(t)
         # -- controllers: sampled with the measurement delay, actions held until the next sample
         for j, c in enumerate(controllers):
             if t + 1e-9 < next_sample[j]:
                 continue
             next_sample[j] += c.sample_period
-            m = _measure(S, k, delay_steps, c.sample_period, dt) if k else _initial_measurement(
+            m = _measure(rows, cum, k, delay_steps, c.sample_period, dt) if k else _initial_measurement(
                 p, fleets, t)
             adm, scales = split_action(c.update(t, m))
             if adm is not None:
                 action = adm
+                rate, bound, reason = action.rate, action.backlog_bound, action.reason
             for a in scales:
                 if a.pool not in fleets:
                     raise ConfigError(f"{type(c).__name__}.pool", f"{a.pool!r} is not one of {POOLS}")
@@ -172,78 +196,78 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
                     scale_rows.append({"time_s": t, "kind": "scale", "pool": a.pool, "from": before,
                                        "to": fleets[a.pool].provisioned, "controller": type(c).__name__})
         # -- placement: elastic fleets start every request at once; a fixed fleet waits for free workers
-        free = free_workers(dynamics, sum(f.billed for f in fleets.values()))
-        for pool in POOLS:
-            free -= fleets[pool].place(t, free)
+        if fill_fleet.waiting or dec_fleet.waiting:
+            free = free_workers(dynamics, fill_fleet.billed + dec_fleet.billed) if fixed_fleet else inf
+            free -= fill_fleet.place(t, free)
+            dec_fleet.place(t, free)
         # -- arrivals, rejection, admission
-        a_in = arrivals[k]
-        counts["arrived"] += a_in
+        a_in = arr_list[k]
+        arrived += a_in
         B += a_in
-        rej = max(B - action.backlog_bound, 0.0)
-        B -= rej
-        rejected[action.reason] += rej
-        counts["rejected"] += rej
-        admit = B if math.isinf(action.rate) else min(B, action.rate * dt)
+        rej = B - bound if B > bound else 0.0
+        if rej:
+            B -= rej
+            rejected[reason] += rej
+            rejected_total += rej
+        admit = B if isinf(rate) else min(B, rate * dt)
         B -= admit
         F += admit
-        counts["admitted"] += admit
+        admitted += admit
         # -- fill
-        fill_eff = fleets["fill"].effective(t)
-        fill_cap = fill_eff * p.fill_rate_per_worker
+        fill_cap = fill_fleet.effective(t) * fill_rate_w
         served = min(F, fill_cap * dt)
         F -= served
-        pipeline.append(served)
-        r_in = pipeline.popleft()
+        if transfer_steps:
+            pipeline.append(served)
+            r_in = pipeline.popleft()
+        else:
+            r_in = served
         in_pipe += served - r_in
         R += r_in
         # -- decode
-        n_dec = len(fleets["decode"].serving)
-        slots = p.decode_slots(n_dec)
-        speed = fleets["decode"].effective(t) / n_dec if n_dec else 0.0
+        n_dec = len(dec_fleet.serving)
+        slots = slots_fn(n_dec)
+        speed = dec_fleet.effective(t) / n_dec if n_dec else 0.0
         if D > slots:  # pool shrank: sequences beyond the new slots migrate back with their KV
             ex = D - slots
             D -= ex
             R += ex
-            counts["preempted"] += ex
-        done = min(D, dt * p.completion_rate(D, n_dec, speed))  # warming workers run at their speed
+            preempted += ex
+        done = min(D, dt * rate_fn(D, n_dec, speed))  # warming workers run at their speed
         D -= done
-        counts["completed"] += done
-        s = min(R, max(slots - D, 0.0))
-        R -= s
-        D += s
+        completed += done
+        free_slots = slots - D
+        s_in = min(R, free_slots) if free_slots > 0.0 else 0.0
+        R -= s_in
+        D += s_in
         # -- what an arriving request would see (cohort SLO estimate)
-        ttft = (F / fill_cap if fill_cap > 0 else math.inf) + p.fill_latency_s
-        if B > 0 and not math.isinf(action.rate):
-            ttft += B / action.rate if action.rate > 0 else math.inf
-        ready_wait = R / (done / dt) if R > 0 and done > 0 else (math.inf if R > 0 else 0.0)
-        pass_s = p.decode_step_s(max(D, 1.0) / max(n_dec, 1)) / speed if speed > 0 else math.inf
+        ttft = (F / fill_cap if fill_cap > 0 else inf) + fill_lat
+        if B > 0 and not isinf(rate):
+            ttft += B / rate if rate > 0 else inf
+        ready_wait = R / (done / dt) if R > 0 and done > 0 else (inf if R > 0 else 0.0)
+        pass_s = step_s((D if D > 1.0 else 1.0) / (n_dec if n_dec > 1 else 1)) / speed if speed > 0 else inf
         tpot = pass_s + ready_wait / L
-        ok = (a_in - rej) if (ttft <= scenario.slo_ttft_s and tpot <= scenario.slo_tpot_s) else 0.0
-        in_slo += max(ok, 0.0)
-        row = S
-        row["time_s"][k], row["demand"][k] = t, lam[k]
-        row["arrival_rate"][k], row["admitted_rate"][k] = a_in / dt, admit / dt
-        row["completion_rate"][k], row["rejection_rate"][k] = done / dt, rej / dt
-        row["arrived"][k], row["completed"][k], row["rejected"][k] = \
-            counts["arrived"], counts["completed"], counts["rejected"]
+        ok = (a_in - rej) if (ttft <= slo_ttft and tpot <= slo_tpot) else 0.0
+        if ok > 0.0:
+            in_slo += ok
         # requests in fill or in transfer, as a scrape would count them: the queue plus Little's law
         # for the pipeline (exact whatever dt; the delay line itself rounds to whole steps)
-        row["backlog"][k], row["in_transfer"][k] = B, in_pipe
-        row["fill_in_progress"][k] = F + served / dt * p.fill_to_ready_s
-        row["ready"][k], row["active_decodes"][k] = R, D
-        row["decode_slots"][k], row["fill_capacity"][k] = slots, fill_cap
-        for pool in POOLS:
-            fl = fleets[pool]
-            row[f"{pool}_workers"][k] = len(fl.serving)
-            row[f"{pool}_workers_starting"][k] = fl.in_transit
-            row[f"{pool}_workers_billed"][k] = fl.billed
-        row["ttft_estimate_s"][k], row["tpot_estimate_s"][k], row["in_slo"][k] = ttft, tpot, ok
-        row["admission_rate"][k] = action.rate
-        # conservation, every step
-        in_system = B + F + sum(pipeline) + R + D  # the deque itself, not the running total: an independent check
-        resid = counts["arrived"] - (counts["completed"] + counts["rejected"] + in_system)
-        if abs(resid) > 1e-6 * max(1.0, counts["arrived"]):
+        rows.append((t, B, F + served / dt * ttr, R, D, slots, fill_cap, len(fill_fleet.serving), n_dec,
+                     rate, a_in / dt, admit / dt, done / dt, arrived, completed, rejected_total, lam_list[k],
+                     rej / dt, in_pipe, fill_fleet.in_transit, dec_fleet.in_transit, fill_fleet.billed,
+                     dec_fleet.billed, ttft, tpot, ok))
+        cum_arr(arrived)
+        cum_adm(admitted)
+        cum_done(completed)
+        # conservation, every step (the delay line itself, not the running total: an independent check)
+        in_system = B + F + (sum(pipeline) if transfer_steps else 0.0) + R + D
+        resid = arrived - (completed + rejected_total + in_system)
+        if abs(resid) > check_tol * (arrived if arrived > 1.0 else 1.0):
             raise ConservationError(f"pool model lost requests at t={t:.1f} s: residual {resid:.3g}")
+    counts = {"arrived": arrived, "admitted": admitted, "completed": completed, "rejected": rejected_total,
+              "preempted": preempted}
+    S = {name: col for name, col in zip(_SERIES, np.array(rows, dtype=float).T)} if rows else \
+        {name: np.zeros(0) for name in _SERIES}
     series = pd.DataFrame(S)
     billed = series["fill_workers_billed"] + series["decode_workers_billed"]
     hours = scenario.duration_s / 3600.0
@@ -286,19 +310,18 @@ def _initial_measurement(p: FluidParams, fleets, t: float) -> Measurement:
                        decode_workers_starting=fleets["decode"].in_transit, arrival_rate=0.0)
 
 
-def _measure(S: dict, k: int, delay_steps: int, period: float, dt: float) -> Measurement:
+def _measure(rows: list[tuple], cum: tuple[list, list, list], k: int, delay_steps: int, period: float,
+             dt: float) -> Measurement:
     """The sample ``delay_steps`` old; rates averaged over the controller's sample period (what a
-    scrape of counters gives)."""
+    scrape of counters gives), from the cumulative counters."""
     j = max(k - 1 - delay_steps, 0)
     lo = max(0, j - max(1, int(round(period / dt))) + 1)
     span = (j - lo + 1) * dt
+    r = rows[j]
+    arr, adm, done = cum  # index i + 1 holds the total after step i
     return Measurement(
-        time_s=float(S["time_s"][j]), backlog=float(S["backlog"][j]), fill_in_progress=float(S["fill_in_progress"][j]),
-        ready=float(S["ready"][j]), active_decodes=float(S["active_decodes"][j]),
-        completion_rate=float(S["completion_rate"][lo:j + 1].sum() * dt / span),
-        admitted_rate=float(S["admitted_rate"][lo:j + 1].sum() * dt / span),
-        decode_slots=float(S["decode_slots"][j]), fill_capacity=float(S["fill_capacity"][j]),
-        fill_workers=float(S["fill_workers"][j]), decode_workers=float(S["decode_workers"][j]),
-        fill_workers_starting=float(S["fill_workers_starting"][j]),
-        decode_workers_starting=float(S["decode_workers_starting"][j]),
-        arrival_rate=float(S["arrival_rate"][lo:j + 1].sum() * dt / span))
+        time_s=r[_T], backlog=r[_B], fill_in_progress=r[_F], ready=r[_R], active_decodes=r[_D],
+        completion_rate=(done[j + 1] - done[lo]) / span, admitted_rate=(adm[j + 1] - adm[lo]) / span,
+        decode_slots=float(r[_SLOTS]), fill_capacity=r[_FCAP], fill_workers=float(r[_NF]),
+        decode_workers=float(r[_ND]), fill_workers_starting=float(r[_NFS]), decode_workers_starting=float(r[_NDS]),
+        arrival_rate=(arr[j + 1] - arr[lo]) / span)
