@@ -49,6 +49,7 @@ from tokenfactory.plant_models import (
 from tokenfactory.registry import CONTROL_PLANES, TARGET_UTILIZATION, PlantContext, build_admission, control_plane
 from tokenfactory.replay import build_replay
 from tokenfactory.studies.report import StudyReport
+from tokenfactory.sweep import map_points
 from tokenfactory.traces import (
     SyntheticWorkload,
     generate_requests,
@@ -343,6 +344,17 @@ def _row(name: str, workload: str, m: dict, osc: bool, reports: dict) -> dict:
             "decode_r": reports["decode"]["thornhill_r"], "fill_r": reports["fill"]["thornhill_r"]}
 
 
+def _servegen_plane(pt: dict):
+    """One control plane over the ServeGen day (a sweep point): (comparison row, result)."""
+    fp, sc, dynamics, name = pt["fp"], pt["scenario"], pt["dynamics"], pt["plane"]
+    scaler, _ = CONTROL_PLANES[name]
+    nf, nd = _pools_for(fp, pt["mean_rate"] if scaler is None else pt["first_rate"])
+    scalers, adm = control_plane(name, _ctx(fp, pt["mean_rate"], dynamics, nf, nd))
+    r = simulate_pools(fp, nf, nd, sc, controllers=[*scalers, *([adm] if adm else [])], dynamics=dynamics)
+    osc, reps = _pool_oscillation(r.series, sc.dt, 600.0)
+    return _row(name, pt["workload"], r.metrics, osc, reps), r
+
+
 def compare_servegen_day(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: PoolDynamics = PoolDynamics(),
                          scale: float = 5.0, hours: float | None = None):
     """A day of ServeGen m-large rates x ``scale`` (a tenant population ``scale`` times larger, so
@@ -363,18 +375,30 @@ def compare_servegen_day(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: Po
     sc = PoolScenario(demand, duration, dt=0.25, control_start_s=300.0, seed=4, slo_ttft_s=SLO_TTFT_S,
                       slo_tpot_s=SLO_TPOT_S)
     mean_rate, peak_rate = float(demand.mean()), float(demand.max())
-    rows, resps = [], {}
-    for name in planes:
-        scaler, _ = CONTROL_PLANES[name]
-        nf, nd = _pools_for(fp, mean_rate if scaler is None else float(demand.iloc[0]))
-        scalers, adm = control_plane(name, _ctx(fp, mean_rate, dynamics, nf, nd))
-        r = simulate_pools(fp, nf, nd, sc, controllers=[*scalers, *([adm] if adm else [])], dynamics=dynamics)
-        osc, reps = _pool_oscillation(r.series, sc.dt, 600.0)
-        rows.append(_row(name, f"{spec} day 7 x{scale:g} (pool model)", r.metrics, osc, reps))
-        resps[name] = r
+    workload = f"{spec} day 7 x{scale:g} (pool model)"
+    # one point per control plane: serial, or on a Dask cluster (tokenfactory study --workers/--scheduler)
+    runs = map_points(_servegen_plane, [{"plane": name, "fp": fp, "scenario": sc, "dynamics": dynamics,
+                                         "mean_rate": mean_rate, "first_rate": float(demand.iloc[0]),
+                                         "workload": workload} for name in planes])
+    rows = [row for row, _ in runs]
+    resps = {name: r for name, (_, r) in zip(planes, runs)}
     info = {"trace": spec, "scale": scale, "shape": shape.__dict__, "mean_rate_rps": mean_rate, "peak_rate_rps": peak_rate,
             "duration_s": duration, "static_pools_at_mean": _pools_for(fp, mean_rate)}
     return rows, resps, info
+
+
+def _azure_plane(pt: dict):
+    """One control plane over the Azure replay (a sweep point): (comparison row, result)."""
+    fp, dynamics, plane = pt["fp"], pt["dynamics"], pt["plane"]
+    nf, nd = _pools_for(fp, pt["mean_rate"])
+    # the hysteretic controller's dead band from the noise measured on the hour it is tuned for
+    scalers, adm = control_plane(plane, _ctx(fp, pt["mean_rate"], dynamics, nf, nd, pt["arrivals"]))
+    cl = ClusterConfig(fill_workers=nf, decode_workers=nd, measurement_delay_s=fp.measurement_delay_s,
+                       slo_ttft_s=SLO_TTFT_S, slo_tpot_s=SLO_TPOT_S, drain_s=60.0, dynamics=dynamics,
+                       autoscale_start_s=60.0, snapshot_dt=0.5, seed=6)
+    r = simulate(pt["replay"], pt["params"], cl, adm, autoscalers=scalers)
+    osc, reps = _pool_oscillation(r.series, cl.snapshot_dt, 120.0)
+    return _row(plane, pt["workload"], r.metrics, osc, reps), r
 
 
 def compare_azure_replay(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: PoolDynamics = PoolDynamics(),
@@ -398,19 +422,13 @@ def compare_azure_replay(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: Po
     replay = full_hour[full_hour["arrival_s"] < minutes * 60.0].reset_index(drop=True)
     replay.attrs = dict(trace.attrs)
     mean_rate = len(replay) / (minutes * 60.0)
-    rows, resps = [], {}
-    for plane in planes:
-        nf, nd = _pools_for(fp, mean_rate)
-        # the hysteretic controller's dead band from the noise measured on the hour it is tuned for
-        scalers, adm = control_plane(plane, _ctx(fp, mean_rate, dynamics, nf, nd, full_hour["arrival_s"].to_numpy()))
-        cl = ClusterConfig(fill_workers=nf, decode_workers=nd, measurement_delay_s=fp.measurement_delay_s,
-                           slo_ttft_s=SLO_TTFT_S, slo_tpot_s=SLO_TPOT_S, drain_s=60.0, dynamics=dynamics,
-                           autoscale_start_s=60.0, snapshot_dt=0.5, seed=6)
-        r = simulate(replay, setup.params, cl, adm, autoscalers=scalers)
-        osc, reps = _pool_oscillation(r.series, cl.snapshot_dt, 120.0)
-        rows.append(_row(plane, f"{name} x{multiplier:.0f} ({minutes:.0f} min, request simulator)", r.metrics, osc,
-                         reps))
-        resps[plane] = r
+    workload = f"{name} x{multiplier:.0f} ({minutes:.0f} min, request simulator)"
+    arrivals = full_hour["arrival_s"].to_numpy()
+    runs = map_points(_azure_plane, [{"plane": plane, "fp": fp, "params": setup.params, "replay": replay,
+                                      "arrivals": arrivals, "dynamics": dynamics, "mean_rate": mean_rate,
+                                      "workload": workload} for plane in planes])
+    rows = [row for row, _ in runs]
+    resps = {plane: r for plane, (_, r) in zip(planes, runs)}
     info = {"trace": name, "multiplier": multiplier, "minutes": minutes, "requests": len(replay),
             "mean_rate_rps": mean_rate, "decode_worker_rps": fp.decode_capacity(1),
             "fill_worker_rps": fp.fill_rate_per_worker, "static_pools": _pools_for(fp, mean_rate)}

@@ -107,3 +107,19 @@ def test_comparison_runs_on_synthetic_without_trace_data(tmp_path, monkeypatch):
     rows, _, info = compare_servegen_day(True, ("dynamo-load",), hours=1.0)
     assert info["trace"] == "synthetic" and len(rows) == 1
     assert 0.0 <= rows[0]["slo_attainment"] <= 1.0
+
+
+def test_comparison_on_dask_equals_serial(tmp_path, monkeypatch):
+    """The comparison grid runs through the sweep engine: the same rows on a 2-worker LocalCluster."""
+    from tokenfactory.studies.reconfiguration import compare_servegen_day
+    from tokenfactory.sweep import WORKERS_ENV
+
+    monkeypatch.setenv("TOKENFACTORY_TRACES", str(tmp_path))
+    planes = ("dynamo-load", "tokenfactory-hysteretic")
+    serial, _, _ = compare_servegen_day(True, planes, hours=1.0)
+    monkeypatch.setenv(WORKERS_ENV, "2")
+    dask, resps, _ = compare_servegen_day(True, planes, hours=1.0)
+    import pandas as pd
+
+    pd.testing.assert_frame_equal(pd.DataFrame(dask), pd.DataFrame(serial))  # NaN == NaN here
+    assert set(resps) == set(planes)

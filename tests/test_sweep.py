@@ -75,3 +75,20 @@ def test_dask_local_cluster_equals_serial_exactly():
     b = run_sweep(margins_batch_point, batch, backend="dask", workers=2, chunk_size=2, batched=True)
     pd.testing.assert_frame_equal(a, b)
     assert not a.loc[(a["gain"] == 3.0) & (a["delay_s"] == 1.0), "stable"].item()
+
+
+def square_point(x):
+    return {"x": x, "x2": x * x}
+
+
+def test_map_points_keeps_order_and_objects_on_dask(monkeypatch):
+    from tokenfactory.sweep import WORKERS_ENV, default_backend, map_points
+
+    assert default_backend() == "serial"
+    serial = map_points(square_point, range(7))
+    monkeypatch.setenv(WORKERS_ENV, "2")
+    assert default_backend() == "dask"
+    assert map_points(square_point, range(7)) == serial == [{"x": i, "x2": i * i} for i in range(7)]
+    monkeypatch.setenv(WORKERS_ENV, "two")
+    with pytest.raises(ConfigError, match="TOKENFACTORY_SWEEP_WORKERS"):
+        map_points(square_point, range(3))

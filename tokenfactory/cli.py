@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -86,6 +87,13 @@ def _cmd_study(args) -> int:
 
     from tokenfactory.studies.html import write_index
 
+    from tokenfactory.sweep import SCHEDULER_ENV, WORKERS_ENV
+    from tokenfactory.validation import check_int
+
+    if args.workers is not None:
+        os.environ[WORKERS_ENV] = str(check_int("workers", args.workers, low=1))
+    if args.scheduler:
+        os.environ[SCHEDULER_ENV] = args.scheduler
     names = list(STUDIES) if args.name == "all" else [args.name]
     t0 = time.perf_counter()
     for i, name in enumerate(names, 1):
@@ -371,6 +379,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("name", choices=[*STUDIES, "all"])
     s.add_argument("--out", default=None, help="output folder (default reports/<study>)")
     s.add_argument("--quick", action="store_true", help="the quick variant (fewer points)")
+    s.add_argument("--workers", type=int, default=None,
+                   help="run the studies' grids on a local Dask cluster of N worker processes")
+    s.add_argument("--scheduler", default=None,
+                   help="run the studies' grids on an existing Dask cluster (scheduler address, e.g. "
+                        "tcp://10.0.0.5:8786; or set TOKENFACTORY_DASK_SCHEDULER)")
     s.set_defaults(func=_cmd_study)
 
     r = sub.add_parser("report", help="(re)build the HTML report index.html over a folder of study reports")

@@ -31,10 +31,79 @@ import pandas as pd
 
 from tokenfactory.validation import ConfigError, check_choice, check_int
 
-__all__ = ["Sweep", "run_sweep", "set_dotted", "SCHEDULER_ENV"]
+__all__ = ["Sweep", "run_sweep", "map_points", "default_backend", "set_dotted", "SCHEDULER_ENV", "WORKERS_ENV"]
 
 #: environment variable naming a Dask scheduler address to use instead of a local cluster
 SCHEDULER_ENV = "TOKENFACTORY_DASK_SCHEDULER"
+#: environment variable asking for a local Dask cluster of this many worker processes
+WORKERS_ENV = "TOKENFACTORY_SWEEP_WORKERS"
+
+
+def default_backend() -> str:
+    """``"dask"`` when ``$TOKENFACTORY_DASK_SCHEDULER`` or ``$TOKENFACTORY_SWEEP_WORKERS`` is set
+    (``tokenfactory study --scheduler ADDRESS`` / ``--workers N`` set them), else ``"serial"``.
+
+    Returns
+    -------
+    str
+        The backend the studies' grids use.
+    """
+    return "dask" if os.environ.get(SCHEDULER_ENV) or os.environ.get(WORKERS_ENV) else "serial"
+
+
+def map_points(fn: Callable, points: Sequence[Any], *, backend: str | None = None, scheduler: str | None = None,
+               workers: int | None = None, chunk_size: int | None = None) -> list:
+    """``[fn(p) for p in points]``, serially or on Dask, in order - the engine under :func:`run_sweep`
+    for grids whose points return objects (simulation results) rather than rows.
+
+    Parameters
+    ----------
+    fn : callable
+        Importable point function; its results must pickle for the Dask backend.
+    points : sequence
+        The points (each must pickle for the Dask backend).
+    backend : str, optional
+        ``"serial"`` or ``"dask"``; default :func:`default_backend`.
+    scheduler : str, optional
+        Dask scheduler address (default ``$TOKENFACTORY_DASK_SCHEDULER``, else a local cluster).
+    workers : int, optional
+        Local cluster size (default ``$TOKENFACTORY_SWEEP_WORKERS``, else the machine's cores).
+    chunk_size : int, optional
+        Points per task (default: one point per task when points are few, see :func:`run_sweep`).
+
+    Returns
+    -------
+    list
+        ``fn``'s results in the order of ``points``.
+    """
+    backend = backend or default_backend()
+    check_choice("sweep.backend", backend, ("serial", "dask"))
+    points = list(points)
+    if backend == "serial" or not points:
+        return [fn(p) for p in points]
+    workers = workers if workers is not None else _env_workers()
+    return _run_dask(_Each(fn), points, scheduler or os.environ.get(SCHEDULER_ENV) or None, workers,
+                     chunk_size or 1, batched=True, wrap=False)
+
+
+def _env_workers() -> int | None:
+    text = os.environ.get(WORKERS_ENV)
+    if not text:
+        return None
+    try:
+        return check_int(WORKERS_ENV, int(text), low=1)
+    except ValueError:
+        raise ConfigError(WORKERS_ENV, f"expected a number of worker processes, got {text!r}") from None
+
+
+class _Each:
+    """A picklable ``lambda chunk: [fn(p) for p in chunk]``."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+    def __call__(self, chunk: list) -> list:
+        return [self.fn(p) for p in chunk]
 
 
 def set_dotted(config: Mapping[str, Any], key: str, value: Any) -> dict:
@@ -157,11 +226,11 @@ class Sweep:
         return n * (len(self.seeds) if self.seeds is not None else 1)
 
 
-def _run_chunk(fn: Callable, configs: list[dict], batched: bool) -> list[dict]:
+def _run_chunk(fn: Callable, configs: list, batched: bool, wrap: bool = True) -> list:
     results = fn(configs) if batched else [fn(c) for c in configs]
     if len(results) != len(configs):
         raise ValueError(f"the point function returned {len(results)} results for {len(configs)} points")
-    return [dict(r) for r in results]
+    return [dict(r) for r in results] if wrap else list(results)
 
 
 def _chunks(items: list, size: int) -> list[list]:
@@ -223,8 +292,8 @@ def run_sweep(fn: Callable, sweep: Sweep, *, backend: str = "serial", scheduler:
     return pd.DataFrame(rows)
 
 
-def _run_dask(fn: Callable, configs: list[dict], scheduler: str | None, workers: int | None,
-              chunk_size: int | None, batched: bool) -> list[dict]:
+def _run_dask(fn: Callable, configs: list, scheduler: str | None, workers: int | None,
+              chunk_size: int | None, batched: bool, wrap: bool = True) -> list:
     import logging
 
     from distributed import Client, LocalCluster
@@ -244,7 +313,8 @@ def _run_dask(fn: Callable, configs: list[dict], scheduler: str | None, workers:
         cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=None)
         client = Client(cluster)
     try:
-        futures = client.map(_run_chunk, [fn] * len(chunks), chunks, [batched] * len(chunks), pure=False)
+        futures = client.map(_run_chunk, [fn] * len(chunks), chunks, [batched] * len(chunks),
+                             [wrap] * len(chunks), pure=False)
         parts = client.gather(futures)
     finally:
         client.close()
