@@ -905,7 +905,9 @@ def _sensitivity_peak(ana: _Analysis, w_axis: np.ndarray, F_axis: np.ndarray, cs
     s_inf = 1.0 / (1.0 - abs(c)) if ana.delay > 0 else 1.0 / abs(1.0 + c)
     s_zero = 0.0 if (ana.axis_poles and ana.axis_poles[0][0] == 0.0) else 1.0 / abs(1.0 + ana.rat(0.0))
     fin = np.isfinite(cs.freq) & (cs.freq > 0)
-    w = np.concatenate([w_axis, cs.freq[fin]])
+    # the contour's axis part stops at its closing radius, where |L| <= 1/2 but |S| may still
+    # peak (Ms < 2): the grid above it is searched too
+    w = np.concatenate([w_axis, ana.grid[ana.grid > w_axis.max()], cs.freq[fin]])
     order = np.argsort(w)
     w = w[order]
     aF = np.abs(1.0 + ana.L(1j * w))
