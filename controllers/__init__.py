@@ -27,7 +27,9 @@ from tokenfactory.controllers.response import *  # noqa: F401,F403
 from tokenfactory.controllers.response import __all__ as _resp
 from tokenfactory.controllers.stability import *  # noqa: F401,F403
 from tokenfactory.controllers.stability import __all__ as _st
+from tokenfactory.controllers.stability_batch import *  # noqa: F401,F403
+from tokenfactory.controllers.stability_batch import __all__ as _sb
 from tokenfactory.controllers.tuning import *  # noqa: F401,F403
 from tokenfactory.controllers.tuning import __all__ as _tu
 
-__all__ = [*_if, *_adm, *_tu, *_at, *_st, *_df, *_osc, *_resp, *_fc, *_bt, *_cap, *_as, *_rc, *_er]
+__all__ = [*_if, *_adm, *_tu, *_at, *_st, *_sb, *_df, *_osc, *_resp, *_fc, *_bt, *_cap, *_as, *_rc, *_er]
