@@ -14,14 +14,18 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+import control
+import numpy as np
+
 from tokenfactory.controllers.admission import SmoothedAdmission
 from tokenfactory.controllers.stability import DelayedLoop, Margins, loop_transfer, stability_margins
+from tokenfactory.controllers.stability_batch import DelayedLoopBatch, stability_margins_batch
 from tokenfactory.controllers.tuning import PIGains, effective_delay, simc_pi
 from tokenfactory.plant_models.fluid import FluidPlant
 from tokenfactory.validation import ConfigError, check_number
 
 __all__ = ["StabilityEnvelope", "TuningReport", "admission_loop", "tune_smoothed_admission",
-           "envelope_margins"]
+           "envelope_loops", "envelope_margins"]
 
 
 @dataclass(frozen=True)
@@ -55,35 +59,110 @@ def _plant_model(plant: FluidPlant, delay_factor: float, service_rate_factor: fl
     return P, theta + params.measurement_delay_s
 
 
+def _cached_plant_model(plant: FluidPlant, delay_factor: float, service_rate_factor: float, cache: dict | None):
+    key = (delay_factor, service_rate_factor)
+    if cache is not None and key in cache:
+        return cache[key]
+    out = _plant_model(plant, delay_factor, service_rate_factor)
+    if cache is not None:
+        cache[key] = out
+    return out
+
+
 def admission_loop(plant: FluidPlant, controller: SmoothedAdmission, *, delay_factor: float = 1.0,
                    service_rate_factor: float = 1.0, _plant_model_cache: dict | None = None) -> DelayedLoop:
     """L(s) = C(s) F(s) P(s) e^{-(theta + tau_m + T/2) s} for ``controller`` on a (perturbed) plant.
 
     P(s) comes from linearising the fluid model at its regulated operating point
-    (:meth:`FluidPlant.ready_buffer_tf`), not from the closed form."""
-    key = (delay_factor, service_rate_factor)
-    if _plant_model_cache is not None and key in _plant_model_cache:
-        P, delay = _plant_model_cache[key]
-    else:
-        P, delay = _plant_model(plant, delay_factor, service_rate_factor)
-        if _plant_model_cache is not None:
-            _plant_model_cache[key] = (P, delay)
+    (:meth:`FluidPlant.ready_buffer_tf`), not from the closed form.
+
+    Parameters
+    ----------
+    plant : FluidPlant
+        The nominal plant.
+    controller : SmoothedAdmission
+        Gives C(s) (PI), F(s) (measurement filter) and the sample period T.
+    delay_factor : float
+        Multiplies the plant's fill-to-ready and measurement delays (> 0, default 1).
+    service_rate_factor : float
+        Multiplies fill and decode service rates (> 0, default 1).
+
+    Returns
+    -------
+    DelayedLoop
+    """
+    P, delay = _cached_plant_model(plant, delay_factor, service_rate_factor, _plant_model_cache)
     return loop_transfer(controller.transfer_function(), P, delay + controller.sample_period / 2.0,
                          controller.measurement_filter(),
                          name=f"admission delay x{delay_factor:g} rate x{service_rate_factor:g}")
 
 
+def envelope_loops(plant: FluidPlant, controller: SmoothedAdmission, envelope: StabilityEnvelope,
+                   _cache: dict | None = None) -> DelayedLoopBatch:
+    """:func:`admission_loop` at every point of ``envelope``, as one :class:`DelayedLoopBatch`.
+
+    The loop polynomials are C F P multiplied as coefficient arrays (the same products
+    :func:`admission_loop` forms with python-control objects); each perturbed plant P is
+    linearised once per (delay factor, service-rate factor) and kept in ``_cache``.
+
+    Parameters
+    ----------
+    plant : FluidPlant
+        The nominal plant.
+    controller : SmoothedAdmission
+        The controller.
+    envelope : StabilityEnvelope
+        Its points, in :meth:`StabilityEnvelope.points` order.
+
+    Returns
+    -------
+    DelayedLoopBatch
+        One loop per envelope point.
+    """
+    C, F = control.tf(controller.transfer_function()), control.tf(controller.measurement_filter())
+    pts = envelope.points()
+    nums, dens, delays, names = [], [], [], []
+    for d, r in pts:
+        P, delay = _cached_plant_model(plant, d, r, _cache)
+        P = control.tf(P)
+        # C * P first, then * F: the order loop_transfer multiplies in (the same rounding)
+        nums.append(np.polymul(np.polymul(C.num[0][0], P.num[0][0]), F.num[0][0]))
+        dens.append(np.polymul(np.polymul(C.den[0][0], P.den[0][0]), F.den[0][0]))
+        delays.append(delay + controller.sample_period / 2.0)
+        names.append(f"admission delay x{d:g} rate x{r:g}")
+    width_n = max(len(x) for x in nums)
+    width_d = max(len(x) for x in dens)
+    num = np.array([np.concatenate([np.zeros(width_n - len(x)), x]) for x in nums])
+    den = np.array([np.concatenate([np.zeros(width_d - len(x)), x]) for x in dens])
+    return DelayedLoopBatch(num, den, np.array(delays), tuple(names))
+
+
 def envelope_margins(plant: FluidPlant, controller: SmoothedAdmission,
                      envelope: StabilityEnvelope, _cache: dict | None = None) -> list[dict]:
-    """Exact-delay verdict and margins at every point of the envelope (one dict per point);
-    ``meets_floors`` needs the Nyquist verdict stable as well as the floors."""
-    rows = []
-    for d, r in envelope.points():
-        m = stability_margins(admission_loop(plant, controller, delay_factor=d, service_rate_factor=r,
-                                             _plant_model_cache=_cache))
-        rows.append({"delay_factor": d, "service_rate_factor": r, **m.to_dict(),
-                     "meets_floors": m.meets(envelope.gm_floor, envelope.pm_floor_deg)})
-    return rows
+    """Exact-delay verdict and margins at every point of the envelope, computed together by
+    :func:`stability_margins_batch`.
+
+    Parameters
+    ----------
+    plant : FluidPlant
+        The nominal plant.
+    controller : SmoothedAdmission
+        The controller.
+    envelope : StabilityEnvelope
+        The points and the margin floors.
+
+    Returns
+    -------
+    list of dict
+        One per point: ``delay_factor``, ``service_rate_factor``, the keys of
+        :meth:`Margins.to_dict`, and ``meets_floors`` (the Nyquist verdict stable *and* the
+        floors met).
+    """
+    loops = envelope_loops(plant, controller, envelope, _cache)
+    mb = stability_margins_batch(loops)
+    meets = mb.meets(envelope.gm_floor, envelope.pm_floor_deg).tolist()
+    return [{"delay_factor": d, "service_rate_factor": r, **m, "meets_floors": ok}
+            for (d, r), m, ok in zip(envelope.points(), mb.to_dicts(), meets)]
 
 
 @dataclass

@@ -1107,7 +1107,9 @@ def sensitivity_peak(loop: DelayedLoop) -> float:
 def stability_map(make_loop: Callable[[float, float], DelayedLoop], x_name: str, x_values: Sequence[float],
                   y_name: str, y_values: Sequence[float]) -> pd.DataFrame:
     """Margins over a grid of two parameters: one row per (x, y) with the Nyquist verdict, both
-    gain margins, PM, delay margin and Ms.
+    gain margins, PM, delay margin and Ms, computed together by
+    :func:`~tokenfactory.controllers.stability_margins_batch` (the same numbers as
+    :func:`stability_margins` point by point).
 
     Parameters
     ----------
@@ -1124,16 +1126,16 @@ def stability_map(make_loop: Callable[[float, float], DelayedLoop], x_name: str,
         Columns ``x_name``, ``y_name``, gain_margin, lower_gain_margin, phase_margin_deg,
         delay_margin_s, ms, stable, closed_loop_rhp_poles, crossover_rad_s.
     """
-    rows = []
-    for x in x_values:
-        for y in y_values:
-            m = stability_margins(make_loop(x, y))
-            rows.append({x_name: x, y_name: y, "gain_margin": m.gain_margin,
-                         "lower_gain_margin": m.lower_gain_margin,
-                         "phase_margin_deg": m.phase_margin_deg, "delay_margin_s": m.delay_margin_s,
-                         "ms": m.ms, "stable": m.stable, "closed_loop_rhp_poles": m.closed_loop_rhp_poles,
-                         "crossover_rad_s": m.crossover_rad_s})
-    return pd.DataFrame(rows)
+    # the batch kernel builds on this module (imported here, not at the top: no import cycle)
+    from tokenfactory.controllers.stability_batch import stability_margins_batch
+
+    points = [(x, y) for x in x_values for y in y_values]
+    mb = stability_margins_batch([make_loop(x, y) for x, y in points])
+    return pd.DataFrame({x_name: [p[0] for p in points], y_name: [p[1] for p in points],
+                         "gain_margin": mb.gain_margin, "lower_gain_margin": mb.lower_gain_margin,
+                         "phase_margin_deg": mb.phase_margin_deg, "delay_margin_s": mb.delay_margin_s,
+                         "ms": mb.ms, "stable": mb.stable, "closed_loop_rhp_poles": mb.closed_loop_rhp_poles,
+                         "crossover_rad_s": mb.crossover_rad_s})
 
 
 def _grid(loop: DelayedLoop, n: int = 6000) -> np.ndarray:

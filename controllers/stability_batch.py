@@ -56,7 +56,7 @@ from tokenfactory.controllers.stability import (
 )
 from tokenfactory.validation import ConfigError, check_int
 
-__all__ = ["DelayedLoopBatch", "MarginsBatch", "stability_margins_batch"]
+__all__ = ["DelayedLoopBatch", "MarginsBatch", "stability_margins_batch", "gain_delay_margins"]
 
 # Grid of the batch kernel (see the module docstring): log points per decade, points per root.
 _DECADE_POINTS = 10
@@ -981,6 +981,37 @@ class MarginsBatch:
         """
         return [self[i] for i in range(len(self))]
 
+    def to_dicts(self) -> list[dict]:
+        """Every loop's :meth:`Margins.to_dict`, in order (built from the arrays, without a
+        :class:`Margins` object per loop).
+
+        Returns
+        -------
+        list of dict
+        """
+        out = []
+        cols = [getattr(self, k).tolist() for k in ("gain_margin", "phase_margin_deg", "delay_margin_s", "ms",
+                                                     "lower_gain_margin", "open_loop_rhp_poles",
+                                                     "closed_loop_rhp_poles", "ms_frequency_rad_s")]
+        stable = self.stable.tolist()
+        gn, gw, gp, gd = (x.tolist() for x in self.gain_crossings)
+        pn, pw, pk, pc = (x.tolist() for x in self.phase_crossings)
+        for i in range(len(self)):
+            if i in self._scalar:
+                out.append(self._scalar[i].to_dict())
+                continue
+            gm, pm, dm, ms, lgm, P, Z, wms = (c[i] for c in cols)
+            g = tuple({"frequency_rad_s": gw[i][j], "phase_margin_deg": gp[i][j], "delay_margin_s": gd[i][j]}
+                      for j in range(gn[i]))
+            ph = tuple({"frequency_rad_s": pw[i][j], "gain_factor": pk[i][j], "rhp_change": int(pc[i][j])}
+                       for j in range(pn[i]))
+            out.append({"gain_margin": gm, "phase_margin_deg": pm, "delay_margin_s": dm, "ms": ms,
+                        "gain_crossovers_rad_s": tuple(gw[i][:gn[i]]), "phase_crossovers_rad_s": tuple(pw[i][:pn[i]]),
+                        "method": "exact", "lower_gain_margin": lgm, "open_loop_rhp_poles": int(P),
+                        "closed_loop_rhp_poles": int(Z), "ms_frequency_rad_s": wms, "gain_crossings": g,
+                        "phase_crossings": ph, "stable": stable[i]})
+        return out
+
     def to_pandas(self) -> pd.DataFrame:
         """One row per loop: name, verdict, both gain margins, PM, delay margin, Ms and where,
         P, Z, the lowest crossover and whether the scalar path computed it.
@@ -1098,3 +1129,47 @@ def _put_row(arrs, i: int, values: list[tuple], fills=None):
             c[i, j] = x
     counts[i] = len(values)
     return (counts, *cols)
+
+
+def gain_delay_margins(configs: Sequence[dict], num, den, delay: float = 0.0, *, gain_key: str = "gain_factor",
+                       delay_key: str = "delay_s") -> list[dict]:
+    """Batched sweep point function: the margins of k R(s) e^{-(delay + d) s} for each
+    configuration's gain factor k and extra delay d (a stability map as a
+    :func:`~tokenfactory.sweep.run_sweep` with ``batched=True``; bind ``num``, ``den`` and
+    ``delay`` with :func:`functools.partial`).
+
+    Parameters
+    ----------
+    configs : sequence of dict
+        One configuration per point, with ``gain_key`` (> 0; default 1 when absent) and
+        ``delay_key`` (s, >= 0; default 0).
+    num, den : array_like
+        Coefficients of R(s), highest power first.
+    delay : float
+        The base loop delay (s, >= 0).
+    gain_key, delay_key : str
+        Where the gain factor and extra delay are in each configuration.
+
+    Returns
+    -------
+    list of dict
+        Per point: gain_margin, lower_gain_margin, phase_margin_deg, delay_margin_s, ms,
+        stable, closed_loop_rhp_poles, crossover_rad_s, fallback.
+
+    Raises
+    ------
+    ConfigError
+        For a gain factor <= 0 or a negative extra delay (field ``configs[i].<key>``).
+    """
+    k = np.array([c.get(gain_key, 1.0) for c in configs], float)
+    d = np.array([c.get(delay_key, 0.0) for c in configs], float)
+    for key, arr, bad in ((gain_key, k, k <= 0), (delay_key, d, d < 0)):
+        if np.any(bad | ~np.isfinite(arr)):
+            i = int(np.argmax(bad | ~np.isfinite(arr)))
+            raise ConfigError(f"configs[{i}].{key}", f"expected {'> 0' if key == gain_key else '>= 0'}, got {arr[i]!r}")
+    num = np.atleast_1d(np.asarray(num, float))
+    mb = stability_margins_batch(DelayedLoopBatch(num[None, :] * k[:, None], den, delay + d))
+    cols = {c: getattr(mb, c).tolist() for c in ("gain_margin", "lower_gain_margin", "phase_margin_deg",
+                                                 "delay_margin_s", "ms", "stable", "closed_loop_rhp_poles",
+                                                 "crossover_rad_s", "fallback")}
+    return [{c: v[i] for c, v in cols.items()} for i in range(len(configs))]

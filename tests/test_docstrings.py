@@ -32,8 +32,6 @@ PENDING: tuple[str, ...] = (
     "tokenfactory.controllers.admission.ThresholdAdmission",
     "tokenfactory.controllers.autotune.StabilityEnvelope",
     "tokenfactory.controllers.autotune.TuningReport",
-    "tokenfactory.controllers.autotune.admission_loop",
-    "tokenfactory.controllers.autotune.envelope_margins",
     "tokenfactory.controllers.autotune.tune_smoothed_admission",
     "tokenfactory.controllers.capacity.PoolRates",
     "tokenfactory.controllers.capacity.hourly_peak",
@@ -90,7 +88,6 @@ PENDING: tuple[str, ...] = (
     "tokenfactory.scenario.build_controller",
     "tokenfactory.scenario.build_plant",
     "tokenfactory.scenario.load_scenario",
-    "tokenfactory.scenario.margins_table",
     "tokenfactory.scenario.naive_limit_cycle",
     "tokenfactory.scenario.scenario_from_dict",
 )

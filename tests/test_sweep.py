@@ -20,15 +20,11 @@ def noisy_queue_point(cfg: dict) -> dict:
 
 
 def margins_batch_point(cfgs: list[dict]) -> list[dict]:
-    """A batched point function (a chunk at once), as vectorised kernels are fed."""
-    from tokenfactory.controllers import DelayedLoop, stability_margins
-    import control
+    """A batched point function (a chunk at once): the batched margins kernel on k e^{-theta s}/s."""
+    from tokenfactory.controllers import gain_delay_margins
 
-    out = []
-    for c in cfgs:
-        m = stability_margins(DelayedLoop(control.tf([c["gain"]], [1.0, 0.0]), c["delay_s"]))
-        out.append({"phase_margin_deg": m.phase_margin_deg, "stable": m.stable})
-    return out
+    rows = gain_delay_margins(cfgs, [1.0], [1.0, 0.0], gain_key="gain", delay_key="delay_s")
+    return [{"phase_margin_deg": r["phase_margin_deg"], "stable": r["stable"]} for r in rows]
 
 
 BASE = {"plant": {"service": 5}, "load": {"rate": 3}, "seed": 0}
@@ -75,6 +71,9 @@ def test_dask_local_cluster_equals_serial_exactly():
     b = run_sweep(margins_batch_point, batch, backend="dask", workers=2, chunk_size=2, batched=True)
     pd.testing.assert_frame_equal(a, b)
     assert not a.loc[(a["gain"] == 3.0) & (a["delay_s"] == 1.0), "stable"].item()
+    # k e^{-theta s}/s: PM = 90 deg - k theta (rad), stable iff k theta < pi/2
+    np.testing.assert_allclose(a["phase_margin_deg"], 90.0 - np.degrees(a["gain"] * a["delay_s"]), rtol=1e-9)
+    assert (a["stable"] == (a["gain"] * a["delay_s"] < np.pi / 2)).all()
 
 
 def square_point(x):

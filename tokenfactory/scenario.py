@@ -43,6 +43,7 @@ from tokenfactory.controllers.admission import CompletionTriggeredAdmission, Smo
 from tokenfactory.controllers.autotune import StabilityEnvelope, TuningReport, admission_loop
 from tokenfactory.controllers.describing import predict_limit_cycles
 from tokenfactory.controllers.stability import DelayedLoop, stability_margins
+from tokenfactory.controllers.stability_batch import stability_margins_batch
 from tokenfactory.plant_models.fluid import FluidParams, FluidPlant, LoopScenario
 from tokenfactory.plant_models.roofline import Worker
 from tokenfactory.plant_models.service import DEFAULT_KV_SETUP_S, DEFAULT_KV_STRIPES, KVLink, RequestShape, ServiceModel
@@ -155,12 +156,39 @@ def naive_limit_cycle(plant: FluidPlant, controller: CompletionTriggeredAdmissio
 def margins_table(sc: Scenario) -> pd.DataFrame:
     """One row per envelope point: the Nyquist verdict and exact and Pade margins (linear
     controllers), or the predicted limit cycle (relay-like controllers). ``meets_floors`` is
-    the verdict *and* the floors: an unstable point fails whatever its margins read."""
+    the verdict *and* the floors: an unstable point fails whatever its margins read.
+
+    The exact margins of all points come from one :func:`stability_margins_batch` call; the
+    Pade column from :func:`stability_margins` per point (each picks its own order).
+
+    Parameters
+    ----------
+    sc : Scenario
+        A loaded scenario: its plant, controller and stability envelope.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Linear controllers: delay_factor, service_rate_factor, loop_delay_s, stable,
+        closed_loop_rhp_poles, gain_margin, lower_gain_margin, phase_margin_deg,
+        delay_margin_s, ms, pade, pade_phase_margin_deg, meets_floors. Relay-like: delay_factor,
+        service_rate_factor, loop_delay_s, limit_cycle, predicted_period_s,
+        predicted_amplitude, meets_floors.
+
+    Raises
+    ------
+    ConfigError
+        For a controller with no linear part or relay model (``threshold``).
+    """
     rows = []
     if isinstance(sc.controller, SmoothedAdmission):
-        for dfac, rfac in sc.envelope.points():
-            loop = admission_loop(sc.plant, sc.controller, delay_factor=dfac, service_rate_factor=rfac)
-            ex, pa = stability_margins(loop), stability_margins(loop, "pade")
+        points = sc.envelope.points()
+        cache: dict = {}
+        loops = [admission_loop(sc.plant, sc.controller, delay_factor=dfac, service_rate_factor=rfac,
+                                _plant_model_cache=cache) for dfac, rfac in points]
+        exact = stability_margins_batch(loops)   # the Pade column stays per loop (it picks an order each)
+        for i, ((dfac, rfac), loop) in enumerate(zip(points, loops)):
+            ex, pa = exact[i], stability_margins(loop, "pade")
             rows.append({"delay_factor": dfac, "service_rate_factor": rfac, "loop_delay_s": loop.delay,
                          "stable": ex.stable, "closed_loop_rhp_poles": ex.closed_loop_rhp_poles,
                          "gain_margin": ex.gain_margin, "lower_gain_margin": ex.lower_gain_margin,
