@@ -193,6 +193,20 @@ class _Rational:
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(self._on | (sq == 0), 0.0, -self._a / sq) @ self._weight - delay
 
+    def d2log_mag(self, w) -> np.ndarray:
+        """d^2 log|R(jw)| / dw^2."""
+        d = np.asarray(w, float)[:, None] - self._b
+        sq = self._a ** 2 + d * d
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(sq > 0, (self._a ** 2 - d * d) / (sq * sq), 0.0) @ self._weight
+
+    def d2phase(self, w) -> np.ndarray:
+        """d^2/dw^2 of :meth:`phase` (the delay's term is linear)."""
+        d = np.asarray(w, float)[:, None] - self._b
+        sq = self._a ** 2 + d * d
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(self._on | (sq == 0), 0.0, 2.0 * self._a * d / (sq * sq)) @ self._weight
+
 
 @dataclass(frozen=True)
 class DelayedLoop:
@@ -722,9 +736,22 @@ def _usable_intervals(ana: _Analysis, w: np.ndarray) -> np.ndarray:
     return ok
 
 
+def _with_extrema(ana: _Analysis, w: np.ndarray, df: Callable, d2f: Callable) -> np.ndarray:
+    """``w`` with the extrema of a function added wherever its derivative ``df`` changes sign
+    between two points of a usable interval: between the points of the result the function is
+    monotone (given at most one extremum per interval of ``w``), so no pair of crossings of a
+    level can hide between two grid points (a resonance peak of |L| just above 1 between them)."""
+    d = df(w)
+    ok = _usable_intervals(ana, w) & (d[:-1] * d[1:] < 0)
+    i = np.nonzero(ok)[0]
+    if not len(i):
+        return w
+    return np.sort(np.concatenate([w, _solve(df, d2f, w[i], w[i + 1])]))
+
+
 def _gain_crossovers(ana: _Analysis) -> np.ndarray:
-    w = ana.grid
     rat = ana.rat
+    w = _with_extrema(ana, ana.grid, rat.dlog_mag, rat.d2log_mag)
     g = rat.log_mag(w)
     ok = _usable_intervals(ana, w) & (np.sign(g[:-1]) != np.sign(g[1:])) & np.isfinite(g[:-1]) & np.isfinite(g[1:])
     i = np.nonzero(ok)[0]
@@ -737,6 +764,7 @@ def _phase_crossings_between(ana: _Analysis, w: np.ndarray) -> tuple[np.ndarray,
     """Frequencies in (w[0], w[-1]] where L(jw) crosses the negative real axis, with |L| there and
     the direction (+1: Im L goes from - to +, i.e. the phase decreases through -180 deg)."""
     rat, delay = ana.rat, ana.delay
+    w = _with_extrema(ana, w, lambda x: rat.dphase(x, delay), rat.d2phase)
     ph = rat.phase(w, delay)
     q = (ph + math.pi) / (2.0 * math.pi)  # an integer where arg L = -180 deg (mod 360)
     ok = _usable_intervals(ana, w)
