@@ -59,8 +59,8 @@ from tokenfactory.validation import ConfigError, check_int
 __all__ = ["DelayedLoopBatch", "MarginsBatch", "stability_margins_batch", "gain_delay_margins"]
 
 # Grid of the batch kernel (see the module docstring): log points per decade, points per root.
-_DECADE_POINTS = 10
-_ROOT_POINTS = 16
+_DECADE_POINTS = 8
+_ROOT_POINTS = 12
 _DELAY_STEP_RAD = math.pi / 8
 # The reported phase crossings, as the scalar path: gain factor up to _K_REPORT, at most _N_REPORT.
 _K_REPORT = 1e3
@@ -344,22 +344,23 @@ class _Loops:
         return out
 
 
-def _solve(fun, a: np.ndarray, b: np.ndarray, iters: int = 100, xtol: float = 1e-13) -> np.ndarray:
+def _solve(fun, a: np.ndarray, b: np.ndarray, fa: np.ndarray, fb: np.ndarray, iters: int = 100,
+           xtol: float = 1e-13) -> np.ndarray:
     """Safeguarded Newton on flat arrays, evaluating only unconverged elements: a Newton step
     when it stays inside the bracket, else a false-position step from the bracket's ends (else
     bisection) - the scalar path's solver, but without its long bisection runs when the root
     sits near a bracket end of a convex function. ``fun(x, idx) -> (f, df)`` at x for elements
-    ``idx``; f(a), f(b) of opposite sign. Stops when a step moves x by at most ``xtol``
-    relative (1e-13, the scalar path's, for crossings; extrema, whose derivative is all
-    rounding near the root, use a looser one)."""
+    ``idx``; ``fa``, ``fb`` = f(a), f(b) (known from the grid), of opposite sign; the first
+    point is the false-position one. Stops when a step moves x by at most ``xtol`` relative
+    (1e-13, the scalar path's, for crossings; extrema, whose derivative is all rounding near
+    the root, use a looser one)."""
     a, b = np.array(a, float), np.array(b, float)
     if not len(a):
         return a
-    everything = np.arange(len(a))
-    fa, _ = fun(a, everything)
-    fb, _ = fun(b, everything)
-    x = 0.5 * (a + b)
-    act = everything
+    fa, fb = np.array(fa, float), np.array(fb, float)
+    x = a - fa * (b - a) / (fb - fa)
+    x = np.where(np.isfinite(x) & (x > a) & (x < b), x, 0.5 * (a + b))
+    act = np.arange(len(a))
     for _ in range(iters):
         xa = x[act]
         fx, dfx = fun(xa, act)
@@ -420,7 +421,9 @@ def _split_at_extrema(lp: _Loops, w, m, ph, dm, dph):
         p = is_phase[idx]
         return np.where(p, dpx[:, 0], dmx[:, 0]), np.where(p, d2p[:, 0], d2m[:, 0])
 
-    x = _solve(fun, w[row, col], w[row, col + 1], xtol=1e-10)
+    f = np.where(is_phase, dph[row, col], dm[row, col])
+    f1 = np.where(is_phase, dph[row, col + 1], dm[row, col + 1])
+    x = _solve(fun, w[row, col], w[row, col + 1], f, f1, xtol=1e-10)
     mx, px, dmx, dpx = lp.evaluate(x[:, None], row)
     o = np.argsort(row, kind="stable")
     # padding: copies of the first grid point (zero-width intervals, ignored downstream)
@@ -556,6 +559,18 @@ def _kernel_chunk(gain, zeros, poles, m0: int, delay) -> _ChunkResult:
     if roots.shape[1]:
         pts = (roots.imag[:, :, None] + np.abs(roots.real)[:, :, None] * np.tan(th)[None, None, :]).reshape(n, -1)
         parts.append(np.where((pts > w_start[:, None]) & (pts < hi[:, None]), pts, w_start[:, None]))
+        # lightly damped roots (|a| < b/20): the tan points span only b +/- 10 |a|; |1 + L| can dip
+        # just beyond, where the log grid is coarse: points at b +/- |a| 2^k, k >= 4, up to b/2
+        bb, aa = roots.imag, np.abs(roots.real)
+        light = (bb > 0) & (aa > 0) & (aa < 0.05 * bb)
+        if light.any():
+            k_max = int(np.ceil(np.log2(np.max(bb[light] / (32.0 * aa[light]))))) + 1
+            off = aa[:, :, None] * 2.0 ** (4 + np.arange(min(k_max, 24)))[None, None, :]
+            ok_ = light[:, :, None] & (off < 0.5 * bb[:, :, None])
+            for sign in (-1.0, 1.0):
+                q = (bb[:, :, None] + sign * off).reshape(n, -1)
+                parts.append(np.where(ok_.reshape(n, -1) & (q > w_start[:, None]) & (q < hi[:, None]), q,
+                                      w_start[:, None]))
     w = np.sort(np.concatenate(parts, axis=1), axis=1)
     w[:, -1] = hi  # (rounding of the power)
     m, ph, dm, dph = lp.evaluate(w)
@@ -572,7 +587,7 @@ def _kernel_chunk(gain, zeros, poles, m0: int, delay) -> _ChunkResult:
         return mm[:, 0], dmm[:, 0]
 
     with np.errstate(all="ignore"):
-        wc = _solve(mag_fun, w[row, col], w[row, col + 1])
+        wc = _solve(mag_fun, w[row, col], w[row, col + 1], m[row, col], m[row, col + 1])
         _, ph_c, _, _ = lp.evaluate(wc[:, None], row) if len(wc) else (None, np.zeros((0, 1)), None, None)
     ph_c = ph_c[:, 0]
     deg = np.degrees(np.mod(ph_c + math.pi, 2.0 * math.pi))
@@ -629,7 +644,8 @@ def _kernel_chunk(gain, zeros, poles, m0: int, delay) -> _ChunkResult:
         return pp[:, 0] - level[idx], dpp[:, 0]
 
     with np.errstate(all="ignore"):
-        xc = _solve(phase_fun, wx[row_x, col_x], wx[row_x, col_x + 1])
+        xc = _solve(phase_fun, wx[row_x, col_x], wx[row_x, col_x + 1], phx[row_x, col_x] - level,
+                    phx[row_x, col_x + 1] - level)
         if len(xc):
             mc, _, _, dpc = lp.evaluate(xc[:, None], row_x)
             mc, dpc = mc[:, 0], dpc[:, 0]
@@ -772,7 +788,7 @@ def _sensitivity_peak(lp: _Loops, w, m, ph, dm, dph, cross, has_delay, inv_delay
     against the limits w -> 0 and inf as the scalar path."""
     n, G = w.shape
     ar = np.arange(n)
-    br_r, br_lo, br_hi, br_depth = [], [], [], []
+    br_r, br_lo, br_hi, br_depth, br_flo, br_fhi = [], [], [], [], [], []
 
     def depth(x0, x1, f0, f1, d0, d1):
         # two ranks per bracket: the lower end, and the lower of the minima of the parabolas
@@ -791,6 +807,8 @@ def _sensitivity_peak(lp: _Loops, w, m, ph, dm, dph, cross, has_delay, inv_delay
         br_lo.append(ww[r, c])
         br_hi.append(ww[r, c + 1])
         br_depth.append(depth(ww[r, c], ww[r, c + 1], F2[r, c], F2[r, c + 1], D[r, c], D[r, c + 1]))
+        br_flo.append(D[r, c])
+        br_fhi.append(D[r, c + 1])
 
     F2, D = _f2_and_slope(m, ph, dm, dph)
     i = np.argmin(F2, axis=1)
@@ -830,15 +848,18 @@ def _sensitivity_peak(lp: _Loops, w, m, ph, dm, dph, cross, has_delay, inv_delay
             br_lo.append(pts[sel, a])
             br_hi.append(pts[sel, b])
             br_depth.append(depth(pts[sel, a], pts[sel, b], F2c[sel, a], F2c[sel, b], Dc[sel, a], Dc[sel, b]))
+            br_flo.append(Dc[sel, a])
+            br_fhi.append(Dc[sel, b])
     # the three deepest brackets of each loop by either rank, refined
     r = np.concatenate(br_r)
     lo, hi, rank = np.concatenate(br_lo), np.concatenate(br_hi), np.concatenate(br_depth)
+    flo, fhi = np.concatenate(br_flo), np.concatenate(br_fhi)
     top = np.zeros(len(r), bool)
     for col in range(2):
         o = np.lexsort((rank[:, col], r))
         start = np.searchsorted(r[o], r[o], side="left")
         top[o[(np.arange(len(r)) - start) < 3]] = True
-    r, lo, hi = r[top], lo[top], hi[top]
+    r, lo, hi, flo, fhi = r[top], lo[top], hi[top], flo[top], fhi[top]
 
     def dfun(x, idx):
         mx, px, dmx, dpx, d2m, d2p = (v[:, 0] for v in lp.evaluate(x[:, None], r[idx], second=True))
@@ -849,7 +870,7 @@ def _sensitivity_peak(lp: _Loops, w, m, ph, dm, dph, cross, has_delay, inv_delay
         return 2.0 * Ex * h, 2.0 * Ex * (dmx * h + dh)
 
     if len(r):
-        xr = _solve(dfun, lo, hi, xtol=1e-10)
+        xr = _solve(dfun, lo, hi, flo, fhi, xtol=1e-10)
         F2r, _ = _f2_and_slope(*(v[:, 0] for v in lp.evaluate(xr[:, None], r)))
         rr, vv, xx = _row_min(r, F2r, xr)
         better = vv < best[rr]
