@@ -101,9 +101,10 @@ def envelope_loops(plant: FluidPlant, controller: SmoothedAdmission, envelope: S
                    _cache: dict | None = None) -> DelayedLoopBatch:
     """:func:`admission_loop` at every point of ``envelope``, as one :class:`DelayedLoopBatch`.
 
-    The loop polynomials are C F P multiplied as coefficient arrays (the same products
-    :func:`admission_loop` forms with python-control objects); each perturbed plant P is
-    linearised once per (delay factor, service-rate factor) and kept in ``_cache``.
+    The loop polynomials are C F P multiplied as coefficient arrays, all points at once (the
+    products :func:`admission_loop` forms with python-control objects, to rounding); each
+    perturbed plant P is linearised once per (delay factor, service-rate factor) and kept in
+    ``_cache``.
 
     Parameters
     ----------
@@ -121,20 +122,33 @@ def envelope_loops(plant: FluidPlant, controller: SmoothedAdmission, envelope: S
     """
     C, F = control.tf(controller.transfer_function()), control.tf(controller.measurement_filter())
     pts = envelope.points()
-    nums, dens, delays, names = [], [], [], []
-    for d, r in pts:
-        P, delay = _cached_plant_model(plant, d, r, _cache)
-        P = control.tf(P)
-        # C * P first, then * F: the order loop_transfer multiplies in (the same rounding)
-        nums.append(np.polymul(np.polymul(C.num[0][0], P.num[0][0]), F.num[0][0]))
-        dens.append(np.polymul(np.polymul(C.den[0][0], P.den[0][0]), F.den[0][0]))
-        delays.append(delay + controller.sample_period / 2.0)
-        names.append(f"admission delay x{d:g} rate x{r:g}")
-    width_n = max(len(x) for x in nums)
-    width_d = max(len(x) for x in dens)
-    num = np.array([np.concatenate([np.zeros(width_n - len(x)), x]) for x in nums])
-    den = np.array([np.concatenate([np.zeros(width_d - len(x)), x]) for x in dens])
-    return DelayedLoopBatch(num, den, np.array(delays), tuple(names))
+    models = [_cached_plant_model(plant, d, r, _cache) for d, r in pts]
+    p_num = [_lead_trimmed(P.num[0][0]) for P, _ in models]
+    p_den = [_lead_trimmed(P.den[0][0]) for P, _ in models]
+    width_n = max(len(x) for x in p_num)
+    width_d = max(len(x) for x in p_den)
+    # plant polynomials as rows (shorter ones padded with leading zeros, which the products keep)
+    pn = np.array([np.concatenate([np.zeros(width_n - len(x)), x]) for x in p_num])
+    pd_ = np.array([np.concatenate([np.zeros(width_d - len(x)), x]) for x in p_den])
+    # C * P first, then * F: the products loop_transfer forms (python-control multiplies with polymul)
+    num = _convolve_rows(np.asarray(F.num[0][0], float), _convolve_rows(np.asarray(C.num[0][0], float), pn))
+    den = _convolve_rows(np.asarray(F.den[0][0], float), _convolve_rows(np.asarray(C.den[0][0], float), pd_))
+    delays = np.array([delay for _, delay in models]) + controller.sample_period / 2.0
+    return DelayedLoopBatch(num, den, delays, tuple(f"admission delay x{d:g} rate x{r:g}" for d, r in pts))
+
+
+def _lead_trimmed(c) -> np.ndarray:
+    c = np.asarray(c, float)
+    return c[int(np.argmax(c != 0)):] if c.size and c[0] == 0 else c
+
+
+def _convolve_rows(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """np.convolve(a, row) for every row of ``rows`` at once."""
+    a = np.trim_zeros(a, "f")
+    out = np.zeros((rows.shape[0], rows.shape[1] + len(a) - 1))
+    for i, c in enumerate(a):
+        out[:, i:i + rows.shape[1]] += c * rows
+    return out
 
 
 def envelope_margins(plant: FluidPlant, controller: SmoothedAdmission,

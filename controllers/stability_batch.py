@@ -1010,27 +1010,32 @@ class MarginsBatch:
         -------
         list of dict
         """
-        out = []
-        cols = [getattr(self, k).tolist() for k in ("gain_margin", "phase_margin_deg", "delay_margin_s", "ms",
-                                                     "lower_gain_margin", "open_loop_rhp_poles",
-                                                     "closed_loop_rhp_poles", "ms_frequency_rad_s")]
+        keys = ("gain_margin", "phase_margin_deg", "delay_margin_s", "ms")
+        head = list(zip(*(getattr(self, k).tolist() for k in keys)))
+        tail = list(zip(self.lower_gain_margin.tolist(), self.open_loop_rhp_poles.tolist(),
+                        self.closed_loop_rhp_poles.tolist(), self.ms_frequency_rad_s.tolist()))
         stable = self.stable.tolist()
         gn, gw, gp, gd = (x.tolist() for x in self.gain_crossings)
         pn, pw, pk, pc = (x.tolist() for x in self.phase_crossings)
+        out = []
         for i in range(len(self)):
             if i in self._scalar:
                 out.append(self._scalar[i].to_dict())
                 continue
-            gm, pm, dm, ms, lgm, P, Z, wms = (c[i] for c in cols)
-            g = tuple({"frequency_rad_s": gw[i][j], "phase_margin_deg": gp[i][j], "delay_margin_s": gd[i][j]}
-                      for j in range(gn[i]))
-            ph = tuple({"frequency_rad_s": pw[i][j], "gain_factor": pk[i][j], "rhp_change": int(pc[i][j])}
-                       for j in range(pn[i]))
-            out.append({"gain_margin": gm, "phase_margin_deg": pm, "delay_margin_s": dm, "ms": ms,
-                        "gain_crossovers_rad_s": tuple(gw[i][:gn[i]]), "phase_crossovers_rad_s": tuple(pw[i][:pn[i]]),
-                        "method": "exact", "lower_gain_margin": lgm, "open_loop_rhp_poles": int(P),
-                        "closed_loop_rhp_poles": int(Z), "ms_frequency_rad_s": wms, "gain_crossings": g,
-                        "phase_crossings": ph, "stable": stable[i]})
+            ng, npc = gn[i], pn[i]
+            gwi, pwi = gw[i][:ng], pw[i][:npc]
+            d = dict(zip(keys, head[i]))
+            d["gain_crossovers_rad_s"] = tuple(gwi)
+            d["phase_crossovers_rad_s"] = tuple(pwi)
+            d["method"] = "exact"
+            (d["lower_gain_margin"], d["open_loop_rhp_poles"], d["closed_loop_rhp_poles"],
+             d["ms_frequency_rad_s"]) = tail[i]
+            d["gain_crossings"] = tuple({"frequency_rad_s": a, "phase_margin_deg": b, "delay_margin_s": c}
+                                        for a, b, c in zip(gwi, gp[i], gd[i]))
+            d["phase_crossings"] = tuple({"frequency_rad_s": a, "gain_factor": b, "rhp_change": int(c)}
+                                         for a, b, c in zip(pwi, pk[i], pc[i]))
+            d["stable"] = stable[i]
+            out.append(d)
         return out
 
     def to_pandas(self) -> pd.DataFrame:
