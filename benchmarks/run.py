@@ -2,7 +2,8 @@
 
 Not tests: numbers depend on the machine. Each entry records what was measured and how often.
 ``python -m benchmarks.run des`` runs only the request simulator's entry and prints it (nothing
-written), for before/after comparisons of a change.
+written), for before/after comparisons of a change; ``python -m benchmarks.run margins envelope
+sweeps`` runs only those sections and merges them into the existing results.
 """
 
 from __future__ import annotations
@@ -180,11 +181,229 @@ def _pool_fortnight() -> dict:
     return {"seconds": t, "steps": steps, "steps_per_s": steps / t, "simulated_s_per_wall_s": sc.duration_s / t}
 
 
+def _admission_like_loops(n: int, seed: int):
+    """``n`` admission loops of the shipped smoothed scenario with random gain (x0.5..2, log-uniform)
+    and delay (x0.5..2) factors: (base loop, gains, delays, DelayedLoopBatch)."""
+    import numpy as np
+
+    from tokenfactory.controllers import DelayedLoopBatch, admission_loop
+    from tokenfactory.scenario import load_scenario
+    from tokenfactory.studies.feedback_oscillation import scenario_path
+
+    sc = load_scenario(scenario_path("smoothed"))
+    base = admission_loop(sc.plant, sc.controller)
+    rng = np.random.default_rng(seed)
+    gains = np.exp(rng.uniform(np.log(0.5), np.log(2.0), n))
+    delays = base.delay * rng.uniform(0.5, 2.0, n)
+    num, den = base._polys
+    return base, gains, delays, DelayedLoopBatch(num[None, :] * gains[:, None], den, delays)
+
+
+def _batch_half(args):
+    from tokenfactory.controllers import DelayedLoopBatch, stability_margins_batch
+
+    num, den, delay = args
+    mb = stability_margins_batch(DelayedLoopBatch(num, den, delay))
+    return mb.fallback_count
+
+
+def _margins(rounds: int = 5, n_batch: int = 8192, n_scalar: int = 40, n_pade: int = 400, n_frd: int = 5) -> dict:
+    """Loops/s of the batch kernel (one process, and two processes on the two cores), the scalar
+    path and python-control's stability_margins on Pade-5 models and on FRDs of the exact delay,
+    all on the same random admission-like loops, in ``rounds`` interleaved rounds: each round
+    times every contender once, its ratios are taken within the round, and the medians are
+    reported (the machine is shared: absolute rates swing with other jobs, same-round ratios
+    much less)."""
+    import multiprocessing as mp
+    import statistics
+    import warnings
+
+    import control
+    import numpy as np
+
+    from tokenfactory.controllers import DelayedLoop, DelayedLoopBatch, stability_margins, stability_margins_batch
+
+    n_all = 2 * n_batch
+    base, gains, delays, batch = _admission_like_loops(n_all, seed=14)
+    one = DelayedLoopBatch(batch.num[:n_batch], batch.den[:n_batch], batch.delay[:n_batch])
+    halves = [(batch.num[i::2], batch.den[i::2], batch.delay[i::2]) for i in range(2)]
+    k_s = rounds * n_scalar
+    loops = [DelayedLoop(base.rational * g, d) for g, d in zip(gains[:k_s], delays[:k_s])]
+    pade = [DelayedLoop(base.rational * g, d).pade(5) for g, d in zip(gains[:n_pade], delays[:n_pade])]
+    omega = np.logspace(-3, 2, 1000)
+    frds = [control.frd(DelayedLoop(base.rational * g, d).response(omega), omega)
+            for g, d in zip(gains[:n_frd], delays[:n_frd])]
+    stability_margins_batch(DelayedLoopBatch(batch.num[:256], batch.den[:256], batch.delay[:256]))  # warm-up
+    rates: dict[str, list[float]] = {k: [] for k in ("batch_1_process", "batch_2_processes", "scalar",
+                                                     "python_control_pade5", "python_control_frd")}
+    fallbacks = 0
+    scalar = []
+    with mp.get_context("fork").Pool(2) as pool, warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # python-control on an FRD warns about its interpolation
+        pool.map(_batch_half, [(h[0][:64], h[1][:64], h[2][:64]) for h in halves])  # warm the workers
+        for r in range(rounds):
+            t0 = time.perf_counter()
+            mb = stability_margins_batch(one)
+            rates["batch_1_process"].append(n_batch / (time.perf_counter() - t0))
+            fallbacks += mb.fallback_count
+            t0 = time.perf_counter()
+            fallbacks += sum(pool.map(_batch_half, halves))
+            rates["batch_2_processes"].append(n_all / (time.perf_counter() - t0))
+            t0 = time.perf_counter()
+            scalar += [stability_margins(lp) for lp in loops[r * n_scalar:(r + 1) * n_scalar]]
+            rates["scalar"].append(n_scalar / (time.perf_counter() - t0))
+            t0 = time.perf_counter()
+            pc = [control.stability_margins(p) for p in pade]
+            rates["python_control_pade5"].append(n_pade / (time.perf_counter() - t0))
+            t0 = time.perf_counter()
+            for f in frds:
+                control.stability_margins(f)
+            rates["python_control_frd"].append(n_frd / (time.perf_counter() - t0))
+    ratio = {
+        "batch_1_process_over_scalar": ("batch_1_process", "scalar"),
+        "batch_1_process_over_pade5": ("batch_1_process", "python_control_pade5"),
+        "batch_2_processes_over_pade5": ("batch_2_processes", "python_control_pade5"),
+        "batch_2_processes_over_frd": ("batch_2_processes", "python_control_frd"),
+        "batch_2_processes_over_scalar": ("batch_2_processes", "scalar"),
+        "scalar_over_pade5": ("scalar", "python_control_pade5"),
+        "two_processes_over_one": ("batch_2_processes", "batch_1_process")}
+    out: dict = {
+        "loops": f"admission loop of the smoothed scenario (k (s + z) / (s^2 (s + p)) e^(-theta s)), gain x "
+                 f"U(0.5, 2) log-uniform, delay x U(0.5, 2); batch {n_batch} loops in one process and "
+                 f"{n_all} over two; scalar {n_scalar}, Pade-5 {n_pade}, FRD {n_frd} per round",
+        "rounds": rounds,
+        "loops_per_s_median": {k: statistics.median(v) for k, v in rates.items()},
+        "loops_per_s_by_round": rates,
+        "ratios_median": {k: statistics.median([x / y for x, y in zip(rates[a], rates[b])])
+                          for k, (a, b) in ratio.items()},
+        "ratios_range": {k: [min(x / y for x, y in zip(rates[a], rates[b])),
+                             max(x / y for x, y in zip(rates[a], rates[b]))] for k, (a, b) in ratio.items()},
+        "batch_fallbacks": fallbacks,
+        "notes": "python-control on prebuilt Pade-5 models and on prebuilt FRDs (1000 log-spaced points over "
+                 "1e-3..1e2 rad/s); building them is not timed. Shared machine: rates are per round, ratios "
+                 "within a round."}
+    # agreement on the loops the scalar path ran (the property test checks every kind of loop)
+    mb = stability_margins_batch(loops)
+    fields = ("gain_margin", "lower_gain_margin", "phase_margin_deg", "delay_margin_s", "ms")
+    worst = 0.0
+    for f in fields:
+        a, b = getattr(mb, f), np.array([getattr(m, f) for m in scalar])
+        fin = np.isfinite(b)
+        diff = np.abs(a[fin] - b[fin])
+        worst = max(worst, float(np.max(np.where(diff == 0, 0.0, diff / np.maximum(np.abs(b[fin]), 1e-300)),
+                                        initial=0.0)))
+        assert (a[~fin] == b[~fin]).all(), f
+    out["batch_vs_scalar_max_relative_difference"] = worst
+    out["batch_vs_scalar_verdicts_equal"] = bool((mb.stable == [m.stable for m in scalar]).all())
+    out["pade5_pm_max_difference_deg_vs_exact"] = float(np.max(np.abs(
+        np.array([r[1] for r in pc]) - stability_margins_batch(DelayedLoopBatch(
+            batch.num[:n_pade], batch.den[:n_pade], batch.delay[:n_pade])).phase_margin_deg)))
+    med = out["loops_per_s_median"]
+    out["targets"] = {"batch_2_processes >= 20000 loops/s": med["batch_2_processes"] >= 20_000,
+                      "batch_2_processes >= 15 x python-control Pade-5 (same round)":
+                          out["ratios_median"]["batch_2_processes_over_pade5"] >= 15}
+    print(f"  margins: {med}\n  ratios: {out['ratios_median']}", file=sys.stderr)
+    return out
+
+
+def _envelope(side: int = 100) -> dict:
+    """A side x side-point stability envelope (delay x service-rate factors) of the smoothed
+    scenario: envelope_margins cold (each perturbed plant linearised) and warm (the tuner's
+    case from its second tau_c on: plant models cached), and the batch margins alone."""
+    import numpy as np
+
+    from tokenfactory.controllers import envelope_loops, envelope_margins, stability_margins_batch
+    from tokenfactory.controllers.autotune import StabilityEnvelope
+    from tokenfactory.scenario import load_scenario
+    from tokenfactory.studies.feedback_oscillation import scenario_path
+
+    sc = load_scenario(scenario_path("smoothed"))
+    env = StabilityEnvelope(delay_factors=tuple(np.geomspace(0.25, 4.0, side)),
+                            service_rate_factors=tuple(np.geomspace(0.5, 2.0, side)))
+    cache: dict = {}
+    t0 = time.perf_counter()
+    rows = envelope_margins(sc.plant, sc.controller, env, cache)
+    cold = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    envelope_margins(sc.plant, sc.controller, env, cache)
+    warm = time.perf_counter() - t0
+    loops = envelope_loops(sc.plant, sc.controller, env, cache)
+    t0 = time.perf_counter()
+    mb = stability_margins_batch(loops)
+    kernel = time.perf_counter() - t0
+    return {"points": side * side, "cold_seconds": cold, "warm_seconds": warm, "margins_only_seconds": kernel,
+            "fallbacks": mb.fallback_count, "meets_floors_fraction": float(np.mean([r["meets_floors"] for r in rows])),
+            "note": "cold = linearise every perturbed plant (python-control, ~4 ms a point) + margins; warm = "
+                    "loops from cached plant models + margins + row dicts; margins_only = stability_margins_batch"}
+
+
+def _sweeps(sizes=(10_000, 100_000)) -> dict:
+    """run_sweep of stability-map points (gain factor x extra delay on the smoothed scenario's
+    admission loop, gain_delay_margins batched) serially and on a 2-worker Dask LocalCluster
+    (wall time including the cluster's start and stop)."""
+    import functools
+    import math
+
+    import numpy as np
+
+    from tokenfactory.controllers import gain_delay_margins
+    from tokenfactory.sweep import Sweep, run_sweep
+
+    base, *_ = _admission_like_loops(1, seed=0)
+    num, den = base._polys
+    fn = functools.partial(gain_delay_margins, num=num, den=den, delay=base.delay)
+    out: dict = {"point": "gain_delay_margins on the admission loop: gain x geomspace(0.25, 16), extra delay "
+                          "linspace(0, 5 s)"}
+    for n in sizes:
+        side = int(round(math.sqrt(n)))
+        sw = Sweep({}, grid={"gain_factor": list(np.geomspace(0.25, 16.0, side)),
+                             "delay_s": list(np.linspace(0.0, 5.0, side))})
+        row = {"points": len(sw)}
+        if n <= 10_000:
+            t0 = time.perf_counter()
+            serial = run_sweep(fn, sw, batched=True)
+            row["serial_seconds"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        df = run_sweep(fn, sw, backend="dask", workers=2, batched=True)
+        row["dask_2_workers_seconds"] = time.perf_counter() - t0
+        row["stable_fraction"] = float(df["stable"].mean())
+        row["fallbacks"] = int(df["fallback"].sum())
+        if n <= 10_000:
+            row["dask_equals_serial"] = bool(df.equals(serial))
+        out[str(len(sw))] = row
+        print(f"  sweep {len(sw)}: {row}", file=sys.stderr)
+    return out
+
+
+SECTIONS = ("margins", "envelope", "sweeps")
+
+
+def _run_sections(names: list[str]) -> dict:
+    """Run only ``names`` (of SECTIONS) and merge them into the existing latest.json."""
+    unknown = sorted(set(names) - set(SECTIONS))
+    if unknown:
+        raise SystemExit(f"unknown benchmark section(s) {unknown}; choose from {list(SECTIONS)}")
+    path = OUT / "latest.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    for name in names:
+        results[f"margins_{name}" if name != "margins" else "batched_margins"] = {
+            "margins": _margins, "envelope": _envelope, "sweeps": _sweeps}[name]()
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv == ["des"]:
         json.dump(_des(), sys.stdout, indent=2)
         print()
+        return 0
+    if argv:
+        results = _run_sections(argv)
+        results.setdefault("_meta", {})["sections_time"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+        OUT.mkdir(exist_ok=True)
+        path = OUT / "latest.json"
+        path.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"wrote {path}")
         return 0
     from tokenfactory.controllers import admission_loop, stability_margins
     from tokenfactory.plant_models import Worker, accelerator_preset, model_preset, simulate_loop
@@ -215,6 +434,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  pool model, 14 days: {results['pool_model_14_days_1s']}", file=sys.stderr)
     results["request_simulator"] = _des()
     print(f"  request simulator: {results['request_simulator']}", file=sys.stderr)
+    results["batched_margins"] = _margins()
+    results["margins_envelope"] = _envelope()
+    print(f"  envelope: {results['margins_envelope']}", file=sys.stderr)
+    results["margins_sweeps"] = _sweeps()
     results["forecasting"] = _forecasting()
     results["_meta"] = {"python": platform.python_version(), "machine": platform.machine(),
                         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

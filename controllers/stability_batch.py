@@ -13,10 +13,17 @@ How it differs from the scalar path (same definitions, see ``controllers/stabili
 * **Grid.** Per loop, a log grid from the integrators' indentation radius (or 1e-3 x the slowest
   root) to the scalar path's top frequency at ``_DECADE_POINTS`` per decade, plus
   ``_ROOT_POINTS`` points around each root on which that root's factor's phase is uniform
-  (pi / ``_ROOT_POINTS`` per step), and - with a delay - linear points every pi/8 of delay phase
-  where |R| >= 1/2 (for the sensitivity peak). One shared array shape per chunk; each loop's
-  points scale with its own roots and delay. Coarser than the scalar grid: crossings are
-  counted on it exactly wherever the phase (or log-magnitude) is monotone between points.
+  (pi / ``_ROOT_POINTS`` per step), points at b +/- |a| 2^k out to b/2 around lightly damped
+  roots a + jb, and - with a delay - linear points every pi/8 of delay phase where |R| >= 1/2
+  (for the sensitivity peak). One array shape per chunk; each loop's points scale with its own
+  roots and delay. Wherever the derivative of log|R| or of the phase changes sign between two
+  points the extremum is found (Newton) and inserted, so both are monotone between grid points
+  and sign changes and level counts find every crossing - which also found crossings the
+  scalar path's denser grid missed (now fixed there too). The grid's density was chosen by
+  its cost in correctness: on 8,000 random loops of the property test's kind (~6,000 through
+  the kernel) 10/16, 8/12 and 6/10 points (per decade / per root) agree with the scalar path
+  everywhere; 5/8 misses one sensitivity peak in 2,976 loops, 4/6 five, 3/4 44 (verdicts,
+  gain margins and crossings agree down to 4/6). 8/12 is used.
 * **Verdict.** Not a winding number on a refined contour but the same count read off the
   negative-real-axis crossings: Z(1) = P + N_arc + sum of the crossings' Z changes with gain
   factor below 1, where N_arc counts (from the continuous phase at the indentation's ends) the
@@ -24,8 +31,12 @@ How it differs from the scalar path (same definitions, see ``controllers/stabili
   closed Nyquist curve changes the clockwise count by its direction, so this is the Nyquist
   count itself.
 * **Sensitivity peak.** Local minima of |1 + L(j w)| bracketed by sign changes of
-  d|1 + L|^2/dw (analytic, from the log-magnitude and phase derivatives) on the grid and at the
-  phase crossings, refined by Newton, instead of a zoom around the deepest grid points.
+  d|1 + L|^2/dw (analytic, from the log-magnitude and phase derivatives) on the grid, on the
+  delay points and a quarter phase turn either side of each phase crossing; per loop the three
+  deepest brackets by their ends and the three deepest by a parabola estimate of their minimum
+  are refined by Newton - instead of a zoom around the deepest grid points.
+* **Crossing solves** start at the false-position point of the grid bracket and take a
+  false-position step (not bisection) when a Newton step leaves the bracket.
 
 Loops it hands to the scalar path (counted in ``MarginsBatch.fallback``): a zero at s = 0 or a
 root on the imaginary axis other than integrators at s = 0, biproper loops (relative degree
@@ -33,8 +44,9 @@ root on the imaginary axis other than integrators at s = 0, biproper loops (rela
 and, per loop, whenever the batch result would not be certain: a closed-loop pole within
 1e-6 of the axis (|1 + L| or |1 - 1/k| at a crossing below 1e-6), an indentation end on the
 negative real axis, an inconsistent or negative count, more than ``_MAX_CROSSINGS`` phase
-crossings or ``_MAX_DELAY_POINTS`` delay points, a gain margin not decided by the crossings
-found, or a reported-crossing list that may be incomplete.
+crossings before the walk's frequency range ends, more than ``_MAX_DELAY_POINTS`` delay points,
+a gain margin not decided by the crossings found, or a reported-crossing list that may be
+incomplete. Each fallback's reason is in ``MarginsBatch.fallback_reason``.
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ from the seed in its own configuration.
 Where it runs: ``backend="serial"`` (a Python loop), or ``"dask"``: a ``LocalCluster`` with one
 single-threaded worker process per core by default, or an existing cluster given by ``scheduler``
 (``"tcp://host:8786"``) or the ``TOKENFACTORY_DASK_SCHEDULER`` environment variable. Points are
-sent in chunks (``chunk_size``) so a 10^5-point stability map is a few hundred tasks, not 10^5;
+sent in chunks (``chunk_size``) so a 10^5-point stability map is a few hundred tasks, not 10^5,
+each chunk as opaque pickled bytes (Dask would walk every configuration dict of a task's
+arguments looking for keys);
 with ``batched=True`` the point function receives a whole chunk (a list of configurations) and
 returns a list of results, which is how vectorised kernels (batched margins) are fed.
 
