@@ -299,47 +299,77 @@ class _Loops:
     def n_roots(self) -> int:
         return self.a.shape[1]
 
-    def evaluate(self, w: np.ndarray, rows=None, second: bool = False):
+    def evaluate(self, w: np.ndarray, rows=None, second: bool = False, mag: bool = True, phase: bool = True):
         """(log|R|, phase, d log|R|/dw, d phase/dw[, second derivatives]) at w, shape (n, M), of
-        loops ``rows`` (default all). The phase includes the delay."""
+        loops ``rows`` (default all). The phase includes the delay. ``mag=False`` or
+        ``phase=False`` skips that pair (returned as None)."""
         sel = slice(None) if rows is None else rows
         a2, b, ia, s, u = self.a2[sel], self.b[sel], self.inv_abs_a[sel], self.s[sel], self.u[sel]
-        m = np.zeros_like(w)
-        ph = np.zeros_like(w)
-        dm = np.zeros_like(w)
-        dph = np.zeros_like(w)
+        m = dm = ph = dph = d2m = d2ph = None
+        if mag:
+            prod = np.ones_like(w)     # prod q_zeros / prod q_poles: one log per point, not per root
+            dm = np.zeros_like(w)
+        if phase:
+            ph = np.zeros_like(w)
+            dph = np.zeros_like(w)
         if second:
             d2m = np.zeros_like(w)
             d2ph = np.zeros_like(w)
+        t = np.empty_like(w)
+        q = np.empty_like(w)
         for r in range(self.n_roots):
+            zero = r < self.nz
             d = w - b[:, r, None]
-            q = a2[:, r, None] + d * d
-            iq = 1.0 / q
-            lq = np.log(q)
-            if r < self.nz:
-                m += lq
-                dm += d * iq
-            else:
-                m -= lq
-                dm -= d * iq
-            ph += s[:, r, None] * np.arctan(d * ia[:, r, None])
-            dph += u[:, r, None] * iq
-            if second:
-                iq2 = iq * iq
-                if r < self.nz:
-                    d2m += (a2[:, r, None] - d * d) * iq2
+            np.multiply(d, d, out=q)
+            q += a2[:, r, None]
+            if mag:
+                if zero:
+                    prod *= q
                 else:
-                    d2m -= (a2[:, r, None] - d * d) * iq2
-                d2ph -= 2.0 * u[:, r, None] * d * iq2
-        m *= 0.5
-        m += self.log_gain[sel, None]
-        ph += self.const[sel, None] - w * self.delay[sel, None]
-        dph -= self.delay[sel, None]
-        if self.m0:
-            m -= self.m0 * np.log(w)
-            dm -= self.m0 / w
+                    prod /= q
+            np.reciprocal(q, out=q)                     # q is 1 / (a^2 + d^2) from here
+            if mag:
+                np.multiply(d, q, out=t)
+                if zero:
+                    dm += t
+                else:
+                    dm -= t
+            if phase:
+                np.multiply(d, ia[:, r, None], out=t)
+                np.arctan(t, out=t)
+                t *= s[:, r, None]
+                ph += t
+                np.multiply(q, u[:, r, None], out=t)
+                dph += t
             if second:
-                d2m += self.m0 / (w * w)
+                q2 = q * q
+                np.multiply(d, d, out=t)
+                np.subtract(a2[:, r, None], t, out=t)
+                t *= q2
+                if zero:
+                    d2m += t
+                else:
+                    d2m -= t
+                q2 *= d
+                q2 *= 2.0 * u[:, r, None]
+                d2ph -= q2
+        if mag:
+            m = np.log(prod)
+            if not np.all(np.isfinite(m)):   # the product over- or underflowed: sum the logs instead
+                m = np.zeros_like(w)
+                for r in range(self.n_roots):
+                    lq = np.log(a2[:, r, None] + (w - b[:, r, None]) ** 2)
+                    m += lq if r < self.nz else -lq
+            m *= 0.5
+            m += self.log_gain[sel, None]
+            if self.m0:
+                m -= self.m0 * np.log(w)
+                dm -= self.m0 / w
+        if phase:
+            ph += self.const[sel, None] - w * self.delay[sel, None]
+            dph -= self.delay[sel, None]
+        if second and self.m0:
+            d2m += self.m0 / (w * w)
         if second:
             return m, ph, dm, dph, d2m, d2ph
         return m, ph, dm, dph
@@ -595,12 +625,12 @@ def _kernel_chunk(gain, zeros, poles, m0: int, delay) -> _ChunkResult:
     row, col = np.nonzero(sc)
 
     def mag_fun(x, idx):
-        mm, _, dmm, _ = lp.evaluate(x[:, None], row[idx])
+        mm, _, dmm, _ = lp.evaluate(x[:, None], row[idx], phase=False)
         return mm[:, 0], dmm[:, 0]
 
     with np.errstate(all="ignore"):
         wc = _solve(mag_fun, w[row, col], w[row, col + 1], m[row, col], m[row, col + 1])
-        _, ph_c, _, _ = lp.evaluate(wc[:, None], row) if len(wc) else (None, np.zeros((0, 1)), None, None)
+        _, ph_c, _, _ = lp.evaluate(wc[:, None], row, mag=False) if len(wc) else (None, np.zeros((0, 1)), None, None)
     ph_c = ph_c[:, 0]
     deg = np.degrees(np.mod(ph_c + math.pi, 2.0 * math.pi))
     deg = np.where(deg <= 0.0, 360.0, deg)
@@ -652,7 +682,7 @@ def _kernel_chunk(gain, zeros, poles, m0: int, delay) -> _ChunkResult:
     k_valid = np.where(has_delay, np.exp(-sup_beyond), np.inf)
 
     def phase_fun(x, idx):
-        _, pp, _, dpp = lp.evaluate(x[:, None], row_x[idx])
+        _, pp, _, dpp = lp.evaluate(x[:, None], row_x[idx], mag=False)
         return pp[:, 0] - level[idx], dpp[:, 0]
 
     with np.errstate(all="ignore"):
@@ -670,7 +700,7 @@ def _kernel_chunk(gain, zeros, poles, m0: int, delay) -> _ChunkResult:
     if not m0:
         with np.errstate(all="ignore"):
             L0 = lp.response(np.zeros((n, 1)))[:, 0].real
-            _, _, _, dp0 = lp.evaluate(np.zeros((n, 1)))
+            _, _, _, dp0 = lp.evaluate(np.zeros((n, 1)), mag=False)
         slope = dp0[:, 0]
         at0 = (L0 < 0) & (slope != 0)
         r0 = np.nonzero(at0)[0]
@@ -743,7 +773,7 @@ def _kernel_chunk(gain, zeros, poles, m0: int, delay) -> _ChunkResult:
     if len(cand):
         tl = W[cand, None] * np.logspace(0.0, 8.0, 400)[None, :]
         with np.errstate(all="ignore"):
-            _, _, _, dpt = lp.evaluate(tl, cand)
+            _, _, _, dpt = lp.evaluate(tl, cand, mag=False)
         falls = np.max(dpt, axis=1) < 0
         rest = np.isfinite(K[cand]) & (K[cand] > k_valid[cand, None])
         Kr = np.where(rest, K[cand], np.inf)
