@@ -753,7 +753,10 @@ def _gain_crossovers(ana: _Analysis) -> np.ndarray:
     rat = ana.rat
     w = _with_extrema(ana, ana.grid, rat.dlog_mag, rat.d2log_mag)
     g = rat.log_mag(w)
-    ok = _usable_intervals(ana, w) & (np.sign(g[:-1]) != np.sign(g[1:])) & np.isfinite(g[:-1]) & np.isfinite(g[1:])
+    # a crossing belongs to the half-open interval (w[i], w[i+1]]: one exactly on a grid point
+    # (|L(j1)| = 1 for 1/s^2) is found once, not once on each side
+    ok = _usable_intervals(ana, w) & (np.sign(g[:-1]) != np.sign(g[1:])) & (g[:-1] != 0) \
+        & np.isfinite(g[:-1]) & np.isfinite(g[1:])
     i = np.nonzero(ok)[0]
     if not len(i):
         return np.zeros(0)

@@ -39,8 +39,10 @@ How it differs from the scalar path (same definitions, see ``controllers/stabili
   false-position step (not bisection) when a Newton step leaves the bracket.
 
 Loops it hands to the scalar path (counted in ``MarginsBatch.fallback``): a zero at s = 0 or a
-root on the imaginary axis other than integrators at s = 0, biproper loops (relative degree
-0) and improper ones (the scalar path rejects those with its ``ConfigError``), a zero gain;
+root on the imaginary axis (or within 1e-6 relative of it: |L| near such a root is so
+ill-conditioned that two correct evaluations differ beyond 1e-6 - a repeated undamped
+resonance comes back from ``np.roots`` split 1e-9 off the axis) other than integrators at
+s = 0, biproper loops (relative degree 0) and improper ones (the scalar path rejects those with its ``ConfigError``), a zero gain;
 and, per loop, whenever the batch result would not be certain: a closed-loop pole within
 1e-6 of the axis (|1 + L| or |1 - 1/k| at a crossing below 1e-6), an indentation end on the
 negative real axis, an inconsistent or negative count, more than ``_MAX_CROSSINGS`` phase
@@ -536,8 +538,8 @@ def _kernel_chunk(gain, zeros, poles, m0: int, delay) -> _ChunkResult:
     lp = _Loops(gain, zeros, poles, m0, delay)
     roots = np.concatenate([zeros, poles], axis=1)
     why = np.zeros(n, int)
-    # roots on the imaginary axis (other than the integrators split off): the scalar path
-    on_axis = np.abs(roots.real) <= 1e-10 * np.abs(roots)
+    # roots on or next to the imaginary axis (other than the integrators split off): the scalar path
+    on_axis = np.abs(roots.real) <= 1e-6 * np.abs(roots)
     _fail(why, np.any(on_axis, axis=1), "root on the imaginary axis")
     rel_deg = poles.shape[1] + m0 - zeros.shape[1]
     if rel_deg <= 0:
@@ -620,8 +622,9 @@ def _kernel_chunk(gain, zeros, poles, m0: int, delay) -> _ChunkResult:
     G = w.shape[1]
     # --- gain crossovers: sign changes of log|R| -------------------------------------------------
     with np.errstate(invalid="ignore"):
-        sc = (np.sign(m[:, :-1]) != np.sign(m[:, 1:])) & np.isfinite(m[:, :-1]) & np.isfinite(m[:, 1:]) \
-            & (w[:, 1:] > w[:, :-1])
+        # half-open intervals (w_i, w_i+1], as in the scalar path: a crossing on a grid point counts once
+        sc = (np.sign(m[:, :-1]) != np.sign(m[:, 1:])) & (m[:, :-1] != 0) & np.isfinite(m[:, :-1]) \
+            & np.isfinite(m[:, 1:]) & (w[:, 1:] > w[:, :-1])
     row, col = np.nonzero(sc)
 
     def mag_fun(x, idx):

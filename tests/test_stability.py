@@ -168,6 +168,14 @@ def test_marginal_loop_is_not_stable():
     assert not m.stable and m.ms == math.inf
 
 
+def test_crossover_on_a_grid_point_is_counted_once():
+    """e^{-s}/s^2: |L(j1)| = 1 exactly and w = 1 is a grid point; the one crossover is reported
+    once (a crossing is owned by the interval that ends at it). Found by the batch cross-check."""
+    m = stability_margins(DelayedLoop(control.tf([1], [1, 0, 0]), 1.0))
+    assert len(m.gain_crossings) == 1 and m.gain_crossings[0].frequency_rad_s == pytest.approx(1.0, rel=1e-12)
+    assert m.phase_margin_deg == pytest.approx(-math.degrees(1.0), rel=1e-9) and not m.stable
+
+
 def test_margins_rows_and_map_columns(textbook):
     m = stability_margins(textbook)
     d = m.to_dict()

@@ -95,10 +95,7 @@ def _usable(num, den) -> bool:
 
 # --- random loops -------------------------------------------------------------------------------
 
-@settings(max_examples=40)
-@given(st.lists(random_loops(), min_size=1, max_size=12))
-def test_batch_equals_scalar_on_random_loops(drawn):
-    """A batch of mixed structures (grouped inside) equals the scalar path loop by loop."""
+def check_random_batch(drawn):
     loops = []
     for num, den, delay in drawn:
         if not _usable(num, den):
@@ -114,6 +111,20 @@ def test_batch_equals_scalar_on_random_loops(drawn):
     mb = assert_batch_equals_scalar(loops)
     for r in mb.fallback_reason:
         event(f"scalar path: {r}" if r else "batch kernel")
+
+
+@settings(max_examples=40)
+@given(st.lists(random_loops(), min_size=1, max_size=12))
+def test_batch_equals_scalar_on_random_loops(drawn):
+    """A batch of mixed structures (grouped inside) equals the scalar path loop by loop."""
+    check_random_batch(drawn)
+
+
+@pytest.mark.slow
+@settings(max_examples=600)
+@given(st.lists(random_loops(), min_size=1, max_size=12))
+def test_batch_equals_scalar_on_random_loops_large(drawn):
+    check_random_batch(drawn)
 
 
 def _random_loop_set(n: int, seed: int) -> list[DelayedLoop]:
@@ -153,7 +164,7 @@ def test_batch_equals_scalar_on_a_seeded_random_set():
     loops = _random_loop_set(200, seed=14)
     mb = assert_batch_equals_scalar(loops)
     supported = np.array([lp._factored.relative_degree > 0
-                          and not np.any((np.abs(r.real) <= 1e-10 * np.abs(r)) & (r != 0))
+                          and not np.any((np.abs(r.real) <= 1e-6 * np.abs(r)) & (r != 0))
                           and not np.any(lp._factored.zeros == 0)
                           for lp in loops for r in [lp._factored.roots()]])
     assert supported.sum() > 120
