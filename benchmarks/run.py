@@ -9,6 +9,7 @@ sweeps`` runs only those sections and merges them into the existing results.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import resource
 import sys
@@ -386,8 +387,11 @@ def _run_sections(names: list[str]) -> dict:
     path = OUT / "latest.json"
     results = json.loads(path.read_text()) if path.exists() else {}
     for name in names:
-        results[f"margins_{name}" if name != "margins" else "batched_margins"] = {
-            "margins": _margins, "envelope": _envelope, "sweeps": _sweeps}[name]()
+        # the machine is shared: the 1-minute load average before and after says how contended the run was
+        load_before = os.getloadavg()[0]
+        entry = {"margins": _margins, "envelope": _envelope, "sweeps": _sweeps}[name]()
+        entry["load_average_1min_before_after"] = [load_before, os.getloadavg()[0]]
+        results[f"margins_{name}" if name != "margins" else "batched_margins"] = entry
     return results
 
 
