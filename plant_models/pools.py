@@ -76,8 +76,8 @@ class PoolScenario:
     dt : float
         Step (s, in [0.01, 10]; default 0.5).
     disturbances : tuple of DemandStep
-        Demand steps (demand x ``factor`` from ``at_s``); dicts with ``kind = "demand_step"`` are
-        accepted. Default none.
+        Demand steps (demand x ``factor`` from ``at_s``; build them from tables with
+        :func:`tokenfactory.events.events_from_dicts`). Default none.
     poisson : bool
         Draw Poisson arrival counts per step (default True); False uses the deterministic fluid.
     seed : int

@@ -22,21 +22,6 @@ PACKAGES = ("tokenfactory", "tokenfactory.controllers", "tokenfactory.plant_mode
 EXEMPT_MODULES = {"tokenfactory.cli"}
 
 
-#: The second documentation pass's work list: public callables, in modules that were being rewritten
-#: during the first pass, that still lack a numpydoc entry for some parameter. Sorted, and it can only
-#: shrink: the test fails for a name listed here once it is fully documented (remove it then) and for
-#: a name that no longer exists. Every other callable must be documented now.
-PENDING: tuple[str, ...] = (
-    "tokenfactory.scenario.Scenario",
-    "tokenfactory.scenario.build_controller",
-    "tokenfactory.scenario.build_plant",
-    "tokenfactory.scenario.load_scenario",
-    "tokenfactory.scenario.margins_table",
-    "tokenfactory.scenario.naive_limit_cycle",
-    "tokenfactory.scenario.scenario_from_dict",
-)
-
-
 def _modules() -> list[str]:
     names = set()
     for pkg in PACKAGES:
@@ -105,16 +90,7 @@ def _missing(obj) -> list[str]:
 @pytest.mark.parametrize("name,obj", CALLABLES, ids=[c[0] for c in CALLABLES])
 def test_parameters_are_documented(name, obj):
     missing = _missing(obj)
-    if name in PENDING:
-        assert missing, f"{name} is fully documented now: remove it from PENDING"
-    else:
-        assert not missing, f"{name}: parameters without a numpydoc entry: {', '.join(missing)}"
-
-
-def test_pending_is_a_sorted_list_of_existing_callables():
-    assert list(PENDING) == sorted(set(PENDING)), "keep PENDING sorted and free of duplicates"
-    gone = sorted(set(PENDING) - {name for name, _ in CALLABLES})
-    assert not gone, f"PENDING names no public callable (renamed or removed?): {', '.join(gone)}"
+    assert not missing, f"{name}: parameters without a numpydoc entry: {', '.join(missing)}"
 
 
 def test_the_check_sees_a_missing_parameter():
