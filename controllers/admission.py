@@ -166,8 +166,10 @@ class SmoothedAdmission(SampledController):
     or while the backlog is empty so a higher command could not be realised. Backlog above
     ``backlog_bound`` requests is shed explicitly (reason ``backlog_over_bound``).
 
-    :func:`tokenfactory.controllers.autotune.tune_smoothed_admission` sizes ``target_ready`` and
-    the gains from the plant (SIMC tuning, article section 22).
+    This is article section 18's remedy (regulate admission on the smoothed backlog and the
+    predicted service rate, with a ready buffer between the stages) on section 22's 0.1-10 s
+    time scale. :func:`tokenfactory.controllers.autotune.tune_smoothed_admission` sizes
+    ``target_ready`` and the gains from the plant (SIMC, Skogestad 2003).
 
     Parameters
     ----------

@@ -82,7 +82,8 @@ def admission_loop(plant: FluidPlant, controller: SmoothedAdmission, *, delay_fa
     P(s) comes from linearising the fluid model at its regulated operating point
     (:meth:`FluidPlant.ready_buffer_tf`), not from the closed form. theta is the fill-to-ready
     delay (fill latency + KV transfer), tau_m the measurement delay, T the controller's sample
-    period (the zero-order hold adds T/2) and F(s) its measurement filter; article section 22.
+    period (the zero-order hold adds T/2) and F(s) its measurement filter (the delayed loop of
+    article section 18).
 
     Parameters
     ----------
@@ -239,8 +240,8 @@ def tune_smoothed_admission(plant: FluidPlant, *, sample_period: float = 0.25,
     * backlog bound = ``backlog_bound_s`` seconds of decode capacity; rate limit default c per
       theta_eff (never active in the small-signal range)
 
-    SIMC is Skogestad (2003), Table 1 (see :mod:`tokenfactory.controllers.tuning`); the loop is
-    article section 22's.
+    SIMC is Skogestad (2003), Table 1 (see :mod:`tokenfactory.controllers.tuning`); the
+    controller is article section 18's smoothed, service-rate-predicting admission.
 
     Parameters
     ----------

@@ -181,8 +181,10 @@ def measured_need_noise(arrival_times_s, per_worker_rps: float, target_utilizati
 class HystereticPoolController(_PoolAutoscaler):
     """Pending-aware hysteretic sizing of one pool (see the module docstring for the rule).
 
-    :meth:`tuned` sets the dead band, dwell and cooldown from the operating point by the
-    documented rule; the constructor takes them as given.
+    Article section 18's "apply hysteresis to worker reconfiguration", made explicit: the dead
+    band and dwell keep noise from moving the pool. :meth:`tuned` sets the dead band, dwell and
+    cooldown from the operating point by the documented rule; the constructor takes them as
+    given.
 
     Parameters
     ----------

@@ -77,7 +77,10 @@ __all__ = [
 
 
 def roofline_time(flops: float, bytes_moved: float, peak_flops: float, bandwidth: float) -> float:
-    """max(FLOPs / peak, bytes / bandwidth): the roofline time of one kernel (article section 3).
+    """max(FLOPs / peak, bytes / bandwidth): the roofline time of one kernel.
+
+    The roofline model of Williams, Waterman & Patterson (CACM 52(4), 2009); article section 3
+    explains why prefill, midfill and decode land on different sides of its ridge.
 
     Arguments are not validated; efficiencies are applied by the caller (:class:`Worker` scales
     peak and bandwidth by :class:`Efficiency`).
