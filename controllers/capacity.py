@@ -97,8 +97,7 @@ def hourly_peak(rates: pd.Series) -> pd.Series:
 def workers_needed(demand_rps, per_worker_rps: float, headroom: float = 0.0, min_workers: int = 1) -> np.ndarray:
     """Whole workers that serve ``demand_rps`` x (1 + ``headroom``) at ``per_worker_rps`` each.
 
-    The arguments are not validated here (:func:`plan_capacity` checks its own); NaN demand counts
-    as 0.
+    NaN demand counts as 0 (a window with no data needs no worker).
 
     Parameters
     ----------
@@ -109,14 +108,25 @@ def workers_needed(demand_rps, per_worker_rps: float, headroom: float = 0.0, min
     headroom : float
         Fractional margin over the demand (>= 0; default 0; 0.2 = 20 % extra).
     min_workers : int
-        Floor on the count (default 1).
+        Floor on the count (>= 0; default 1).
 
     Returns
     -------
     numpy.ndarray of int
         ceil(demand x (1 + headroom) / per_worker_rps), at least ``min_workers``, per period.
+
+    Raises
+    ------
+    ConfigError
+        For a non-positive ``per_worker_rps``, a negative ``headroom`` or ``min_workers``, or a
+        negative or infinite demand.
     """
+    check_number("per_worker_rps", per_worker_rps, low=0.0, low_inclusive=False)
+    check_number("headroom", headroom, low=0.0)
+    check_int("min_workers", min_workers, low=0)
     d = np.nan_to_num(np.asarray(demand_rps, dtype=float), nan=0.0)
+    if d.size and (not np.isfinite(d).all() or (d < 0).any()):
+        raise ConfigError("demand_rps", "must be finite and >= 0 requests/s (NaN counts as 0)")
     return np.maximum(np.ceil(d * (1.0 + headroom) / per_worker_rps - 1e-9), min_workers).astype(int)
 
 

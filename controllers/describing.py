@@ -16,7 +16,7 @@ import numpy as np
 from scipy.optimize import brentq, least_squares
 
 from tokenfactory.controllers.stability import DelayedLoop, _grid, _phase_crossovers, pade_order_for
-from tokenfactory.validation import ConfigError
+from tokenfactory.validation import ConfigError, check_number
 
 __all__ = ["LimitCycle", "predict_limit_cycles", "relay_integrator_delay_cycle"]
 
@@ -165,7 +165,7 @@ def relay_integrator_delay_cycle(relay_amplitude: float, gain: float, delay: flo
     function underestimates the amplitude by 1 - 8/pi^2 = 19 %.)
 
     This is the naive admission loop of article section 18 in closed form: a relay on admission
-    around the ready buffer's integrator and the loop delay. Arguments are not validated.
+    around the ready buffer's integrator and the loop delay.
 
     Parameters
     ----------
@@ -181,6 +181,13 @@ def relay_integrator_delay_cycle(relay_amplitude: float, gain: float, delay: flo
     LimitCycle
         Amplitude 8 d k L / pi^2 (output units of the integrator, e.g. requests), frequency
         pi / (2L) rad/s (period 4L), method ``"closed-form"``.
+
+    Raises
+    ------
+    ConfigError
+        For a non-positive relay amplitude, gain or delay.
     """
+    for field, v in (("relay_amplitude", relay_amplitude), ("gain", gain), ("delay", delay)):
+        check_number(field, v, low=0.0, low_inclusive=False)
     w = math.pi / (2.0 * delay)
     return LimitCycle(4.0 * relay_amplitude * gain / (math.pi * w), w, "closed-form")

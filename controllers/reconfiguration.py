@@ -83,6 +83,11 @@ def pool_demand(m: Measurement, pool: str) -> tuple[float, float]:
     return m.admitted_rate, m.ready
 
 
+def _check_worker_rate(per_worker_rps: float, target_utilization: float) -> None:
+    check_number("per_worker_rps", per_worker_rps, low=0.0, low_inclusive=False)
+    check_number("target_utilization", target_utilization, low=0.0, high=1.0, low_inclusive=False)
+
+
 def need_noise_std(rate_rps: float, per_worker_rps: float, target_utilization: float, filter_s: float) -> float:
     """Standard deviation (workers) of the filtered need signal for Poisson arrivals at ``rate_rps``:
     a first-order filter of time constant T passes variance lambda / (2 T) of a Poisson rate.
@@ -94,9 +99,9 @@ def need_noise_std(rate_rps: float, per_worker_rps: float, target_utilization: f
     rate_rps : float
         Poisson arrival rate lambda into the pool (requests/s, >= 0).
     per_worker_rps : float
-        Requests/s one worker sustains (> 0; not validated here).
+        Requests/s one worker sustains (> 0).
     target_utilization : float
-        Fraction of per-worker capacity planned for (in (0, 1]; not validated here).
+        Fraction of per-worker capacity planned for (in (0, 1]).
     filter_s : float
         Time constant T of the controller's first-order rate filter (s, > 0).
 
@@ -108,10 +113,12 @@ def need_noise_std(rate_rps: float, per_worker_rps: float, target_utilization: f
     Raises
     ------
     ConfigError
-        For a negative ``rate_rps`` or a non-positive ``filter_s``.
+        For a negative ``rate_rps``, a non-positive ``filter_s`` or ``per_worker_rps``, or a
+        ``target_utilization`` outside (0, 1].
     """
     check_number("rate_rps", rate_rps, low=0.0)
     check_number("filter_s", filter_s, low=0.0, low_inclusive=False)
+    _check_worker_rate(per_worker_rps, target_utilization)
     return math.sqrt(rate_rps / (2.0 * filter_s)) / (per_worker_rps * target_utilization)
 
 
@@ -129,9 +136,9 @@ def measured_need_noise(arrival_times_s, per_worker_rps: float, target_utilizati
         Arrival times into the pool (s; any order, at least two, finite), spanning at least
         3 x ``detrend_s``.
     per_worker_rps : float
-        Requests/s one worker sustains (> 0; not validated here).
+        Requests/s one worker sustains (> 0).
     target_utilization : float
-        Fraction of per-worker capacity planned for (in (0, 1]; not validated here).
+        Fraction of per-worker capacity planned for (in (0, 1]).
     filter_s : float
         Time constant of the controller's first-order rate filter (s, > 0).
     sample_period : float
@@ -149,11 +156,13 @@ def measured_need_noise(arrival_times_s, per_worker_rps: float, target_utilizati
     Raises
     ------
     ConfigError
-        For ``sample_period``, ``filter_s`` or ``detrend_s`` outside its range, or (field
-        ``arrival_times_s``) fewer than two finite arrivals or a span under 3 x ``detrend_s``.
+        For ``per_worker_rps``, ``target_utilization``, ``sample_period``, ``filter_s`` or
+        ``detrend_s`` outside its range, or (field ``arrival_times_s``) fewer than two finite
+        arrivals or a span under 3 x ``detrend_s``.
     """
     import numpy as np
 
+    _check_worker_rate(per_worker_rps, target_utilization)
     check_number("sample_period", sample_period, low=0.0, low_inclusive=False)
     check_number("filter_s", filter_s, low=0.0, low_inclusive=False)
     check_number("detrend_s", detrend_s, low=2 * sample_period)

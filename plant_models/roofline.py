@@ -82,8 +82,8 @@ def roofline_time(flops: float, bytes_moved: float, peak_flops: float, bandwidth
     The roofline model of Williams, Waterman & Patterson (CACM 52(4), 2009); article section 3
     explains why prefill, midfill and decode land on different sides of its ridge.
 
-    Arguments are not validated; efficiencies are applied by the caller (:class:`Worker` scales
-    peak and bandwidth by :class:`Efficiency`).
+    Efficiencies are applied by the caller (:class:`Worker` scales peak and bandwidth by
+    :class:`Efficiency`).
 
     Parameters
     ----------
@@ -101,7 +101,17 @@ def roofline_time(flops: float, bytes_moved: float, peak_flops: float, bandwidth
     float
         The kernel's time (s): compute-bound when intensity flops / bytes_moved exceeds the ridge
         point peak_flops / bandwidth, memory-bound otherwise.
+
+    Raises
+    ------
+    ConfigError
+        For a non-positive ``peak_flops`` or ``bandwidth``, or negative work.
     """
+    if not (peak_flops > 0 and bandwidth > 0):  # also catches NaN
+        bad = "peak_flops" if not peak_flops > 0 else "bandwidth"
+        raise ConfigError(bad, f"{peak_flops if bad == 'peak_flops' else bandwidth} is outside (0, inf)")
+    if flops < 0 or bytes_moved < 0:
+        raise ConfigError("flops" if flops < 0 else "bytes_moved", "work must be >= 0")
     return max(flops / peak_flops, bytes_moved / bandwidth)
 
 
@@ -144,7 +154,6 @@ def expert_arithmetic_intensity(n_tokens, weights: float, weight_bytes: float,
     ``weights`` W is the parameter count of one expert, ``weight_bytes`` its bytes B_W,
     ``activation_bytes`` B_A the bytes of one routed token's activation. As n grows the weight
     read is amortised and AI flattens at 2W / (B_A + b_O), where activation traffic dominates.
-    Arguments are not validated.
 
     Parameters
     ----------
@@ -164,8 +173,20 @@ def expert_arithmetic_intensity(n_tokens, weights: float, weight_bytes: float,
     float or numpy.ndarray
         Arithmetic intensity (FLOP/byte), the shape of ``n_tokens``; compare it with the
         accelerator's ridge point to see whether the expert GEMM is compute- or memory-bound.
+
+    Raises
+    ------
+    ConfigError
+        For non-positive ``weights`` or ``weight_bytes``, negative activation bytes, or
+        negative or non-finite ``n_tokens``.
     """
+    check_number("weights", weights, low=0.0, low_inclusive=False)
+    check_number("weight_bytes", weight_bytes, low=0.0, low_inclusive=False)
+    check_number("activation_bytes", activation_bytes, low=0.0)
+    check_number("output_bytes_per_token", output_bytes_per_token, low=0.0)
     n = np.asarray(n_tokens, dtype=float)
+    if n.size and (not np.isfinite(n).all() or (n < 0).any()):
+        raise ConfigError("n_tokens", "must be finite and >= 0 tokens")
     return 2.0 * n * weights / (weight_bytes + n * activation_bytes + n * output_bytes_per_token)
 
 

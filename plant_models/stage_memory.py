@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from tokenfactory.validation import check_int, check_number
+from tokenfactory.validation import ConfigError, check_int, check_number
 
 __all__ = ["StageMemory", "stage_memory", "kv_crossover_depth", "stage_memory_sweep"]
 
@@ -133,14 +133,15 @@ def kv_crossover_depth(weight_bytes: float, active_context_tokens: float, kv_byt
     ------
     ConfigError
         For a value outside its range.
-    ValueError
-        When KV and working memory are both zero (the weights never cross over).
+        When KV and working memory are both zero (the weights never cross over: there is no
+        crossover depth).
     """
     base = stage_memory(weight_bytes, 1, active_context_tokens, kv_bytes_per_token,
                         double_buffer=double_buffer, working_bytes=working_bytes)
     floor = base.kv + base.working
     if floor <= 0:
-        raise ValueError("no KV or working memory: weights never cross over")
+        raise ConfigError("kv_bytes_per_token", "KV and working memory are both zero: the weights never cross "
+                          "over (give kv_bytes_per_token > 0 or working_bytes > 0)")
     return max(1, int(np.ceil(weight_bytes / floor)))
 
 
