@@ -35,6 +35,28 @@ class CompletionTriggeredAdmission(SampledController):
     around its operating point it is a relay of amplitude ``open_gain x completion rate``, which
     with the ready buffer's integrator and the loop delay makes a limit cycle.
     ``open_floor`` (requests/s) lets it start from an empty factory.
+
+    It is kept as the counter-example the analysis predicts and the simulators reproduce
+    (:func:`tokenfactory.scenario.naive_limit_cycle`), not as a controller to deploy.
+
+    Parameters
+    ----------
+    open_gain : float
+        Fractional swing of admission around the observed completion rate, in (0, 1] (default 1:
+        admit twice the completions while the ready queue is low, nothing otherwise).
+    low_water : float
+        Ready-queue level (requests, >= 0; default 1) below which admission opens.
+    open_floor : float
+        Minimum admission rate while open (requests/s, >= 0; default 1), so an empty factory with
+        no completions to follow still starts.
+    sample_period : float
+        Seconds between samples (> 0; default 0.05).
+
+    Raises
+    ------
+    ConfigError
+        For a parameter outside its range (fields ``naive.open_gain``, ``naive.low_water``,
+        ``naive.open_floor``, ``naive.sample_period``).
     """
 
     name = "naive"
@@ -69,7 +91,34 @@ class ThresholdAdmission(SampledController):
     """On/off admission: full ``open_rate`` (default the measured fill capacity) while the busy
     signal is under ``threshold``, nothing above it. ``hysteresis`` > 0 re-opens only below
     ``threshold - hysteresis``. Signals: ``kv_occupancy`` ((decoding + ready) / slots),
-    ``decode_utilization``, ``ready`` (requests)."""
+    ``decode_utilization``, ``ready`` (requests).
+
+    The relay with optional hysteresis that a busy-503 frontend is; the describing-function
+    analysis of :mod:`tokenfactory.controllers.describing` predicts its limit cycle.
+
+    Parameters
+    ----------
+    threshold : float
+        Level of ``signal`` (>= 0, in that signal's unit: a fraction for ``kv_occupancy`` and
+        ``decode_utilization``, requests for ``ready``) at or above which admission closes
+        (default 1.05).
+    hysteresis : float
+        Width of the dead band below ``threshold``, in the same unit, in [0, ``threshold``]
+        (default 0: re-open as soon as the signal drops under ``threshold``).
+    signal : {"kv_occupancy", "decode_utilization", "ready"}
+        The busy signal read from the :class:`~tokenfactory.signals.Measurement` (default
+        ``"kv_occupancy"``).
+    open_rate : float or None
+        Admission rate while open (requests/s, >= 0); ``None`` (default) admits at the measured
+        fill capacity.
+    sample_period : float
+        Seconds between samples (> 0; default 0.1).
+
+    Raises
+    ------
+    ConfigError
+        For a value outside its range or an unknown ``signal`` (fields ``threshold.*``).
+    """
 
     name = "threshold"
     SIGNALS = ("kv_occupancy", "decode_utilization", "ready")
@@ -116,6 +165,44 @@ class SmoothedAdmission(SampledController):
     integration: the integral freezes while the output is clipped in the direction of the error,
     or while the backlog is empty so a higher command could not be realised. Backlog above
     ``backlog_bound`` requests is shed explicitly (reason ``backlog_over_bound``).
+
+    This is article section 18's remedy (regulate admission on the smoothed backlog and the
+    predicted service rate, with a ready buffer between the stages) on section 22's 0.1-10 s
+    time scale. :func:`tokenfactory.controllers.autotune.tune_smoothed_admission` sizes
+    ``target_ready`` and the gains from the plant (SIMC, Skogestad 2003).
+
+    Parameters
+    ----------
+    target_ready : float
+        Ready-buffer setpoint (requests, >= 0): KV-ready requests kept waiting for a decode slot so
+        decode never starves while admission reacts.
+    gains : PIGains
+        PI gains in ideal form (``kc`` > 0 in (requests/s) per request = 1/s, ``ti`` > 0 in s).
+    filter_tau : float
+        Time constant (s, >= 0; default 0.5) of the first-order low-pass on the regulated level;
+        0 disables it.
+    service_filter_tau : float
+        Time constant (s, >= 0; default 5) of the low-pass on the completion rate used as
+        feed-forward; 0 disables it.
+    sample_period : float
+        Seconds between samples (> 0; default 0.25).
+    max_rate : float or None
+        Upper clip of the admission rate (requests/s, >= 0); ``None`` (default) uses the measured
+        fill capacity at each sample.
+    rate_limit : float
+        Slew limit on the admission rate (requests/s per second, > 0; default ``inf``: none).
+    backlog_bound : float
+        Backlog (requests, >= 0; default ``inf``: never shed) above which waiting requests are
+        rejected with reason ``backlog_over_bound``.
+    regulate : {"kv_work", "ready"}
+        The regulated level: ``"kv_work"`` (default) active decodes + ready against decode slots +
+        ``target_ready``; ``"ready"`` the ready buffer alone against ``target_ready``.
+
+    Raises
+    ------
+    ConfigError
+        For a value outside its range (fields ``smoothed.*``, including ``smoothed.kc`` and
+        ``smoothed.ti``).
     """
 
     name = "smoothed"

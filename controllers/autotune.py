@@ -34,7 +34,26 @@ class StabilityEnvelope:
 
     ``delay_factors`` multiply the plant's delays (fill-to-ready and measurement);
     ``service_rate_factors`` multiply fill and decode service rates (0.7 = 30 % slower than the
-    roofline model predicts)."""
+    roofline model predicts).
+
+    Parameters
+    ----------
+    delay_factors : tuple of float
+        Multipliers (> 0, dimensionless) on the plant's fill-to-ready and measurement delays
+        (default 0.5, 1, 2).
+    service_rate_factors : tuple of float
+        Multipliers (> 0, dimensionless) on fill and decode service rates (default 0.7, 1, 1.3).
+    gm_floor : float
+        Minimum gain margin (factor, >= 1; default 2): the loop gain may grow by this factor and
+        shrink by its inverse at every point.
+    pm_floor_deg : float
+        Minimum |phase margin| (degrees, in [0, 90]; default 45) at every gain crossover.
+
+    Raises
+    ------
+    ConfigError
+        For a non-positive factor or a floor outside its range (fields ``envelope.*``).
+    """
 
     delay_factors: tuple[float, ...] = (0.5, 1.0, 2.0)
     service_rate_factors: tuple[float, ...] = (0.7, 1.0, 1.3)
@@ -50,6 +69,7 @@ class StabilityEnvelope:
         check_number("envelope.pm_floor_deg", self.pm_floor_deg, low=0.0, high=90.0)
 
     def points(self):
+        """Every (delay factor, service-rate factor) pair of the box, delay-major (list of tuples)."""
         return [(d, r) for d in self.delay_factors for r in self.service_rate_factors]
 
 
@@ -74,22 +94,32 @@ def admission_loop(plant: FluidPlant, controller: SmoothedAdmission, *, delay_fa
     """L(s) = C(s) F(s) P(s) e^{-(theta + tau_m + T/2) s} for ``controller`` on a (perturbed) plant.
 
     P(s) comes from linearising the fluid model at its regulated operating point
-    (:meth:`FluidPlant.ready_buffer_tf`), not from the closed form.
+    (:meth:`FluidPlant.ready_buffer_tf`), not from the closed form. theta is the fill-to-ready
+    delay (fill latency + KV transfer), tau_m the measurement delay, T the controller's sample
+    period (the zero-order hold adds T/2) and F(s) its measurement filter (the delayed loop of
+    article section 18).
 
     Parameters
     ----------
     plant : FluidPlant
-        The nominal plant.
+        The nominal plant (parameters and worker counts).
     controller : SmoothedAdmission
-        Gives C(s) (PI), F(s) (measurement filter) and the sample period T.
+        The controller whose C(s), F(s) and sample period close the loop.
     delay_factor : float
-        Multiplies the plant's fill-to-ready and measurement delays (> 0, default 1).
+        Multiplier (> 0; default 1) on the fill-to-ready and measurement delays.
     service_rate_factor : float
-        Multiplies fill and decode service rates (> 0, default 1).
+        Multiplier (> 0; default 1) on fill and decode service rates.
 
     Returns
     -------
     DelayedLoop
+        The open loop, from ready-buffer error (requests) round to the measured ready level, named
+        after the perturbation.
+
+    Raises
+    ------
+    ConfigError
+        For a non-positive ``delay_factor`` or ``service_rate_factor``.
     """
     P, delay = _cached_plant_model(plant, delay_factor, service_rate_factor, _plant_model_cache)
     return loop_transfer(controller.transfer_function(), P, delay + controller.sample_period / 2.0,
@@ -153,24 +183,26 @@ def _convolve_rows(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 def envelope_margins(plant: FluidPlant, controller: SmoothedAdmission,
                      envelope: StabilityEnvelope, _cache: dict | None = None) -> list[dict]:
-    """Exact-delay verdict and margins at every point of the envelope, computed together by
-    :func:`stability_margins_batch`.
+    """Exact-delay verdict and margins at every point of the envelope (one dict per point),
+    computed together by :func:`stability_margins_batch`; ``meets_floors`` needs the Nyquist
+    verdict stable as well as the floors.
 
     Parameters
     ----------
     plant : FluidPlant
         The nominal plant.
     controller : SmoothedAdmission
-        The controller.
+        The controller to check.
     envelope : StabilityEnvelope
-        The points and the margin floors.
+        The box of delay and service-rate factors, and the margin floors.
 
     Returns
     -------
     list of dict
-        One per point: ``delay_factor``, ``service_rate_factor``, the keys of
-        :meth:`Margins.to_dict`, and ``meets_floors`` (the Nyquist verdict stable *and* the
-        floors met).
+        One row per envelope point, delay-major: ``delay_factor``, ``service_rate_factor``, the
+        fields of :class:`~tokenfactory.controllers.stability.Margins` (``gain_margin``,
+        ``phase_margin_deg``, ``delay_margin_s`` in s, ``ms``, ..., ``stable``) and
+        ``meets_floors`` (bool: the Nyquist verdict stable *and* the floors met).
     """
     loops = envelope_loops(plant, controller, envelope, _cache)
     mb = stability_margins_batch(loops)
@@ -181,7 +213,44 @@ def envelope_margins(plant: FluidPlant, controller: SmoothedAdmission,
 
 @dataclass
 class TuningReport:
-    """How the controller was derived: delays, tau_c choice, target sizing, envelope margins."""
+    """How the controller was derived: delays, tau_c choice, target sizing, envelope margins.
+
+    Built by :func:`tune_smoothed_admission`; ``to_dict()`` gives it as plain data for results.
+
+    Parameters
+    ----------
+    plant_delay_s : float
+        Fill-to-ready delay theta of the nominal plant (s): fill latency + KV transfer.
+    measurement_delay_s : float
+        Age of the measurement when the controller reads it (s).
+    sample_period_s : float
+        Controller sample period T (s).
+    filter_tau_s : float
+        Measurement filter time constant (s).
+    effective_delay_s : float
+        theta_eff = plant delay + measurement delay + T/2 + filter tau (s), the delay SIMC is
+        applied to.
+    tau_c_s : float
+        The chosen closed-loop time constant (s).
+    tau_c_over_theta : float
+        ``tau_c_s`` / ``effective_delay_s``: the first factor that met the floors (1 is
+        Skogestad's tight-but-robust choice).
+    gains : PIGains
+        The PI gains (``kc`` in 1/s, ``ti`` in s).
+    consumption_rate : float
+        Decode capacity c of the nominal plant (requests/s), the feed-forward level and the rate
+        the ready buffer is sized against.
+    target_ready : float
+        Ready-buffer setpoint (requests): c x theta_eff + ``target_ready_safety``.
+    target_ready_safety : float
+        The Poisson safety term of the setpoint (requests): safety_z sqrt(c x theta_eff).
+    nominal_margins : Margins
+        Exact-delay margins of the nominal loop.
+    envelope : StabilityEnvelope
+        The box the controller was checked over.
+    envelope_margins : list of dict
+        One row per envelope point (see :func:`envelope_margins`).
+    """
 
     plant_delay_s: float
     measurement_delay_s: float
@@ -200,14 +269,17 @@ class TuningReport:
 
     @property
     def envelope_ok(self) -> bool:
+        """Whether every envelope point meets the floors with a stable Nyquist verdict."""
         return all(r["meets_floors"] for r in self.envelope_margins)
 
     @property
     def worst_envelope_point(self) -> dict:
+        """The envelope row closest to instability (an unstable one first, then smallest |PM|)."""
         # an unstable point first (by the Nyquist count), then the smallest |PM|, then GM
         return min(self.envelope_margins, key=lambda r: (r["stable"], abs(r["phase_margin_deg"]), r["gain_margin"]))
 
     def to_dict(self) -> dict:
+        """The report as plain data (margins as dicts, plus ``envelope_ok``)."""
         d = asdict(self)
         d["nominal_margins"] = self.nominal_margins.to_dict()
         d["envelope_ok"] = self.envelope_ok
@@ -228,7 +300,44 @@ def tune_smoothed_admission(plant: FluidPlant, *, sample_period: float = 0.25,
       during one loop delay plus a Poisson safety term, c = decode capacity (requests/s)
     * backlog bound = ``backlog_bound_s`` seconds of decode capacity; rate limit default c per
       theta_eff (never active in the small-signal range)
-    Raises :class:`ConfigError` if no factor meets the floors.
+
+    SIMC is Skogestad (2003), Table 1 (see :mod:`tokenfactory.controllers.tuning`); the
+    controller is article section 18's smoothed, service-rate-predicting admission.
+
+    Parameters
+    ----------
+    plant : FluidPlant
+        The plant to tune for (its parameters and worker counts fix theta and c).
+    sample_period : float
+        Controller sample period T (s, > 0; default 0.25).
+    filter_tau : float or None
+        Measurement filter time constant (s, >= 0); ``None`` (default) uses ``sample_period``.
+    service_filter_tau : float
+        Time constant of the completion-rate feed-forward filter (s, >= 0; default 5).
+    envelope : StabilityEnvelope
+        The box of plant errors and the margin floors to meet (default: delays x0.5-2, service
+        rates x0.7-1.3, GM >= 2, PM >= 45 deg).
+    safety_z : float
+        Standard deviations of Poisson safety in the ready-buffer target (>= 0; default 2).
+    backlog_bound_s : float
+        Backlog bound as seconds of decode capacity (s, > 0; default 30).
+    rate_limit_per_s : float or None
+        Slew limit on admission (requests/s per second); ``None`` (default) uses c / theta_eff.
+    tau_c_factors : sequence of float
+        Candidate tau_c / theta_eff ratios, tried in order (default 1 to 8).
+
+    Returns
+    -------
+    controller : SmoothedAdmission
+        The tuned controller.
+    report : TuningReport
+        How it was derived, with its nominal and envelope margins.
+
+    Raises
+    ------
+    ConfigError
+        For a parameter outside its range (fields ``tuning.*``), or, field ``tuning.envelope``,
+        when no factor in ``tau_c_factors`` meets the floors (the message names the worst point).
     """
     check_number("tuning.sample_period", sample_period, low=0.0, low_inclusive=False)
     filter_tau = sample_period if filter_tau is None else check_number("tuning.filter_tau", filter_tau, low=0.0)

@@ -28,7 +28,25 @@ HOUR = 3600.0
 
 @dataclass(frozen=True)
 class PoolRates:
-    """Requests/s one worker of each pool sustains, and GPUs per worker."""
+    """Requests/s one worker of each pool sustains, and GPUs per worker.
+
+    The per-worker rates come from the roofline service model (:meth:`from_service`) or the fluid
+    plant sampled from it (:meth:`from_params`); the plan divides demand by them.
+
+    Parameters
+    ----------
+    fill_rps_per_worker : float
+        Prefill throughput of one fill worker at the request shape (requests/s, > 0).
+    decode_rps_per_worker : float
+        Completions/s of one decode worker with every slot busy (requests/s, > 0).
+    fill_gpus_per_worker, decode_gpus_per_worker : int
+        GPUs one worker of each pool occupies (>= 1; default 8), for GPU-hours.
+
+    Raises
+    ------
+    ConfigError
+        For a non-positive rate or a GPU count below 1 (fields ``rates.*``).
+    """
 
     fill_rps_per_worker: float
     decode_rps_per_worker: float
@@ -54,17 +72,61 @@ class PoolRates:
         return cls(params.fill_rate_per_worker, params.decode_capacity(1.0), fill_gpus, decode_gpus)
 
     def to_dict(self) -> dict:
+        """The fields as a plain dict."""
         return asdict(self)
 
 
 def hourly_peak(rates: pd.Series) -> pd.Series:
-    """Peak of a rate series within each hour (hours with no data are NaN)."""
+    """Peak of a rate series within each hour (hours with no data are NaN).
+
+    Parameters
+    ----------
+    rates : pandas.Series
+        A rate (e.g. requests/s) indexed by time in seconds.
+
+    Returns
+    -------
+    pandas.Series
+        The maximum within each clock hour, indexed by the hour's start (s, a multiple of 3600),
+        in the unit of ``rates``; only hours with at least one sample appear.
+    """
     t = rates.index.to_numpy(dtype=float)
     return rates.groupby(np.floor(t / HOUR) * HOUR).max()
 
 
 def workers_needed(demand_rps, per_worker_rps: float, headroom: float = 0.0, min_workers: int = 1) -> np.ndarray:
+    """Whole workers that serve ``demand_rps`` x (1 + ``headroom``) at ``per_worker_rps`` each.
+
+    NaN demand counts as 0 (a window with no data needs no worker).
+
+    Parameters
+    ----------
+    demand_rps : float or array_like
+        Demand (requests/s), one value per period.
+    per_worker_rps : float
+        Requests/s one worker sustains (> 0).
+    headroom : float
+        Fractional margin over the demand (>= 0; default 0; 0.2 = 20 % extra).
+    min_workers : int
+        Floor on the count (>= 0; default 1).
+
+    Returns
+    -------
+    numpy.ndarray of int
+        ceil(demand x (1 + headroom) / per_worker_rps), at least ``min_workers``, per period.
+
+    Raises
+    ------
+    ConfigError
+        For a non-positive ``per_worker_rps``, a negative ``headroom`` or ``min_workers``, or a
+        negative or infinite demand.
+    """
+    check_number("per_worker_rps", per_worker_rps, low=0.0, low_inclusive=False)
+    check_number("headroom", headroom, low=0.0)
+    check_int("min_workers", min_workers, low=0)
     d = np.nan_to_num(np.asarray(demand_rps, dtype=float), nan=0.0)
+    if d.size and (not np.isfinite(d).all() or (d < 0).any()):
+        raise ConfigError("demand_rps", "must be finite and >= 0 requests/s (NaN counts as 0)")
     return np.maximum(np.ceil(d * (1.0 + headroom) / per_worker_rps - 1e-9), min_workers).astype(int)
 
 
@@ -88,7 +150,37 @@ def plan_capacity(hourly_demand_rps: pd.Series, rates: PoolRates, *, headroom: f
     plan) and ramps start early enough: the plan is never below the need. With ``initial``
     (``{"fill": n, "decode": m}``, the pools now) the first hour can move only
     ``max_moves_per_hour`` from there, so a plan re-made every horizon stays causal and may fall
-    short when its forecast saw a peak too late."""
+    short when its forecast saw a peak too late.
+
+    Parameters
+    ----------
+    hourly_demand_rps : pandas.Series
+        Peak demand per hour (requests/s), indexed by hour (e.g. :func:`hourly_peak` of a
+        forecast quantile); NaN counts as no demand.
+    rates : PoolRates
+        Per-worker rates of the two pools.
+    headroom : float
+        Fractional margin over the demand, in [0, 10] (default 0.2).
+    max_moves_per_hour : int
+        Most workers a pool may gain or lose from one hour to the next (>= 1; default 2).
+    min_workers : int
+        Floor on each pool (>= 0; default 1).
+    initial : dict of str to int, optional
+        The pools' current sizes, ``{"fill": n, "decode": m}``; ``None`` (default) plans with
+        foresight from hour 0.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Indexed like ``hourly_demand_rps``: ``fill_workers``, ``decode_workers`` (int) and
+        ``demand_rps``.
+
+    Raises
+    ------
+    ConfigError
+        For ``headroom``, ``max_moves_per_hour`` or ``min_workers`` outside its range (fields
+        ``plan.*``).
+    """
     check_number("plan.headroom", headroom, low=0.0, high=10.0)
     check_int("plan.max_moves_per_hour", max_moves_per_hour, low=1)
     check_int("plan.min_workers", min_workers, low=0)
@@ -101,7 +193,31 @@ def plan_capacity(hourly_demand_rps: pd.Series, rates: PoolRates, *, headroom: f
 
 
 def score_plan(plan: pd.DataFrame, actual_hourly_peak_rps: pd.Series, rates: PoolRates) -> dict:
-    """Score ``plan`` against the actual hourly peak demand (hours present in both)."""
+    """Score ``plan`` against the actual hourly peak demand (hours present in both).
+
+    Parameters
+    ----------
+    plan : pandas.DataFrame
+        A plan as :func:`plan_capacity` returns (``fill_workers``, ``decode_workers`` per hour).
+    actual_hourly_peak_rps : pandas.Series
+        What the demand's hourly peak then was (requests/s), indexed like the plan.
+    rates : PoolRates
+        Per-worker rates and GPUs per worker of the two pools.
+
+    Returns
+    -------
+    dict
+        ``hours`` (scored), ``gpu_hours`` (GPUs x hours provisioned), ``under_provisioned_hours``
+        (hours in which either pool had fewer workers than the actual peak needed, no headroom),
+        ``shortfall_worker_hours`` (missing workers summed over pools and hours),
+        ``mean_peak_utilization`` (actual peak / the lesser pool capacity, capped at 1, averaged)
+        and ``moves`` (workers added or removed over the plan, both pools).
+
+    Raises
+    ------
+    ConfigError
+        When no hour of the plan has actual demand (field ``plan``).
+    """
     actual = actual_hourly_peak_rps.reindex(plan.index)
     ok = actual.notna()
     if not ok.any():

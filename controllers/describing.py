@@ -16,7 +16,7 @@ import numpy as np
 from scipy.optimize import brentq, least_squares
 
 from tokenfactory.controllers.stability import DelayedLoop, _grid, _phase_crossovers, pade_order_for
-from tokenfactory.validation import ConfigError
+from tokenfactory.validation import ConfigError, check_number
 
 __all__ = ["LimitCycle", "predict_limit_cycles", "relay_integrator_delay_cycle"]
 
@@ -24,7 +24,19 @@ __all__ = ["LimitCycle", "predict_limit_cycles", "relay_integrator_delay_cycle"]
 @dataclass(frozen=True)
 class LimitCycle:
     """A predicted limit cycle: amplitude of the oscillation at the nonlinearity's input, its
-    angular frequency and period, and which response it was solved on."""
+    angular frequency and period, and which response it was solved on.
+
+    Parameters
+    ----------
+    amplitude : float
+        Amplitude A of the first harmonic at the nonlinearity's input, in that signal's unit (for
+        an admission loop: requests of ready-buffer error).
+    frequency_rad_s : float
+        Angular frequency w of the oscillation (rad/s, > 0).
+    method : str
+        What the balance was solved on: ``"exact"`` (the exact delay), ``"pade-N"`` (an order-N
+        Pade model) or ``"closed-form"`` (:func:`relay_integrator_delay_cycle`).
+    """
 
     amplitude: float
     frequency_rad_s: float
@@ -32,9 +44,11 @@ class LimitCycle:
 
     @property
     def period_s(self) -> float:
+        """Oscillation period 2 pi / w (s)."""
         return 2.0 * math.pi / self.frequency_rad_s
 
     def to_dict(self) -> dict:
+        """The fields and ``period_s`` as a plain dict."""
         return {**asdict(self), "period_s": self.period_s}
 
 
@@ -58,6 +72,34 @@ def predict_limit_cycles(loop: DelayedLoop, nonlinearity, *, method: str = "exac
 
     Seeds come from the phase crossovers of L (where a real N(A) can balance the loop); complex
     N(A) (hysteresis) is then solved for (A, w) jointly by least squares from each seed.
+    A solution is kept when the residual |1 + N(A) L(jw)| is below 1e-6; the method and its
+    limits are in the module docstring (harmonic balance, Astrom & Murray sec. 10.5). The
+    prediction is a first-harmonic approximation: check it in simulation.
+
+    Parameters
+    ----------
+    loop : DelayedLoop
+        The linear part L(s) = R(s) e^{-delay s} seen by the nonlinearity, in negative feedback.
+    nonlinearity : control.DescribingFunctionNonlinearity
+        Any object with a ``describing_function(A)`` method returning N(A) (complex, NaN or inf
+        outside its domain), e.g. ``control.relay_hysteresis_nonlinearity``.
+    method : {"exact", "pade"}
+        Solve on the exact delay's response (default) or on a Pade model of it.
+    pade_order : int, optional
+        Order of the Pade model for ``method="pade"``; ``None`` (default) picks one that resolves
+        the phase up to twice the first phase crossover.
+    amplitude_bounds : tuple of float
+        (low, high) range of A searched (nonlinearity input units; default 1e-9 to 1e12).
+
+    Returns
+    -------
+    list of LimitCycle
+        Distinct solutions, lowest frequency first; empty when none is predicted.
+
+    Raises
+    ------
+    ConfigError
+        For a ``method`` other than ``"exact"`` or ``"pade"`` (field ``method``).
     """
     model, label = _model(loop, method, pade_order)
     f = model.response
@@ -120,6 +162,32 @@ def relay_integrator_delay_cycle(relay_amplitude: float, gain: float, delay: flo
     """Closed form for an ideal relay (+/- d) around k e^{-L s}/s: w = pi / (2L), A = 8 d k L / pi^2.
 
     (The exact triangle-wave solution has the same period 4L and amplitude d k L; the describing
-    function underestimates the amplitude by 1 - 8/pi^2 = 19 %.)"""
+    function underestimates the amplitude by 1 - 8/pi^2 = 19 %.)
+
+    This is the naive admission loop of article section 18 in closed form: a relay on admission
+    around the ready buffer's integrator and the loop delay.
+
+    Parameters
+    ----------
+    relay_amplitude : float
+        Half the relay's output swing d (> 0; for admission requests/s).
+    gain : float
+        The integrator's gain k (> 0; for the ready buffer 1, requests per request admitted).
+    delay : float
+        Loop delay L (s, > 0).
+
+    Returns
+    -------
+    LimitCycle
+        Amplitude 8 d k L / pi^2 (output units of the integrator, e.g. requests), frequency
+        pi / (2L) rad/s (period 4L), method ``"closed-form"``.
+
+    Raises
+    ------
+    ConfigError
+        For a non-positive relay amplitude, gain or delay.
+    """
+    for field, v in (("relay_amplitude", relay_amplitude), ("gain", gain), ("delay", delay)):
+        check_number(field, v, low=0.0, low_inclusive=False)
     w = math.pi / (2.0 * delay)
     return LimitCycle(4.0 * relay_amplitude * gain / (math.pi * w), w, "closed-form")

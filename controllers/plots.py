@@ -22,7 +22,27 @@ def _axes(ax, size=(6.0, 5.0)):
 def nyquist_plot(loops: dict[str, DelayedLoop], *, df_locus: dict | None = None, ms_circle: float | None = None,
                  limit: float = 3.0, ax=None):
     """Nyquist curves (exact delay) of ``loops``; ``df_locus`` = {"label": (complex array, marker point)}
-    draws -1/N(A) loci and predicted intersections; the unit circle and -1 are always drawn."""
+    draws -1/N(A) loci and predicted intersections; the unit circle and -1 are always drawn.
+
+    Parameters
+    ----------
+    loops : dict of str to DelayedLoop
+        Open loops to draw, by legend label; each curve is clipped where |L| > 10 x ``limit``.
+    df_locus : dict, optional
+        ``{label: (locus, point)}``: ``locus`` a complex array of -1/N(A) over amplitudes,
+        ``point`` the complex value of a predicted limit cycle (circled) or ``None``.
+    ms_circle : float, optional
+        Draw the circle of sensitivity peak Ms around -1 (radius 1/Ms); ``None`` (default) omits it.
+    limit : float
+        Half-width of the view around the origin (dimensionless; default 3).
+    ax : matplotlib.axes.Axes, optional
+        Axes to draw on; ``None`` (default) makes a new figure (not shown).
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+        The axes drawn on.
+    """
     ax = _axes(ax)
     th = np.linspace(0, 2 * np.pi, 200)
     ax.plot(np.cos(th), np.sin(th), color="0.8", lw=1, label="unit circle")
@@ -54,7 +74,29 @@ def nyquist_plot(loops: dict[str, DelayedLoop], *, df_locus: dict | None = None,
 def stability_map_plot(df: pd.DataFrame, x: str, y: str, value: str = "phase_margin_deg", *,
                        marker: tuple[float, float] | None = None, floor: float | None = 45.0, ax=None):
     """Heat map of ``value`` over the (x, y) grid from :func:`tokenfactory.controllers.stability_margins` rows,
-    unstable points hatched, the ``floor`` contour drawn, the design point marked."""
+    unstable points hatched, the ``floor`` contour drawn, the design point marked.
+
+    Parameters
+    ----------
+    df : pandas.DataFrame
+        One row per grid point with columns ``x``, ``y``, ``value`` and ``stable`` (bool).
+    x, y : str
+        Columns of the two swept quantities (drawn on log axes; values > 0).
+    value : str
+        Column coloured (default ``"phase_margin_deg"``); unstable points are blank and crossed.
+    marker : tuple of float, optional
+        (x, y) of the design point, drawn as a star; ``None`` (default) omits it.
+    floor : float, optional
+        Level of ``value`` drawn as a white contour (default 45, the PM floor in degrees);
+        ``None`` omits it.
+    ax : matplotlib.axes.Axes, optional
+        Axes to draw on; ``None`` (default) makes a new figure (not shown).
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+        The axes drawn on.
+    """
     ax = _axes(ax, (6.4, 4.8))
     piv = df.pivot(index=y, columns=x, values=value)
     stable = df.pivot(index=y, columns=x, values="stable")
@@ -78,7 +120,27 @@ def stability_map_plot(df: pd.DataFrame, x: str, y: str, value: str = "phase_mar
 
 def forecast_plot(points: pd.DataFrame, model: str, *, origins=None, ax=None, color: str = "C0"):
     """Backtest forecasts of ``model`` (rows of :class:`tokenfactory.controllers.backtest.BacktestResult`
-    ``points``) with 80 % / 95 % bands, against the actual series."""
+    ``points``) with 80 % / 95 % bands, against the actual series.
+
+    Parameters
+    ----------
+    points : pandas.DataFrame
+        Backtest rows with columns ``model``, ``origin_s``, ``time_s`` (s), ``mean``,
+        ``lower_80``, ``upper_80``, ``lower_95``, ``upper_95`` and ``actual`` (requests/s).
+    model : str
+        The model whose forecasts are drawn.
+    origins : iterable of float, optional
+        Forecast origins (s) to draw; ``None`` (default) draws every origin.
+    color : str
+        Matplotlib colour of the forecast and its bands (default ``"C0"``).
+    ax : matplotlib.axes.Axes, optional
+        Axes to draw on; ``None`` (default) makes a new figure (not shown).
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+        The axes drawn on.
+    """
     ax = _axes(ax, (11, 4))
     p = points[points["model"] == model]
     if origins is not None:
@@ -101,7 +163,28 @@ def forecast_plot(points: pd.DataFrame, model: str, *, origins=None, ax=None, co
 
 def capacity_plan_plot(plans: dict[str, pd.DataFrame], actual_hourly_peak: pd.Series, per_worker_rps: float,
                        pool: str = "decode", ax=None):
-    """Workers per hour of several plans for one pool, with the workers the actual peak needed."""
+    """Workers per hour of several plans for one pool, with the workers the actual peak needed.
+
+    Parameters
+    ----------
+    plans : dict of str to pandas.DataFrame
+        Plans by legend label, as :func:`tokenfactory.controllers.capacity.plan_capacity` returns
+        (indexed by hour start in s).
+    actual_hourly_peak : pandas.Series
+        Actual peak demand per hour (requests/s), indexed by hour start (s).
+    per_worker_rps : float
+        Requests/s one worker of ``pool`` sustains (> 0); the dashed line is
+        ceil(peak / per_worker_rps), without headroom.
+    pool : {"decode", "fill"}
+        Which pool's workers to draw (default ``"decode"``).
+    ax : matplotlib.axes.Axes, optional
+        Axes to draw on; ``None`` (default) makes a new figure (not shown).
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+        The axes drawn on.
+    """
     ax = _axes(ax, (11, 4))
     for i, (name, plan) in enumerate(plans.items()):
         ax.step(plan.index / 3600.0, plan[f"{pool}_workers"], where="post", lw=1.4, color=f"C{i}", label=name)

@@ -60,18 +60,65 @@ def pool_demand(m: Measurement, pool: str) -> tuple[float, float]:
 
     Fill: the arrival rate at the orchestrator (the admitted rate if the plant does not report
     arrivals) and the backlog plus fill work in progress. Decode: the admitted rate (every admitted
-    request will need a decode slot) and the ready buffer (requests waiting for a slot)."""
+    request will need a decode slot) and the ready buffer (requests waiting for a slot).
+
+    Parameters
+    ----------
+    m : Measurement
+        The (delayed) sample of the plant.
+    pool : {"fill", "decode"}
+        The pool; any value other than ``"fill"`` is read as decode (not validated here: the
+        controllers validate their pool).
+
+    Returns
+    -------
+    rate : float
+        Demand rate into the pool (requests/s).
+    queue : float
+        Requests waiting for the pool (requests).
+    """
     if pool == "fill":
         rate = m.arrival_rate if math.isfinite(m.arrival_rate) else m.admitted_rate
         return rate, m.backlog + m.fill_in_progress
     return m.admitted_rate, m.ready
 
 
+def _check_worker_rate(per_worker_rps: float, target_utilization: float) -> None:
+    check_number("per_worker_rps", per_worker_rps, low=0.0, low_inclusive=False)
+    check_number("target_utilization", target_utilization, low=0.0, high=1.0, low_inclusive=False)
+
+
 def need_noise_std(rate_rps: float, per_worker_rps: float, target_utilization: float, filter_s: float) -> float:
     """Standard deviation (workers) of the filtered need signal for Poisson arrivals at ``rate_rps``:
-    a first-order filter of time constant T passes variance lambda / (2 T) of a Poisson rate."""
+    a first-order filter of time constant T passes variance lambda / (2 T) of a Poisson rate.
+
+    Used by :meth:`HystereticPoolController.tuned` to size the dead band (z sigma).
+
+    Parameters
+    ----------
+    rate_rps : float
+        Poisson arrival rate lambda into the pool (requests/s, >= 0).
+    per_worker_rps : float
+        Requests/s one worker sustains (> 0).
+    target_utilization : float
+        Fraction of per-worker capacity planned for (in (0, 1]).
+    filter_s : float
+        Time constant T of the controller's first-order rate filter (s, > 0).
+
+    Returns
+    -------
+    float
+        sqrt(lambda / (2 T)) / (per_worker_rps x target_utilization), in workers.
+
+    Raises
+    ------
+    ConfigError
+        For a negative ``rate_rps``, a non-positive ``filter_s`` or ``per_worker_rps``, or a
+        ``target_utilization`` outside (0, 1].
+    """
     check_number("rate_rps", rate_rps, low=0.0)
     check_number("filter_s", filter_s, low=0.0, low_inclusive=False)
+    _check_worker_rate(per_worker_rps, target_utilization)
     return math.sqrt(rate_rps / (2.0 * filter_s)) / (per_worker_rps * target_utilization)
 
 
@@ -81,9 +128,41 @@ def measured_need_noise(arrival_times_s, per_worker_rps: float, target_utilizati
     arrival stream: counts scraped every ``sample_period``, filtered as the controller filters
     them (first order, ``filter_s``), minus a centred ``detrend_s`` moving average (the demand's
     own slow movement is what the controller should follow, not noise). Bursty traffic (index of
-    dispersion > 1) gives more than the Poisson figure of :func:`need_noise_std`."""
+    dispersion > 1) gives more than the Poisson figure of :func:`need_noise_std`.
+
+    Parameters
+    ----------
+    arrival_times_s : array_like of float
+        Arrival times into the pool (s; any order, at least two, finite), spanning at least
+        3 x ``detrend_s``.
+    per_worker_rps : float
+        Requests/s one worker sustains (> 0).
+    target_utilization : float
+        Fraction of per-worker capacity planned for (in (0, 1]).
+    filter_s : float
+        Time constant of the controller's first-order rate filter (s, > 0).
+    sample_period : float
+        Scrape interval the counts are binned at (s, > 0; default 5).
+    detrend_s : float
+        Width of the centred moving average removed as the demand's trend (s, >= 2 x
+        ``sample_period``; default 900).
+
+    Returns
+    -------
+    float
+        Standard deviation of the detrended filtered need (workers), measured away from the
+        moving average's edges.
+
+    Raises
+    ------
+    ConfigError
+        For ``per_worker_rps``, ``target_utilization``, ``sample_period``, ``filter_s`` or
+        ``detrend_s`` outside its range, or (field ``arrival_times_s``) fewer than two finite
+        arrivals or a span under 3 x ``detrend_s``.
+    """
     import numpy as np
 
+    _check_worker_rate(per_worker_rps, target_utilization)
     check_number("sample_period", sample_period, low=0.0, low_inclusive=False)
     check_number("filter_s", filter_s, low=0.0, low_inclusive=False)
     check_number("detrend_s", detrend_s, low=2 * sample_period)
@@ -109,7 +188,58 @@ def measured_need_noise(arrival_times_s, per_worker_rps: float, target_utilizati
 
 
 class HystereticPoolController(_PoolAutoscaler):
-    """Pending-aware hysteretic sizing of one pool (see the module docstring for the rule)."""
+    """Pending-aware hysteretic sizing of one pool (see the module docstring for the rule).
+
+    Article section 18's "apply hysteresis to worker reconfiguration", made explicit: the dead
+    band and dwell keep noise from moving the pool. :meth:`tuned` sets the dead band, dwell and
+    cooldown from the operating point by the documented rule; the constructor takes them as
+    given.
+
+    Parameters
+    ----------
+    pool : {"fill", "decode"}
+        The pool this controller sizes.
+    per_worker_rps : float
+        Requests/s one worker of the pool sustains (> 0), e.g. from
+        :class:`~tokenfactory.controllers.capacity.PoolRates`.
+    target_utilization : float
+        Fraction of per-worker capacity to plan for, in [0.1, 1] (default 0.85).
+    dead_band : float
+        Spare workers (in [0, 10]; default 0.5) the need must clear below n - 1 before a
+        scale-down, and that are kept above the need after it.
+    filter_s : float
+        Time constant of the first-order filter on the demand rate (s, >= 0; default 30; 0 uses
+        the raw rate).
+    dwell_s : float
+        How long the need must stay below the scale-down threshold before removing workers
+        (s, >= 0; default 90).
+    up_dwell_s : float, optional
+        How long the need must stay above the provisioned count before adding workers (s, >= 0);
+        ``None`` (default) is one sample period.
+    cooldown_s : float
+        Minimum time after any move before a scale-down (s, >= 0; default 150): the loop's dead
+        time, start-up plus warm-up.
+    max_step_up : int
+        Most workers added per decision (>= 1; default 4).
+    max_step_down : int
+        Most workers removed per decision (>= 1; default 1).
+    queue_clear_s : float
+        Time over which the queued requests should be cleared (s, > 0; default 60): the backlog
+        term adds queue / ``queue_clear_s`` requests/s to the need.
+    queue_headroom : float
+        Cap on the backlog term as a fraction of the demand rate, in [0, 10] (default 0.25).
+    min_replicas : int
+        Fewest workers (>= 0; default 1).
+    max_replicas : int
+        Most workers (>= max(1, ``min_replicas``); default 1000).
+    sample_period : float
+        Seconds between decisions (> 0; default 5).
+
+    Raises
+    ------
+    ConfigError
+        For a parameter outside its range (fields ``hysteretic.*``).
+    """
 
     name = "hysteretic"
 
@@ -141,7 +271,44 @@ class HystereticPoolController(_PoolAutoscaler):
               noise_std: float | None = None, **kw) -> "HystereticPoolController":
         """Defaults from the documented rule: dead band max(min, z sigma), dwell 3 T, cooldown
         start-up + warm-up. ``noise_std`` (workers) overrides the Poisson estimate, e.g. measured
-        from a trace's filtered need signal."""
+        from a trace's filtered need signal.
+
+        Parameters
+        ----------
+        pool : {"fill", "decode"}
+            The pool this controller sizes.
+        per_worker_rps : float
+            Requests/s one worker sustains (> 0).
+        rate_rps : float
+            Demand rate at the operating point (requests/s, >= 0), for the Poisson noise estimate.
+        startup_s : float
+            Time from provisioning a worker to its serving (s).
+        warmup_s : float
+            Further warm-up before it serves at full rate (s; default 0).
+        filter_s : float
+            Time constant of the rate filter (s, > 0; default 30); the scale-down dwell is 3 x it.
+        target_utilization : float
+            Fraction of per-worker capacity to plan for, in [0.1, 1] (default 0.85).
+        z : float
+            Standard deviations of need noise the dead band covers (default 3).
+        min_dead_band : float
+            Floor on the dead band (workers; default 0.25).
+        noise_std : float, optional
+            Standard deviation of the need signal (workers, >= 0); ``None`` (default) uses
+            :func:`need_noise_std`.
+        **kw
+            Other constructor arguments (``max_step_up``, ``min_replicas``, ...).
+
+        Returns
+        -------
+        HystereticPoolController
+            The controller, with ``noise_std`` recorded.
+
+        Raises
+        ------
+        ConfigError
+            For a value outside its range.
+        """
         sigma = noise_std if noise_std is not None else need_noise_std(rate_rps, per_worker_rps,
                                                                        target_utilization, filter_s)
         check_number("noise_std", sigma, low=0.0)
@@ -215,7 +382,30 @@ class QueueRelayScaler(_PoolAutoscaler):
     """The textbook threshold autoscaler the describing-function analysis is about: ``high``
     workers while the pool's queue exceeds ``queue_high``, ``low`` workers once it falls under
     ``queue_low`` (a relay with hysteresis, quantised to whole workers). KEDA queue triggers and
-    Dynamo's load mode at two levels reduce to it."""
+    Dynamo's load mode at two levels reduce to it.
+
+    Kept as the baseline whose flapping :func:`predict_pool_flapping` predicts.
+
+    Parameters
+    ----------
+    pool : {"fill", "decode"}
+        The pool this controller sizes (its queue is read by :func:`pool_demand`).
+    low : int
+        Workers while the queue is low (>= 0).
+    high : int
+        Workers while the queue is high (>= max(1, ``low``) and > ``low``).
+    queue_low : float
+        Queue level (requests, >= 0) under which the pool drops to ``low``.
+    queue_high : float
+        Queue level (requests, >= ``queue_low``) over which the pool rises to ``high``.
+    sample_period : float
+        Seconds between decisions (> 0; default 5).
+
+    Raises
+    ------
+    ConfigError
+        For a value outside its range (fields ``queue_relay.*``).
+    """
 
     name = "queue-relay"
 
@@ -253,7 +443,29 @@ def pool_relay_loop(per_worker_rps: float, delay_s: float, filter_s: float = 0.0
     The queue integrates the capacity deficit (per_worker_rps / s). For the decode pool the ready
     buffer also jumps by the slots a worker brings or takes (sequences join a new worker at once
     and migrate back from a removed one): a direct term slots_per_worker. So
-    L(s) = (per_worker_rps + slots_per_worker s) e^{-delay s} / (s (filter_s s + 1))."""
+    L(s) = (per_worker_rps + slots_per_worker s) e^{-delay s} / (s (filter_s s + 1)).
+
+    Parameters
+    ----------
+    per_worker_rps : float
+        Requests/s one worker sustains (> 0): the integrator's gain.
+    delay_s : float
+        Reconfiguration delay from decision to serving worker (s, >= 0).
+    filter_s : float
+        Time constant of a first-order filter on the measured queue (s, >= 0; default 0: none).
+    slots_per_worker : float
+        Decode slots one worker brings (sequences, >= 0; default 0: the fill pool's queue).
+
+    Returns
+    -------
+    DelayedLoop
+        The loop, named ``"pool relay"``.
+
+    Raises
+    ------
+    ConfigError
+        For a value outside its range.
+    """
     check_number("per_worker_rps", per_worker_rps, low=0.0, low_inclusive=False)
     check_number("delay_s", delay_s, low=0.0)
     check_number("filter_s", filter_s, low=0.0)
@@ -273,6 +485,33 @@ def predict_pool_flapping(per_worker_rps: float, delay_s: float, queue_low: floa
 
     The prediction assumes the demand sits at the midpoint between the two levels (a symmetric
     cycle); an off-centre demand gives an asymmetric cycle with the same order of period.
+
+    Parameters
+    ----------
+    per_worker_rps : float
+        Requests/s one worker sustains (> 0).
+    delay_s : float
+        Reconfiguration delay (s, >= 0).
+    queue_low, queue_high : float
+        The relay's switching levels (requests, ``queue_high`` >= ``queue_low``).
+    step_workers : int
+        Workers between the two pool sizes (>= 1; default 1).
+    filter_s : float
+        Time constant of a filter on the measured queue (s, >= 0; default 0).
+    slots_per_worker : float
+        Decode slots per worker for the decode pool (sequences, >= 0; default 0).
+
+    Returns
+    -------
+    LimitCycle or None
+        The lowest-frequency predicted cycle (amplitude in requests of queue, frequency in rad/s)
+        or ``None`` when none is predicted.
+
+    Raises
+    ------
+    ConfigError
+        For ``queue_high`` < ``queue_low``, ``step_workers`` < 1, or a loop parameter outside its
+        range.
     """
     if queue_high < queue_low:
         raise ConfigError("queue_high", f"must be >= queue_low ({queue_low})")

@@ -66,7 +66,52 @@ OUTPUTS = ("backlog", "fill_in_progress", "ready", "active_decodes", "admitted_r
 
 @dataclass(frozen=True)
 class FluidParams:
-    """Per-worker rates and the loop's delays (SI units, requests). Build with :meth:`from_workers`."""
+    """Per-worker rates and the loop's delays (SI units, requests). Build with :meth:`from_workers`.
+
+    :meth:`from_service` samples every figure from the roofline service model (nothing typed by
+    hand) and records where they came from in ``provenance``.
+
+    Parameters
+    ----------
+    fill_rate_per_worker : float
+        Prefill throughput of one fill worker at the request shape (requests/s, > 0).
+    fill_latency_s : float
+        Time of one fill pass, admission to KV written on the fill worker (s, >= 0).
+    kv_transfer_s : float
+        Time to move one request's KV blob from fill to decode (s, >= 0).
+    decode_slots_per_worker : float
+        Sequences one decode worker holds at once at the request's mean active context (> 0).
+    decode_step_batches : tuple of float
+        Batch sizes per decode worker (sequences, strictly increasing, at least one) at which the
+        decode pass time is tabulated.
+    decode_step_times_s : tuple of float
+        Decode pass time (s, > 0; the time per output token, TPOT) at each of
+        ``decode_step_batches``; interpolated linearly in between, clamped at the ends.
+    output_tokens : float
+        Mean output tokens per request (tokens, > 0); a request decodes for
+        ``output_tokens`` passes.
+    dispatch_s : float
+        Time constant of moving a ready request into a free decode slot (s, > 0; from the
+        service model: one decode pass at full batch).
+    measurement_delay_s : float
+        Age of the orchestrator's measurement when a controller reads it (s, >= 0).
+    admit_tau_s : float
+        Time constant with which a backlog drains into fill when admission allows (s, > 0;
+        default 0.05).
+    shed_tau_s : float
+        Time constant of shedding backlog above the controller's bound (s, > 0; default 0.5).
+    evict_tau_s : float
+        Time constant of evicting decodes over the slots when decode workers are lost (s, > 0;
+        default 0.1).
+    provenance : mapping
+        Where the figures came from (models, hardware, shape, link); not compared.
+
+    Raises
+    ------
+    ConfigError
+        For a value outside its range, or batches not increasing or not matching the pass times
+        (fields ``plant.*``).
+    """
 
     fill_rate_per_worker: float
     fill_latency_s: float
@@ -207,7 +252,26 @@ def _outputs(t, x, u, params: FluidParams):
 
 
 class FluidPlant:
-    """The fluid token factory with its pools: ``system`` is the python-control NonlinearIOSystem."""
+    """The fluid token factory with its pools: ``system`` is the python-control NonlinearIOSystem.
+
+    States, inputs and outputs are :data:`STATES`, :data:`INPUTS` and :data:`OUTPUTS` (flows in
+    the module docstring). :func:`simulate_loop` closes an admission loop around it; the
+    linearisation (:meth:`ready_buffer_tf`) feeds the stability analysis.
+
+    Parameters
+    ----------
+    params : FluidParams
+        Per-worker rates and the loop's delays.
+    fill_workers : float
+        Serving fill (prefill) workers (> 0; may be fractional in the fluid model).
+    decode_workers : float
+        Serving decode workers (> 0; may be fractional).
+
+    Raises
+    ------
+    ConfigError
+        For a non-positive worker count (fields ``plant.fill_workers``, ``plant.decode_workers``).
+    """
 
     def __init__(self, params: FluidParams, fill_workers: float, decode_workers: float):
         self.params = params
@@ -287,7 +351,35 @@ DISTURBANCE_KINDS = (DemandStep.kind, DecodeRateDip.kind, DecodeWorkersLost.kind
 
 @dataclass(frozen=True)
 class LoopScenario:
-    """What happens to the plant: demand (requests/s) with optional seeded noise and disturbances."""
+    """What happens to the plant: demand (requests/s) with optional seeded noise and disturbances.
+
+    Parameters
+    ----------
+    demand : float
+        Base arrival rate (requests/s, >= 0).
+    duration_s : float
+        Simulated time (s, > 0; default 300).
+    dt : float
+        Integration step (s, in [1e-5, 1]; default 0.01); also the grid of the delay lines.
+    disturbances : tuple of events
+        :class:`~tokenfactory.events.DemandStep` (demand x ``factor`` from ``at_s``),
+        :class:`~tokenfactory.events.DecodeRateDip` (decode rate x ``factor`` for ``duration_s``
+        from ``start_s``) and :class:`~tokenfactory.events.DecodeWorkersLost` (``fraction`` of the
+        decode workers gone from ``at_s``); dicts with a ``kind`` are accepted by
+        :meth:`from_dict`. Default none.
+    demand_noise_cv : float
+        Coefficient of variation of multiplicative Gaussian demand noise, in [0, 5] (default 0:
+        none); the rate is clipped at 0.
+    noise_interval_s : float
+        How long each noise draw holds (s, >= ``dt``; default 1).
+    seed : int
+        Seed of the noise generator (>= 0; default 0).
+
+    Raises
+    ------
+    ConfigError
+        For a value outside its range or a disturbance of another kind (fields ``scenario.*``).
+    """
 
     demand: float
     duration_s: float = 300.0
@@ -318,6 +410,8 @@ class LoopScenario:
         return cls(demand=demand, disturbances=dist, **d)
 
     def demand_at(self, t: float, noise: np.ndarray) -> float:
+        """Arrival rate at time ``t`` (requests/s): demand steps applied, times the noise draw
+        (standard normal samples, one per ``noise_interval_s``) scaled by ``demand_noise_cv``."""
         lam = self.demand
         for d in self.disturbances:
             if isinstance(d, DemandStep) and t >= d.at_s:
@@ -327,6 +421,7 @@ class LoopScenario:
         return lam
 
     def decode_rate_factor(self, t: float) -> float:
+        """Product of the decode-rate dips active at ``t`` (1 = nominal)."""
         f = 1.0
         for d in self.disturbances:
             if isinstance(d, DecodeRateDip) and d.start_s <= t < d.start_s + d.duration_s:
@@ -334,6 +429,7 @@ class LoopScenario:
         return f
 
     def decode_worker_factor(self, t: float) -> float:
+        """Fraction of the decode workers still serving at ``t`` after worker losses."""
         f = 1.0
         for d in self.disturbances:
             if isinstance(d, DecodeWorkersLost) and t >= d.at_s:
@@ -358,6 +454,40 @@ def simulate_loop(plant: FluidPlant, controller, scenario: LoopScenario, *,
     ``controller.sample_period`` seconds, sees a :class:`Measurement` ``measurement_delay_s`` old,
     and its action is held until the next sample (zero-order hold). Raises
     :class:`ConservationError` if requests are lost or invented.
+
+    Parameters
+    ----------
+    plant : FluidPlant
+        The plant and its pools.
+    controller : Controller
+        Any object with ``sample_period`` (s, >= ``scenario.dt``), ``reset()`` and
+        ``update(t, measurement)`` returning an :class:`~tokenfactory.signals.AdmissionAction` or
+        a bare admission rate (requests/s); reset before the run.
+    scenario : LoopScenario
+        Demand, duration, step, noise and disturbances.
+    x0 : sequence of float, optional
+        Initial state, one value per :data:`STATES` entry (requests; e.g.
+        :meth:`FluidPlant.initial_state`); ``None`` (default) starts empty.
+    conservation_rtol : float
+        Largest allowed |arrived - (completed + rejected + in system)|, relative to the arrivals
+        (at least 1 request; default 1e-6).
+
+    Returns
+    -------
+    SimulationResult
+        ``series`` on the time grid (:data:`~tokenfactory.plant_models.result.SERIES_COLUMNS`
+        first, then the fluid plant's flows and counters), ``metrics`` (requests, completed,
+        rejected, in flight at the end, conservation residual, ...), ``config`` and the
+        controller's ``actions``; no per-request ``records``.
+
+    Raises
+    ------
+    ConfigError
+        For an ``x0`` of the wrong length or a controller sample period shorter than
+        ``scenario.dt``.
+    ConservationError
+        If requests are lost or invented beyond ``conservation_rtol``, or a queue goes negative
+        (reduce ``scenario.dt``).
     """
     p = plant.params
     dt = scenario.dt

@@ -114,6 +114,7 @@ class Accelerator:
         return self.peak_flops(precision) / self.hbm_bandwidth
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields as plain data, plus ``ridge_point_flop_per_byte`` per precision."""
         d = dataclasses.asdict(self)
         d["ridge_point_flop_per_byte"] = {p: self.ridge_point(p) for p in self.dense_flops}
         return d
@@ -155,7 +156,24 @@ ACCELERATOR_PRESETS: dict[str, Accelerator] = {
 
 
 def accelerator_preset(name: str) -> Accelerator:
-    """The preset called ``name`` (case-insensitive)."""
+    """The preset called ``name`` (case-insensitive).
+
+    Parameters
+    ----------
+    name : str
+        One of :data:`ACCELERATOR_PRESETS`: ``h100-sxm``, ``h800``, ``h200``, ``b200``, ``b300``,
+        ``gb200`` (sources in the module docstring).
+
+    Returns
+    -------
+    Accelerator
+        The preset (per-GPU figures, SI units).
+
+    Raises
+    ------
+    ConfigError
+        For an unknown name (field ``hardware``; the message lists the presets).
+    """
     key = name.lower()
     if key not in ACCELERATOR_PRESETS:
         raise ConfigError("hardware", f"unknown preset {name!r}; presets are "
@@ -170,6 +188,27 @@ def accelerator_from_dict(d: Mapping[str, Any], where: str = "hardware") -> Acce
     """Build an accelerator from a mapping with the dataclass field names (SI units).
 
     ``base = "h200"`` starts from a preset and overrides only the given keys.
+
+    Parameters
+    ----------
+    d : mapping
+        Keys among the :class:`Accelerator` fields (``hbm_bytes`` in bytes, ``hbm_bandwidth``,
+        ``scale_up_bandwidth`` and ``scale_out_bandwidth`` in bytes/s per direction,
+        ``dense_flops`` as {precision: FLOP/s}, ``scale_up_domain`` in GPUs, ``power_watts`` in W,
+        ``name``, ``source``) plus an optional ``base`` preset name. Without ``base`` every field
+        but ``source`` is required.
+    where : str
+        Dotted path of the table, used in error messages (default ``"hardware"``).
+
+    Returns
+    -------
+    Accelerator
+        The validated accelerator.
+
+    Raises
+    ------
+    ConfigError
+        For an unknown key, an unknown ``base``, a missing field or a value outside its range.
     """
     d = dict(d)
     reject_unknown_keys(where, d, _FIELDS | {"base"})
@@ -185,7 +224,25 @@ def accelerator_from_dict(d: Mapping[str, Any], where: str = "hardware") -> Acce
 
 
 def load_accelerator(spec: str | Path | Mapping[str, Any] | Accelerator) -> Accelerator:
-    """A preset name, a TOML file path, a mapping, or an :class:`Accelerator` as-is."""
+    """A preset name, a TOML file path, a mapping, or an :class:`Accelerator` as-is.
+
+    Parameters
+    ----------
+    spec : str, pathlib.Path, mapping or Accelerator
+        A preset name (see :func:`accelerator_preset`), a path ending in ``.toml`` holding one
+        accelerator table (as :func:`accelerator_from_dict` reads), a mapping of that form, or an
+        :class:`Accelerator` (returned unchanged).
+
+    Returns
+    -------
+    Accelerator
+        The accelerator.
+
+    Raises
+    ------
+    ConfigError
+        For a missing TOML file, an unknown preset or an invalid table.
+    """
     if isinstance(spec, Accelerator):
         return spec
     if isinstance(spec, Mapping):

@@ -48,6 +48,39 @@ class AttentionSpec:
     ``efficient_kind`` layers: ``"linear"`` (a fixed recurrent state of
     ``linear_state_bytes_per_layer`` per sequence) or ``"local"`` (sliding window of
     ``local_window`` tokens). Their projection parameters are counted like a full layer's.
+
+    Sizes are element counts (dimensions), not bytes, unless named ``_bytes``; bytes come from
+    the model's precisions. The spec is checked by :meth:`validate` when a :class:`MoEModel` is
+    built, not on its own.
+
+    Parameters
+    ----------
+    kind : {"gqa", "mla"}
+        Grouped-query (including plain multi-head) or multi-head latent attention.
+    num_heads : int
+        Query heads (>= 1).
+    head_dim : int
+        Dimension per head for GQA (>= 1; default 128); unused by MLA.
+    kv_heads : int
+        Key/value heads for GQA, in [1, ``num_heads``] (default 0: must be given for GQA).
+    q_lora_rank : int
+        MLA low-rank Q dimension (>= 0; default 0: a plain Q projection).
+    kv_lora_rank : int
+        MLA latent KV dimension (>= 1 for MLA), cached per token and layer.
+    qk_nope_head_dim : int
+        MLA per-head query/key dimension without rotary position (>= 1 for MLA).
+    qk_rope_head_dim : int
+        MLA rotary key dimension, shared across heads and cached per token (>= 1 for MLA).
+    v_head_dim : int
+        MLA per-head value dimension (>= 1 for MLA).
+    full_attention_layers : int, optional
+        Layers with full attention, in [0, num_layers]; ``None`` (default) is every layer.
+    efficient_kind : {"linear", "local"}
+        What the other layers are (default ``"linear"``).
+    local_window : int
+        Sliding-window length of local layers (tokens, >= 1; default 4096).
+    linear_state_bytes_per_layer : float
+        Recurrent state of one sequence in one linear-attention layer (bytes, >= 0; default 0).
     """
 
     kind: str
@@ -65,6 +98,8 @@ class AttentionSpec:
     linear_state_bytes_per_layer: float = 0.0
 
     def validate(self, where: str, num_layers: int) -> None:
+        """Check the fields for a model of ``num_layers`` layers; raises :class:`ConfigError`
+        naming ``where.<field>`` and its allowed range."""
         check_choice(f"{where}.kind", self.kind, ("gqa", "mla"))
         check_int(f"{where}.num_heads", self.num_heads, low=1)
         if self.kind == "gqa":
@@ -140,6 +175,52 @@ class MoEModel:
     because the published FP4 checkpoints quantize only the MoE experts (e.g. nvidia/DeepSeek-R1-FP4
     model card: "only the weights and activations of the linear operators within transformer
     blocks in MoE are quantized"), the rest stays FP8/BF16.
+
+    Sizes are element counts from the model's Hugging Face ``config.json``; the presets in
+    :data:`MODEL_PRESETS` name their source.
+
+    Parameters
+    ----------
+    name : str
+        Preset or user name.
+    num_layers : int
+        Transformer layers (>= 1).
+    num_dense_layers : int
+        Leading layers with a dense FFN instead of experts, in [0, ``num_layers``].
+    hidden_size : int
+        Model (residual stream) dimension (>= 1).
+    vocab_size : int
+        Vocabulary size (tokens, >= 1).
+    dense_intermediate_size : int
+        Intermediate dimension of the dense FFN layers (>= 0).
+    expert_intermediate_size : int
+        Intermediate dimension of one expert (>= 1).
+    routed_experts : int
+        Routed experts E per MoE layer (>= 1).
+    active_experts : int
+        Routed experts k chosen per token, in [1, E].
+    shared_experts : int
+        Always-on experts per MoE layer (>= 0).
+    attention : AttentionSpec
+        The attention layers.
+    weight_precision : str
+        Number format of the non-expert weights, a key of ``PRECISIONS`` (default ``"fp8"``).
+    kv_precision : str
+        Number format of the KV cache (default ``"bf16"``).
+    activation_precision : str
+        Number format of activations (default ``"bf16"``).
+    tied_embeddings : bool
+        Whether the LM head shares the embedding matrix (default False).
+    expert_precision : str, optional
+        Number format of routed and shared experts; ``None`` (default) is ``weight_precision``.
+    source : str
+        Where the figures come from.
+
+    Raises
+    ------
+    ConfigError
+        For a value outside its range, k > E, an unknown precision or an invalid attention spec
+        (fields ``model[<name>].*``).
     """
 
     name: str
@@ -377,6 +458,23 @@ MODEL_PRESETS: dict[str, MoEModel] = {
 
 
 def model_preset(name: str) -> MoEModel:
+    """The preset called ``name`` (case-insensitive).
+
+    Parameters
+    ----------
+    name : str
+        One of :data:`MODEL_PRESETS`: ``deepseek-v3``, ``kimi-k2``, ``hybrid-25k``, ``k3-like``.
+
+    Returns
+    -------
+    MoEModel
+        The preset.
+
+    Raises
+    ------
+    ConfigError
+        For an unknown name (field ``model``; the message lists the presets).
+    """
     key = name.lower()
     if key not in MODEL_PRESETS:
         raise ConfigError("model", f"unknown preset {name!r}; presets are {', '.join(MODEL_PRESETS)}")
@@ -391,6 +489,29 @@ def model_from_dict(d: Mapping[str, Any], where: str = "model") -> MoEModel:
     """Build a model from a mapping; ``base = "deepseek-v3"`` overrides a preset's fields.
 
     ``attention`` is a nested mapping with :class:`AttentionSpec` fields.
+
+    Parameters
+    ----------
+    d : mapping
+        Keys among the :class:`MoEModel` fields plus an optional ``base`` preset name. With
+        ``base``, the given keys (and ``attention`` keys) override the preset's; where the
+        preset's ``expert_precision`` equals its ``weight_precision``, the experts follow an
+        overridden ``weight_precision``. Without ``base``, ``attention`` (with ``kind`` and ``num_heads``)
+        and every size field are required; precisions, ``tied_embeddings`` and ``source`` have
+        defaults.
+    where : str
+        Dotted path of the table, used in error messages (default ``"model"``).
+
+    Returns
+    -------
+    MoEModel
+        The validated model.
+
+    Raises
+    ------
+    ConfigError
+        For an unknown key (also in ``attention``), an unknown ``base``, a missing field or a value
+        outside its range.
     """
     d = dict(d)
     reject_unknown_keys(where, d, _MODEL_FIELDS | {"base"})
@@ -424,7 +545,25 @@ def model_from_dict(d: Mapping[str, Any], where: str = "model") -> MoEModel:
 
 
 def load_model(spec: str | Path | Mapping[str, Any] | MoEModel) -> MoEModel:
-    """A preset name, a TOML file path, a mapping, or a :class:`MoEModel` as-is."""
+    """A preset name, a TOML file path, a mapping, or a :class:`MoEModel` as-is.
+
+    Parameters
+    ----------
+    spec : str, pathlib.Path, mapping or MoEModel
+        A preset name (see :func:`model_preset`), a path ending in ``.toml`` holding one model
+        table (as :func:`model_from_dict` reads), a mapping of that form, or a :class:`MoEModel`
+        (returned unchanged).
+
+    Returns
+    -------
+    MoEModel
+        The model.
+
+    Raises
+    ------
+    ConfigError
+        For a missing TOML file, an unknown preset or an invalid table.
+    """
     if isinstance(spec, MoEModel):
         return spec
     if isinstance(spec, Mapping):

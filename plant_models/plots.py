@@ -19,7 +19,29 @@ def _axes(ax):
 
 def expert_intensity_plot(tokens_per_expert, intensity, *, ridges: dict[str, float] | None = None,
                           asymptote: float | None = None, ax=None):
-    """AI_expert vs tokens per expert (log-log), with hardware ridge points as horizontal lines."""
+    """AI_expert vs tokens per expert (log-log), with hardware ridge points as horizontal lines.
+
+    The curve is the expert arithmetic intensity of article section 15
+    (:func:`tokenfactory.plant_models.roofline.expert_arithmetic_intensity`).
+
+    Parameters
+    ----------
+    tokens_per_expert : array_like of float
+        Tokens n routed to one expert per pass (> 0, log axis).
+    intensity : array_like of float
+        Arithmetic intensity at each n (FLOP/byte, > 0).
+    ridges : dict of str to float, optional
+        Ridge points to draw, by hardware name (FLOP/byte: peak FLOP/s / HBM bytes/s).
+    asymptote : float, optional
+        The activation-bound limit of the intensity as n grows (FLOP/byte), drawn dotted.
+    ax : matplotlib.axes.Axes, optional
+        Axes to draw on; a new figure's when omitted.
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+        The axes drawn on.
+    """
     ax = _axes(ax)
     ax.loglog(tokens_per_expert, intensity, lw=2, label="expert AI (section 15)")
     for name, r in (ridges or {}).items():
@@ -35,7 +57,23 @@ def expert_intensity_plot(tokens_per_expert, intensity, *, ridges: dict[str, flo
 
 
 def decode_sweep_plot(df: pd.DataFrame, *, y: str = "tokens_per_s_per_gpu", ax=None):
-    """One line per context length from :func:`tokenfactory.plant_models.decode_sweep` output."""
+    """One line per context length from :func:`tokenfactory.plant_models.decode_sweep` output.
+
+    Parameters
+    ----------
+    df : pandas.DataFrame
+        Rows with ``context_tokens``, ``batch`` (sequences per worker, log2 axis) and ``y``.
+    y : str
+        Column on the vertical axis (default ``"tokens_per_s_per_gpu"``; ``"step_s"``, the pass
+        time = TPOT in s, is drawn on a log axis).
+    ax : matplotlib.axes.Axes, optional
+        Axes to draw on; a new figure's when omitted.
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+        The axes drawn on.
+    """
     ax = _axes(ax)
     for c, g in df.groupby("context_tokens"):
         ax.plot(g["batch"], g[y], marker="o", ms=3, label=f"{c // 1024}k context")
@@ -51,7 +89,25 @@ def decode_sweep_plot(df: pd.DataFrame, *, y: str = "tokens_per_s_per_gpu", ax=N
 
 def stage_memory_plot(df: pd.DataFrame, *, crossover: int | None = None,
                       target_band: tuple[float, float] | None = None, ax=None):
-    """Stacked stage memory by part (GB) vs pipeline depth, from :func:`stage_memory_sweep`."""
+    """Stacked stage memory by part (GB) vs pipeline depth, from :func:`stage_memory_sweep`.
+
+    Parameters
+    ----------
+    df : pandas.DataFrame
+        Rows with ``pipeline_depth`` and the parts ``weights``, ``kv``, ``working``, ``slack``
+        (bytes per stage; drawn in GB = 1e9 bytes, parts that are all zero omitted).
+    crossover : int, optional
+        Pipeline depth at which KV overtakes weights (:func:`kv_crossover_depth`), drawn dashed.
+    target_band : tuple of float, optional
+        (low, high) stage-memory target (bytes), shaded.
+    ax : matplotlib.axes.Axes, optional
+        Axes to draw on; a new figure's when omitted.
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+        The axes drawn on.
+    """
     ax = _axes(ax)
     bottom = np.zeros(len(df))
     for part in ("weights", "kv", "working", "slack"):
@@ -73,7 +129,27 @@ def stage_memory_plot(df: pd.DataFrame, *, crossover: int | None = None,
 
 def roofline_plot(points: pd.DataFrame, *, peak_flops: float, bandwidth: float, label: str = "",
                   ax=None):
-    """Points (columns ``name``, ``intensity``, ``flops_per_s``) under a roofline."""
+    """Points (columns ``name``, ``intensity``, ``flops_per_s``) under a roofline.
+
+    Parameters
+    ----------
+    points : pandas.DataFrame
+        One row per kernel or phase: ``name``, ``intensity`` (FLOP/byte) and ``flops_per_s``
+        (attained FLOP/s per GPU).
+    peak_flops : float
+        The roof's flat part (FLOP/s per GPU).
+    bandwidth : float
+        The roof's slope (HBM bytes/s per GPU).
+    label : str
+        Legend label of the roof (default ``"roofline"``).
+    ax : matplotlib.axes.Axes, optional
+        Axes to draw on; a new figure's when omitted.
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+        The axes drawn on.
+    """
     ax = _axes(ax)
     ai = np.logspace(-1, 4.5, 200)
     ax.loglog(ai, np.minimum(peak_flops, ai * bandwidth), color="k", lw=1.5, label=label or "roofline")
@@ -89,7 +165,28 @@ def roofline_plot(points: pd.DataFrame, *, peak_flops: float, bandwidth: float, 
 def loop_response_plot(responses: dict, signal: str = "ready", *, target: float | None = None,
                        events: list[tuple[float, str]] | None = None, ylabel: str | None = None, ax=None):
     """One series column of several :class:`tokenfactory.plant_models.result.SimulationResult`
-    runs (any plant) against time, one line per run."""
+    runs (any plant) against time, one line per run.
+
+    Parameters
+    ----------
+    responses : dict of str to SimulationResult
+        Runs by legend label.
+    signal : str
+        Series column to draw (default ``"ready"``, requests).
+    target : float, optional
+        A setpoint in the signal's unit, drawn dashed.
+    events : list of (float, str), optional
+        (time in s, label) of disturbances, drawn as labelled vertical lines.
+    ylabel : str, optional
+        Y-axis label (default: the column name).
+    ax : matplotlib.axes.Axes, optional
+        Axes to draw on; a new figure's when omitted.
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+        The axes drawn on.
+    """
     ax = _axes(ax)
     for i, (name, r) in enumerate(responses.items()):
         ax.plot(r.series["time_s"], r.series[signal], lw=1.2, color=f"C{i}", label=name)

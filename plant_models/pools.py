@@ -63,7 +63,38 @@ class PoolScenario:
     (``pandas.Series`` indexed by seconds, held piecewise constant); ``disturbances`` are
     :class:`tokenfactory.plant_models.fluid.DemandStep`; ``poisson`` draws arrival counts per step (seeded).
     Controllers are first sampled at ``control_start_s`` (the plant fills from empty before that,
-    so a controller does not react to the empty start)."""
+    so a controller does not react to the empty start).
+
+    Parameters
+    ----------
+    demand : float or pandas.Series
+        Arrival rate (requests/s, >= 0): a constant, or a series indexed by time (s, increasing,
+        non-empty; finite values >= 0) held piecewise constant from each index point (before
+        the first point its value applies).
+    duration_s : float
+        Simulated time (s, > 0).
+    dt : float
+        Step (s, in [0.01, 10]; default 0.5).
+    disturbances : tuple of DemandStep
+        Demand steps (demand x ``factor`` from ``at_s``; build them from tables with
+        :func:`tokenfactory.events.events_from_dicts`). Default none.
+    poisson : bool
+        Draw Poisson arrival counts per step (default True); False uses the deterministic fluid.
+    seed : int
+        Seed of the arrival generator (>= 0; default 0).
+    slo_ttft_s : float
+        Time-to-first-token objective of the cohort SLO estimate (s, > 0; default 2).
+    slo_tpot_s : float
+        Time-per-output-token objective (s, > 0; default 0.1).
+    control_start_s : float
+        First controller sample (s, in [0, ``duration_s``]; default 0).
+
+    Raises
+    ------
+    ConfigError
+        For a value outside its range, a bad rate series, or a disturbance of another kind (fields
+        ``scenario.*``).
+    """
 
     demand: float | pd.Series
     duration_s: float
@@ -93,6 +124,7 @@ class PoolScenario:
         events_from_dicts(self.disturbances, "scenario.disturbances", (DemandStep.kind,))
 
     def demand_grid(self, t: np.ndarray) -> np.ndarray:
+        """Demand (requests/s) at each time of ``t`` (s), demand steps applied."""
         if isinstance(self.demand, pd.Series):
             idx = self.demand.index.to_numpy(dtype=float)
             k = np.clip(np.searchsorted(idx, t, side="right") - 1, 0, len(idx) - 1)
@@ -128,6 +160,40 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
 
     Without an admission controller every arrival is admitted at once. Raises
     :class:`tokenfactory.plant_models.fluid.ConservationError` if requests are lost or invented.
+
+    Parameters
+    ----------
+    params : FluidParams
+        Per-worker rates and delays (the same plant the admission-loop fluid model uses).
+    fill_workers, decode_workers : int
+        Initial serving workers of each pool (>= 1; together at most ``dynamics.fleet_size``).
+    scenario : PoolScenario
+        Demand, duration, step, seed, SLO objectives and control start.
+    controllers : sequence
+        Admission controllers and/or pool autoscalers (each with ``sample_period`` >= ``dt``,
+        ``reset()`` and ``update(t, measurement)`` returning an
+        :class:`~tokenfactory.signals.AdmissionAction`, a
+        :class:`~tokenfactory.signals.ScaleAction` or a list of them); default none.
+    dynamics : PoolDynamics
+        How workers join and leave pools: start-up, warm-up, drain, GPUs per worker, a fixed
+        fleet size (default: :class:`~tokenfactory.plant_models.fleet.PoolDynamics` defaults).
+
+    Returns
+    -------
+    SimulationResult
+        ``series`` per step (shared columns, then demand, rejection rate, in-transfer, starting
+        and billed workers, cohort TTFT/TPOT estimates in s), ``metrics`` (requests, completed,
+        rejected by reason, in flight at the end, preempted, ``slo_attainment`` as a fraction,
+        ``gpu_hours``, ``busy_gpu_hours``, scale actions and reversals per hour, peak and mean
+        workers per pool, ...), ``config`` and the scale ``actions``.
+
+    Raises
+    ------
+    ConfigError
+        For worker counts below 1 or over the fleet size, a controller sampling faster than
+        ``dt``, or a scale action naming an unknown pool.
+    ConservationError
+        If requests are lost or invented (checked every step).
     """
     check_int("plant.fill_workers", fill_workers, low=1)
     check_int("plant.decode_workers", decode_workers, low=1)

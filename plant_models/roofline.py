@@ -77,7 +77,41 @@ __all__ = [
 
 
 def roofline_time(flops: float, bytes_moved: float, peak_flops: float, bandwidth: float) -> float:
-    """max(FLOPs / peak, bytes / bandwidth): the roofline time of one kernel."""
+    """max(FLOPs / peak, bytes / bandwidth): the roofline time of one kernel.
+
+    The roofline model of Williams, Waterman & Patterson (CACM 52(4), 2009); article section 3
+    explains why prefill, midfill and decode land on different sides of its ridge.
+
+    Efficiencies are applied by the caller (:class:`Worker` scales peak and bandwidth by
+    :class:`Efficiency`).
+
+    Parameters
+    ----------
+    flops : float
+        Floating-point operations of the kernel (FLOP).
+    bytes_moved : float
+        Bytes read from and written to memory (bytes).
+    peak_flops : float
+        Attainable compute rate (FLOP/s, > 0).
+    bandwidth : float
+        Attainable memory bandwidth (bytes/s, > 0).
+
+    Returns
+    -------
+    float
+        The kernel's time (s): compute-bound when intensity flops / bytes_moved exceeds the ridge
+        point peak_flops / bandwidth, memory-bound otherwise.
+
+    Raises
+    ------
+    ConfigError
+        For a non-positive ``peak_flops`` or ``bandwidth``, or negative work.
+    """
+    if not (peak_flops > 0 and bandwidth > 0):  # also catches NaN
+        bad = "peak_flops" if not peak_flops > 0 else "bandwidth"
+        raise ConfigError(bad, f"{peak_flops if bad == 'peak_flops' else bandwidth} is outside (0, inf)")
+    if flops < 0 or bytes_moved < 0:
+        raise ConfigError("flops" if flops < 0 else "bytes_moved", "work must be >= 0")
     return max(flops / peak_flops, bytes_moved / bandwidth)
 
 
@@ -86,6 +120,25 @@ def distinct_experts(routed_experts: int, active_experts: int, tokens: float) ->
 
     Each token picks ``k`` of ``E`` experts; with uniform routing an expert is missed by one token
     with probability 1 - k/E, so E[distinct] = E (1 - (1 - k/E)^B)  (article section 16).
+
+    Parameters
+    ----------
+    routed_experts : int
+        Routed experts E per MoE layer (>= 1).
+    active_experts : int
+        Experts k each token picks, in [1, E].
+    tokens : float
+        Routed tokens B in the layer's batch (>= 0; fractional for averages).
+
+    Returns
+    -------
+    float
+        Expected number of distinct experts touched, in [0, E] (each one's weights are read once).
+
+    Raises
+    ------
+    ConfigError
+        For negative ``tokens`` or k outside [1, E].
     """
     if tokens < 0:
         raise ConfigError("tokens", f"{tokens} is outside the allowed range [0, inf)")
@@ -101,8 +154,39 @@ def expert_arithmetic_intensity(n_tokens, weights: float, weight_bytes: float,
     ``weights`` W is the parameter count of one expert, ``weight_bytes`` its bytes B_W,
     ``activation_bytes`` B_A the bytes of one routed token's activation. As n grows the weight
     read is amortised and AI flattens at 2W / (B_A + b_O), where activation traffic dominates.
+
+    Parameters
+    ----------
+    n_tokens : float or array_like
+        Tokens n routed to the expert in one pass (>= 0).
+    weights : float
+        Parameters W of one expert (count).
+    weight_bytes : float
+        Bytes B_W of one expert's weights.
+    activation_bytes : float
+        Bytes B_A of one routed token's input activation.
+    output_bytes_per_token : float
+        Bytes b_O of one token's output activation (B_O = n b_O).
+
+    Returns
+    -------
+    float or numpy.ndarray
+        Arithmetic intensity (FLOP/byte), the shape of ``n_tokens``; compare it with the
+        accelerator's ridge point to see whether the expert GEMM is compute- or memory-bound.
+
+    Raises
+    ------
+    ConfigError
+        For non-positive ``weights`` or ``weight_bytes``, negative activation bytes, or
+        negative or non-finite ``n_tokens``.
     """
+    check_number("weights", weights, low=0.0, low_inclusive=False)
+    check_number("weight_bytes", weight_bytes, low=0.0, low_inclusive=False)
+    check_number("activation_bytes", activation_bytes, low=0.0)
+    check_number("output_bytes_per_token", output_bytes_per_token, low=0.0)
     n = np.asarray(n_tokens, dtype=float)
+    if n.size and (not np.isfinite(n).all() or (n < 0).any()):
+        raise ConfigError("n_tokens", "must be finite and >= 0 tokens")
     return 2.0 * n * weights / (weight_bytes + n * activation_bytes + n * output_bytes_per_token)
 
 
@@ -118,6 +202,12 @@ def collective_rounds(participants: int) -> int:
     Returns
     -------
     int
+        Rounds, each costing one link latency.
+
+    Raises
+    ------
+    ConfigError
+        For fewer than one participant.
     """
     check_int("participants", participants, low=1)
     return math.ceil(math.log2(participants)) if participants > 1 else 0
@@ -140,6 +230,30 @@ class Efficiency:
     collective on NVLink and on the scale-out NIC. They are ASSUMPTIONS (2 us and 5 us, the order
     of one NVSwitch and one RDMA round trip), not fitted: the published points cannot separate
     them from the per-layer overhead. ``pass_overhead_s`` is an optional fixed cost per stage pass.
+
+    Parameters
+    ----------
+    compute : float
+        Fraction of the dense tensor peak reached, in (0, 1] (default 0.52, fitted).
+    memory : float
+        Fraction of HBM bandwidth reached, in (0, 1] (default 0.23, fitted).
+    network : float
+        Fraction of NVLink / NIC bandwidth reached, in (0, 1] (default 0.49, fitted).
+    layer_overhead_s : float
+        Launch and synchronisation cost per layer per stage pass (s, in [0, 1]; default 84e-6,
+        fitted).
+    scale_up_latency_s : float
+        Latency of one collective round on NVLink (s, in [0, 1]; default 2e-6, assumed).
+    scale_out_latency_s : float
+        Latency of one collective round on the scale-out NIC (s, in [0, 1]; default 5e-6,
+        assumed).
+    pass_overhead_s : float
+        Fixed cost per stage pass (s, in [0, 1]; default 0).
+
+    Raises
+    ------
+    ConfigError
+        For a value outside its range (fields ``efficiency.*``).
     """
 
     compute: float = 0.52
@@ -159,7 +273,26 @@ class Efficiency:
 
 @dataclass(frozen=True)
 class Parallelism:
-    """TP x PP x EP layout of one worker: ``num_gpus = pp x ep``, ``ep / tp`` attention replicas."""
+    """TP x PP x EP layout of one worker: ``num_gpus = pp x ep``, ``ep / tp`` attention replicas.
+
+    Parameters
+    ----------
+    tp : int
+        Tensor-parallel width of one attention replica (GPUs, >= 1, dividing ``ep``; default 1).
+    pp : int
+        Pipeline stages (>= 1, at most the model's layers; default 1).
+    ep : int
+        GPUs per stage, over which the experts are spread (>= 1, at most the routed experts;
+        default 8).
+    num_gpus : int, optional
+        GPUs of the worker; ``None`` (default) derives pp x ep, a given value must equal it.
+
+    Raises
+    ------
+    ConfigError
+        For a value below 1, ``tp`` not dividing ``ep``, or ``num_gpus`` != pp x ep (fields
+        ``parallelism.*``).
+    """
 
     tp: int = 1
     pp: int = 1
@@ -181,6 +314,7 @@ class Parallelism:
 
     @property
     def dp_attention(self) -> int:
+        """Data-parallel attention replicas per stage, ep / tp."""
         return self.ep // self.tp
 
 
@@ -188,7 +322,29 @@ class Parallelism:
 class PhaseTime:
     """One phase of a pass over the whole model for one micro-batch, timed by the roofline on the
     ``gpus`` that run it. Times in seconds; ``network_bytes`` is the total over those GPUs, of
-    which ``scale_out_bytes`` cross the scale-out network."""
+    which ``scale_out_bytes`` cross the scale-out network.
+
+    Parameters
+    ----------
+    phase : str
+        ``"attention"``, ``"experts"`` or ``"dense"``.
+    flops : float
+        Floating-point operations of the phase (FLOP).
+    hbm_bytes : float
+        HBM traffic summed over ``gpus`` (bytes).
+    network_bytes : float
+        Link traffic summed over ``gpus`` (bytes): TP all-reduce or expert all-to-all.
+    compute_s : float
+        Compute time at the efficiency-scaled tensor rate (s).
+    memory_s : float
+        Memory time at the efficiency-scaled HBM bandwidth (s).
+    network_s : float
+        Network time at the efficiency-scaled link bandwidth (s).
+    gpus : float
+        GPUs the phase runs on (default 1).
+    scale_out_bytes : float
+        Part of ``network_bytes`` over the scale-out NICs (bytes; default 0).
+    """
 
     phase: str
     flops: float
@@ -202,6 +358,7 @@ class PhaseTime:
 
     @property
     def time_s(self) -> float:
+        """The phase's roofline time (s): the largest of compute, memory and network time."""
         return max(self.compute_s, self.memory_s, self.network_s)
 
     @property
@@ -217,6 +374,7 @@ class PhaseTime:
 
     @property
     def arithmetic_intensity(self) -> float:
+        """FLOPs per HBM byte (FLOP/byte; inf without HBM traffic)."""
         return self.flops / self.hbm_bytes if self.hbm_bytes else math.inf
 
     @property
@@ -233,6 +391,30 @@ class PassTime:
     ``time_s`` is the latency of the pass (TPOT for decode, TTFT for a fill): every chunk crosses
     all ``stages``; ``tokens_per_s`` is the worker's steady-state throughput with
     ``microbatches`` such passes in flight.
+
+    Parameters
+    ----------
+    mode : str
+        ``"prefill"``, ``"midfill"`` or ``"decode"``.
+    phases : tuple of PhaseTime
+        Attention, experts and dense phases over the whole model for one micro-batch (summed over
+        chunks for a chunked fill).
+    tokens : float
+        Tokens the pass processes (new prompt tokens for a fill, one per sequence for decode).
+    sequences : float
+        Sequences in the micro-batch.
+    microbatches : int
+        Micro-batches in flight in steady state (>= 1).
+    num_gpus : int
+        GPUs of the worker.
+    stages : int
+        Pipeline stages every chunk crosses (default 1).
+    stage_times_s : tuple of float
+        Time one stage takes for each chunk, fixed costs included (s).
+    handoff_s : float
+        Hand-off between two stages (s; default 0).
+    fixed_s : float
+        Fixed per-layer and collective-latency cost within each stage time (s; default 0).
     """
 
     mode: str
@@ -252,6 +434,7 @@ class PassTime:
 
     @property
     def time_s(self) -> float:
+        """Latency of the pass (s): TPOT for decode, TTFT for a fill (flow-shop makespan)."""
         s = self._slots
         return sum(s) + (self.stages - 1) * max(s)
 
@@ -267,6 +450,7 @@ class PassTime:
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
+        """Worker throughput per GPU (tokens/s)."""
         return self.tokens_per_s / self.num_gpus
 
     @property
@@ -290,12 +474,14 @@ class PassTime:
         return max(p.network_bytes_per_s_per_gpu for p in self.phases)
 
     def phase(self, name: str) -> PhaseTime:
+        """The phase called ``name``; raises ``KeyError`` if there is none."""
         for p in self.phases:
             if p.phase == name:
                 return p
         raise KeyError(name)
 
     def to_dict(self) -> dict[str, Any]:
+        """Headline figures and each phase's time (``<phase>_s``) and roof (``<phase>_bound``)."""
         d = {"mode": self.mode, "time_s": self.time_s, "tokens": self.tokens,
              "sequences": self.sequences, "tokens_per_s": self.tokens_per_s,
              "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "bound": self.bound,
@@ -315,6 +501,33 @@ class Worker:
     default, 0.9); ``working_fraction`` of HBM is reserved for activations, routing buffers and
     KV-transfer staging (an assumption; the article's M_working). ``overlap_communication`` hides
     the network time behind the pass's compute (two-micro-batch overlap, see the module notes).
+
+    Its methods time the four operating modes (:meth:`prefill`, :meth:`midfill`,
+    :meth:`decode`) as :class:`PassTime` objects and size its KV (:meth:`decode_slots`).
+
+    Parameters
+    ----------
+    model : MoEModel
+        The model the worker serves.
+    accelerator : Accelerator
+        The GPU type (per-GPU figures).
+    parallelism : Parallelism
+        The TP x PP x EP layout (default tp 1, pp 1, ep 8); pp at most the model's layers, ep at
+        most its routed experts.
+    efficiency : Efficiency
+        Fractions of peak reached and fixed costs (default: the fitted values).
+    memory_utilization : float
+        Usable fraction of HBM, in (0, 1] (default 0.9).
+    working_fraction : float
+        Fraction of HBM reserved for activations and buffers, in [0, 1) (default 0.05).
+    overlap_communication : bool
+        Hide network time behind compute (default True).
+
+    Raises
+    ------
+    ConfigError
+        For a value outside its range, a layout the model cannot take, or weights and working
+        memory that leave no HBM for KV (field ``parallelism``).
     """
 
     model: MoEModel
@@ -346,7 +559,28 @@ class Worker:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "worker") -> "Worker":
         """Keys: ``model``, ``hardware`` (name, TOML path or table), ``parallelism``,
-        ``efficiency``, ``memory_utilization``, ``working_fraction``, ``overlap_communication``."""
+        ``efficiency``, ``memory_utilization``, ``working_fraction``, ``overlap_communication``.
+
+        Parameters
+        ----------
+        d : mapping
+            The worker table: ``model`` and ``hardware`` (required; preset name, TOML path or
+            table), ``parallelism`` and ``efficiency`` (tables of :class:`Parallelism` and
+            :class:`Efficiency` fields) and the scalar fields.
+        where : str
+            Dotted path of the table, used in error messages (default ``"worker"``).
+
+        Returns
+        -------
+        Worker
+            The validated worker.
+
+        Raises
+        ------
+        ConfigError
+            For an unknown or missing key, or any invalid value (including a model that does not
+            fit).
+        """
         reject_unknown_keys(where, d, {"model", "hardware", "parallelism", "efficiency",
                                        "memory_utilization", "working_fraction",
                                        "overlap_communication"})
@@ -420,7 +654,23 @@ class Worker:
         return self.kv_capacity_bytes / self.model.kv_bytes_per_token
 
     def decode_slots(self, context_tokens: float) -> int:
-        """Most sequences of ``context_tokens`` whose KV fits in the worker at once."""
+        """Most sequences of ``context_tokens`` whose KV fits in the worker at once.
+
+        Parameters
+        ----------
+        context_tokens : float
+            Context per sequence (tokens, >= 1).
+
+        Returns
+        -------
+        int
+            floor(KV capacity bytes / KV bytes of one sequence).
+
+        Raises
+        ------
+        ConfigError
+            For ``context_tokens`` below 1.
+        """
         check_number("context_tokens", context_tokens, low=1.0)
         return int(self.kv_capacity_bytes // self.model.kv_bytes(context_tokens))
 
@@ -590,6 +840,28 @@ class Worker:
         With ``chunks > 1`` each prompt is cut into that many equal chunks that follow each other
         through the pipeline stages, chunk j attending the cache plus the j chunks before it;
         ``time_s`` is then the flow-shop makespan (TTFT) and the throughput that of a full pipeline.
+
+        Parameters
+        ----------
+        new_tokens : int
+            Prompt tokens added per sequence (>= 1).
+        cached_tokens : int
+            Tokens already in the KV cache per sequence (>= 0; 0 is a prefill).
+        sequences : int
+            Sequences in the micro-batch (>= 1; default 1).
+        chunks : int
+            Chunks each prompt is cut into, in [1, ``new_tokens``] (default 1).
+
+        Returns
+        -------
+        PassTime
+            Mode ``"midfill"`` (or ``"prefill"`` without a cache); ``time_s`` is the TTFT (s),
+            ``tokens_per_s`` the worker's fill throughput with ``pp`` passes in flight.
+
+        Raises
+        ------
+        ConfigError
+            For a value outside its range.
         """
         check_number("new_tokens", new_tokens, low=1.0)
         check_number("cached_tokens", cached_tokens, low=0.0)
@@ -620,6 +892,29 @@ class Worker:
         The batch is split into ``microbatches`` (default ``min(pp, batch)``) micro-batches that
         circulate through the stages; the pass time is the TPOT. With ``check_memory`` off, a
         batch whose KV would not fit is timed anyway (for tables).
+
+        Parameters
+        ----------
+        batch : int
+            Sequences decoding on the worker (>= 1; at most :meth:`decode_slots` when
+            ``check_memory``).
+        context_tokens : int
+            Context per sequence (tokens, >= 0).
+        check_memory : bool
+            Reject a batch whose KV does not fit (default True).
+        microbatches : int, optional
+            Micro-batches in flight, in [1, ``batch``]; ``None`` (default) is min(pp, batch).
+
+        Returns
+        -------
+        PassTime
+            Mode ``"decode"``; ``time_s`` is the TPOT (s) and ``tokens_per_s`` the worker's
+            output tokens/s.
+
+        Raises
+        ------
+        ConfigError
+            For a value outside its range or (field ``batch``) more sequences than fit.
         """
         check_number("batch", batch, low=1.0)
         check_number("context_tokens", context_tokens, low=0.0)
@@ -647,7 +942,28 @@ class Worker:
 
 
 def decode_sweep(worker: Worker, batches, contexts) -> pd.DataFrame:
-    """Decode pass time and throughput over batch sizes and contexts; one row per feasible point."""
+    """Decode pass time and throughput over batch sizes and contexts; one row per feasible point.
+
+    Points whose KV does not fit (batch above the worker's decode slots at that context) are
+    skipped.
+
+    Parameters
+    ----------
+    worker : Worker
+        The decode worker.
+    batches : iterable of int
+        Batch sizes (sequences on the worker, >= 1).
+    contexts : iterable of int
+        Context lengths per sequence (tokens, >= 1).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per feasible (context, batch): ``hardware``, ``model``, ``context_tokens``,
+        ``batch``, ``step_s`` (pass time = TPOT, s), ``tokens_per_s_per_gpu``, ``attention_s``,
+        ``experts_s``, ``dense_s`` (phase times, s), ``bound``, ``overhead_fraction`` and
+        ``decode_slots``.
+    """
     rows = []
     for c in contexts:
         slots = worker.decode_slots(c)

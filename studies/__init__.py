@@ -1,15 +1,27 @@
-"""Runnable studies. Each module has ``run(out_dir, quick=False) -> dict`` writing figures,
-``metrics.json`` and ``summary.md``; ``tokenfactory study NAME`` runs one, ``study all`` the suite."""
+"""Runnable studies. Each module has ``run(out_dir, quick=False, config=None) -> dict`` writing
+figures, ``metrics.json`` and ``summary.md``; studies whose grids have a heavier variant also take
+``full=False``. ``tokenfactory study NAME`` runs one, ``study all`` the suite.
+
+Three sizes of every study:
+
+* ``quick`` - the fewest points that still show the effect; what the default test suite runs;
+* default - what ``make run`` runs: every figure of the report, sized so the whole suite finishes
+  in a few minutes on two cores;
+* ``full`` - the heavy grids (more models, longer runs, more seeds); studies without a heavier
+  variant run their default.
+"""
 
 from __future__ import annotations
 
 import importlib
+import inspect
+import json
 from pathlib import Path
 from typing import Any
 
 from tokenfactory.validation import ConfigError
 
-__all__ = ["STUDIES", "run_study"]
+__all__ = ["STUDIES", "run_study", "has_full_variant", "suite_order"]
 
 #: study name -> module; the default suite (`make run`) runs them in this order.
 STUDIES: dict[str, str] = {
@@ -24,7 +36,25 @@ STUDIES: dict[str, str] = {
 }
 
 
-def run_study(name: str, out_dir: str | Path | None = None, quick: bool = False) -> dict[str, Any]:
+def has_full_variant(name: str) -> bool:
+    """Whether study ``name`` has a heavier ``full`` variant (its ``run`` takes ``full``).
+
+    Parameters
+    ----------
+    name : str
+        A key of :data:`STUDIES`.
+
+    Returns
+    -------
+    bool
+        True when ``run_study(name, full=True)`` runs more than the default.
+    """
+    module = importlib.import_module(STUDIES[name])
+    return "full" in inspect.signature(module.run).parameters
+
+
+def run_study(name: str, out_dir: str | Path | None = None, quick: bool = False,
+              full: bool = False) -> dict[str, Any]:
     """Run study ``name``, writing under ``out_dir`` (default ``reports/<name>``).
 
     Parameters
@@ -36,7 +66,10 @@ def run_study(name: str, out_dir: str | Path | None = None, quick: bool = False)
         missing. Default ``reports/<name>`` relative to the working directory.
     quick : bool
         Run the study's quick variant (shorter runs, fewer points or models; what the default test
-        suite runs). Default False: the full study.
+        suite runs). Default False.
+    full : bool
+        Run the study's heavy grids (``tokenfactory study NAME --full``); a study without a
+        heavier variant runs its default. Default False: the default variant (``make run``).
 
     Returns
     -------
@@ -46,10 +79,43 @@ def run_study(name: str, out_dir: str | Path | None = None, quick: bool = False)
     Raises
     ------
     ConfigError
-        When ``name`` is not a known study.
+        When ``name`` is not a known study, or ``quick`` and ``full`` are both set.
     """
     if name not in STUDIES:
         raise ConfigError("study", f"unknown study {name!r}; studies are {', '.join(STUDIES)}")
+    if quick and full:
+        raise ConfigError("study", "quick and full are exclusive: pick one variant")
     module = importlib.import_module(STUDIES[name])
     out = Path(out_dir) if out_dir is not None else Path("reports") / name
+    if full and has_full_variant(name):
+        return module.run(out, quick=False, full=True)
     return module.run(out, quick=quick)
+
+
+def suite_order(names: list[str], reports_dir: str | Path) -> list[str]:
+    """``names`` longest first by the wall time of their last report under ``reports_dir``.
+
+    Running the longest studies first keeps parallel workers busy to the end (LPT scheduling);
+    studies never run before keep their place after the timed ones, in :data:`STUDIES` order.
+
+    Parameters
+    ----------
+    names : list of str
+        Study names (keys of :data:`STUDIES`).
+    reports_dir : str or Path
+        Folder holding ``<name>/metrics.json`` from a previous run (may be missing).
+
+    Returns
+    -------
+    list of str
+        The same names, reordered.
+    """
+    seconds: dict[str, float] = {}
+    for n in names:
+        try:
+            m = json.loads((Path(reports_dir) / n / "metrics.json").read_text())
+            seconds[n] = float(m["provenance"]["wall_seconds"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    timed = sorted((n for n in names if n in seconds), key=lambda n: -seconds[n])
+    return timed + [n for n in names if n not in seconds]

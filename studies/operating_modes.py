@@ -73,6 +73,22 @@ def _expert_intensity(model, report: StudyReport) -> dict[str, Any]:
             "ridge_points": ridges, "tokens_per_expert_to_reach_ridge": needed}
 
 
+def _gather_sentence(model, needed: float | None, decode_batch: int, prompt_tokens: int) -> str:
+    """Whether a prefill pass of one ``prompt_tokens`` prompt and a full decode batch give each
+    routed expert the tokens it needs to be compute-bound (uniform routing: B k / E per expert)."""
+    per = model.active_experts / model.routed_experts
+    fill, dec = prompt_tokens * per, decode_batch * per
+    if needed is None:
+        return "No batch reaches the ridge."
+
+    def share(n: float) -> str:
+        return f"{100 * n / needed:.0f} % of it"
+
+    bound = " - decode's experts stay memory-bound" if dec < needed else ""
+    return (f"One {prompt_tokens // 1024}k-token prefill pass routes ~{fill:.0f} tokens to each expert "
+            f"({share(fill)}); a full decode batch of {decode_batch} routes ~{dec:.0f} ({share(dec)}){bound}.")
+
+
 def _decode(model, cfg, report: StudyReport) -> dict[str, Any]:
     fig = Figure(figsize=(11, 8), layout="constrained")
     axes = fig.subplots(2, len(cfg["decode_hardware"]), squeeze=False)
@@ -240,7 +256,8 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         f"* **Expert intensity** rises from {ei['intensity_at_1']:.1f} FLOP/B at one token per expert to "
         f"{ei['intensity_at_10000']:.0f} at 10,000 and flattens toward {ei['asymptote']:.0f}; an expert "
         f"needs ~{ei['tokens_per_expert_to_reach_ridge']['h200']:.0f} tokens to reach the H200 ridge. "
-        "Prefill and midfill easily gather that many; decode does not.",
+        + _gather_sentence(model, ei["tokens_per_expert_to_reach_ridge"]["h200"],
+                           int(dec[hw0][short]["decode_slots"]), int(short)),
         f"* **Decode batching** on {hw0}: at {int(short) // 1024}k context the best batch gives "
         f"{dec[hw0][short]['batching_gain']:.0f}x the per-GPU throughput of batch 1; at "
         f"{int(long_) // 1024}k only {dec[hw0][long_]['batching_gain']:.1f}x, because KV caps the batch at "

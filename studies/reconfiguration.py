@@ -13,7 +13,7 @@ seesaw; tokenfactory's pending-aware hysteretic controller and smoothed admissio
     conversation trace through the request simulator and a day of ServeGen rates through the
     pool-level fluid model.
 
-Run: ``tokenfactory study reconfiguration [--quick] [--out DIR]``.
+Run: ``tokenfactory study reconfiguration [--quick | --full] [--out DIR]``.
 """
 
 from __future__ import annotations
@@ -561,16 +561,19 @@ def _md_table(rows: list[dict], cols: list[str]) -> list[str]:
     return out
 
 
-def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None) -> dict[str, Any]:
+def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None,
+        full: bool = False) -> dict[str, Any]:
+    # the Azure replay is the request simulator's: 10 minutes of it in the default and quick
+    # variants (each of the eleven control planes replays it), the 20-minute replay with --full
     cfg = {"reproductions": True, "describing_function": True, "comparison": ["azure", "servegen"],
-           **(config or {})}
+           "azure_minutes": 20.0 if full else 10.0, **(config or {})}
     reject_unknown_keys("reconfiguration", cfg, {"reproductions", "describing_function", "comparison", "planes",
                                                   "azure_minutes", "servegen_hours"})
     planes = tuple(cfg.get("planes", CONTROL_PLANES))
     for p in planes:
         if p not in CONTROL_PLANES:
             raise ConfigError("reconfiguration.planes", f"unknown control plane {p!r}; known: {', '.join(CONTROL_PLANES)}")
-    report = StudyReport("reconfiguration", Path(out_dir), {**cfg, "quick": quick, "plant": PLANT,
+    report = StudyReport("reconfiguration", Path(out_dir), {**cfg, "quick": quick, "full": full, "plant": PLANT,
                                                             "dynamics": PoolDynamics().__dict__,
                                                             "slo": {"ttft_s": SLO_TTFT_S, "tpot_s": SLO_TPOT_S}})
     metrics: dict[str, Any] = {}

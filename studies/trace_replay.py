@@ -5,7 +5,7 @@ Loads are set relative to the cluster's bottleneck capacity at the trace's own r
 (from the roofline plant), so "load 1.1" means 10 % more than the cluster can serve whatever the
 trace; the multiplier applied to the trace's arrival rate is reported next to it.
 
-Run: ``tokenfactory study trace-replay [--quick] [--out DIR]`` or
+Run: ``tokenfactory study trace-replay [--quick | --full] [--out DIR]`` or
 ``tokenfactory simulate --trace NAME|PATH [--scale X] [--admission KIND] [--scenario FILE.toml]``.
 """
 
@@ -67,8 +67,10 @@ def _contrast_lines(table: pd.DataFrame) -> list[str]:
     return out
 
 
-def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None) -> dict[str, Any]:
-    cfg = {"traces": ["azure-conv-2023", "mooncake-conversation"], "loads": [0.8, 1.2] if quick else [0.6, 0.9, 1.1, 1.3],
+def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None,
+        full: bool = False) -> dict[str, Any]:
+    loads = [0.6, 0.9, 1.1, 1.3] if full else [0.8, 1.2] if quick else [0.9, 1.3]
+    cfg = {"traces": ["azure-conv-2023", "mooncake-conversation"], "loads": loads,
            "admissions": list(ADMISSIONS), "plant": dict(PLANT),
            "cluster": {"slo_ttft_s": 2.0, "slo_tpot_s": 0.1, "drain_s": 60.0}, **(config or {})}
     report = StudyReport("trace-replay", Path(out_dir), cfg)

@@ -22,77 +22,6 @@ PACKAGES = ("tokenfactory", "tokenfactory.controllers", "tokenfactory.plant_mode
 EXEMPT_MODULES = {"tokenfactory.cli"}
 
 
-#: The second documentation pass's work list: public callables, in modules that were being rewritten
-#: during the first pass, that still lack a numpydoc entry for some parameter. Sorted, and it can only
-#: shrink: the test fails for a name listed here once it is fully documented (remove it then) and for
-#: a name that no longer exists. Every other callable must be documented now.
-PENDING: tuple[str, ...] = (
-    "tokenfactory.controllers.admission.CompletionTriggeredAdmission",
-    "tokenfactory.controllers.admission.SmoothedAdmission",
-    "tokenfactory.controllers.admission.ThresholdAdmission",
-    "tokenfactory.controllers.autotune.StabilityEnvelope",
-    "tokenfactory.controllers.autotune.TuningReport",
-    "tokenfactory.controllers.autotune.tune_smoothed_admission",
-    "tokenfactory.controllers.capacity.PoolRates",
-    "tokenfactory.controllers.capacity.hourly_peak",
-    "tokenfactory.controllers.capacity.plan_capacity",
-    "tokenfactory.controllers.capacity.score_plan",
-    "tokenfactory.controllers.capacity.workers_needed",
-    "tokenfactory.controllers.describing.LimitCycle",
-    "tokenfactory.controllers.describing.predict_limit_cycles",
-    "tokenfactory.controllers.describing.relay_integrator_delay_cycle",
-    "tokenfactory.controllers.plots.capacity_plan_plot",
-    "tokenfactory.controllers.plots.forecast_plot",
-    "tokenfactory.controllers.plots.nyquist_plot",
-    "tokenfactory.controllers.plots.stability_map_plot",
-    "tokenfactory.controllers.reconfiguration.HystereticPoolController",
-    "tokenfactory.controllers.reconfiguration.QueueRelayScaler",
-    "tokenfactory.controllers.reconfiguration.measured_need_noise",
-    "tokenfactory.controllers.reconfiguration.need_noise_std",
-    "tokenfactory.controllers.reconfiguration.pool_demand",
-    "tokenfactory.controllers.reconfiguration.pool_relay_loop",
-    "tokenfactory.controllers.reconfiguration.predict_pool_flapping",
-    "tokenfactory.plant_models.fluid.FluidParams",
-    "tokenfactory.plant_models.fluid.FluidPlant",
-    "tokenfactory.plant_models.fluid.LoopScenario",
-    "tokenfactory.plant_models.fluid.simulate_loop",
-    "tokenfactory.plant_models.hardware.accelerator_from_dict",
-    "tokenfactory.plant_models.hardware.accelerator_preset",
-    "tokenfactory.plant_models.hardware.load_accelerator",
-    "tokenfactory.plant_models.moe_model.AttentionSpec",
-    "tokenfactory.plant_models.moe_model.MoEModel",
-    "tokenfactory.plant_models.moe_model.load_model",
-    "tokenfactory.plant_models.moe_model.model_from_dict",
-    "tokenfactory.plant_models.moe_model.model_preset",
-    "tokenfactory.plant_models.plots.decode_sweep_plot",
-    "tokenfactory.plant_models.plots.expert_intensity_plot",
-    "tokenfactory.plant_models.plots.loop_response_plot",
-    "tokenfactory.plant_models.plots.roofline_plot",
-    "tokenfactory.plant_models.plots.stage_memory_plot",
-    "tokenfactory.plant_models.pools.PoolScenario",
-    "tokenfactory.plant_models.pools.simulate_pools",
-    "tokenfactory.plant_models.roofline.Efficiency",
-    "tokenfactory.plant_models.roofline.Parallelism",
-    "tokenfactory.plant_models.roofline.PassTime",
-    "tokenfactory.plant_models.roofline.PhaseTime",
-    "tokenfactory.plant_models.roofline.Worker",
-    "tokenfactory.plant_models.roofline.decode_sweep",
-    "tokenfactory.plant_models.roofline.distinct_experts",
-    "tokenfactory.plant_models.roofline.expert_arithmetic_intensity",
-    "tokenfactory.plant_models.roofline.roofline_time",
-    "tokenfactory.plant_models.stage_memory.StageMemory",
-    "tokenfactory.plant_models.stage_memory.kv_crossover_depth",
-    "tokenfactory.plant_models.stage_memory.stage_memory",
-    "tokenfactory.plant_models.stage_memory.stage_memory_sweep",
-    "tokenfactory.scenario.Scenario",
-    "tokenfactory.scenario.build_controller",
-    "tokenfactory.scenario.build_plant",
-    "tokenfactory.scenario.load_scenario",
-    "tokenfactory.scenario.naive_limit_cycle",
-    "tokenfactory.scenario.scenario_from_dict",
-)
-
-
 def _modules() -> list[str]:
     names = set()
     for pkg in PACKAGES:
@@ -161,16 +90,7 @@ def _missing(obj) -> list[str]:
 @pytest.mark.parametrize("name,obj", CALLABLES, ids=[c[0] for c in CALLABLES])
 def test_parameters_are_documented(name, obj):
     missing = _missing(obj)
-    if name in PENDING:
-        assert missing, f"{name} is fully documented now: remove it from PENDING"
-    else:
-        assert not missing, f"{name}: parameters without a numpydoc entry: {', '.join(missing)}"
-
-
-def test_pending_is_a_sorted_list_of_existing_callables():
-    assert list(PENDING) == sorted(set(PENDING)), "keep PENDING sorted and free of duplicates"
-    gone = sorted(set(PENDING) - {name for name, _ in CALLABLES})
-    assert not gone, f"PENDING names no public callable (renamed or removed?): {', '.join(gone)}"
+    assert not missing, f"{name}: parameters without a numpydoc entry: {', '.join(missing)}"
 
 
 def test_the_check_sees_a_missing_parameter():

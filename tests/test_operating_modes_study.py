@@ -48,3 +48,19 @@ def test_decode_batch_optimum_by_value(report):
         # a 1M-token context leaves room for a handful of sequences on 8 GPUs
         assert dv[hw]["1048576"]["decode_slots"] <= 8
         assert dv[hw]["1048576"]["value_batch"] < dv[hw]["131072"]["value_batch"] < dv[hw]["8192"]["value_batch"]
+
+
+def test_expert_gathering_sentence_follows_the_numbers(report):
+    import re
+
+    from tokenfactory.plant_models import model_preset
+
+    m = json.loads((report / "metrics.json").read_text())
+    model = model_preset(m["config"]["model"])
+    slots = m["decode"]["h200"]["8192"]["decode_slots"]
+    needed = m["expert_intensity"]["tokens_per_expert_to_reach_ridge"]["h200"]
+    text = (report / "summary.md").read_text()
+    fill, dec = (int(x) for x in re.findall(r"routes ~(\d+)", text))
+    assert fill == round(8192 * model.active_experts / model.routed_experts)
+    assert dec == round(slots * model.active_experts / model.routed_experts)
+    assert ("stay memory-bound" in text) == (dec < needed)

@@ -42,3 +42,26 @@ def test_check_int_rejects_nan_and_inf_with_the_field_name():
     for bad in (math.nan, math.inf, -math.inf):
         with pytest.raises(ConfigError, match="pool.replicas: expected an integer"):
             check_int("pool.replicas", bad)
+
+
+
+@pytest.mark.parametrize("module,func,args,kwargs,field", [
+    ("tokenfactory.controllers.capacity", "workers_needed", ([1.0], 0.0), {}, "per_worker_rps"),
+    ("tokenfactory.controllers.capacity", "workers_needed", ([-1.0], 2.0), {}, "demand_rps"),
+    ("tokenfactory.controllers.capacity", "workers_needed", ([1.0], 2.0), {"headroom": -0.1}, "headroom"),
+    ("tokenfactory.plant_models.roofline", "roofline_time", (1.0, 1.0, 0.0, 1.0), {}, "peak_flops"),
+    ("tokenfactory.plant_models.roofline", "roofline_time", (1.0, 1.0, 1.0, math.nan), {}, "bandwidth"),
+    ("tokenfactory.plant_models.roofline", "expert_arithmetic_intensity", ([-1.0], 1e6, 1e6, 1e3, 1e3), {},
+     "n_tokens"),
+    ("tokenfactory.plant_models.stage_memory", "kv_crossover_depth", (1e9, 1e5, 0.0), {}, "kv_bytes_per_token"),
+    ("tokenfactory.controllers.describing", "relay_integrator_delay_cycle", (1.0, 1.0, 0.0), {}, "delay"),
+    ("tokenfactory.controllers.reconfiguration", "need_noise_std", (10.0, 5.0, 1.5, 30.0), {},
+     "target_utilization"),
+    ("tokenfactory.controllers.reconfiguration", "need_noise_std", (10.0, 0.0, 0.8, 30.0), {}, "per_worker_rps"),
+])
+def test_public_helpers_name_the_bad_field(module, func, args, kwargs, field):
+    import importlib
+
+    with pytest.raises(ConfigError) as e:
+        getattr(importlib.import_module(module), func)(*args, **kwargs)
+    assert e.value.field == field

@@ -78,34 +78,59 @@ def _cmd_describe(args) -> int:
     return 0
 
 
+def _run_one_study(name: str, out, quick: bool, full: bool) -> tuple[str, float]:
+    """One study of ``study all`` (a process of the pool): its name and wall seconds."""
+    from tokenfactory.studies import run_study
+
+    result = run_study(name, out, quick=quick, full=full)
+    return name, float(result["provenance"]["wall_seconds"])
+
+
 def _cmd_study(args) -> int:
+    import time
+    from concurrent.futures import ProcessPoolExecutor, as_completed
     from pathlib import Path
 
-    from tokenfactory.studies import STUDIES, run_study
-
-    import time
-
+    from tokenfactory.studies import STUDIES, suite_order
     from tokenfactory.studies.html import write_index
-
     from tokenfactory.sweep import SCHEDULER_ENV, WORKERS_ENV
-    from tokenfactory.validation import check_int
+    from tokenfactory.validation import ConfigError, check_int
 
+    if args.quick and args.full:
+        raise ConfigError("study", "--quick and --full are exclusive: pick one variant")
     if args.workers is not None:
         os.environ[WORKERS_ENV] = str(check_int("workers", args.workers, low=1))
     if args.scheduler:
         os.environ[SCHEDULER_ENV] = args.scheduler
-    names = list(STUDIES) if args.name == "all" else [args.name]
+    suite = args.name == "all"
+    root = Path(args.out or "reports")
+    names = suite_order(list(STUDIES), root) if suite else [args.name]
+    jobs = check_int("jobs", args.jobs if args.jobs is not None else min(2, os.cpu_count() or 1), low=1)
+    jobs = min(jobs, len(names))
+    outs = {n: (root / n if suite else (Path(args.out) if args.out else Path("reports") / n)) for n in names}
+    variant = "quick" if args.quick else "full" if args.full else "default"
     t0 = time.perf_counter()
-    for i, name in enumerate(names, 1):
-        out = Path(args.out) / name if (args.name == "all" and args.out) else args.out
-        if len(names) > 1:
-            print(f"[{i}/{len(names)}] {name} ...", flush=True)
-        result = run_study(name, out, quick=args.quick)
-        where = Path(out) if out else Path("reports") / name
-        print(f"{name}: wrote {where}/ ({result['provenance']['wall_seconds']:.1f} s, "
-              f"{time.perf_counter() - t0:.0f} s elapsed)", flush=True)
-    if args.name == "all" or not args.out:  # the reports folder holds every study: refresh its page
-        print(f"report: {write_index(Path(args.out or 'reports') if args.name == 'all' else where.parent, order=list(STUDIES))}")
+    if len(names) > 1:
+        print(f"{len(names)} studies ({variant} variant) on {jobs} process{'es' if jobs > 1 else ''}, "
+              f"longest first: {', '.join(names)}", flush=True)
+
+    def done(i: int, name: str, wall: float) -> None:
+        prefix = f"[{i}/{len(names)}] " if len(names) > 1 else ""
+        print(f"{prefix}{name}: wrote {outs[name]}/ ({wall:.1f} s, {time.perf_counter() - t0:.0f} s elapsed)",
+              flush=True)
+
+    if jobs == 1:
+        for i, name in enumerate(names, 1):
+            if len(names) > 1:
+                print(f"  {name} ...", flush=True)
+            done(i, *_run_one_study(name, outs[name], args.quick, args.full))
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            futures = [pool.submit(_run_one_study, n, outs[n], args.quick, args.full) for n in names]
+            for i, fut in enumerate(as_completed(futures), 1):
+                done(i, *fut.result())
+    if suite or not args.out:  # the reports folder holds every study: refresh its page
+        print(f"report: {write_index(root if suite else outs[names[0]].parent, order=list(STUDIES))}")
     return 0
 
 
@@ -378,7 +403,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("study", help="run a study (or `all`) and write its report")
     s.add_argument("name", choices=[*STUDIES, "all"])
     s.add_argument("--out", default=None, help="output folder (default reports/<study>)")
-    s.add_argument("--quick", action="store_true", help="the quick variant (fewer points)")
+    s.add_argument("--quick", action="store_true", help="the quick variant (fewest points; what the tests run)")
+    s.add_argument("--full", action="store_true",
+                   help="the heavy grids (more models, longer runs); the default is what `make run` runs")
+    s.add_argument("--jobs", type=int, default=None,
+                   help="`study all`: studies run in N processes at once (default min(2, CPUs))")
     s.add_argument("--workers", type=int, default=None,
                    help="run the studies' grids on a local Dask cluster of N worker processes")
     s.add_argument("--scheduler", default=None,

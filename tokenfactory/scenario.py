@@ -60,7 +60,28 @@ _PLANT_KEYS = {"model", "hardware", "parallelism", "efficiency", "decode_model",
 
 @dataclass
 class Scenario:
-    """A resolved scenario: everything built, plus the raw config it came from."""
+    """A resolved scenario: everything built, plus the raw config it came from.
+
+    Built by :func:`load_scenario` / :func:`scenario_from_dict`; :func:`margins_table` analyses it
+    and :func:`tokenfactory.plant_models.fluid.simulate_loop` runs it.
+
+    Parameters
+    ----------
+    name : str
+        The scenario's name (the file's ``name`` key, else the file stem).
+    plant : FluidPlant
+        The fluid plant sampled from the roofline service model.
+    controller : object
+        The admission controller (a registered admission kind, e.g. :class:`SmoothedAdmission`).
+    envelope : StabilityEnvelope
+        The box of delay and service-rate errors and the margin floors.
+    simulation : LoopScenario
+        Demand (requests/s, ``demand_factor`` x decode capacity), duration, step and disturbances.
+    tuning : TuningReport or None
+        How a ``smoothed`` controller was tuned; ``None`` for other kinds.
+    config : dict
+        The raw configuration the scenario was resolved from.
+    """
 
     name: str
     plant: FluidPlant
@@ -72,6 +93,36 @@ class Scenario:
 
 
 def build_plant(d: Mapping[str, Any], where: str = "plant") -> FluidPlant:
+    """The fluid plant of a scenario's ``[plant]`` table, sampled from the roofline service model.
+
+    Fill and decode workers share ``model``, ``hardware``, ``parallelism`` and ``efficiency``
+    unless ``decode_model``, ``decode_hardware`` or ``decode_parallelism`` override them for
+    decode. :meth:`FluidParams.from_service` turns the two workers, the request shape and the KV
+    link into per-worker rates and delays.
+
+    Parameters
+    ----------
+    d : mapping
+        The plant table. Required: ``model``, ``hardware`` (preset, TOML path or table),
+        ``fill_workers``, ``decode_workers`` (> 0). Optional: ``parallelism``, ``efficiency``,
+        the ``decode_*`` overrides, ``prompt_tokens``, ``output_tokens``, ``cached_tokens``
+        (tokens; defaults of :class:`~tokenfactory.plant_models.service.RequestShape`),
+        ``measurement_delay_s`` (s, >= 0; default 0.5), ``kv_stripes`` (NICs a KV transfer is
+        striped over) and ``kv_setup_s`` (s per transfer).
+    where : str
+        Dotted path of the table, used in error messages (default ``"plant"``).
+
+    Returns
+    -------
+    FluidPlant
+        The plant with its pools.
+
+    Raises
+    ------
+    ConfigError
+        For an unknown or missing key, a value outside its range, or a model that does not fit
+        its workers.
+    """
     d = dict(d)
     reject_unknown_keys(where, d, _PLANT_KEYS)
     for req in ("model", "hardware", "fill_workers", "decode_workers"):
@@ -100,7 +151,33 @@ def build_controller(d: Mapping[str, Any], plant: FluidPlant, envelope: Stabilit
     """The scenario's admission controller: any registered admission kind
     (:func:`tokenfactory.registry.admission_kinds`) with its parameters; ``smoothed`` is tuned over
     ``envelope`` and returns its tuning report. A scenario's smoothed controller sheds backlog over
-    ``backlog_bound_s`` = 30 s unless the file says otherwise."""
+    ``backlog_bound_s`` = 30 s unless the file says otherwise.
+
+    Parameters
+    ----------
+    d : mapping
+        The controller table: ``kind`` (a registered admission kind) and that kind's parameters
+        (``tokenfactory describe kinds`` lists them).
+    plant : FluidPlant
+        The plant the controller is built and tuned for.
+    envelope : StabilityEnvelope
+        The box a ``smoothed`` controller is tuned over.
+    where : str
+        Dotted path of the table, used in error messages (default ``"controller"``).
+
+    Returns
+    -------
+    controller : object
+        The admission controller.
+    tuning : TuningReport or None
+        The tuning report of a ``smoothed`` controller; ``None`` for other kinds.
+
+    Raises
+    ------
+    ConfigError
+        For an unknown kind or key, a value outside its range, or (``smoothed``) no tuning that
+        meets the envelope's floors.
+    """
     d = dict(d)
     kind = check_choice(f"{where}.kind", d.get("kind"), admission_kinds())
     params = {k: v for k, v in d.items() if k != "kind"}
@@ -112,6 +189,28 @@ def build_controller(d: Mapping[str, Any], plant: FluidPlant, envelope: Stabilit
 
 
 def scenario_from_dict(d: Mapping[str, Any], name: str = "scenario") -> Scenario:
+    """Resolve and validate a scenario given as a mapping (the TOML of the module docstring).
+
+    Parameters
+    ----------
+    d : mapping
+        Top-level keys ``name``, ``description``, ``plant`` and ``controller`` (required),
+        ``envelope`` (:class:`StabilityEnvelope` fields) and ``simulation``
+        (:class:`LoopScenario` fields except ``demand``, plus ``demand_factor`` in [0, 10],
+        default 1: the demand as a multiple of the plant's decode capacity).
+    name : str
+        Name used when ``d`` has no ``name`` (default ``"scenario"``).
+
+    Returns
+    -------
+    Scenario
+        Everything built: plant, controller (tuned when ``smoothed``), envelope and simulation.
+
+    Raises
+    ------
+    ConfigError
+        For an unknown key, a missing section or any invalid value, naming the field.
+    """
     d = dict(d)
     reject_unknown_keys("", d, {"name", "description", "plant", "controller", "envelope", "simulation"})
     for req in ("plant", "controller"):
@@ -132,6 +231,24 @@ def scenario_from_dict(d: Mapping[str, Any], name: str = "scenario") -> Scenario
 
 
 def load_scenario(path: str | Path) -> Scenario:
+    """Read and resolve a scenario TOML file (see the module docstring for its layout).
+
+    Parameters
+    ----------
+    path : str or pathlib.Path
+        The TOML file; its stem names the scenario unless the file has a ``name`` key.
+
+    Returns
+    -------
+    Scenario
+        The resolved scenario.
+
+    Raises
+    ------
+    ConfigError
+        When the file does not exist (field ``scenario``), is not valid TOML (field: the file
+        name), or holds an invalid scenario.
+    """
     path = Path(path)
     if not path.is_file():
         raise ConfigError("scenario", f"file {str(path)!r} does not exist")
@@ -145,7 +262,34 @@ def load_scenario(path: str | Path) -> Scenario:
 
 def naive_limit_cycle(plant: FluidPlant, controller: CompletionTriggeredAdmission, method: str = "exact"):
     """Describing-function prediction for the naive loop: a relay of amplitude open_gain x c around
-    the ready buffer's integrator, delayed by fill-to-ready + measurement delay + T/2."""
+    the ready buffer's integrator, delayed by fill-to-ready + measurement delay + T/2.
+
+    Article section 18's oscillation, predicted by harmonic balance
+    (:func:`tokenfactory.controllers.describing.predict_limit_cycles`) at the plant's decode
+    capacity c.
+
+    Parameters
+    ----------
+    plant : FluidPlant
+        The plant (its linearised ready buffer and delays).
+    controller : CompletionTriggeredAdmission
+        The naive controller (its ``open_gain`` and sample period).
+    method : {"exact", "pade"}
+        Solve on the exact delay (default) or on a Pade model.
+
+    Returns
+    -------
+    loop : DelayedLoop
+        The linear part the relay sees.
+    cycle : LimitCycle or None
+        The lowest-frequency predicted cycle (amplitude in requests of ready buffer, frequency in
+        rad/s), or ``None`` if none is predicted.
+
+    Raises
+    ------
+    ConfigError
+        For an unknown ``method``.
+    """
     p = plant.params
     P, theta = plant.ready_buffer_tf()
     loop = DelayedLoop(P, theta + p.measurement_delay_s + controller.sample_period / 2.0, "naive")
@@ -164,21 +308,23 @@ def margins_table(sc: Scenario) -> pd.DataFrame:
     Parameters
     ----------
     sc : Scenario
-        A loaded scenario: its plant, controller and stability envelope.
+        A resolved scenario with a ``smoothed`` or ``naive`` controller.
 
     Returns
     -------
     pandas.DataFrame
-        Linear controllers: delay_factor, service_rate_factor, loop_delay_s, stable,
-        closed_loop_rhp_poles, gain_margin, lower_gain_margin, phase_margin_deg,
-        delay_margin_s, ms, pade, pade_phase_margin_deg, meets_floors. Relay-like: delay_factor,
-        service_rate_factor, loop_delay_s, limit_cycle, predicted_period_s,
-        predicted_amplitude, meets_floors.
+        One row per envelope point (delay-major). Always ``delay_factor``,
+        ``service_rate_factor``, ``loop_delay_s`` (s) and ``meets_floors``. Smoothed: ``stable``,
+        ``closed_loop_rhp_poles``, ``gain_margin``, ``lower_gain_margin``, ``phase_margin_deg``,
+        ``delay_margin_s`` (s), ``ms``, ``pade`` (the Pade order used) and
+        ``pade_phase_margin_deg``. Naive: ``limit_cycle`` (bool), ``predicted_period_s`` (s) and
+        ``predicted_amplitude`` (requests), NaN without a cycle; ``meets_floors`` is true only
+        without a predicted cycle.
 
     Raises
     ------
     ConfigError
-        For a controller with no linear part or relay model (``threshold``).
+        For any other controller kind (field ``controller.kind``).
     """
     rows = []
     if isinstance(sc.controller, SmoothedAdmission):
