@@ -36,6 +36,7 @@ from tokenfactory.controllers.autoscaling import (
 from tokenfactory.controllers.autotune import StabilityEnvelope, TuningReport, tune_smoothed_admission
 from tokenfactory.controllers.early_rejection import EarlyRejection, WatermarkAdmission
 from tokenfactory.controllers.reconfiguration import HystereticPoolController, measured_need_noise
+from tokenfactory.controllers.stack import ControlStack, StackLayer
 from tokenfactory.controllers.tuning import PIGains, simc_pi
 from tokenfactory.plant_models.fluid import FluidParams, FluidPlant
 from tokenfactory.plant_models.fleet import PoolDynamics
@@ -43,7 +44,7 @@ from tokenfactory.validation import ConfigError, check_number, reject_unknown_ke
 
 __all__ = ["PlantContext", "ControllerKind", "register", "ADMISSION_KINDS", "AUTOSCALER_KINDS",
            "CONTROL_PLANES", "build_admission", "build_autoscalers", "control_plane", "admission_kinds",
-           "autoscaler_kinds", "smoothed_admission", "TARGET_UTILIZATION"]
+           "autoscaler_kinds", "smoothed_admission", "TARGET_UTILIZATION", "BASELINE_STACKS", "baseline_stack"]
 
 #: the utilisation every capacity-based autoscaler targets (15 % headroom for bursts)
 TARGET_UTILIZATION = 0.85
@@ -442,3 +443,48 @@ def control_plane(name: str, ctx: PlantContext) -> tuple[list, Any]:
     scalers = build_autoscalers(scaler, ctx) if scaler else []
     adm = build_admission(admission, ctx) if admission else None
     return scalers, adm
+
+
+#: today's deployments as layered stacks (autoscaler kind, its parameters, admission kind or None):
+#: the baselines of the layered-stack comparison, assembled as real deployments use them
+BASELINE_STACKS: dict[str, tuple[str, dict, str | None]] = {
+    "hpa + vllm-watermark": ("hpa", {}, "vllm-watermark"),
+    "knative-kpa": ("kpa", {}, None),
+    "dynamo-throughput + mooncake": ("dynamo-throughput", {}, "mooncake"),
+    "dynamo-load + mooncake": ("dynamo-load", {}, "mooncake"),
+    "aibrix-apa": ("apa", {}, None),
+}
+
+
+def baseline_stack(name: str, ctx: PlantContext, dt: float = 0.0) -> ControlStack:
+    """A baseline deployment of :data:`BASELINE_STACKS` as a :class:`ControlStack` (admission and
+    reconfiguration layers at their documented periods).
+
+    Parameters
+    ----------
+    name : str
+        A key of :data:`BASELINE_STACKS`.
+    ctx : PlantContext
+        The plant, demand and worker dynamics.
+    dt : float
+        The plant's step: an admission sampled faster than it is sampled every step (0.25 s
+        orchestrator ticks on a 1 s grid are recorded as 1 s in the stack's params).
+
+    Returns
+    -------
+    ControlStack
+    """
+    if name not in BASELINE_STACKS:
+        raise ConfigError("baseline", f"{name!r} is not one of {', '.join(BASELINE_STACKS)}")
+    scaler, params, admission = BASELINE_STACKS[name]
+    scalers = build_autoscalers(scaler, ctx, params)
+    layers = []
+    if admission is not None:
+        adm = build_admission(admission, ctx)
+        adm.sample_period = max(adm.sample_period, dt)
+        layers.append(StackLayer("admission", [adm], adm.sample_period))
+        base = adm.sample_period
+        for c in scalers:  # a layer's period is a multiple of the fastest one's
+            c.sample_period = max(base, round(c.sample_period / base) * base)
+    layers.append(StackLayer("reconfiguration", scalers, scalers[0].sample_period))
+    return ControlStack(layers, name)

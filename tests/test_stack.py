@@ -1,0 +1,215 @@
+"""The layered control stack: multi-rate dispatch, the planner's feed-forward lead, separation
+against a hand-worked cascade, the certificate and its CLI, scenario validation, the oracle and
+the layered-stack study."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tokenfactory.cli import main
+from tokenfactory.controllers import (
+    ControlStack,
+    DemandPlanner,
+    PlannedPoolController,
+    StackLayer,
+    cascade_separation,
+    first_order_lag,
+    first_order_pm_loss,
+    oracle_plan,
+    reconfiguration_loop,
+    required_ratio,
+)
+from tokenfactory.signals import AdmissionAction, Measurement, ScaleAction, split_action
+from tokenfactory.stack import certify, load_stack_scenario, scenario_dir, stack_scenario_from_dict
+from tokenfactory.validation import ConfigError
+
+
+def _m(t: float, arrival: float = 100.0, fill: float = 2, decode: float = 2) -> Measurement:
+    return Measurement(time_s=t, backlog=0.0, fill_in_progress=0.0, ready=0.0, active_decodes=0.0,
+                       completion_rate=arrival, admitted_rate=arrival, decode_slots=100.0, fill_capacity=1000.0,
+                       fill_workers=fill, decode_workers=decode, arrival_rate=arrival)
+
+
+class _Recorder:
+    def __init__(self, period: float, action=None):
+        self.sample_period = period
+        self.action = action
+        self.reset()
+
+    def reset(self):
+        self.calls = []
+
+    def update(self, t, m):
+        self.calls.append((t, m.arrival_rate))
+        return self.action
+
+
+def test_multi_rate_dispatch_and_windowed_rates():
+    fast = _Recorder(1.0, AdmissionAction(5.0))
+    slow = _Recorder(5.0, [ScaleAction("fill", 3)])
+    stack = ControlStack([StackLayer("reconfiguration", [slow], 5.0), StackLayer("admission", [fast], 1.0)])
+    assert stack.sample_period == 1.0
+    out = []
+    for k in range(11):
+        out.append(stack.update(float(k), _m(float(k), arrival=float(k))))
+    assert [t for t, _ in fast.calls] == list(range(11))
+    assert [t for t, _ in slow.calls] == [0.0, 5.0, 10.0]
+    # the slow layer sees the rate averaged over its own period (base samples 1..5 for t = 5)
+    assert slow.calls[1][1] == pytest.approx(np.mean([1, 2, 3, 4, 5]))
+    assert slow.calls[2][1] == pytest.approx(np.mean([6, 7, 8, 9, 10]))
+    adm, scales = split_action(out[5])
+    assert adm == AdmissionAction(5.0) and scales == [ScaleAction("fill", 3)]
+    adm, scales = split_action(out[6])
+    assert adm == AdmissionAction(5.0) and scales == []
+    # slowest layer first within one sample
+    assert [name for t, name in stack.log if t == 5.0] == ["reconfiguration", "admission"]
+
+
+def test_stack_rejects_incommensurate_periods_and_split_views():
+    with pytest.raises(ConfigError, match="multiple"):
+        ControlStack([StackLayer("admission", [_Recorder(2.0)], 2.0), StackLayer("reconfiguration",
+                                                                                 [_Recorder(5.0)], 5.0)])
+    fast, slow = _Recorder(1.0, AdmissionAction(3.0)), _Recorder(10.0, [ScaleAction("decode", 2)])
+    adm, scalers = ControlStack([StackLayer("admission", [fast], 1.0),
+                                 StackLayer("reconfiguration", [slow], 10.0)]).split()
+    assert adm.update(0.0, _m(0.0)) == AdmissionAction(3.0)
+    assert scalers[0].sample_period == 10.0 and scalers[0].update(0.0, _m(0.0)) == [ScaleAction("decode", 2)]
+    with pytest.raises(ConfigError, match="at most one"):
+        split_action([AdmissionAction(1.0), AdmissionAction(2.0)])
+
+
+def test_feed_forward_starts_workers_one_startup_ahead_of_a_forecast_rise():
+    # three days of history: 100 req/s, 300 req/s from 12:00 to 18:00 every day
+    day = 86400.0
+    t_hist = np.arange(0.0, 3 * day, 600.0)
+    rate = np.where((t_hist % day >= 12 * 3600) & (t_hist % day < 18 * 3600), 300.0, 100.0)
+    history = pd.Series(rate, index=pd.Index(t_hist, name="time_s"))
+    startup, warmup, T = 600.0, 30.0, 10.0
+    lead = startup + warmup + T
+    planner = DemandPlanner({"fill": 50.0, "decode": 50.0}, lead_s=lead, target_utilization=0.85,
+                            forecaster="seasonal-naive-daily", history=history, time_offset_s=3 * day,
+                            horizon_s=8 * 3600.0)
+    ctrl = PlannedPoolController.tuned("fill", 50.0, 100.0, planner=planner, startup_s=startup, warmup_s=warmup,
+                                       sample_period=T, min_dead_band=0.25)
+    no_plan = PlannedPoolController.tuned("fill", 50.0, 100.0, startup_s=startup, warmup_s=warmup, sample_period=T)
+    rise_at = 12 * 3600.0
+    provisioned = {"plan": 3, "none": 3}
+    first_up = {}
+    for k in range(int(rise_at // T) + 1):
+        t = k * T
+        if t % planner.sample_period == 0:
+            planner.update(t, _m(t, 100.0))
+        for key, c in (("plan", ctrl), ("none", no_plan)):
+            want = c.update(t, _m(t, 100.0, fill=provisioned[key])).replicas
+            if want > provisioned[key] and key not in first_up:
+                first_up[key] = t
+            provisioned[key] = want
+    assert "none" not in first_up  # feedback alone sees nothing before the rise
+    # the plan raises the pool within one sample of (rise - lead), and to the rise's need
+    assert first_up["plan"] == pytest.approx(rise_at - lead, abs=T)
+    assert provisioned["plan"] >= math.ceil(300.0 / (50.0 * 0.85))
+
+
+def test_separation_against_a_hand_worked_first_order_inner_loop():
+    outer = reconfiguration_loop(1.0, 1.0, 0.0)  # L = 1/s: crossover 1 rad/s, PM 90 deg
+    for r in (3.0, 5.0, 10.0):
+        pair = cascade_separation("outer", outer, "inner", first_order_lag(1.0 / r))
+        # |L T| = 1 where w^2 (1 + w^2 / r^2) = 1; the loss is the inner lag there, atan(w / r)
+        w = math.sqrt(r * r / 2.0 * (math.sqrt(1.0 + 4.0 / r ** 2) - 1.0))
+        assert pair.ratio == pytest.approx(r, rel=1e-3)
+        assert pair.ideal.phase_margin_deg == pytest.approx(90.0, abs=1e-6)
+        assert pair.pm_loss_deg == pytest.approx(math.degrees(math.atan(w / r)), abs=1e-3)
+        assert pair.first_order_pm_loss_deg == pytest.approx(math.degrees(math.atan(1.0 / r)), rel=1e-3)
+    assert first_order_pm_loss(3.0) == pytest.approx(18.43, abs=0.01)
+    assert required_ratio(5.0) == pytest.approx(11.43, abs=0.01)
+
+
+def test_certificate_passes_default_and_names_the_layer_when_mistuned():
+    good = certify(load_stack_scenario("stack_default"))
+    assert good.passed, good.failures
+    rows = {(r["outer"], r["inner"]): r for r in good.separation_rows()}
+    fb = rows[("reconfiguration", "admission")]
+    assert fb["ratio"] >= 5.0 and fb["pm_loss_deg"] <= 5.0
+    assert good.layers["admission"]["worst"]["gain_margin"] >= 2.0
+    assert good.binding["layer"] in ("admission", "reconfiguration")
+    assert not any(d["limit_cycle"] for d in good.describing_function)
+    bad = certify(load_stack_scenario(scenario_dir() / "stack_mistuned.toml"))
+    assert not bad.passed
+    assert {f["layer"] for f in bad.failures} == {"reconfiguration"}
+    assert {"separation", "margins"} <= {f["check"] for f in bad.failures}
+
+
+def test_certify_cli_exit_codes(capsys):
+    assert main(["certify", "stack_default", "--check"]) == 0
+    assert main(["certify", str(scenario_dir() / "stack_mistuned.toml"), "--check"]) == 1
+    assert main(["certify", str(scenario_dir() / "stack_mistuned.toml")]) == 0  # report only
+    capsys.readouterr()
+    assert main(["certify", "stack_default", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["passed"] is True and len(d["separation_rows"]) == 3
+    assert main(["certify", "no_such_file.toml"]) == 2
+
+
+def test_unknown_keys_are_rejected_with_the_field_name():
+    import tomllib
+
+    base = tomllib.loads((scenario_dir() / "stack_default.toml").read_text())
+    for path, key in ((("layers", "reconfiguration"), "dead_bnd"), (("envelope",), "delay_factor"), ((), "stack")):
+        d = json.loads(json.dumps(base))
+        node = d
+        for p in path:
+            node = node[p]
+        node[key] = 1
+        with pytest.raises(ConfigError) as exc:
+            stack_scenario_from_dict(d)
+        assert key in str(exc.value) and ".".join(path) in str(exc.value)
+    d = json.loads(json.dumps(base))
+    d["layers"]["planning"]["quantile"] = "median"
+    with pytest.raises(ConfigError, match="layers.planning.quantile"):
+        stack_scenario_from_dict(d)
+
+
+def test_oracle_bills_one_startup_ahead():
+    demand = pd.Series([100.0] * 3 + [300.0] * 3 + [100.0] * 3, index=np.arange(9) * 600.0)
+    plan, gpu_h = oracle_plan(demand, {"fill": 100.0, "decode": 100.0}, {"fill": 1.0, "decode": 1.0},
+                              startup_s=600.0, gpus_per_worker=1)
+    assert list(plan["fill_needed"]) == [1, 1, 1, 3, 3, 3, 1, 1, 1]
+    assert list(plan["fill_billed"]) == [1, 1, 3, 3, 3, 3, 1, 1, 1]
+    # two pools, the last interval has no length (the series ends at its start)
+    assert gpu_h == pytest.approx(2 * (1 + 1 + 3 + 3 + 3 + 3 + 1 + 1) * 600.0 / 3600.0)
+
+
+def test_layered_stack_study_quick(tmp_path):
+    from tokenfactory.studies import run_study
+
+    m = run_study("layered-stack", tmp_path, quick=True)
+    assert m["certificate"]["passed"] and not m["certificate_mistuned"]["passed"]
+    assert m["certificate_mistuned"]["failed_layers"] == ["reconfiguration"]
+    sep = {(r["outer"], r["inner"]): r for r in m["separation"]}
+    assert sep[("admission", "batch_gate")]["ratio"] > 5 and sep[("admission", "batch_gate")]["pm_loss_deg"] < 5
+    assert not m["separation_simulation"]["outer_acted_on_inner_band"]
+    rows = {r["stack"]: r for r in m["comparison"]}
+    assert set(rows) == {"stack", "stack-no-planning", "dynamo-throughput + mooncake", "hpa + vllm-watermark"}
+    for r in rows.values():
+        # nothing lost: arrived = completed + rejected + in flight
+        assert r["conservation_residual"] <= 1e-6 * r["requests"]
+        assert r["oracle_gpu_hours"] > 0 and r["gpu_hours"] >= r["oracle_gpu_hours"] * 0.999
+    st = rows["stack"]
+    assert st["slo_attainment"] >= 0.99 and not st["oscillating"]
+    assert st["gpu_hours_over_oracle"] < 1.3
+    assert (tmp_path / "summary.md").read_text().count("| servegen") + \
+        (tmp_path / "summary.md").read_text().count("| synthetic") >= 4
+
+
+@pytest.mark.slow
+def test_layered_stack_study_full(tmp_path):
+    from tokenfactory.studies.layered_stack import run
+
+    m = run(tmp_path, config={"full": True})
+    assert len(m["comparison"]) == 2 * 3 * 7
+    assert all(r["conservation_residual"] <= 1e-6 * r["requests"] for r in m["comparison"])
