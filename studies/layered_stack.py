@@ -249,6 +249,17 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                            f"stack_{name.replace(':', '-').replace(' ', '_')}.png",
                            "Each layer on one time axis: demand and the planner's forecast; provisioned and serving "
                            "workers of each pool with the planner's floor; admission rate and rejections.")
+    # -- headline figures
+    report.headline("certificate (default scenario)", "passed" if cert.passed else "failed", "",
+                    f"binding layer {cert.binding['layer']}")
+    fbk = [r for r in metrics["separation"] if r["pm_loss_deg"] is not None]
+    if fbk:
+        report.headline("smallest feedback separation ratio", min(r["ratio"] for r in fbk), "",
+                        f"largest PM loss {max(r['pm_loss_deg'] for r in fbk):.2g} deg")
+    for r in rows:
+        if r["stack"] == "stack":
+            report.headline(f"stack GPU-hours / oracle ({r['workload']}, start-up {r['startup_s']:.0f} s)",
+                            r["gpu_hours_over_oracle"], "x", f"SLO attainment {r['slo_attainment']:.4f}")
     # -- summary
     lines = ["The layered stack (`studies/scenarios/stack_default.toml`): decode batch gate (the slot limit until "
              "the gated batch cap lands), smoothed admission every "
