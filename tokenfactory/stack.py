@@ -106,10 +106,12 @@ _CERT = {"min_separation", "max_pm_loss_deg"}
 
 
 def scenario_dir() -> Path:
-    """The folder of the shipped scenarios (``studies/scenarios``)."""
-    import tokenfactory.studies
+    """The folder of the shipped scenarios (``studies/scenarios``), located as package data without
+    importing the studies (a layer above this one)."""
+    import importlib.util
 
-    return Path(tokenfactory.studies.__file__).parent / "scenarios"
+    spec = importlib.util.find_spec("tokenfactory.studies")
+    return Path(list(spec.submodule_search_locations)[0]) / "scenarios"
 
 
 @dataclass
