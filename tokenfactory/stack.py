@@ -557,7 +557,10 @@ def certify(sc: StackScenario) -> Certificate:
         wl = admission_loop(FluidPlant(p, plant.fill_workers, plant.decode_workers), adm,
                             delay_factor=worst_adm["delay_factor"], service_rate_factor=worst_adm["service_rate_factor"])
         kc, ti = adm.gains.kc, adm.gains.ti
-        p_only = DelayedLoop(wl.rational * control.tf([ti, 0.0], [ti, 1.0]), wl.delay, "admission P part")
+        # C_PI x ti s / (ti s + 1) = kc: cancel the PI's integrator and zero exactly (minreal), so no
+        # pole-zero pair is left on the imaginary axis for the Nyquist count to refuse
+        p_only = DelayedLoop(control.minreal(wl.rational * control.tf([ti, 0.0], [ti, 1.0]), verbose=False),
+                             wl.delay, "admission P part")
         gm_p = stability_margins(p_only).gain_margin
         dfs.append({"layer": "admission", "element": "rate clip [0, fill capacity] (saturation, anti-windup)",
                     "loop": "admission's proportional loop at its worst envelope point", "limit_cycle": gm_p < 1.0,
