@@ -1,23 +1,42 @@
 """The demand-planning layer (hours) and its feed-forward into pool reconfiguration (minutes).
 
-A capacity plan that is only scored is open loop. Here the plan *drives* the pools, as a
-feed-forward into the reconfiguration layer, while that layer's feedback corrects the forecast's
-error (article section 22: layered controllers, each on its own time scale):
+A worker asked for now serves one start-up later, so the reconfiguration layer sizes its pools
+for the demand of one *lead* ahead (start-up + warm-up + a reconfiguration sample + the rate
+filter's lag), not the demand it measures. Two things about that future are unknown to a pool
+controller and known, approximately, from the past days (article section 22: each layer on its
+own time scale):
 
-* :class:`DemandPlanner` observes the offered demand (the arrival rate before admission, which no
-  layer's action changes - so the planner closes no loop through the plant) in bins of
-  ``interval_s``; it refits its forecaster every ``refit_s`` (daily), conditions it on new data
-  every ``update_s`` (hourly) and keeps the forecast of the next ``horizon_s``.
-* Its plan for a pool at time t is the forecast need, ceil-free, at the pool's per-worker rate
-  and target utilisation, taken as the *maximum over [t, t + lead_s]*: a worker needed at s must
-  be started at s - start-up, and one that will be needed again within a start-up is not released.
-  ``lead_s`` = start-up + warm-up + one reconfiguration sample, so workers start *before* a
-  forecast rise by the start-up delay.
-* :class:`PlannedPoolController` is the hysteretic pool controller with that plan as a floor on its
-  need: need = max(feedback need, plan). Feedback (the measured offered rate plus the capped
-  backlog term) adds workers when the forecast was low; the plan holds them when the measured rate
-  has not risen yet. The dead band, dwell and cooldown rules of
-  :class:`tokenfactory.controllers.reconfiguration.HystereticPoolController` are unchanged.
+* the *shape* of the demand over the next lead: the daily pattern's rises (a tenant's scheduled
+  batch jobs start at the same time each day) - the **rise profile** rho(tau): at each time of day
+  tau, the median over the last ``days`` days of max(demand over [tau, tau + lead]) / demand(tau),
+  floored at 1;
+* how much the demand still exceeds that forecast - the **headroom** h: the smallest value on a
+  grid for which the pool rule the reconfiguration layer runs, capacity(t) = demand(t - lead) x
+  rho(t - lead) x (1 + h), replayed over the same days, leaves at most ``excess_budget`` of the
+  requests above capacity (the requests admission would have to shed).
+
+:class:`DemandPlanner` observes the offered demand (arrivals before admission: no layer's action
+changes it, so the planner closes no loop through the plant) in bins of ``interval_s`` and
+recomputes both every ``refit_s`` (daily) from the history before the run plus what it has seen.
+A demand sampled coarser than the lead is interpolated linearly at ``fine_s`` (as the pool model
+disaggregates it). The plan is a pair of feed-forward signals; the planner returns no action.
+
+:class:`PlannedPoolController` is the reconfiguration layer's pool rule:
+
+* need = measured offered rate x rho(t) x (1 + h) / (per-worker rate x target utilisation) plus a
+  capped backlog term (the only feedback through the plant, certified by
+  :func:`tokenfactory.controllers.separation.reconfiguration_loop`); without a planner rho = 1
+  and h is the controller's fixed ``headroom``;
+* scale up to ceil(need) at once (pending-aware: starting workers count);
+* scale down when the need has stayed under n - 1 - dead band for ``dwell_s``, in one move sized to
+  the drop (to ceil(need + dead band)), no sooner than ``cooldown_s`` after a scale-up (a worker
+  started for a rise is not cancelled before it has served) nor ``down_cooldown_s`` after the last
+  scale-down. The dead band is 3 sigma of the need signal's Poisson noise
+  (:meth:`tokenfactory.controllers.reconfiguration.HystereticPoolController.tuned`): only the
+  demand, not its noise, moves the pool.
+
+Because the offered rate and the plan are exogenous, the feed-forward cannot oscillate through the
+plant; the hysteresis keeps the noise of the measured rate from reversing the pool.
 """
 
 from __future__ import annotations
@@ -26,76 +45,219 @@ import math
 
 import numpy as np
 import pandas as pd
+from scipy.ndimage import maximum_filter1d
 
 from tokenfactory.controllers.autoscaling import _current
-from tokenfactory.controllers.forecasting import DAY_S, make_forecaster
 from tokenfactory.controllers.interface import SampledController
-from tokenfactory.controllers.reconfiguration import HystereticPoolController, pool_demand
+from tokenfactory.controllers.reconfiguration import HystereticPoolController, need_noise_std
 from tokenfactory.signals import Measurement, ScaleAction
-from tokenfactory.validation import ConfigError, check_choice, check_number
+from tokenfactory.validation import ConfigError, check_int, check_number
 
-__all__ = ["DemandPlanner", "PlannedPoolController", "QUANTILES"]
+__all__ = ["DemandPlanner", "PlannedPoolController", "rise_profile", "calibrate_headroom", "HEADROOM_GRID"]
 
-#: forecast quantiles a plan can be built from
-QUANTILES = ("mean", "upper_80", "upper_95")
+DAY_S = 86400.0
+#: headrooms the planner chooses from (fraction of the planned demand)
+HEADROOM_GRID = tuple(round(0.01 * k, 2) for k in range(0, 61))
 
 
-class DemandPlanner(SampledController):
-    """Forecast-led plan of workers per pool (the hours layer).
+def _fine(y: pd.Series, fine_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """``y`` (gaps interpolated) linearly on a ``fine_s`` grid: (times, rates)."""
+    t = y.index.to_numpy(dtype=float)
+    v = pd.Series(y.to_numpy(dtype=float)).interpolate(limit_direction="both").to_numpy()
+    tf = np.arange(t[0], t[-1] + fine_s / 2, fine_s)
+    return tf, np.interp(tf, t, v)
+
+
+def _ahead_max(v: np.ndarray, k: int) -> np.ndarray:
+    """max(v[i : i + k + 1]) for every i (past the end the last value repeats, which a max ignores)."""
+    if k <= 0:
+        return v.copy()
+    size = k + 1
+    # maximum_filter1d centres its window on i (origin 0); origin -(size // 2) moves it to [i, i + k]
+    return maximum_filter1d(v, size=size, origin=-(size // 2), mode="nearest")
+
+
+def rise_profile(demand: pd.Series, lead_s: float, *, days: int = 3, fine_s: float = 60.0,
+                 time_offset_s: float = 0.0) -> pd.Series:
+    """The median daily rise over the next ``lead_s``, by time of day.
 
     Parameters
     ----------
-    per_worker_rps : dict
-        Requests/s one worker of each pool carries at full speed (``{"fill": .., "decode": ..}``).
+    demand : pandas.Series
+        Offered demand (requests/s) on a regular grid indexed by absolute time (s, 0 = midnight);
+        NaN gaps are interpolated.
     lead_s : float
-        How far ahead of a forecast rise workers are started (start-up + warm-up + a sample).
-    target_utilization : float
-        Utilisation the plan provisions for (the reconfiguration layer's).
-    forecaster : str
-        A :data:`tokenfactory.controllers.forecasting.FORECASTERS` name.
-    quantile : str
-        Which forecast the plan follows (``mean``, ``upper_80``, ``upper_95``).
-    interval_s : float
-        Bin width of the observed demand and of the forecast (the planner's sample period).
-    update_s, refit_s : float
-        Condition on new data every ``update_s`` (hourly); re-estimate every ``refit_s`` (daily).
-    horizon_s : float
-        How far each forecast looks (at least ``update_s + lead_s``).
-    history : pandas.Series, optional
-        Demand observed before the run (requests/s on the ``interval_s`` grid, indexed by
-        absolute time in seconds, 0 = midnight); without it the planner plans nothing until it
-        has ``min_history_s`` of its own observations.
+        How far ahead the rise is taken (s, >= 0).
+    days : int
+        The last ``days`` whole days of ``demand`` are used (>= 1).
+    fine_s : float
+        Grid the demand is interpolated on and the profile is returned on (s).
     time_offset_s : float
-        Absolute time of the run's t = 0 (so daily seasonality lines up with ``history``).
-    min_history_s : float
-        Observations needed before the first fit.
+        Added to the index (for a series indexed from the run's start).
+
+    Returns
+    -------
+    pandas.Series
+        rho(tau) >= 1 indexed by the time of day (s, on the ``fine_s`` grid over one day).
+
+    Raises
+    ------
+    ConfigError
+        When ``demand`` spans less than one day plus the lead.
+    """
+    check_number("planner.lead_s", lead_s, low=0.0)
+    check_int("planner.days", days, low=1)
+    t, v = _fine(demand, fine_s)
+    t = t + time_offset_s
+    k = int(round(lead_s / fine_s))
+    per_day = int(round(DAY_S / fine_s))
+    if len(v) < per_day + k:
+        raise ConfigError("planner.history", f"needs at least one day plus the lead of demand, got "
+                          f"{(t[-1] - t[0]) / 3600:.1f} h")
+    ratio = _ahead_max(v, k) / np.maximum(v, 1e-9)
+    ratio[len(v) - k:] = np.nan  # the lead runs past the data: unknown
+    tod = np.mod(np.round(t / fine_s).astype(np.int64), per_day)
+    use = t >= t[-1] - days * DAY_S
+    grid = np.full((per_day, days + 2), np.nan)
+    fill = np.zeros(per_day, dtype=int)
+    for i in np.nonzero(use)[0]:
+        j = tod[i]
+        if fill[j] < grid.shape[1]:
+            grid[j, fill[j]] = ratio[i]
+            fill[j] += 1
+    with np.errstate(all="ignore"):
+        med = np.nanmedian(grid, axis=1) if np.isfinite(grid).any() else np.ones(per_day)
+    med = np.where(np.isfinite(med), med, 1.0)
+    return pd.Series(np.maximum(med, 1.0), index=pd.Index(np.arange(per_day) * fine_s, name="time_of_day_s"))
+
+
+def calibrate_headroom(demand: pd.Series, profile: pd.Series | None, lead_s: float, *, excess_budget: float,
+                       utilization: float = 1.0, hold_s: float = 0.0, days: int = 3, fine_s: float = 60.0,
+                       time_offset_s: float = 0.0, grid=HEADROOM_GRID) -> tuple[float, float]:
+    """The smallest headroom whose replay leaves at most ``excess_budget`` of the demand unserved.
+
+    The replayed rule is the pool rule of :class:`PlannedPoolController` with perfect measurement
+    and whole-worker rounding left out: the pool is sized for demand(t - lead) x rho(t - lead) x
+    (1 + h) at the target utilisation, so it can serve that / ``utilization``, and it is released
+    no sooner than ``hold_s`` after (the scale-down dwell): capacity(t) = the largest of those over
+    [t - hold_s, t]. The excess is sum(max(demand - capacity, 0)) / sum(demand) over the last
+    ``days`` days.
+
+    Parameters
+    ----------
+    demand : pandas.Series
+        Offered demand (requests/s), regular grid, absolute time index (s).
+    profile : pandas.Series or None
+        The rise profile (:func:`rise_profile`); None replays the rule without it (rho = 1).
+    lead_s : float
+        The lead (s).
+    excess_budget : float
+        Largest acceptable unserved fraction, in (0, 1).
+    utilization : float
+        The pool rule's target utilisation, in (0, 1].
+    hold_s : float
+        The rule holds a size at least this long before a scale-down (s, >= 0).
+    days : int
+        Days replayed (the last ones).
+    fine_s : float
+        Replay grid (s).
+    time_offset_s : float
+        Added to the index.
+    grid : sequence of float
+        Headrooms tried, increasing.
+
+    Returns
+    -------
+    tuple
+        ``(headroom, excess at that headroom)``; the last grid value if none meets the budget.
+    """
+    check_number("planner.excess_budget", excess_budget, low=0.0, high=1.0, low_inclusive=False,
+                 high_inclusive=False)
+    t, v = _fine(demand, fine_s)
+    t = t + time_offset_s
+    k = max(int(round(lead_s / fine_s)), 0)
+    use = np.nonzero(t >= t[-1] - days * DAY_S)[0]
+    use = use[use >= k]
+    if not len(use):
+        raise ConfigError("planner.history", "too short to replay the pool rule over one lead")
+    base = v[use - k]
+    if profile is not None:
+        per_day = len(profile)
+        tod = np.mod(np.round(t[use - k] / fine_s).astype(np.int64), per_day)
+        base = base * profile.to_numpy()[tod]
+    check_number("planner.utilization", utilization, low=0.0, high=1.0, low_inclusive=False)
+    base = base / utilization
+    j = int(round(check_number("planner.hold_s", hold_s, low=0.0) / fine_s))
+    if j > 0:  # max over [t - hold, t]: the forward max of the reversed series
+        base = _ahead_max(base[::-1], j)[::-1]
+    want = v[use]
+    total = want.sum()
+    h_best, e_best = float(grid[-1]), math.nan
+    for h in grid:
+        e = float(np.maximum(want - base * (1.0 + h), 0.0).sum() / total) if total > 0 else 0.0
+        if e <= excess_budget:
+            return float(h), e
+        e_best = e
+    return h_best, e_best
+
+
+class DemandPlanner(SampledController):
+    """The hours layer: the rise profile and the headroom of the next lead, refit daily.
+
+    Parameters
+    ----------
+    lead_s : float
+        How far ahead the pools are sized (s): start-up + warm-up + a reconfiguration sample +
+        the rate filter's time constant ([0, 4 h]).
+    excess_budget : float
+        Share of the demand the replayed pool rule may leave above capacity when the headroom is
+        chosen, in (0, 0.5) (default 0.01: a 99 % SLO's whole miss budget - the replay serves the
+        pool at its target utilisation, below the SLO's ceiling, which covers what it does not
+        model: Poisson noise, the integer pool, measurement lag; stack scenarios default to
+        1 - ``slo.attainment``).
+    days : int
+        Days of demand the profile and the headroom are computed over (>= 1; default 3).
+    interval_s : float
+        Bin of the observed demand and the planner's sample period (s, [1, 3600]; default 600).
+    refit_s : float
+        Recompute profile and headroom this often (s; default one day; >= ``interval_s``).
+    fine_s : float
+        Grid of the profile (s, <= ``interval_s``; default 60).
+    history : pandas.Series, optional
+        Demand observed before the run (requests/s on the ``interval_s`` grid, indexed by absolute
+        time in seconds, 0 = midnight); without it the planner plans nothing until it has
+        observed one day plus a lead.
+    time_offset_s : float
+        Absolute time of the run's t = 0 (so the time of day lines up with ``history``).
+    max_headroom : float
+        The largest headroom the planner may choose (default the grid's last, 0.6).
+    utilization : float
+        The reconfiguration layer's target utilisation, replayed with the rule (default 1).
+    hold_s : float
+        The reconfiguration layer's scale-down dwell, replayed with the rule (s; default 0).
+    use_profile : bool
+        False: plan the headroom only (rho = 1), an ablation of the rise profile (default True).
     """
 
     name = "planner"
 
-    def __init__(self, per_worker_rps: dict[str, float], *, lead_s: float, target_utilization: float = 0.85,
-                 forecaster: str = "holt-winters", quantile: str = "mean", interval_s: float = 600.0,
-                 update_s: float = 3600.0, refit_s: float = DAY_S, horizon_s: float | None = None,
-                 history: pd.Series | None = None, time_offset_s: float = 0.0, min_history_s: float = 2 * DAY_S,
-                 max_history_s: float = 7 * DAY_S):
-        super().__init__(interval_s)
-        if not per_worker_rps or any(p not in ("fill", "decode") for p in per_worker_rps):
-            raise ConfigError("planner.per_worker_rps", f"pools must be 'fill' and/or 'decode', got {per_worker_rps}")
-        self.per_worker_rps = {p: check_number(f"planner.per_worker_rps.{p}", v, low=0.0, low_inclusive=False)
-                               for p, v in per_worker_rps.items()}
+    def __init__(self, *, lead_s: float, excess_budget: float = 0.01, days: int = 3, interval_s: float = 600.0,
+                 refit_s: float = DAY_S, fine_s: float = 60.0, history: pd.Series | None = None,
+                 time_offset_s: float = 0.0, max_headroom: float = HEADROOM_GRID[-1], utilization: float = 1.0,
+                 hold_s: float = 0.0, use_profile: bool = True):
+        super().__init__(check_number("planner.interval_s", interval_s, low=1.0, high=3600.0))
         self.lead_s = check_number("planner.lead_s", lead_s, low=0.0, high=4 * 3600.0)
-        self.target_utilization = check_number("planner.target_utilization", target_utilization, low=0.1, high=1.0)
-        make_forecaster(forecaster)  # validates the name
-        self.forecaster = forecaster
-        self.quantile = check_choice("planner.quantile", quantile, QUANTILES)
-        self.interval_s = check_number("planner.interval_s", interval_s, low=1.0, high=3600.0)
-        self.update_s = check_number("planner.update_s", update_s, low=interval_s, high=DAY_S)
-        self.refit_s = check_number("planner.refit_s", refit_s, low=update_s, high=30 * DAY_S)
-        self.horizon_s = check_number("planner.horizon_s", horizon_s if horizon_s is not None
-                                      else 2 * update_s + lead_s, low=update_s + lead_s)
+        self.excess_budget = check_number("planner.excess_budget", excess_budget, low=0.0, high=0.5,
+                                          low_inclusive=False, high_inclusive=False)
+        self.days = check_int("planner.days", days, low=1, high=14)
+        self.interval_s = interval_s
+        self.refit_s = check_number("planner.refit_s", refit_s, low=interval_s, high=30 * DAY_S)
+        self.fine_s = check_number("planner.fine_s", fine_s, low=1.0, high=interval_s)
         self.time_offset_s = float(time_offset_s)
-        self.min_history_s = check_number("planner.min_history_s", min_history_s, low=3 * interval_s)
-        self.max_history_s = check_number("planner.max_history_s", max_history_s, low=self.min_history_s)
+        self.max_headroom = check_number("planner.max_headroom", max_headroom, low=0.0, high=HEADROOM_GRID[-1])
+        self.utilization = check_number("planner.utilization", utilization, low=0.0, high=1.0, low_inclusive=False)
+        self.hold_s = check_number("planner.hold_s", hold_s, low=0.0)
+        self.use_profile = bool(use_profile)
         if history is not None:
             if not isinstance(history, pd.Series) or history.empty:
                 raise ConfigError("planner.history", "expected a non-empty pandas Series indexed by time_s")
@@ -106,166 +268,267 @@ class DemandPlanner(SampledController):
         self.reset()
 
     def reset(self) -> None:
+        """Forget the run's observations (the history before the run is kept) and the plan."""
         h = self.history
         self._obs: dict[float, float] = {} if h is None else {float(k): float(v) for k, v in h.items()}
-        self._model = None
+        self._profile: np.ndarray | None = None
+        self.headroom = math.nan
+        self.replay_excess = math.nan
         self._last_fit = -math.inf
-        self._last_update = -math.inf
-        self._plan_t = np.zeros(0)
-        self._plan_rate = np.zeros(0)
-        self.events: list[dict] = []  # every refit and update: time, kind, first planned rate
-        self.trace: list[dict] = []   # every sample: time, observed and planned rate, floor per pool
-
-    # -- the plan -----------------------------------------------------------------------------
-    def planned_rate(self, t: float) -> float:
-        """The planned demand (requests/s) for the run's time ``t``; NaN where nothing is planned."""
-        if not len(self._plan_t):
-            return math.nan
-        ta = t + self.time_offset_s
-        k = np.searchsorted(self._plan_t, ta, side="right") - 1
-        if k < 0 or ta >= self._plan_t[-1] + self.interval_s:
-            return math.nan
-        return float(self._plan_rate[k])
-
-    def floor(self, pool: str, t: float) -> float:
-        """Workers ``pool`` should have at ``t``: the most the plan needs within [t, t + lead_s]
-        (fractional; NaN where nothing is planned)."""
-        if not len(self._plan_t) or pool not in self.per_worker_rps:
-            return math.nan
-        ta = t + self.time_offset_s
-        lo = np.searchsorted(self._plan_t, ta, side="right") - 1
-        hi = np.searchsorted(self._plan_t, ta + self.lead_s, side="right")
-        if lo < 0 or lo >= len(self._plan_t):
-            return math.nan
-        peak = float(np.max(self._plan_rate[lo:max(hi, lo + 1)]))
-        return peak / (self.per_worker_rps[pool] * self.target_utilization)
+        self.events: list[dict] = []  # every refit: time, headroom, its replayed excess, peak rise
+        self.trace: list[dict] = []   # every sample: time, observed rate, rise, headroom
 
     def rise(self, t: float) -> float:
-        """The forecast's largest rise within [t, t + lead_s] relative to its value at t (>= 1 when
-        it forecasts a rise; NaN where nothing is planned). The reconfiguration layer multiplies the
-        *measured* demand by it: the forecast's shape leads the pools by the start-up, the
-        measurement fixes its level, so a biased forecast level costs nothing."""
-        now = self.planned_rate(t)
-        if not math.isfinite(now) or now <= 0:
+        """rho at the run's time ``t`` (>= 1; NaN before the first fit)."""
+        if self._profile is None:
             return math.nan
-        ta = t + self.time_offset_s
-        lo = np.searchsorted(self._plan_t, ta, side="right") - 1
-        hi = np.searchsorted(self._plan_t, ta + self.lead_s, side="right")
-        return float(np.max(self._plan_rate[lo:max(hi, lo + 1)])) / now
+        j = int(round((t + self.time_offset_s) / self.fine_s)) % len(self._profile)
+        return float(self._profile[j])
 
     def _series(self, now_abs: float) -> pd.Series:
-        t = np.array(sorted(k for k in self._obs if now_abs - self.max_history_s <= k < now_abs))
-        grid = np.arange(t[0], t[-1] + self.interval_s / 2, self.interval_s) if len(t) else t
-        y = pd.Series([self._obs.get(float(x), np.nan) for x in grid], index=pd.Index(grid, name="time_s"))
-        return y
+        keys = sorted(k for k in self._obs if now_abs - (self.days + 1) * DAY_S - self.lead_s <= k < now_abs)
+        if not keys:
+            return pd.Series(dtype=float)
+        grid = np.arange(keys[0], keys[-1] + self.interval_s / 2, self.interval_s)
+        return pd.Series([self._obs.get(float(x), np.nan) for x in grid], index=pd.Index(grid, name="time_s"))
 
-    def _replan(self, t: float, refit: bool) -> None:
-        now = t + self.time_offset_s
-        y = self._series(now)
-        if len(y) < 3 or y.notna().sum() * self.interval_s < self.min_history_s:
-            return
-        if refit or self._model is None:
-            self._model = make_forecaster(self.forecaster).fit(y)
-        else:
-            self._model.update(y)
-        steps = int(math.ceil((now + self.horizon_s - y.index[-1]) / self.interval_s))
-        fc = self._model.predict(max(steps, 1))
-        self._plan_t = np.asarray(fc.time_s, dtype=float)
-        self._plan_rate = np.asarray(fc.quantile(self.quantile), dtype=float)
-        self.events.append({"time_s": t, "kind": "refit" if refit else "update",
-                            "planned_rps": self.planned_rate(t)})
+    def refit(self, t: float) -> bool:
+        """Recompute the profile and the headroom from the demand seen up to ``t``; False when
+        there is not yet one day plus a lead of it."""
+        y = self._series(t + self.time_offset_s)
+        if y.notna().sum() * self.interval_s < DAY_S + self.lead_s:
+            return False
+        days = max(1, min(self.days, int((y.index[-1] - y.index[0] - self.lead_s) // DAY_S)))
+        prof = rise_profile(y, self.lead_s, days=days, fine_s=self.fine_s)
+        if not self.use_profile:
+            prof[:] = 1.0
+        grid = [h for h in HEADROOM_GRID if h <= self.max_headroom + 1e-12]
+        h, e = calibrate_headroom(y, prof, self.lead_s, excess_budget=self.excess_budget, days=days,
+                                  utilization=self.utilization, hold_s=self.hold_s, fine_s=self.fine_s, grid=grid)
+        self._profile = prof.to_numpy()
+        self.headroom, self.replay_excess = h, e
+        self.events.append({"time_s": t, "headroom": h, "replay_excess": e, "days": days,
+                            "max_rise": float(prof.max()), "mean_rise": float(prof.mean())})
+        return True
 
-    # -- the controller interface -----------------------------------------------------------
     def update(self, t: float, m: Measurement) -> None:
-        """Record the last interval's offered demand; update hourly, refit daily. Acts on the
-        plant only through :meth:`floor` (read by the reconfiguration layer): returns None."""
+        """Record the last interval's offered demand; refit daily (or as soon as there is enough).
+
+        Parameters
+        ----------
+        t : float
+            Plant time (s).
+        m : Measurement
+            The sample (its ``arrival_rate`` averaged over this planner's period).
+
+        Returns
+        -------
+        None
+            The plan reaches the plant through :meth:`rise` and :attr:`headroom` only.
+        """
         rate = m.arrival_rate if math.isfinite(m.arrival_rate) else m.admitted_rate
         if math.isfinite(rate):
             # the measurement averages the last sample period: it is the bin that ended at m.time_s
             b = math.floor((m.time_s + self.time_offset_s) / self.interval_s) * self.interval_s - self.interval_s
             self._obs[float(b)] = float(rate)
-        refit = t - self._last_fit >= self.refit_s - 1e-9
-        if refit or t - self._last_update >= self.update_s - 1e-9:
-            n_before = len(self.events)
-            self._replan(t, refit)
-            if len(self.events) > n_before:
-                self._last_update = t
-                if refit or self._last_fit == -math.inf:
-                    self._last_fit = t
-        self.trace.append({"time_s": t, "observed_rps": rate, "planned_rps": self.planned_rate(t),
-                           "rise": self.rise(t), **{f"{p}_floor": self.floor(p, t) for p in self.per_worker_rps}})
+        if t - self._last_fit >= self.refit_s - 1e-9 and self.refit(t):
+            self._last_fit = t
+        self.trace.append({"time_s": t, "observed_rps": rate, "rise": self.rise(t), "headroom": self.headroom})
         return None
 
     def params(self) -> dict:
-        return {"per_worker_rps": dict(self.per_worker_rps), "lead_s": self.lead_s,
-                "target_utilization": self.target_utilization, "forecaster": self.forecaster,
-                "quantile": self.quantile, "interval_s": self.interval_s, "update_s": self.update_s,
-                "refit_s": self.refit_s, "horizon_s": self.horizon_s, "sample_period": self.sample_period,
+        """The configuration (reported with results)."""
+        return {"lead_s": self.lead_s, "excess_budget": self.excess_budget, "days": self.days,
+                "interval_s": self.interval_s, "refit_s": self.refit_s, "fine_s": self.fine_s,
+                "sample_period": self.sample_period, "max_headroom": self.max_headroom,
+                "utilization": self.utilization, "hold_s": self.hold_s, "use_profile": self.use_profile,
                 "history_points": 0 if self.history is None else int(len(self.history))}
 
 
 class PlannedPoolController(HystereticPoolController):
-    """The hysteretic pool controller with a planner's feed-forward floor on its need.
+    """The reconfiguration layer's pool rule, led by the planner (see the module docstring).
 
-    Differences from :class:`HystereticPoolController` (everything else is inherited):
-
-    * need = max(feedback need, the measured offered rate x ``planner.rise(t)`` at the target
-      utilisation) when a planner is attached: the forecast's rise over the next start-up, applied
-      to what is measured now, so workers start one start-up before a forecast rise while a
-      forecast that is high or low in level neither holds idle workers nor hides demand (feedback
-      corrects it);
-    * the decode pool is sized from the *offered* rate (arrivals before admission) and its queue is
-      the ready buffer plus the admission backlog: behind an admission layer the admitted rate
-      saturates at the decode capacity and the ready buffer is held at its target, so the decode
-      pool would not see the demand it is short of (an inner loop hiding the outer loop's signal);
-    * ``measured_fill_rate``: the fill pool's per-worker rate is read from the plant
-      (fill capacity / fill workers) - prompts change length over the day, the orchestrator knows
-      the tokens it queues.
+    Parameters
+    ----------
+    pool : str
+        ``"fill"`` or ``"decode"``.
+    per_worker_rps : float
+        Requests/s one worker carries at full speed (> 0).
+    planner : DemandPlanner, optional
+        Supplies the rise profile and the headroom; without one the rise is 1 and the headroom
+        is ``headroom``.
+    headroom : float
+        Fixed headroom without a planner (or before its first fit) ([0, 2]; default 0).
+    measured_fill_rate : bool
+        Fill pool only: read the per-worker rate from the plant (fill capacity / fill workers)
+        every sample - prompts change length over the day, the orchestrator knows the tokens it
+        queues (default False).
+    target_utilization, dead_band, filter_s, dwell_s, up_dwell_s, cooldown_s, max_step_up, \
+max_step_down, queue_clear_s, queue_headroom, min_replicas, max_replicas, sample_period
+        As :class:`tokenfactory.controllers.reconfiguration.HystereticPoolController` (here the
+        step limits default to 1000: a move is sized to the change).
+    down_cooldown_s : float, optional
+        Least time between two scale-downs (s, >= 0; default ``dwell_s``).
     """
 
     name = "planned-hysteretic"
 
     def __init__(self, pool: str, per_worker_rps: float, *, planner: DemandPlanner | None = None,
-                 measured_fill_rate: bool = False, **kw):
-        super().__init__(pool, per_worker_rps, **kw)
+                 headroom: float = 0.0, measured_fill_rate: bool = False, down_cooldown_s: float | None = None,
+                 target_utilization: float = 0.85, dead_band: float = 0.5, filter_s: float = 30.0,
+                 dwell_s: float = 90.0, up_dwell_s: float | None = None, cooldown_s: float = 150.0,
+                 max_step_up: int = 1000, max_step_down: int = 1000, queue_clear_s: float = 60.0,
+                 queue_headroom: float = 0.25, min_replicas: int = 1, max_replicas: int = 5000,
+                 sample_period: float = 5.0):
+        super().__init__(pool, per_worker_rps, target_utilization=target_utilization, dead_band=dead_band,
+                         filter_s=filter_s, dwell_s=dwell_s, up_dwell_s=up_dwell_s, cooldown_s=cooldown_s,
+                         max_step_up=max_step_up, max_step_down=max_step_down, queue_clear_s=queue_clear_s,
+                         queue_headroom=queue_headroom, min_replicas=min_replicas, max_replicas=max_replicas,
+                         sample_period=sample_period)
         self.planner = planner
+        self.fixed_headroom = check_number("planned.headroom", headroom, low=0.0, high=2.0)
         self.measured_fill_rate = bool(measured_fill_rate)
+        self.down_cooldown_s = self.dwell_s if down_cooldown_s is None else check_number(
+            "planned.down_cooldown_s", down_cooldown_s, low=0.0)
         self._nominal_rps = self.per_worker_rps
-        self.last_floor = math.nan
+        self.reset()
 
     @classmethod
-    def tuned(cls, pool: str, per_worker_rps: float, rate_rps: float, *, planner: DemandPlanner | None = None,
-              measured_fill_rate: bool = False, **kw) -> "PlannedPoolController":
-        c = super().tuned(pool, per_worker_rps, rate_rps, **kw)
-        c.planner = planner
-        c.measured_fill_rate = bool(measured_fill_rate)
-        c._nominal_rps = c.per_worker_rps
-        c.last_floor = math.nan
+    def tuned(cls, pool: str, per_worker_rps: float, rate_rps: float, *, startup_s: float, warmup_s: float = 0.0,
+              filter_s: float = 30.0, target_utilization: float = 0.85, z: float = 3.0, min_dead_band: float = 0.25,
+              noise_std: float | None = None, **kw) -> "PlannedPoolController":
+        """The documented defaults: dead band max(``min_dead_band``, z sigma) of the need signal's
+        Poisson noise at ``rate_rps``, dwell 3 ``filter_s``, cooldown after a scale-up start-up +
+        warm-up.
+
+        Parameters
+        ----------
+        pool : str
+            ``"fill"`` or ``"decode"``.
+        per_worker_rps : float
+            Requests/s per worker.
+        rate_rps : float
+            The demand the dead band is sized at (requests/s).
+        startup_s, warmup_s : float
+            Worker start-up and warm-up (s): the cooldown.
+        filter_s : float
+            Rate filter's time constant (s).
+        target_utilization : float
+            Utilisation the pool is sized for.
+        z : float
+            Dead band in standard deviations of the need noise.
+        min_dead_band : float
+            Smallest dead band (workers).
+        noise_std : float, optional
+            The need signal's noise (workers), e.g. measured; default the Poisson estimate.
+        **kw
+            The other parameters of :class:`PlannedPoolController`.
+
+        Returns
+        -------
+        PlannedPoolController
+        """
+        sigma = noise_std if noise_std is not None else need_noise_std(rate_rps, per_worker_rps, target_utilization,
+                                                                       filter_s)
+        check_number("noise_std", sigma, low=0.0)
+        kw.setdefault("dwell_s", 3.0 * filter_s)
+        kw.setdefault("cooldown_s", startup_s + warmup_s)
+        c = cls(pool, per_worker_rps, target_utilization=target_utilization, filter_s=filter_s,
+                dead_band=max(min_dead_band, z * sigma), **kw)
+        c.noise_std = sigma
         return c
 
     def reset(self) -> None:
+        """Forget the filter, the dwell timers and the last moves."""
         super().reset()
-        self._rise = math.nan
+        self._last_up = -math.inf
+        self._last_down = -math.inf
+        self.last_hold = math.nan
 
-    def need(self, rate: float, queue: float) -> float:
-        fb = super().need(rate, queue)
-        if not math.isfinite(self._rise):
-            self.last_floor = math.nan
-            return fb
-        self.last_floor = max(rate, 0.0) * self._rise / (self.per_worker_rps * self.target_utilization)
-        return max(fb, self.last_floor)
+    @property
+    def headroom(self) -> float:
+        """The headroom in force: the planner's once it has fitted, else the fixed one."""
+        h = self.planner.headroom if self.planner is not None else math.nan
+        return h if math.isfinite(h) else self.fixed_headroom
+
+    def recommend(self, t: float, provisioned: int, rate: float, queue: float, rise: float = math.nan) -> int:
+        """The decision core.
+
+        Parameters
+        ----------
+        t : float
+            Now (s).
+        provisioned : int
+            Serving + starting workers.
+        rate : float
+            Measured offered rate (requests/s), filtered here.
+        queue : float
+            Requests queued for the pool.
+        rise : float
+            The planner's rho at ``t`` (NaN: none).
+
+        Returns
+        -------
+        int
+            Desired workers.
+        """
+        if self._rate is None or self.filter_s == 0:
+            self._rate = rate
+        else:
+            self._rate += (1.0 - math.exp(-(t - self._t_prev) / self.filter_s)) * (rate - self._rate)
+        self._t_prev = t
+        hold = max(self._rate, 0.0) * (rise if math.isfinite(rise) else 1.0) * (1.0 + self.headroom)
+        need = self.need(hold, queue)
+        self.last_need, self.last_hold = need, hold
+        n = provisioned
+        want = n
+        if need > n + 1e-9:
+            self._down_since = None
+            self._up_since = t if self._up_since is None else self._up_since
+            if t - self._up_since >= self.up_dwell_s - 1e-9:
+                want = min(math.ceil(need - 1e-9), n + self.max_step_up)
+        elif n > self.min_replicas and need < n - 1 - self.dead_band:
+            self._up_since = None
+            self._down_since = t if self._down_since is None else self._down_since
+            if (t - self._down_since >= self.dwell_s - 1e-9 and t - self._last_up >= self.cooldown_s - 1e-9
+                    and t - self._last_down >= self.down_cooldown_s - 1e-9):
+                want = max(math.ceil(need + self.dead_band - 1e-9), n - self.max_step_down)
+        else:
+            self._up_since = self._down_since = None
+        want = self._bounded(want)
+        if want > n:
+            self._last_up, self._up_since = t, None
+        elif want < n:
+            self._last_down, self._down_since = t, None
+        return want
 
     def update(self, t: float, m: Measurement) -> ScaleAction:
+        """Size the pool from the offered rate (both pools: every arrival will need a fill and a
+        decode slot; behind admission the admitted rate saturates and would hide the demand).
+
+        Parameters
+        ----------
+        t : float
+            Plant time (s).
+        m : Measurement
+            The (delayed) sample.
+
+        Returns
+        -------
+        ScaleAction
+        """
+        rate = m.arrival_rate if math.isfinite(m.arrival_rate) else m.admitted_rate
         if self.pool == "decode":
-            rate = m.arrival_rate if math.isfinite(m.arrival_rate) else m.admitted_rate
             queue = m.ready + m.backlog
         else:
-            rate, queue = pool_demand(m, "fill")
+            queue = m.backlog + m.fill_in_progress
             if self.measured_fill_rate and m.fill_workers > 0 and m.fill_capacity > 0:
                 self.per_worker_rps = m.fill_capacity / m.fill_workers
-        self._rise = self.planner.rise(t) if self.planner is not None else math.nan
-        return ScaleAction(self.pool, self.recommend(t, _current(m, self.pool, provisioned=True), rate, queue))
+        rise = self.planner.rise(t) if self.planner is not None else math.nan
+        return ScaleAction(self.pool, self.recommend(t, _current(m, self.pool, provisioned=True), rate, queue, rise))
 
     def params(self) -> dict:
+        """The configuration (reported with results)."""
         return {**super().params(), "per_worker_rps": self._nominal_rps, "planned": self.planner is not None,
+                "headroom": self.fixed_headroom, "down_cooldown_s": self.down_cooldown_s,
                 "measured_fill_rate": self.measured_fill_rate}

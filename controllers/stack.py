@@ -308,8 +308,12 @@ class CapacityScaledBound(SampledController):
 
     def reset(self) -> None:
         self.admission.reset()
+        self._target0 = getattr(self.admission, "target_ready", None)
 
     def update(self, t: float, m: Measurement) -> AdmissionAction:
+        if self._target0 is not None and m.decode_slots > 0:
+            # the ready target is c x theta_eff (+ safety): seconds of the decode pool's consumption
+            self.admission.target_ready = self._target0 * m.decode_slots / self.nominal_decode_slots
         a = self.admission.update(t, m)
         if not isinstance(a, AdmissionAction) or not math.isfinite(a.backlog_bound) or m.decode_slots <= 0:
             return a

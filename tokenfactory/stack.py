@@ -53,6 +53,7 @@ plant, and :func:`certify` computes the stack certificate (``tokenfactory certif
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import tomllib
 from collections.abc import Mapping
@@ -67,8 +68,7 @@ import pandas as pd
 from tokenfactory.controllers.admission import SmoothedAdmission
 from tokenfactory.controllers.autotune import StabilityEnvelope, admission_loop
 from tokenfactory.controllers.describing import predict_limit_cycles
-from tokenfactory.controllers.forecasting import FORECASTERS
-from tokenfactory.controllers.planning import QUANTILES, DemandPlanner, PlannedPoolController
+from tokenfactory.controllers.planning import HEADROOM_GRID, DemandPlanner, PlannedPoolController
 from tokenfactory.controllers.reconfiguration import need_noise_std
 from tokenfactory.controllers.separation import (
     CascadePair,
@@ -98,9 +98,9 @@ _LAYERS = {"batch_gate", "admission", "reconfiguration", "planning"}
 _GATE = {"kind", "tpot_fraction"}
 _ADMISSION = {"kind", "sample_period_s", "filter_tau_s", "service_filter_tau_s", "safety_z", "backlog_bound_s"}
 _RECONF = {"kind", "sample_period_s", "target_utilization", "queue_clear_s", "filter_s", "min_dead_band",
-           "max_step_up", "max_step_down", "queue_headroom", "role_moves", "fleet_size"}
-_PLANNING = {"kind", "forecaster", "quantile", "interval_s", "update_s", "refit_s", "horizon_s", "lead_s",
-             "target_utilization"}
+           "max_step_up", "max_step_down", "queue_headroom", "role_moves", "fleet_size", "headroom", "dwell_s",
+           "cooldown_s", "down_cooldown_s"}
+_PLANNING = {"kind", "days", "excess_budget", "interval_s", "refit_s", "fine_s", "max_headroom", "use_profile"}
 _ENVELOPE = {"delay_factors", "service_rate_factors", "demand_factors", "startup_factors", "gm_floor", "pm_floor_deg"}
 _CERT = {"min_separation", "max_pm_loss_deg"}
 
@@ -131,6 +131,7 @@ class StackScenario:
     min_separation: float = 5.0
     max_pm_loss_deg: float = 5.0
     config: dict = field(default_factory=dict)
+    slo_attainment: float = 0.99
 
     def with_overrides(self, *, params: FluidParams | None = None, rate_rps: float | None = None,
                        dynamics: PoolDynamics | None = None, planning: bool | None = None,
@@ -181,9 +182,10 @@ def stack_scenario_from_dict(d: Mapping[str, Any], name: str = "stack") -> Stack
     reject_unknown_keys("plant", plant_d, _PLANT)
     params = build_plant({**plant_d, "fill_workers": 1, "decode_workers": 1}).params
     slo = dict(d.get("slo", {}))
-    reject_unknown_keys("slo", slo, {"ttft_s", "tpot_s"})
+    reject_unknown_keys("slo", slo, {"ttft_s", "tpot_s", "attainment"})
     ttft = check_number("slo.ttft_s", slo.get("ttft_s", 2.0), low=0.0, low_inclusive=False)
     tpot = check_number("slo.tpot_s", slo.get("tpot_s", 0.1), low=0.0, low_inclusive=False)
+    attainment = check_number("slo.attainment", slo.get("attainment", 0.99), low=0.5, high=1.0, high_inclusive=False)
     wl = dict(d["workload"])
     reject_unknown_keys("workload", wl, {"rate_rps"})
     if "rate_rps" not in wl:
@@ -200,7 +202,7 @@ def stack_scenario_from_dict(d: Mapping[str, Any], name: str = "stack") -> Stack
     for lname, keys, kinds in (("batch_gate", _GATE, ("slot-limit", "none")),
                                ("admission", _ADMISSION, ("smoothed", "none")),
                                ("reconfiguration", _RECONF, ("planned-hysteretic",)),
-                               ("planning", _PLANNING, ("forecast", "none"))):
+                               ("planning", _PLANNING, ("seasonal-rise", "none"))):
         if lname not in layers_d:
             continue
         ld = dict(layers_d[lname])
@@ -215,6 +217,10 @@ def stack_scenario_from_dict(d: Mapping[str, Any], name: str = "stack") -> Stack
     rc = layers["reconfiguration"]
     check_number("layers.reconfiguration.sample_period_s", rc.get("sample_period_s", 10.0), low=0.1, high=3600.0)
     check_number("layers.reconfiguration.target_utilization", rc.get("target_utilization", 0.85), low=0.1, high=1.0)
+    check_number("layers.reconfiguration.headroom", rc.get("headroom", 0.0), low=0.0, high=2.0)
+    for k in ("dwell_s", "cooldown_s", "down_cooldown_s", "filter_s"):
+        if k in rc:
+            check_number(f"layers.reconfiguration.{k}", rc[k], low=0.0)
     if "queue_clear_s" in rc:
         check_number("layers.reconfiguration.queue_clear_s", rc["queue_clear_s"], low=0.0, low_inclusive=False)
     if "fleet_size" in rc:
@@ -223,14 +229,15 @@ def stack_scenario_from_dict(d: Mapping[str, Any], name: str = "stack") -> Stack
         check_number("layers.admission.sample_period_s", layers["admission"].get("sample_period_s", 1.0),
                       low=0.01, high=60.0)
     if "batch_gate" in layers:
-        check_number("layers.batch_gate.tpot_fraction", layers["batch_gate"].get("tpot_fraction", 0.8),
-                     low=0.1, high=1.0)
+        frac = layers["batch_gate"].get("tpot_fraction", "auto")
+        if frac != "auto":
+            check_number("layers.batch_gate.tpot_fraction", frac, low=0.1, high=1.0)
     if "planning" in layers:
         pl = layers["planning"]
-        check_number("layers.planning.target_utilization", pl.get("target_utilization", 0.9), low=0.1, high=1.0)
-        check_choice("layers.planning.forecaster", pl.get("forecaster", "holt-winters"), FORECASTERS)
-        check_choice("layers.planning.quantile", pl.get("quantile", "mean"), QUANTILES)
-        for k in ("interval_s", "update_s", "refit_s", "horizon_s", "lead_s"):
+        check_int("layers.planning.days", pl.get("days", 3), low=1, high=14)
+        check_number("layers.planning.excess_budget", pl.get("excess_budget", 1.0 - attainment), low=0.0,
+                     high=0.5, low_inclusive=False, high_inclusive=False)
+        for k in ("interval_s", "refit_s", "fine_s", "max_headroom"):
             if k in pl:
                 check_number(f"layers.planning.{k}", pl[k], low=0.0)
     env = dict(d.get("envelope", {}))
@@ -244,7 +251,8 @@ def stack_scenario_from_dict(d: Mapping[str, Any], name: str = "stack") -> Stack
         d.get("name", name), params, ttft, tpot, rate, dynamics, layers, envelope,
         _factors(env, "demand_factors", (0.5, 1.0, 1.5)), _factors(env, "startup_factors", (0.75, 1.0, 1.5)),
         check_number("certificate.min_separation", cert.get("min_separation", 5.0), low=1.0),
-        check_number("certificate.max_pm_loss_deg", cert.get("max_pm_loss_deg", 5.0), low=0.0, high=90.0), dict(d))
+        check_number("certificate.max_pm_loss_deg", cert.get("max_pm_loss_deg", 5.0), low=0.0, high=90.0), dict(d),
+        attainment)
 
 
 def load_stack_scenario(path: str | Path) -> StackScenario:
@@ -317,12 +325,8 @@ class StackPlant:
 
 
 def _feedback_utilization(sc: StackScenario) -> float:
-    """The reconfiguration layer's target utilisation: with a planning layer the forecast covers the
-    start-up delay, so feedback keeps only the headroom of forecast error (``layers.planning.
-    target_utilization``); without one, feedback must also carry the rises of a start-up
-    (``layers.reconfiguration.target_utilization``)."""
-    if "planning" in sc.layers and "target_utilization" in sc.layers["planning"]:
-        return float(sc.layers["planning"]["target_utilization"])
+    """The utilisation the reconfiguration layer sizes pools for (``layers.reconfiguration.
+    target_utilization``); the planner's headroom comes on top of it."""
     return float(sc.layers["reconfiguration"].get("target_utilization", 0.85))
 
 
@@ -331,22 +335,98 @@ def _pools_at(params: FluidParams, rate: float, u: float) -> tuple[int, int]:
             max(1, math.ceil(rate / (u * params.decode_capacity(1)) - 1e-9)))
 
 
+#: the smallest share of the TPOT SLO the derived batch gate gives the decode pass
+GATE_FLOOR = 0.5
+
+
+def gate_fraction(sc: StackScenario) -> float:
+    """The share of the TPOT SLO a decode pass may take under the batch gate.
+
+    ``layers.batch_gate.tpot_fraction = "auto"`` (the default) derives it from the admission layer:
+    in a decode overload admission holds the ready buffer at its target R* = c theta_eff + z
+    sqrt(c theta_eff) (what decode consumes over admission's loop delay, :func:`tokenfactory.
+    controllers.autotune.tune_smoothed_admission`), plus fluctuations of about its safety term
+    z sqrt(c theta_eff), so a request waits W = (R* + safety) / c for a slot and one pass to join
+    the batch, spread over its L output tokens: TPOT = pass (1 + 1/L) + W / L. The pass may take
+    fraction = (1 - W / (L x SLO)) / (1 + 1/L) of the SLO. Admission is tuned for this on the plant gated at the SLO itself (R* / c does not
+    depend on the slots: theta_eff is delays only). Without an admission layer the ready wait is
+    unbounded and the fraction defaults to 1 - 1 / L (one pass of slack).
+    """
+    frac = sc.layers.get("batch_gate", {}).get("tpot_fraction", "auto")
+    if frac != "auto":
+        return float(frac)
+    L = sc.params.output_tokens
+    if "admission" not in sc.layers:
+        return 1.0 - 1.0 / L
+    return _auto_gate_fraction(sc.params, sc.slo_ttft_s, sc.slo_tpot_s, sc.rate_rps, _feedback_utilization(sc),
+                               tuple(sorted((k, v) for k, v in sc.layers["admission"].items())), sc.envelope)
+
+
+@functools.lru_cache(maxsize=32)
+def _auto_gate_fraction(params: FluidParams, slo_ttft_s: float, slo_tpot_s: float, rate_rps: float, u: float,
+                        admission: tuple, envelope: StabilityEnvelope) -> float:
+    at_slo = slot_limit(params, slo_tpot_s, 1.0)
+    nf, nd = _pools_at(at_slo, rate_rps, u)
+    a = dict(admission)
+    a.pop("kind", None)
+    ctx = PlantContext(at_slo, nf, nd, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, envelope=envelope)
+    _, rep = smoothed_admission(ctx, {"sample_period_s": a.pop("sample_period_s", 1.0), **a}, where="layers.admission")
+    # the ready level fluctuates around its target by about the target's own Poisson safety term
+    wait_s = (rep.target_ready + rep.target_ready_safety) / rep.consumption_rate
+    L = params.output_tokens
+    # a ready request also waits up to one pass to join the batch: TPOT = pass (1 + 1/L) + wait / L
+    frac = (1.0 - wait_s / (L * slo_tpot_s)) / (1.0 + 1.0 / L)
+    # short outputs cannot absorb admission's wait (15 tokens x 0.1 s is 1.5 s): the gate then keeps
+    # half the SLO for the pass and a decode overload breaks TPOT (the certificate says so)
+    return float(max(frac, GATE_FLOOR))
+
+
 def stack_plant(sc: StackScenario) -> StackPlant:
     """The plant the stack runs on (the batch gate applied) and the pool sizes at nominal demand."""
     p = sc.params
     if "batch_gate" in sc.layers:
-        p = slot_limit(p, sc.slo_tpot_s, sc.layers["batch_gate"].get("tpot_fraction", 0.8))
+        p = slot_limit(p, sc.slo_tpot_s, gate_fraction(sc))
     nf, nd = _pools_at(p, sc.rate_rps, _feedback_utilization(sc))
     return StackPlant(p, nf, nd)
 
 
+def overload_tpot_s(params: FluidParams, ready_wait_s: float) -> float:
+    """TPOT of a request admitted into a saturated decode pool: the gated pass, one pass to join the
+    batch, and the ready buffer's wait spread over its output tokens.
+
+    Parameters
+    ----------
+    params : FluidParams
+        The gated plant.
+    ready_wait_s : float
+        Time the request waits in the ready buffer (s).
+
+    Returns
+    -------
+    float
+        Seconds per output token.
+    """
+    L = params.output_tokens
+    return params.decode_step_s(params.decode_slots_per_worker) * (1.0 + 1.0 / L) + ready_wait_s / L
+
+
 def _admission(sc: StackScenario, plant: StackPlant):
+    """Smoothed admission tuned on the gated plant; when the gate could not leave room for
+    admission's ready wait (short outputs, :data:`GATE_FLOOR`) the ready target is lowered so that a
+    decode overload still meets the TPOT SLO: decode may then starve briefly, which costs
+    throughput in an overload, not the SLO of what is admitted."""
     a = dict(sc.layers["admission"])
     a.pop("kind")
     p = {"sample_period_s": a.pop("sample_period_s", 1.0), **a}
     ctx = PlantContext(plant.params, plant.fill_workers, plant.decode_workers, slo_ttft_s=sc.slo_ttft_s,
                        slo_tpot_s=sc.slo_tpot_s, envelope=sc.envelope)
-    return smoothed_admission(ctx, p, where="layers.admission")
+    ctrl, rep = smoothed_admission(ctx, p, where="layers.admission")
+    if rep is not None and "batch_gate" in sc.layers:
+        q = plant.params
+        allowed_s = (sc.slo_tpot_s - overload_tpot_s(q, 0.0)) * q.output_tokens  # ready wait within the SLO
+        if (rep.target_ready + rep.target_ready_safety) / rep.consumption_rate > allowed_s:
+            ctrl.target_ready = max(allowed_s * rep.consumption_rate - rep.target_ready_safety, 0.0)
+    return ctrl, rep
 
 
 def _queue_clear(sc: StackScenario, plant: StackPlant) -> tuple[float, float | None]:
@@ -361,6 +441,25 @@ def _queue_clear(sc: StackScenario, plant: StackPlant) -> tuple[float, float | N
     return simc_queue_clear_s(theta, u, delay_factors=factors,
                               service_rate_factors=sc.envelope.service_rate_factors,
                               gm_floor=sc.envelope.gm_floor, pm_floor_deg=sc.envelope.pm_floor_deg)
+
+
+def planning_lead_s(sc: StackScenario) -> float:
+    """How far ahead the pools are sized: start-up + warm-up + a reconfiguration sample + the rate
+    filter's time constant (the measured rate lags the demand by about that).
+
+    Parameters
+    ----------
+    sc : StackScenario
+        The scenario (its dynamics and reconfiguration layer).
+
+    Returns
+    -------
+    float
+        The lead (s).
+    """
+    rc = sc.layers["reconfiguration"]
+    return (sc.dynamics.startup_s + sc.dynamics.warmup_s + rc.get("sample_period_s", 10.0)
+            + rc.get("filter_s", 30.0))
 
 
 def build_stack(sc: StackScenario, *, history: pd.Series | None = None, time_offset_s: float = 0.0,
@@ -399,27 +498,30 @@ def build_stack(sc: StackScenario, *, history: pd.Series | None = None, time_off
     T = rc.get("sample_period_s", 10.0)
     u = _feedback_utilization(sc)
     dyn = sc.dynamics
+    filter_s = rc.get("filter_s", 30.0)
     planner = None
     if "planning" in sc.layers:
         pl = sc.layers["planning"]
-        interval = pl.get("interval_s", 600.0)
-        planner = DemandPlanner({"fill": p.fill_rate_per_worker, "decode": p.decode_capacity(1)},
-                                lead_s=pl.get("lead_s", dyn.startup_s + dyn.warmup_s + T), target_utilization=u,
-                                forecaster=pl.get("forecaster", "holt-winters"), quantile=pl.get("quantile", "mean"),
-                                interval_s=interval, update_s=pl.get("update_s", 3600.0),
-                                refit_s=pl.get("refit_s", 86400.0), horizon_s=pl.get("horizon_s"),
-                                history=history, time_offset_s=time_offset_s)
+        planner = DemandPlanner(lead_s=planning_lead_s(sc), excess_budget=pl.get("excess_budget",
+                                                                                   1.0 - sc.slo_attainment),
+                                days=pl.get("days", 3), interval_s=pl.get("interval_s", 600.0),
+                                refit_s=pl.get("refit_s", 86400.0), fine_s=pl.get("fine_s", 60.0),
+                                max_headroom=pl.get("max_headroom", HEADROOM_GRID[-1]), history=history,
+                                time_offset_s=time_offset_s, utilization=u,
+                                hold_s=rc.get("dwell_s", 3.0 * filter_s), use_profile=pl.get("use_profile", True))
     qc, _ = _queue_clear(sc, plant)
     fleet = fleet_size if fleet_size is not None else rc.get("fleet_size")
     pools = []
     for pool, mu in (("fill", p.fill_rate_per_worker), ("decode", p.decode_capacity(1))):
+        extra = {k: rc[k] for k in ("dwell_s", "cooldown_s", "down_cooldown_s") if k in rc}
         pools.append(PlannedPoolController.tuned(
-            pool, mu, sc.rate_rps, planner=planner, measured_fill_rate=(pool == "fill" and fleet is not None),
-            startup_s=dyn.startup_s, warmup_s=dyn.warmup_s, filter_s=rc.get("filter_s", 30.0),
-            target_utilization=u, min_dead_band=rc.get("min_dead_band", 0.25), queue_clear_s=qc,
-            queue_headroom=rc.get("queue_headroom", 0.25), max_step_up=rc.get("max_step_up", 4),
-            max_step_down=rc.get("max_step_down", 1), min_replicas=1,
-            max_replicas=fleet if fleet else 1000, sample_period=T))
+            pool, mu, sc.rate_rps, planner=planner, headroom=rc.get("headroom", 0.0),
+            measured_fill_rate=(pool == "fill" and fleet is not None), startup_s=dyn.startup_s,
+            warmup_s=dyn.warmup_s, filter_s=filter_s, target_utilization=u,
+            min_dead_band=rc.get("min_dead_band", 0.25), queue_clear_s=qc,
+            queue_headroom=rc.get("queue_headroom", 0.25), max_step_up=rc.get("max_step_up", 1000),
+            max_step_down=rc.get("max_step_down", 1000), min_replicas=1,
+            max_replicas=fleet if fleet else 5000, sample_period=T, **extra))
     recon = [RoleBalancer(pools, fleet)] if fleet and rc.get("role_moves", True) else pools
     layers.append(StackLayer("reconfiguration", recon, T))
     if planner is not None:
@@ -604,18 +706,17 @@ def certify(sc: StackScenario) -> Certificate:
                     if gain == 0 else "utilisation at the switching point >= 1: the relay sees the integrating queue"})
     # -- planning: feed-forward (the offered rate is exogenous; no loop through the plant)
     if "planning" in sc.layers:
-        pl = sc.layers["planning"]
-        lead = pl.get("lead_s", sc.dynamics.startup_s + sc.dynamics.warmup_s + T_rc)
-        update_s = pl.get("update_s", 3600.0)
-        wb_rec = closed_loop_bandwidth(rec_loop)
-        w_plan = 2.0 * math.pi / update_s
-        needed = reconfiguration_delay_s(p, sc.dynamics, T_rc) - T_rc / 2.0 - p.measurement_delay_s
-        layers["planning"] = {"feed_forward": True, "lead_s": lead, "update_s": update_s,
-                              "scale_up_delay_s": needed, "meets_floors": lead >= needed}
-        separation.append(CascadePair("planning", "reconfiguration", wb_rec, w_plan, wb_rec / w_plan, None, None,
-                                      0.0, 0.0, note="feed-forward: the planner's input (offered demand) is not "
-                                      "changed by any layer, so it closes no loop and costs no phase; ratio = "
-                                      "reconfiguration bandwidth / the planner's update frequency"))
+        lead = planning_lead_s(sc)
+        needed = sc.dynamics.startup_s + sc.dynamics.warmup_s * (1.0 - sc.dynamics.warmup_factor)
+        refit_s = sc.layers["planning"].get("refit_s", 86400.0)
+        layers["planning"] = {"feed_forward": True, "lead_s": lead, "refit_s": refit_s, "scale_up_delay_s": needed,
+                              "meets_floors": lead >= needed}
+        separation.append(CascadePair("planning", "reconfiguration", closed_loop_bandwidth(rec_loop), math.nan,
+                                      math.nan, None, None, math.nan, math.nan,
+                                      note="feed-forward: the planner reads the offered demand, which no layer "
+                                      "changes, so it closes no loop and has no crossover; the certificate checks "
+                                      f"its lead instead (plan leads by {lead:.0f} s, a worker serves at full speed "
+                                      f"{needed:.0f} s after it is asked for)"))
         if lead < needed:
             failures.append({"layer": "planning", "check": "lead",
                              "detail": f"plan leads by {lead:g} s, a worker takes {needed:.0f} s to serve at full "
@@ -730,21 +831,58 @@ def plant_for(sc: StackScenario, prompt_tokens: int, output_tokens: int) -> Flui
     return build_plant(plant_d).params
 
 
-def utilization_ceiling(params: FluidParams, slo_ttft_s: float, slo_tpot_s: float, *, workers: int = 4,
-                        grid=(0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.99), duration_s: float = 1200.0,
+def utilization_ceiling(params: FluidParams, slo_ttft_s: float, slo_tpot_s: float, *,
+                        workers: int | dict[str, int] = 4,
+                        grid=(0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 0.995), duration_s: float = 1200.0,
                         dt: float = 1.0, seed: int = 0) -> dict[str, float]:
     """The highest utilisation of each pool at which the pool model still meets the SLO for 99 %
-    of requests (Poisson arrivals, the other pool ample), on ``grid``: the SLO's utilisation ceiling."""
+    of requests (Poisson arrivals at a constant rate, the other pool ample), on ``grid``: the SLO's
+    utilisation ceiling, which the oracle provisions at.
+
+    Poisson noise is relatively smaller in a larger pool, so the ceiling depends on the pool size:
+    measure it at the sizes the workload runs at (``workers`` per pool).
+
+    Parameters
+    ----------
+    params : FluidParams
+        The plant (the batch gate applied).
+    slo_ttft_s, slo_tpot_s : float
+        The SLO.
+    workers : int or dict
+        Pool size the ceiling is measured at (``{"fill": .., "decode": ..}`` or one for both).
+    grid : sequence of float
+        Utilisations tried in increasing order; the first that misses the SLO ends the search.
+    duration_s, dt : float
+        Length and step of each measurement run (s).
+    seed : int
+        Seed of the Poisson arrivals.
+
+    Returns
+    -------
+    dict
+        ``{"fill": ceiling, "decode": ceiling}`` (the first grid point if even that misses).
+    """
+    return _ceiling(params, float(slo_ttft_s), float(slo_tpot_s),
+                    tuple(sorted((workers if isinstance(workers, dict) else
+                                  {"fill": workers, "decode": workers}).items())),
+                    tuple(grid), float(duration_s), float(dt), int(seed))
+
+
+@functools.lru_cache(maxsize=64)
+def _ceiling(params: FluidParams, slo_ttft_s: float, slo_tpot_s: float, workers: tuple, grid: tuple,
+             duration_s: float, dt: float, seed: int) -> dict[str, float]:
     from tokenfactory.plant_models.pools import PoolScenario, simulate_pools
 
+    sizes = dict(workers)
     out = {}
     for pool in ("fill", "decode"):
+        n = max(1, int(sizes[pool]))
         mu = params.fill_rate_per_worker if pool == "fill" else params.decode_capacity(1)
         best = grid[0]
         for rho in grid:
-            lam = rho * workers * mu
-            nf = workers if pool == "fill" else math.ceil(lam / (0.5 * params.fill_rate_per_worker))
-            nd = workers if pool == "decode" else math.ceil(lam / (0.5 * params.decode_capacity(1)))
+            lam = rho * n * mu
+            nf = n if pool == "fill" else math.ceil(lam / (0.5 * params.fill_rate_per_worker))
+            nd = n if pool == "decode" else math.ceil(lam / (0.5 * params.decode_capacity(1)))
             r = simulate_pools(params, nf, nd, PoolScenario(lam, duration_s, dt=dt, seed=seed, slo_ttft_s=slo_ttft_s,
                                                             slo_tpot_s=slo_tpot_s))
             if r.metrics["slo_attainment"] >= 0.99:
@@ -760,16 +898,47 @@ def _provisioned(series: pd.DataFrame, pool: str) -> pd.Series:
 
 
 def run_on_rates(sc: StackScenario, wl: RateWorkload, *, startup_s: float | None = None, stack: str = "stack",
-                 dt: float = 1.0, seed: int = 0, control_start_s: float = 300.0,
+                 dt: float = 2.0, seed: int = 0, control_start_s: float = 300.0,
                  ceiling: dict[str, float] | None = None) -> tuple[dict, Any, Any]:
     """Run the scenario's stack (``"stack"``), the stack without its planning layer
     (``"stack-no-planning"``) or a baseline deployment (a :data:`tokenfactory.registry.BASELINE_STACKS`
-    name) over ``wl`` in the pool model; metrics include the oracle's GPU-hours.
+    name) over ``wl`` in the pool model, and score it against the oracle.
+
+    Every contender runs on the same plant: the scenario's plant at the workload's mean request
+    with the stack's batch gate applied (a deployment caps its decode batch too - vLLM's
+    ``max_num_seqs`` - and with DeepSeek-V3's full-KV pass over the TPOT SLO no deployment meets
+    it uncapped), the same SLO, start-up and seed. The oracle
+    (:func:`tokenfactory.controllers.capacity.oracle_plan`) provisions that plant at its measured
+    utilisation ceiling (:func:`utilization_ceiling`, at the pool sizes of the mean demand) with
+    perfect knowledge of the demand at the demand's own resolution.
+
+    Oscillation is judged on what the controller adds to the demand: the provisioned pool minus the
+    demand-justified pool (demand / (per-worker rate x ceiling)), sampled every 10 s after the
+    first 10 minutes; the daily cycle of the demand is not the controller's oscillation.
+
+    Parameters
+    ----------
+    sc : StackScenario
+        The stack scenario (plant, SLO, layers).
+    wl : RateWorkload
+        The demand (:func:`rate_workload`).
+    startup_s : float, optional
+        Worker start-up (s); default the scenario's.
+    stack : str
+        ``"stack"``, ``"stack-no-planning"`` or a baseline name.
+    dt : float
+        The pool model's step (s).
+    seed : int
+        Seed of the Poisson arrivals.
+    control_start_s : float
+        Controllers are first sampled here (the plant fills from empty before).
+    ceiling : dict, optional
+        The utilisation ceilings (computed when omitted).
 
     Returns
     -------
     tuple
-        ``(metrics row, PoolResponse, ControlStack)``.
+        ``(metrics row, SimulationResult, ControlStack)``.
     """
     from tokenfactory.controllers.capacity import oracle_plan
     from tokenfactory.controllers.oscillation import assess
@@ -782,42 +951,42 @@ def run_on_rates(sc: StackScenario, wl: RateWorkload, *, startup_s: float | None
         dyn = dataclasses.replace(dyn, fleet_size=wl.fleet_size)
     mean = float(wl.demand.mean())
     s = sc.with_overrides(params=params, rate_rps=mean, dynamics=dyn, planning=(stack == "stack"))
+    run_params = stack_plant(s).params  # the same gated plant for every contender
     if stack in ("stack", "stack-no-planning"):
-        ctrl, plant = build_stack(s, history=wl.history, time_offset_s=wl.time_offset_s, fleet_size=wl.fleet_size,
-                                  name=stack)
-        run_params = plant.params
+        ctrl, _ = build_stack(s, history=wl.history, time_offset_s=wl.time_offset_s, fleet_size=wl.fleet_size,
+                              name=stack)
     elif stack in BASELINE_STACKS:
-        run_params = params
-        ctrl = baseline_stack(stack, PlantContext(params, 1, 1, slo_ttft_s=s.slo_ttft_s, slo_tpot_s=s.slo_tpot_s,
+        ctrl = baseline_stack(stack, PlantContext(run_params, 1, 1, slo_ttft_s=s.slo_ttft_s, slo_tpot_s=s.slo_tpot_s,
                                                   rate_rps=mean, dynamics=dyn,
-                                                  max_replicas=wl.fleet_size or 64), dt=dt)
+                                                  max_replicas=wl.fleet_size or 5000), dt=dt, history=wl.history)
     else:
         raise ConfigError("stack", f"{stack!r} is not 'stack', 'stack-no-planning' or one of "
                           f"{', '.join(BASELINE_STACKS)}")
+    mu = {"fill": run_params.fill_rate_per_worker, "decode": run_params.decode_capacity(1)}
+    ceil_ = ceiling or utilization_ceiling(run_params, s.slo_ttft_s, s.slo_tpot_s,
+                                           workers={p: math.ceil(mean / mu[p]) for p in mu})
     nf, nd = _pools_at(run_params, float(wl.demand.iloc[0]), _feedback_utilization(s))
     if wl.fleet_size is not None and nf + nd > wl.fleet_size:
         raise ConfigError("fleet_size", f"{wl.fleet_size} workers cannot hold the initial {nf} + {nd}")
     psc = PoolScenario(wl.demand, wl.duration_s, dt=dt, control_start_s=control_start_s, seed=seed,
                        slo_ttft_s=s.slo_ttft_s, slo_tpot_s=s.slo_tpot_s)
     r = simulate_pools(run_params, nf, nd, psc, controllers=[ctrl], dynamics=dyn)
-    # the oracle: same plant as the stack (its slot limit is part of the SLO), same start-up
-    oracle_params = stack_plant(s).params
-    ceil_ = ceiling or utilization_ceiling(oracle_params, s.slo_ttft_s, s.slo_tpot_s)
-    _, oracle_gpu_h = oracle_plan(wl.demand, {"fill": oracle_params.fill_rate_per_worker,
-                                              "decode": oracle_params.decode_capacity(1)}, ceil_,
-                                  startup_s=dyn.startup_s, gpus_per_worker=dyn.gpus_per_worker,
-                                  fleet_size=wl.fleet_size)
-    step = max(1, int(round(10.0 / dt)))  # the detectors on 10-s samples of the provisioned pool sizes
+    step_s = float(np.median(np.diff(wl.demand.index.to_numpy(dtype=float))))
+    _, oracle_gpu_h = oracle_plan(wl.demand, mu, ceil_, startup_s=dyn.startup_s, interval_s=step_s,
+                                  gpus_per_worker=dyn.gpus_per_worker, fleet_size=wl.fleet_size)
+    step = max(1, int(round(10.0 / dt)))  # the detectors on 10-s samples
     after = r.series[r.series["time_s"] >= control_start_s + 600.0]
     osc = {}
     for pool in ("fill", "decode"):
-        x = _provisioned(after, pool).to_numpy(dtype=float)[::step]
-        osc[pool] = assess(x, dt * step, min_amplitude=0.25).to_dict()
+        justified = after["demand"] / (mu[pool] * ceil_[pool])
+        x = (_provisioned(after, pool) - justified).to_numpy(dtype=float)[::step]
+        osc[pool] = assess(x, dt * step, min_amplitude=0.5).to_dict()
     m = r.metrics
     row = {"stack": stack, "workload": wl.name, "startup_s": dyn.startup_s, "gpu_hours": m["gpu_hours"],
            "busy_gpu_hours": m["busy_gpu_hours"], "oracle_gpu_hours": oracle_gpu_h,
            "gpu_hours_over_oracle": m["gpu_hours"] / oracle_gpu_h if oracle_gpu_h > 0 else math.nan,
            "slo_attainment": m["slo_attainment"], "rejected": m["rejected"],
+           "rejected_fraction": m["rejected"] / m["requests"] if m["requests"] else 0.0,
            "actions_per_hour": m["actions_per_hour"], "reversals_per_hour": m["reversals_per_hour"],
            "oscillating": any(v["oscillating"] for v in osc.values()),
            "fill_thornhill_r": osc["fill"]["thornhill_r"], "decode_thornhill_r": osc["decode"]["thornhill_r"],
