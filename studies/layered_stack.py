@@ -10,9 +10,11 @@
     oracle (the least GPU-hours any plan could use with perfect knowledge of the demand, the same
     start-up and SLO), with a figure of each layer's activity on one time axis.
 
-Run: ``tokenfactory study layered-stack [--quick] [--out DIR]``. The default run is the last day
-of m-large at a 10-minute start-up; ``config={"full": True}`` runs the last 4 days of m-large and
-m-small at start-ups of 2, 5 and 10 minutes against every baseline (the slow test).
+Run: ``tokenfactory study layered-stack [--quick] [--out DIR]``. The default run is the first 12 h
+of m-large's last 4 days at start-ups of 2 and 10 minutes (``--quick``: 3 h at 10 minutes) against
+Dynamo's throughput planner (Kalman) + Mooncake and HPA + vLLM's watermark; ``config={"full":
+True}`` runs the last 4 days of m-large and m-small at start-ups of 2, 5 and 10 minutes against
+every baseline (the slow test; Dynamo's ARIMA predictor makes it tens of minutes).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from scipy import signal as sps
 
+from tokenfactory.controllers.separation import required_ratio
 from tokenfactory.plant_models import PoolScenario, simulate_pools
 from tokenfactory.registry import BASELINE_STACKS
 from tokenfactory.stack import (
@@ -151,12 +154,17 @@ def _verdicts(rows: list[dict]) -> list[str]:
         ok_base = [r for r in rs if r["stack"] not in ("stack", "stack-no-planning") and r["slo_attainment"] >= 0.99]
         cheaper = [r["stack"] for r in ok_base if r["gpu_hours"] < st["gpu_hours"] * (1 - 1e-3)]
         fewest = min(rs, key=lambda r: r["reversals_per_hour"])
+        ok_all = [r for r in rs if r["slo_attainment"] >= 0.99]
+        fewest_ok = min(ok_all, key=lambda r: r["reversals_per_hour"]) if ok_all else None
         nop = next((r for r in rs if r["stack"] == "stack-no-planning"), None)
         parts = [f"stack {st['gpu_hours_over_oracle']:.3f} x oracle, SLO {st['slo_attainment']:.4f} "
                  f"({'meets' if st['slo_attainment'] >= 0.99 else 'misses'} 0.99, "
                  f"{'within' if st['gpu_hours_over_oracle'] <= 1.10 else 'over'} 1.10 x oracle)"]
         parts.append("cheaper baselines at SLO >= 0.99: " + (", ".join(cheaper) if cheaper else "none"))
-        parts.append(f"fewest reversals/h: {fewest['stack']} ({fewest['reversals_per_hour']:.2f})")
+        parts.append("fewest reversals/h among runs at SLO >= 0.99: " + (
+            f"{fewest_ok['stack']} ({fewest_ok['reversals_per_hour']:.2f})" if fewest_ok else "none")
+            + f", among all: {fewest['stack']} ({fewest['reversals_per_hour']:.2f}, SLO "
+              f"{fewest['slo_attainment']:.3f})")
         if nop is not None:
             d = st["gpu_hours"] / nop["gpu_hours"] - 1.0
             parts.append(f"planning layer {'adds' if d > 0 else 'saves'} {abs(d) * 100:.1f} % GPU-hours and moves SLO "
@@ -177,10 +185,10 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         last_days, hours = cfg.get("last_days", 4.0), cfg.get("hours")
     else:
         workloads = cfg.get("workloads", [["servegen:m-large", 5.0]])
-        startups = cfg.get("startups_s", [600.0])
+        startups = cfg.get("startups_s", [600.0] if quick else [120.0, 600.0])
         stacks = cfg.get("stacks", ["stack", "stack-no-planning", "dynamo-throughput (kalman) + mooncake",
                                     "hpa + vllm-watermark"])
-        last_days, hours = cfg.get("last_days", 4.0), cfg.get("hours", 3.0 if quick else 24.0)
+        last_days, hours = cfg.get("last_days", 4.0), cfg.get("hours", 3.0 if quick else 12.0)
     dt = cfg.get("dt", 2.0)
     for s in stacks:
         if s not in ("stack", "stack-no-planning", *BASELINE_STACKS):
@@ -239,7 +247,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         report.save_figure(_layer_figure(r, ctrl, f"the stack at work: {name}, start-up {max(startups):.0f} s"),
                            f"stack_{name.replace(':', '-').replace(' ', '_')}.png",
                            "Each layer on one time axis: demand and the planner's forecast; provisioned and serving "
-                           "workers of each pool with the planner's floor; admission rate and rejections.")
+                           "workers of each pool; admission rate and rejections.")
     # -- headline figures
     report.headline("certificate (default scenario)", "passed" if cert.passed else "failed", "",
                     f"binding layer {cert.binding['layer']}")
@@ -252,13 +260,15 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
             report.headline(f"stack GPU-hours / oracle ({r['workload']}, start-up {r['startup_s']:.0f} s)",
                             r["gpu_hours_over_oracle"], "x", f"SLO attainment {r['slo_attainment']:.4f}")
     # -- summary
+    budget = build_stack(sc)[0].layer("planning").controllers[0].excess_budget  # as the scenario resolves it
     lines = ["The layered stack (`studies/scenarios/stack_default.toml`): decode batch gate (the slot limit until "
              "the gated batch cap lands), smoothed admission every "
              f"{sc.layers['admission'].get('sample_period_s', 1.0):g} s, planned hysteretic pools every "
              f"{sc.layers['reconfiguration'].get('sample_period_s', 10.0):g} s, and a planning layer refit every "
              f"{sc.layers['planning'].get('refit_s', 86400.0) / 3600:g} h on the last "
              f"{sc.layers['planning'].get('days', 3)} days (the median daily rise over the next lead and the "
-             "headroom whose replay leaves at most half the SLO's misses above capacity), fed forward into the "
+             f"headroom whose replay leaves at most {budget * 100:.2g} % of the demand above capacity), fed forward "
+             "into the "
              "pools' target one lead (start-up + warm-up + a sample + the rate filter) ahead.", "",
              "## Certificate", "",
              f"Default scenario: **{'passed' if cert.passed else 'FAILED'}**; binding point: layer "
@@ -278,12 +288,10 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     ff = [r for r in metrics["separation"] if r["pm_loss_deg"] is None]
     lines += ["", f"Feedback pairs: smallest ratio {min(r['ratio'] for r in fb):.3g}, largest phase-margin loss "
                   f"{max(r['pm_loss_deg'] for r in fb):.3g} deg (required: ratio >= {sc.min_separation:g}, loss <= "
-                  f"{sc.max_pm_loss_deg:g} deg; a first-order inner loop costs atan(1/ratio), so a 5 deg loss needs a "
-                  "ratio of 11.4)." if fb else ""]
+                  f"{sc.max_pm_loss_deg:g} deg; a first-order inner loop costs atan(1/ratio), so a {sc.max_pm_loss_deg:g} deg loss "
+                  f"needs a ratio of {required_ratio(sc.max_pm_loss_deg):.3g})." if fb else ""]
     for r in ff:
-        lines.append(f"{r['outer']} -> {r['inner']}: {r['note']}; ratio {r['ratio']:.2f}"
-                     + (" (below 5: the plan changes faster than the pools' feedback settles; it is a feed-forward "
-                        "timed one start-up ahead, not a loop the pools must track)" if r["ratio"] < 5 else "") + ".")
+        lines.append(f"{r['outer']} -> {r['inner']}: {r['note']}.")
     q, d = sim["quiet"], sim["disturbed"]
     lines += ["", f"In simulation, a +-{sim['depth'] * 100:.0f} % demand oscillation of period {sim['period_s']:g} s "
                   f"(admission band): reconfiguration took {d['scale_actions']} actions vs {q['scale_actions']} without "

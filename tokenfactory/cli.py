@@ -309,6 +309,10 @@ def _cmd_simulate_pools(args) -> int:
     from tokenfactory.stack import load_stack_scenario, rate_workload, run_on_rates, scenario_dir
     from tokenfactory.studies.report import to_jsonable
 
+    from tokenfactory.registry import BASELINE_STACKS
+
+    if args.baseline and args.baseline not in BASELINE_STACKS:  # before the stack's run, not after it
+        raise ConfigError("baseline", f"{args.baseline!r} is not one of {', '.join(BASELINE_STACKS)}")
     sc = load_stack_scenario(args.stack or scenario_dir() / "stack_default.toml")
     wl = rate_workload(args.trace, scale=args.rate_scale, last_days=args.last_days,
                        hours=None if args.hours is None else float(args.hours))

@@ -235,7 +235,7 @@ def stack_scenario_from_dict(d: Mapping[str, Any], name: str = "stack") -> Stack
     if "planning" in layers:
         pl = layers["planning"]
         check_int("layers.planning.days", pl.get("days", 3), low=1, high=14)
-        check_number("layers.planning.excess_budget", pl.get("excess_budget", 1.0 - attainment), low=0.0,
+        check_number("layers.planning.excess_budget", pl.get("excess_budget", 0.75 * (1.0 - attainment)), low=0.0,
                      high=0.5, low_inclusive=False, high_inclusive=False)
         for k in ("interval_s", "refit_s", "fine_s", "max_headroom"):
             if k in pl:
@@ -499,21 +499,25 @@ def build_stack(sc: StackScenario, *, history: pd.Series | None = None, time_off
     u = _feedback_utilization(sc)
     dyn = sc.dynamics
     filter_s = rc.get("filter_s", 30.0)
+    # a released worker takes a start-up + warm-up to get back: hold a scale-down at least that
+    # long (and 3 filter constants, so the rate's noise does not trigger it)
+    dwell_s = float(rc.get("dwell_s", max(3.0 * filter_s, dyn.startup_s + dyn.warmup_s)))
     planner = None
     if "planning" in sc.layers:
         pl = sc.layers["planning"]
         planner = DemandPlanner(lead_s=planning_lead_s(sc), excess_budget=pl.get("excess_budget",
-                                                                                   1.0 - sc.slo_attainment),
+                                                                                   0.75 * (1.0 - sc.slo_attainment)),
                                 days=pl.get("days", 3), interval_s=pl.get("interval_s", 600.0),
                                 refit_s=pl.get("refit_s", 86400.0), fine_s=pl.get("fine_s", 60.0),
                                 max_headroom=pl.get("max_headroom", HEADROOM_GRID[-1]), history=history,
                                 time_offset_s=time_offset_s, utilization=u,
-                                hold_s=rc.get("dwell_s", 3.0 * filter_s), use_profile=pl.get("use_profile", True))
+                                hold_s=dwell_s, use_profile=pl.get("use_profile", True))
     qc, _ = _queue_clear(sc, plant)
     fleet = fleet_size if fleet_size is not None else rc.get("fleet_size")
     pools = []
     for pool, mu in (("fill", p.fill_rate_per_worker), ("decode", p.decode_capacity(1))):
-        extra = {k: rc[k] for k in ("dwell_s", "cooldown_s", "down_cooldown_s") if k in rc}
+        extra = {k: rc[k] for k in ("cooldown_s", "down_cooldown_s") if k in rc}
+        extra["dwell_s"] = dwell_s
         pools.append(PlannedPoolController.tuned(
             pool, mu, sc.rate_rps, planner=planner, headroom=rc.get("headroom", 0.0),
             measured_fill_rate=(pool == "fill" and fleet is not None), startup_s=dyn.startup_s,
