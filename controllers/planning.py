@@ -49,7 +49,7 @@ import math
 
 import numpy as np
 import pandas as pd
-from scipy.ndimage import maximum_filter1d
+from scipy.ndimage import maximum_filter1d, median_filter
 
 from tokenfactory.controllers.autoscaling import _current
 from tokenfactory.controllers.interface import SampledController
@@ -99,9 +99,10 @@ def rise_profile(demand: pd.Series, lead_s: float, *, days: int = 3, fine_s: flo
     time_offset_s : float
         Added to the index (for a series indexed from the run's start).
     smooth_s : float
-        Width of a centred moving average over the time of day (s, >= 0; 0 = none). A median of a
+        Width of a centred running median over the time of day (s, >= 0; 0 = none). A median of a
         few days is jagged minute to minute; unsmoothed, that jitter moves the pool target across
-        a worker boundary and back (a scale-up, a scale-down one cooldown later).
+        a worker boundary and back (a scale-up, a scale-down one cooldown later). A running median
+        keeps the edge of a rise that lasts longer than half the window; a mean would shave it.
 
     Returns
     -------
@@ -137,9 +138,8 @@ def rise_profile(demand: pd.Series, lead_s: float, *, days: int = 3, fine_s: flo
         med = np.nanmedian(grid, axis=1) if np.isfinite(grid).any() else np.ones(per_day)
     med = np.maximum(np.where(np.isfinite(med), med, 1.0), 1.0)
     w = int(round(check_number("planner.smooth_s", smooth_s, low=0.0) / fine_s)) + 1
-    if w > 1:  # circular: the day wraps around midnight
-        ext = np.concatenate([med[-w:], med, med[:w]])
-        med = np.maximum(np.convolve(ext, np.ones(w) / w, mode="same")[w:-w], 1.0)
+    if w > 1:  # a running median (keeps a rise's edge where a mean would shave it), wrapping at midnight
+        med = np.maximum(median_filter(med, size=w, mode="wrap"), 1.0)
     return pd.Series(med, index=pd.Index(np.arange(per_day) * fine_s, name="time_of_day_s"))
 
 

@@ -91,7 +91,9 @@ def test_feed_forward_starts_workers_one_startup_ahead_of_a_forecast_rise():
     history = pd.Series(rate, index=pd.Index(t_hist, name="time_s"))
     startup, warmup, T, filter_s = 600.0, 30.0, 10.0, 30.0
     lead = startup + warmup + T + filter_s
-    planner = DemandPlanner(lead_s=lead, history=history, time_offset_s=3 * day, utilization=0.85)
+    # a budget this small leaves no room for the running median's shaving of the rise's edge
+    planner = DemandPlanner(lead_s=lead, history=history, time_offset_s=3 * day, utilization=0.85,
+                            excess_budget=1e-4)
     ctrl = PlannedPoolController.tuned("fill", 50.0, 100.0, planner=planner, startup_s=startup, warmup_s=warmup,
                                        sample_period=T, min_dead_band=0.25, filter_s=filter_s)
     no_plan = PlannedPoolController.tuned("fill", 50.0, 100.0, startup_s=startup, warmup_s=warmup, sample_period=T,
@@ -108,17 +110,20 @@ def test_feed_forward_starts_workers_one_startup_ahead_of_a_forecast_rise():
             if want > provisioned[key] and key not in first_up:
                 first_up[key] = t
             provisioned[key] = want
-        if t == rise_at - 600.0:
-            at_rise_start = provisioned["plan"]
+        if t <= rise_at - startup - warmup:  # asked for by then: serving at full speed at the rise
+            in_time = provisioned["plan"]
     assert "none" not in first_up  # feedback alone sees nothing before the rise
     # a repeating day leaves nothing for the headroom to cover
-    assert planner.headroom == 0.0 and planner.rise(rise_at - lead - 1200.0) == pytest.approx(1.0)
+    assert planner.rise(rise_at - lead - 1200.0) == pytest.approx(1.0)  # no rise planned long before
     # the 10-minute history rises from 11:50 (linear between its points): the plan raises the pool
     # one lead before the rise starts, not earlier than the rise's first 10 minutes ask (plus half
     # the profile's 10-minute smoothing)
     assert rise_at - 600.0 - lead - planner.interval_s / 2 <= first_up["plan"] <= rise_at - lead
-    # and when the rise starts the pool already holds its peak (the measured rate here stays at 100)
-    assert at_rise_start >= math.ceil(300.0 / (50.0 * 0.85))
+    # workers that carry 300 req/s at full speed were asked for one start-up + warm-up before the
+    # rise (the measured rate here stays at 100: the plan alone sized the pool; the planner's replay
+    # counts a pool's full capacity as cover, the target utilisation's margin included)
+    assert in_time >= math.ceil(300.0 / 50.0)
+    assert no_plan.last_need < 3  # feedback alone still sizes for 100 req/s
 
 
 def test_separation_against_a_hand_worked_first_order_inner_loop():
