@@ -173,8 +173,28 @@ def _verdicts(rows: list[dict]) -> list[str]:
     return lines
 
 
-def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None) -> dict[str, Any]:
-    cfg = {"full": False, **(config or {})}
+def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None,
+        full: bool = False) -> dict[str, Any]:
+    """Run the study (see the module docstring).
+
+    Parameters
+    ----------
+    out_dir : str or Path
+        Folder for figures, tables, ``metrics.json`` and ``summary.md``.
+    quick : bool
+        3 h of m-large at a 10-minute start-up (the test suite's variant).
+    config : dict, optional
+        Overrides: ``full``, ``workloads`` ([[spec, scale], ...]), ``startups_s``, ``stacks``,
+        ``last_days``, ``hours``, ``dt``; unknown keys are errors.
+    full : bool
+        The heavy grid (``tokenfactory study layered-stack --full``; same as ``config={"full": True}``).
+
+    Returns
+    -------
+    dict
+        The metrics written to ``metrics.json``.
+    """
+    cfg = {"full": bool(full), **(config or {})}
     reject_unknown_keys("layered-stack", cfg, {"full", "workloads", "startups_s", "stacks", "last_days", "hours",
                                                "dt"})
     full = bool(cfg["full"])

@@ -12,6 +12,7 @@ from tokenfactory.controllers.load_predictors import ArimaPredictor, KalmanPredi
 from tokenfactory.validation import ConfigError
 
 
+@pytest.mark.filterwarnings("ignore::statsmodels.tools.sm_exceptions.EstimationWarning")
 def test_arima_filter_between_refits_matches_the_fitted_models_forecasts():
     from statsmodels.tsa.statespace.sarimax import SARIMAX
 
