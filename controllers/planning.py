@@ -376,10 +376,28 @@ class PlannedPoolController(HystereticPoolController):
         Fill pool only: read the per-worker rate from the plant (fill capacity / fill workers)
         every sample - prompts change length over the day, the orchestrator knows the tokens it
         queues (default False).
-    target_utilization, dead_band, filter_s, dwell_s, up_dwell_s, cooldown_s, max_step_up, \
-max_step_down, queue_clear_s, queue_headroom, min_replicas, max_replicas, sample_period
-        As :class:`tokenfactory.controllers.reconfiguration.HystereticPoolController` (here the
-        step limits default to 1000: a move is sized to the change).
+    target_utilization : float
+        Utilisation the pool is sized for, in (0, 1].
+    dead_band : float
+        Workers the need must fall below n - 1 before a scale-down (>= 0).
+    filter_s : float
+        Time constant of the measured rate's filter (s).
+    dwell_s : float
+        The need must stay low this long before a scale-down (s).
+    up_dwell_s : float, optional
+        ... and high this long before a scale-up (s; default one sample).
+    cooldown_s : float
+        No scale-down sooner than this after a scale-up (s).
+    max_step_up, max_step_down : int
+        Largest move (workers; default 1000: a move is sized to the change).
+    queue_clear_s : float
+        The backlog term clears the queue in this time (s; the feedback loop's tuning).
+    queue_headroom : float
+        Cap of the backlog term as a share of the rate term.
+    min_replicas, max_replicas : int
+        Bounds of the pool.
+    sample_period : float
+        The controller's period (s).
     down_cooldown_s : float, optional
         Least time between two scale-downs (s, >= 0; default ``dwell_s``).
     """

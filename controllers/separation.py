@@ -39,26 +39,71 @@ __all__ = ["CascadePair", "closed_loop", "closed_loop_bandwidth", "cascade_separ
 
 
 def first_order_pm_loss(ratio: float) -> float:
-    """Phase (deg) a first-order inner loop of bandwidth ``ratio`` x w_c costs at w_c: atan(1/ratio)."""
+    """Phase (deg) a first-order inner loop of bandwidth ``ratio`` x w_c costs at w_c: atan(1/ratio).
+
+    Parameters
+    ----------
+    ratio : float
+        Inner closed-loop bandwidth over the outer crossover (> 0).
+
+    Returns
+    -------
+    float
+        The phase lag (deg) of 1 / (s / (ratio w_c) + 1) at w_c.
+    """
     check_number("ratio", ratio, low=0.0, low_inclusive=False)
     return math.degrees(math.atan(1.0 / ratio))
 
 
 def required_ratio(pm_loss_deg: float) -> float:
-    """Bandwidth ratio a first-order inner loop needs to cost at most ``pm_loss_deg``: 1/tan."""
+    """Bandwidth ratio a first-order inner loop needs to cost at most ``pm_loss_deg``: 1/tan.
+
+    Parameters
+    ----------
+    pm_loss_deg : float
+        The phase-margin loss allowed (deg, in (0, 90)).
+
+    Returns
+    -------
+    float
+        1 / tan(``pm_loss_deg``) (11.4 for 5 deg).
+    """
     check_number("pm_loss_deg", pm_loss_deg, low=0.0, high=90.0, low_inclusive=False, high_inclusive=False)
     return 1.0 / math.tan(math.radians(pm_loss_deg))
 
 
 def first_order_lag(time_constant_s: float) -> control.TransferFunction:
-    """1 / (tau s + 1)."""
+    """1 / (tau s + 1).
+
+    Parameters
+    ----------
+    time_constant_s : float
+        tau (s, > 0).
+
+    Returns
+    -------
+    control.TransferFunction
+    """
     check_number("time_constant_s", time_constant_s, low=0.0, low_inclusive=False)
     return control.tf([1.0], [time_constant_s, 1.0])
 
 
 def closed_loop(loop: DelayedLoop, pade_order: int | None = None) -> control.TransferFunction:
     """T(s) = L / (1 + L) as a rational model (the delay by a Pade approximation whose phase tracks
-    the exact delay within 1 deg up to 10 x the loop's crossover; exact when there is no delay)."""
+    the exact delay within 1 deg up to 10 x the loop's crossover; exact when there is no delay).
+
+    Parameters
+    ----------
+    loop : DelayedLoop
+        The open loop L.
+    pade_order : int, optional
+        Order of the delay's Pade approximation (default: the smallest that tracks it as above).
+
+    Returns
+    -------
+    control.TransferFunction
+        T(s).
+    """
     if loop.delay == 0:
         return control.feedback(loop.rational, 1)
     if pade_order is None:
@@ -73,7 +118,18 @@ def closed_loop(loop: DelayedLoop, pade_order: int | None = None) -> control.Tra
 
 def closed_loop_bandwidth(loop: DelayedLoop) -> float:
     """-3 dB bandwidth (rad/s) of T = L / (1 + L) on the exact delay: the lowest frequency above
-    which |T| stays under 1/sqrt(2) ... taken as the first downward crossing from low frequency."""
+    which |T| stays under 1/sqrt(2) ... taken as the first downward crossing from low frequency.
+
+    Parameters
+    ----------
+    loop : DelayedLoop
+        The open loop L.
+
+    Returns
+    -------
+    float
+        The bandwidth (rad/s; inf when |T| never drops below 1/sqrt(2) on the grid).
+    """
     w = _grid(loop, 8000)
     L = loop.response(w)
     T = np.abs(L / (1.0 + L))
@@ -92,7 +148,27 @@ def closed_loop_bandwidth(loop: DelayedLoop) -> float:
 @dataclass(frozen=True)
 class CascadePair:
     """Separation of two adjacent layers: the inner closed loop's bandwidth, the outer loop's
-    crossover, their ratio, and the outer loop's margins with an ideal and with the real inner loop."""
+    crossover, their ratio, and the outer loop's margins with an ideal and with the real inner loop.
+
+    Parameters
+    ----------
+    outer, inner : str
+        The layers' names.
+    inner_bandwidth_rad_s : float
+        The inner closed loop's -3 dB bandwidth (rad/s).
+    outer_crossover_rad_s : float
+        The outer loop's gain crossover (rad/s; NaN for a feed-forward layer).
+    ratio : float
+        ``inner_bandwidth_rad_s / outer_crossover_rad_s``.
+    ideal, real : Margins or None
+        The outer loop's margins with an ideal inner loop and with the real one (None: feed-forward).
+    pm_loss_deg : float
+        Phase margin the real inner loop costs (deg).
+    first_order_pm_loss_deg : float
+        atan(1 / ratio): the loss a first-order inner loop would cost (deg).
+    note : str
+        Why a pair has no margins (feed-forward), or empty.
+    """
 
     outer: str
     inner: str
@@ -195,6 +271,19 @@ def simc_queue_clear_s(delay_s: float, target_utilization: float, *, delay_facto
     """SIMC backlog-clearance time for the reconfiguration loop, relaxed until the floors hold over
     the envelope: queue_clear_s = (tau_c + theta) / u with the first tau_c = f x theta that meets
     GM >= ``gm_floor`` and PM >= ``pm_floor_deg`` at every (delay factor, service-rate factor).
+
+    Parameters
+    ----------
+    delay_s : float
+        The loop's dead time theta (s, > 0).
+    target_utilization : float
+        The pool's target utilisation u.
+    delay_factors, service_rate_factors : sequence of float
+        The envelope: dead-time and service-rate multipliers.
+    gm_floor, pm_floor_deg : float
+        The margin floors.
+    tau_c_factors : sequence of float
+        tau_c / theta tried in increasing order (SIMC's tau_c = theta first).
 
     Returns
     -------

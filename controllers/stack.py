@@ -49,7 +49,19 @@ class StackLayer:
 
     A layer without controllers is static (the slot limit standing in for the batch gate): it is
     listed for the separation analysis and the certificate but never sampled. ``note`` says what
-    a static layer is."""
+    a static layer is.
+
+    Parameters
+    ----------
+    name : str
+        One of :data:`LAYER_ORDER`.
+    controllers : list
+        The layer's sampled controllers (empty: a static layer).
+    sample_period : float
+        The layer's period (s; default the slowest of its controllers').
+    note : str
+        What a static layer is (reported).
+    """
 
     name: str
     controllers: list = field(default_factory=list)
@@ -296,7 +308,16 @@ class CapacityScaledBound(SampledController):
     is fewer seconds and the stack would shed traffic it can serve; the bound is rescaled by
     (decode slots now / decode slots at tuning) every sample, so it stays the same number of
     seconds of capacity, plus what the next sample period releases at the commanded rate.
-    Everything else is the wrapped controller's."""
+    Everything else is the wrapped controller's.
+
+    Parameters
+    ----------
+    admission : SampledController
+        The admission controller (its ``backlog_bound`` and, if it has one, ``target_ready`` are
+        rescaled).
+    nominal_decode_slots : float
+        Decode slots of the pool the admission was tuned at (> 0).
+    """
 
     name = "capacity-scaled"
 

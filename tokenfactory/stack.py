@@ -116,7 +116,33 @@ def scenario_dir() -> Path:
 
 @dataclass
 class StackScenario:
-    """A resolved stack scenario (validated; built lazily by :func:`build_stack`)."""
+    """A resolved stack scenario (validated; built lazily by :func:`build_stack`).
+
+    Parameters
+    ----------
+    name : str
+        The scenario's name.
+    params : FluidParams
+        Roofline rates at the scenario's request shape (no slot limit yet).
+    slo_ttft_s, slo_tpot_s : float
+        The SLO (s, s per output token).
+    rate_rps : float
+        Nominal demand the stack is tuned at (requests/s).
+    dynamics : PoolDynamics
+        Worker start-up, warm-up and drain.
+    layers : dict
+        Each layer's validated table (``batch_gate``, ``admission``, ``reconfiguration``, ``planning``).
+    envelope : StabilityEnvelope
+        Delay and service-rate factors and the margin floors.
+    demand_factors, startup_factors : tuple of float
+        The rest of the envelope.
+    min_separation, max_pm_loss_deg : float
+        The certificate's separation floors.
+    config : dict
+        The parsed TOML (reported, and re-read for another request shape).
+    slo_attainment : float
+        Share of requests that must meet the SLO.
+    """
 
     name: str
     params: FluidParams              # roofline rates at the scenario's request shape (no slot limit yet)
@@ -256,7 +282,22 @@ def stack_scenario_from_dict(d: Mapping[str, Any], name: str = "stack") -> Stack
 
 
 def load_stack_scenario(path: str | Path) -> StackScenario:
-    """Read and validate a stack scenario TOML (a path, or a shipped scenario's name)."""
+    """Read and validate a stack scenario TOML (a path, or a shipped scenario's name).
+
+    Parameters
+    ----------
+    path : str or Path
+        A TOML file, or the name of one in :func:`scenario_dir` (``"stack_default"``).
+
+    Returns
+    -------
+    StackScenario
+
+    Raises
+    ------
+    ConfigError
+        When the file does not exist, is not TOML, or a field is invalid (named).
+    """
     path = Path(path)
     if not path.is_file() and (scenario_dir() / f"{path.name}.toml").is_file():
         path = scenario_dir() / f"{path.name}.toml"
@@ -309,7 +350,24 @@ def reconfiguration_delay_s(params: FluidParams, dynamics: PoolDynamics, sample_
                             startup_factor: float = 1.0) -> float:
     """The reconfiguration loop's dead time: start-up + the warm-up's lost capacity (warm-up x
     (1 - warm-up factor), the equivalent delay of a half-speed start) + half a sample + the
-    measurement delay."""
+    measurement delay.
+
+    Parameters
+    ----------
+    params : FluidParams
+        The plant (its measurement delay).
+    dynamics : PoolDynamics
+        Start-up, warm-up and warm-up speed.
+    sample_period_s : float
+        The reconfiguration layer's period (s).
+    startup_factor : float
+        Multiplier of the start-up (the envelope's).
+
+    Returns
+    -------
+    float
+        The dead time (s).
+    """
     return (dynamics.startup_s * startup_factor + dynamics.warmup_s * (1.0 - dynamics.warmup_factor)
             + sample_period_s / 2.0 + params.measurement_delay_s)
 
@@ -317,7 +375,15 @@ def reconfiguration_delay_s(params: FluidParams, dynamics: PoolDynamics, sample_
 @dataclass
 class StackPlant:
     """What a stack is built for: the plant (slot limit applied), pool sizes it is tuned at, and
-    the admission tuning report."""
+    the admission tuning report.
+
+    Parameters
+    ----------
+    params : FluidParams
+        The plant with the batch gate applied.
+    fill_workers, decode_workers : int
+        Pool sizes at the nominal demand and the target utilisation.
+    """
 
     params: FluidParams
     fill_workers: int
@@ -382,7 +448,17 @@ def _auto_gate_fraction(params: FluidParams, slo_ttft_s: float, slo_tpot_s: floa
 
 
 def stack_plant(sc: StackScenario) -> StackPlant:
-    """The plant the stack runs on (the batch gate applied) and the pool sizes at nominal demand."""
+    """The plant the stack runs on (the batch gate applied) and the pool sizes at nominal demand.
+
+    Parameters
+    ----------
+    sc : StackScenario
+        The scenario.
+
+    Returns
+    -------
+    StackPlant
+    """
     p = sc.params
     if "batch_gate" in sc.layers:
         p = slot_limit(p, sc.slo_tpot_s, gate_fraction(sc))
@@ -540,7 +616,24 @@ def build_stack(sc: StackScenario, *, history: pd.Series | None = None, time_off
 @dataclass
 class Certificate:
     """The stack certificate: per-layer margins over the envelope, separations, describing-function
-    checks, failures (each naming its layer) and the verdict."""
+    checks, failures (each naming its layer) and the verdict.
+
+    Parameters
+    ----------
+    scenario : str
+        The scenario's name.
+    layers : dict
+        Per layer: its worst point over the envelope (margins) and every point, or what a static
+        or feed-forward layer is.
+    separation : list of CascadePair
+        Each adjacent pair of layers, outer first.
+    describing_function : list of dict
+        The describing-function check of every relay or saturation.
+    failures : list of dict
+        ``{"layer", "check", "detail"}`` for every floor that fails (empty: passed).
+    binding : dict
+        The layer and envelope point with the least margin.
+    """
 
     scenario: str
     layers: dict[str, dict]
@@ -758,7 +851,23 @@ class RateWorkload:
     """A demand to run stacks on: ``demand`` (requests/s, indexed by seconds from the run's
     start, held piecewise constant), the planner's ``history`` before the run (absolute time
     index on its interval), the absolute time of t = 0, the mean request and, for a fixed fleet,
-    its size and the prompt-length factor over time."""
+    its size and the prompt-length factor over time.
+
+    Parameters
+    ----------
+    name : str
+        The workload's label.
+    demand : pandas.Series
+        Requests/s indexed by seconds from the run's start.
+    history : pandas.Series or None
+        Demand before the run (absolute time index on the planner's interval).
+    time_offset_s : float
+        Absolute time of t = 0 (s).
+    prompt_tokens, output_tokens : int
+        The mean request.
+    fleet_size : int, optional
+        A fixed fleet (workers), or None.
+    """
 
     name: str
     demand: pd.Series
@@ -829,7 +938,19 @@ def rate_workload(spec: str, *, scale: float = 1.0, last_days: float | None = 4.
 
 
 def plant_for(sc: StackScenario, prompt_tokens: int, output_tokens: int) -> FluidParams:
-    """The scenario's plant at another request shape (a trace's mean request)."""
+    """The scenario's plant at another request shape (a trace's mean request).
+
+    Parameters
+    ----------
+    sc : StackScenario
+        The scenario (its ``[plant]`` table).
+    prompt_tokens, output_tokens : int
+        The request shape.
+
+    Returns
+    -------
+    FluidParams
+    """
     plant_d = {**dict(sc.config.get("plant", {})), "prompt_tokens": int(prompt_tokens),
                "output_tokens": int(output_tokens), "fill_workers": 1, "decode_workers": 1}
     return build_plant(plant_d).params
