@@ -15,7 +15,8 @@ import pytest
 
 #: (layer, module prefixes), bottom first; the first matching prefix wins, longest prefixes first
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("core", ("tokenfactory.errors", "tokenfactory.validation", "tokenfactory.signals", "tokenfactory.events")),
+    ("core", ("tokenfactory.errors", "tokenfactory.validation", "tokenfactory.signals", "tokenfactory.events",
+              "tokenfactory.classes")),
     ("service", ("tokenfactory.plant_models.hardware", "tokenfactory.plant_models.moe_model",
                  "tokenfactory.plant_models.roofline", "tokenfactory.plant_models.stage_memory",
                  "tokenfactory.plant_models.service", "tokenfactory.plant_models.published")),

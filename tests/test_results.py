@@ -62,7 +62,7 @@ def test_records_are_flat_rows(results):
     assert results["des"].requests is rec  # the former name
     assert len(rec) == results["des"].metrics["requests"]
     assert set(rec["state"].cat.categories) == {"not_arrived", "backlog", "fill", "transfer", "ready", "decode",
-                                                 "completed", "rejected"}
+                                                 "completed", "rejected", "deferred"}
     done = rec[rec["state"] == "completed"]
     assert (done["completion_s"] >= done["first_token_s"]).all() and (done["ttft_s"] >= 0).all()
 

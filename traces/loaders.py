@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from tokenfactory.validation import ConfigError
+from tokenfactory.traces.classes import assign_classes, class_seed
 from tokenfactory.traces.schema import REQUEST_COLUMNS
 
 __all__ = ["TraceError", "TraceSpec", "TRACES", "data_dir", "load_trace", "trace_available",
@@ -101,13 +102,15 @@ def _finish_requests(df: pd.DataFrame, name: str, source: str) -> pd.DataFrame:
         "session_id": df.get("session_id", pd.Series("", index=df.index)).fillna("").astype(str),
         "turn": df.get("turn", pd.Series(0, index=df.index)).fillna(0).astype(np.int64),
         "think_time_s": df.get("think_time_s", pd.Series(np.nan, index=df.index)).astype(float),
+        "request_class": df.get("request_class", pd.Series("", index=df.index)).fillna("").astype(str),
     })
     for extra in df.columns:
         if extra not in out.columns and extra in ("hash_ids",):
             out[extra] = df[extra].to_numpy()
     out = out.reset_index(drop=True)
     out.attrs.update({"name": name, "kind": "requests", "source": source})
-    return out
+    # requests without a class from the data get one from the documented mix, seeded by the name
+    return assign_classes(out, seed=class_seed(name))
 
 
 def _finish_rates(time_s: np.ndarray, cols: dict, name: str, source: str, path) -> pd.DataFrame:
@@ -284,9 +287,11 @@ def load_agentic(path, name: str = "agentic-coding") -> pd.DataFrame:
     -------
     DataFrame
         A request table with ``session_id`` = conv_id (``conv_id/agent_id`` for sub-agents),
-        ``turn`` = call index within the session, ``cached_tokens`` = prefix_hit_tokens and
+        ``turn`` = call index within the session, ``cached_tokens`` = prefix_hit_tokens,
+        ``request_class`` from ``type`` (``s`` streaming -> interactive, ``n`` -> batch) and
         ``attrs["per_session_clock"] = True``: it cannot be binned into a cluster arrival rate,
-        scaled or superposed.
+        scaled or superposed (:func:`tokenfactory.traces.place_sessions` puts sessions on one
+        clock).
 
     Raises
     ------
@@ -299,9 +304,13 @@ def load_agentic(path, name: str = "agentic-coding") -> pd.DataFrame:
         _check_numeric(path, df, col)
     session = df["conv_id"].astype(str) + np.where(df.get("agent_id", pd.Series("", index=df.index)).fillna("") != "",
                                                    "/" + df.get("agent_id", pd.Series("", index=df.index)).fillna("").astype(str), "")
+    # the data's own class: a streaming call has a user watching (interactive), a non-streaming
+    # call is read whole by a program (batch); a call of unknown type gets the documented mix
+    kind = df.get("type", pd.Series("", index=df.index)).fillna("").astype(str)
     out = pd.DataFrame({"arrival_s": df["t_s"].astype(float), "input_tokens": df["in_tokens"],
                         "cached_tokens": df["prefix_hit_tokens"], "output_tokens": df["out_tokens"],
-                        "session_id": session, "think_time_s": pd.to_numeric(df["think_time_s"], errors="coerce")})
+                        "session_id": session, "think_time_s": pd.to_numeric(df["think_time_s"], errors="coerce"),
+                        "request_class": kind.map({"s": "interactive", "n": "batch"}).fillna("")})
     out["turn"] = out.groupby("session_id").cumcount()
     res = _finish_requests(out, name, str(path))
     res["arrival_s"] = df["t_s"].astype(float).to_numpy()  # per-session clocks, not shifted
@@ -399,7 +408,8 @@ def load_request_csv(path, name: str | None = None) -> pd.DataFrame:
     path : str or Path
         The CSV: ``arrival_s`` (s, non-decreasing), ``input_tokens``, ``output_tokens`` and
         optionally ``cached_tokens`` (<= input_tokens), ``session_id``, ``turn``,
-        ``think_time_s``; no other column.
+        ``think_time_s``, ``request_class`` (empty cells drawn from the documented mix); no other
+        column.
     name : str, optional
         Name recorded in ``attrs["name"]`` (default: the file's stem).
 

@@ -11,6 +11,7 @@
 | ``session_id`` | str | conversation/session ("" when the trace has none) |
 | ``turn`` | int | index of the call within its session (0 when the trace has none) |
 | ``think_time_s`` | float | gap before this call in its session (NaN when unknown) |
+| ``request_class`` | str | the request's class (:mod:`tokenfactory.classes`): from the data where the trace has one, else drawn from the documented mix (:mod:`tokenfactory.traces.classes`) |
 
 Extra columns a loader may add: ``hash_ids`` (Mooncake's chained 512-token prefix-block ids).
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 __all__ = ["REQUEST_COLUMNS", "RATE_COLUMNS", "REQUIRED_REQUEST_COLUMNS", "REQUIRED_RATE_COLUMNS"]
 
 REQUEST_COLUMNS = ("arrival_s", "input_tokens", "cached_tokens", "output_tokens", "session_id", "turn",
-                   "think_time_s")
+                   "think_time_s", "request_class")
 REQUIRED_REQUEST_COLUMNS = ("arrival_s", "input_tokens", "output_tokens")
 RATE_COLUMNS = ("rate_rps", "active_clients", "idc")
 REQUIRED_RATE_COLUMNS = ("rate_rps",)

@@ -25,6 +25,7 @@ import pandas as pd
 
 from tokenfactory.validation import check_int, check_number, reject_unknown_keys
 from tokenfactory.traces.stats import counts
+from tokenfactory.traces.classes import assign_classes
 
 __all__ = ["SyntheticWorkload", "rate_at", "generate_requests", "generate_rates", "fit_workload",
            "compare_to_trace"]
@@ -255,7 +256,8 @@ def generate_requests(w: SyntheticWorkload, duration_s: float, start_s: float = 
     Returns
     -------
     DataFrame
-        The request table, ``arrival_s`` measured from ``start_s``; ``attrs`` carry ``name``
+        The request table, ``arrival_s`` measured from ``start_s``, ``request_class`` drawn
+        from the documented mix (seeded by ``w.seed``); ``attrs`` carry ``name``
         (``"synthetic"``), ``kind``, ``source``, ``start_s`` and ``config`` (the workload's
         fields).
 
@@ -289,7 +291,8 @@ def generate_requests(w: SyntheticWorkload, duration_s: float, start_s: float = 
     df["arrival_s"] = df["arrival_s"] - start_s
     df.attrs.update({"name": "synthetic", "kind": "requests", "source": f"synthetic seed={w.seed}",
                      "start_s": start_s, "config": dataclasses.asdict(w)})
-    return df
+    # classes from the documented mix, on their own generator (the draws above are unchanged)
+    return assign_classes(df, seed=w.seed)
 
 
 def generate_rates(w: SyntheticWorkload, duration_s: float, interval_s: float = 600.0,

@@ -7,7 +7,7 @@ import pandas as pd
 
 from tokenfactory.validation import ConfigError, check_number
 
-__all__ = ["scale_trace", "superpose_trace"]
+__all__ = ["scale_trace", "superpose_trace", "place_sessions", "spread_quantized_arrivals"]
 
 
 def scale_trace(trace: pd.DataFrame, scale: float) -> pd.DataFrame:
@@ -103,4 +103,134 @@ def superpose_trace(trace: pd.DataFrame, multiplier: float, seed: int = 0) -> pd
         parts.append(part)
     out = pd.concat(parts, ignore_index=True).sort_values("arrival_s", kind="stable").reset_index(drop=True)
     out.attrs = dict(trace.attrs)
+    return out
+
+
+def place_sessions(trace: pd.DataFrame, request_rate_rps: float, duration_s: float, seed: int = 0, *,
+                   warmup_s: float = 7200.0) -> pd.DataFrame:
+    """Sessions of a per-session-clock trace (agentic coding) put on one clock, at about
+    ``request_rate_rps`` requests per second over [0, duration_s).
+
+    Sessions start as a Poisson process over [-``warmup_s``, ``duration_s``), each a session of
+    the trace drawn with replacement (seeded); a session started before 0 joins at the first turn
+    its own clock places at or after 0, so the run starts with sessions already in progress
+    rather than from an empty population. The session-start rate is set so that the turns the
+    trace's own clocks place in [0, duration_s) come at ``request_rate_rps`` (one calibration
+    pass); in a replay later turns follow their predecessor's completion by their think time
+    (``attrs["per_session_clock"]`` is kept), so the realised rate also depends on the service.
+
+    Parameters
+    ----------
+    trace : DataFrame
+        A request table with per-session clocks (``session_id``, ``turn``, ``arrival_s`` on the
+        session's clock, ``think_time_s``).
+    request_rate_rps : float
+        Target rate of requests (> 0).
+    duration_s : float
+        Length of the window (s, > 0).
+    seed : int
+        Seed of the session draws and start times (default 0).
+    warmup_s : float
+        How long before 0 sessions may start (s, >= 0; default 7200).
+
+    Returns
+    -------
+    DataFrame
+        One row per kept turn, copy k of a session with ``session_id`` suffixed ``#k``, the first
+        kept turn's ``arrival_s`` on the common clock (later turns keep theirs; a replay ignores
+        them), sorted by ``arrival_s``; ``attrs`` of ``trace`` plus ``session_rate_rps``.
+
+    Raises
+    ------
+    ConfigError
+        For a trace without sessions or per-session clocks, or a non-positive rate or duration.
+    """
+    check_number("request_rate_rps", request_rate_rps, low=0.0, low_inclusive=False)
+    check_number("duration_s", duration_s, low=0.0, low_inclusive=False)
+    check_number("warmup_s", warmup_s, low=0.0)
+    if not trace.attrs.get("per_session_clock") or "session_id" not in trace:
+        raise ConfigError("trace", "place_sessions needs a trace with per-session clocks (agentic sessions)")
+    tr = trace[trace["session_id"].astype(str) != ""].sort_values(["session_id", "turn"], kind="stable")
+    if not len(tr):
+        raise ConfigError("trace", "the trace has no sessions")
+    groups = [g for _, g in tr.groupby("session_id", sort=True)]
+    clocks = [g["arrival_s"].to_numpy(dtype=float) - float(g["arrival_s"].iloc[0]) for g in groups]
+
+    def draw(rate: float) -> tuple[list, int]:
+        rng = np.random.default_rng(seed)
+        n = rng.poisson(rate * (warmup_s + duration_s))
+        starts = np.sort(rng.uniform(-warmup_s, duration_s, n))
+        picks = rng.integers(0, len(groups), n)
+        placed, in_window = [], 0
+        for k, (s0, j) in enumerate(zip(starts, picks)):
+            t = s0 + clocks[j]
+            keep = t >= 0.0
+            if not keep.any():
+                continue
+            in_window += int(((t >= 0.0) & (t < duration_s)).sum())
+            placed.append((k, j, int(np.argmax(keep)), float(t[keep][0])))
+        return placed, in_window
+
+    mean_turns = len(tr) / len(groups)
+    mean_span = float(np.mean([c[-1] for c in clocks])) + 1.0
+    rate = request_rate_rps / mean_turns  # sessions/s if every session fit in the window
+    placed, got = draw(rate)
+    if got > 0:  # calibrate on the turns the window actually holds
+        rate *= request_rate_rps * duration_s / got
+        placed, got = draw(rate)
+    parts = []
+    for k, j, first, t0 in placed:
+        part = groups[j].iloc[first:].copy()
+        part["arrival_s"] = part["arrival_s"].to_numpy(dtype=float) - float(part["arrival_s"].iloc[0]) + t0
+        part["session_id"] = part["session_id"].astype(str) + f"#{k}"
+        parts.append(part)
+    out = (pd.concat(parts, ignore_index=True) if parts else tr.iloc[:0].copy())
+    out = out.sort_values("arrival_s", kind="stable").reset_index(drop=True)
+    out.attrs = {**trace.attrs, "session_rate_rps": rate, "mean_session_span_s": mean_span}
+    return out
+
+
+def spread_quantized_arrivals(trace: pd.DataFrame, quantum_s: float | None = None, seed: int = 0) -> pd.DataFrame:
+    """Arrivals recorded on a coarse clock spread uniformly over their slot.
+
+    Mooncake's conversation trace records arrivals in ~3 s slots (``attrs["arrival_quantum_s"]``;
+    about ten requests share each timestamp): the structure below the slot is not recorded, and
+    replayed as is every slot is a burst followed by silence. Drawing each arrival uniformly in
+    [t, t + quantum) keeps the slot's count and removes the artificial burst (an ASSUMPTION about
+    what the recording hid: Poisson-like arrivals within a slot).
+
+    Parameters
+    ----------
+    trace : DataFrame
+        A request table on one clock.
+    quantum_s : float, optional
+        The slot (s, > 0); default ``attrs["arrival_quantum_s"]`` (the trace is returned unchanged
+        without one).
+    seed : int
+        Seed of the draw (default 0).
+
+    Returns
+    -------
+    DataFrame
+        A copy sorted by the new ``arrival_s``; ``attrs`` kept, ``arrival_quantum_s`` dropped and
+        ``arrivals_spread_s`` set.
+
+    Raises
+    ------
+    ConfigError
+        For a non-positive ``quantum_s`` or a trace with per-session clocks.
+    """
+    q = trace.attrs.get("arrival_quantum_s") if quantum_s is None else quantum_s
+    if q is None:
+        return trace
+    check_number("quantum_s", q, low=0.0, low_inclusive=False)
+    if trace.attrs.get("per_session_clock"):
+        raise ConfigError("quantum_s", "a trace with per-session clocks has no common arrival clock to spread")
+    rng = np.random.default_rng(seed)
+    out = trace.copy()
+    out["arrival_s"] = out["arrival_s"].to_numpy(dtype=float) + rng.uniform(0.0, q, len(out))
+    out = out.sort_values("arrival_s", kind="stable").reset_index(drop=True)
+    out["arrival_s"] -= float(out["arrival_s"].iloc[0])
+    attrs = {k: v for k, v in trace.attrs.items() if k != "arrival_quantum_s"}
+    out.attrs = {**attrs, "arrivals_spread_s": float(q)}
     return out

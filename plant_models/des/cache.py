@@ -1,7 +1,8 @@
 """Prefix caches: how many of a request's input tokens a fill reads from cache instead of computing.
 
-A policy object with one method, :meth:`PrefixCache.lookup`, called once when a request's fill
-starts (again after a crash re-queues it). Traces with ``hash_ids`` (Mooncake's block hashes)
+A policy object with :meth:`PrefixCache.lookup`, called once when a request's fill starts (again
+after a crash re-queues it), and :meth:`PrefixCache.peek`, the orchestrator's look at the cache
+index when a request arrives (what it expects to hit; nothing is recorded). Traces with ``hash_ids`` (Mooncake's block hashes)
 are looked up block by block: the hit is the longest cached prefix of whole blocks. Write a
 subclass to try another policy and pass it as ``simulate(..., prefix_cache=...)``.
 """
@@ -36,7 +37,33 @@ class PrefixCache:
         """
         return 0
 
+    def peek(self, blocks: Sequence | None, input_tokens: int, given_cached: int) -> int:
+        """Cached tokens a request arriving now would hit, without recording anything (what an
+        orchestrator's cache index tells an admission gate). The base policy promises none.
+
+        Parameters
+        ----------
+        blocks : sequence or None
+            The request's block hashes (None when the trace has none).
+        input_tokens : int
+            Its input tokens.
+        given_cached : int
+            The trace's own ``cached_tokens`` for it.
+
+        Returns
+        -------
+        int
+            Tokens expected from cache, at most ``input_tokens``.
+        """
+        return 0
+
     def params(self) -> dict:
+        """The policy's name and settings (recorded in a result's config).
+
+        Returns
+        -------
+        dict
+        """
         return {"policy": type(self).__name__}
 
 
@@ -67,6 +94,17 @@ class UnboundedPrefixCache(PrefixCache):
                 break
             hit += 1
         self.blocks.update(blocks)
+        return int(min(hit * self.block_tokens, input_tokens))
+
+    def peek(self, blocks, input_tokens, given_cached):
+        if blocks is None:
+            return int(min(given_cached, input_tokens))
+        hit = 0
+        cache = self.blocks
+        for h in blocks:
+            if h not in cache:
+                break
+            hit += 1
         return int(min(hit * self.block_tokens, input_tokens))
 
 
@@ -101,6 +139,17 @@ class LRUPrefixCache(PrefixCache):
             cache[h] = None
         while len(cache) > self.capacity_blocks:
             cache.popitem(last=False)
+        return int(min(hit * self.block_tokens, input_tokens))
+
+    def peek(self, blocks, input_tokens, given_cached):
+        if blocks is None:
+            return 0
+        hit = 0
+        cache = self.blocks
+        for h in blocks:
+            if h not in cache:
+                break
+            hit += 1
         return int(min(hit * self.block_tokens, input_tokens))
 
     def params(self) -> dict:

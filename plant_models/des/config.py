@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tokenfactory.classes import RequestClass, class_table, classes_from_dict
 from tokenfactory.events import DecodeRateDip, LinkSlowdown, Reconfiguration, WorkerCrash, events_from_dicts
 from tokenfactory.plant_models.fleet import PoolDynamics
 from tokenfactory.validation import ConfigError, check_int, check_number, reject_unknown_keys
@@ -56,6 +57,16 @@ class ClusterConfig:
         Seed of the run's random generator (>= 0).
     progress : bool or None
         Print progress to stderr (None: when stderr is a terminal).
+    classes : tuple of RequestClass
+        Request classes with their own SLOs and priorities (the trace's ``request_class`` column
+        names them); empty (default): every request is judged by ``slo_ttft_s``/``slo_tpot_s``
+        and served first come first served, whatever its class (per-class metrics are still
+        reported). Given as objects, or (``from_dict``) as a table ``{name: {fields}}`` applied
+        to :data:`tokenfactory.classes.DEFAULT_CLASSES`.
+    batch_cap : float or None
+        Largest decode batch per worker at the start (sequences, >= 1); None (default): the
+        service tables' ``decode_max_batch``. A :class:`tokenfactory.signals.BatchCapAction`
+        changes it during the run.
     """
 
     fill_workers: int = 8
@@ -73,6 +84,8 @@ class ClusterConfig:
     events: tuple = ()
     seed: int = 0
     progress: bool | None = None
+    classes: tuple = ()
+    batch_cap: float | None = None
 
     def __post_init__(self) -> None:
         check_int("cluster.fill_workers", self.fill_workers, low=0)
@@ -93,15 +106,49 @@ class ClusterConfig:
                               f"initial {self.fill_workers} fill + {self.decode_workers} decode")
         check_int("cluster.seed", self.seed, low=0)
         object.__setattr__(self, "events", events_from_dicts(self.events, "cluster.events", EVENT_KINDS))
+        classes = tuple(self.classes)
+        for k, c in enumerate(classes):
+            if not isinstance(c, RequestClass):
+                raise ConfigError(f"cluster.classes[{k}]", f"expected a RequestClass, got {type(c).__name__}")
+        if classes:
+            class_table(classes)  # names unique
+        object.__setattr__(self, "classes", classes)
+        if self.batch_cap is not None:
+            check_number("cluster.batch_cap", self.batch_cap, low=1.0, allow_inf=True)
+
+    def class_table(self) -> dict[str, RequestClass] | None:
+        """The classes by name, highest priority first, or None when none are configured.
+
+        Returns
+        -------
+        dict or None
+            ``name -> RequestClass``.
+        """
+        return class_table(self.classes) if self.classes else None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "cluster") -> "ClusterConfig":
         """From a mapping (a scenario file's ``[cluster]``); ``dynamics`` is a table of
-        :class:`PoolDynamics` fields, ``events`` a list of tables with a ``kind``."""
+        :class:`PoolDynamics` fields, ``events`` a list of tables with a ``kind``, ``classes`` a
+        table of classes (:func:`tokenfactory.classes.classes_from_dict`).
+
+        Parameters
+        ----------
+        d : mapping
+            The fields; unknown keys raise :class:`ConfigError` naming them.
+        where : str
+            Field path for error messages (default ``"cluster"``).
+
+        Returns
+        -------
+        ClusterConfig
+        """
         d = dict(d)
         reject_unknown_keys(where, d, {f.name for f in dataclasses.fields(cls)})
         if isinstance(d.get("dynamics"), Mapping):
             reject_unknown_keys(f"{where}.dynamics", d["dynamics"], {f.name for f in dataclasses.fields(PoolDynamics)})
             d["dynamics"] = PoolDynamics(**d["dynamics"])
         evs = events_from_dicts(d.pop("events", []), f"{where}.events", EVENT_KINDS)
+        if "classes" in d and isinstance(d["classes"], Mapping):
+            d["classes"] = classes_from_dict(d["classes"], f"{where}.classes")
         return cls(events=evs, **d)

@@ -11,6 +11,19 @@ object, :meth:`~tokenfactory.plant_models.des.decode.DecodeStage.can_join` (batc
 prefix cache (:mod:`tokenfactory.plant_models.des.cache`) and the queues (``backlog``,
 ``fill_q``, ``ready`` are deques; any object with ``append``, ``appendleft``, ``popleft``,
 ``len`` and ``[0]`` can replace one in a subclass).
+
+Request classes (``ClusterConfig.classes``): each request's class sets its SLO and priority;
+with more than one priority the three queues become
+:class:`~tokenfactory.plant_models.des.queues.PriorityQueues` (higher priority served first),
+lower-priority work may take at most ``1 - reserve`` of each fill step's token budget (a
+:class:`tokenfactory.signals.ReserveAction` sets the share) and a higher-priority ready sequence
+preempts the newest lower-priority one when its worker is at the batch cap or out of KV.
+
+Admission: a controller with a ``decide(t, arrival)`` method is an *arrival gate*: each arrival
+is admitted into fill at once, deferred (held in the holding queue, offered again at every
+controller sample until its class's ``max_defer_s``, then rejected with ``deferral_expired``)
+or rejected with the gate's reason. Other controllers release the backlog at their commanded
+rate. A :class:`tokenfactory.signals.BatchCapAction` from any controller sets the decode batch cap.
 """
 
 from __future__ import annotations
@@ -34,10 +47,11 @@ from tokenfactory.plant_models.des.fleet import FleetControl
 from tokenfactory.plant_models.des.workers import IdleWorkers
 from tokenfactory.plant_models.des.measure import Monitor
 from tokenfactory.plant_models.des.params import DESParams
+from tokenfactory.plant_models.des.queues import PriorityQueues
 from tokenfactory.plant_models.des.records import RequestRecords, Stage
 from tokenfactory.plant_models.result import SimulationResult
 from tokenfactory.plant_models.service import mean_active_context
-from tokenfactory.signals import REJECT_REASONS, AdmissionAction, count_reversals
+from tokenfactory.signals import DEFER_REASONS, REJECT_REASONS, AdmissionAction, Arrival, count_reversals
 from tokenfactory.validation import ConfigError
 
 __all__ = ["Simulator", "OpenAdmission", "simulate"]
@@ -124,10 +138,20 @@ class Simulator(FillStage, DecodeStage, FleetControl, Monitor):
         if self.closed_sessions:
             self._link_sessions(trace)
         self.rec = RequestRecords(n)
+        self._setup_classes(trace)
         # -- queues and counters
-        self.backlog: deque = deque()
-        self.fill_q: deque = deque()  # [request, new tokens still to fill] (-1: not started)
-        self.ready: deque = deque()
+        if self.multi:  # classes of more than one priority: the queues serve higher priority first
+            L = len(self.level_names)
+            self.backlog = PriorityQueues(L, self.level_of)
+            self.fill_q = PriorityQueues(L, self.level_of, keyed=True)
+            self.ready = PriorityQueues(L, self.level_of)
+        else:
+            self.backlog: deque = deque()
+            self.fill_q: deque = deque()  # [request, new tokens still to fill] (-1: not started)
+            self.ready: deque = deque()
+        self.held: deque = deque()  # deferred requests (stale entries skipped: stage tells)
+        self.fill_reserve = 0.0     # share of each fill step held for the top priority level
+        self.gate = getattr(controller, "decide", None) if controller is not None else None
         self.idle_fill = IdleWorkers()
         self.idle_decode = IdleWorkers()
         self.arrived = self.completed = self.rejected = self.admitted = 0
@@ -150,9 +174,56 @@ class Simulator(FillStage, DecodeStage, FleetControl, Monitor):
         mean_in, mean_out = float(self.inp_arr.mean()), float(self.out_arr.mean())
         self.nominal_ctx = mean_active_context(mean_in, mean_out, float(self.out_arr.std()) / mean_out)
         self.kv_limit = params.decode_kv_capacity_bytes * (1.0 - cluster.kv_watermark)
-        self.nominal_fill_rps = params.fill_token_budget / params.fill_step_time(params.fill_token_budget) / max(
-            mean_in, 1.0)
+        self.fill_token_rate = params.fill_token_budget / params.fill_step_time(params.fill_token_budget)
+        self.nominal_fill_rps = self.fill_token_rate / max(mean_in, 1.0)
+        self.batch_cap = float(min(cluster.batch_cap if cluster.batch_cap is not None else math.inf,
+                                   params.decode_max_batch))
         self.actions: list[dict] = []
+
+    def _setup_classes(self, trace: pd.DataFrame) -> None:
+        """Each request's class index, priority level and SLO; per-class counters."""
+        n, cfg = self.n, self.cfg
+        raw = (trace["request_class"].fillna("").astype(str).to_numpy() if "request_class" in trace
+               else np.full(n, "", dtype=object))
+        table = cfg.class_table()
+        if table is None:  # no classes configured: one SLO, first come first served
+            names = sorted(set(raw.tolist()) - {""}) or ["interactive"]
+            if (raw == "").any() and "interactive" not in names:
+                names = ["interactive", *names]
+            slo = {c: (cfg.slo_ttft_s, cfg.slo_tpot_s) for c in names}
+            level = {c: 0 for c in names}
+            defer = {c: (False, 0.0) for c in names}
+        else:
+            names = list(table)
+            unknown = sorted(set(raw.tolist()) - set(names) - {""})
+            if unknown:
+                raise ConfigError("trace.request_class", f"{unknown[0]!r} is not a configured class "
+                                  f"({', '.join(names)})")
+            prios = sorted({c.priority for c in table.values()})
+            slo = {c: (table[c].slo_ttft_s, table[c].slo_tpot_s) for c in names}
+            level = {c: prios.index(table[c].priority) for c in names}
+            defer = {c: (table[c].deferrable, table[c].max_defer_s) for c in names}
+        raw = np.where(raw == "", names[0], raw)
+        self.class_names = names
+        index = {c: k for k, c in enumerate(names)}
+        self.cls = np.array([index[c] for c in raw.tolist()], dtype=np.int64)
+        self.cls_l = self.cls.tolist()
+        self.level_names = sorted(set(level.values()))
+        self.class_level = [level[c] for c in names]
+        self.level_of = [self.class_level[c] for c in self.cls_l]
+        self.multi = len(self.level_names) > 1
+        self.slo_ttft = np.array([slo[c][0] for c in names])
+        self.slo_tpot = np.array([slo[c][1] for c in names])
+        self.deferrable = [defer[c][0] for c in names]
+        self.max_defer = [defer[c][1] for c in names]
+        C = len(names)
+        self.c_backlog, self.c_deferred, self.c_fip = [0] * C, [0] * C, [0] * C
+        self.c_ready, self.c_dec, self.c_arr_since = [0] * C, [0] * C, [0] * C
+        self.tok_fill = [0.0] * C
+        self.pred_tok = [0] * n
+        out = self.out_arr
+        self.mean_out = [float(out[self.cls == c].mean()) if (self.cls == c).any() else float(out.mean())
+                         for c in range(C)]
 
     def _link_sessions(self, trace: pd.DataFrame) -> None:
         sid = trace["session_id"].to_numpy()
@@ -170,7 +241,9 @@ class Simulator(FillStage, DecodeStage, FleetControl, Monitor):
         self.env.schedule(_Call(fn, args), _NORMAL, delay)
 
     def in_system(self) -> int:
-        return len(self.backlog) + self.fill_wip + self.in_transfer + len(self.ready) + self.decoding
+        """Requests arrived and neither completed nor rejected (deferred ones included)."""
+        return (len(self.backlog) + self.fill_wip + self.in_transfer + len(self.ready) + self.decoding
+                + sum(self.c_deferred))
 
     # -- arrivals and admission -------------------------------------------------------------
     def _start_arrivals(self) -> None:
@@ -194,17 +267,83 @@ class Simulator(FillStage, DecodeStage, FleetControl, Monitor):
             self.call_in(times[k] - now, self._arrivals)
 
     def arrive(self, i: int) -> None:
+        """Request ``i`` reaches the orchestrator: offered to the arrival gate, or queued in the
+        backlog (rejected at once when the backlog is at the commanded bound)."""
         self.arrived += 1
         self.arrived_since += 1
+        self.c_arr_since[self.cls_l[i]] += 1
         self.rec.arrival_s[i] = self.env.now
+        if self.gate is not None:
+            self.offer(i)
+            return
         if len(self.backlog) >= self.action.backlog_bound:
             self.reject(i, self.action.reason)
             return
         self.rec.stage[i] = Stage.BACKLOG
+        self.c_backlog[self.cls_l[i]] += 1
         self.backlog.append(i)
         self.kick_admission()
 
+    def arrival_view(self, i: int) -> Arrival:
+        """What the gate sees of request ``i``: class, tokens, a peek at the prefix cache (the
+        hit it expects; nothing is recorded), the class's mean output and its arrival time."""
+        c = self.cls_l[i]
+        inp = self.inp[i]
+        hit = self.cache.peek(self.hashes[i] if self.hashes is not None else None, inp, self.given_cached[i])
+        self.pred_tok[i] = max(inp - hit, 1)
+        return Arrival(self.class_names[c], inp, hit, self.mean_out[c], float(self.rec.arrival_s[i]))
+
+    def offer(self, i: int) -> bool:
+        """Offer request ``i`` (arriving, or deferred) to the gate; True when it was admitted."""
+        d = self.gate(self.env.now, self.arrival_view(i))
+        verdict = d.verdict
+        if verdict == "admit":
+            self.admit(i, predicted=True)
+            return True
+        c = self.cls_l[i]
+        rec = self.rec
+        if verdict == "defer" and self.deferrable[c]:
+            if rec.stage[i] != Stage.DEFERRED:  # first deferral: into the holding queue, with its deadline
+                if d.reason not in DEFER_REASONS:
+                    raise ConfigError("decision.reason", f"{d.reason!r} is not one of {DEFER_REASONS}")
+                rec.stage[i] = Stage.DEFERRED
+                rec.deferred_s[i] = self.env.now
+                rec.defer_reason[i] = d.reason
+                self.c_deferred[c] += 1
+                self.held.append(i)
+                left = rec.arrival_s[i] + self.max_defer[c] - self.env.now
+                self.call_in(max(left, 0.0), self._defer_expired, i)
+            return False
+        if verdict not in ("reject", "defer"):
+            raise ConfigError("decision.verdict", f"{verdict!r} is not one of admit, defer, reject")
+        if rec.stage[i] == Stage.DEFERRED:
+            self.c_deferred[c] -= 1
+        reason = d.reason if d.reason in REJECT_REASONS else "predicted_slo_violation"
+        self.reject(i, reason)
+        return False
+
+    def _defer_expired(self, i: int) -> None:
+        if self.rec.stage[i] == Stage.DEFERRED:
+            self.c_deferred[self.cls_l[i]] -= 1
+            self.reject(i, "deferral_expired")
+
+    def offer_held(self) -> None:
+        """Offer the deferred requests again, oldest first, until the gate refuses one."""
+        held, rec = self.held, self.rec
+        while held:
+            i = held[0]
+            if rec.stage[i] != Stage.DEFERRED:
+                held.popleft()  # admitted or expired since
+                continue
+            if self.offer(i):
+                held.popleft()
+                continue
+            if rec.stage[i] == Stage.DEFERRED:
+                return  # still no room: the rest wait too (first in, first out)
+            held.popleft()
+
     def reject(self, i: int, why: str) -> None:
+        """Request ``i`` is rejected with reason ``why`` (one of ``REJECT_REASONS``)."""
         rec = self.rec
         rec.stage[i] = Stage.REJECTED
         rec.reason[i] = why
@@ -251,13 +390,25 @@ class Simulator(FillStage, DecodeStage, FleetControl, Monitor):
         self._adm_tokens, self._adm_last = 1.0, self.env.now  # exactly one token accrued (no round-off stall)
         self._admit()
 
-    def admit(self, i: int) -> None:
+    def admit(self, i: int, predicted: bool = False) -> None:
+        """Request ``i`` enters the fill queue (``predicted``: its expected new tokens were just
+        computed by :meth:`arrival_view`)."""
         rec = self.rec
+        c = self.cls_l[i]
+        st = rec.stage[i]
+        if st == Stage.BACKLOG:
+            self.c_backlog[c] -= 1
+        elif st == Stage.DEFERRED:
+            self.c_deferred[c] -= 1
+        if not predicted:
+            self.arrival_view(i)
         rec.admitted_s[i] = self.env.now
         self.admitted += 1
         self.admitted_since += 1
         rec.stage[i] = Stage.FILL
         self.fill_wip += 1
+        self.c_fip[c] += 1
+        self.tok_fill[c] += self.pred_tok[i]
         self.fill_q.append([i, -1])  # new tokens decided at fill start (prefix cache lookup)
         self.kick_fill()
 
@@ -301,6 +452,9 @@ class Simulator(FillStage, DecodeStage, FleetControl, Monitor):
         arrived, done, rej, in_flight = self.arrived, self.completed, self.rejected, self.in_system()
         by_stage = self.rec.by_stage()
         in_stages = sum(int(by_stage[s]) for s in Stage.in_system())
+        if by_stage[Stage.DEFERRED] != sum(self.c_deferred) or min(self.c_deferred) < 0:
+            raise ConservationError(f"request simulator: {int(by_stage[Stage.DEFERRED])} requests deferred by "
+                                    f"their records, {sum(self.c_deferred)} by the counters")
         if arrived != done + rej + in_flight or by_stage[Stage.COMPLETED] != done \
                 or by_stage[Stage.REJECTED] != rej or in_stages != in_flight \
                 or (self.rec.reason[self.rec.stage == Stage.REJECTED] == "").any():
@@ -310,24 +464,22 @@ class Simulator(FillStage, DecodeStage, FleetControl, Monitor):
     def result(self, duration: float, wall: float) -> SimulationResult:
         """Records, series, actions, metrics and config of the finished run."""
         cfg = self.cfg
-        rec = self.rec.frame(self.inp_arr, self.out_arr)
-        series = self.snap.frame()
+        names = np.asarray(self.class_names, dtype=object)
+        rec = self.rec.frame(self.inp_arr, self.out_arr, names[self.cls])
+        series = pd.concat([self.snap.frame(), self.class_snap.frame(len(self.snap))], axis=1)
         scale_rows = [a for a in self.actions if a["kind"] == "scale"]
-        ttft, tpot = rec["ttft_s"].to_numpy(), rec["tpot_s"].to_numpy()
-        completed = rec["state"] == "completed"
-        ok = completed & (rec["ttft_s"] <= cfg.slo_ttft_s) & (rec["tpot_s"] <= cfg.slo_tpot_s)
         hours = duration / 3600.0
         billed = series["fill_workers_billed"] + series["decode_workers_billed"]
         gpus = cfg.dynamics.gpus_per_worker
+        slo = self.request_slo_met(rec, duration)
         metrics = {
             "requests": self.arrived, "completed": self.completed, "rejected": self.rejected,
-            "in_flight_end": self.in_system(),
+            "in_flight_end": self.in_system(), "deferred_end": int(sum(self.c_deferred)),
             "rejected_by_reason": {r: int((self.rec.reason == r).sum()) for r in REJECT_REASONS},
+            "deferred": int(np.isfinite(self.rec.deferred_s).sum()),
+            "deferred_by_reason": {r: int((self.rec.defer_reason == r).sum()) for r in DEFER_REASONS},
             "requeued": int(self.rec.requeues.sum()), "preempted": int(self.rec.preemptions.sum()),
-            "ttft_p50": _percentile(ttft, 50), "ttft_p99": _percentile(ttft, 99),
-            "tpot_p50": _percentile(tpot, 50), "tpot_p99": _percentile(tpot, 99),
-            "slo_attainment": float(ok.sum() / max(self.arrived, 1)),
-            "goodput_tokens_per_s": float(rec.loc[ok, "output_tokens"].sum() / duration),
+            **_outcome_metrics(rec, slo, duration, self.arrived),
             "throughput_requests_per_s": float(self.completed / duration),
             "prefix_hit_ratio": float(self.hit_tokens / self.lookup_tokens) if self.lookup_tokens else 0.0,
             "gpu_hours": float((billed.sum() * cfg.snapshot_dt if cfg.dynamics.fleet_size is None
@@ -335,17 +487,64 @@ class Simulator(FillStage, DecodeStage, FleetControl, Monitor):
             "busy_gpu_hours": float(billed.sum() * cfg.snapshot_dt / 3600.0 * gpus),
             "scale_actions": len(scale_rows), "actions_per_hour": float(len(scale_rows) / hours),
             "reversals_per_hour": float(count_reversals(scale_rows) / hours),
+            "batch_cap_changes": sum(1 for a in self.actions if a["kind"] == "batch_cap"),
             "duration_s": duration, "wall_seconds": wall,
             "sim_requests_per_wall_s": float(self.arrived / wall) if wall > 0 else None,
         }
+        arrived_cls = np.isfinite(rec["arrival_s"].to_numpy())
+        metrics["classes"] = {}
+        for c, name in enumerate(self.class_names):
+            sel = self.cls == c
+            n_arr = int((sel & arrived_cls).sum())
+            sub = rec[sel]
+            metrics["classes"][name] = {
+                "requests": n_arr, "completed": int((sub["state"] == "completed").sum()),
+                "rejected": int((sub["state"] == "rejected").sum()),
+                "deferred": int(np.isfinite(sub["deferred_s"].to_numpy()).sum()),
+                "in_flight_end": int(sub["state"].isin([st.name.lower() for st in Stage.in_system()]).sum()),
+                "rejected_by_reason": {r: int((sub["reject_reason"] == r).sum()) for r in REJECT_REASONS},
+                "slo_ttft_s": float(self.slo_ttft[c]), "slo_tpot_s": float(self.slo_tpot[c]),
+                **_outcome_metrics(sub, slo[sel], duration, n_arr)}
         config = {"cluster": dataclasses.asdict(cfg), "params": dataclasses.asdict(self.p),
                   "controller": type(self.controller).__name__ if self.controller is not None else "open",
                   "controller_params": self.controller.params() if hasattr(self.controller, "params") else {},
                   "autoscalers": [{"name": type(a).__name__, **(a.params() if hasattr(a, "params") else {})}
                                   for a in self.autoscalers],
-                  "prefix_cache": self.cache.params()}
+                  "prefix_cache": self.cache.params(), "classes": list(self.class_names)}
         actions = pd.DataFrame(self.actions, columns=_action_columns(self.actions))
         return SimulationResult(series=series, records=rec, actions=actions, metrics=metrics, config=config)
+
+    def request_slo_met(self, rec: pd.DataFrame, duration: float) -> np.ndarray:
+        """Per request: +1 met its class's SLO (completed within both), -1 missed it (completed
+        late, or still in flight with its TTFT, or its wait for a first token, already past the
+        SLO), 0 undecided (rejected, never arrived, or in flight and still able to make it)."""
+        ttft_slo = self.slo_ttft[self.cls]
+        tpot_slo = self.slo_tpot[self.cls]
+        ttft, tpot = rec["ttft_s"].to_numpy(), rec["tpot_s"].to_numpy()
+        completed = (rec["state"] == "completed").to_numpy()
+        ok = completed & (ttft <= ttft_slo) & (tpot <= tpot_slo)
+        in_flight = rec["state"].isin([st.name.lower() for st in Stage.in_system()]).to_numpy()
+        waited = np.where(np.isfinite(ttft), ttft, duration - rec["arrival_s"].to_numpy())
+        late = (completed & ~ok) | (in_flight & (waited > ttft_slo))
+        return np.where(ok, 1, np.where(late, -1, 0))
+
+
+def _outcome_metrics(rec: pd.DataFrame, slo: np.ndarray, duration: float, arrived: int) -> dict:
+    """SLO attainment (over arrivals and over admitted requests), goodput, latency percentiles and
+    wasted prefill of a set of requests (``slo`` from :meth:`Simulator.request_slo_met`)."""
+    ok = slo == 1
+    admitted = np.isfinite(rec["admitted_s"].to_numpy())
+    filled = rec["filled_tokens"].to_numpy()
+    wasted = filled[slo == -1].sum()
+    ttft, tpot = rec["ttft_s"].to_numpy(), rec["tpot_s"].to_numpy()
+    return {"ttft_p50": _percentile(ttft, 50), "ttft_p99": _percentile(ttft, 99),
+            "tpot_p50": _percentile(tpot, 50), "tpot_p99": _percentile(tpot, 99),
+            "slo_attainment": float(ok.sum() / max(arrived, 1)),
+            "slo_attainment_admitted": float(ok.sum() / admitted.sum()) if admitted.any() else None,
+            "admitted": int(admitted.sum()),
+            "goodput_tokens_per_s": float(rec["output_tokens"].to_numpy()[ok].sum() / duration),
+            "prefill_tokens": int(filled.sum()), "wasted_prefill_tokens": int(wasted),
+            "wasted_prefill_fraction": float(wasted / filled.sum()) if filled.sum() > 0 else 0.0}
 
 
 def _action_columns(actions: list[dict]) -> list[str]:

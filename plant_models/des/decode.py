@@ -37,7 +37,8 @@ class DecodeWorker(PoolWorker):
         As for :class:`PoolWorker`.
     """
 
-    __slots__ = ("listening", "in_leap", "interrupted", "n", "members", "heap", "offset_sum", "leap", "leap_steps")
+    __slots__ = ("listening", "in_leap", "interrupted", "n", "members", "heap", "offset_sum", "leap", "leap_steps",
+                 "low")
 
     def __init__(self, index: int, finished):
         super().__init__(index, finished)
@@ -50,6 +51,7 @@ class DecodeWorker(PoolWorker):
         self.offset_sum = 0        # sum of context offsets
         self.leap = None           # (start time, t0, tk, batch, passes)
         self.leap_steps = 0
+        self.low = 0               # members below the top priority level (preempted first)
 
     @property
     def batch(self) -> int:
@@ -82,24 +84,39 @@ class DecodeStage:
     # -- the batching policy ---------------------------------------------------------------
     def can_join(self, w: DecodeWorker, i: int) -> bool:
         """May ready request ``i`` join ``w``'s batch now? The KV of the batch after the join,
-        plus one pass of growth, must stay under the watermark, and the batch under the cap; an
-        empty worker always takes one sequence. Override to try another batching rule."""
+        plus one pass of growth, must stay under the watermark, and the batch under the cap
+        (``batch_cap``, set by :class:`tokenfactory.signals.BatchCapAction`); an empty worker
+        always takes one sequence. Override to try another batching rule."""
         B = len(w.members)
         if not B:
             return True
         p = self.p
-        return B < p.decode_max_batch and (
+        return B < self.batch_cap and (
             (B + 1) * p.sequence_state_bytes
             + p.kv_bytes_per_token * (w.offset_sum + B * w.n + self.ctx_tok[i] + B + 1)) <= self.kv_limit
 
     # -- sequences in and out --------------------------------------------------------------
     def join(self, w: DecodeWorker) -> int:
-        """Ready sequences join ``w`` (oldest first) while :meth:`can_join` allows."""
+        """Ready sequences join ``w`` (highest priority, then oldest first) while :meth:`can_join`
+        allows; a top-priority sequence that cannot join preempts the newest lower-priority member
+        (lower-priority work borrows idle slots and gives them back first)."""
         ready, rec = self.ready, self.rec
         joined = 0
         n = w.n
-        while ready and self.can_join(w, ready[0]):
-            i = ready.popleft()
+        level_of = self.level_of
+        while ready:
+            i = ready[0]
+            if not self.can_join(w, i):
+                if self.multi and level_of[i] == 0 and w.low > 0:
+                    self.preempt_low(w)
+                    continue
+                break
+            ready.popleft()
+            c = self.cls_l[i]
+            self.c_ready[c] -= 1
+            self.c_dec[c] += 1
+            if level_of[i]:
+                w.low += 1
             fin = n + self.rem_tok[i]
             off = self.ctx_tok[i] - n
             w.members[i] = (fin, off)
@@ -123,6 +140,8 @@ class DecodeStage:
                 continue  # preempted or re-joined since: a stale entry
             del members[i]
             w.offset_sum -= m[1]
+            if self.level_of[i]:
+                w.low -= 1
             done.append(i)
         if done:
             self.complete(done)
@@ -130,9 +149,11 @@ class DecodeStage:
     def complete(self, done: list) -> None:
         """Record completions; a closed session's next turn returns after its think time."""
         rec, now = self.rec, self.env.now
+        c_dec, cls = self.c_dec, self.cls_l
         for i in done:
             rec.completion_s[i] = now
             rec.stage[i] = Stage.COMPLETED
+            c_dec[cls[i]] -= 1
         k = len(done)
         self.completed += k
         self.completed_since += k
@@ -146,17 +167,33 @@ class DecodeStage:
     def preempt(self, w: DecodeWorker, count: int) -> None:
         """KV full: the newest ``count`` sequences go back to the front of the ready buffer with
         their state (their KV is swapped out, not lost) and rejoin when memory frees."""
-        n = w.n
         for _ in range(count):
-            i = next(reversed(w.members))
-            fin, off = w.members.pop(i)
-            w.offset_sum -= off
-            self.rem_tok[i] = fin - n
-            self.ctx_tok[i] = off + n
-            self.rec.preemptions[i] += 1
-            self.rec.stage[i] = Stage.READY
-            self.ready.appendleft(i)
-        self.decoding -= count
+            self._evict(w, next(reversed(w.members)))
+
+    def preempt_low(self, w: DecodeWorker) -> None:
+        """The newest member below the top priority level goes back to the ready buffer (its KV
+        swapped out, not lost): a top-priority sequence needs its slot."""
+        level_of = self.level_of
+        for i in reversed(w.members):
+            if level_of[i]:
+                self._evict(w, i)
+                return
+
+    def _evict(self, w: DecodeWorker, i: int) -> None:
+        n = w.n
+        fin, off = w.members.pop(i)
+        w.offset_sum -= off
+        if self.level_of[i]:
+            w.low -= 1
+        self.rem_tok[i] = fin - n
+        self.ctx_tok[i] = off + n
+        self.rec.preemptions[i] += 1
+        self.rec.stage[i] = Stage.READY
+        c = self.cls_l[i]
+        self.c_dec[c] -= 1
+        self.c_ready[c] += 1
+        self.ready.appendleft(i)
+        self.decoding -= 1
 
     def crash_decode(self, w: DecodeWorker) -> None:
         """KV is lost with the worker: its sequences go back to the front of the backlog (oldest
@@ -165,9 +202,12 @@ class DecodeStage:
         for i in reversed(ids):
             self.rec.requeues[i] += 1
             self.rec.stage[i] = Stage.BACKLOG
+            c = self.cls_l[i]
+            self.c_dec[c] -= 1
+            self.c_backlog[c] += 1
             self.backlog.appendleft(i)
         self.decoding -= len(ids)
-        w.members, w.heap, w.offset_sum = {}, [], 0
+        w.members, w.heap, w.offset_sum, w.low = {}, [], 0, 0
         w.token += 1
         w.in_leap = w.listening = w.interrupted = False
         self.unidle(w)
@@ -212,7 +252,7 @@ class DecodeStage:
             t0 = t_now / f
             tk = slope / B / f  # per token of growth of the batch's context sum
             total = k * t0 + tk * (B * k * (k - 1) / 2.0)
-            w.listening = not self.ready and not w.draining and B < p.decode_max_batch and (
+            w.listening = not self.ready and not w.draining and B < self.batch_cap and (
                 B * p.sequence_state_bytes + p.kv_bytes_per_token * (S + B * k)) < self.kv_limit
             w.leap = (self.env.now, t0, tk, B, k)
             w.leap_steps = k
@@ -278,6 +318,28 @@ class DecodeStage:
             if w.listening and self.can_join(w, head):
                 self.cut_leap(w)
                 return
+        if self.multi and self.level_of[head] == 0:  # a top-priority sequence reclaims a borrowed slot
+            for w in self.decode_workers:
+                if w.in_leap and w.low > 0 and not w.draining:
+                    if not w.interrupted:
+                        self.cut_leap(w)
+                    return
+
+    def set_batch_cap(self, cap: float) -> None:
+        """The decode batch cap per worker changes (:class:`tokenfactory.signals.BatchCapAction`).
+        A lower cap takes effect as sequences complete; a higher one lets ready sequences join at
+        the next pass boundary."""
+        cap = float(min(cap, self.p.decode_max_batch))
+        if cap == self.batch_cap:
+            return
+        raised = cap > self.batch_cap
+        self.actions.append({"time_s": self.env.now, "kind": "batch_cap", "from": self.batch_cap, "to": cap})
+        self.batch_cap = cap
+        if raised and self.ready:
+            for w in self.decode_workers:
+                if w.in_leap and not w.draining and len(w.members) < cap:
+                    self.cut_leap(w)
+            self.wake_decode()
 
     def set_rate_factor(self, f: float) -> None:
         """Decode speed changes: every leap is re-timed from its next pass boundary."""

@@ -70,9 +70,37 @@ class FillStage:
         step = []
         cached_read = 0
         now = self.env.now
-        # continue the request this worker was chunking, then take new ones
-        while budget > 0 and (w.current or (q and not w.draining)):
-            i, todo = w.current.pop(0) if w.current else q.popleft()
+        multi, level_of, tok, cls = self.multi, self.level_of, self.tok_fill, self.cls_l
+        # lower-priority work may take at most (1 - reserve) of the step's budget, counting the
+        # tokens higher-priority work took before it (the reserved share is held, not lent:
+        # a step cannot be interrupted when an interactive request arrives)
+        low_cap = int(budget * (1.0 - self.fill_reserve)) if multi else budget
+        used = 0
+        # continue the request this worker was chunking, then take new ones (with classes:
+        # higher-priority queued work first, a chunked lower-priority request waits)
+        while budget > 0:
+            if multi:
+                cur = level_of[w.current[0][0]] if w.current else None
+                if w.current and (cur == 0 or w.draining or not q or q.head_level() >= cur):
+                    from_q = False
+                elif q and not w.draining:
+                    from_q = True
+                else:
+                    break
+                item = q[0] if from_q else w.current[0]
+                limit = budget if level_of[item[0]] == 0 else min(budget, low_cap - used)
+                if limit <= 0:
+                    break
+                if from_q:
+                    q.popleft()
+                else:
+                    w.current.pop(0)
+            else:
+                if not (w.current or (q and not w.draining)):
+                    break
+                item = w.current.pop(0) if w.current else q.popleft()
+                limit = budget
+            i, todo = item
             if todo < 0:  # first chunk: consult the prefix cache, record the fill start
                 inp = self.inp[i]
                 c = self.cache.lookup(self.hashes[i] if self.hashes is not None else None, inp,
@@ -82,9 +110,13 @@ class FillStage:
                 self.lookup_tokens += inp
                 cached_read += c
                 todo = max(inp - c, 1)
+                tok[cls[i]] += todo - self.pred_tok[i]  # the measured queue had its expected tokens
                 rec.fill_start_s[i] = now
-            take = todo if todo < budget else budget
+            take = todo if todo < limit else limit
             budget -= take
+            used += take
+            tok[cls[i]] -= take
+            rec.filled_tokens[i] += take
             step.append((i, todo - take))
         w.step = step
         w.busy = True
@@ -101,6 +133,8 @@ class FillStage:
                 w.current.append([i, left])
             else:
                 self.finish_fill(w, i)
+        if self.multi and len(w.current) > 1:
+            w.current.sort(key=lambda it: self.level_of[it[0]])
         w.step = []
         self.fill_next(w)
 
@@ -123,7 +157,11 @@ class FillStage:
         self.call_in(start + busy + p.kv_setup_s - now, self.kv_arrived, i)
 
     def kv_arrived(self, i: int) -> None:
+        """Request ``i``'s KV landed at decode: it joins the ready buffer."""
         self.in_transfer -= 1
+        c = self.cls_l[i]
+        self.c_fip[c] -= 1
+        self.c_ready[c] += 1
         self.rec.stage[i] = Stage.READY
         self.rec.kv_ready_s[i] = self.env.now
         self.ready.append(i)
@@ -132,9 +170,10 @@ class FillStage:
     def crash_fill(self, w: FillWorker) -> None:
         """The worker's step and its chunked request are lost: back to the front of the queue
         (a new fill, prefix cache consulted again)."""
-        lost = [i for i, _ in w.step] + [i for i, _ in w.current]
-        for i in reversed(lost):
+        lost = [(i, left) for i, left in w.step] + [(i, left) for i, left in w.current]
+        for i, left in reversed(lost):
             self.rec.requeues[i] += 1
+            self.tok_fill[self.cls_l[i]] += self.pred_tok[i] - left  # its whole fill again (expected)
             self.fill_q.appendleft([i, -1])
         w.step, w.current = [], []
         w.busy = False

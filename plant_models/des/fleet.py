@@ -16,7 +16,7 @@ from tokenfactory.events import DecodeRateDip, LinkSlowdown, Reconfiguration, Wo
 from tokenfactory.plant_models.des.decode import DecodeWorker
 from tokenfactory.plant_models.des.fill import FillWorker
 from tokenfactory.plant_models.fleet import free_workers, scale_plan
-from tokenfactory.signals import POOLS, split_action
+from tokenfactory.signals import POOLS, sort_actions
 from tokenfactory.validation import ConfigError
 
 __all__ = ["StartTicket", "FleetControl"]
@@ -92,11 +92,17 @@ class FleetControl:
             1 for tk in self.tickets if tk.placed and not tk.cancelled)
 
     def autoscale(self, scaler):
+        """An autoscaler's loop (also any other controller run beside admission, such as a
+        decode batch gate: its batch caps and reservations are applied, admission commands are
+        the admission controller's alone)."""
         env = self.env
         yield env.timeout(self.cfg.autoscale_start_s + self.cfg.snapshot_dt / 2)
         while True:
-            _, scales = split_action(scaler.update(env.now, self.measure(env.now, scaler.sample_period)))
-            for a in scales:
+            acts = sort_actions(scaler.update(env.now, self.measure(env.now, scaler.sample_period)))
+            others = [a for a in (acts.batch_cap, acts.reserve) if a is not None]
+            if others:
+                self.apply_actions(others, type(scaler).__name__)
+            for a in acts.scales:
                 if a.pool not in POOLS:
                     raise ConfigError(f"{type(scaler).__name__}.pool", f"{a.pool!r} is not one of {POOLS}")
                 self.reconcile(a.pool, max(int(a.replicas), 0), type(scaler).__name__)
