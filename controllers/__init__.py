@@ -37,6 +37,10 @@ from tokenfactory.controllers.separation import *  # noqa: F401,F403
 from tokenfactory.controllers.separation import __all__ as _sep
 from tokenfactory.controllers.stack import *  # noqa: F401,F403
 from tokenfactory.controllers.stack import __all__ as _stk
+from tokenfactory.controllers.batch_gate import *  # noqa: F401,F403
+from tokenfactory.controllers.batch_gate import __all__ as _bg
+from tokenfactory.controllers.slo_admission import *  # noqa: F401,F403
+from tokenfactory.controllers.slo_admission import __all__ as _slo
 
 __all__ = [*_if, *_adm, *_tu, *_at, *_st, *_sb, *_df, *_osc, *_resp, *_fc, *_bt, *_cap, *_as, *_rc, *_er, *_pl, *_sep,
-           *_stk]
+           *_stk, *_bg, *_slo]
