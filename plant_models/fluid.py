@@ -11,10 +11,12 @@ Flows (requests/s), with ``f(t, x, u, params)`` as in python-control:
 * admission  a = min(command, fill capacity, Q / admit_tau)          (backlog -> fill)
 * rejection  max(Q - bound, 0) / shed_tau, reason "backlog_over_bound" (shedding)
 * KV ready   a(t - theta), theta = fill latency + KV transfer time    (fill -> ready; exact delay)
-* dispatch   s = min(R / dispatch_s, completions + (slots - D) / dispatch_s)   (ready -> decode)
+* dispatch   s = max(0, min(R / dispatch_s, completions + (slots_cap - D) / dispatch_s))   (ready -> decode;
+  slots_cap = decode workers x min(slots per worker, batch cap): a lower batch cap stops joins and
+  the batch shrinks as sequences complete)
 * completion c = rate_factor * D / (output_tokens * (t0 + t1 * D / n_decode))  (roofline pass time)
 * eviction   max(D - slots, 0) / evict_tau back to the backlog when decode workers are lost
-  (their KV is gone with the worker and must be rebuilt by a new fill).
+  (their KV is gone with the worker and must be rebuilt by a new fill; the KV slots, not the cap).
 
 The fill-to-ready delay is not a state of the ``NonlinearIOSystem``: its delayed output enters as
 the input ``ready_inflow``, and :func:`simulate_loop` feeds it from a :class:`DelayLine`, so pure
@@ -40,7 +42,7 @@ from tokenfactory.plant_models.delay import DelayLine
 from tokenfactory.plant_models.result import SERIES_COLUMNS, SimulationResult
 from tokenfactory.plant_models.roofline import Worker
 from tokenfactory.plant_models.service import DEFAULT_KV_SETUP_S, DEFAULT_KV_STRIPES, KVLink, RequestShape, ServiceModel
-from tokenfactory.signals import AdmissionAction, Measurement
+from tokenfactory.signals import AdmissionAction, Measurement, sort_actions
 from tokenfactory.errors import ConservationError
 from tokenfactory.validation import ConfigError, check_int, check_number, reject_unknown_keys
 
@@ -59,9 +61,9 @@ __all__ = [
 STATES = ("backlog", "fill_in_progress", "ready", "active_decodes", "arrived", "admitted", "completed", "rejected",
           "requeued")
 INPUTS = ("demand", "admission_command", "backlog_bound", "ready_inflow", "fill_workers",
-          "decode_workers", "decode_rate_factor")
+          "decode_workers", "decode_rate_factor", "decode_batch_cap")
 OUTPUTS = ("backlog", "fill_in_progress", "ready", "active_decodes", "admitted_rate", "completion_rate",
-           "dispatch_rate", "rejection_rate", "decode_slots", "fill_capacity", "decode_utilization")
+           "dispatch_rate", "rejection_rate", "decode_slots", "fill_capacity", "decode_utilization", "decode_pass_s")
 
 
 @dataclass(frozen=True)
@@ -125,13 +127,14 @@ class FluidParams:
     admit_tau_s: float = 0.05
     shed_tau_s: float = 0.5
     evict_tau_s: float = 0.1
+    prompt_tokens: float = 0.0
     provenance: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         for f in ("fill_rate_per_worker", "decode_slots_per_worker", "output_tokens",
                   "dispatch_s", "admit_tau_s", "shed_tau_s", "evict_tau_s"):
             check_number(f"plant.{f}", getattr(self, f), low=0.0, low_inclusive=False)
-        for f in ("fill_latency_s", "kv_transfer_s", "measurement_delay_s"):
+        for f in ("fill_latency_s", "kv_transfer_s", "measurement_delay_s", "prompt_tokens"):
             check_number(f"plant.{f}", getattr(self, f), low=0.0)
         b, ts = tuple(map(float, self.decode_step_batches)), tuple(map(float, self.decode_step_times_s))
         if len(b) < 1 or len(b) != len(ts) or any(x >= y for x, y in zip(b, b[1:])):
@@ -210,6 +213,7 @@ class FluidParams:
                 "shape": dataclasses.asdict(s.shape), "link": dataclasses.asdict(s.link),
                 "kv_blob_bytes": s.kv_blob_bytes, "decode_context_tokens": ctx}
         return cls(fill_rate_per_worker=s.fill_rate_rps, fill_latency_s=s.fill_latency_s,
+                   prompt_tokens=float(s.shape.prompt_tokens),
                    kv_transfer_s=s.kv_transfer_s(s.kv_blob_bytes), decode_slots_per_worker=float(slots),
                    decode_step_batches=tuple(map(float, batches)), decode_step_times_s=times,
                    output_tokens=float(s.shape.output_tokens), dispatch_s=float(dispatch),
@@ -228,15 +232,16 @@ class FluidParams:
 def _flows(x, u, p: FluidParams):
     """The plant's flows (requests/s) and pool figures at state x, input u."""
     q, r, d = x[0], x[2], x[3]
-    lam, cmd, bound, r_in, nf, nd, rf = u
+    lam, cmd, bound, r_in, nf, nd, rf, cap = u
     fill_cap = nf * p.fill_rate_per_worker
     a = max(0.0, min(cmd, fill_cap, q / p.admit_tau_s))
     shed = max(q - bound, 0.0) / p.shed_tau_s
     slots = nd * p.decode_slots_per_worker
+    batch_slots = nd * min(p.decode_slots_per_worker, cap)
     c = p.completion_rate(d, nd, rf)
     evict = max(d - slots, 0.0) / p.evict_tau_s
-    s = max(0.0, min(r / p.dispatch_s, c + (slots - d) / p.dispatch_s))
-    return lam, r_in, a, shed, c, evict, s, slots, fill_cap
+    s = max(0.0, min(r / p.dispatch_s, c + (batch_slots - d) / p.dispatch_s))
+    return lam, r_in, a, shed, c, evict, s, batch_slots, fill_cap
 
 
 def _dynamics(t, x, u, params: FluidParams):
@@ -247,8 +252,9 @@ def _dynamics(t, x, u, params: FluidParams):
 
 def _outputs(t, x, u, params: FluidParams):
     _, _, a, shed, c, _, s, slots, fill_cap = _flows(x, u, params)
-    d = x[3]
-    return np.array([x[0], x[1], x[2], d, a, c, s, shed, slots, fill_cap, d / slots if slots > 0 else 0.0])
+    d, nd, rf = x[3], u[5], u[6]
+    pass_s = params.decode_step_s(d / nd) / rf if d > 0 and nd > 0 and rf > 0 else math.nan
+    return np.array([x[0], x[1], x[2], d, a, c, s, shed, slots, fill_cap, d / slots if slots > 0 else 0.0, pass_s])
 
 
 class FluidPlant:
@@ -306,7 +312,7 @@ class FluidPlant:
         c = self.decode_capacity if demand is None else demand
         slots = p.decode_slots(self.decode_workers)
         x = np.array([2.0 * c * p.admit_tau_s, c * p.fill_to_ready_s, ready, slots, 0, 0, 0, 0, 0])
-        u = np.array([c, c, math.inf, c, self.fill_workers, self.decode_workers, 1.0])
+        u = np.array([c, c, math.inf, c, self.fill_workers, self.decode_workers, 1.0, math.inf])
         return x, u
 
     def initial_state(self, ready: float, backlog: float = 0.0) -> np.ndarray:
@@ -322,6 +328,7 @@ class FluidPlant:
         x, u = self.operating_point(ready, demand)
         u = u.copy()
         u[2] = 1e12  # a finite stand-in for "no backlog bound" (finite differences need finite inputs)
+        u[7] = 1e12  # and for "no batch cap"
         wrapped = control.NonlinearIOSystem(
             lambda t, x, u, params: _dynamics(t, x, u, self.params),
             lambda t, x, u, params: _outputs(t, x, u, self.params),
@@ -441,28 +448,28 @@ class LoopScenario:
 LoopResponse = SimulationResult
 
 
-def _as_action(a) -> AdmissionAction:
-    return a if isinstance(a, AdmissionAction) else AdmissionAction(float(a))
-
-
 def simulate_loop(plant: FluidPlant, controller, scenario: LoopScenario, *,
                   x0: Sequence[float] | None = None, conservation_rtol: float = 1e-6) -> SimulationResult:
     """Simulate ``controller`` closing the admission loop around ``plant`` under ``scenario``.
 
     Fixed-step explicit integration on a grid of ``scenario.dt``; the fill-to-ready delay and the
-    measurement delay are exact delay lines on that grid. The controller is sampled every
-    ``controller.sample_period`` seconds, sees a :class:`Measurement` ``measurement_delay_s`` old,
-    and its action is held until the next sample (zero-order hold). Raises
-    :class:`ConservationError` if requests are lost or invented.
+    measurement delay are exact delay lines on that grid. Each controller is sampled every
+    ``sample_period`` seconds, sees a :class:`Measurement` ``measurement_delay_s`` old, and its
+    action is held until the next sample (zero-order hold): an admission command, or a decode
+    batch cap (:class:`tokenfactory.signals.BatchCapAction`, per worker; joins stop above it and
+    the batch shrinks as sequences complete). Raises :class:`ConservationError` if requests are
+    lost or invented.
 
     Parameters
     ----------
     plant : FluidPlant
         The plant and its pools.
-    controller : Controller
-        Any object with ``sample_period`` (s, >= ``scenario.dt``), ``reset()`` and
-        ``update(t, measurement)`` returning an :class:`~tokenfactory.signals.AdmissionAction` or
-        a bare admission rate (requests/s); reset before the run.
+    controller : Controller or sequence of Controller
+        Sampled controllers, each with ``sample_period`` (s, >= ``scenario.dt``), ``reset()`` and
+        ``update(t, measurement)`` returning an :class:`~tokenfactory.signals.AdmissionAction`, a
+        :class:`~tokenfactory.signals.BatchCapAction`, a list of them or a bare admission rate
+        (requests/s), e.g. an admission controller and a batch gate (actions sorted by type,
+        :func:`tokenfactory.signals.sort_actions`); reset before the run.
     scenario : LoopScenario
         Demand, duration, step, noise and disturbances.
     x0 : sequence of float, optional
@@ -476,9 +483,10 @@ def simulate_loop(plant: FluidPlant, controller, scenario: LoopScenario, *,
     -------
     SimulationResult
         ``series`` on the time grid (:data:`~tokenfactory.plant_models.result.SERIES_COLUMNS`
-        first, then the fluid plant's flows and counters), ``metrics`` (requests, completed,
+        first, then the fluid plant's flows and counters, ``decode_pass_s`` and
+        ``decode_batch_cap``), ``metrics`` (requests, completed,
         rejected, in flight at the end, conservation residual, ...), ``config`` and the
-        controller's ``actions``; no per-request ``records``.
+        controllers' ``actions``; no per-request ``records``.
 
     Raises
     ------
@@ -489,6 +497,7 @@ def simulate_loop(plant: FluidPlant, controller, scenario: LoopScenario, *,
         If requests are lost or invented beyond ``conservation_rtol``, or a queue goes negative
         (reduce ``scenario.dt``).
     """
+    controllers = list(controller) if isinstance(controller, (list, tuple)) else [controller]
     p = plant.params
     dt = scenario.dt
     n = int(round(scenario.duration_s / dt)) + 1
@@ -501,16 +510,22 @@ def simulate_loop(plant: FluidPlant, controller, scenario: LoopScenario, *,
     theta, tau_m = p.fill_to_ready_s, p.measurement_delay_s
     admitted_line = DelayLine(dt, theta + dt, initial=0.0)
     out_lines = {k: DelayLine(dt, tau_m + dt) for k in OUTPUTS}
-    controller.reset()
-    period = float(controller.sample_period)
-    if period < dt:
-        raise ConfigError("controller.sample_period", f"{period} s is shorter than the step {dt} s")
-    sample_every = max(1, int(round(period / dt)))
-    action = AdmissionAction(0.0)
+    sample_every = []
+    for c in controllers:
+        c.reset()
+        period = float(c.sample_period)
+        if period < dt:
+            raise ConfigError("controller.sample_period", f"{period} s is shorter than the step {dt} s")
+        sample_every.append(max(1, int(round(period / dt))))
+    action = AdmissionAction(0.0 if controllers else math.inf)
+    admission_seen = False  # without an admission controller every arrival is admitted
+    cap = math.inf
+    nominal_ctx = float((p.provenance or {}).get("decode_context_tokens", math.nan))
     outs = np.empty((n, len(OUTPUTS)))
     sts = np.empty((n, len(STATES)))
     demand = np.empty(n)
     command = np.empty(n)
+    caps = np.empty(n)
     workers = np.empty((n, 2))
     actions = []
     first = True
@@ -522,7 +537,7 @@ def simulate_loop(plant: FluidPlant, controller, scenario: LoopScenario, *,
         # the KV-ready inflow is what was admitted theta seconds ago (exact delay)
         # (the newest sample in the line is from t - dt, hence theta - dt)
         r_in = admitted_line.read(max(theta - dt, 0.0)) if k else 0.0
-        u = (lam, action.rate, action.backlog_bound, r_in, plant.fill_workers, nd, rf)
+        u = (lam, action.rate, action.backlog_bound, r_in, plant.fill_workers, nd, rf, cap)
         y = _outputs(t, x, u, p)
         if first:  # history before t=0 equals the initial outputs
             for j, name in enumerate(OUTPUTS):
@@ -530,29 +545,48 @@ def simulate_loop(plant: FluidPlant, controller, scenario: LoopScenario, *,
             first = False
         for j, name in enumerate(OUTPUTS):
             out_lines[name].push(float(y[j]))
-        if k % sample_every == 0:
+        due = [c for c, every in zip(controllers, sample_every) if k % every == 0]
+        if due:
+            fip = out_lines["fill_in_progress"].read(tau_m)
+            fcap = out_lines["fill_capacity"].read(tau_m)
             m = Measurement(
                 time_s=max(t - tau_m, 0.0),
                 backlog=out_lines["backlog"].read(tau_m),
-                fill_in_progress=out_lines["fill_in_progress"].read(tau_m),
+                fill_in_progress=fip,
                 ready=out_lines["ready"].read(tau_m),
                 active_decodes=out_lines["active_decodes"].read(tau_m),
                 completion_rate=out_lines["completion_rate"].read(tau_m),
                 admitted_rate=out_lines["admitted_rate"].read(tau_m),
                 decode_slots=out_lines["decode_slots"].read(tau_m),
-                fill_capacity=out_lines["fill_capacity"].read(tau_m),
+                fill_capacity=fcap,
                 fill_workers=plant.fill_workers,
                 decode_workers=plant.decode_workers * scenario.decode_worker_factor(max(t - tau_m, 0.0)),
+                fill_queued_tokens=fip * p.prompt_tokens if p.prompt_tokens > 0 else math.nan,
+                fill_token_capacity=fcap * p.prompt_tokens if p.prompt_tokens > 0 else math.nan,
+                decode_pass_s=out_lines["decode_pass_s"].read(tau_m),
+                decode_context_tokens=nominal_ctx,
+                decode_batch_cap=cap,
             )
-            action = _as_action(controller.update(t, m))
-            actions.append({"time_s": t, "kind": "admission", "rate": action.rate,
-                            "backlog_bound": action.backlog_bound})
-            u = (lam, action.rate, action.backlog_bound, r_in, plant.fill_workers, nd, rf)
+            for c in due:
+                acts = sort_actions(c.update(t, m))
+                if acts.admission is not None:
+                    action = acts.admission
+                    admission_seen = True
+                    actions.append({"time_s": t, "kind": "admission", "rate": action.rate,
+                                    "backlog_bound": action.backlog_bound})
+                if acts.batch_cap is not None and acts.batch_cap.batch_per_worker != cap:
+                    actions.append({"time_s": t, "kind": "batch_cap", "from": cap,
+                                    "to": acts.batch_cap.batch_per_worker})
+                    cap = acts.batch_cap.batch_per_worker
+            if not admission_seen:
+                action = AdmissionAction(math.inf)
+            u = (lam, action.rate, action.backlog_bound, r_in, plant.fill_workers, nd, rf, cap)
             y = _outputs(t, x, u, p)
         outs[k] = y
         sts[k] = x
         demand[k] = lam
         command[k] = action.rate
+        caps[k] = cap
         workers[k] = plant.fill_workers, nd
         admitted_line.push(float(y[OUTPUTS.index("admitted_rate")]))
         if k < n - 1:
@@ -579,17 +613,19 @@ def simulate_loop(plant: FluidPlant, controller, scenario: LoopScenario, *,
         # the fluid plant's own: flows, utilisation and the other counters
         "dispatch_rate": o["dispatch_rate"], "rejection_rate": o["rejection_rate"],
         "decode_utilization": o["decode_utilization"], "admitted": states["admitted"],
-        "requeued": states["requeued"]})
+        "requeued": states["requeued"], "decode_pass_s": o["decode_pass_s"], "decode_batch_cap": caps})
     assert tuple(series.columns[:len(SERIES_COLUMNS)]) == tuple(SERIES_COLUMNS)
     metrics = {"requests": float(states["arrived"][-1]), "completed": float(states["completed"][-1]),
                "rejected": float(states["rejected"][-1]), "in_flight_end": float(in_system[-1]),
                "requeued": float(states["requeued"][-1]), "conservation_residual": worst,
-               "duration_s": float(t_grid[-1]), "controller_samples": len(actions)}
+               "duration_s": float(t_grid[-1]), "controller_samples": sum(1 for a in actions if a["kind"] == "admission")}
     config = {"params": {k: v for k, v in dataclasses.asdict(p).items() if k != "provenance"},
               "fill_workers": plant.fill_workers, "decode_workers": plant.decode_workers,
               "scenario": {**{f.name: getattr(scenario, f.name) for f in dataclasses.fields(scenario)},
                            "disturbances": [{"kind": d.kind, **dataclasses.asdict(d)} for d in scenario.disturbances]},
-              "controller": type(controller).__name__,
-              "controller_params": controller.params() if hasattr(controller, "params") else {}}
+              "controller": ", ".join(type(c).__name__ for c in controllers),
+              "controller_params": [c.params() if hasattr(c, "params") else {} for c in controllers]
+              if len(controllers) != 1 else (controllers[0].params() if hasattr(controllers[0], "params") else {})}
+    cols = ["time_s", "kind", "rate", "backlog_bound", "from", "to"]
     return SimulationResult(series=series, records=None, metrics=metrics, config=config,
-                            actions=pd.DataFrame(actions, columns=["time_s", "kind", "rate", "backlog_bound"]))
+                            actions=pd.DataFrame(actions, columns=cols))

@@ -47,7 +47,7 @@ from tokenfactory.events import DemandStep, events_from_dicts
 from tokenfactory.plant_models.fleet import PoolDynamics, PoolFleet, free_workers
 from tokenfactory.plant_models.fluid import FluidParams
 from tokenfactory.plant_models.result import SERIES_COLUMNS, SimulationResult
-from tokenfactory.signals import POOLS, REJECT_REASONS, AdmissionAction, Measurement, count_reversals, split_action
+from tokenfactory.signals import POOLS, REJECT_REASONS, AdmissionAction, Measurement, count_reversals, sort_actions
 from tokenfactory.validation import ConfigError, check_int, check_number
 
 __all__ = ["PoolScenario", "PoolResponse", "simulate_pools"]
@@ -144,21 +144,25 @@ _SERIES = ("time_s", "backlog", "fill_in_progress", "ready", "active_decodes", "
            "fill_workers", "decode_workers", "admission_rate", "arrival_rate", "admitted_rate", "completion_rate",
            "arrived", "completed", "rejected", "demand", "rejection_rate", "in_transfer", "fill_workers_starting",
            "decode_workers_starting", "fill_workers_billed", "decode_workers_billed", "ttft_estimate_s",
-           "tpot_estimate_s", "in_slo")
+           "tpot_estimate_s", "in_slo", "decode_pass_s", "decode_batch_cap")
 if set(SERIES_COLUMNS) - set(_SERIES):  # a new shared column must be written by the step loop too
     raise ImportError(f"pool model does not write the shared columns {sorted(set(SERIES_COLUMNS) - set(_SERIES))}")
 _COL = {name: i for i, name in enumerate(_SERIES)}
-_T, _B, _F, _R, _D, _SLOTS, _FCAP, _NF, _ND, _NFS, _NDS = (_COL[c] for c in (
+_T, _B, _F, _R, _D, _SLOTS, _FCAP, _NF, _ND, _NFS, _NDS, _PASS, _CAP = (_COL[c] for c in (
     "time_s", "backlog", "fill_in_progress", "ready", "active_decodes", "decode_slots", "fill_capacity",
-    "fill_workers", "decode_workers", "fill_workers_starting", "decode_workers_starting"))
+    "fill_workers", "decode_workers", "fill_workers_starting", "decode_workers_starting", "decode_pass_s",
+    "decode_batch_cap"))
 
 
 def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, scenario: PoolScenario, *,
                    controllers: Sequence = (), dynamics: PoolDynamics = PoolDynamics()) -> SimulationResult:
-    """Run ``controllers`` (admission controllers and/or pool autoscalers, each sampled at its own
-    ``sample_period`` with the plant's measurement delay) on the pool-level fluid model.
+    """Run ``controllers`` (admission controllers, pool autoscalers and decode batch gates, each
+    sampled at its own ``sample_period`` with the plant's measurement delay) on the pool-level
+    fluid model.
 
-    Without an admission controller every arrival is admitted at once. Raises
+    Without an admission controller every arrival is admitted at once. A
+    :class:`tokenfactory.signals.BatchCapAction` caps the decode batch per worker (joins stop
+    above it; the batch shrinks as sequences complete). Raises
     :class:`tokenfactory.plant_models.fluid.ConservationError` if requests are lost or invented.
 
     Parameters
@@ -227,6 +231,8 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
     rejected = {r: 0.0 for r in REJECT_REASONS}
     action = AdmissionAction(math.inf)
     rate, bound, reason = action.rate, action.backlog_bound, action.reason
+    cap = math.inf
+    nominal_ctx = float((p.provenance or {}).get("decode_context_tokens", math.nan))
     scale_rows: list[dict] = []
     L = p.output_tokens
     in_slo = 0.0
@@ -248,13 +254,15 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
             if t + 1e-9 < next_sample[j]:
                 continue
             next_sample[j] += c.sample_period
-            m = _measure(rows, cum, k, delay_steps, c.sample_period, dt) if k else _initial_measurement(
+            m = _measure(rows, cum, k, delay_steps, c.sample_period, dt, p, nominal_ctx) if k else _initial_measurement(
                 p, fleets, t)
-            adm, scales = split_action(c.update(t, m))
-            if adm is not None:
-                action = adm
+            acts = sort_actions(c.update(t, m))
+            if acts.admission is not None:
+                action = acts.admission
                 rate, bound, reason = action.rate, action.backlog_bound, action.reason
-            for a in scales:
+            if acts.batch_cap is not None:
+                cap = acts.batch_cap.batch_per_worker
+            for a in acts.scales:
                 if a.pool not in fleets:
                     raise ConfigError(f"{type(c).__name__}.pool", f"{a.pool!r} is not one of {POOLS}")
                 before = fleets[a.pool].provisioned
@@ -310,7 +318,9 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
             R -= extra
             done += extra
         completed += done
-        free_slots = slots - D
+        # a batch cap below the KV slots stops joins (the batch shrinks as sequences complete)
+        batch_slots = slots if cap >= p.decode_slots_per_worker else n_dec * cap
+        free_slots = batch_slots - D
         s_in = min(R, free_slots) if free_slots > 0.0 else 0.0
         R -= s_in
         D += s_in
@@ -326,10 +336,10 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
             in_slo += ok
         # requests in fill or in transfer, as a scrape would count them: the queue plus Little's law
         # for the pipeline (exact whatever dt; the delay line itself rounds to whole steps)
-        rows.append((t, B, F + served / dt * ttr, R, D, slots, fill_cap, len(fill_fleet.serving), n_dec,
+        rows.append((t, B, F + served / dt * ttr, R, D, batch_slots, fill_cap, len(fill_fleet.serving), n_dec,
                      rate, a_in / dt, admit / dt, done / dt, arrived, completed, rejected_total, lam_list[k],
                      rej / dt, in_pipe, fill_fleet.in_transit, dec_fleet.in_transit, fill_fleet.billed,
-                     dec_fleet.billed, ttft, tpot, ok))
+                     dec_fleet.billed, ttft, tpot, ok, pass_s if D > 0.0 else math.nan, cap))
         cum_arr(arrived)
         cum_adm(admitted)
         cum_done(completed)
@@ -385,7 +395,7 @@ def _initial_measurement(p: FluidParams, fleets, t: float) -> Measurement:
 
 
 def _measure(rows: list[tuple], cum: tuple[list, list, list], k: int, delay_steps: int, period: float,
-             dt: float) -> Measurement:
+             dt: float, p: FluidParams, context_tokens: float) -> Measurement:
     """The sample ``delay_steps`` old; rates averaged over the controller's sample period (what a
     scrape of counters gives), from the cumulative counters."""
     j = max(k - 1 - delay_steps, 0)
@@ -398,4 +408,7 @@ def _measure(rows: list[tuple], cum: tuple[list, list, list], k: int, delay_step
         completion_rate=(done[j + 1] - done[lo]) / span, admitted_rate=(adm[j + 1] - adm[lo]) / span,
         decode_slots=float(r[_SLOTS]), fill_capacity=r[_FCAP], fill_workers=float(r[_NF]),
         decode_workers=float(r[_ND]), fill_workers_starting=float(r[_NFS]), decode_workers_starting=float(r[_NDS]),
-        arrival_rate=(arr[j + 1] - arr[lo]) / span)
+        arrival_rate=(arr[j + 1] - arr[lo]) / span,
+        fill_queued_tokens=r[_F] * p.prompt_tokens if p.prompt_tokens > 0 else math.nan,
+        fill_token_capacity=r[_FCAP] * p.prompt_tokens if p.prompt_tokens > 0 else math.nan,
+        decode_pass_s=r[_PASS], decode_context_tokens=context_tokens, decode_batch_cap=r[_CAP])

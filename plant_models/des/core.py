@@ -530,17 +530,19 @@ class Simulator(FillStage, DecodeStage, FleetControl, Monitor):
 
 
 def _outcome_metrics(rec: pd.DataFrame, slo: np.ndarray, duration: float, arrived: int) -> dict:
-    """SLO attainment (over arrivals and over admitted requests), goodput, latency percentiles and
-    wasted prefill of a set of requests (``slo`` from :meth:`Simulator.request_slo_met`)."""
+    """SLO attainment (over arrivals, and over admitted requests whose outcome is known: met, or
+    missed - completed late or already late in flight), goodput, latency percentiles and wasted
+    prefill of a set of requests (``slo`` from :meth:`Simulator.request_slo_met`)."""
     ok = slo == 1
     admitted = np.isfinite(rec["admitted_s"].to_numpy())
+    decided = admitted & (slo != 0)  # an admitted request still in flight and able to make it is undecided
     filled = rec["filled_tokens"].to_numpy()
     wasted = filled[slo == -1].sum()
     ttft, tpot = rec["ttft_s"].to_numpy(), rec["tpot_s"].to_numpy()
     return {"ttft_p50": _percentile(ttft, 50), "ttft_p99": _percentile(ttft, 99),
             "tpot_p50": _percentile(tpot, 50), "tpot_p99": _percentile(tpot, 99),
             "slo_attainment": float(ok.sum() / max(arrived, 1)),
-            "slo_attainment_admitted": float(ok.sum() / admitted.sum()) if admitted.any() else None,
+            "slo_attainment_admitted": float(ok.sum() / decided.sum()) if decided.any() else None,
             "admitted": int(admitted.sum()),
             "goodput_tokens_per_s": float(rec["output_tokens"].to_numpy()[ok].sum() / duration),
             "prefill_tokens": int(filled.sum()), "wasted_prefill_tokens": int(wasted),
