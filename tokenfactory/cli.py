@@ -345,51 +345,68 @@ def _cmd_simulate(args) -> int:
     for flag in ("stack", "baseline", "last_days", "startup"):
         if getattr(args, flag) is not None:
             raise ConfigError(flag, "needs --plant pools")
-    import tomllib
     from pathlib import Path
 
-    from tokenfactory.registry import ADMISSION_KINDS, AUTOSCALER_KINDS
-    from tokenfactory.replay import build_replay, run_replay
+    from tokenfactory.classes import DEFAULT_CLASSES, INTERACTIVE, RequestClass
+    from tokenfactory.registry import ADMISSION_KINDS, AUTOSCALER_KINDS, RECOMMENDED_ADMISSION
+    from tokenfactory.replay import build_replay, load_replay_scenario, run_replay
     from tokenfactory.studies.report import to_jsonable
     from tokenfactory.traces import SyntheticWorkload, generate_requests, load_trace
-    from tokenfactory.validation import check_choice, reject_unknown_keys
+    from tokenfactory.validation import check_choice, check_number
 
-    plant, cluster, admission = {}, {}, args.admission
-    if args.scenario:
-        path = Path(args.scenario)
-        if not path.is_file():
-            raise ConfigError("scenario", f"file {str(path)!r} does not exist")
-        with path.open("rb") as fh:
-            sc = tomllib.load(fh)
-        reject_unknown_keys("", sc, {"name", "description", "plant", "controller", "cluster", "envelope", "simulation"})
-        plant = dict(sc.get("plant", {}))
-        plant.pop("prompt_tokens", None), plant.pop("output_tokens", None)  # the trace sets the shape
-        cluster = dict(sc.get("cluster", {}))
-        admission = admission or sc.get("controller", {}).get("kind")
-    admission = admission or "smoothed"
+    sc = load_replay_scenario(args.scenario) if args.scenario else None
+    plant = dict(sc.plant) if sc else {}
+    cluster = dict(sc.cluster) if sc else {}
+    sim = dict(sc.simulation) if sc else {}
+    admission = args.admission or (sc.admission if sc else None) or RECOMMENDED_ADMISSION
+    params = dict(sc.admission_params) if sc and admission == sc.admission else {}
     check_choice("admission", admission, ADMISSION_KINDS)
     if args.autoscaler is not None:
         check_choice("autoscaler", args.autoscaler, AUTOSCALER_KINDS)
+    if args.load is not None and args.scale is not None:
+        raise ConfigError("load", "give --load or --scale, not both")
+    load = args.load if args.load is not None else (None if args.scale is not None else sim.get("load"))
+    scale = args.scale if args.scale is not None else sim.get("scale", 1.0)
+    if load is not None:
+        check_number("load", load, low=0.0, low_inclusive=False)
+    check_number("scale", scale, low=0.0, low_inclusive=False)
+    batch_cap = args.batch_cap if args.batch_cap is not None else sim.get("batch_cap")
+    if batch_cap not in (None, "static", "none"):
+        batch_cap = check_number("batch_cap", float(batch_cap), low=1.0)
     cluster.setdefault("seed", args.seed)
+    if "classes" not in cluster:  # the trace's classes, the interactive one at the cluster's SLO
+        ttft, tpot = cluster.get("slo_ttft_s", 2.0), cluster.get("slo_tpot_s", 0.1)
+        cluster["classes"] = (RequestClass(INTERACTIVE, ttft, tpot, 0),
+                              *(c for c in DEFAULT_CLASSES if c.name != INTERACTIVE))
     if args.progress is not None:
         cluster["progress"] = args.progress
     trace = (generate_requests(SyntheticWorkload(seed=args.seed), _duration(args.duration))
              if args.trace == "synthetic" else load_trace(args.trace))
     setup = build_replay(trace, plant)
-    m, res = run_replay(trace, setup, admission, args.scale, cluster, autoscaler=args.autoscaler)
+    m, res = run_replay(trace, setup, admission, scale, cluster, autoscaler=args.autoscaler, load=load,
+                        admission_params=params, batch_cap=None if batch_cap == "none" else batch_cap,
+                        envelope=sc.envelope if sc else None, duration_s=sim.get("duration_s"),
+                        admission_where="controller")
     tag = admission + (f"-{args.autoscaler}" if args.autoscaler else "")
     out = Path(args.out or Path("reports") / "simulate" / f"{Path(args.trace).stem.replace(':', '-')}-{tag}")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.json").write_text(json.dumps(to_jsonable({**m, "config": res.config, "trace": args.trace,
-                                                              "bottleneck": setup.bottleneck,
-                                                              "capacity_rps": setup.capacity_rps}), indent=2) + "\n")
+    slo_cap = setup.slo_capacity(res.config["cluster"]["slo_tpot_s"])
+    (out / "metrics.json").write_text(json.dumps(to_jsonable({
+        **m, "config": res.config, "trace": args.trace, "scenario": sc.name if sc else None,
+        "bottleneck": setup.bottleneck, "capacity_rps": setup.capacity_rps,
+        "slo_capacity_rps": slo_cap[0], "slo_bottleneck": slo_cap[1], "slo_batch_cap": slo_cap[2]}), indent=2) + "\n")
     res.records.to_csv(out / "requests.csv", index=False)
     res.series.to_csv(out / "series.csv", index=False)
     res.actions.to_csv(out / "actions.csv", index=False)
-    keys = ("requests", "completed", "rejected", "in_flight_end", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99",
-            "slo_attainment", "goodput_tokens_per_s", "prefix_hit_ratio", "oscillating", "gpu_hours",
-            "actions_per_hour", "wall_seconds", "sim_requests_per_wall_s")
-    _print_table({k: m[k] for k in keys})
+    keys = ("requests", "completed", "rejected", "deferred", "in_flight_end", "ttft_p50", "ttft_p99", "tpot_p50",
+            "tpot_p99", "slo_attainment", "slo_attainment_admitted", "goodput_tokens_per_s", "wasted_prefill_tokens",
+            "prefix_hit_ratio", "oscillating", "gpu_hours", "actions_per_hour", "wall_seconds",
+            "sim_requests_per_wall_s")
+    _print_table({k: m[k] for k in keys if m.get(k) is not None})
+    for name, cm in m["classes"].items():
+        print(f"class {name}: {cm['requests']} requests, SLO attainment {cm['slo_attainment']:.3f} "
+              f"(admitted {cm['slo_attainment_admitted'] if cm['slo_attainment_admitted'] is not None else float('nan'):.3f}), "
+              f"{cm['rejected']} rejected, {cm['deferred']} deferred")
     print(f"wrote {out}/ (metrics.json, requests.csv, series.csv, actions.csv)")
     return 0
 
@@ -445,10 +462,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     sm = sub.add_parser("simulate", help="replay a trace request by request through the cluster")
     sm.add_argument("--trace", required=True, help="registered name, path, or 'synthetic'")
-    sm.add_argument("--scale", type=float, default=1.0, help="replay x times faster")
-    sm.add_argument("--scenario", default=None, help="TOML with [plant], [cluster], [controller]")
+    sm.add_argument("--scale", type=float, default=None, help="replay x times faster (default 1)")
+    sm.add_argument("--load", type=float, default=None,
+                    help="offered load as a multiple of the cluster's bottleneck capacity at the TPOT SLO at the "
+                         "trace's own request shape (instead of --scale; closed sessions need it)")
+    sm.add_argument("--scenario", default=None,
+                    help="TOML with [plant], [cluster], [classes], [controller], [envelope], [simulation]; every "
+                         "field is used or rejected by name")
     sm.add_argument("--admission", default=None,
-                    help="an admission kind (tokenfactory describe kinds); default smoothed")
+                    help="an admission kind (tokenfactory describe kinds); default the scenario's, else the "
+                         "recommended slo-aware")
+    sm.add_argument("--batch-cap", dest="batch_cap", default=None,
+                    help="decode batch cap per worker at the start: 'static' (the largest batch meeting the TPOT "
+                         "SLO at the nominal context), 'none' (KV memory only; default) or a number")
     sm.add_argument("--autoscaler", default=None,
                     help="an autoscaler kind sizing both pools (tokenfactory describe kinds); start-up/warm-up "
                          "from the scenario's [cluster.dynamics]")

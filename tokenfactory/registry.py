@@ -9,8 +9,10 @@ A builder takes a :class:`PlantContext` (the roofline rates of the plant the con
 the pool sizes, SLOs and demand it is tuned for) and a mapping of parameters; unknown parameters
 are rejected with their name.
 
-* admission kinds (the seconds layer): ``open``, ``naive``, ``threshold``, ``smoothed`` and
-  today's baselines ``vllm-watermark``, ``mooncake``, ``mooncake-predictive``;
+* admission kinds (the seconds layer): ``open``, ``naive``, ``threshold``, ``smoothed``,
+  ``slo-aware`` (the recommended one, :data:`RECOMMENDED_ADMISSION`: per-request SLO-aware
+  admission with request classes, reserved interactive capacity and the gated decode batch cap)
+  and today's baselines ``vllm-watermark``, ``mooncake``, ``mooncake-predictive``;
 * autoscaler kinds (the reconfiguration layer, a builder returns one controller per pool):
   ``hpa``, ``kpa``, ``dynamo-throughput``, ``dynamo-load``, ``apa`` and ``hysteretic``;
 * :data:`CONTROL_PLANES`: the combinations deployments run (an autoscaler kind and an admission
@@ -19,12 +21,14 @@ are rejected with their name.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from tokenfactory.classes import DEFAULT_CLASSES, INTERACTIVE, RequestClass, class_table
 from tokenfactory.controllers.admission import CompletionTriggeredAdmission, SmoothedAdmission, ThresholdAdmission
 from tokenfactory.controllers.autoscaling import (
     AIBrixAPA,
@@ -34,17 +38,28 @@ from tokenfactory.controllers.autoscaling import (
     KnativeAutoscaler,
 )
 from tokenfactory.controllers.autotune import StabilityEnvelope, TuningReport, tune_smoothed_admission
+from tokenfactory.controllers.batch_gate import BatchGate, largest_batch, pass_target_s, tune_batch_gate
 from tokenfactory.controllers.early_rejection import EarlyRejection, WatermarkAdmission
+from tokenfactory.controllers.slo_admission import SLOAwareAdmission, tune_slo_admission
 from tokenfactory.controllers.reconfiguration import HystereticPoolController, measured_need_noise
 from tokenfactory.controllers.stack import ControlStack, StackLayer
 from tokenfactory.controllers.tuning import PIGains, simc_pi
+from tokenfactory.plant_models.des import DESParams
 from tokenfactory.plant_models.fluid import FluidParams, FluidPlant
 from tokenfactory.plant_models.fleet import PoolDynamics
 from tokenfactory.validation import ConfigError, check_choice, check_number, reject_unknown_keys
 
 __all__ = ["PlantContext", "ControllerKind", "register", "ADMISSION_KINDS", "AUTOSCALER_KINDS",
            "CONTROL_PLANES", "build_admission", "build_autoscalers", "control_plane", "admission_kinds",
-           "autoscaler_kinds", "smoothed_admission", "TARGET_UTILIZATION", "BASELINE_STACKS", "baseline_stack"]
+           "autoscaler_kinds", "smoothed_admission", "TARGET_UTILIZATION", "BASELINE_STACKS", "baseline_stack",
+           "slo_aware_admission", "slo_admission_tuning", "batch_gate_for", "static_batch_cap", "batch_gate_tuning",
+           "RECOMMENDED_ADMISSION", "DEFAULT_TPOT_FRACTION"]
+
+#: the admission kind tokenfactory recommends (``simulate`` uses it when ``--admission`` is omitted)
+RECOMMENDED_ADMISSION = "slo-aware"
+#: share of the TPOT SLO a decode pass may take under the batch cap (the rest: ready-buffer waits
+#: carried over a request's tokens and the spread of contexts in a batch)
+DEFAULT_TPOT_FRACTION = 0.95
 
 #: the utilisation every capacity-based autoscaler targets (15 % headroom for bursts)
 TARGET_UTILIZATION = 0.85
@@ -77,6 +92,18 @@ class PlantContext:
         noise on them when they span at least 45 minutes (else it uses a Poisson estimate).
     envelope : StabilityEnvelope
         Errors the admission tuning must tolerate (delay and service-rate factors, margin floors).
+    service : ServiceModel, optional
+        The service model ``params`` was sampled from: the roofline pass time at any batch and
+        context and the fill step (the SLO-aware admission and the batch gate use it when given).
+    classes : tuple of RequestClass
+        Request classes (default empty: an ``interactive`` class with ``slo_ttft_s`` /
+        ``slo_tpot_s`` and the default ``batch`` class).
+    class_outputs : mapping, optional
+        Per class name, ``(mean, short)`` output tokens of its requests (``short`` a low quantile:
+        a short request's TPOT carries its ready wait over few tokens); default the plant's mean
+        output for every class and a quarter of it.
+    snapshot_dt : float
+        The plant's sample period of its measurements (s; default 0.1).
     """
 
     params: FluidParams
@@ -89,6 +116,24 @@ class PlantContext:
     max_replicas: int = 64
     arrival_times_s: Any = None
     envelope: StabilityEnvelope = field(default_factory=StabilityEnvelope)
+    service: Any = None
+    classes: tuple = ()
+    class_outputs: Mapping[str, tuple[float, float]] | None = None
+    snapshot_dt: float = 0.1
+
+    def class_table(self) -> dict[str, RequestClass]:
+        """The classes the controllers protect, highest priority first (:attr:`classes`, or an
+        ``interactive`` class at this context's SLO plus the default ``batch`` class).
+
+        Returns
+        -------
+        dict
+            ``name -> RequestClass``.
+        """
+        if self.classes:
+            return class_table(self.classes)
+        batch = [c for c in DEFAULT_CLASSES if c.name != INTERACTIVE]
+        return class_table([RequestClass(INTERACTIVE, self.slo_ttft_s, self.slo_tpot_s, 0), *batch])
 
     @property
     def plant(self) -> FluidPlant:
@@ -302,19 +347,269 @@ def smoothed_admission(ctx: PlantContext, p: Mapping[str, Any] | None = None,
     return ctrl, report
 
 
+_PASS_TABLES: dict[int, tuple[Any, DESParams]] = {}
+
+
+def _pass_table(svc) -> DESParams:
+    """The service model's pass times sampled over (batch, context) (the request simulator's own
+    tables), built once per service model."""
+    hit = _PASS_TABLES.get(id(svc))
+    if hit is None or hit[0] is not svc:
+        if len(_PASS_TABLES) > 32:
+            _PASS_TABLES.clear()
+        hit = _PASS_TABLES[id(svc)] = (svc, DESParams.from_service(svc))
+    return hit[1]
+
+
+def _pass_model(ctx: PlantContext) -> tuple[Callable[[float, float], float], float, float]:
+    """(pass_time_s(batch, context), KV slots per worker, nominal context) of the decode worker:
+    the service model's roofline over batch and context (sampled into the request simulator's
+    table) when known, else the fluid plant's table over batch."""
+    if ctx.service is not None:
+        svc = ctx.service
+        table = _pass_table(svc)
+        return (lambda b, c: table.decode_pass(b, c)[0], float(svc.decode_slots), float(svc.decode_context_tokens))
+    fp = ctx.params
+    ctx_tokens = float(fp.provenance.get("decode_context_tokens", 1.0)) if fp.provenance else 1.0
+    return (lambda b, c: fp.decode_step_s(b)), float(fp.decode_slots_per_worker), max(ctx_tokens, 1.0)
+
+
+def static_batch_cap(ctx: PlantContext, tpot_fraction: float = DEFAULT_TPOT_FRACTION) -> float:
+    """The decode batch cap an operator would configure once: the largest batch whose roofline
+    pass time at the nominal context is within ``tpot_fraction`` of the TPOT SLO (whole
+    sequences; what the baselines run with in the overload study).
+
+    Parameters
+    ----------
+    ctx : PlantContext
+        The plant.
+    tpot_fraction : float
+        Share of the top class's TPOT SLO a pass may take (default :data:`DEFAULT_TPOT_FRACTION`).
+
+    Returns
+    -------
+    float
+        Sequences per decode worker (at least 1, at most the KV slots). With the top class's
+        short output tokens in ``ctx.class_outputs`` the target pass time is also bounded so
+        that a short request can meet the SLO
+        (:func:`tokenfactory.controllers.batch_gate.pass_target_s`).
+    """
+    check_number("tpot_fraction", tpot_fraction, low=0.0, high=1.0, low_inclusive=False)
+    fn, slots, nominal = _pass_model(ctx)
+    target = _pass_target(ctx, tpot_fraction)
+    return float(max(1.0, np.floor(largest_batch(fn, target, nominal, max(slots, 1.0)))))
+
+
+def _top_short_output(ctx: PlantContext) -> tuple[RequestClass, float | None]:
+    top = next(iter(ctx.class_table().values()))
+    outs = ctx.class_outputs or {}
+    return top, (float(outs[top.name][1]) if top.name in outs else None)
+
+
+def _transfer_s(ctx: PlantContext) -> float:
+    svc = ctx.service
+    return svc.kv_transfer_s(svc.kv_blob_bytes) if svc is not None else ctx.params.kv_transfer_s
+
+
+def _pass_target(ctx: PlantContext, tpot_fraction: float) -> float:
+    """The pass time the batch cap aims at for the top class (its short requests included)."""
+    top, short = _top_short_output(ctx)
+    return pass_target_s(top.slo_tpot_s, tpot_fraction, short, _transfer_s(ctx))
+
+
+@functools.lru_cache(maxsize=64)
+def _gate_tuning(delay: float, pass_s: float, snapshot: float, period: float, check_ungated: bool = False):
+    return tune_batch_gate(delay, pass_s, snapshot_s=snapshot, sample_period_s=period, check_ungated=check_ungated)
+
+
+def batch_gate_tuning(gate: BatchGate, measurement_delay_s: float, snapshot_dt: float = 0.1):
+    """The gated batch controller's tuning and margins over the envelope, and the ungated rule's
+    margins and describing-function cycle (:func:`tokenfactory.controllers.batch_gate.tune_batch_gate`
+    with ``check_ungated``) for a gate built by :func:`batch_gate_for`.
+
+    Parameters
+    ----------
+    gate : BatchGate
+        The gate.
+    measurement_delay_s : float
+        The plant's measurement delay (s).
+    snapshot_dt : float
+        The plant's snapshot period (s; default 0.1).
+
+    Returns
+    -------
+    BatchGateTuning
+    """
+    return _gate_tuning(round(measurement_delay_s, 6), round(gate.target_s, 6), round(snapshot_dt, 6),
+                        round(gate.sample_period, 6), True)
+
+
+def batch_gate_for(ctx: PlantContext, p: Mapping[str, Any] | None = None, where: str = "batch_gate") -> BatchGate:
+    """The gated decode batch controller for the plant in ``ctx``, its correction gain
+    SIMC-tuned (:func:`tokenfactory.controllers.batch_gate.tune_batch_gate`) for the plant's
+    measurement delay and the pass time at the target.
+
+    Parameters
+    ----------
+    ctx : PlantContext
+        The plant.
+    p : mapping, optional
+        ``tpot_fraction`` (default :data:`DEFAULT_TPOT_FRACTION`), ``sample_period_s`` (0.25),
+        ``gated`` (True), ``gain`` (default: tuned).
+    where : str
+        Field path for error messages.
+
+    Returns
+    -------
+    BatchGate
+    """
+    p = dict(p or {})
+    reject_unknown_keys(where, p, ("tpot_fraction", "sample_period_s", "gated", "gain"))
+    fn, slots, nominal = _pass_model(ctx)
+    top, short = _top_short_output(ctx)
+    frac = check_number(f"{where}.tpot_fraction", p.get("tpot_fraction", DEFAULT_TPOT_FRACTION), low=0.0, high=1.0,
+                        low_inclusive=False)
+    T = check_number(f"{where}.sample_period_s", p.get("sample_period_s", 0.25), low=0.0, low_inclusive=False)
+    gain = p.get("gain")
+    if gain is None:
+        gain = _gate_tuning(round(ctx.params.measurement_delay_s, 6), round(_pass_target(ctx, frac), 6),
+                            round(ctx.snapshot_dt, 6), round(T, 6)).gain
+    return BatchGate(fn, slo_tpot_s=top.slo_tpot_s, max_batch=max(slots, 1.0), nominal_context_tokens=nominal,
+                     tpot_fraction=frac, gain=gain, gated=bool(p.get("gated", True)), short_output_tokens=short,
+                     kv_transfer_s=_transfer_s(ctx), sample_period=T)
+
+
+@functools.lru_cache(maxsize=64)
+def _slo_tuning(theta_fill: float, theta_decode: float, h: float):
+    return tune_slo_admission(theta_fill, theta_decode, h)
+
+
+def _gate_delays(measurement_delay_s: float, T: float, filt: float, fill_target_s: float, step_s: float,
+                 transfer_s: float) -> tuple[float, float]:
+    """(theta_fill, theta_decode): measurement delay + T/2 (hold) + filter + h (= T, the gate's
+    time in the rate form); decode adds the fill wait at its setpoint, one step and the transfer."""
+    theta_fill = measurement_delay_s + T / 2 + filt + T
+    return theta_fill, theta_fill + fill_target_s + step_s + transfer_s
+
+
+def slo_admission_tuning(ctrl: SLOAwareAdmission, measurement_delay_s: float) -> dict:
+    """The loop model, SIMC tuning and checks behind an SLO-aware admission controller: the fill
+    and decode limit corrections' :class:`~tokenfactory.controllers.slo_admission.GateLoopTuning`
+    over the envelope (delay x 0.5-2, prediction gain x 0.7-1.3; GM >= 2, PM >= 45 deg) with the
+    describing-function check of the limits' clamps.
+
+    Parameters
+    ----------
+    ctrl : SLOAwareAdmission
+        A controller built by :func:`slo_aware_admission`.
+    measurement_delay_s : float
+        The plant's measurement delay (s).
+
+    Returns
+    -------
+    dict
+        ``{"fill": GateLoopTuning, "decode": GateLoopTuning}``.
+    """
+    T = ctrl.sample_period
+    theta_fill, theta_decode = _gate_delays(measurement_delay_s, T, ctrl.filter_tau_s, ctrl.fill_target,
+                                            ctrl.fill_step_s, ctrl.kv_transfer_s)
+    return _slo_tuning(round(theta_fill, 6), round(theta_decode, 6), round(T, 6))
+
+
+def slo_aware_admission(ctx: PlantContext, p: Mapping[str, Any] | None = None,
+                        where: str = "controller") -> SLOAwareAdmission:
+    """tokenfactory's SLO-aware admission for the plant in ``ctx``, with its decode batch gate.
+
+    The fill rate and step come from the service model (chunked steps of the fill worker's
+    token budget) or, without one, from the fluid plant; the limit corrections are SIMC-tuned
+    over the envelope (:func:`tokenfactory.controllers.slo_admission.tune_slo_admission`) for
+    delays theta_fill = measurement delay + T/2 + filter + h and theta_decode = theta_fill + the
+    fill wait at its setpoint + one step + the KV transfer.
+
+    Parameters
+    ----------
+    ctx : PlantContext
+        The plant, its classes and their outputs.
+    p : mapping, optional
+        ``sample_period_s`` (0.25), ``ttft_fraction`` (0.8), ``wait_target_fraction`` (0.5),
+        ``tpot_fraction`` (:data:`DEFAULT_TPOT_FRACTION`), ``filter_tau_s`` (0.5),
+        ``reserve_horizon_s`` (start-up + warm-up of ``ctx.dynamics``), ``reserve_z`` (2.33),
+        ``completion_z`` (2), ``decode_reserve_z`` (0),
+        ``batch_gate`` (True), ``fill_ki``, ``decode_ki`` (default: tuned).
+    where : str
+        Field path for error messages.
+
+    Returns
+    -------
+    SLOAwareAdmission
+    """
+    p = dict(p or {})
+    reject_unknown_keys(where, p, _SLO_KEYS)
+    fp, svc = ctx.params, ctx.service
+    T = check_number(f"{where}.sample_period_s", p.get("sample_period_s", 0.25), low=0.0, low_inclusive=False)
+    frac = check_number(f"{where}.tpot_fraction", p.get("tpot_fraction", DEFAULT_TPOT_FRACTION), low=0.0, high=1.0,
+                        low_inclusive=False)
+    ttft_fraction = p.get("ttft_fraction", 0.8)
+    wait_fraction = p.get("wait_target_fraction", 0.5)
+    filt = p.get("filter_tau_s", 0.5)
+    classes = ctx.class_table()
+    top = next(iter(classes.values()))
+    if svc is not None:
+        prompt = float(svc.shape.prompt_tokens)
+        budget = svc.fill_token_budget
+        step = svc.fill_step_s(budget)
+        token_rate = budget / step
+        cached_cost = svc.fill_s_per_cached_token * token_rate
+        transfer = svc.kv_transfer_s(svc.kv_blob_bytes)
+    else:
+        prompt = float((fp.provenance or {}).get("shape", {}).get("prompt_tokens", 1.0))
+        token_rate, step, cached_cost, transfer = fp.fill_rate_per_worker * prompt, fp.fill_latency_s, 0.0, \
+            fp.kv_transfer_s
+    outs = ctx.class_outputs or {}
+    mean_out = {n: float(outs[n][0]) if n in outs else fp.output_tokens for n in classes}
+    short_out = {n: float(outs[n][1]) if n in outs else 0.25 * mean_out[n] for n in classes}
+    theta_fill, theta_decode = _gate_delays(fp.measurement_delay_s, T, filt, wait_fraction * max(
+        ttft_fraction * top.slo_ttft_s - step, 0.0), step, transfer)
+    tuning = _slo_tuning(round(theta_fill, 6), round(theta_decode, 6), round(T, 6))
+    gate = batch_gate_for(ctx, {"tpot_fraction": frac, "sample_period_s": T}) if p.get("batch_gate", True) else None
+    return SLOAwareAdmission(
+        fill_token_rate=token_rate, fill_step_s=step, kv_transfer_s=transfer, decode_pass_s=_pass_target(ctx, frac),
+        prompt_tokens=prompt, output_tokens=mean_out, short_output_tokens=short_out, classes=tuple(classes.values()),
+        ttft_fraction=ttft_fraction, wait_target_fraction=wait_fraction,
+        fill_ki=p.get("fill_ki", tuning["fill"].ki), decode_ki=p.get("decode_ki", tuning["decode"].ki),
+        filter_tau_s=filt, cached_token_cost=cached_cost,
+        reserve_horizon_s=p.get("reserve_horizon_s", ctx.dynamics.startup_s + ctx.dynamics.warmup_s),
+        reserve_z=p.get("reserve_z", 2.33), completion_z=p.get("completion_z", 2.0),
+        decode_reserve_z=p.get("decode_reserve_z", 0.0), batch_gate=gate,
+        sample_period=T)
+
+
 def _watermark(ctx: PlantContext, p: dict) -> WatermarkAdmission:
     return WatermarkAdmission(sample_period=p.get("sample_period_s", 0.25))  # the orchestrator samples every 250 ms
 
 
+def _one_fill_s(ctx: PlantContext) -> float:
+    """Prefill time of one nominal request with no queue: the service model's chunked step of its
+    new tokens plus its cached prefix read (what the request simulator spends), else the fluid
+    plant's fill latency (a pass of one prompt per attention replica)."""
+    svc = ctx.service
+    if svc is None:
+        return ctx.params.fill_latency_s
+    return svc.fill_step_s(min(svc.shape.prompt_tokens, svc.fill_token_budget)) \
+        * max(1.0, svc.shape.prompt_tokens / svc.fill_token_budget) + svc.fill_s_per_cached_token * svc.shape.cached_tokens
+
+
 def _mooncake(predictive: bool) -> Callable[[PlantContext, dict], EarlyRejection]:
     def build(ctx: PlantContext, p: dict) -> EarlyRejection:
-        return EarlyRejection(fill_latency_s=ctx.params.fill_latency_s, slo_ttft_s=ctx.slo_ttft_s,
+        return EarlyRejection(fill_latency_s=_one_fill_s(ctx), slo_ttft_s=ctx.slo_ttft_s,
                               predictive=predictive)
     return build
 
 
 _SMOOTHED_KEYS = ("sample_period_s", "filter_tau_s", "service_filter_tau_s", "safety_z", "backlog_bound_s",
                   "kc", "ti", "target_ready")
+_SLO_KEYS = ("sample_period_s", "ttft_fraction", "wait_target_fraction", "tpot_fraction", "filter_tau_s",
+             "reserve_horizon_s", "reserve_z", "completion_z", "decode_reserve_z", "batch_gate", "fill_ki", "decode_ki")
 register(ControllerKind("open", "admission", "no admission control: every arrival enters the fill queue",
                         _open, baseline=True))
 register(ControllerKind("naive", "admission", "completion-triggered admission (section 18's naive loop)", _naive,
@@ -325,6 +620,9 @@ register(ControllerKind("threshold", "admission", "on/off admission on a busy si
 register(ControllerKind("smoothed", "admission", "tokenfactory: feed-forward + PI on the filtered ready buffer, "
                         "SIMC-tuned over a stability envelope",
                         lambda ctx, p: smoothed_admission(ctx, p)[0], _SMOOTHED_KEYS))
+register(ControllerKind("slo-aware", "admission", "tokenfactory (recommended): admit, defer or reject each request "
+                        "on its predicted TTFT and decode wait, per class, interactive capacity reserved, gated "
+                        "decode batch cap", lambda ctx, p: slo_aware_admission(ctx, p), _SLO_KEYS))
 register(ControllerKind("vllm-watermark", "admission", "vLLM's 1 % KV watermark: admit while KV has room",
                         _watermark, ("sample_period_s",), baseline=True))
 register(ControllerKind("mooncake", "admission", "Mooncake early rejection on the current decode load "

@@ -10,8 +10,10 @@ verdict to the metrics. Used by ``tokenfactory simulate`` and the studies.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from tokenfactory.controllers.oscillation import assess
@@ -25,11 +27,12 @@ from tokenfactory.plant_models.service import (
     RequestShape,
     ServiceModel,
 )
-from tokenfactory.registry import PlantContext, build_admission, build_autoscalers
-from tokenfactory.traces.transforms import scale_trace
-from tokenfactory.validation import reject_unknown_keys
+from tokenfactory.registry import DEFAULT_TPOT_FRACTION, PlantContext, build_admission, build_autoscalers, static_batch_cap
+from tokenfactory.traces.transforms import place_sessions, scale_trace
+from tokenfactory.validation import ConfigError, check_number, reject_unknown_keys
 
-__all__ = ["DEFAULT_PLANT", "ReplaySetup", "request_shape_of", "build_replay", "run_replay"]
+__all__ = ["DEFAULT_PLANT", "ReplaySetup", "request_shape_of", "build_replay", "run_replay", "class_outputs",
+           "replay_trace", "ReplayScenario", "replay_scenario_from_dict", "load_replay_scenario"]
 
 #: the preset disaggregated cluster: DeepSeek-V3 on 8xH200 workers, 2 fill + 1 decode
 DEFAULT_PLANT = {"model": "deepseek-v3", "hardware": "h200", "fill_workers": 2, "decode_workers": 1,
@@ -57,8 +60,8 @@ class ReplaySetup:
         The service model both plants are sampled from.
     capacity_rps : float
         The cluster's bottleneck capacity at that shape (requests/s): the smaller of the fill
-        pool's prefill throughput and the decode pool's completion rate with every slot busy.
-        A replay "load" of x means x times this.
+        pool's prefill throughput and the decode pool's completion rate with every KV slot busy
+        (the trace-replay study's loads are multiples of this).
     bottleneck : str
         The pool that sets ``capacity_rps``: ``"fill"`` or ``"decode"``.
     """
@@ -89,8 +92,40 @@ class ReplaySetup:
         PlantContext
             At this setup's fluid parameters and pool sizes.
         """
+        kw.setdefault("service", self.service)
         return PlantContext(self.plant.params, int(self.plant.fill_workers), int(self.plant.decode_workers),
                             slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, **kw)
+
+    def slo_capacity(self, slo_tpot_s: float = 0.1, tpot_fraction: float = DEFAULT_TPOT_FRACTION
+                     ) -> tuple[float, str, float]:
+        """The bottleneck capacity at the TPOT SLO: as :attr:`capacity_rps`, but the decode pool
+        runs the largest batch whose roofline pass time at the nominal context is within
+        ``tpot_fraction`` of the SLO, and short enough for the trace's short requests
+        (:func:`tokenfactory.registry.static_batch_cap` with :func:`class_outputs`) instead of
+        every KV slot - with the fitted roofline a DeepSeek-V3 decode worker on 8xH200 at its full
+        KV batch runs slower than a 0.1 s TPOT, so only this rate can be served within the SLO.
+        The overload study's and ``simulate --load``'s loads are multiples of it.
+
+        Parameters
+        ----------
+        slo_tpot_s : float
+            The TPOT SLO (s; default 0.1).
+        tpot_fraction : float
+            Share of it a pass may take (default :data:`tokenfactory.registry.DEFAULT_TPOT_FRACTION`).
+
+        Returns
+        -------
+        tuple
+            ``(capacity_rps, bottleneck, batch_cap)``: requests/s, ``"fill"`` or ``"decode"``, and
+            the cap (sequences per decode worker).
+        """
+        cap = static_batch_cap(self.context(slo_tpot_s=slo_tpot_s, class_outputs=class_outputs(self.trace)),
+                               tpot_fraction)
+        svc = self.service
+        dec = self.plant.decode_workers * cap / (svc.shape.output_tokens * svc.decode_pass_s(cap, svc.decode_context_tokens))
+        caps = {"fill": self.plant.fill_capacity, "decode": dec}
+        neck = min(caps, key=caps.get)
+        return caps[neck], neck, cap
 
 
 def request_shape_of(trace: pd.DataFrame) -> RequestShape:
@@ -154,15 +189,89 @@ def build_replay(trace: pd.DataFrame, plant: dict | None = None) -> ReplaySetup:
     return ReplaySetup(trace, params, plant_model, shape, service, caps[neck], neck)
 
 
+def class_outputs(trace: pd.DataFrame, quantile: float = 0.05) -> dict[str, tuple[float, float]]:
+    """Per request class, the mean and the ``quantile`` of its output tokens (what the SLO-aware
+    admission expects of a request of the class; the trace's history stands in for the
+    orchestrator's).
+
+    Parameters
+    ----------
+    trace : DataFrame
+        A request table (``request_class`` optional: one class ``interactive`` without it).
+    quantile : float
+        The short-request quantile (default 0.05).
+
+    Returns
+    -------
+    dict
+        ``class -> (mean output tokens, quantile output tokens)``, at least 2 tokens each.
+    """
+    cls = trace["request_class"].astype(str) if "request_class" in trace else pd.Series("interactive", index=trace.index)
+    out = {}
+    for name, g in trace["output_tokens"].groupby(cls):
+        v = np.maximum(g.to_numpy(dtype=float), 1.0)
+        out[str(name)] = (max(float(v.mean()), 2.0), max(float(np.quantile(v, quantile)), 2.0))
+    return out
+
+
+def replay_trace(trace: pd.DataFrame, setup: ReplaySetup, *, scale: float = 1.0, load: float | None = None,
+                 slo_tpot_s: float = 0.1, duration_s: float | None = None, seed: int = 0) -> tuple[pd.DataFrame, float]:
+    """The trace as replayed: sped up by ``scale``, or to ``load`` x the bottleneck capacity at
+    the TPOT SLO (:meth:`ReplaySetup.slo_capacity`); a trace of closed sessions (per-session
+    clocks) has its sessions placed on one clock at that request rate over ``duration_s``
+    (:func:`tokenfactory.traces.place_sessions`).
+
+    Parameters
+    ----------
+    trace : DataFrame
+        The request table.
+    setup : ReplaySetup
+        From :func:`build_replay`.
+    scale : float
+        Speed-up when ``load`` is None (default 1).
+    load : float, optional
+        Multiple of the capacity at the SLO (> 0).
+    slo_tpot_s : float
+        TPOT SLO of the capacity (default 0.1).
+    duration_s : float, optional
+        Window for closed sessions (default 3600 s).
+    seed : int
+        Seed of the session placement.
+
+    Returns
+    -------
+    tuple
+        ``(replayed table, speed-up applied)`` (the speed-up is NaN for placed sessions).
+    """
+    if load is not None:
+        check_number("load", load, low=0.0, low_inclusive=False)
+    closed = bool(trace.attrs.get("per_session_clock"))
+    if closed:
+        if load is None:
+            raise ConfigError("load", "a trace of closed sessions is replayed at a load (x capacity), not a speed-up")
+        rate = load * setup.slo_capacity(slo_tpot_s)[0]
+        return place_sessions(trace, rate, duration_s or 3600.0, seed=seed), math.nan
+    if load is not None:
+        rate = len(trace) / max(float(trace["arrival_s"].max()), 1e-9)
+        scale = load * setup.slo_capacity(slo_tpot_s)[0] / rate
+    return (scale_trace(trace, scale) if scale != 1 else trace), scale
+
+
 def run_replay(trace: pd.DataFrame, setup: ReplaySetup, admission: str, scale: float = 1.0,
-               cluster: dict | None = None, autoscaler: str | None = None) -> tuple[dict, Any]:
+               cluster: dict | None = None, autoscaler: str | None = None, *, load: float | None = None,
+               admission_params: dict | None = None, batch_cap: str | float | None = None,
+               envelope=None, duration_s: float | None = None,
+               admission_where: str = "admission") -> tuple[dict, Any]:
     """One replay through the request simulator.
 
     The controllers are built for the replayed stream: its mean rate (requests over the last
-    arrival time, after ``scale``) and its arrival times go into the :class:`PlantContext`.
-    The oscillation verdict is :func:`~tokenfactory.controllers.oscillation.assess` on the
-    ready buffer's snapshots after the first 10 % of the run (the start-up transient), with a
-    1-request minimum amplitude; with fewer than 16 snapshots there is no verdict.
+    arrival time, after ``scale``) and its arrival times go into the :class:`PlantContext`, with
+    the service model, the cluster's request classes and the classes' output tokens
+    (:func:`class_outputs`). Oscillation verdicts are
+    :func:`~tokenfactory.controllers.oscillation.assess` on the ready buffer's and the fill
+    queue's (queued prompt tokens) snapshots after the first 10 % of the run (the start-up
+    transient), with minimum amplitudes of 1 request and one fill step's token budget; with
+    fewer than 16 snapshots there is no verdict.
 
     Parameters
     ----------
@@ -175,33 +284,220 @@ def run_replay(trace: pd.DataFrame, setup: ReplaySetup, admission: str, scale: f
         for none).
     scale : float
         Replay speed-up (> 0; default 1): arrival times are divided by ``scale``, so the
-        offered load is ``scale`` times the trace's.
+        offered load is ``scale`` times the trace's. Ignored when ``load`` is given.
     cluster : dict, optional
         :class:`ClusterConfig` fields (pool sizes and measurement delay default to the
         setup's).
     autoscaler : str, optional
         A registered autoscaler kind sizing both pools (default: none, fixed pools).
+    load : float, optional
+        Offered load as a multiple of the bottleneck capacity at the TPOT SLO
+        (:func:`replay_trace`); closed-session traces need it.
+    admission_params : dict, optional
+        Parameters of the admission kind (its registered keys).
+    batch_cap : "static", float or None
+        The decode batch cap the run starts with: ``"static"`` the operator's cap at the TPOT SLO
+        (:func:`tokenfactory.registry.static_batch_cap`), a number of sequences, or None (the
+        cluster's ``batch_cap``; KV memory only by default). A batch gate changes it during the run.
+    envelope : StabilityEnvelope, optional
+        The envelope the admission is tuned over (default the registry's).
+    duration_s : float, optional
+        Window for closed sessions (default 3600 s; the run lasts this plus ``drain_s``).
+    admission_where : str
+        Field path of the admission parameters in error messages (default ``"admission"``).
 
     Returns
     -------
     tuple
         ``(metrics, SimulationResult)``. ``metrics`` is the simulator's metrics plus ``admission``,
-        ``autoscaler``, ``scale``, ``ready_oscillation`` (the
-        :class:`~tokenfactory.controllers.oscillation.OscillationReport` as a dict, or None)
-        and ``oscillating`` (bool; False without a verdict).
+        ``autoscaler``, ``scale``, ``load``, ``batch_cap``, ``ready_oscillation`` and
+        ``fill_oscillation`` (:class:`~tokenfactory.controllers.oscillation.OscillationReport` as
+        dicts, or None) and ``oscillating`` (either verdict; False without one).
     """
-    cl = ClusterConfig.from_dict({"fill_workers": int(setup.plant.fill_workers),
-                                  "decode_workers": int(setup.plant.decode_workers),
-                                  "measurement_delay_s": setup.plant.params.measurement_delay_s, **(cluster or {})})
-    replay = scale_trace(trace, scale) if scale != 1 else trace
+    base = {"fill_workers": int(setup.plant.fill_workers), "decode_workers": int(setup.plant.decode_workers),
+            "measurement_delay_s": setup.plant.params.measurement_delay_s, **(cluster or {})}
+    cl = ClusterConfig.from_dict(base)
+    replay, scale = replay_trace(trace, setup, scale=scale, load=load, slo_tpot_s=cl.slo_tpot_s,
+                                 duration_s=duration_s, seed=cl.seed)
+    if replay.attrs.get("per_session_clock"):
+        cl = dataclasses.replace(cl, duration_s=cl.duration_s or (duration_s or 3600.0) + cl.drain_s)
     rate = len(replay) / max(float(replay["arrival_s"].max()), 1e-9)
+    kw = {} if envelope is None else {"envelope": envelope}
     ctx = setup.context(cl.slo_ttft_s, cl.slo_tpot_s, rate_rps=rate, dynamics=cl.dynamics,
-                        arrival_times_s=replay["arrival_s"].to_numpy())
+                        arrival_times_s=replay["arrival_s"].to_numpy(), classes=cl.classes,
+                        class_outputs=class_outputs(replay), snapshot_dt=cl.snapshot_dt, **kw)
+    if batch_cap == "static":
+        cl = dataclasses.replace(cl, batch_cap=static_batch_cap(ctx))
+    elif batch_cap is not None:
+        cl = dataclasses.replace(cl, batch_cap=float(check_number("batch_cap", batch_cap, low=1.0)))
     scalers = build_autoscalers(autoscaler, ctx) if autoscaler else []
-    res = simulate(replay, setup.params, cl, build_admission(admission, ctx), scalers)
+    res = simulate(replay, setup.params, cl, build_admission(admission, ctx, admission_params, where=admission_where),
+                   scalers)
     s = res.series
     after = s[s["time_s"] > 0.1 * s["time_s"].iloc[-1]]
-    rep = assess(after["ready"].to_numpy(), cl.snapshot_dt, min_amplitude=1.0) if len(after) >= 16 else None
-    m = {**res.metrics, "admission": admission, "autoscaler": autoscaler, "scale": scale,
-         "ready_oscillation": rep.to_dict() if rep else None, "oscillating": bool(rep.oscillating) if rep else False}
+    enough = len(after) >= 16
+    rep = assess(after["ready"].to_numpy(), cl.snapshot_dt, min_amplitude=1.0) if enough else None
+    frep = assess(after["fill_queued_tokens"].to_numpy(), cl.snapshot_dt,
+                  min_amplitude=float(setup.params.fill_token_budget)) if enough else None
+    m = {**res.metrics, "admission": admission, "autoscaler": autoscaler, "scale": scale, "load": load,
+         "batch_cap": cl.batch_cap, "ready_oscillation": rep.to_dict() if rep else None,
+         "fill_oscillation": frep.to_dict() if frep else None,
+         "oscillating": bool((rep and rep.oscillating) or (frep and frep.oscillating))}
     return m, res
+
+
+_SIMULATION_KEYS = ("load", "scale", "duration_s", "batch_cap")
+#: plant keys of a margins scenario that a replay cannot honour, and why
+_PLANT_NOT_IN_REPLAY = {
+    "prompt_tokens": "the trace sets the request shape in a replay",
+    "output_tokens": "the trace sets the request shape in a replay",
+    "cached_tokens": "the trace sets the request shape in a replay",
+    "decode_parallelism": "a replay's fill and decode workers share one parallelism (set plant.parallelism)",
+}
+_SIMULATION_NOT_IN_REPLAY = {
+    "demand_factor": "a replay's demand is the trace's (use simulation.load or simulation.scale)",
+    "dt": "the request simulator is event-driven (cluster.snapshot_dt sets the sample period)",
+    "demand_noise_cv": "a replay's demand is the trace's",
+    "noise_interval_s": "a replay's demand is the trace's",
+    "disturbances": "the request simulator's events are cluster.events",
+    "seed": "set cluster.seed",
+}
+
+
+@dataclasses.dataclass
+class ReplayScenario:
+    """A scenario file resolved for a replay (``tokenfactory simulate --scenario``): every field
+    reaches the simulation, or the file is rejected naming the field.
+
+    Parameters
+    ----------
+    name : str
+        The scenario's name.
+    plant : dict
+        Overrides of :data:`DEFAULT_PLANT` for :func:`build_replay`.
+    cluster : dict
+        :class:`ClusterConfig` fields (``classes`` from the ``[classes]`` section included).
+    admission : str or None
+        The admission kind (``[controller] kind``).
+    admission_params : dict
+        Its parameters.
+    envelope : StabilityEnvelope or None
+        The envelope the admission is tuned over.
+    simulation : dict
+        ``load``, ``scale``, ``duration_s``, ``batch_cap`` (each optional).
+    """
+
+    name: str
+    plant: dict
+    cluster: dict
+    admission: str | None
+    admission_params: dict
+    envelope: Any
+    simulation: dict
+
+
+def replay_scenario_from_dict(d: dict, name: str = "scenario") -> ReplayScenario:
+    """Validate a scenario table for a replay, field by field.
+
+    Sections: ``plant`` (:data:`DEFAULT_PLANT` keys, ``parallelism``, ``efficiency``,
+    ``decode_model``, ``decode_hardware``), ``cluster`` (:class:`ClusterConfig` fields),
+    ``classes`` (request classes, :func:`tokenfactory.classes.classes_from_dict`), ``controller``
+    (``kind`` and that kind's parameters), ``envelope`` (:class:`StabilityEnvelope` fields) and
+    ``simulation`` (``load``, ``scale``, ``duration_s``, ``batch_cap``); ``name`` and
+    ``description``.
+
+    Parameters
+    ----------
+    d : dict
+        The parsed TOML.
+    name : str
+        Name when the file has none.
+
+    Returns
+    -------
+    ReplayScenario
+
+    Raises
+    ------
+    ConfigError
+        Naming the first field that is unknown, out of range, or meaningless in a replay (a
+        margins scenario's ``plant.prompt_tokens``, ``simulation.demand_factor``, ...).
+    """
+    from tokenfactory.classes import classes_from_dict
+    from tokenfactory.controllers.autotune import StabilityEnvelope
+    from tokenfactory.registry import ADMISSION_KINDS
+
+    d = dict(d)
+    reject_unknown_keys("", d, {"name", "description", "plant", "cluster", "classes", "controller", "envelope",
+                                "simulation"})
+    plant = dict(d.get("plant", {}))
+    for k in plant:
+        if k in _PLANT_NOT_IN_REPLAY:
+            raise ConfigError(f"plant.{k}", _PLANT_NOT_IN_REPLAY[k])
+    reject_unknown_keys("plant", plant, set(DEFAULT_PLANT) | _PLANT_EXTRA_KEYS)
+    cluster = dict(d.get("cluster", {}))
+    if "classes" in d:
+        if "classes" in cluster:
+            raise ConfigError("classes", "give the classes once: [classes] or cluster.classes")
+        cluster["classes"] = classes_from_dict(d["classes"], "classes")
+    ClusterConfig.from_dict(cluster)  # every field checked now, named
+    ctrl = dict(d.get("controller", {}))
+    kind = ctrl.pop("kind", None)
+    if kind is not None:
+        if kind not in ADMISSION_KINDS:
+            raise ConfigError("controller.kind", f"{kind!r} is not one of {', '.join(ADMISSION_KINDS)}")
+        reject_unknown_keys("controller", ctrl, ADMISSION_KINDS[kind].keys)
+    elif ctrl:
+        raise ConfigError(f"controller.{next(iter(ctrl))}", "controller parameters need a controller.kind")
+    envelope = None
+    if "envelope" in d:
+        env = dict(d["envelope"])
+        reject_unknown_keys("envelope", env, {"delay_factors", "service_rate_factors", "gm_floor", "pm_floor_deg"})
+        for k in ("delay_factors", "service_rate_factors"):
+            if k in env:
+                env[k] = tuple(env[k])
+        envelope = StabilityEnvelope(**env)
+    sim = dict(d.get("simulation", {}))
+    for k in sim:
+        if k in _SIMULATION_NOT_IN_REPLAY:
+            raise ConfigError(f"simulation.{k}", _SIMULATION_NOT_IN_REPLAY[k])
+    reject_unknown_keys("simulation", sim, _SIMULATION_KEYS)
+    if "load" in sim and "scale" in sim:
+        raise ConfigError("simulation.load", "give simulation.load or simulation.scale, not both")
+    for k in ("load", "scale", "duration_s"):
+        if k in sim:
+            check_number(f"simulation.{k}", sim[k], low=0.0, low_inclusive=False)
+    if "batch_cap" in sim and sim["batch_cap"] != "static":
+        check_number("simulation.batch_cap", sim["batch_cap"], low=1.0)
+    return ReplayScenario(str(d.get("name", name)), plant, cluster, kind, ctrl, envelope, sim)
+
+
+def load_replay_scenario(path) -> ReplayScenario:
+    """:func:`replay_scenario_from_dict` of a TOML file.
+
+    Parameters
+    ----------
+    path : str or Path
+        The file.
+
+    Returns
+    -------
+    ReplayScenario
+
+    Raises
+    ------
+    ConfigError
+        For a missing or unreadable file, bad TOML, or a bad field.
+    """
+    import tomllib
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("scenario", f"file {str(path)!r} does not exist")
+    try:
+        with path.open("rb") as fh:
+            d = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(path.name, f"not valid TOML: {exc}") from None
+    return replay_scenario_from_dict(d, name=path.stem)
