@@ -34,6 +34,7 @@ STUDIES: dict[str, str] = {
     "trace-replay": "tokenfactory.studies.trace_replay",
     "reconfiguration": "tokenfactory.studies.reconfiguration",
     "layered-stack": "tokenfactory.studies.layered_stack",
+    "overload": "tokenfactory.studies.overload",
 }
 
 
