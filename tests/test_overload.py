@@ -1,0 +1,317 @@
+"""Issue 11: request classes, SLO-aware admission, reserved interactive capacity, the gated batch
+cap and the overload study."""
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import poisson_trace, run_study_without_traces
+from tokenfactory import ConfigError
+from tokenfactory.classes import DEFAULT_CLASSES
+from tokenfactory.controllers import (
+    BatchGate,
+    SLOAwareAdmission,
+    batch_gate_loop,
+    predict_batch_cycle,
+    stability_margins,
+    tune_batch_gate,
+    tune_slo_admission,
+)
+from tokenfactory.plant_models import ClusterConfig, simulate
+from tokenfactory.registry import build_admission
+from tokenfactory.replay import build_replay, class_outputs, replay_scenario_from_dict, run_replay
+from tokenfactory.signals import ADMIT, DEFER_REASONS, REJECT_REASONS, Arrival, Measurement, ReserveAction
+
+
+def classed_trace(rate_interactive, rate_batch, duration, seed=5, inp=3000, out_mean=150):
+    """Poisson interactive and batch streams (seeded) on one clock."""
+    parts = []
+    for k, (name, rate) in enumerate((("interactive", rate_interactive), ("batch", rate_batch))):
+        if rate > 0:
+            t = poisson_trace(rate, duration, seed + k, inp=inp, out_mean=out_mean)
+            t["request_class"] = name
+            parts.append(t)
+    return pd.concat(parts).sort_values("arrival_s", kind="stable").reset_index(drop=True)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    return build_replay(classed_trace(1.0, 1.0, 60.0))
+
+
+CLUSTER = {"drain_s": 60.0, "progress": False, "classes": DEFAULT_CLASSES}
+
+
+# -- conservation, deferral and rejection reasons -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def overloaded(setup):
+    cap = setup.slo_capacity(0.1)[0]
+    tr = classed_trace(0.8 * cap, 1.5 * cap, 60.0)
+    return run_replay(tr, setup, "slo-aware", cluster=CLUSTER, batch_cap="static")
+
+
+def test_conservation_with_classes_and_reasons(overloaded):
+    m, res = overloaded
+    rec = res.records
+    assert m["requests"] == len(rec) == m["completed"] + m["rejected"] + m["in_flight_end"]
+    assert m["rejected"] > 0 and m["deferred"] > 0  # the gate acted at 2.3x capacity
+    # every rejection and deferral carries a known reason, and the reason counts add up
+    assert sum(m["rejected_by_reason"].values()) == m["rejected"]
+    assert sum(m["deferred_by_reason"].values()) == m["deferred"]
+    assert set(rec.loc[rec["state"] == "rejected", "reject_reason"]) <= set(REJECT_REASONS)
+    # per class: the classes partition the requests and each is conserved
+    cls = m["classes"]
+    assert set(cls) == {"interactive", "batch"}
+    assert sum(c["requests"] for c in cls.values()) == m["requests"]
+    for c in cls.values():
+        assert c["requests"] == c["completed"] + c["rejected"] + c["in_flight_end"]
+    # only the deferrable class is deferred; rejected requests spent no prefill
+    assert cls["interactive"]["deferred"] == 0 and cls["batch"]["deferred"] > 0
+    assert rec.loc[rec["state"] == "rejected", "filled_tokens"].sum() == 0
+    assert set(m["deferred_by_reason"]) <= set(DEFER_REASONS)
+
+
+def test_admitted_requests_mostly_meet_their_slo(overloaded):
+    m, _ = overloaded
+    # measured 0.98-1.0 on this seeded case; the issue's target is 0.99 (see the study)
+    assert m["slo_attainment_admitted"] >= 0.95
+    assert m["goodput_tokens_per_s"] > 0 and 0.0 <= m["slo_attainment"] <= 1.0
+
+
+# -- the TTFT predictor against the simulator ----------------------------------------------
+
+
+def test_ttft_predictor_against_the_simulator(setup):
+    """Poisson arrivals of one shape at 0.8 x the fill pool's capacity (an M/D/c-like fill queue);
+    every request admitted; the predicted TTFT at each arrival against the simulator's.
+
+    Bound: the prediction counts one whole step for the step in progress, while the measured
+    residual is between 0 and one step, so per request the error is within about one fill step;
+    the mean within 15 %."""
+    rate = 0.8 * setup.plant.fill_capacity
+    tr = classed_trace(rate, 0.0, 60.0, seed=3, inp=4096, out_mean=200)
+    ctx = setup.context(2.0, 0.1, rate_rps=rate, class_outputs=class_outputs(tr))
+    ctrl = build_admission("slo-aware", ctx, {"batch_gate": False})
+    preds = []
+
+    def decide(t, a):
+        if ctrl.m is not None:
+            preds.append((a.arrived_s, ctrl.predict(t, a)[0]))
+        ctrl._admitted(t, a)
+        return ADMIT
+
+    ctrl.decide = decide
+    cl = ClusterConfig.from_dict({"fill_workers": 2, "decode_workers": 1, "seed": 0, "drain_s": 60.0,
+                                  "measurement_delay_s": setup.plant.params.measurement_delay_s, "progress": False})
+    res = simulate(tr, setup.params, cl, ctrl)
+    p = np.array(preds)
+    measured = res.records.set_index("arrival_s").loc[p[:, 0], "ttft_s"].to_numpy()
+    ok = np.isfinite(measured)
+    assert ok.mean() > 0.99 and len(p) > 1000
+    err = p[ok, 1] - measured[ok]
+    assert abs(err.mean()) <= 0.15 * measured[ok].mean()
+    assert np.percentile(np.abs(err), 90) <= 1.1 * ctrl.fill_step_s
+
+
+# -- reserved interactive capacity under a batch flood ----------------------------------------
+
+
+def test_slo_aware_holds_interactive_latency_under_a_batch_flood(setup):
+    cap = setup.slo_capacity(0.1)[0]
+    out = {}
+    for flood in (False, True):
+        tr = classed_trace(0.5 * cap, 2.0 * cap if flood else 0.0, 60.0)
+        for policy in ("open", "slo-aware"):
+            m, res = run_replay(tr, setup, policy, cluster=CLUSTER, batch_cap="static")
+            out[(flood, policy)] = (m, res)
+    calm = out[(False, "slo-aware")][0]["classes"]["interactive"]
+    m_new, res_new = out[(True, "slo-aware")]
+    flood_new, flood_open = m_new["classes"]["interactive"], out[(True, "open")][0]["classes"]["interactive"]
+    # the controller reserves a share of each fill step for the interactive class
+    reserve = res_new.actions[res_new.actions["kind"] == "reserve"]
+    assert len(reserve) and reserve["fill_share"].max() > 0
+    # batch work floods at 2x capacity: the gate turns batch work away, interactive work keeps its
+    # SLO (measured 0.978 vs 0.995 calm; the priority queues alone give open admission 0.973) and
+    # its TTFT moves little (the issue's target is 10 %; this seeded one-minute case measures
+    # about +25 %, the study reports its own)
+    assert m_new["classes"]["batch"]["rejected"] + m_new["classes"]["batch"]["deferred"] > 0
+    assert flood_new["slo_attainment"] >= max(0.97, flood_open["slo_attainment"])
+    assert flood_new["ttft_p99"] <= 1.5 * calm["ttft_p99"]
+
+
+class HoldReserve:
+    """Holds a fixed share of each fill step for the interactive class."""
+
+    sample_period = 0.25
+
+    def __init__(self, share):
+        self.share = share
+
+    def reset(self):
+        pass
+
+    def update(self, t, m):
+        return [ReserveAction(self.share, 0.0, "interactive")]
+
+
+def test_reserved_fill_share_shortens_interactive_waits_under_a_prefill_flood(setup):
+    """Long batch prompts at 1.5 x the fill pool's token rate, interactive ones at 0.3 x: the
+    share of each step held for interactive work (not lent to batch work) cuts its TTFT p99
+    (measured 0.36 s without, 0.29 s with half of each step held, 0.24 s with no flood)."""
+    tok_rate = setup.plant.fill_capacity * setup.shape.prompt_tokens
+    a = classed_trace(0.3 * tok_rate / 3000, 0.0, 60.0, inp=3000, out_mean=50)
+    b = poisson_trace(1.5 * tok_rate / 16000, 60.0, 9, inp=16000, out_mean=5)
+    b["request_class"] = "batch"
+    tr = pd.concat([a, b]).sort_values("arrival_s", kind="stable").reset_index(drop=True)
+    cl = ClusterConfig.from_dict({"fill_workers": 2, "decode_workers": 1, "seed": 0, "drain_s": 60.0,
+                                  "progress": False, "classes": DEFAULT_CLASSES,
+                                  "measurement_delay_s": setup.plant.params.measurement_delay_s})
+    p99 = {}
+    for share in (0.0, 0.5):
+        res = simulate(tr, setup.params, cl, None, [HoldReserve(share)])
+        assert res.metrics["requests"] == res.metrics["completed"] + res.metrics["rejected"] + \
+            res.metrics["in_flight_end"]
+        p99[share] = res.metrics["classes"]["interactive"]["ttft_p99"]
+    assert p99[0.5] < 0.9 * p99[0.0]
+
+
+# -- the gated batch cap ----------------------------------------------------------------------
+
+
+def test_gate_before_after_oscillation_verdict(setup):
+    """Section 18's large-batch recovery in the fluid plant: the cap corrected every sample with
+    gain 1 oscillates; gated (held until observed, SIMC gain) it does not."""
+    from tokenfactory.studies.overload import gate_before_after_fluid
+
+    fp = setup.plant.params
+    r = gate_before_after_fluid(fp, 2, 1, 0.1, 240.0)
+    assert r["ungated"]["verdict"]["oscillating"]
+    assert not r["gated"]["verdict"]["oscillating"]
+    assert r["gated"]["cap_max"] - r["gated"]["cap_min"] < r["ungated"]["cap_max"] - r["ungated"]["cap_min"]
+
+
+def test_gate_margins_and_describing_function():
+    t = tune_batch_gate(0.5, 0.09, check_ungated=True)
+    assert t.envelope_ok and t.nominal.stable and t.nominal.gain_margin >= 2
+    assert not t.ungated.stable and t.ungated_cycle is not None
+    assert predict_batch_cycle(batch_gate_loop(t.gain, t.hold_s, t.theta_s), 1.0) is None
+    # an integrator with delay: the Nyquist verdict flips where the theory says (k theta = pi/2)
+    theta = 1.0
+    assert stability_margins(batch_gate_loop(1.4, 1.0, theta)).stable
+    assert not stability_margins(batch_gate_loop(1.7, 1.0, theta)).stable
+
+
+def test_gate_holds_a_change_until_observed():
+    g = BatchGate(lambda b, c: 0.02 + 0.001 * b, slo_tpot_s=0.1, max_batch=200, nominal_context_tokens=4000,
+                  tpot_fraction=0.9, gain=0.5, sample_period=0.1)
+    assert g.cap == pytest.approx(70, abs=1)  # 0.02 + 0.001 B <= 0.09
+    m = Measurement(time_s=10.0, backlog=0, fill_in_progress=0, ready=50, active_decodes=70, completion_rate=1,
+                    admitted_rate=1, decode_slots=200, fill_capacity=10, decode_workers=1, decode_pass_s=0.12,
+                    decode_context_tokens=4000)
+    first = g.update(10.5, m).batch_per_worker
+    assert first < 70  # the pass is slower than the model: the cap comes down
+    # a measurement taken before the change can show it does not move the cap again
+    assert g.update(10.6, dataclasses.replace(m, time_s=10.45)).batch_per_worker == first
+
+
+# -- the SLO-aware admission's loop ---------------------------------------------------------
+
+
+def test_slo_admission_loops_meet_the_floors_over_the_envelope():
+    t = tune_slo_admission(1.0, 2.5, 0.25)
+    for loop in ("fill", "decode"):
+        assert t[loop].envelope_ok and t[loop].limit_cycle is None
+        assert all(r["stable"] and r["gain_margin"] >= 2 and abs(r["phase_margin_deg"]) >= 45
+                   for r in t[loop].envelope)
+    # the decode loop sees the longer delay, so it is tuned slower
+    assert t["decode"].ki < t["fill"].ki
+
+
+def test_slo_admission_rejects_and_defers_with_reasons():
+    ctrl = SLOAwareAdmission(fill_token_rate=20000, fill_step_s=0.1, kv_transfer_s=0.05, decode_pass_s=0.08,
+                             prompt_tokens=2000, output_tokens=200, sample_period=0.25)
+    assert ctrl.decide(0.0, Arrival("interactive", 2000, 0, 200, 0.0)) == ADMIT  # nothing measured yet
+    m = Measurement(time_s=1.0, backlog=0, fill_in_progress=40, ready=0, active_decodes=10, completion_rate=1,
+                    admitted_rate=1, decode_slots=100, fill_capacity=10, fill_workers=1, decode_workers=1,
+                    fill_queued_tokens=800000.0, fill_token_capacity=20000.0, decode_pass_s=0.05)
+    ctrl.update(1.0, m)
+    # 40 s of fill work ahead: an interactive request (TTFT SLO 2 s) is rejected, a batch one (30 s)
+    # deferred
+    d_i = ctrl.decide(1.0, Arrival("interactive", 2000, 0, 200, 1.0))
+    d_b = ctrl.decide(1.0, Arrival("batch", 2000, 0, 200, 1.0))
+    assert d_i.verdict == "reject" and d_i.reason == "predicted_slo_violation"
+    assert d_b.verdict == "defer" and d_b.reason in DEFER_REASONS + REJECT_REASONS
+    # past its deferral deadline the batch request is rejected
+    assert ctrl.decide(100.0, Arrival("batch", 2000, 0, 200, 1.0)).verdict == "reject"
+    with pytest.raises(ConfigError, match="slo_aware.ttft_fraction"):
+        SLOAwareAdmission(fill_token_rate=1, fill_step_s=0.1, kv_transfer_s=0, decode_pass_s=0.08,
+                          prompt_tokens=1, output_tokens=2, ttft_fraction=1.5)
+
+
+# -- scenario files for simulate --------------------------------------------------------------
+
+
+def test_replay_scenario_rejects_unknown_fields_by_name():
+    for bad, field in (({"cluster": {"slo_ttft": 2}}, "slo_ttft"), ({"simulation": {"loadx": 1}}, "loadx"),
+                       ({"controller": {"kind": "slo-aware", "bogus": 1}}, "bogus"),
+                       ({"plant": {"prompt_tokens": 100}}, "plant.prompt_tokens"),
+                       ({"simulation": {"demand_factor": 2}}, "simulation.demand_factor"),
+                       ({"extra": {}}, "extra")):
+        with pytest.raises(ConfigError, match=field):
+            replay_scenario_from_dict(bad)
+
+
+def test_scenario_fields_reach_the_simulation(tmp_path):
+    """A changed field changes the result: the SLO (attainment), the cluster size (completions)
+    and the load (requests), through ``tokenfactory simulate --scenario``."""
+    from tokenfactory.cli import main
+
+    def run(extra, name):
+        lines = ['[simulation]', f'load = {extra.get("load", 1.0)}', '[cluster]',
+                 f'slo_ttft_s = {extra.get("ttft", 2.0)}', f'decode_workers = {extra.get("decode", 1)}',
+                 '[controller]', 'kind = "open"']
+        path = tmp_path / f"{name}.toml"
+        path.write_text("\n".join(lines) + "\n")
+        out = tmp_path / name
+        assert main(["simulate", "--trace", "synthetic", "--duration", "2m", "--scenario", str(path),
+                     "--no-progress", "--out", str(out)]) == 0
+        return json.loads((out / "metrics.json").read_text())
+
+    base = run({}, "base")
+    assert base["admission"] == "open" and base["load"] == 1.0
+    assert {"slo_attainment_admitted", "goodput_tokens_per_s", "classes", "wasted_prefill_tokens"} <= set(base)
+    assert run({"load": 2.0}, "load")["scale"] == pytest.approx(2.0 * base["scale"])
+    assert run({"ttft": 0.01}, "ttft")["slo_attainment"] < base["slo_attainment"]
+    assert run({"decode": 2}, "decode")["config"]["cluster"]["decode_workers"] == 2
+
+
+# -- the study ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    return run_study_without_traces("overload", tmp_path_factory)
+
+
+def test_overload_study_quick(study):
+    out, m = study
+    rows = m["rows"]
+    assert {r["policy"] for r in rows} == {"open", "vllm-watermark", "mooncake", "mooncake-predictive", "smoothed",
+                                           "slo-aware"}
+    for r in rows:
+        assert r["requests"] == r["completed"] + r["rejected"] + r["in_flight_end"]
+        assert r["goodput_tokens_per_s"] >= 0
+    assert len(m["targets"]) >= 7 and all(t["met"] in (True, False, None) for t in m["targets"])
+    for k in ("fill", "decode", "batch_gate"):
+        assert m["margins"][k]["envelope_ok"]
+    summary = (out / "summary.md").read_text()
+    assert "Goodput vs load" in summary and "SLO-aware" in summary
+    for f in ("goodput_vs_load.png", "latency_cdfs.png", "surge.png", "gate_before_after.png"):
+        assert (out / f).stat().st_size > 0
+    assert not math.isnan(m["sweep_wall_seconds"])
