@@ -174,10 +174,11 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
     scenario : PoolScenario
         Demand, duration, step, seed, SLO objectives and control start.
     controllers : sequence
-        Admission controllers and/or pool autoscalers (each with ``sample_period`` >= ``dt``,
-        ``reset()`` and ``update(t, measurement)`` returning an
+        Admission controllers, pool autoscalers and decode batch gates (each with
+        ``sample_period`` >= ``dt``, ``reset()`` and ``update(t, measurement)`` returning an
         :class:`~tokenfactory.signals.AdmissionAction`, a
-        :class:`~tokenfactory.signals.ScaleAction` or a list of them); default none.
+        :class:`~tokenfactory.signals.ScaleAction`, a
+        :class:`~tokenfactory.signals.BatchCapAction` or a list of them); default none.
     dynamics : PoolDynamics
         How workers join and leave pools: start-up, warm-up, drain, GPUs per worker, a fixed
         fleet size (default: :class:`~tokenfactory.plant_models.fleet.PoolDynamics` defaults).
@@ -186,8 +187,8 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
     -------
     SimulationResult
         ``series`` per step (shared columns, then demand, rejection rate, in-transfer, starting
-        and billed workers, cohort TTFT/TPOT estimates in s), ``metrics`` (requests, completed,
-        rejected by reason, in flight at the end, preempted, ``slo_attainment`` as a fraction,
+        and billed workers, cohort TTFT/TPOT estimates in s, decode pass time and batch cap),
+        ``metrics`` (requests, completed, rejected by reason, in flight at the end, preempted, ``slo_attainment`` as a fraction,
         ``gpu_hours``, ``busy_gpu_hours``, scale actions and reversals per hour, peak and mean
         workers per pool, ...), ``config`` and the scale ``actions``.
 
