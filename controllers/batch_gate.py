@@ -40,9 +40,14 @@ import numpy as np
 from scipy.optimize import brentq
 
 from tokenfactory.controllers.describing import LimitCycle
-from tokenfactory.controllers.stability import _phase_crossovers
 from tokenfactory.controllers.interface import SampledController
-from tokenfactory.controllers.stability import DelayedLoop, Margins, loop_transfer, stability_margins
+from tokenfactory.controllers.stability import (  # the phase crossovers: where a real N(A) can balance
+    DelayedLoop,
+    Margins,
+    _phase_crossovers,
+    loop_transfer,
+    stability_margins,
+)
 from tokenfactory.signals import BatchCapAction, Measurement
 from tokenfactory.validation import ConfigError, check_number
 

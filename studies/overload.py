@@ -58,7 +58,6 @@ from tokenfactory.replay import DEFAULT_PLANT, build_replay, class_outputs, run_
 from tokenfactory.studies.report import StudyReport
 from tokenfactory.traces import (
     SyntheticWorkload,
-    assign_classes,
     generate_requests,
     load_trace,
     scale_trace,
