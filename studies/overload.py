@@ -27,8 +27,8 @@ uses is reported next to it. Every policy runs with that batch cap (what an oper
 configure; the SLO-aware admission's gate then moves it with the live context). The Mooncake
 trace's 3 s arrival slots are spread uniformly over the slot (the recording hides what is below).
 
-Run: ``tokenfactory study overload [--quick] [--out DIR]``; the full grid (six loads, whole
-traces, a ten-minute surge) with ``config={"full": True}``.
+Run: ``tokenfactory study overload [--quick | --full] [--out DIR]``; ``--full`` is the heavy grid
+(six loads, whole traces, a ten-minute surge).
 """
 
 from __future__ import annotations
@@ -673,7 +673,8 @@ def _cdf_figure(cdfs: dict, traces: list, policies: list, load: float) -> Figure
     return fig
 
 
-def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None) -> dict[str, Any]:
+def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None,
+        full: bool = False) -> dict[str, Any]:
     """Run the study (see the module notes) and write its report.
 
     Parameters
@@ -683,8 +684,11 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     quick : bool
         Two traces, three loads, one-minute replays (what CI runs).
     config : dict, optional
-        Overrides: ``full`` (six loads, whole traces, a ten-minute surge), ``traces``, ``loads``,
-        ``policies``, ``replay_s``, ``plant``, ``cluster``, ``surge``, ``gate``, ``seed``.
+        Overrides: ``full`` (as the argument), ``traces``, ``loads``, ``policies``, ``replay_s``,
+        ``plant``, ``cluster``, ``surge``, ``gate``, ``seed``.
+    full : bool
+        The heavy grid (``tokenfactory study overload --full``): six loads, whole traces, a
+        ten-minute surge.
 
     Returns
     -------
@@ -693,7 +697,9 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     """
     config = dict(config or {})
     reject_unknown_keys("overload", config, _CONFIG_KEYS)
-    full = bool(config.get("full", False))
+    full = bool(config.get("full", full))
+    if quick and full:
+        raise ConfigError("overload.full", "quick and full are exclusive: pick one variant")
     cfg = {**_defaults(quick, full), **{k: v for k, v in config.items() if k != "full"}, "full": full}
     for p in cfg["policies"]:
         if p not in _LABEL:
