@@ -105,6 +105,9 @@ class FluidParams:
     evict_tau_s : float
         Time constant of evicting decodes over the slots when decode workers are lost (s, > 0;
         default 0.1).
+    prompt_tokens : float
+        New prompt tokens of the nominal request (>= 0; default 0: unknown): converts queued
+        requests to queued prompt tokens in the plants' measurements (0 leaves them NaN).
     provenance : mapping
         Where the figures came from (models, hardware, shape, link); not compared.
 
