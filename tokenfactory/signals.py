@@ -418,7 +418,7 @@ def sort_actions(action) -> Actions:
         if kind is None:
             raise ConfigError("action", f"{type(a).__name__} is not an action")
         if {"admission": adm, "batch_cap": cap, "reserve": res}[kind] is not None:
-            raise ConfigError("action", f"more than one {type(a).__name__} in one update")
+            raise ConfigError("action", f"at most one {type(a).__name__} per update, got more")
         if kind == "admission":
             adm = a
         elif kind == "batch_cap":
