@@ -4,6 +4,12 @@ A policy object with one method, :meth:`PrefixCache.lookup`, called once when a 
 starts (again after a crash re-queues it). Traces with ``hash_ids`` (Mooncake's block hashes)
 are looked up block by block: the hit is the longest cached prefix of whole blocks. Write a
 subclass to try another policy and pass it as ``simulate(..., prefix_cache=...)``.
+
+The simulator calls :meth:`PrefixCache.fetch`, which by default is ``lookup`` with no load
+time; a policy whose hits cost time to bring into HBM (the tiered store of
+:mod:`tokenfactory.plant_models.des.tiers`) overrides it, and may add per-request columns to
+the records (:meth:`PrefixCache.record_columns`) and figures to the metrics
+(:meth:`PrefixCache.metrics`).
 """
 
 from __future__ import annotations
@@ -35,6 +41,56 @@ class PrefixCache:
             Tokens served from cache, at most ``input_tokens``.
         """
         return 0
+
+    def fetch(self, request: int, blocks: Sequence | None, input_tokens: int, given_cached: int,
+              now: float) -> tuple[int, float]:
+        """Cached tokens of request ``request`` whose fill starts at ``now``, and the seconds
+        loading them into HBM takes (0 here: a hit is in HBM already).
+
+        Parameters
+        ----------
+        request : int
+            The request's row.
+        blocks, input_tokens, given_cached
+            As for :meth:`lookup`.
+        now : float
+            Simulated time (s).
+
+        Returns
+        -------
+        tuple
+            ``(tokens served from cache, load seconds)``.
+        """
+        return self.lookup(blocks, input_tokens, given_cached), 0.0
+
+    def record_columns(self, n: int) -> dict:
+        """Per-request columns this policy adds to the records (none here).
+
+        Parameters
+        ----------
+        n : int
+            Requests in the run.
+
+        Returns
+        -------
+        dict
+            Column name -> array of ``n`` values.
+        """
+        return {}
+
+    def metrics(self, now: float) -> dict:
+        """Figures this policy adds to the run's metrics at its end ``now`` (none here).
+
+        Parameters
+        ----------
+        now : float
+            The run's end (s).
+
+        Returns
+        -------
+        dict
+        """
+        return {}
 
     def params(self) -> dict:
         return {"policy": type(self).__name__}

@@ -26,6 +26,7 @@ import pandas as pd
 import simpy
 
 from tokenfactory.errors import ConservationError
+from tokenfactory.plant_models.des.aggregated import AggregatedStage, AggregatedWorker
 from tokenfactory.plant_models.des.cache import PrefixCache, prefix_cache_for
 from tokenfactory.plant_models.des.config import ClusterConfig
 from tokenfactory.plant_models.des.decode import DecodeStage, DecodeWorker
@@ -35,6 +36,7 @@ from tokenfactory.plant_models.des.workers import IdleWorkers
 from tokenfactory.plant_models.des.measure import Monitor
 from tokenfactory.plant_models.des.params import DESParams
 from tokenfactory.plant_models.des.records import RequestRecords, Stage
+from tokenfactory.plant_models.des.work import WorkLedger
 from tokenfactory.plant_models.result import SimulationResult
 from tokenfactory.plant_models.service import mean_active_context
 from tokenfactory.signals import REJECT_REASONS, AdmissionAction, count_reversals
@@ -73,7 +75,7 @@ class OpenAdmission:
         return AdmissionAction(math.inf)
 
 
-class Simulator(FillStage, DecodeStage, FleetControl, Monitor):
+class Simulator(FillStage, DecodeStage, AggregatedStage, FleetControl, Monitor):
     """One replay of a request table through the cluster.
 
     Parameters
@@ -81,7 +83,8 @@ class Simulator(FillStage, DecodeStage, FleetControl, Monitor):
     trace : DataFrame
         Request table: ``arrival_s``, ``input_tokens``, ``output_tokens``; optional
         ``cached_tokens``, ``hash_ids``, and ``session_id``/``turn``/``think_time_s`` (closed
-        agentic sessions when ``trace.attrs["per_session_clock"]``).
+        agentic sessions - a turn arrives its think time after the previous one completes - when
+        ``trace.attrs["per_session_clock"]`` or ``trace.attrs["closed_sessions"]``).
     params : DESParams
         Service times.
     cluster : ClusterConfig
@@ -118,7 +121,8 @@ class Simulator(FillStage, DecodeStage, FleetControl, Monitor):
         self.hashes = trace["hash_ids"].to_numpy() if "hash_ids" in trace else None
         self.rem_tok = [0] * n     # decode tokens still to generate
         self.ctx_tok = [0] * n     # KV tokens held (prompt + generated)
-        self.closed_sessions = bool(trace.attrs.get("per_session_clock")) and "session_id" in trace
+        self.closed_sessions = bool(trace.attrs.get("per_session_clock") or trace.attrs.get("closed_sessions")) \
+            and "session_id" in trace
         self.next_turn, self.think = [-1] * n, [0.0] * n
         self.is_first = np.ones(n, dtype=bool)
         if self.closed_sessions:
@@ -130,6 +134,8 @@ class Simulator(FillStage, DecodeStage, FleetControl, Monitor):
         self.ready: deque = deque()
         self.idle_fill = IdleWorkers()
         self.idle_decode = IdleWorkers()
+        self.idle_agg = IdleWorkers()
+        self.ledger = WorkLedger()
         self.arrived = self.completed = self.rejected = self.admitted = 0
         self.arrived_since = self.completed_since = self.admitted_since = 0
         self.fill_wip = self.in_transfer = self.decoding = 0
@@ -140,6 +146,11 @@ class Simulator(FillStage, DecodeStage, FleetControl, Monitor):
         # -- workers and fleet
         self.fill_workers = [FillWorker(i, self.env.event()) for i in range(cluster.fill_workers)]
         self.decode_workers = [DecodeWorker(i, self.env.event()) for i in range(cluster.decode_workers)]
+        self.aggregated_workers = [AggregatedWorker(i, self.env.event()) for i in range(cluster.aggregated_workers)]
+        if self.aggregated_workers:
+            if self.autoscalers:
+                raise ConfigError("autoscalers", "the aggregated pool is fixed: no autoscalers")
+            params.mixed_extra(1, 1.0, 1.0)  # raises ConfigError without a mixed-pass table
         self.tickets: list = []
         self.fleet_changed = self.env.event()
         self.cache = prefix_cache if prefix_cache is not None else prefix_cache_for(cluster.prefix_cache_blocks,
@@ -281,7 +292,7 @@ class Simulator(FillStage, DecodeStage, FleetControl, Monitor):
         self.start_snapshots(duration)
         if self.controller is not None:
             env.process(self.control())
-        for w in (*self.fill_workers, *self.decode_workers):
+        for w in (*self.fill_workers, *self.decode_workers, *self.aggregated_workers):
             self.worker_next(w)
         for e in cfg.events:
             env.process(self.event_process(e))
@@ -311,13 +322,15 @@ class Simulator(FillStage, DecodeStage, FleetControl, Monitor):
         """Records, series, actions, metrics and config of the finished run."""
         cfg = self.cfg
         rec = self.rec.frame(self.inp_arr, self.out_arr)
+        for name, col in self.cache.record_columns(self.n).items():
+            rec[name] = col
         series = self.snap.frame()
         scale_rows = [a for a in self.actions if a["kind"] == "scale"]
         ttft, tpot = rec["ttft_s"].to_numpy(), rec["tpot_s"].to_numpy()
         completed = rec["state"] == "completed"
         ok = completed & (rec["ttft_s"] <= cfg.slo_ttft_s) & (rec["tpot_s"] <= cfg.slo_tpot_s)
         hours = duration / 3600.0
-        billed = series["fill_workers_billed"] + series["decode_workers_billed"]
+        billed = series["fill_workers_billed"] + series["decode_workers_billed"] + series["aggregated_workers"]
         gpus = cfg.dynamics.gpus_per_worker
         metrics = {
             "requests": self.arrived, "completed": self.completed, "rejected": self.rejected,
@@ -337,6 +350,11 @@ class Simulator(FillStage, DecodeStage, FleetControl, Monitor):
             "reversals_per_hour": float(count_reversals(scale_rows) / hours),
             "duration_s": duration, "wall_seconds": wall,
             "sim_requests_per_wall_s": float(self.arrived / wall) if wall > 0 else None,
+            "utilization": self.ledger.metrics(
+                {pool: float(series[col].sum() * cfg.snapshot_dt) for pool, col in (
+                    ("fill", "fill_workers_billed"), ("decode", "decode_workers_billed"),
+                    ("aggregated", "aggregated_workers"))}, self.p.work),
+            **self.cache.metrics(duration),
         }
         config = {"cluster": dataclasses.asdict(cfg), "params": dataclasses.asdict(self.p),
                   "controller": type(self.controller).__name__ if self.controller is not None else "open",

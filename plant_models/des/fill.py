@@ -8,6 +8,11 @@ prefix cache. A finished fill emits the first token and hands its KV blob to the
 Workers are small state machines driven by scheduled calls (no process per worker or request):
 a step's end is a scheduled call carrying the worker's ``token``; a crash bumps the token, so
 the pending end is ignored and the step's requests go back to the front of the queue.
+
+A chunk pays for the context before it (cached prefix and the prompt's earlier chunks) on its
+attention replica (:meth:`~tokenfactory.plant_models.des.params.DESParams.chunk_context_s`), so
+a long prompt's later chunks cost more, as the roofline's chunked prefill does; a prefix that a
+tiered cache serves from host memory or SSD stalls the step for its load.
 """
 
 from __future__ import annotations
@@ -52,8 +57,10 @@ class FillStage:
 
     def kick_fill(self) -> None:
         """Work entered the fill queue: idle workers start a step (requests admitted at the same
-        instant share one)."""
+        instant share one); aggregated workers take it at their next pass."""
         self.idle_fill.wake(self, self.fill_q, self.fill_next)
+        if self.aggregated_workers:
+            self.wake_aggregated()
 
     def fill_next(self, w: FillWorker) -> None:
         """Between steps: start the next step, go idle, or finish draining."""
@@ -65,32 +72,87 @@ class FillStage:
         if not w.current and not self.fill_q:
             self.idle_fill.add(w)
             return
-        p, rec, q = self.p, self.rec, self.fill_q
+        p, q = self.p, self.fill_q
         budget = p.fill_token_budget
         step = []
         cached_read = 0
-        now = self.env.now
+        load_s = 0.0
+        chunks = []
         # continue the request this worker was chunking, then take new ones
         while budget > 0 and (w.current or (q and not w.draining)):
             i, todo = w.current.pop(0) if w.current else q.popleft()
             if todo < 0:  # first chunk: consult the prefix cache, record the fill start
-                inp = self.inp[i]
-                c = self.cache.lookup(self.hashes[i] if self.hashes is not None else None, inp,
-                                      self.given_cached[i])
-                rec.cached_tokens[i] = c
-                self.hit_tokens += c
-                self.lookup_tokens += inp
+                c, load = self.prefix_fetch(i)
                 cached_read += c
-                todo = max(inp - c, 1)
-                rec.fill_start_s[i] = now
+                load_s += load
+                todo = max(self.inp[i] - c, 1)
             take = todo if todo < budget else budget
+            chunks.append((take, self.inp[i] - todo))  # context: cached prefix plus chunks already filled
             budget -= take
             step.append((i, todo - take))
         w.step = step
         w.busy = True
         w.token += 1
-        self.call_in(p.fill_step_time(p.fill_token_budget - budget, cached_read) / self.speed(w),
-                     self._fill_step_end, w, w.token)
+        tokens = p.fill_token_budget - budget
+        attention_s, pairs, ctx_tokens = self.chunks_attention(chunks, tokens)
+        seconds = (p.fill_step_time(tokens, cached_read) + attention_s + load_s) / self.speed(w)
+        work = p.work
+        if work is None:
+            self.ledger.add("fill", seconds, 0.0, 0.0)
+        else:
+            self.ledger.add("fill", seconds, *work.fill(tokens, pairs, ctx_tokens))
+        self.call_in(seconds, self._fill_step_end, w, w.token)
+
+    def chunks_attention(self, chunks: list, tokens: float) -> tuple[float, float, float]:
+        """What the step's chunks ``(new tokens, context before)`` add to a step of ``tokens``:
+        each costs :meth:`~tokenfactory.plant_models.des.params.DESParams.chunk_context_s` on its
+        attention replica; spread over the replicas, the step waits for max(sum / replicas,
+        largest).
+
+        Parameters
+        ----------
+        chunks : list of tuple
+            ``(new tokens, context tokens before)`` per chunk.
+        tokens : float
+            New tokens of the step.
+
+        Returns
+        -------
+        tuple of float
+            ``(seconds, new x context token pairs, context tokens)``.
+        """
+        p = self.p
+        total = largest = pairs = context = 0.0
+        for n, c in chunks:
+            x = p.chunk_context_s(n, c, tokens)
+            total += x
+            largest = x if x > largest else largest
+            pairs += n * c
+            context += c
+        return max(total / p.attention_replicas, largest), pairs, context
+
+    def prefix_fetch(self, i: int) -> tuple[int, float]:
+        """Request ``i``'s fill starts: the prefix cache says how many input tokens it holds and
+        how long loading them from a lower tier takes; the fill start is recorded.
+
+        Parameters
+        ----------
+        i : int
+            The request.
+
+        Returns
+        -------
+        tuple
+            ``(cached tokens, load seconds)``.
+        """
+        inp = self.inp[i]
+        c, load = self.cache.fetch(i, self.hashes[i] if self.hashes is not None else None, inp,
+                                   self.given_cached[i], self.env.now)
+        self.rec.cached_tokens[i] = c
+        self.rec.fill_start_s[i] = self.env.now
+        self.hit_tokens += c
+        self.lookup_tokens += inp
+        return c, load
 
     def _fill_step_end(self, w: FillWorker, token: int) -> None:
         if token != w.token:

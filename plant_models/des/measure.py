@@ -46,6 +46,13 @@ class Monitor:
         for w in fill:
             n_fill += w.online
             fill_serving += not w.draining
+        n_agg = len(self.aggregated_workers)
+        for w in self.aggregated_workers:  # serving both roles
+            held += w.offset_sum + len(w.members) * w.n
+        n_dec += n_agg
+        dec_serving += n_agg
+        n_fill += n_agg
+        fill_serving += n_agg
         starting = {"fill": 0, "decode": 0}
         placed = {"fill": 0, "decode": 0}
         for tk in self.tickets:
@@ -64,7 +71,8 @@ class Monitor:
             admitted_rate=self.admitted_since / dt, completion_rate=self.completed_since / dt,
             arrived=self.arrived, completed=self.completed, rejected=self.rejected,
             fill_workers_starting=starting["fill"], decode_workers_starting=starting["decode"],
-            fill_workers_billed=len(fill) + placed["fill"], decode_workers_billed=len(decode) + placed["decode"]))
+            fill_workers_billed=len(fill) + placed["fill"], decode_workers_billed=len(decode) + placed["decode"],
+            aggregated_workers=n_agg))
         self.completed_since = self.admitted_since = self.arrived_since = 0
         # nothing changes before the next pending event (the run's end at the latest)
         last = len(table.data) - 1
