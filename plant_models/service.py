@@ -322,10 +322,26 @@ class ServiceModel:
         tuple of float
             ``(a, b)``, both >= 0.
         """
+        return self.chunk_context_fit(_stream_step_s)
+
+    def chunk_context_fit(self, measure) -> tuple[float, float]:
+        """``(a, b)`` such that what the context c before a chunk of n new tokens adds to
+        ``measure`` of the fill worker's one-sequence pass is about a n c + b c: the secant from 0
+        to C = max(32,768, the shape's input tokens) at n = 512 and 2,048 (both clipped at 0).
+
+        Parameters
+        ----------
+        measure : callable
+            ``PassTime -> float`` (its time, FLOPs, HBM bytes, ...).
+
+        Returns
+        -------
+        tuple of float
+        """
         w, c = self.fill_worker, float(max(32768, self.shape.input_tokens))
 
         def extra(n: int) -> float:
-            return _stream_step_s(w.midfill(n, c, sequences=1)) - _stream_step_s(w.midfill(n, 0, sequences=1))
+            return measure(w.midfill(n, c, sequences=1)) - measure(w.midfill(n, 0, sequences=1))
 
         lo, hi = extra(512), extra(2048)
         a = max((hi - lo) / ((2048 - 512) * c), 0.0)

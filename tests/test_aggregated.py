@@ -160,19 +160,21 @@ def test_aggregated_pool_is_fixed(params):
 
 
 def test_long_prompt_fill_grows_like_the_roofline(service, params):
-    """A 262,144-token prompt alone on a fill worker: its chunks pay for the context before
-    them and one sequence's attention stays on one replica, so the request simulator's fill time
-    tracks the roofline's chunked prefill of one sequence (within 10 %; 344 s against 349 s),
-    where the per-step table alone would be 10x too fast."""
+    """A 262,144-token prompt alone on a fill worker: one sequence takes a replica's 2,048-token
+    share of each step, its chunks pay for the context before them and its attention stays on one
+    replica, so the request simulator's fill time tracks the roofline's chunked prefill of one
+    sequence in 2,048-token chunks (within 5 %; 413 s against 417 s), where the step table alone
+    would be 10x too fast."""
     n = 262_144
     tr = pd.DataFrame({"arrival_s": [0.0], "input_tokens": [n], "cached_tokens": [0], "output_tokens": [2]})
     r = simulate(tr, params, ClusterConfig(fill_workers=1, decode_workers=1, progress=False, prefix_cache_blocks=0,
                                            drain_s=3000.0))
     fill_s = r.records.loc[0, "fill_end_s"] - r.records.loc[0, "fill_start_s"]
-    chunk = params.fill_token_budget
+    chunk = params.replica_chunk_tokens
+    assert chunk == 2048
     roofline = service.fill_worker.midfill(n, 0, sequences=1, chunks=n // chunk).time_s
-    assert fill_s == pytest.approx(roofline, rel=0.1)
-    assert fill_s > 10 * (n / chunk) * params.fill_step_time(chunk)
+    assert fill_s == pytest.approx(roofline, rel=0.05)
+    assert fill_s > 10 * (n / params.fill_token_budget) * params.fill_step_time(params.fill_token_budget)
 
 
 def test_deterministic_aggregated(params):

@@ -259,32 +259,40 @@ def _lognormal(rng, median, sigma, n, cap):
     return np.clip(np.round(rng.lognormal(math.log(median), sigma, n)), 1, cap).astype(np.int64)
 
 
-def _sessions(w: SyntheticWorkload, rng, duration_s: float, start_s: float) -> pd.DataFrame:
-    """Agentic sessions started at rate agentic_fraction x rate / turns_mean."""
-    grid = np.arange(start_s, start_s + duration_s, 60.0)
+def _sessions(w: SyntheticWorkload, rng, duration_s: float, start_s: float, warm_start_s: float = 0.0) -> pd.DataFrame:
+    """Agentic sessions started at rate agentic_fraction x rate / turns_mean over
+    [start_s - warm_start_s, start_s + duration_s); turns before start_s are not kept."""
+    first = start_s - warm_start_s
+    grid = np.arange(first, start_s + duration_s, 60.0)
     starts = []
     for t0 in grid:
-        lam = w.agentic_fraction * rate_at(w, t0) / w.session_turns_mean * 60.0
+        lam = w.agentic_fraction * rate_at(w, max(t0, 0.0)) / w.session_turns_mean * 60.0
         k = rng.poisson(lam)
         starts.extend(t0 + rng.uniform(0, 60.0, k))
     rows = []
+    end = start_s + duration_s
+    limit, keep = w.context_limit, int(w.compaction_keep * w.context_limit)
     for sid, t in enumerate(sorted(starts)):
-        turns = rng.geometric(1.0 / w.session_turns_mean)
+        turns = int(rng.geometric(1.0 / w.session_turns_mean))
         context = int(min(_lognormal(rng, w.session_initial_context_median, w.session_initial_context_sigma, 1,
-                                     w.context_limit)[0], w.session_initial_context_cap * w.context_limit))
+                                     limit)[0], w.session_initial_context_cap * limit))
+        # one draw per quantity for the whole session (the turns' sizes and think times)
+        new_all = _lognormal(rng, w.session_new_tokens_median, w.session_new_tokens_sigma, turns, limit).tolist()
+        out_all = _lognormal(rng, w.output_median, w.output_sigma, turns, 32_768).tolist()
+        think_all = (w.think_time_scale_s * rng.pareto(w.think_time_alpha, turns) + w.think_time_scale_s).tolist()
         cached = 0
         for turn in range(turns):
-            new = int(_lognormal(rng, w.session_new_tokens_median, w.session_new_tokens_sigma, 1, w.context_limit)[0])
-            out = int(_lognormal(rng, w.output_median, w.output_sigma, 1, 32_768)[0])
-            if context + new > w.context_limit:  # compaction: the old prefix is replaced by a summary
-                context = int(w.compaction_keep * w.context_limit)
+            new, out = new_all[turn], out_all[turn]
+            if context + new > limit:  # compaction: the old prefix is replaced by a summary
+                context = keep
                 cached = 0
-                new = min(new, w.context_limit - context)
-            think = 0.0 if turn == 0 else w.think_time_scale_s * rng.pareto(w.think_time_alpha) + w.think_time_scale_s
+                new = min(new, limit - context)
+            think = think_all[turn] if turn else 0.0
             t += think
-            if t >= start_s + duration_s:
+            if t >= end:
                 break
-            rows.append((t, context + new, cached, out, f"s{sid}", turn, think if turn else np.nan))
+            if t >= start_s:
+                rows.append((t, context + new, cached, out, f"s{sid}", turn, think if turn else np.nan))
             cached = context + new  # the whole prompt is now a reusable prefix for the next turn
             context = context + new + out
             t += out * 0.02  # the turn's own decode time before the think time starts
@@ -292,7 +300,8 @@ def _sessions(w: SyntheticWorkload, rng, duration_s: float, start_s: float) -> p
                                        "session_id", "turn", "think_time_s"])
 
 
-def generate_requests(w: SyntheticWorkload, duration_s: float, start_s: float = 0.0) -> pd.DataFrame:
+def generate_requests(w: SyntheticWorkload, duration_s: float, start_s: float = 0.0,
+                      warm_start_s: float = 0.0) -> pd.DataFrame:
     """A request table (see :mod:`tokenfactory.traces.schema`) over [start_s, start_s + duration_s).
 
     Non-session requests arrive at (1 - ``agentic_fraction``) x :func:`rate_at`, modulated per
@@ -308,6 +317,10 @@ def generate_requests(w: SyntheticWorkload, duration_s: float, start_s: float = 
         Length of the period (s, > 0).
     start_s : float
         Where the period starts on the workload's clock (s since Monday 00:00; default 0).
+    warm_start_s : float
+        Sessions also start in the ``warm_start_s`` before ``start_s``, so the period opens with
+        sessions in progress (their turns before ``start_s`` are dropped; the first kept turn
+        carries its cached prefix). Default 0: every session starts inside the period.
 
     Returns
     -------
@@ -322,6 +335,7 @@ def generate_requests(w: SyntheticWorkload, duration_s: float, start_s: float = 
         For ``duration_s`` <= 0.
     """
     check_number("duration_s", duration_s, low=0.0, low_inclusive=False)
+    check_number("warm_start_s", warm_start_s, low=0.0)
     rng = np.random.default_rng(w.seed)
     win = w.burst_window_s
     edges = np.arange(start_s, start_s + duration_s, win)
@@ -341,7 +355,7 @@ def generate_requests(w: SyntheticWorkload, duration_s: float, start_s: float = 
                           "session_id": "", "turn": 0, "think_time_s": np.nan})
     parts = [plain]
     if w.agentic_fraction > 0:
-        parts.append(_sessions(w, rng, duration_s, start_s))
+        parts.append(_sessions(w, rng, duration_s, start_s, warm_start_s))
     df = pd.concat(parts, ignore_index=True).sort_values("arrival_s", kind="stable").reset_index(drop=True)
     df["arrival_s"] = df["arrival_s"] - start_s
     df.attrs.update({"name": "synthetic", "kind": "requests", "source": f"synthetic seed={w.seed}",

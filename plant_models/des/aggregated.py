@@ -7,8 +7,11 @@ sequence - and, while prompts wait, a prefill chunk under the pass's token budge
 ``max_num_batched_tokens``). The pass time is the service model's at the combined work
 (:meth:`~tokenfactory.plant_models.des.params.DESParams.mixed_extra`): the decode pass plus what
 the chunk adds, so the decodes' TPOT grows with the chunk - the interference aggregation pays -
-while the expert weights one pass reads serve both. A finished prompt emits its first token and
-joins the worker's own batch with its KV in place.
+while the expert weights one pass reads serve both. A decode's TPOT (its mean time per token)
+carries the prefill work that passes through its worker while it decodes, however finely that
+work is chunked; smaller chunks (Sarathi-Serve's TPOT-derived budget) only spread it over more
+passes, which evens the gaps between tokens - not measured here - at the cost of more passes. A
+finished prompt emits its first token and joins the worker's own batch with its KV in place.
 
 Admission into a worker: prompts are taken from the shared fill queue at a pass boundary while
 the worker's KV holds the batch, the prompts in progress (their whole input is reserved when
@@ -81,14 +84,7 @@ class AggregatedStage:
     def park(self, w: AggregatedWorker, count: int) -> None:
         """KV full: the newest ``count`` sequences leave the batch and wait on ``w`` (swapped
         to host; still decoding as far as the counts go) until completions free room."""
-        n = w.n
-        for _ in range(count):
-            i = next(reversed(w.members))
-            fin, off = w.members.pop(i)
-            w.offset_sum -= off
-            self.rem_tok[i] = fin - n
-            self.ctx_tok[i] = off + n
-            self.rec.preemptions[i] += 1
+        for i in self.take_newest(w, count):
             w.parked.appendleft(i)
 
     def _enter_batch(self, w: AggregatedWorker, i: int) -> None:
@@ -114,7 +110,8 @@ class AggregatedStage:
                 continue
             budget = p.fill_token_budget - B
             if not w.parked and budget > 0:
-                pending = sum(e[1] for e in w.current)
+                per_request = p.replica_chunk_tokens
+                pending = sum(min(e[1], per_request) for e in w.current)  # what the next pass could take
                 while q and pending < budget and self.agg_fits(w, self.inp[q[0][0]] + 1):
                     i, todo = q.popleft()
                     if todo < 0:
@@ -123,7 +120,7 @@ class AggregatedStage:
                         todo = max(self.inp[i] - c, 1)
                     w.reserved += p.kv_bytes(self.inp[i] + 1)
                     w.current.append([i, todo])
-                    pending += todo
+                    pending += min(todo, per_request)
             if w.current and budget > 0:
                 S = w.offset_sum + B * w.n
                 if B > 1 and B * p.sequence_state_bytes + w.reserved + p.kv_bytes_per_token * (S + B) \
@@ -145,21 +142,22 @@ class AggregatedStage:
         p = self.p
         B = len(w.members)
         ctx = (w.offset_sum + B * w.n) / B if B else 0.0
-        take_all = 0
-        chunks = []
-        w.pass_fill = []
+        per_request = p.replica_chunk_tokens
+        take_all, chunks, plan = 0, [], []
         for e in w.current:
             if budget <= 0:
                 break
             i, todo = e
-            take = todo if todo < budget else budget
+            take = min(todo, budget, per_request)
             chunks.append((take, self.inp[i] - todo))
             budget -= take
             take_all += take
-            w.pass_fill.append((e, take))
+            plan.append((e, take))
         attention_s, pairs, ctx_tokens = self.chunks_attention(chunks, take_all)
         decode_s = p.decode_pass(B, ctx)[0] if B else 0.0
-        seconds = (decode_s + p.mixed_extra(B, ctx, take_all) + attention_s + w.load_s) / (self.rate_factor * self.speed(w))
+        seconds = decode_s + p.mixed_extra(B, ctx, take_all) + attention_s + w.load_s
+        w.pass_fill = plan
+        seconds /= self.rate_factor * self.speed(w)
         w.load_s = 0.0
         work = p.work
         if work is None:

@@ -157,12 +157,13 @@ class Simulator(FillStage, DecodeStage, AggregatedStage, FleetControl, Monitor):
                                                                                    params.block_tokens)
         self.hit_tokens = self.lookup_tokens = 0
         # nominal figures for measurements: the trace's mean active context (length-biased, as the
-        # fluid model's) and the fill rate of full-budget steps at the trace's mean input
+        # fluid model's) and the fill rate of full-budget steps at the trace's mean new and cached tokens
         mean_in, mean_out = float(self.inp_arr.mean()), float(self.out_arr.mean())
         self.nominal_ctx = mean_active_context(mean_in, mean_out, float(self.out_arr.std()) / mean_out)
         self.kv_limit = params.decode_kv_capacity_bytes * (1.0 - cluster.kv_watermark)
-        self.nominal_fill_rps = params.fill_token_budget / params.fill_step_time(params.fill_token_budget) / max(
-            mean_in, 1.0)
+        cached = np.minimum(np.asarray(self.given_cached, dtype=float), self.inp_arr)
+        self.nominal_fill_rps = 1.0 / params.fill_seconds(float(np.maximum(self.inp_arr - cached, 1).mean()),
+                                                          float(cached.mean()))
         self.actions: list[dict] = []
 
     def _link_sessions(self, trace: pd.DataFrame) -> None:

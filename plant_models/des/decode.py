@@ -153,7 +153,15 @@ class DecodeStage:
         if w.parks:
             self.park(w, count)
             return
-        n = w.n
+        for i in self.take_newest(w, count):
+            self.rec.stage[i] = Stage.READY
+            self.ready.appendleft(i)
+        self.decoding -= count
+
+    def take_newest(self, w: DecodeWorker, count: int) -> list:
+        """The newest ``count`` sequences leave ``w``'s batch, their remaining tokens and context
+        kept (their KV swapped out, not lost) and the preemption counted; newest first."""
+        n, out = w.n, []
         for _ in range(count):
             i = next(reversed(w.members))
             fin, off = w.members.pop(i)
@@ -161,9 +169,8 @@ class DecodeStage:
             self.rem_tok[i] = fin - n
             self.ctx_tok[i] = off + n
             self.rec.preemptions[i] += 1
-            self.rec.stage[i] = Stage.READY
-            self.ready.appendleft(i)
-        self.decoding -= count
+            out.append(i)
+        return out
 
     def crash_decode(self, w: DecodeWorker) -> None:
         """KV is lost with the worker: its sequences go back to the front of the backlog (oldest

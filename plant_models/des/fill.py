@@ -1,7 +1,8 @@
 """Fill: chunked prefill with continuous batching under a token budget, then the KV transfer.
 
-A fill worker takes work in steps: the request it was chunking first, then new requests from the
-fill queue, until the step's token budget is spent; the first chunk of a request consults the
+A fill worker takes work in steps: the requests it was chunking first, then new requests from the
+fill queue, until the step's token budget is spent, at most a replica's share of it from one
+request (a sequence's attention runs on one attention replica); the first chunk of a request consults the
 prefix cache. A finished fill emits the first token and hands its KV blob to the worker's link
 (one transfer at a time, striped NICs, plus setup); the blob lands in the ready buffer.
 
@@ -74,6 +75,7 @@ class FillStage:
             return
         p, q = self.p, self.fill_q
         budget = p.fill_token_budget
+        per_request = p.replica_chunk_tokens
         step = []
         cached_read = 0
         load_s = 0.0
@@ -86,7 +88,7 @@ class FillStage:
                 cached_read += c
                 load_s += load
                 todo = max(self.inp[i] - c, 1)
-            take = todo if todo < budget else budget
+            take = min(todo, budget, per_request)
             chunks.append((take, self.inp[i] - todo))  # context: cached prefix plus chunks already filled
             budget -= take
             step.append((i, todo - take))

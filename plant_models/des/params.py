@@ -28,6 +28,8 @@ __all__ = ["DESParams"]
 class DESParams:
     """Service-time model of one fill and one decode worker (seconds, tokens, bytes).
 
+    * a fill step takes up to ``fill_token_budget`` new tokens, at most
+      :attr:`replica_chunk_tokens` of them from one request (one sequence, one replica)
     * fill pass time = interp(tokens in the step; ``fill_step_tokens``, ``fill_step_s``)
       + the context term: each chunk of n new tokens after c context tokens (cached prefix plus
       the prompt's earlier chunks) costs x = ``fill_s_per_token_pair`` (n c + (n^2 - p^2) / 2)
@@ -164,6 +166,13 @@ class DESParams:
             base = y[k] + (y[k + 1] - y[k]) * (tokens - x[k]) / (x[k + 1] - x[k])
         return base + self.fill_s_per_cached_token * cached_read
 
+    @property
+    def replica_chunk_tokens(self) -> int:
+        """Most new tokens one request takes in a step: a sequence's attention runs on one
+        replica, whose share of the step's budget is ``fill_token_budget / attention_replicas``
+        (DP attention schedules its own chunks per replica, as SGLang's does)."""
+        return max(1, self.fill_token_budget // self.attention_replicas)
+
     def chunk_context_s(self, tokens: float, context: float, step_tokens: float = 0.0) -> float:
         """What a chunk of ``tokens`` costs on its attention replica beyond the fill table: the
         ``context`` tokens before it (cached prefix plus the prompt's earlier chunks), and its own
@@ -187,6 +196,30 @@ class DESParams:
         piece = step_tokens / self.attention_replicas
         own = a * (tokens * tokens - piece * piece) / 2.0 if step_tokens and tokens > piece else 0.0
         return (a * tokens + self.fill_s_per_context_token) * context + own
+
+    def fill_seconds(self, new_tokens: float, cached_tokens: float = 0.0) -> float:
+        """Worker seconds one request of ``new_tokens`` after ``cached_tokens`` takes from a fill
+        worker streaming full steps: its share of the steps, and its chunks' context on their
+        replica spread over the replicas (what the orchestrator's fill capacity figure assumes).
+
+        Parameters
+        ----------
+        new_tokens : float
+            Tokens to compute (>= 1).
+        cached_tokens : float
+            Cached prefix (>= 0).
+
+        Returns
+        -------
+        float
+        """
+        budget = self.fill_token_budget
+        n = self.replica_chunk_tokens
+        k = max(new_tokens / n, 1.0)
+        ctx = (self.fill_s_per_token_pair * min(n, new_tokens) + self.fill_s_per_context_token) * (
+            k * cached_tokens + n * k * (k - 1) / 2.0)
+        return (new_tokens / budget * self.fill_step_time(budget) + ctx / self.attention_replicas
+                + self.fill_s_per_cached_token * cached_tokens)
 
     def mixed_extra(self, batch: float, mean_context: float, tokens: float) -> float:
         """What a chunk of ``tokens`` new tokens (no context before it) adds to a decode pass of
@@ -322,7 +355,7 @@ class DESParams:
             attainable_bandwidth=dw.accelerator.hbm_bandwidth * dw.num_gpus * dw.efficiency.memory,
             fill_tokens=tuple(map(float, grid)), fill_flops=tuple(_flops(p) for p in fill_passes),
             fill_bytes=tuple(_bytes(p) for p in fill_passes),
-            context_flops=_context_work(s, _flops), context_bytes=_context_work(s, _bytes),
+            context_flops=s.chunk_context_fit(_flops), context_bytes=s.chunk_context_fit(_bytes),
             decode_batches=tuple(map(float, batches)), decode_contexts=tuple(map(float, contexts)),
             decode_flops=tuple(tuple(_flops(p) for p in row) for row in dec),
             decode_bytes=tuple(tuple(_bytes(p) for p in row) for row in dec),
@@ -358,16 +391,3 @@ def _bytes(p: PassTime) -> float:
     """HBM bytes of a whole pass (every micro-batch)."""
     return p.microbatches * sum(ph.hbm_bytes for ph in p.phases) if p.mode != "prefill" and p.mode != "midfill" \
         else sum(ph.hbm_bytes for ph in p.phases)
-
-
-def _context_work(s: ServiceModel, measure) -> tuple[float, float]:
-    """(per pair, per context token) of ``measure`` (FLOPs or bytes) for a chunk's context, fitted
-    like :attr:`ServiceModel.fill_context_costs`."""
-    w, c = s.fill_worker, float(max(32768, s.shape.input_tokens))
-
-    def extra(n: int) -> float:
-        return measure(w.midfill(n, c, sequences=1)) - measure(w.midfill(n, 0, sequences=1))
-
-    lo, hi = extra(512), extra(2048)
-    a = max((hi - lo) / ((2048 - 512) * c), 0.0)
-    return a, max(lo / c - 512 * a, 0.0)

@@ -7,15 +7,17 @@ section 22 puts this lifecycle on the minutes-to-days time scale. :class:`Tiered
 store as a prefix-cache policy of the request simulator (``simulate(..., prefix_cache=store)``):
 
 * **blobs** - with ``hash_ids`` in the trace (Mooncake) each block is a blob of ``block_tokens``;
-  without them, each turn of an agentic session appends one blob (its new input and the previous
-  output: ``input_tokens - cached_tokens``) to the session's chain, and a turn's prefix is the
-  chain of its earlier turns (``cached_tokens > 0`` continues it; 0 starts a new chain, as after a
-  compaction). A blob holds ``bytes_per_token`` x its tokens.
+  without them, an agentic session's context is one blob that each turn extends (``cached_tokens
+  > 0`` continues the chain of the session's previous turn; 0 starts a new one, as after a
+  compaction): a turn's prefix is the blob as the previous turn left it, and the turn's new input
+  is appended to it. A chain's pieces are always read together, so they would move between tiers
+  together; one blob per chain keeps a lookup O(1). A blob holds ``bytes_per_token`` x its tokens.
 * **lookup** - when a fill starts, its blobs are walked in order; the prefix served is the blobs
-  present in some tier up to the first absent one (and at most the trace's ``cached_tokens`` in
-  session mode). A blob in a lower tier costs a load at that tier's ``read_bandwidth`` (the fill
-  step waits for it, :mod:`tokenfactory.plant_models.des.fill`); the rest of the input is
-  computed - for blobs the store once held and dropped, that is the rebuild from text.
+  present in some tier up to the first absent one (at most the trace's ``cached_tokens`` in
+  session mode). A blob in a lower tier costs a load of its bytes at that tier's
+  ``read_bandwidth`` (the fill step waits for it, :mod:`tokenfactory.plant_models.des.fill`); the
+  rest of the input is computed - for blobs the store once held and dropped, and for the blobs
+  after them, that is the rebuild from text.
 * **placement** - every blob the fill reads or writes is (back) in HBM, last used now. A tier over
   its ``capacity_bytes`` demotes its least recently placed blobs to the next tier; a blob idle
   for longer than a tier's ``retention_s`` (since its last use) moves down at that moment; past the
@@ -192,11 +194,15 @@ class TieredKVStore(PrefixCache):
         self.block_tokens = block_tokens
         if trace is not None:
             self.prev = session_chains(trace).tolist()
-            inp = trace["input_tokens"].to_numpy(dtype=np.int64)
-            cached = trace["cached_tokens"].to_numpy(dtype=np.int64) if "cached_tokens" in trace else 0 * inp
-            self.own_tokens = np.maximum(inp - cached, 0).tolist()
+            root = list(range(len(self.prev)))
+            for i in range(len(root)):  # a turn's chain is named by its first turn
+                j = i
+                while self.prev[j] >= 0 and root[j] == j:
+                    j = self.prev[j]
+                root[i] = root[j]
+            self.root = root
         else:
-            self.prev = self.own_tokens = None
+            self.prev = self.root = None
         T = len(self.tiers)
         self.where: dict = {}                 # key -> [tier, tokens, bytes, last use, version]
         self.lru = [OrderedDict() for _ in range(T)]
@@ -211,6 +217,28 @@ class TieredKVStore(PrefixCache):
         self.rebuilt = 0
         self.blobs_dropped = 0
         self.log: dict = {}                   # request -> (tokens per tier..., rebuilt, load s, source)
+        self.rows = None                      # request -> row of the store's trace (bind)
+
+    def bind(self, rows) -> None:
+        """Requests numbered from 0 are rows ``rows`` of the store's trace from now on: a run on
+        part of the table (a window after a warm-up replayed into the store) keeps its sessions'
+        chains.
+
+        Parameters
+        ----------
+        rows : sequence of int or None
+            Row of the store's trace of each request (None: the requests are the rows).
+        """
+        self.rows = None if rows is None else list(map(int, rows))
+
+    def reset_counts(self) -> None:
+        """Forget what was served, loaded and rebuilt so far (the blobs stay where they are): the
+        end of a warm-up. Byte-seconds count from simulated time 0 anyway (a warm-up replayed at
+        negative times adds none)."""
+        T = len(self.tiers)
+        self.served, self.load_s = [0] * T, [0.0] * T
+        self.rebuilt = self.blobs_dropped = 0
+        self.log = {}
 
     # -- time ---------------------------------------------------------------------------------
     def _integrate(self, t: float) -> None:
@@ -269,30 +297,21 @@ class TieredKVStore(PrefixCache):
             self._remove(old, oe)
             self._place(k + 1, old, oe)
 
-    def _blobs(self, request: int, blocks, input_tokens: int) -> list:
-        """The (key, tokens) blobs covering a request's input, in order."""
-        if blocks is not None:
-            bt = self.block_tokens
-            out, left = [], input_tokens
-            for h in blocks:
-                out.append((h, min(bt, max(left, 0))))
-                left -= bt
-            return out
-        if self.prev is None:
-            return [(("r", request), input_tokens)]
-        chain = [request]
-        j = self.prev[request]
-        while j >= 0:
-            chain.append(j)
-            j = self.prev[j]
-        chain.reverse()
-        return [(("r", j), self.own_tokens[j]) for j in chain]
+    def _blocks(self, blocks, input_tokens: int) -> list:
+        """The (key, tokens) blocks covering a request's input, in order."""
+        bt = self.block_tokens
+        out, left = [], input_tokens
+        for h in blocks:
+            out.append((h, min(bt, max(left, 0))))
+            left -= bt
+        return out
 
     # -- the policy ---------------------------------------------------------------------------
     def fetch(self, request, blocks, input_tokens, given_cached, now):
         self.advance(now)
-        blobs = self._blobs(request, blocks, input_tokens)
-        cap = input_tokens if blocks is not None else given_cached
+        if blocks is None:
+            return self._fetch_chain(request, input_tokens, given_cached, now)
+        blobs = self._blocks(blocks, input_tokens)
         T = len(self.tiers)
         by_tier = [0] * T
         load = 0.0
@@ -301,15 +320,12 @@ class TieredKVStore(PrefixCache):
         walking = True
         for key, tok in blobs:
             e = self.where.get(key)
-            if walking and e is not None and hit < cap:
-                take = min(tok, cap - hit)
+            if walking and e is not None and hit < input_tokens:
+                take = min(tok, input_tokens - hit)
                 hit += take
                 by_tier[e[0]] += take
                 deepest = max(deepest, e[0])
-                bw = self.tiers[e[0]].read_bandwidth
-                if bw < math.inf:
-                    load += e[2] / bw
-                    self.load_s[e[0]] += e[2] / bw
+                load += self._load(e)
                 continue
             walking = False
             if e is not None or key in self.dropped:
@@ -317,14 +333,52 @@ class TieredKVStore(PrefixCache):
         # every blob the fill reads or writes is in HBM now, last used now; the chain's head is
         # placed last, so capacity demotes a chain from its tail first
         for key, tok in reversed(blobs):
-            e = self.where.get(key)
-            if e is None:
-                self.dropped.discard(key)
-                e = self.where[key] = [0, tok, tok * self.bytes_per_token, now, 0]
-            else:
-                self._remove(key, e)
-            e[3] = now
-            self._place(0, key, e)
+            self._use(key, tok, now)
+        return self._book(request, by_tier, rebuilt, load, hit, deepest)
+
+    def _load(self, e) -> float:
+        bw = self.tiers[e[0]].read_bandwidth
+        if bw == math.inf:
+            return 0.0
+        self.load_s[e[0]] += e[2] / bw
+        return e[2] / bw
+
+    def _use(self, key, tokens: int, now: float) -> None:
+        """Blob ``key`` (now ``tokens`` long) is read or written by a fill: into HBM, last used now."""
+        e = self.where.get(key)
+        if e is None:
+            self.dropped.discard(key)
+            e = self.where[key] = [0, tokens, tokens * self.bytes_per_token, now, 0]
+        else:
+            self._remove(key, e)
+            e[1], e[2] = tokens, tokens * self.bytes_per_token
+        e[3] = now
+        self._place(0, key, e)
+
+    def _fetch_chain(self, request, input_tokens, given_cached, now):
+        """Session mode: the prefix is the chain's blob; the turn's input extends it."""
+        T = len(self.tiers)
+        by_tier = [0] * T
+        load, hit, rebuilt, deepest = 0.0, 0, 0, -1
+        if self.prev is None:
+            key = ("r", request)
+        else:
+            row = self.rows[request] if self.rows is not None else request
+            key = ("s", self.root[row])
+            if self.prev[row] >= 0:  # a continuation: its prefix is the chain so far
+                e = self.where.get(key)
+                if e is not None:
+                    hit = min(e[1], given_cached)
+                    by_tier[e[0]] = hit
+                    deepest = e[0]
+                    load = self._load(e)
+                elif key in self.dropped:
+                    rebuilt = given_cached
+        self._use(key, input_tokens, now)
+        return self._book(request, by_tier, rebuilt, load, hit, deepest)
+
+    def _book(self, request, by_tier, rebuilt, load, hit, deepest):
+        T = len(self.tiers)
         for k in range(T):
             self.served[k] += by_tier[k]
         self.rebuilt += rebuilt
@@ -336,18 +390,8 @@ class TieredKVStore(PrefixCache):
 
     def record_columns(self, n: int) -> dict:
         """``prefix_tier`` (:data:`TIER_SOURCES`), ``prefix_load_s``, ``rebuilt_tokens`` and
-        tokens served per tier (``<tier>_tokens``), one value per request (NaN / ``none`` for
-        requests whose fill never started).
-
-        Parameters
-        ----------
-        n : int
-            Requests in the run.
-
-        Returns
-        -------
-        dict
-        """
+        tokens served per tier (``<tier>_tokens``) for each of the ``n`` requests (NaN / ``none``
+        where a fill never started)."""
         T = len(self.tiers)
         names = [t.name for t in self.tiers]
         labels = names + ["rebuilt", "none"]
@@ -365,20 +409,9 @@ class TieredKVStore(PrefixCache):
         return cols
 
     def metrics(self, now: float) -> dict:
-        """The store's figures at the run's end ``now``: tokens served per tier and rebuilt, their
-        shares of the reusable prefix tokens (served + rebuilt), load seconds, byte-seconds held
-        per tier (HBM's are idle HBM) and the mean bytes held.
-
-        Parameters
-        ----------
-        now : float
-            The run's end (s).
-
-        Returns
-        -------
-        dict
-            ``{"kv_store": {...}}``.
-        """
+        """``{"kv_store": {...}}`` at the run's end ``now``: tokens served per tier and rebuilt,
+        their shares of the reusable prefix tokens (served + rebuilt), load seconds, byte-seconds
+        held per tier (HBM's are idle HBM) and the mean bytes held."""
         self.advance(now)
         reusable = sum(self.served) + self.rebuilt
         out = {"reusable_tokens": reusable, "rebuilt_tokens": self.rebuilt,
@@ -400,7 +433,8 @@ class TieredKVStore(PrefixCache):
                            "retention_s": t.retention_s} for t in self.tiers]}
 
 
-def replay_store(trace: pd.DataFrame, store: TieredKVStore, end_s: float | None = None) -> tuple[pd.DataFrame, dict]:
+def replay_store(trace: pd.DataFrame, store: TieredKVStore, end_s: float | None = None,
+                 rows=None) -> tuple[pd.DataFrame, dict]:
     """Run a request table through ``store`` alone: each request's fill starts at its arrival.
 
     Queueing and service times are left out, which is what retention on the minutes-to-days
@@ -415,6 +449,8 @@ def replay_store(trace: pd.DataFrame, store: TieredKVStore, end_s: float | None 
         The store (built with ``trace`` when it has no ``hash_ids``).
     end_s : float, optional
         Where the accounting stops (default: the last arrival).
+    rows : sequence of int, optional
+        Rows of the store's trace that ``trace``'s rows are (:meth:`TieredKVStore.bind`).
 
     Returns
     -------
@@ -428,6 +464,7 @@ def replay_store(trace: pd.DataFrame, store: TieredKVStore, end_s: float | None 
     inp = trace["input_tokens"].to_numpy(dtype=np.int64)
     cached = trace["cached_tokens"].to_numpy(dtype=np.int64) if "cached_tokens" in trace else np.zeros(n, np.int64)
     hashes = trace["hash_ids"].to_numpy() if "hash_ids" in trace else None
+    store.bind(rows)
     for i in order.tolist():
         store.fetch(i, hashes[i] if hashes is not None else None, int(inp[i]), int(cached[i]), float(t[i]))
     end = float(t.max()) if end_s is None else end_s
