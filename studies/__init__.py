@@ -33,6 +33,9 @@ STUDIES: dict[str, str] = {
     "forecasting": "tokenfactory.studies.forecasting",
     "trace-replay": "tokenfactory.studies.trace_replay",
     "reconfiguration": "tokenfactory.studies.reconfiguration",
+    "aggregation": "tokenfactory.studies.aggregation",
+    "long-context": "tokenfactory.studies.long_context",
+    "kv-tiers": "tokenfactory.studies.kv_tiers",
 }
 
 
