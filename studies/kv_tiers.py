@@ -154,6 +154,16 @@ def _store_row(m: dict, label: str, **extra) -> dict:
             "load_seconds": s["load_seconds"], "blobs_dropped": s["blobs_dropped"]}
 
 
+def _for(x: float) -> str:
+    """A retention in words: "for 5 min" or "without a time limit"."""
+    return "without a time limit" if math.isinf(x) else f"for {_fmt_s(x)}"
+
+
+def _cell(x: float, fmt: str = ".3f") -> str:
+    """A table cell: "-" for a tier the policy does not have."""
+    return "-" if x != x else format(x, fmt)
+
+
 def _fmt_s(x: float) -> str:
     if math.isinf(x):
         return "inf"
@@ -222,11 +232,12 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         store.bind(window["row"])
         res = simulate(window.drop(columns=["row"]), des_setup.params, cl, prefix_cache=store)
         r = res.records
-        mid = r[(window["cached_tokens"] > 0).to_numpy() & (r["state"] == "completed").to_numpy()]
+        is_mid = (window["cached_tokens"] > 0).to_numpy() & (r["state"] != "not_arrived").to_numpy()
+        mid = r[is_mid & (r["state"] == "completed").to_numpy()]
         fill = mid["fill_end_s"] - mid["fill_start_s"]
         m = res.metrics
         des_rows.append({**_store_row(m, label), "unbounded": big, "requests": m["requests"],
-                         "completed": m["completed"], "midfills": len(mid),
+                         "completed": m["completed"], "midfills": len(mid), "midfills_arrived": int(is_mid.sum()),
                          "midfill_ttft_p50": float(mid["ttft_s"].median()), "midfill_ttft_p99": float(mid["ttft_s"].quantile(0.99)),
                          "midfill_fill_p50": float(fill.median()), "midfill_fill_p99": float(fill.quantile(0.99)),
                          "ttft_p99": m["ttft_p99"], "tpot_p99": m["tpot_p99"], "slo_attainment": m["slo_attainment"]})
@@ -295,7 +306,12 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                        f"{cfg['plant']['model']} workers on 8x{cfg['plant']['hardware']}).")
 
     # summary -------------------------------------------------------------------------------------
-    lines = _summary_lines(sweep, life, des_table, src_table, cfg, worker)
+    # rebuild against load for the median midfill's prefix
+    prefix = float(measured.loc[measured["cached_tokens"] > 0, "cached_tokens"].median())
+    lower = {t.name: prefix * bpt / t.read_bandwidth for t in _tiers(worker, cfg, 1.0, 1.0, 1.0)[1:]}
+    rebuild_vs_load = {"prefix_tokens": prefix, "rebuild_s": rebuild_seconds(params, prefix),
+                       **{f"load_{k}_s": v for k, v in lower.items()}}
+    lines = _summary_lines(sweep, life, des_table, src_table, cfg, worker, rebuild_vs_load)
     ref = sweep.iloc[int(np.argmin(np.abs(np.log(np.where(np.isinf(sweep["hbm_retention_s"]), 1e12,
                                                           sweep["hbm_retention_s"])) - np.log(120.0))))]
     report.headline(f"HBM hit share at {_fmt_s(ref['hbm_retention_s'])} HBM retention", round(float(ref["hbm_share"]), 3),
@@ -307,7 +323,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     if len(hb):
         report.headline("midfill TTFT p50, prefix in HBM", round(float(hb["ttft_p50"].median()), 2), "s")
     return report.finish({"hbm_retention_sweep": sweep.to_dict("records"), "store_retention_sweep": life.to_dict("records"),
-                          "midfill_latency": des_rows, "midfill_by_source": by_source,
+                          "midfill_latency": des_rows, "midfill_by_source": by_source, "rebuild_vs_load": rebuild_vs_load, "kv_bytes_per_token": bpt,
                           "tiers": [t.__dict__ for t in _tiers(worker, cfg, math.inf, math.inf, math.inf)]}, lines)
 
 
@@ -323,7 +339,7 @@ def _sweep_caption(sweep: pd.DataFrame, life: pd.DataFrame, cfg: dict) -> str:
             f"{life.iloc[-1]['rebuild_node_seconds'] / 3600:.2f} node-hours over {cfg['store_hours']:g} h.")
 
 
-def _summary_lines(sweep, life, des, src, cfg, worker) -> list[str]:
+def _summary_lines(sweep, life, des, src, cfg, worker, rvl) -> list[str]:
     tiers = _tiers(worker, cfg, math.inf, math.inf, math.inf)
     lines = [f"Long-context sessions at {cfg['rate_rps']:g} calls/s on {cfg['nodes']} nodes of 8x{cfg['plant']['hardware']} "
              f"({cfg['plant']['model']}); store tiers: " + ", ".join(
@@ -344,9 +360,11 @@ def _summary_lines(sweep, life, des, src, cfg, worker) -> list[str]:
     fill = float(des["midfill_fill_p50"].iloc[0])  # the ideal store's median midfill fill time
     ms = lo["mean_load_s"] * 1e3
     cheap = lo["mean_load_s"] < 0.1 * fill
-    lines += ["", (f"Keeping idle blobs in HBM {_fmt_s(hi['hbm_retention_s'])} instead of "
-                   f"{_fmt_s(lo['hbm_retention_s'])} moves {gain:.1%} of the reusable prefix tokens from the lower tiers "
-                   f"to HBM and holds {cost:.0f} GB more idle KV in HBM on average. What it saves is the loads: at "
+    moved = (f"moves {gain:.1%} of the reusable prefix tokens from the lower tiers to HBM" if gain > 0.001 else
+             "moves no reusable prefix tokens to HBM")
+    held = f"holds {cost:.0f} GB more" if cost >= 0 else f"holds {-cost:.0f} GB less"
+    lines += ["", (f"Keeping idle blobs in HBM {_for(hi['hbm_retention_s'])} instead of "
+                   f"{_for(lo['hbm_retention_s'])} {moved} and {held} idle KV in HBM on average. What it saves is the loads: at "
                    f"{_fmt_s(lo['hbm_retention_s'])}, {lo['requests_loading']} of {lo['requests']} requests load their "
                    f"prefix from DRAM or SSD, {ms:.0f} ms each on average, against a median midfill fill time of "
                    f"{fill:.2f} s - " + (
@@ -360,12 +378,20 @@ def _summary_lines(sweep, life, des, src, cfg, worker) -> list[str]:
     for r in life.itertuples():
         lines.append(f"| {_fmt_s(r.ssd_retention_s)} | {r.rebuilt_share:.4f} | {r.requests_rebuilding} | "
                      f"{r.rebuild_node_seconds / 3600:.2f} | {r.blobs_dropped} |")
+    slowest = max(v for k, v in rvl.items() if k.startswith("load_"))
+    lines += ["", f"Rebuilding the median midfill's prefix ({rvl['prefix_tokens'] / 1e3:.0f}k tokens) from text takes "
+                  f"{rvl['rebuild_s']:.1f} s of a fill worker (chunked prefill, each chunk paying for the context before "
+                  "it); loading it takes " + ", ".join(f"{v * 1e3:.0f} ms from {k[5:-2].upper()}" for k, v in rvl.items()
+                                                        if k.startswith("load_"))
+              + (f" - {rvl['rebuild_s'] / slowest:.0f}x less than the rebuild even from the slowest tier, so every "
+                 "blob the store drops that a session comes back to costs far more than keeping it on SSD." if
+                 rvl["rebuild_s"] > slowest else " - a rebuild is no slower than a load here.")]
     lines += ["", f"(b) Midfills in the request simulator ({_fmt_s(cfg['des_window_s'])} of arrivals):", "",
-              "| store | midfills | HBM | DRAM | SSD | rebuilt | fill p50 s | fill p99 s | TTFT p50 s | TTFT p99 s |",
+              "| store | midfills completed of arrived | HBM | DRAM | SSD | rebuilt | fill p50 s | fill p99 s | TTFT p50 s | TTFT p99 s |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for r in des.itertuples():
-        lines.append(f"| {r.policy} | {r.midfills} | {r.hbm_share:.3f} | {getattr(r, 'dram_share', 0.0):.3f} | "
-                     f"{getattr(r, 'ssd_share', 0.0):.3f} | {r.rebuilt_share:.3f} | {r.midfill_fill_p50:.2f} | "
+        lines.append(f"| {r.policy} | {r.midfills} of {r.midfills_arrived} | {r.hbm_share:.3f} | {_cell(r.dram_share)} | "
+                     f"{_cell(r.ssd_share)} | {r.rebuilt_share:.3f} | {r.midfill_fill_p50:.2f} | "
                      f"{r.midfill_fill_p99:.2f} | {r.midfill_ttft_p50:.2f} | {r.midfill_ttft_p99:.2f} |")
     lines += ["", "By the tier that served the prefix:", "", "| store | source | midfills | load p50 s | fill p50 s | "
               "fill p99 s | TTFT p50 s |", "|---|---|---|---|---|---|---|"]

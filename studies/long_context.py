@@ -243,7 +243,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     best = table.loc[table.groupby("load")["slo_attainment"].idxmax()]
     lines += ["", "Best SLO attainment per load: " + "; ".join(
         f"x{r.load:g}: {r.admission} ({r.slo_attainment:.3f})" for r in best.itertuples()) + ".",
-              _first_vs_mid(table), *_ties(table)]
+              _first_vs_mid(table), _closed_loop(table, setup.capacity_rps), *_ties(table)]
     for r in best.itertuples():
         report.headline(f"best SLO attainment at load {r.load:g}", round(float(r.slo_attainment), 3),
                         note=f"{r.admission} admission")
@@ -260,11 +260,28 @@ def _ties(table: pd.DataFrame) -> list[str]:
         for kinds in same:
             if len(kinds) > 1:
                 wait = g[g["admission"].isin(kinds)]["backlog_wait_p99"].max()
+                others = g[~g["admission"].isin(kinds)]
+                held = "; " + ", ".join(f"{r.admission} held requests back (backlog wait p99 {r.backlog_wait_p99:.1f} s, "
+                                        f"SLO attainment {r.slo_attainment:.3f})" for r in others.itertuples()) \
+                    if len(others) else ""
                 out.append(f"At load {load:g}, {' and '.join(kinds)} admission give the same run "
                            + (f"(neither held a request back: backlog wait p99 {wait:.2f} s - the fill capacity they "
-                              "cap admission at exceeds what the sessions offer)." if wait < 1.0 else
-                              f"(backlog wait p99 {wait:.1f} s)."))
+                              f"cap admission at exceeds what the sessions offer){held}." if wait < 1.0 else
+                              f"(backlog wait p99 {wait:.1f} s){held}."))
     return out
+
+
+def _closed_loop(table: pd.DataFrame, capacity_rps: float) -> str:
+    """What closing the sessions' loop does to the offered load at the highest load."""
+    g = table[table["load"] == table["load"].max()]
+    r = g.loc[g["offered_rps"].idxmax()]
+    if r["offered_rps"] < 0.9 * r["generated_rps"]:
+        return (f"Closed sessions throttle themselves: generated at {r['generated_rps']:.1f} calls/s (x{r['load']:g} "
+                f"the nominal capacity), they offer at most {r['offered_rps']:.1f} calls/s, since a turn waits for the "
+                f"previous one - {r['offered_rps'] / capacity_rps:.0%} of the nominal capacity ({capacity_rps:.1f} calls/s) "
+                f"with the fill pool {r['fill_busy']:.0%} and the decode pool {r['decode_busy']:.0%} busy.")
+    return (f"At the highest load the sessions offer {r['offered_rps']:.1f} calls/s, close to the "
+            f"{r['generated_rps']:.1f} calls/s they were generated at: the cluster keeps up with the turns.")
 
 
 def _first_vs_mid(table: pd.DataFrame) -> str:

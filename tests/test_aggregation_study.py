@@ -35,6 +35,9 @@ def test_runs_conserve_requests_and_only_disaggregation_moves_kv(report):
     assert (agg["mean_kv_transfer_s"] == 0).all() and (t.loc[t["config"] != "aggregated", "mean_kv_transfer_s"] > 0).all()
     for c in ("stranded_compute", "stranded_bandwidth"):
         assert t[c].between(0.0, 1.0).all()
+    # every arrived request met the SLOs, missed TTFT, missed TPOT, or had not finished
+    parts = t["slo_attainment"] + t["ttft_miss_share"] + t["tpot_miss_share"] + t["unfinished_share"]
+    assert parts.to_numpy() == pytest.approx(1.0, abs=1e-9)
 
 
 def test_chunks_slow_the_decodes_of_aggregated_workers(report):

@@ -62,3 +62,30 @@ def test_rejects_bad_config(tmp_path):
         run(tmp_path, quick=True, config={"fill_workers": 4})
     with pytest.raises(ConfigError, match=r"kv-tiers.hbm_retention_s\[0\]"):
         run(tmp_path, quick=True, config={"hbm_retention_s": [-1.0, math.inf]})
+
+
+def test_rebuild_costs_what_the_simulator_charges_a_lone_prompt():
+    """rebuild_seconds is the request simulator's fill time of one prompt alone on a fill worker
+    (the cost the study books for each rebuilt prefix), and far above loading the same KV."""
+    from tokenfactory.plant_models import (ClusterConfig, DESParams, RequestShape, ServiceModel, Worker,
+                                           accelerator_preset, model_preset, simulate)
+    from tokenfactory.studies.kv_tiers import rebuild_seconds
+
+    w = Worker(model_preset("deepseek-v3"), accelerator_preset("h200"))
+    params = DESParams.from_service(ServiceModel(w, w, RequestShape(2048, 512)))
+    n = 65_536
+    tr = pd.DataFrame({"arrival_s": [0.0], "input_tokens": [n], "cached_tokens": [0], "output_tokens": [2]})
+    r = simulate(tr, params, ClusterConfig(fill_workers=1, decode_workers=1, progress=False, prefix_cache_blocks=0,
+                                           drain_s=600.0))
+    fill_s = r.records.loc[0, "fill_end_s"] - r.records.loc[0, "fill_start_s"]
+    assert rebuild_seconds(params, n) == pytest.approx(fill_s, rel=0.02)
+    assert rebuild_seconds(params, 2 * n) > 2.5 * rebuild_seconds(params, n)  # context grows each chunk's cost
+
+
+def test_rebuild_against_load_figures(report):
+    _, m = report
+    r = m["rebuild_vs_load"]
+    for t in m["tiers"]:
+        if t["name"] == "dram":
+            assert r["load_dram_s"] * t["read_bandwidth"] == pytest.approx(r["prefix_tokens"] * m["kv_bytes_per_token"])
+    assert r["rebuild_s"] > 10 * max(r["load_dram_s"], r["load_ssd_s"]) and r["load_ssd_s"] > r["load_dram_s"]
