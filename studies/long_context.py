@@ -265,8 +265,8 @@ def _ties(table: pd.DataFrame) -> list[str]:
                                         f"SLO attainment {r.slo_attainment:.3f})" for r in others.itertuples()) \
                     if len(others) else ""
                 out.append(f"At load {load:g}, {' and '.join(kinds)} admission give the same run "
-                           + (f"(neither held a request back: backlog wait p99 {wait:.2f} s - the fill capacity they "
-                              f"cap admission at exceeds what the sessions offer){held}." if wait < 1.0 else
+                           + (f"(neither held a request back: backlog wait p99 {wait:.2f} s - the closed sessions never "
+                              f"offered more than their admission cap){held}." if wait < 1.0 else
                               f"(backlog wait p99 {wait:.1f} s){held}."))
     return out
 
