@@ -16,7 +16,8 @@ Claude Code sessions) is
     around its capacity under the admission controllers, as study ``trace-replay`` does for the
     public traces; TTFT of first calls (full prefills) and of midfills are reported apart.
 
-Run: ``tokenfactory study long-context [--quick] [--out DIR]``.
+Run: ``tokenfactory study long-context [--quick] [--out DIR]``; ``config={"full": True}`` describes a
+day and replays 15 minutes at five loads.
 """
 
 from __future__ import annotations
@@ -47,9 +48,11 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "slo_ttft_s": 20.0,              # ASSUMPTION: a 1M-token first call cannot be filled faster
     "slo_tpot_s": 0.1,
     "seed": 7,
+    "full": False,
 }
 QUICK: dict[str, Any] = {"statistics_hours": 2.0, "replay_s": 90.0, "warm_start_s": 1800.0, "loads": [2.5],
                          "admissions": ["naive", "smoothed"]}
+FULL: dict[str, Any] = {"statistics_hours": 24.0, "replay_s": 900.0, "loads": [0.5, 1.0, 1.5, 2.5, 4.0]}
 #: the other studies' request shapes, for comparison
 CONTROL_SHAPES = {"2k/512 (feedback, reconfiguration)": RequestShape(2048, 512),
                   "12k/343 (Mooncake conversation)": RequestShape(12035, 343)}
@@ -58,6 +61,8 @@ CONTROL_SHAPES = {"2k/512 (feedback, reconfiguration)": RequestShape(2048, 512),
 def _config(config: dict[str, Any] | None, quick: bool) -> dict[str, Any]:
     cfg = {**DEFAULT_CONFIG, **(config or {})}
     reject_unknown_keys("long-context", cfg, set(DEFAULT_CONFIG))
+    if cfg["full"]:
+        cfg.update({k: v for k, v in FULL.items() if k not in (config or {})})
     if quick:
         cfg.update({k: v for k, v in QUICK.items() if k not in (config or {})})
     for k in ("rate_rps", "statistics_hours", "replay_s", "slo_ttft_s", "slo_tpot_s"):
