@@ -24,7 +24,7 @@ on a K3-like model on B300; a missing trace is replaced by the synthetic workloa
 The fluid and pool models have no aggregated variant: the request simulator is where the
 interference of a chunk with the decodes of the same pass can be seen.
 
-Run: ``tokenfactory study aggregation [--quick] [--out DIR]``; ``config={"full": True}`` runs
+Run: ``tokenfactory study aggregation [--quick | --full] [--out DIR]``; ``config={"full": True}`` runs
 the larger grid (five loads, 60-second-longer replays).
 """
 
@@ -286,8 +286,11 @@ def _misses(r) -> str:
     return out + (f", and {u:.0%} were still decoding when the run ended" if u >= 0.005 else "")
 
 
-def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None) -> dict[str, Any]:
-    cfg = _config(config, quick)
+def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None,
+        full: bool = False) -> dict[str, Any]:
+    """Run the study into ``out_dir`` (``quick``: the test variant; ``full``, or ``config={"full": True}``:
+    the heavier grid; ``config``: overrides of :data:`DEFAULT_CONFIG`); returns its metrics."""
+    cfg = _config({**(config or {}), "full": True} if full else config, quick)
     report = StudyReport("aggregation", Path(out_dir), cfg)
     configs = cluster_configs(cfg["workers"], cfg["fill_shares"])
     rows, substituted = [], []

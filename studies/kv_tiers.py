@@ -23,7 +23,7 @@ workers' KV capacity; half of every node's host DRAM, pooled, read over min(PCIe
 its local NVMe). Sessions are replayed with their real think times (heavy-tailed: median ~10 s,
 minutes to hours in the tail), so retention meets the gaps between turns.
 
-Run: ``tokenfactory study kv-tiers [--quick] [--out DIR]``; ``config={"full": True}`` replays a
+Run: ``tokenfactory study kv-tiers [--quick | --full] [--out DIR]``; ``config={"full": True}`` replays a
 day and sweeps more points.
 """
 
@@ -170,8 +170,11 @@ def _fmt_s(x: float) -> str:
     return f"{x / 3600:g} h" if x >= 3600 else f"{x / 60:g} min" if x >= 60 else f"{x:g} s"
 
 
-def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None) -> dict[str, Any]:
-    cfg = _config(config, quick)
+def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None,
+        full: bool = False) -> dict[str, Any]:
+    """Run the study into ``out_dir`` (``quick``: the test variant; ``full``, or ``config={"full": True}``:
+    the heavier grid; ``config``: overrides of :data:`DEFAULT_CONFIG`); returns its metrics."""
+    cfg = _config({**(config or {}), "full": True} if full else config, quick)
     report = StudyReport("kv-tiers", Path(out_dir), cfg)
     plant = {**cfg["plant"], "fill_workers": cfg["fill_workers"], "decode_workers": cfg["nodes"] - cfg["fill_workers"]}
     workload = long_context_workload(mean_rate_rps=cfg["rate_rps"], seed=cfg["seed"])

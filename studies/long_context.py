@@ -16,7 +16,7 @@ Claude Code sessions) is
     around its capacity under the admission controllers, as study ``trace-replay`` does for the
     public traces; TTFT of first calls (full prefills) and of midfills are reported apart.
 
-Run: ``tokenfactory study long-context [--quick] [--out DIR]``; ``config={"full": True}`` describes a
+Run: ``tokenfactory study long-context [--quick | --full] [--out DIR]``; ``config={"full": True}`` describes a
 day and replays 15 minutes at five loads.
 """
 
@@ -123,8 +123,11 @@ def _shape_costs(setup, shapes: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None) -> dict[str, Any]:
-    cfg = _config(config, quick)
+def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None,
+        full: bool = False) -> dict[str, Any]:
+    """Run the study into ``out_dir`` (``quick``: the test variant; ``full``, or ``config={"full": True}``:
+    the heavier grid; ``config``: overrides of :data:`DEFAULT_CONFIG`); returns its metrics."""
+    cfg = _config({**(config or {}), "full": True} if full else config, quick)
     report = StudyReport("long-context", Path(out_dir), cfg)
     workload = long_context_workload(mean_rate_rps=cfg["rate_rps"], seed=cfg["seed"])
 
