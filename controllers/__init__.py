@@ -31,5 +31,12 @@ from tokenfactory.controllers.stability_batch import *  # noqa: F401,F403
 from tokenfactory.controllers.stability_batch import __all__ as _sb
 from tokenfactory.controllers.tuning import *  # noqa: F401,F403
 from tokenfactory.controllers.tuning import __all__ as _tu
+from tokenfactory.controllers.planning import *  # noqa: F401,F403
+from tokenfactory.controllers.planning import __all__ as _pl
+from tokenfactory.controllers.separation import *  # noqa: F401,F403
+from tokenfactory.controllers.separation import __all__ as _sep
+from tokenfactory.controllers.stack import *  # noqa: F401,F403
+from tokenfactory.controllers.stack import __all__ as _stk
 
-__all__ = [*_if, *_adm, *_tu, *_at, *_st, *_sb, *_df, *_osc, *_resp, *_fc, *_bt, *_cap, *_as, *_rc, *_er]
+__all__ = [*_if, *_adm, *_tu, *_at, *_st, *_sb, *_df, *_osc, *_resp, *_fc, *_bt, *_cap, *_as, *_rc, *_er, *_pl, *_sep,
+           *_stk]

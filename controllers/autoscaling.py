@@ -18,7 +18,7 @@ algorithm. The metric is any function of the :class:`tokenfactory.signals.Measur
   leaves panic after a stable window without a panic condition.
 * :class:`DynamoThroughputPlanner` - NVIDIA Dynamo planner, throughput (SLA) mode: every
   adjustment interval (180 s) predict the next interval's demand with the planner's predictors
-  (constant, ARIMA, Kalman; here :mod:`tokenfactory.controllers.forecasting`) and set
+  (constant, ARIMA, Kalman; here :mod:`tokenfactory.controllers.load_predictors`) and set
   replicas = ceil(predicted demand / per-engine capacity).
 * :class:`DynamoLoadPlanner` - Dynamo planner, load mode: every 5 s tick, +1 replica when the
   per-replica load exceeds the SLA target, -1 only if the load consolidated onto one replica
@@ -279,10 +279,13 @@ class KnativeAutoscaler(_PoolAutoscaler):
 class DynamoThroughputPlanner(_PoolAutoscaler):
     """Dynamo throughput-mode planner: predicted demand / per-engine capacity, every interval.
 
-    Each adjustment interval records one demand value and sizes the pool for the next interval's
-    predicted demand. The plants average rates over a controller's sample period (what a scrape of
-    counters gives), so with the default metric that value is the interval's mean admitted rate,
-    as Dynamo's planner reads it from Prometheus.
+    Each adjustment interval the planner records the interval's request count, asks its load
+    predictor (:mod:`tokenfactory.controllers.load_predictors`: Dynamo's ``constant``, ``arima``
+    - the planner's default - or ``kalman``) for the next interval's count, and sizes the pool
+    for it. Dynamo predicts once per interval for both pools: planners of the two pools may share
+    one predictor object (the first to sample at a time records the count, the other reads the
+    same forecast). The plants average rates over a controller's sample period (what a scrape of
+    counters gives), so the count is the interval's mean rate x the interval.
 
     Parameters
     ----------
@@ -290,12 +293,17 @@ class DynamoThroughputPlanner(_PoolAutoscaler):
         The pool it sizes: ``"fill"`` or ``"decode"``.
     per_engine_rps : float
         Demand one worker serves at its target load (requests/s, > 0).
-    predictor : str
-        ``"constant"`` (default: the last interval's demand), ``"arima"`` or ``"kalman"``
-        (fitted on the recorded intervals once there are 3).
+    predictor : str or LoadPredictor
+        ``"constant"`` (default), ``"arima"`` or ``"kalman"`` (a fresh predictor with Dynamo's
+        defaults), or a predictor object (shared between the pools' planners).
     metric : callable, optional
         ``metric(measurement) -> requests/s``, the demand the pool receives (default: the
         admitted rate).
+    demand_scale : callable, optional
+        ``demand_scale(measurement) -> factor`` applied to the predicted rate, e.g. the prompt
+        length now over the nominal one for the fill pool (Dynamo predicts ISL too); default 1.
+    warmup : sequence of float, optional
+        Interval rates before the run (requests/s, oldest first): Dynamo's warm-up trace.
     min_replicas, max_replicas : int
         Bounds of the recommendation (workers; defaults 1 and 1000; max >= max(1, min)).
     sample_period : float
@@ -307,54 +315,69 @@ class DynamoThroughputPlanner(_PoolAutoscaler):
 
     name = "dynamo-throughput"
 
-    def __init__(self, pool: str, per_engine_rps: float, predictor: str = "constant", *,
-                 metric: Callable[[Measurement], float] | None = None, min_replicas: int = 1,
+    def __init__(self, pool: str, per_engine_rps: float, predictor="constant", *,
+                 metric: Callable[[Measurement], float] | None = None,
+                 demand_scale: Callable[[Measurement], float] | None = None, warmup=None, min_replicas: int = 1,
                  max_replicas: int = 1000, sample_period: float = 180.0, observe_period: float = 5.0):
+        from tokenfactory.controllers.load_predictors import LoadPredictor, make_load_predictor
+
         super().__init__(sample_period)
         self._init_pool("dynamo", pool, min_replicas, max_replicas)
         self.per_engine_rps = check_number("dynamo.per_engine_rps", per_engine_rps, low=0.0, low_inclusive=False)
-        self.predictor = check_choice("dynamo.predictor", predictor, ("constant", "arima", "kalman"))
+        if isinstance(predictor, LoadPredictor):
+            self._predictor, self.predictor = predictor, predictor.name
+        else:
+            self.predictor = check_choice("dynamo.predictor", predictor, ("constant", "arima", "kalman"))
+            self._predictor = make_load_predictor(self.predictor)
         self.metric = metric or (lambda m: m.admitted_rate)  # the demand the pool receives
+        self.demand_scale = demand_scale
+        self.warmup = None if warmup is None else [float(v) for v in warmup]
         self.reset()
 
     def reset(self) -> None:
-        self._intervals: list[float] = []  # mean demand of each past adjustment interval
+        p = self._predictor
+        if getattr(p, "_reset_by", None) is not self and getattr(p, "_reset_by", None) is not None:
+            return  # a shared predictor is reset (and warmed up) once, by its first planner
+        p.reset()
+        p._reset_by, p._last_t = self, None
+        if self.warmup is not None:
+            p.warm_up([v * self.sample_period for v in self.warmup])
 
-    def recommend(self, demand_this_interval: float) -> int:
+    def recommend(self, demand_this_interval: float, t: float | None = None, scale: float = 1.0) -> int:
         """Record this interval's demand and size the pool for the predicted next one.
 
         Parameters
         ----------
         demand_this_interval : float
             Demand observed at this adjustment (requests/s).
+        t : float, optional
+            Time of the adjustment; a predictor shared with another pool's planner records one
+            value per time.
+        scale : float
+            Factor on the predicted demand (:attr:`demand_scale`).
 
         Returns
         -------
         int
-            ceil(predicted demand / ``per_engine_rps``) within the bounds.
+            ceil(predicted demand x ``scale`` / ``per_engine_rps``) within the bounds.
         """
-        import pandas as pd
-
-        from tokenfactory.controllers.forecasting import make_forecaster
-
-        self._intervals.append(float(demand_this_interval))
-        y = pd.Series(self._intervals, index=pd.Index([i * self.sample_period for i in range(len(self._intervals))],
-                                                      name="time_s"))
-        if len(y) < 3 or self.predictor == "constant":
-            pred = self._intervals[-1]
-        else:
-            pred = float(make_forecaster(self.predictor).fit(y).predict(1).mean[0])
-        want = math.ceil(max(pred, 0.0) / self.per_engine_rps - 1e-9)
+        p = self._predictor
+        if t is None or p._last_t != t:
+            p.observe(float(demand_this_interval) * self.sample_period)  # Dynamo's predictors see counts
+            p._last_t = t
+        pred = p.predict_next() / self.sample_period
+        want = math.ceil(max(pred, 0.0) * scale / self.per_engine_rps - 1e-9)
         return self._bounded(want)
 
     def update(self, t: float, m: Measurement) -> ScaleAction:
         """One adjustment on the plant's sample: :meth:`recommend` as a :class:`ScaleAction`."""
-        return ScaleAction(self.pool, self.recommend(self.metric(m)))
+        scale = self.demand_scale(m) if self.demand_scale is not None else 1.0
+        return ScaleAction(self.pool, self.recommend(self.metric(m), t, scale))
 
     def params(self) -> dict:
         return {"pool": self.pool, "per_engine_rps": self.per_engine_rps, "predictor": self.predictor,
                 "min_replicas": self.min_replicas, "max_replicas": self.max_replicas,
-                "sample_period": self.sample_period}
+                "sample_period": self.sample_period, "warmup_points": len(self.warmup or [])}
 
 
 class DynamoLoadPlanner(_PoolAutoscaler):

@@ -12,6 +12,7 @@ had less capacity than the hour's actual peak, and the shortfall in worker-hours
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -21,7 +22,7 @@ from tokenfactory.plant_models.fluid import FluidParams
 from tokenfactory.plant_models.service import ServiceModel
 from tokenfactory.validation import ConfigError, check_int, check_number
 
-__all__ = ["PoolRates", "hourly_peak", "workers_needed", "plan_capacity", "score_plan"]
+__all__ = ["PoolRates", "hourly_peak", "workers_needed", "plan_capacity", "score_plan", "oracle_plan"]
 
 HOUR = 3600.0
 
@@ -237,3 +238,65 @@ def score_plan(plan: pd.DataFrame, actual_hourly_peak_rps: pd.Series, rates: Poo
             "shortfall_worker_hours": float(short.sum()),
             "mean_peak_utilization": float(np.mean(np.minimum(a / cap.to_numpy(), 1.0))),
             "moves": int(np.abs(np.diff(p["fill_workers"])).sum() + np.abs(np.diff(p["decode_workers"])).sum())}
+
+
+def oracle_plan(demand_rps: pd.Series, per_worker_rps: dict[str, float], utilization_ceiling: dict[str, float], *,
+                startup_s: float, interval_s: float = 600.0, gpus_per_worker: int = 8,
+                fleet_size: int | None = None) -> tuple[pd.DataFrame, float]:
+    """The physical floor of any plan: perfect knowledge of the demand, the same start-up delay
+    and the same SLO.
+
+    Each ``interval_s`` a pool needs ceil(peak demand in the interval / (per-worker rate x the
+    pool's SLO utilisation ceiling)) workers; a worker serving at s must have been started at
+    s - ``startup_s`` and is billed from then, so the billed count at t is the most needed over
+    [t, t + startup_s]. No plan that meets the SLO in every interval can bill less.
+
+    Parameters
+    ----------
+    demand_rps : pandas.Series
+        Demand (requests/s) indexed by seconds from the run's start, held piecewise constant.
+    per_worker_rps : dict
+        ``{"fill": .., "decode": ..}`` full-speed requests/s per worker.
+    utilization_ceiling : dict
+        The highest utilisation of each pool at which the SLO still holds.
+    startup_s : float
+        Start-up delay.
+    interval_s : float
+        Planning interval (the demand's resolution).
+    gpus_per_worker : int
+        GPUs per worker.
+    fleet_size : int, optional
+        A fixed fleet: GPU-hours are then the smallest fleet that holds the plan at its peak.
+
+    Returns
+    -------
+    tuple
+        ``(plan, gpu_hours)``; ``plan`` has ``fill_needed``, ``decode_needed``, ``fill_billed``,
+        ``decode_billed`` per interval.
+    """
+    check_number("oracle.startup_s", startup_s, low=0.0)
+    check_number("oracle.interval_s", interval_s, low=1.0)
+    t = demand_rps.index.to_numpy(dtype=float)
+    v = demand_rps.to_numpy(dtype=float)
+    edges = np.arange(t[0], t[-1] + interval_s, interval_s)
+    k = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, len(edges) - 1)
+    peak = np.zeros(len(edges))
+    np.maximum.at(peak, k, v)
+    out = pd.DataFrame(index=pd.Index(edges, name="time_s"))
+    ahead = int(math.ceil(startup_s / interval_s - 1e-9))
+    for pool in ("fill", "decode"):
+        u = check_number(f"oracle.utilization_ceiling.{pool}", utilization_ceiling[pool], low=0.0, high=1.0,
+                         low_inclusive=False)
+        need = np.ceil(peak / (per_worker_rps[pool] * u) - 1e-9).clip(min=1)
+        billed = need.copy()
+        for j in range(1, ahead + 1):  # started one start-up ahead of every interval that needs it
+            billed[:-j] = np.maximum(billed[:-j], need[j:])
+        out[f"{pool}_needed"], out[f"{pool}_billed"] = need, billed
+    duration = float(t[-1] - t[0]) if len(t) > 1 else interval_s
+    w = np.full(len(edges), interval_s)
+    w[-1] = max(duration - interval_s * (len(edges) - 1), 0.0)
+    if fleet_size is None:
+        worker_s = float(((out["fill_billed"] + out["decode_billed"]) * w).sum())
+    else:
+        worker_s = float((out["fill_billed"] + out["decode_billed"]).max() * w.sum())
+    return out, worker_s / 3600.0 * gpus_per_worker

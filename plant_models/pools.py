@@ -299,8 +299,16 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
             D -= ex
             R += ex
             preempted += ex
-        done = min(D, dt * rate_fn(D, n_dec, speed))  # warming workers run at their speed
+        rate_d = rate_fn(D, n_dec, speed)  # warming workers run at their speed
+        done = min(D, dt * rate_d)
         D -= done
+        if D <= 0.0 and R > 0.0 and n_dec:
+            # every sequence finished within the step (a decode shorter than the step): the freed
+            # slots take ready requests for the rest of it
+            left = dt - (done / rate_d if rate_d > 0.0 else 0.0)
+            extra = min(R, left * rate_fn(R if R < slots else slots, n_dec, speed))
+            R -= extra
+            done += extra
         completed += done
         free_slots = slots - D
         s_in = min(R, free_slots) if free_slots > 0.0 else 0.0

@@ -33,6 +33,7 @@ STUDIES: dict[str, str] = {
     "forecasting": "tokenfactory.studies.forecasting",
     "trace-replay": "tokenfactory.studies.trace_replay",
     "reconfiguration": "tokenfactory.studies.reconfiguration",
+    "layered-stack": "tokenfactory.studies.layered_stack",
     "aggregation": "tokenfactory.studies.aggregation",
     "long-context": "tokenfactory.studies.long_context",
     "kv-tiers": "tokenfactory.studies.kv_tiers",

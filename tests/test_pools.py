@@ -189,3 +189,27 @@ def test_fixed_fleet_moves_a_worker_through_drain_and_startup(fp):
 def test_fixed_fleet_must_hold_the_initial_pools(fp):
     with pytest.raises(ConfigError, match="pools.fleet_size"):
         simulate_pools(fp, 4, 3, PoolScenario(1.0, 10.0), dynamics=PoolDynamics(fleet_size=6))
+
+
+def test_decode_shorter_than_the_step_turns_its_slots_over_within_it():
+    # ServeGen m-small's 15-token outputs: a decode lasts less than a 1 s step, so a step that only
+    # let each slot finish once would cap throughput at slots / dt and alternate empty and full steps
+    w = Worker.from_dict({"model": "deepseek-v3", "hardware": "h200"})
+    short = FluidParams.from_workers(w, w, RequestShape(512, 15))
+    coarse_dt = 4.0
+    assert 15 * short.decode_step_s(short.decode_slots(1)) < coarse_dt  # the premise: shorter than the step
+    lam = 0.6 * short.decode_capacity(1)
+    assert lam > short.decode_slots(1) / coarse_dt  # more than one turnover of the slots per step
+    n_fill = math.ceil(lam / (0.7 * short.fill_rate_per_worker))  # fill not the bottleneck
+    runs = {dt: simulate_pools(short, n_fill, 1, PoolScenario(lam, 600.0, dt=dt, poisson=False, slo_tpot_s=1.0,
+                                                          slo_ttft_s=10.0))
+            for dt in (0.05, coarse_dt)}
+    for dt, r in runs.items():
+        s = r.series[r.series["time_s"] > 300]
+        assert s["completion_rate"].mean() == pytest.approx(lam, rel=1e-2), dt
+        # no alternation between empty and full steps: completions steady step to step
+        assert s["completion_rate"].std() < 0.02 * lam, dt
+        assert r.metrics["slo_attainment"] > 0.99, dt
+    # the coarse step agrees with the fine one on the queue in decode
+    fine, coarse = (runs[dt].series[runs[dt].series["time_s"] > 300]["ready"].mean() for dt in (0.05, coarse_dt))
+    assert coarse < lam * coarse_dt  # at most one step's arrivals wait for a slot

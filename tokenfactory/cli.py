@@ -1,7 +1,7 @@
 """The ``tokenfactory`` command line.
 
 Subcommands: ``describe`` (model, hardware, worker, controller kinds), ``margins`` (a scenario's stability
-margins), ``forecast`` (backtests and a capacity plan), ``simulate`` (request-level replay),
+margins), ``certify`` (a stack scenario's certificate), ``forecast`` (backtests and a capacity plan), ``simulate`` (request-level replay),
 ``traces`` (list, info, fit, synth),
 ``study`` (runnable studies), ``report`` (the HTML report). Every error that
 comes from a bad value is a :class:`ConfigError` and is printed as one line, exit status 2.
@@ -270,7 +270,81 @@ def _cmd_traces(args) -> int:
     return 0
 
 
+def _cmd_certify(args) -> int:
+    from tokenfactory.stack import certify, load_stack_scenario
+    from tokenfactory.studies.report import to_jsonable
+
+    cert = certify(load_stack_scenario(args.scenario))
+    if args.json:
+        print(json.dumps(to_jsonable(cert.to_dict()), indent=2))
+    else:
+        print(f"stack certificate: {cert.scenario}")
+        for name, d in cert.layers.items():
+            w = d.get("worst")
+            if w is None:
+                print(f"  {name:<16} " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                  for k, v in d.items() if k != "meets_floors"))
+                continue
+            pt = ", ".join(f"{k}={w[k]:g}" for k in w if k.endswith("factor"))
+            print(f"  {name:<16} worst point ({pt}): GM {w['gain_margin']:.3g}, PM {w['phase_margin_deg']:.1f} deg, "
+                  f"delay margin {w['delay_margin_s']:.3g} s -> {'ok' if d['meets_floors'] else 'FAILS'}")
+        print("  separation (outer <- inner): ratio, PM loss")
+        for r in cert.separation_rows():
+            loss = "feed-forward" if r["pm_loss_deg"] is None else f"{r['pm_loss_deg']:.3g} deg"
+            print(f"    {r['outer']:<16} <- {r['inner']:<16} {r['ratio']:10.3g}  {loss}")
+        print("  describing function:")
+        for d in cert.describing_function:
+            print(f"    {d['layer']}: {d['element']}: {'LIMIT CYCLE' if d['limit_cycle'] else 'no limit cycle'}")
+        b = cert.binding
+        print(f"  binding: {b['layer']} at " + ", ".join(f"{k}={b[k]:g}" for k in b if k.endswith("factor")))
+        for f in cert.failures:
+            print(f"  FAIL {f['layer']} ({f['check']}): {f['detail']}")
+        print(f"verdict: {'PASSED' if cert.passed else 'FAILED'}")
+    return 0 if cert.passed or not args.check else 1
+
+
+def _cmd_simulate_pools(args) -> int:
+    from pathlib import Path
+
+    from tokenfactory.stack import load_stack_scenario, rate_workload, run_on_rates, scenario_dir
+    from tokenfactory.studies.report import to_jsonable
+
+    from tokenfactory.registry import BASELINE_STACKS
+
+    if args.baseline and args.baseline not in BASELINE_STACKS:  # before the stack's run, not after it
+        raise ConfigError("baseline", f"{args.baseline!r} is not one of {', '.join(BASELINE_STACKS)}")
+    sc = load_stack_scenario(args.stack or scenario_dir() / "stack_default.toml")
+    wl = rate_workload(args.trace, scale=args.rate_scale, last_days=args.last_days,
+                       hours=None if args.hours is None else float(args.hours))
+    keys = ("gpu_hours", "oracle_gpu_hours", "slo_attainment", "actions_per_hour", "reversals_per_hour",
+            "oscillating")
+    out = Path(args.out or Path("reports") / "simulate" / f"{Path(args.trace).stem.replace(':', '-')}-pools")
+    out.mkdir(parents=True, exist_ok=True)
+    row, res, ctrl = run_on_rates(sc, wl, startup_s=args.startup, stack="stack", seed=args.seed)
+    metrics = {**{k: row[k] for k in keys}, "stack": row, "trace": args.trace, "scenario": sc.name,
+               "startup_s": row["startup_s"], "config": {"stack": ctrl.params(), "pool_model": res.config}}
+    res.series.to_csv(out / "series.csv", index=False)
+    res.actions.to_csv(out / "actions.csv", index=False)
+    if args.baseline:
+        brow, bres, _ = run_on_rates(sc, wl, startup_s=args.startup, stack=args.baseline, seed=args.seed,
+                                     ceiling=row["utilization_ceiling"])
+        metrics["baseline"] = {"name": args.baseline, **{k: brow[k] for k in keys}, "row": brow}
+        bres.series.to_csv(out / "baseline_series.csv", index=False)
+    (out / "metrics.json").write_text(json.dumps(to_jsonable(metrics), indent=2) + "\n")
+    _print_table({k: row[k] for k in keys})
+    if args.baseline:
+        print(f"baseline {args.baseline}:")
+        _print_table({k: metrics["baseline"][k] for k in keys})
+    print(f"wrote {out}/ (metrics.json, series.csv, actions.csv)")
+    return 0
+
+
 def _cmd_simulate(args) -> int:
+    if args.plant == "pools":
+        return _cmd_simulate_pools(args)
+    for flag in ("stack", "baseline", "last_days", "startup"):
+        if getattr(args, flag) is not None:
+            raise ConfigError(flag, "needs --plant pools")
     import tomllib
     from pathlib import Path
 
@@ -383,7 +457,26 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--out", default=None)
     sm.add_argument("--progress", dest="progress", action="store_true", default=None, help="force the progress bar")
     sm.add_argument("--no-progress", dest="progress", action="store_false")
+    sm.add_argument("--plant", choices=["des", "pools"], default="des",
+                    help="des: request simulator on a request trace; pools: the pool model on a rate series "
+                         "(ServeGen aggregate format included) run by a control stack")
+    sm.add_argument("--stack", default=None, help="pools: stack scenario TOML (default studies/scenarios/"
+                                                  "stack_default.toml)")
+    sm.add_argument("--startup", type=float, default=None, help="pools: worker start-up (s), overrides the scenario")
+    sm.add_argument("--last-days", type=float, default=None, help="pools: run the last N days (the days before "
+                                                                  "are the planner's history)")
+    sm.add_argument("--hours", type=float, default=None, help="pools: run only the first N hours")
+    sm.add_argument("--rate-scale", type=float, default=1.0, help="pools: multiply the rates")
+    sm.add_argument("--baseline", default=None, help="pools: also run a baseline deployment (tokenfactory.registry."
+                                                     "BASELINE_STACKS)")
     sm.set_defaults(func=_cmd_simulate)
+
+    ce = sub.add_parser("certify", help="the stack certificate of a stack scenario: margins, separation, "
+                                        "describing functions, verdict")
+    ce.add_argument("scenario", help="stack scenario TOML or a shipped name (stack_default)")
+    ce.add_argument("--json", action="store_true")
+    ce.add_argument("--check", action="store_true", help="exit 1 if any floor fails")
+    ce.set_defaults(func=_cmd_certify)
 
     t = sub.add_parser("traces", help="list, describe, fit or synthesise traces")
     t.add_argument("action", choices=["list", "info", "fit", "synth"])

@@ -36,14 +36,15 @@ from tokenfactory.controllers.autoscaling import (
 from tokenfactory.controllers.autotune import StabilityEnvelope, TuningReport, tune_smoothed_admission
 from tokenfactory.controllers.early_rejection import EarlyRejection, WatermarkAdmission
 from tokenfactory.controllers.reconfiguration import HystereticPoolController, measured_need_noise
+from tokenfactory.controllers.stack import ControlStack, StackLayer
 from tokenfactory.controllers.tuning import PIGains, simc_pi
 from tokenfactory.plant_models.fluid import FluidParams, FluidPlant
 from tokenfactory.plant_models.fleet import PoolDynamics
-from tokenfactory.validation import ConfigError, check_number, reject_unknown_keys
+from tokenfactory.validation import ConfigError, check_choice, check_number, reject_unknown_keys
 
 __all__ = ["PlantContext", "ControllerKind", "register", "ADMISSION_KINDS", "AUTOSCALER_KINDS",
            "CONTROL_PLANES", "build_admission", "build_autoscalers", "control_plane", "admission_kinds",
-           "autoscaler_kinds", "smoothed_admission", "TARGET_UTILIZATION"]
+           "autoscaler_kinds", "smoothed_admission", "TARGET_UTILIZATION", "BASELINE_STACKS", "baseline_stack"]
 
 #: the utilisation every capacity-based autoscaler targets (15 % headroom for bursts)
 TARGET_UTILIZATION = 0.85
@@ -357,10 +358,24 @@ def _kpa(ctx: PlantContext, p: dict) -> list:  # concurrency per replica at the 
 
 
 def _dynamo_throughput(ctx: PlantContext, p: dict) -> list:
+    from tokenfactory.controllers.load_predictors import make_load_predictor
+
     mu_f, mu_d = _rates(ctx)
-    pred = p.get("predictor", "constant")
-    return [DynamoThroughputPlanner("fill", TARGET_UTILIZATION * mu_f, predictor=pred, **_bounds(ctx)),
-            DynamoThroughputPlanner("decode", TARGET_UTILIZATION * mu_d, predictor=pred, **_bounds(ctx))]
+    # Dynamo predicts the request count once per interval for both pools: one shared predictor
+    pred = make_load_predictor(check_choice("autoscaler.predictor", p.get("predictor", "constant"),
+                                            ("constant", "arima", "kalman")))
+    demand = check_choice("autoscaler.demand", p.get("demand", "admitted"), ("admitted", "offered"))
+    # "offered": the frontend's request count (arrivals, before an admission layer's rejections)
+    metric = (lambda m: m.arrival_rate) if demand == "offered" else None
+    warmup = p.get("warmup")
+
+    def isl_scale(m):  # Dynamo predicts ISL too: the prompt length now over the nominal one
+        return mu_f * m.fill_workers / m.fill_capacity if m.fill_capacity > 0 and m.fill_workers > 0 else 1.0
+
+    return [DynamoThroughputPlanner("fill", TARGET_UTILIZATION * mu_f, predictor=pred, metric=metric,
+                                    demand_scale=isl_scale, warmup=warmup, **_bounds(ctx)),
+            DynamoThroughputPlanner("decode", TARGET_UTILIZATION * mu_d, predictor=pred, metric=metric,
+                                    warmup=warmup, **_bounds(ctx))]
 
 
 def _dynamo_load(ctx: PlantContext, p: dict) -> list:
@@ -395,8 +410,8 @@ register(ControllerKind("hpa", "reconfiguration", "Kubernetes HPA (tolerance 0.1
 register(ControllerKind("kpa", "reconfiguration", "Knative KPA (stable window 60 s, panic window 6 s) on "
                         "concurrency", _kpa, baseline=True))
 register(ControllerKind("dynamo-throughput", "reconfiguration", "NVIDIA Dynamo planner, throughput mode "
-                        "(ceil(predicted demand / capacity) every 180 s)", _dynamo_throughput, ("predictor",),
-                        baseline=True))
+                        "(ceil(predicted demand / capacity) every 180 s)", _dynamo_throughput,
+                        ("predictor", "demand", "warmup"), baseline=True))
 register(ControllerKind("dynamo-load", "reconfiguration", "NVIDIA Dynamo planner, load mode (+-1 per 5 s tick)",
                         _dynamo_load, baseline=True))
 register(ControllerKind("apa", "reconfiguration", "AIBrix APA (fluctuation tolerances, 60 s window)", _apa,
@@ -442,3 +457,60 @@ def control_plane(name: str, ctx: PlantContext) -> tuple[list, Any]:
     scalers = build_autoscalers(scaler, ctx) if scaler else []
     adm = build_admission(admission, ctx) if admission else None
     return scalers, adm
+
+
+#: today's deployments as layered stacks (autoscaler kind, its parameters, admission kind or None):
+#: the baselines of the layered-stack comparison, assembled as real deployments use them
+BASELINE_STACKS: dict[str, tuple[str, dict, str | None]] = {
+    "hpa + vllm-watermark": ("hpa", {}, "vllm-watermark"),
+    "knative-kpa": ("kpa", {}, None),
+    # Dynamo's planner counts requests at its frontend (before Mooncake's rejections); ARIMA is its default
+    "dynamo-throughput (arima) + mooncake": ("dynamo-throughput", {"predictor": "arima", "demand": "offered"},
+                                             "mooncake"),
+    "dynamo-throughput (kalman) + mooncake": ("dynamo-throughput", {"predictor": "kalman", "demand": "offered"},
+                                              "mooncake"),
+    "dynamo-load + mooncake": ("dynamo-load", {}, "mooncake"),
+    "aibrix-apa": ("apa", {}, None),
+}
+
+
+def baseline_stack(name: str, ctx: PlantContext, dt: float = 0.0, history=None) -> ControlStack:
+    """A baseline deployment of :data:`BASELINE_STACKS` as a :class:`ControlStack` (admission and
+    reconfiguration layers at their documented periods).
+
+    Parameters
+    ----------
+    name : str
+        A key of :data:`BASELINE_STACKS`.
+    ctx : PlantContext
+        The plant, demand and worker dynamics.
+    dt : float
+        The plant's step: an admission sampled faster than it is sampled every step (0.25 s
+        orchestrator ticks on a 1 s grid are recorded as 1 s in the stack's params).
+    history : pandas.Series, optional
+        Demand before the run (requests/s, time index in s): Dynamo's predictors warm up on it
+        (``load_predictor_warmup_trace``), resampled to their adjustment interval.
+
+    Returns
+    -------
+    ControlStack
+    """
+    if name not in BASELINE_STACKS:
+        raise ConfigError("baseline", f"{name!r} is not one of {', '.join(BASELINE_STACKS)}")
+    scaler, params, admission = BASELINE_STACKS[name]
+    params = dict(params)
+    if history is not None and "warmup" in AUTOSCALER_KINDS[scaler].keys and len(history) > 1:
+        t = history.index.to_numpy(dtype=float)
+        grid = np.arange(t[0], t[-1] + 1e-9, 180.0)  # Dynamo's adjustment interval
+        params["warmup"] = np.interp(grid, t, history.interpolate(limit_direction="both").to_numpy(dtype=float))
+    scalers = build_autoscalers(scaler, ctx, params)
+    layers = []
+    if admission is not None:
+        adm = build_admission(admission, ctx)
+        adm.sample_period = max(adm.sample_period, dt)
+        layers.append(StackLayer("admission", [adm], adm.sample_period))
+        base = adm.sample_period
+        for c in scalers:  # a layer's period is a multiple of the fastest one's
+            c.sample_period = max(base, round(c.sample_period / base) * base)
+    layers.append(StackLayer("reconfiguration", scalers, scalers[0].sample_period))
+    return ControlStack(layers, name)

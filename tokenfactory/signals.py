@@ -175,7 +175,8 @@ def split_action(action) -> tuple[AdmissionAction | None, list[ScaleAction]]:
     Parameters
     ----------
     action : AdmissionAction, ScaleAction, sequence of ScaleAction, float or None
-        What :meth:`Controller.update` returned; a bare number is an admission rate.
+        What :meth:`Controller.update` returned; a bare number is an admission rate. A sequence
+        holds scale actions and at most one admission action (what a control stack returns).
 
     Returns
     -------
@@ -189,7 +190,11 @@ def split_action(action) -> tuple[AdmissionAction | None, list[ScaleAction]]:
     if isinstance(action, ScaleAction):
         return None, [action]
     if isinstance(action, Sequence) and not isinstance(action, str):
-        return None, list(action)
+        # a composed controller (a control stack) may return one admission action among its scale actions
+        admissions = [a for a in action if isinstance(a, AdmissionAction)]
+        if len(admissions) > 1:
+            raise ConfigError("action", f"at most one AdmissionAction per update, got {len(admissions)}")
+        return (admissions[0] if admissions else None), [a for a in action if not isinstance(a, AdmissionAction)]
     return AdmissionAction(float(action)), []
 
 

@@ -1,0 +1,565 @@
+"""The demand-planning layer (hours) and its feed-forward into pool reconfiguration (minutes).
+
+A worker asked for now serves one start-up later, so the reconfiguration layer sizes its pools
+for the demand of one *lead* ahead (start-up + warm-up + a reconfiguration sample + the rate
+filter's lag), not the demand it measures. Two things about that future are unknown to a pool
+controller and known, approximately, from the past days (article section 22: each layer on its
+own time scale):
+
+* the *shape* of the demand over the next lead: the daily pattern's rises (a tenant's scheduled
+  batch jobs start at the same time each day) - the **rise profile** rho(tau): at each time of day
+  tau, the median over the last ``days`` days of max(demand over [tau, tau + lead]) / demand(tau),
+  floored at 1;
+* how much the demand still exceeds that forecast - the **headroom** h: the smallest value on a
+  grid for which the pool rule the reconfiguration layer runs, capacity(t) = demand(t - lead) x
+  rho(t - lead) x (1 + h), replayed over the same days, leaves at most ``excess_budget`` of the
+  requests above capacity (the requests admission would have to shed).
+
+The profile is smoothed over one planning interval (the demand's own resolution): a median of a
+few days is jagged minute to minute, and that jitter alone moved pools across a worker boundary
+and back.
+
+:class:`DemandPlanner` observes the offered demand (arrivals before admission: no layer's action
+changes it, so the planner closes no loop through the plant) in bins of ``interval_s`` and
+recomputes both every ``refit_s`` (daily) from the history before the run plus what it has seen.
+A demand sampled coarser than the lead is interpolated linearly at ``fine_s`` (as the pool model
+disaggregates it). The plan is a pair of feed-forward signals; the planner returns no action.
+
+:class:`PlannedPoolController` is the reconfiguration layer's pool rule:
+
+* need = measured offered rate x rho(t) x (1 + h) / (per-worker rate x target utilisation) plus a
+  capped backlog term (the only feedback through the plant, certified by
+  :func:`tokenfactory.controllers.separation.reconfiguration_loop`); without a planner rho = 1
+  and h is the controller's fixed ``headroom``;
+* scale up to ceil(need) at once (pending-aware: starting workers count);
+* scale down when the need has stayed under n - 1 - dead band for ``dwell_s``, in one move sized to
+  the drop (to ceil(need + dead band)), no sooner than ``cooldown_s`` after a scale-up (a worker
+  started for a rise is not cancelled before it has served) nor ``down_cooldown_s`` after the last
+  scale-down. The dead band is 3 sigma of the need signal's Poisson noise
+  (:meth:`tokenfactory.controllers.reconfiguration.HystereticPoolController.tuned`): only the
+  demand, not its noise, moves the pool.
+
+Because the offered rate and the plan are exogenous, the feed-forward cannot oscillate through the
+plant; the hysteresis keeps the noise of the measured rate from reversing the pool.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy.ndimage import maximum_filter1d, median_filter
+
+from tokenfactory.controllers.autoscaling import _current
+from tokenfactory.controllers.interface import SampledController
+from tokenfactory.controllers.reconfiguration import HystereticPoolController, need_noise_std
+from tokenfactory.signals import Measurement, ScaleAction
+from tokenfactory.validation import ConfigError, check_int, check_number
+
+__all__ = ["DemandPlanner", "PlannedPoolController", "rise_profile", "calibrate_headroom", "HEADROOM_GRID"]
+
+DAY_S = 86400.0
+#: headrooms the planner chooses from (fraction of the planned demand)
+HEADROOM_GRID = tuple(round(0.01 * k, 2) for k in range(0, 61))
+
+
+def _fine(y: pd.Series, fine_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """``y`` (gaps interpolated) linearly on a ``fine_s`` grid: (times, rates)."""
+    t = y.index.to_numpy(dtype=float)
+    v = pd.Series(y.to_numpy(dtype=float)).interpolate(limit_direction="both").to_numpy()
+    tf = np.arange(t[0], t[-1] + fine_s / 2, fine_s)
+    return tf, np.interp(tf, t, v)
+
+
+def _ahead_max(v: np.ndarray, k: int) -> np.ndarray:
+    """max(v[i : i + k + 1]) for every i (past the end the last value repeats, which a max ignores)."""
+    if k <= 0:
+        return v.copy()
+    size = k + 1
+    # maximum_filter1d centres its window on i (origin 0); origin -(size // 2) moves it to [i, i + k]
+    return maximum_filter1d(v, size=size, origin=-(size // 2), mode="nearest")
+
+
+def rise_profile(demand: pd.Series, lead_s: float, *, days: int = 3, fine_s: float = 60.0,
+                 time_offset_s: float = 0.0, smooth_s: float = 0.0) -> pd.Series:
+    """The median daily rise over the next ``lead_s``, by time of day.
+
+    Parameters
+    ----------
+    demand : pandas.Series
+        Offered demand (requests/s) on a regular grid indexed by absolute time (s, 0 = midnight);
+        NaN gaps are interpolated.
+    lead_s : float
+        How far ahead the rise is taken (s, >= 0).
+    days : int
+        The last ``days`` whole days of ``demand`` are used (>= 1).
+    fine_s : float
+        Grid the demand is interpolated on and the profile is returned on (s).
+    time_offset_s : float
+        Added to the index (for a series indexed from the run's start).
+    smooth_s : float
+        Width of a centred running median over the time of day (s, >= 0; 0 = none). A median of a
+        few days is jagged minute to minute; unsmoothed, that jitter moves the pool target across
+        a worker boundary and back (a scale-up, a scale-down one cooldown later). A running median
+        keeps the edge of a rise that lasts longer than half the window; a mean would shave it.
+
+    Returns
+    -------
+    pandas.Series
+        rho(tau) >= 1 indexed by the time of day (s, on the ``fine_s`` grid over one day).
+
+    Raises
+    ------
+    ConfigError
+        When ``demand`` spans less than one day plus the lead.
+    """
+    check_number("planner.lead_s", lead_s, low=0.0)
+    check_int("planner.days", days, low=1)
+    t, v = _fine(demand, fine_s)
+    t = t + time_offset_s
+    k = int(round(lead_s / fine_s))
+    per_day = int(round(DAY_S / fine_s))
+    if len(v) < per_day + k:
+        raise ConfigError("planner.history", f"needs at least one day plus the lead of demand, got "
+                          f"{(t[-1] - t[0]) / 3600:.1f} h")
+    ratio = _ahead_max(v, k) / np.maximum(v, 1e-9)
+    ratio[len(v) - k:] = np.nan  # the lead runs past the data: unknown
+    tod = np.mod(np.round(t / fine_s).astype(np.int64), per_day)
+    use = t >= t[-1] - days * DAY_S
+    grid = np.full((per_day, days + 2), np.nan)
+    fill = np.zeros(per_day, dtype=int)
+    for i in np.nonzero(use)[0]:
+        j = tod[i]
+        if fill[j] < grid.shape[1]:
+            grid[j, fill[j]] = ratio[i]
+            fill[j] += 1
+    with np.errstate(all="ignore"):
+        med = np.nanmedian(grid, axis=1) if np.isfinite(grid).any() else np.ones(per_day)
+    med = np.maximum(np.where(np.isfinite(med), med, 1.0), 1.0)
+    w = int(round(check_number("planner.smooth_s", smooth_s, low=0.0) / fine_s)) + 1
+    if w > 1:  # a running median (keeps a rise's edge where a mean would shave it), wrapping at midnight
+        med = np.maximum(median_filter(med, size=w, mode="wrap"), 1.0)
+    return pd.Series(med, index=pd.Index(np.arange(per_day) * fine_s, name="time_of_day_s"))
+
+
+def calibrate_headroom(demand: pd.Series, profile: pd.Series | None, lead_s: float, *, excess_budget: float,
+                       utilization: float = 1.0, hold_s: float = 0.0, days: int = 3, fine_s: float = 60.0,
+                       time_offset_s: float = 0.0, grid=HEADROOM_GRID) -> tuple[float, float]:
+    """The smallest headroom whose replay leaves at most ``excess_budget`` of the demand unserved.
+
+    The replayed rule is the pool rule of :class:`PlannedPoolController` with perfect measurement
+    and whole-worker rounding left out: the pool is sized for demand(t - lead) x rho(t - lead) x
+    (1 + h) at the target utilisation, so it can serve that / ``utilization``, and it is released
+    no sooner than ``hold_s`` after (the scale-down dwell): capacity(t) = the largest of those over
+    [t - hold_s, t]. The excess is sum(max(demand - capacity, 0)) / sum(demand) over the last
+    ``days`` days.
+
+    Parameters
+    ----------
+    demand : pandas.Series
+        Offered demand (requests/s), regular grid, absolute time index (s).
+    profile : pandas.Series or None
+        The rise profile (:func:`rise_profile`); None replays the rule without it (rho = 1).
+    lead_s : float
+        The lead (s).
+    excess_budget : float
+        Largest acceptable unserved fraction, in (0, 1).
+    utilization : float
+        The pool rule's target utilisation, in (0, 1].
+    hold_s : float
+        The rule holds a size at least this long before a scale-down (s, >= 0).
+    days : int
+        Days replayed (the last ones).
+    fine_s : float
+        Replay grid (s).
+    time_offset_s : float
+        Added to the index.
+    grid : sequence of float
+        Headrooms tried, increasing.
+
+    Returns
+    -------
+    tuple
+        ``(headroom, excess at that headroom)``; the last grid value if none meets the budget.
+    """
+    check_number("planner.excess_budget", excess_budget, low=0.0, high=1.0, low_inclusive=False,
+                 high_inclusive=False)
+    t, v = _fine(demand, fine_s)
+    t = t + time_offset_s
+    k = max(int(round(lead_s / fine_s)), 0)
+    use = np.nonzero(t >= t[-1] - days * DAY_S)[0]
+    use = use[use >= k]
+    if not len(use):
+        raise ConfigError("planner.history", "too short to replay the pool rule over one lead")
+    base = v[use - k]
+    if profile is not None:
+        per_day = len(profile)
+        tod = np.mod(np.round(t[use - k] / fine_s).astype(np.int64), per_day)
+        base = base * profile.to_numpy()[tod]
+    check_number("planner.utilization", utilization, low=0.0, high=1.0, low_inclusive=False)
+    base = base / utilization
+    j = int(round(check_number("planner.hold_s", hold_s, low=0.0) / fine_s))
+    if j > 0:  # max over [t - hold, t]: the forward max of the reversed series
+        base = _ahead_max(base[::-1], j)[::-1]
+    want = v[use]
+    total = want.sum()
+    h_best, e_best = float(grid[-1]), math.nan
+    for h in grid:
+        e = float(np.maximum(want - base * (1.0 + h), 0.0).sum() / total) if total > 0 else 0.0
+        if e <= excess_budget:
+            return float(h), e
+        e_best = e
+    return h_best, e_best
+
+
+class DemandPlanner(SampledController):
+    """The hours layer: the rise profile and the headroom of the next lead, refit daily.
+
+    Parameters
+    ----------
+    lead_s : float
+        How far ahead the pools are sized (s): start-up + warm-up + a reconfiguration sample +
+        the rate filter's time constant ([0, 4 h]).
+    excess_budget : float
+        Share of the demand the replayed pool rule may leave above capacity when the headroom is
+        chosen, in (0, 0.5) (default 0.0075: three quarters of a 99 % SLO's miss budget, the rest
+        left for what the replay does not model - Poisson noise, the integer pool, measurement
+        lag, a decode overload's TPOT; stack scenarios default to 0.75 x (1 - ``slo.attainment``).
+        Measured on ServeGen at a 10-minute start-up: the whole budget missed the SLO on m-small
+        (0.984), half of it cost 4-6 % more GPU-hours than three quarters).
+    days : int
+        Days of demand the profile and the headroom are computed over (>= 1; default 3).
+    interval_s : float
+        Bin of the observed demand and the planner's sample period (s, [1, 3600]; default 600).
+    refit_s : float
+        Recompute profile and headroom this often (s; default one day; >= ``interval_s``).
+    fine_s : float
+        Grid of the profile (s, <= ``interval_s``; default 60).
+    history : pandas.Series, optional
+        Demand observed before the run (requests/s on the ``interval_s`` grid, indexed by absolute
+        time in seconds, 0 = midnight); without it the planner plans nothing until it has
+        observed one day plus a lead.
+    time_offset_s : float
+        Absolute time of the run's t = 0 (so the time of day lines up with ``history``).
+    max_headroom : float
+        The largest headroom the planner may choose (default the grid's last, 0.6).
+    utilization : float
+        The reconfiguration layer's target utilisation, replayed with the rule (default 1).
+    hold_s : float
+        The reconfiguration layer's scale-down dwell, replayed with the rule (s; default 0).
+    use_profile : bool
+        False: plan the headroom only (rho = 1), an ablation of the rise profile (default True).
+    """
+
+    name = "planner"
+
+    def __init__(self, *, lead_s: float, excess_budget: float = 0.0075, days: int = 3, interval_s: float = 600.0,
+                 refit_s: float = DAY_S, fine_s: float = 60.0, history: pd.Series | None = None,
+                 time_offset_s: float = 0.0, max_headroom: float = HEADROOM_GRID[-1], utilization: float = 1.0,
+                 hold_s: float = 0.0, use_profile: bool = True):
+        super().__init__(check_number("planner.interval_s", interval_s, low=1.0, high=3600.0))
+        self.lead_s = check_number("planner.lead_s", lead_s, low=0.0, high=4 * 3600.0)
+        self.excess_budget = check_number("planner.excess_budget", excess_budget, low=0.0, high=0.5,
+                                          low_inclusive=False, high_inclusive=False)
+        self.days = check_int("planner.days", days, low=1, high=14)
+        self.interval_s = interval_s
+        self.refit_s = check_number("planner.refit_s", refit_s, low=interval_s, high=30 * DAY_S)
+        self.fine_s = check_number("planner.fine_s", fine_s, low=1.0, high=interval_s)
+        self.time_offset_s = float(time_offset_s)
+        self.max_headroom = check_number("planner.max_headroom", max_headroom, low=0.0, high=HEADROOM_GRID[-1])
+        self.utilization = check_number("planner.utilization", utilization, low=0.0, high=1.0, low_inclusive=False)
+        self.hold_s = check_number("planner.hold_s", hold_s, low=0.0)
+        self.use_profile = bool(use_profile)
+        if history is not None:
+            if not isinstance(history, pd.Series) or history.empty:
+                raise ConfigError("planner.history", "expected a non-empty pandas Series indexed by time_s")
+            d = np.diff(history.index.to_numpy(dtype=float))
+            if len(d) and not np.allclose(d, interval_s):
+                raise ConfigError("planner.history", f"must be on the planner's {interval_s:g} s grid")
+        self.history = history
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the run's observations (the history before the run is kept) and the plan."""
+        h = self.history
+        self._obs: dict[float, float] = {} if h is None else {float(k): float(v) for k, v in h.items()}
+        self._profile: np.ndarray | None = None
+        self.headroom = math.nan
+        self.replay_excess = math.nan
+        self._last_fit = -math.inf
+        self.events: list[dict] = []  # every refit: time, headroom, its replayed excess, peak rise
+        self.trace: list[dict] = []   # every sample: time, observed rate, rise, headroom
+
+    def rise(self, t: float) -> float:
+        """rho at the run's time ``t`` (>= 1; NaN before the first fit)."""
+        if self._profile is None:
+            return math.nan
+        j = int(round((t + self.time_offset_s) / self.fine_s)) % len(self._profile)
+        return float(self._profile[j])
+
+    def _series(self, now_abs: float) -> pd.Series:
+        keys = sorted(k for k in self._obs if now_abs - (self.days + 1) * DAY_S - self.lead_s <= k < now_abs)
+        if not keys:
+            return pd.Series(dtype=float)
+        grid = np.arange(keys[0], keys[-1] + self.interval_s / 2, self.interval_s)
+        return pd.Series([self._obs.get(float(x), np.nan) for x in grid], index=pd.Index(grid, name="time_s"))
+
+    def refit(self, t: float) -> bool:
+        """Recompute the profile and the headroom from the demand seen up to ``t``; False when
+        there is not yet one day plus a lead of it."""
+        y = self._series(t + self.time_offset_s)
+        if y.notna().sum() * self.interval_s < DAY_S + self.lead_s:
+            return False
+        days = max(1, min(self.days, int((y.index[-1] - y.index[0] - self.lead_s) // DAY_S)))
+        prof = rise_profile(y, self.lead_s, days=days, fine_s=self.fine_s, smooth_s=self.interval_s)
+        if not self.use_profile:
+            prof[:] = 1.0
+        grid = [h for h in HEADROOM_GRID if h <= self.max_headroom + 1e-12]
+        h, e = calibrate_headroom(y, prof, self.lead_s, excess_budget=self.excess_budget, days=days,
+                                  utilization=self.utilization, hold_s=self.hold_s, fine_s=self.fine_s, grid=grid)
+        self._profile = prof.to_numpy()
+        self.headroom, self.replay_excess = h, e
+        self.events.append({"time_s": t, "headroom": h, "replay_excess": e, "days": days,
+                            "max_rise": float(prof.max()), "mean_rise": float(prof.mean())})
+        return True
+
+    def update(self, t: float, m: Measurement) -> None:
+        """Record the last interval's offered demand; refit daily (or as soon as there is enough).
+
+        Parameters
+        ----------
+        t : float
+            Plant time (s).
+        m : Measurement
+            The sample (its ``arrival_rate`` averaged over this planner's period).
+
+        Returns
+        -------
+        None
+            The plan reaches the plant through :meth:`rise` and :attr:`headroom` only.
+        """
+        rate = m.arrival_rate if math.isfinite(m.arrival_rate) else m.admitted_rate
+        if math.isfinite(rate):
+            # the measurement averages the last sample period: it is the bin that ended at m.time_s
+            b = math.floor((m.time_s + self.time_offset_s) / self.interval_s) * self.interval_s - self.interval_s
+            self._obs[float(b)] = float(rate)
+        if t - self._last_fit >= self.refit_s - 1e-9 and self.refit(t):
+            self._last_fit = t
+        self.trace.append({"time_s": t, "observed_rps": rate, "rise": self.rise(t), "headroom": self.headroom})
+        return None
+
+    def params(self) -> dict:
+        """The configuration (reported with results)."""
+        return {"lead_s": self.lead_s, "excess_budget": self.excess_budget, "days": self.days,
+                "interval_s": self.interval_s, "refit_s": self.refit_s, "fine_s": self.fine_s,
+                "sample_period": self.sample_period, "max_headroom": self.max_headroom,
+                "utilization": self.utilization, "hold_s": self.hold_s, "use_profile": self.use_profile,
+                "history_points": 0 if self.history is None else int(len(self.history))}
+
+
+class PlannedPoolController(HystereticPoolController):
+    """The reconfiguration layer's pool rule, led by the planner (see the module docstring).
+
+    Parameters
+    ----------
+    pool : str
+        ``"fill"`` or ``"decode"``.
+    per_worker_rps : float
+        Requests/s one worker carries at full speed (> 0).
+    planner : DemandPlanner, optional
+        Supplies the rise profile and the headroom; without one the rise is 1 and the headroom
+        is ``headroom``.
+    headroom : float
+        Fixed headroom without a planner (or before its first fit) ([0, 2]; default 0).
+    measured_fill_rate : bool
+        Fill pool only: read the per-worker rate from the plant (fill capacity / fill workers)
+        every sample - prompts change length over the day, the orchestrator knows the tokens it
+        queues (default False).
+    target_utilization : float
+        Utilisation the pool is sized for, in (0, 1].
+    dead_band : float
+        Workers the need must fall below n - 1 before a scale-down (>= 0).
+    filter_s : float
+        Time constant of the measured rate's filter (s).
+    dwell_s : float
+        The need must stay low this long before a scale-down (s).
+    up_dwell_s : float, optional
+        ... and high this long before a scale-up (s; default one sample).
+    cooldown_s : float
+        No scale-down sooner than this after a scale-up (s).
+    max_step_up, max_step_down : int
+        Largest move (workers; default 1000: a move is sized to the change).
+    queue_clear_s : float
+        The backlog term clears the queue in this time (s; the feedback loop's tuning).
+    queue_headroom : float
+        Cap of the backlog term as a share of the rate term.
+    min_replicas, max_replicas : int
+        Bounds of the pool.
+    sample_period : float
+        The controller's period (s).
+    down_cooldown_s : float, optional
+        Least time between two scale-downs (s, >= 0; default ``dwell_s``).
+    """
+
+    name = "planned-hysteretic"
+
+    def __init__(self, pool: str, per_worker_rps: float, *, planner: DemandPlanner | None = None,
+                 headroom: float = 0.0, measured_fill_rate: bool = False, down_cooldown_s: float | None = None,
+                 target_utilization: float = 0.85, dead_band: float = 0.5, filter_s: float = 30.0,
+                 dwell_s: float = 90.0, up_dwell_s: float | None = None, cooldown_s: float = 150.0,
+                 max_step_up: int = 1000, max_step_down: int = 1000, queue_clear_s: float = 60.0,
+                 queue_headroom: float = 0.25, min_replicas: int = 1, max_replicas: int = 5000,
+                 sample_period: float = 5.0):
+        super().__init__(pool, per_worker_rps, target_utilization=target_utilization, dead_band=dead_band,
+                         filter_s=filter_s, dwell_s=dwell_s, up_dwell_s=up_dwell_s, cooldown_s=cooldown_s,
+                         max_step_up=max_step_up, max_step_down=max_step_down, queue_clear_s=queue_clear_s,
+                         queue_headroom=queue_headroom, min_replicas=min_replicas, max_replicas=max_replicas,
+                         sample_period=sample_period)
+        self.planner = planner
+        self.fixed_headroom = check_number("planned.headroom", headroom, low=0.0, high=2.0)
+        self.measured_fill_rate = bool(measured_fill_rate)
+        self.down_cooldown_s = self.dwell_s if down_cooldown_s is None else check_number(
+            "planned.down_cooldown_s", down_cooldown_s, low=0.0)
+        self._nominal_rps = self.per_worker_rps
+        self.reset()
+
+    @classmethod
+    def tuned(cls, pool: str, per_worker_rps: float, rate_rps: float, *, startup_s: float, warmup_s: float = 0.0,
+              filter_s: float = 30.0, target_utilization: float = 0.85, z: float = 3.0, min_dead_band: float = 0.25,
+              noise_std: float | None = None, **kw) -> "PlannedPoolController":
+        """The documented defaults: dead band max(``min_dead_band``, z sigma) of the need signal's
+        Poisson noise at ``rate_rps``, dwell 3 ``filter_s``, cooldown after a scale-up start-up +
+        warm-up.
+
+        Parameters
+        ----------
+        pool : str
+            ``"fill"`` or ``"decode"``.
+        per_worker_rps : float
+            Requests/s per worker.
+        rate_rps : float
+            The demand the dead band is sized at (requests/s).
+        startup_s, warmup_s : float
+            Worker start-up and warm-up (s): the cooldown.
+        filter_s : float
+            Rate filter's time constant (s).
+        target_utilization : float
+            Utilisation the pool is sized for.
+        z : float
+            Dead band in standard deviations of the need noise.
+        min_dead_band : float
+            Smallest dead band (workers).
+        noise_std : float, optional
+            The need signal's noise (workers), e.g. measured; default the Poisson estimate.
+        **kw
+            The other parameters of :class:`PlannedPoolController`.
+
+        Returns
+        -------
+        PlannedPoolController
+        """
+        sigma = noise_std if noise_std is not None else need_noise_std(rate_rps, per_worker_rps, target_utilization,
+                                                                       filter_s)
+        check_number("noise_std", sigma, low=0.0)
+        kw.setdefault("dwell_s", 3.0 * filter_s)
+        kw.setdefault("cooldown_s", startup_s + warmup_s)
+        c = cls(pool, per_worker_rps, target_utilization=target_utilization, filter_s=filter_s,
+                dead_band=max(min_dead_band, z * sigma), **kw)
+        c.noise_std = sigma
+        return c
+
+    def reset(self) -> None:
+        """Forget the filter, the dwell timers and the last moves."""
+        super().reset()
+        self._last_up = -math.inf
+        self._last_down = -math.inf
+        self.last_hold = math.nan
+
+    @property
+    def headroom(self) -> float:
+        """The headroom in force: the planner's once it has fitted, else the fixed one."""
+        h = self.planner.headroom if self.planner is not None else math.nan
+        return h if math.isfinite(h) else self.fixed_headroom
+
+    def recommend(self, t: float, provisioned: int, rate: float, queue: float, rise: float = math.nan) -> int:
+        """The decision core.
+
+        Parameters
+        ----------
+        t : float
+            Now (s).
+        provisioned : int
+            Serving + starting workers.
+        rate : float
+            Measured offered rate (requests/s), filtered here.
+        queue : float
+            Requests queued for the pool.
+        rise : float
+            The planner's rho at ``t`` (NaN: none).
+
+        Returns
+        -------
+        int
+            Desired workers.
+        """
+        if self._rate is None or self.filter_s == 0:
+            self._rate = rate
+        else:
+            self._rate += (1.0 - math.exp(-(t - self._t_prev) / self.filter_s)) * (rate - self._rate)
+        self._t_prev = t
+        hold = max(self._rate, 0.0) * (rise if math.isfinite(rise) else 1.0) * (1.0 + self.headroom)
+        need = self.need(hold, queue)
+        self.last_need, self.last_hold = need, hold
+        n = provisioned
+        want = n
+        if need > n + 1e-9:
+            self._down_since = None
+            self._up_since = t if self._up_since is None else self._up_since
+            if t - self._up_since >= self.up_dwell_s - 1e-9:
+                want = min(math.ceil(need - 1e-9), n + self.max_step_up)
+        elif n > self.min_replicas and need < n - 1 - self.dead_band:
+            self._up_since = None
+            self._down_since = t if self._down_since is None else self._down_since
+            if (t - self._down_since >= self.dwell_s - 1e-9 and t - self._last_up >= self.cooldown_s - 1e-9
+                    and t - self._last_down >= self.down_cooldown_s - 1e-9):
+                want = max(math.ceil(need + self.dead_band - 1e-9), n - self.max_step_down)
+        else:
+            self._up_since = self._down_since = None
+        want = self._bounded(want)
+        if want > n:
+            self._last_up, self._up_since = t, None
+        elif want < n:
+            self._last_down, self._down_since = t, None
+        return want
+
+    def update(self, t: float, m: Measurement) -> ScaleAction:
+        """Size the pool from the offered rate (both pools: every arrival will need a fill and a
+        decode slot; behind admission the admitted rate saturates and would hide the demand).
+
+        Parameters
+        ----------
+        t : float
+            Plant time (s).
+        m : Measurement
+            The (delayed) sample.
+
+        Returns
+        -------
+        ScaleAction
+        """
+        rate = m.arrival_rate if math.isfinite(m.arrival_rate) else m.admitted_rate
+        if self.pool == "decode":
+            queue = m.ready + m.backlog
+        else:
+            queue = m.backlog + m.fill_in_progress
+            if self.measured_fill_rate and m.fill_workers > 0 and m.fill_capacity > 0:
+                self.per_worker_rps = m.fill_capacity / m.fill_workers
+        rise = self.planner.rise(t) if self.planner is not None else math.nan
+        return ScaleAction(self.pool, self.recommend(t, _current(m, self.pool, provisioned=True), rate, queue, rise))
+
+    def params(self) -> dict:
+        """The configuration (reported with results)."""
+        return {**super().params(), "per_worker_rps": self._nominal_rps, "planned": self.planner is not None,
+                "headroom": self.fixed_headroom, "down_cooldown_s": self.down_cooldown_s,
+                "measured_fill_rate": self.measured_fill_rate}

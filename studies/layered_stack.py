@@ -1,0 +1,332 @@
+"""Study `layered-stack`: the layered control stack (article section 22) on one plant.
+
+(a) the stack certificate of the shipped scenario (margins over the envelope, separation of every
+    adjacent pair of layers, describing-function checks) and of a deliberately mis-tuned one;
+(b) separation in simulation: a demand disturbance in the admission band (tens of seconds) must
+    not make the reconfiguration layer act (actions, coherence of pool sizes with admission);
+(c) the comparison on ServeGen rates through the pool model (the 10-minute rates disaggregated to
+    Poisson arrivals as in the reconfiguration study): the full stack, the stack without its
+    planning layer, today's deployments (:data:`tokenfactory.registry.BASELINE_STACKS`) and the
+    oracle (the least GPU-hours any plan could use with perfect knowledge of the demand, the same
+    start-up and SLO), with a figure of each layer's activity on one time axis.
+
+Run: ``tokenfactory study layered-stack [--quick] [--out DIR]``. The default run is the first 12 h
+of m-large's last 4 days at start-ups of 2 and 10 minutes (``--quick``: 3 h at 10 minutes) against
+Dynamo's throughput planner (Kalman) + Mooncake and HPA + vLLM's watermark; ``config={"full":
+True}`` runs the last 4 days of m-large and m-small at start-ups of 2, 5 and 10 minutes against
+every baseline (the slow test; Dynamo's ARIMA predictor makes it tens of minutes).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from scipy import signal as sps
+
+from tokenfactory.controllers.separation import required_ratio
+from tokenfactory.plant_models import PoolScenario, simulate_pools
+from tokenfactory.registry import BASELINE_STACKS
+from tokenfactory.stack import (
+    build_stack,
+    certify,
+    load_stack_scenario,
+    plant_for,
+    rate_workload,
+    run_on_rates,
+    stack_scenario_from_dict,
+)
+from tokenfactory.studies.report import StudyReport
+from tokenfactory.traces import trace_available
+from tokenfactory.validation import ConfigError, reject_unknown_keys
+
+__all__ = ["run", "separation_in_simulation", "MISTUNED"]
+
+#: the mis-tuned variant: reconfiguration faster than admission (a 10 s start-up, a 10 s backlog
+#: clearance and a slow 20 s admission) - the certificate must fail and name the layer
+MISTUNED = {"dynamics": {"startup_s": 10.0, "warmup_s": 0.0},
+            "layers": {"admission": {"kind": "smoothed", "sample_period_s": 20.0},
+                       "reconfiguration": {"kind": "planned-hysteretic", "sample_period_s": 20.0,
+                                           "queue_clear_s": 10.0}}}
+
+
+def _mistuned(base: dict) -> dict:
+    d = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
+    d["name"] = "stack_mistuned"
+    d["dynamics"] = {**d.get("dynamics", {}), **MISTUNED["dynamics"]}
+    d["layers"] = {k: dict(v) for k, v in MISTUNED["layers"].items()}
+    return d
+
+
+def separation_in_simulation(sc, *, period_s: float = 20.0, depth: float = 0.15, duration_s: float = 1800.0,
+                             seed: int = 5) -> dict:
+    """Inject a demand oscillation in the admission band and check that the reconfiguration layer
+    does not act on it: scale actions with and without the disturbance, and the coherence between
+    the admission rate (the inner layer's signal) and the provisioned workers (the outer layer's
+    action) at the disturbance frequency."""
+    params = plant_for(sc, int(sc.config["plant"].get("prompt_tokens", 2048)),
+                       int(sc.config["plant"].get("output_tokens", 512)))
+    s = sc.with_overrides(params=params, planning=False)
+    dt = 1.0
+    t = np.arange(0.0, duration_s + dt, dt)
+    out = {"period_s": period_s, "depth": depth}
+    for key, amp in (("quiet", 0.0), ("disturbed", depth)):
+        ctrl, plant = build_stack(s, name=key)
+        demand = pd.Series(s.rate_rps * (1.0 + amp * np.sin(2 * np.pi * t / period_s)), index=t)
+        r = simulate_pools(plant.params, plant.fill_workers, plant.decode_workers,
+                           PoolScenario(demand, duration_s, dt=dt, control_start_s=60.0, seed=seed,
+                                        slo_ttft_s=s.slo_ttft_s, slo_tpot_s=s.slo_tpot_s),
+                           controllers=[ctrl], dynamics=s.dynamics)
+        after = r.series[r.series["time_s"] >= 300.0]
+        prov = (after["fill_workers"] + after["fill_workers_starting"] + after["decode_workers"]
+                + after["decode_workers_starting"]).to_numpy(dtype=float)
+        adm = np.minimum(after["admission_rate"].to_numpy(dtype=float), 1e9)
+        coh = math.nan
+        if np.std(prov) > 0 and np.std(adm) > 0:
+            f, c = sps.coherence(adm, prov, fs=1.0 / dt, nperseg=256)
+            coh = float(c[np.argmin(np.abs(f - 1.0 / period_s))])
+        out[key] = {"scale_actions": int(len(r.actions)), "provisioned_std": float(np.std(prov)),
+                    "admission_rate_std": float(np.std(adm)), "coherence_at_disturbance": coh,
+                    "slo_attainment": r.metrics["slo_attainment"]}
+    out["outer_acted_on_inner_band"] = out["disturbed"]["scale_actions"] > out["quiet"]["scale_actions"]
+    return out
+
+
+def _layer_figure(r, ctrl, title: str) -> Figure:
+    """Each layer's activity on one time axis: demand and plan, pool sizes and floors, admission."""
+    s = r.series
+    th = s["time_s"] / 3600.0
+    fig = Figure(figsize=(11, 9), layout="constrained")
+    ax = fig.subplots(4, 1, sharex=True)
+    ax[0].plot(th, s["demand"], lw=0.8, label="demand (req/s)")
+    planning = ctrl.layer("planning")
+    tr = pd.DataFrame(planning.controllers[0].trace) if planning is not None else pd.DataFrame()
+    if len(tr):
+        planned = tr["observed_rps"] * tr["rise"].fillna(1.0) * (1.0 + tr["headroom"].fillna(0.0))
+        ax[0].step(tr["time_s"] / 3600.0, planned, where="post", lw=1.2,
+                   label="planning: observed x rise x (1 + headroom)")
+    ax[0].set_ylabel("req/s")
+    ax[0].set_title(title)
+    for i, pool in enumerate(("fill", "decode")):
+        a = ax[1 + i]
+        a.step(th, s[f"{pool}_workers"] + s[f"{pool}_workers_starting"], where="post", lw=1.0,
+               label=f"reconfiguration: {pool} provisioned")
+        a.step(th, s[f"{pool}_workers"], where="post", lw=0.8, ls="--", label=f"{pool} serving")
+        a.set_ylabel("workers")
+    ax[3].plot(th, np.minimum(s["admission_rate"], s["demand"].max() * 3), lw=0.6, label="admission: rate")
+    ax[3].plot(th, s["rejected"] / max(r.config["scenario"]["dt"], 1e-9), lw=0.6, label="rejected (req/s)")
+    ax[3].set_ylabel("req/s")
+    ax[3].set_xlabel("time (h)")
+    for a in ax:
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7, loc="upper right")
+    return fig
+
+
+def _md_table(rows: list[dict], cols: list[str]) -> list[str]:
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        cells = []
+        for c in cols:
+            v = r.get(c)
+            if v is None or (isinstance(v, float) and not math.isfinite(v)):
+                cells.append("-")
+            else:
+                cells.append(f"{v:.3g}" if isinstance(v, float) else str(v))
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def _verdicts(rows: list[dict]) -> list[str]:
+    """Per workload and start-up: the stack vs the oracle, the baselines that reach SLO >= 0.99 and
+    the fewest reversals - sentences from the numbers."""
+    lines = []
+    for key in dict.fromkeys((r["workload"], r["startup_s"]) for r in rows):
+        rs = [r for r in rows if (r["workload"], r["startup_s"]) == key]
+        st = next((r for r in rs if r["stack"] == "stack"), None)
+        if st is None:
+            continue
+        ok_base = [r for r in rs if r["stack"] not in ("stack", "stack-no-planning") and r["slo_attainment"] >= 0.99]
+        cheaper = [r["stack"] for r in ok_base if r["gpu_hours"] < st["gpu_hours"] * (1 - 1e-3)]
+        fewest = min(rs, key=lambda r: r["reversals_per_hour"])
+        ok_all = [r for r in rs if r["slo_attainment"] >= 0.99]
+        fewest_ok = min(ok_all, key=lambda r: r["reversals_per_hour"]) if ok_all else None
+        nop = next((r for r in rs if r["stack"] == "stack-no-planning"), None)
+        parts = [f"stack {st['gpu_hours_over_oracle']:.3f} x oracle, SLO {st['slo_attainment']:.4f} "
+                 f"({'meets' if st['slo_attainment'] >= 0.99 else 'misses'} 0.99, "
+                 f"{'within' if st['gpu_hours_over_oracle'] <= 1.10 else 'over'} 1.10 x oracle)"]
+        parts.append("cheaper baselines at SLO >= 0.99: " + (", ".join(cheaper) if cheaper else "none"))
+        parts.append("fewest reversals/h among runs at SLO >= 0.99: " + (
+            f"{fewest_ok['stack']} ({fewest_ok['reversals_per_hour']:.2f})" if fewest_ok else "none")
+            + f", among all: {fewest['stack']} ({fewest['reversals_per_hour']:.2f}, SLO "
+              f"{fewest['slo_attainment']:.3f})")
+        if nop is not None:
+            d = st["gpu_hours"] / nop["gpu_hours"] - 1.0
+            parts.append(f"planning layer {'adds' if d > 0 else 'saves'} {abs(d) * 100:.1f} % GPU-hours and moves SLO "
+                         f"attainment by {st['slo_attainment'] - nop['slo_attainment']:+.4f}")
+        lines.append(f"- **{key[0]}, start-up {key[1]:.0f} s**: " + "; ".join(parts))
+    return lines
+
+
+def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None,
+        full: bool = False) -> dict[str, Any]:
+    """Run the study (see the module docstring).
+
+    Parameters
+    ----------
+    out_dir : str or Path
+        Folder for figures, tables, ``metrics.json`` and ``summary.md``.
+    quick : bool
+        3 h of m-large at a 10-minute start-up (the test suite's variant).
+    config : dict, optional
+        Overrides: ``full``, ``workloads`` ([[spec, scale], ...]), ``startups_s``, ``stacks``,
+        ``last_days``, ``hours``, ``dt``; unknown keys are errors.
+    full : bool
+        The heavy grid (``tokenfactory study layered-stack --full``; same as ``config={"full": True}``).
+
+    Returns
+    -------
+    dict
+        The metrics written to ``metrics.json``.
+    """
+    cfg = {"full": bool(full), **(config or {})}
+    reject_unknown_keys("layered-stack", cfg, {"full", "workloads", "startups_s", "stacks", "last_days", "hours",
+                                               "dt"})
+    full = bool(cfg["full"])
+    if full:
+        workloads = cfg.get("workloads", [["servegen:m-large", 5.0], ["servegen:m-small", 1.0]])
+        startups = cfg.get("startups_s", [120.0, 300.0, 600.0])
+        stacks = cfg.get("stacks", ["stack", "stack-no-planning", *BASELINE_STACKS])
+        last_days, hours = cfg.get("last_days", 4.0), cfg.get("hours")
+    else:
+        workloads = cfg.get("workloads", [["servegen:m-large", 5.0]])
+        startups = cfg.get("startups_s", [600.0] if quick else [120.0, 600.0])
+        stacks = cfg.get("stacks", ["stack", "stack-no-planning", "dynamo-throughput (kalman) + mooncake",
+                                    "hpa + vllm-watermark"])
+        last_days, hours = cfg.get("last_days", 4.0), cfg.get("hours", 3.0 if quick else 12.0)
+    dt = cfg.get("dt", 2.0)
+    for s in stacks:
+        if s not in ("stack", "stack-no-planning", *BASELINE_STACKS):
+            raise ConfigError("layered-stack.stacks", f"unknown stack {s!r}")
+    sc = load_stack_scenario("stack_default")
+    report = StudyReport("layered-stack", Path(out_dir), {**cfg, "quick": quick, "scenario": sc.config,
+                                                          "workloads": workloads, "startups_s": startups,
+                                                          "stacks": stacks, "last_days": last_days, "hours": hours,
+                                                          "dt": dt})
+    metrics: dict[str, Any] = {}
+    timings: dict[str, float] = {}
+    # (a) the certificate
+    t0 = time.perf_counter()
+    cert = certify(sc)
+    bad = certify(stack_scenario_from_dict(_mistuned(sc.config), "stack_mistuned"))
+    timings["certificate_s"] = time.perf_counter() - t0
+    metrics["certificate"] = {"passed": cert.passed, "binding": cert.binding, "failures": cert.failures,
+                              "layers": {k: {kk: vv for kk, vv in v.items() if kk != "points"}
+                                         for k, v in cert.layers.items()},
+                              "describing_function": cert.describing_function}
+    metrics["certificate_mistuned"] = {"passed": bad.passed, "failures": bad.failures,
+                                       "failed_layers": sorted({f["layer"] for f in bad.failures})}
+    metrics["separation"] = [{"outer": r["outer"], "inner": r["inner"], "ratio": r["ratio"],
+                              "pm_loss_deg": r["pm_loss_deg"], "inner_bandwidth_rad_s": r["inner_bandwidth_rad_s"],
+                              "outer_crossover_rad_s": r["outer_crossover_rad_s"], "pm_ideal_deg": r["pm_ideal_deg"],
+                              "pm_real_deg": r["pm_real_deg"], "first_order_pm_loss_deg": r["first_order_pm_loss_deg"],
+                              "note": r["note"]} for r in cert.separation_rows()]
+    report.save_table(cert.to_pandas(), "certificate_points.csv")
+    # (b) separation in simulation
+    t0 = time.perf_counter()
+    sim = separation_in_simulation(sc, duration_s=900.0 if quick else 1800.0)
+    timings["separation_simulation_s"] = time.perf_counter() - t0
+    metrics["separation_simulation"] = sim
+    # (c) the comparison
+    rows, shown = [], {}
+    t0 = time.perf_counter()
+    for spec, scale in workloads:
+        if spec.startswith("servegen:") and not trace_available(spec):
+            spec, scale = "synthetic", 3.0  # the project runs without trace data: the embedded fortnight
+        wl = rate_workload(spec, scale=scale, last_days=last_days, hours=hours)
+        for su in startups:
+            for st in stacks:
+                # the oracle's SLO ceiling is measured once per plant (cached) at the workload's pool sizes
+                row, r, ctrl = run_on_rates(sc, wl, startup_s=su, stack=st, dt=dt)
+                conserved = abs(row["requests"] - row["completed"] - row["rejected"] - row["in_flight_end"])
+                row["conservation_residual"] = conserved
+                rows.append(row)
+                if st == "stack" and su == max(startups):
+                    shown[wl.name] = (r, ctrl)
+    timings["comparison_s"] = time.perf_counter() - t0
+    metrics["comparison"] = [{k: v for k, v in r.items() if k != "utilization_ceiling"} for r in rows]
+    metrics["utilization_ceiling"] = {r["workload"]: r["utilization_ceiling"] for r in rows}
+    metrics["timings_s"] = timings
+    report.save_table(pd.DataFrame(metrics["comparison"]), "comparison.csv")
+    for name, (r, ctrl) in shown.items():
+        report.save_figure(_layer_figure(r, ctrl, f"the stack at work: {name}, start-up {max(startups):.0f} s"),
+                           f"stack_{name.replace(':', '-').replace(' ', '_')}.png",
+                           "Each layer on one time axis: demand and the planner's forecast; provisioned and serving "
+                           "workers of each pool; admission rate and rejections.")
+    # -- headline figures
+    report.headline("certificate (default scenario)", "passed" if cert.passed else "failed", "",
+                    f"binding layer {cert.binding['layer']}")
+    fbk = [r for r in metrics["separation"] if r["pm_loss_deg"] is not None]
+    if fbk:
+        report.headline("smallest feedback separation ratio", min(r["ratio"] for r in fbk), "",
+                        f"largest PM loss {max(r['pm_loss_deg'] for r in fbk):.2g} deg")
+    for r in rows:
+        if r["stack"] == "stack":
+            report.headline(f"stack GPU-hours / oracle ({r['workload']}, start-up {r['startup_s']:.0f} s)",
+                            r["gpu_hours_over_oracle"], "x", f"SLO attainment {r['slo_attainment']:.4f}")
+    # -- summary
+    budget = build_stack(sc)[0].layer("planning").controllers[0].excess_budget  # as the scenario resolves it
+    lines = ["The layered stack (`studies/scenarios/stack_default.toml`): decode batch gate (the slot limit until "
+             "the gated batch cap lands), smoothed admission every "
+             f"{sc.layers['admission'].get('sample_period_s', 1.0):g} s, planned hysteretic pools every "
+             f"{sc.layers['reconfiguration'].get('sample_period_s', 10.0):g} s, and a planning layer refit every "
+             f"{sc.layers['planning'].get('refit_s', 86400.0) / 3600:g} h on the last "
+             f"{sc.layers['planning'].get('days', 3)} days (the median daily rise over the next lead and the "
+             f"headroom whose replay leaves at most {budget * 100:.2g} % of the demand above capacity), fed forward "
+             "into the "
+             "pools' target one lead (start-up + warm-up + a sample + the rate filter) ahead.", "",
+             "## Certificate", "",
+             f"Default scenario: **{'passed' if cert.passed else 'FAILED'}**; binding point: layer "
+             f"{cert.binding['layer']} at " + ", ".join(f"{k}={v}" for k, v in cert.binding.items()
+                                                         if k.endswith("factor"))
+             + f" (GM {cert.binding['gain_margin']:.2f}, PM {cert.binding['phase_margin_deg']:.1f} deg).",
+             f"Mis-tuned scenario (reconfiguration faster than admission): **{'passed' if bad.passed else 'failed'}**"
+             + (f", failing layers: {', '.join(metrics['certificate_mistuned']['failed_layers'])}" if not bad.passed
+                else "") + ".", ""]
+    for f in bad.failures:
+        lines.append(f"- {f['layer']} ({f['check']}): {f['detail']}")
+    lines += ["", "## Separation", ""]
+    lines += _md_table(metrics["separation"], ["outer", "inner", "inner_bandwidth_rad_s", "outer_crossover_rad_s",
+                                               "ratio", "pm_ideal_deg", "pm_real_deg", "pm_loss_deg",
+                                               "first_order_pm_loss_deg"])
+    fb = [r for r in metrics["separation"] if r["pm_loss_deg"] is not None]
+    ff = [r for r in metrics["separation"] if r["pm_loss_deg"] is None]
+    lines += ["", f"Feedback pairs: smallest ratio {min(r['ratio'] for r in fb):.3g}, largest phase-margin loss "
+                  f"{max(r['pm_loss_deg'] for r in fb):.3g} deg (required: ratio >= {sc.min_separation:g}, loss <= "
+                  f"{sc.max_pm_loss_deg:g} deg; a first-order inner loop costs atan(1/ratio), so a {sc.max_pm_loss_deg:g} deg loss "
+                  f"needs a ratio of {required_ratio(sc.max_pm_loss_deg):.3g})." if fb else ""]
+    for r in ff:
+        lines.append(f"{r['outer']} -> {r['inner']}: {r['note']}.")
+    q, d = sim["quiet"], sim["disturbed"]
+    lines += ["", f"In simulation, a +-{sim['depth'] * 100:.0f} % demand oscillation of period {sim['period_s']:g} s "
+                  f"(admission band): reconfiguration took {d['scale_actions']} actions vs {q['scale_actions']} without "
+                  f"it; coherence of pool sizes with the admission rate at that period "
+                  f"{d['coherence_at_disturbance'] if math.isfinite(d['coherence_at_disturbance']) else 0:.3g} - the "
+                  f"outer layer {'ACTED' if sim['outer_acted_on_inner_band'] else 'did not act'} on the inner band.", ""]
+    lines += ["## Comparison (pool model)", ""]
+    lines += _md_table(metrics["comparison"], ["workload", "startup_s", "stack", "gpu_hours", "oracle_gpu_hours",
+                                               "gpu_hours_over_oracle", "slo_attainment", "actions_per_hour",
+                                               "reversals_per_hour", "oscillating"])
+    lines += ["", *_verdicts(rows), "",
+              f"Oscillation (detectors on the provisioned pool sizes): "
+              f"{sum(r['oscillating'] for r in rows)} of {len(rows)} runs oscillating.",
+              f"Utilisation ceilings at the SLO (pool model, Poisson): {metrics['utilization_ceiling']}.",
+              "Dynamo's throughput planner runs its ARIMA (default) or Kalman load predictor "
+              "(`tokenfactory.controllers.load_predictors`), warmed up on the days before the run.",
+              "", f"Timings: {', '.join(f'{k} {v:.1f}' for k, v in timings.items())}."]
+    return report.finish(metrics, lines)

@@ -1,0 +1,1120 @@
+"""Stack scenarios: the whole layered control stack in one TOML, built and certified.
+
+A stack scenario names the plant, the SLO, the nominal demand, the worker dynamics, each layer
+(batch gate, admission, reconfiguration, planning) and the envelope the stack must hold over.
+:func:`load_stack_scenario` validates it up front (unknown keys are errors naming the field),
+:func:`build_stack` turns it into a :class:`tokenfactory.controllers.stack.ControlStack` for a
+plant, and :func:`certify` computes the stack certificate (``tokenfactory certify``):
+
+* every layer's gain, phase and delay margins over the envelope (delays, service rates, demand
+  level; start-up times for the reconfiguration layer), with the binding point named;
+* the separation of each adjacent pair of layers (:mod:`tokenfactory.controllers.separation`):
+  inner closed-loop bandwidth, outer crossover, ratio, the outer loop's PM with the real inner loop;
+* the describing-function check of every relay or saturation in a loop (admission's rate clip,
+  the reconfiguration layer's whole-worker hysteresis relay);
+* a verdict: passed when every floor holds.
+
+.. code-block:: toml
+
+    name = "default"
+    [plant]                       # as in scenario files, without pool sizes
+    model = "deepseek-v3"
+    hardware = "h200"
+    prompt_tokens = 914
+    output_tokens = 155
+    [slo]
+    ttft_s = 2.0
+    tpot_s = 0.1
+    [workload]
+    rate_rps = 760.0              # nominal demand the stack is tuned for
+    [dynamics]
+    startup_s = 600
+    [layers.batch_gate]
+    kind = "slot-limit"
+    [layers.admission]
+    kind = "smoothed"
+    sample_period_s = 1.0
+    [layers.reconfiguration]
+    kind = "planned-hysteretic"
+    sample_period_s = 10.0
+    [layers.planning]
+    kind = "forecast"
+    forecaster = "holt-winters"
+    [envelope]
+    delay_factors = [0.5, 1.0, 2.0]
+    service_rate_factors = [0.7, 1.0, 1.3]
+    demand_factors = [0.5, 1.0, 1.5]
+    startup_factors = [0.75, 1.0, 1.5]
+    [certificate]
+    min_separation = 5.0
+    max_pm_loss_deg = 5.0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import control
+import numpy as np
+import pandas as pd
+
+from tokenfactory.controllers.admission import SmoothedAdmission
+from tokenfactory.controllers.autotune import StabilityEnvelope, admission_loop
+from tokenfactory.controllers.describing import predict_limit_cycles
+from tokenfactory.controllers.planning import HEADROOM_GRID, DemandPlanner, PlannedPoolController
+from tokenfactory.controllers.reconfiguration import need_noise_std
+from tokenfactory.controllers.separation import (
+    CascadePair,
+    cascade_separation,
+    closed_loop,
+    closed_loop_bandwidth,
+    first_order_lag,
+    reconfiguration_loop,
+    simc_queue_clear_s,
+)
+from tokenfactory.controllers.stability import DelayedLoop, stability_margins
+from tokenfactory.controllers.stack import CapacityScaledBound, ControlStack, RoleBalancer, StackLayer
+from tokenfactory.plant_models.fluid import FluidParams, FluidPlant
+from tokenfactory.plant_models.pools import PoolDynamics
+from tokenfactory.registry import PlantContext, smoothed_admission
+from tokenfactory.scenario import build_plant
+from tokenfactory.validation import ConfigError, check_choice, check_int, check_number, reject_unknown_keys
+
+__all__ = ["StackScenario", "StackPlant", "load_stack_scenario", "stack_scenario_from_dict", "slot_limit",
+           "build_stack", "reconfiguration_delay_s", "Certificate", "certify", "scenario_dir", "RateWorkload",
+           "rate_workload", "plant_for", "utilization_ceiling", "run_on_rates", "stack_plant"]
+
+_TOP = {"name", "description", "plant", "slo", "workload", "dynamics", "layers", "envelope", "certificate"}
+_PLANT = {"model", "hardware", "parallelism", "efficiency", "decode_model", "decode_hardware", "decode_parallelism",
+          "prompt_tokens", "output_tokens", "cached_tokens", "measurement_delay_s", "kv_stripes", "kv_setup_s"}
+_LAYERS = {"batch_gate", "admission", "reconfiguration", "planning"}
+_GATE = {"kind", "tpot_fraction"}
+_ADMISSION = {"kind", "sample_period_s", "filter_tau_s", "service_filter_tau_s", "safety_z", "backlog_bound_s"}
+_RECONF = {"kind", "sample_period_s", "target_utilization", "queue_clear_s", "filter_s", "min_dead_band",
+           "max_step_up", "max_step_down", "queue_headroom", "role_moves", "fleet_size", "headroom", "dwell_s",
+           "cooldown_s", "down_cooldown_s"}
+_PLANNING = {"kind", "days", "excess_budget", "interval_s", "refit_s", "fine_s", "max_headroom", "use_profile"}
+_ENVELOPE = {"delay_factors", "service_rate_factors", "demand_factors", "startup_factors", "gm_floor", "pm_floor_deg"}
+_CERT = {"min_separation", "max_pm_loss_deg"}
+
+
+def scenario_dir() -> Path:
+    """The folder of the shipped scenarios (``studies/scenarios``), located as package data without
+    importing the studies (a layer above this one)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("tokenfactory.studies")
+    return Path(list(spec.submodule_search_locations)[0]) / "scenarios"
+
+
+@dataclass
+class StackScenario:
+    """A resolved stack scenario (validated; built lazily by :func:`build_stack`).
+
+    Parameters
+    ----------
+    name : str
+        The scenario's name.
+    params : FluidParams
+        Roofline rates at the scenario's request shape (no slot limit yet).
+    slo_ttft_s, slo_tpot_s : float
+        The SLO (s, s per output token).
+    rate_rps : float
+        Nominal demand the stack is tuned at (requests/s).
+    dynamics : PoolDynamics
+        Worker start-up, warm-up and drain.
+    layers : dict
+        Each layer's validated table (``batch_gate``, ``admission``, ``reconfiguration``, ``planning``).
+    envelope : StabilityEnvelope
+        Delay and service-rate factors and the margin floors.
+    demand_factors, startup_factors : tuple of float
+        The rest of the envelope.
+    min_separation, max_pm_loss_deg : float
+        The certificate's separation floors.
+    config : dict
+        The parsed TOML (reported, and re-read for another request shape).
+    slo_attainment : float
+        Share of requests that must meet the SLO.
+    """
+
+    name: str
+    params: FluidParams              # roofline rates at the scenario's request shape (no slot limit yet)
+    slo_ttft_s: float
+    slo_tpot_s: float
+    rate_rps: float
+    dynamics: PoolDynamics
+    layers: dict[str, dict]
+    envelope: StabilityEnvelope
+    demand_factors: tuple[float, ...]
+    startup_factors: tuple[float, ...]
+    min_separation: float = 5.0
+    max_pm_loss_deg: float = 5.0
+    config: dict = field(default_factory=dict)
+    slo_attainment: float = 0.99
+
+    def with_overrides(self, *, params: FluidParams | None = None, rate_rps: float | None = None,
+                       dynamics: PoolDynamics | None = None, planning: bool | None = None,
+                       slo: tuple[float, float] | None = None) -> "StackScenario":
+        """A copy for another plant, demand or start-up (the study and ``simulate`` reuse one file)."""
+        layers = {k: dict(v) for k, v in self.layers.items()}
+        if planning is False:
+            layers.pop("planning", None)
+        s = dataclasses.replace(self, layers=layers)
+        if params is not None:
+            s.params = params
+        if rate_rps is not None:
+            s.rate_rps = check_number("workload.rate_rps", rate_rps, low=0.0, low_inclusive=False)
+        if dynamics is not None:
+            s.dynamics = dynamics
+        if slo is not None:
+            s.slo_ttft_s, s.slo_tpot_s = slo
+        return s
+
+
+def _factors(d: Mapping, key: str, default: tuple[float, ...]) -> tuple[float, ...]:
+    v = d.get(key, default)
+    if not isinstance(v, (list, tuple)) or not v:
+        raise ConfigError(f"envelope.{key}", f"expected a non-empty list of factors, got {v!r}")
+    return tuple(check_number(f"envelope.{key}[{i}]", x, low=0.0, low_inclusive=False) for i, x in enumerate(v))
+
+
+def stack_scenario_from_dict(d: Mapping[str, Any], name: str = "stack") -> StackScenario:
+    """Validate and resolve a stack scenario (see the module docstring for the layout).
+
+    Parameters
+    ----------
+    d : mapping
+        The parsed TOML.
+    name : str
+        Default name.
+
+    Returns
+    -------
+    StackScenario
+    """
+    d = dict(d)
+    reject_unknown_keys("", d, _TOP)
+    for req in ("plant", "workload", "layers"):
+        if req not in d:
+            raise ConfigError(req, "missing section")
+    plant_d = dict(d["plant"])
+    reject_unknown_keys("plant", plant_d, _PLANT)
+    params = build_plant({**plant_d, "fill_workers": 1, "decode_workers": 1}).params
+    slo = dict(d.get("slo", {}))
+    reject_unknown_keys("slo", slo, {"ttft_s", "tpot_s", "attainment"})
+    ttft = check_number("slo.ttft_s", slo.get("ttft_s", 2.0), low=0.0, low_inclusive=False)
+    tpot = check_number("slo.tpot_s", slo.get("tpot_s", 0.1), low=0.0, low_inclusive=False)
+    attainment = check_number("slo.attainment", slo.get("attainment", 0.99), low=0.5, high=1.0, high_inclusive=False)
+    wl = dict(d["workload"])
+    reject_unknown_keys("workload", wl, {"rate_rps"})
+    if "rate_rps" not in wl:
+        raise ConfigError("workload.rate_rps", "missing")
+    rate = check_number("workload.rate_rps", wl["rate_rps"], low=0.0, low_inclusive=False)
+    dyn_d = dict(d.get("dynamics", {}))
+    reject_unknown_keys("dynamics", dyn_d, {f.name for f in dataclasses.fields(PoolDynamics)})
+    dynamics = PoolDynamics(**dyn_d)
+    layers_d = d["layers"]
+    if not isinstance(layers_d, Mapping):
+        raise ConfigError("layers", "expected a table of layers")
+    reject_unknown_keys("layers", layers_d, _LAYERS)
+    layers: dict[str, dict] = {}
+    for lname, keys, kinds in (("batch_gate", _GATE, ("slot-limit", "none")),
+                               ("admission", _ADMISSION, ("smoothed", "none")),
+                               ("reconfiguration", _RECONF, ("planned-hysteretic",)),
+                               ("planning", _PLANNING, ("seasonal-rise", "none"))):
+        if lname not in layers_d:
+            continue
+        ld = dict(layers_d[lname])
+        reject_unknown_keys(f"layers.{lname}", ld, keys)
+        kind = check_choice(f"layers.{lname}.kind", ld.get("kind", kinds[0]), kinds)
+        if kind == "none":
+            continue
+        ld["kind"] = kind
+        layers[lname] = ld
+    if "reconfiguration" not in layers:
+        raise ConfigError("layers.reconfiguration", "a stack needs a reconfiguration layer")
+    rc = layers["reconfiguration"]
+    check_number("layers.reconfiguration.sample_period_s", rc.get("sample_period_s", 10.0), low=0.1, high=3600.0)
+    check_number("layers.reconfiguration.target_utilization", rc.get("target_utilization", 0.85), low=0.1, high=1.0)
+    check_number("layers.reconfiguration.headroom", rc.get("headroom", 0.0), low=0.0, high=2.0)
+    for k in ("dwell_s", "cooldown_s", "down_cooldown_s", "filter_s"):
+        if k in rc:
+            check_number(f"layers.reconfiguration.{k}", rc[k], low=0.0)
+    if "queue_clear_s" in rc:
+        check_number("layers.reconfiguration.queue_clear_s", rc["queue_clear_s"], low=0.0, low_inclusive=False)
+    if "fleet_size" in rc:
+        check_int("layers.reconfiguration.fleet_size", rc["fleet_size"], low=2)
+    if "admission" in layers:
+        check_number("layers.admission.sample_period_s", layers["admission"].get("sample_period_s", 1.0),
+                      low=0.01, high=60.0)
+    if "batch_gate" in layers:
+        frac = layers["batch_gate"].get("tpot_fraction", "auto")
+        if frac != "auto":
+            check_number("layers.batch_gate.tpot_fraction", frac, low=0.1, high=1.0)
+    if "planning" in layers:
+        pl = layers["planning"]
+        check_int("layers.planning.days", pl.get("days", 3), low=1, high=14)
+        check_number("layers.planning.excess_budget", pl.get("excess_budget", 0.75 * (1.0 - attainment)), low=0.0,
+                     high=0.5, low_inclusive=False, high_inclusive=False)
+        for k in ("interval_s", "refit_s", "fine_s", "max_headroom"):
+            if k in pl:
+                check_number(f"layers.planning.{k}", pl[k], low=0.0)
+    env = dict(d.get("envelope", {}))
+    reject_unknown_keys("envelope", env, _ENVELOPE)
+    envelope = StabilityEnvelope(_factors(env, "delay_factors", (0.5, 1.0, 2.0)),
+                                 _factors(env, "service_rate_factors", (0.7, 1.0, 1.3)),
+                                 gm_floor=env.get("gm_floor", 2.0), pm_floor_deg=env.get("pm_floor_deg", 45.0))
+    cert = dict(d.get("certificate", {}))
+    reject_unknown_keys("certificate", cert, _CERT)
+    return StackScenario(
+        d.get("name", name), params, ttft, tpot, rate, dynamics, layers, envelope,
+        _factors(env, "demand_factors", (0.5, 1.0, 1.5)), _factors(env, "startup_factors", (0.75, 1.0, 1.5)),
+        check_number("certificate.min_separation", cert.get("min_separation", 5.0), low=1.0),
+        check_number("certificate.max_pm_loss_deg", cert.get("max_pm_loss_deg", 5.0), low=0.0, high=90.0), dict(d),
+        attainment)
+
+
+def load_stack_scenario(path: str | Path) -> StackScenario:
+    """Read and validate a stack scenario TOML (a path, or a shipped scenario's name).
+
+    Parameters
+    ----------
+    path : str or Path
+        A TOML file, or the name of one in :func:`scenario_dir` (``"stack_default"``).
+
+    Returns
+    -------
+    StackScenario
+
+    Raises
+    ------
+    ConfigError
+        When the file does not exist, is not TOML, or a field is invalid (named).
+    """
+    path = Path(path)
+    if not path.is_file() and (scenario_dir() / f"{path.name}.toml").is_file():
+        path = scenario_dir() / f"{path.name}.toml"
+    if not path.is_file():
+        raise ConfigError("scenario", f"file {str(path)!r} does not exist")
+    try:
+        with path.open("rb") as fh:
+            d = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(path.name, f"not valid TOML: {exc}") from None
+    return stack_scenario_from_dict(d, name=path.stem)
+
+
+# ------------------------------------------------------------------------------------------
+# building
+
+
+def slot_limit(params: FluidParams, slo_tpot_s: float, tpot_fraction: float = 0.8) -> FluidParams:
+    """The batch gate until the gated decode batch controller lands: decode slots per worker
+    capped at the largest batch whose pass time is within ``tpot_fraction`` of the TPOT SLO
+    (the rest of the SLO is left for the ready-buffer wait), never above the KV-memory limit.
+
+    Parameters
+    ----------
+    params : FluidParams
+        The plant.
+    slo_tpot_s : float
+        The TPOT SLO.
+    tpot_fraction : float
+        Share of the SLO a decode pass may take.
+
+    Returns
+    -------
+    FluidParams
+        ``params`` with ``decode_slots_per_worker`` capped (unchanged when the pass at full KV is fast enough).
+    """
+    limit = tpot_fraction * slo_tpot_s
+    b, ts = np.asarray(params.decode_step_batches), np.asarray(params.decode_step_times_s)
+    if params.decode_step_s(params.decode_slots_per_worker) <= limit:
+        return params
+    if ts[0] > limit:
+        raise ConfigError("layers.batch_gate", f"even a batch of {b[0]:g} takes {ts[0]:.3f} s per pass, over "
+                          f"{tpot_fraction:g} x the TPOT SLO {slo_tpot_s:g} s")
+    # pass time is increasing in the batch: invert the table piecewise linearly
+    cap = float(np.interp(limit, ts, b))
+    return dataclasses.replace(params, decode_slots_per_worker=min(cap, params.decode_slots_per_worker))
+
+
+def reconfiguration_delay_s(params: FluidParams, dynamics: PoolDynamics, sample_period_s: float,
+                            startup_factor: float = 1.0) -> float:
+    """The reconfiguration loop's dead time: start-up + the warm-up's lost capacity (warm-up x
+    (1 - warm-up factor), the equivalent delay of a half-speed start) + half a sample + the
+    measurement delay.
+
+    Parameters
+    ----------
+    params : FluidParams
+        The plant (its measurement delay).
+    dynamics : PoolDynamics
+        Start-up, warm-up and warm-up speed.
+    sample_period_s : float
+        The reconfiguration layer's period (s).
+    startup_factor : float
+        Multiplier of the start-up (the envelope's).
+
+    Returns
+    -------
+    float
+        The dead time (s).
+    """
+    return (dynamics.startup_s * startup_factor + dynamics.warmup_s * (1.0 - dynamics.warmup_factor)
+            + sample_period_s / 2.0 + params.measurement_delay_s)
+
+
+@dataclass
+class StackPlant:
+    """What a stack is built for: the plant (slot limit applied), pool sizes it is tuned at, and
+    the admission tuning report.
+
+    Parameters
+    ----------
+    params : FluidParams
+        The plant with the batch gate applied.
+    fill_workers, decode_workers : int
+        Pool sizes at the nominal demand and the target utilisation.
+    """
+
+    params: FluidParams
+    fill_workers: int
+    decode_workers: int
+
+
+def _feedback_utilization(sc: StackScenario) -> float:
+    """The utilisation the reconfiguration layer sizes pools for (``layers.reconfiguration.
+    target_utilization``); the planner's headroom comes on top of it."""
+    return float(sc.layers["reconfiguration"].get("target_utilization", 0.85))
+
+
+def _pools_at(params: FluidParams, rate: float, u: float) -> tuple[int, int]:
+    return (max(1, math.ceil(rate / (u * params.fill_rate_per_worker) - 1e-9)),
+            max(1, math.ceil(rate / (u * params.decode_capacity(1)) - 1e-9)))
+
+
+#: the smallest share of the TPOT SLO the derived batch gate gives the decode pass
+GATE_FLOOR = 0.5
+
+
+def gate_fraction(sc: StackScenario) -> float:
+    """The share of the TPOT SLO a decode pass may take under the batch gate.
+
+    ``layers.batch_gate.tpot_fraction = "auto"`` (the default) derives it from the admission layer:
+    in a decode overload admission holds the ready buffer at its target R* = c theta_eff + z
+    sqrt(c theta_eff) (what decode consumes over admission's loop delay, :func:`tokenfactory.
+    controllers.autotune.tune_smoothed_admission`), plus fluctuations of about its safety term
+    z sqrt(c theta_eff), so a request waits W = (R* + safety) / c for a slot and one pass to join
+    the batch, spread over its L output tokens: TPOT = pass (1 + 1/L) + W / L. The pass may take
+    fraction = (1 - W / (L x SLO)) / (1 + 1/L) of the SLO. Admission is tuned for this on the plant gated at the SLO itself (R* / c does not
+    depend on the slots: theta_eff is delays only). Without an admission layer the ready wait is
+    unbounded and the fraction defaults to 1 - 1 / L (one pass of slack).
+    """
+    frac = sc.layers.get("batch_gate", {}).get("tpot_fraction", "auto")
+    if frac != "auto":
+        return float(frac)
+    L = sc.params.output_tokens
+    if "admission" not in sc.layers:
+        return 1.0 - 1.0 / L
+    return _auto_gate_fraction(sc.params, sc.slo_ttft_s, sc.slo_tpot_s, sc.rate_rps, _feedback_utilization(sc),
+                               tuple(sorted((k, v) for k, v in sc.layers["admission"].items())), sc.envelope)
+
+
+@functools.lru_cache(maxsize=32)
+def _auto_gate_fraction(params: FluidParams, slo_ttft_s: float, slo_tpot_s: float, rate_rps: float, u: float,
+                        admission: tuple, envelope: StabilityEnvelope) -> float:
+    at_slo = slot_limit(params, slo_tpot_s, 1.0)
+    nf, nd = _pools_at(at_slo, rate_rps, u)
+    a = dict(admission)
+    a.pop("kind", None)
+    ctx = PlantContext(at_slo, nf, nd, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, envelope=envelope)
+    _, rep = smoothed_admission(ctx, {"sample_period_s": a.pop("sample_period_s", 1.0), **a}, where="layers.admission")
+    # the ready level fluctuates around its target by about the target's own Poisson safety term
+    wait_s = (rep.target_ready + rep.target_ready_safety) / rep.consumption_rate
+    L = params.output_tokens
+    # a ready request also waits up to one pass to join the batch: TPOT = pass (1 + 1/L) + wait / L
+    frac = (1.0 - wait_s / (L * slo_tpot_s)) / (1.0 + 1.0 / L)
+    # short outputs cannot absorb admission's wait (15 tokens x 0.1 s is 1.5 s): the gate then keeps
+    # half the SLO for the pass and a decode overload breaks TPOT (the certificate says so)
+    return float(max(frac, GATE_FLOOR))
+
+
+def stack_plant(sc: StackScenario) -> StackPlant:
+    """The plant the stack runs on (the batch gate applied) and the pool sizes at nominal demand.
+
+    Parameters
+    ----------
+    sc : StackScenario
+        The scenario.
+
+    Returns
+    -------
+    StackPlant
+    """
+    p = sc.params
+    if "batch_gate" in sc.layers:
+        p = slot_limit(p, sc.slo_tpot_s, gate_fraction(sc))
+    nf, nd = _pools_at(p, sc.rate_rps, _feedback_utilization(sc))
+    return StackPlant(p, nf, nd)
+
+
+def overload_tpot_s(params: FluidParams, ready_wait_s: float) -> float:
+    """TPOT of a request admitted into a saturated decode pool: the gated pass, one pass to join the
+    batch, and the ready buffer's wait spread over its output tokens.
+
+    Parameters
+    ----------
+    params : FluidParams
+        The gated plant.
+    ready_wait_s : float
+        Time the request waits in the ready buffer (s).
+
+    Returns
+    -------
+    float
+        Seconds per output token.
+    """
+    L = params.output_tokens
+    return params.decode_step_s(params.decode_slots_per_worker) * (1.0 + 1.0 / L) + ready_wait_s / L
+
+
+def _admission(sc: StackScenario, plant: StackPlant):
+    """Smoothed admission tuned on the gated plant; when the gate could not leave room for
+    admission's ready wait (short outputs, :data:`GATE_FLOOR`) the ready target is lowered so that a
+    decode overload still meets the TPOT SLO: decode may then starve briefly, which costs
+    throughput in an overload, not the SLO of what is admitted."""
+    a = dict(sc.layers["admission"])
+    a.pop("kind")
+    p = {"sample_period_s": a.pop("sample_period_s", 1.0), **a}
+    ctx = PlantContext(plant.params, plant.fill_workers, plant.decode_workers, slo_ttft_s=sc.slo_ttft_s,
+                       slo_tpot_s=sc.slo_tpot_s, envelope=sc.envelope)
+    ctrl, rep = smoothed_admission(ctx, p, where="layers.admission")
+    if rep is not None and "batch_gate" in sc.layers:
+        q = plant.params
+        allowed_s = (sc.slo_tpot_s - overload_tpot_s(q, 0.0)) * q.output_tokens  # ready wait within the SLO
+        if (rep.target_ready + rep.target_ready_safety) / rep.consumption_rate > allowed_s:
+            ctrl.target_ready = max(allowed_s * rep.consumption_rate - rep.target_ready_safety, 0.0)
+    return ctrl, rep
+
+
+def _queue_clear(sc: StackScenario, plant: StackPlant) -> tuple[float, float | None]:
+    rc = sc.layers["reconfiguration"]
+    if "queue_clear_s" in rc:
+        return float(rc["queue_clear_s"]), None
+    T = rc.get("sample_period_s", 10.0)
+    theta = reconfiguration_delay_s(plant.params, sc.dynamics, T)
+    u = _feedback_utilization(sc)
+    # the envelope's start-up factors scale the start-up, not the whole dead time
+    factors = tuple(reconfiguration_delay_s(plant.params, sc.dynamics, T, f) / theta for f in sc.startup_factors)
+    return simc_queue_clear_s(theta, u, delay_factors=factors,
+                              service_rate_factors=sc.envelope.service_rate_factors,
+                              gm_floor=sc.envelope.gm_floor, pm_floor_deg=sc.envelope.pm_floor_deg)
+
+
+def planning_lead_s(sc: StackScenario) -> float:
+    """How far ahead the pools are sized: start-up + warm-up + a reconfiguration sample + the rate
+    filter's time constant (the measured rate lags the demand by about that).
+
+    Parameters
+    ----------
+    sc : StackScenario
+        The scenario (its dynamics and reconfiguration layer).
+
+    Returns
+    -------
+    float
+        The lead (s).
+    """
+    rc = sc.layers["reconfiguration"]
+    return (sc.dynamics.startup_s + sc.dynamics.warmup_s + rc.get("sample_period_s", 10.0)
+            + rc.get("filter_s", 30.0))
+
+
+def build_stack(sc: StackScenario, *, history: pd.Series | None = None, time_offset_s: float = 0.0,
+                fleet_size: int | None = None, name: str | None = None) -> tuple[ControlStack, StackPlant]:
+    """A fresh :class:`ControlStack` for the scenario, and the plant it runs on.
+
+    Parameters
+    ----------
+    sc : StackScenario
+        The scenario.
+    history : pandas.Series, optional
+        Demand before the run for the planner (absolute time index, its interval).
+    time_offset_s : float
+        Absolute time of the run's t = 0.
+    fleet_size : int, optional
+        A fixed fleet (role moves): overrides ``layers.reconfiguration.fleet_size``.
+    name : str, optional
+        The stack's label.
+
+    Returns
+    -------
+    tuple
+        ``(ControlStack, StackPlant)``; run it on ``StackPlant.params``.
+    """
+    plant = stack_plant(sc)
+    p = plant.params
+    layers = []
+    if "batch_gate" in sc.layers:
+        layers.append(StackLayer("batch_gate", note=f"slot limit {p.decode_slots_per_worker:.0f} per decode worker "
+                                 f"(pass {p.decode_step_s(p.decode_slots_per_worker) * 1e3:.1f} ms)"))
+    if "admission" in sc.layers:
+        ctrl, _ = _admission(sc, plant)
+        ctrl = CapacityScaledBound(ctrl, p.decode_slots(plant.decode_workers))
+        layers.append(StackLayer("admission", [ctrl], ctrl.sample_period))
+    rc = sc.layers["reconfiguration"]
+    T = rc.get("sample_period_s", 10.0)
+    u = _feedback_utilization(sc)
+    dyn = sc.dynamics
+    filter_s = rc.get("filter_s", 30.0)
+    # a released worker takes a start-up + warm-up to get back: hold a scale-down at least that
+    # long (and 3 filter constants, so the rate's noise does not trigger it)
+    dwell_s = float(rc.get("dwell_s", max(3.0 * filter_s, dyn.startup_s + dyn.warmup_s)))
+    planner = None
+    if "planning" in sc.layers:
+        pl = sc.layers["planning"]
+        planner = DemandPlanner(lead_s=planning_lead_s(sc), excess_budget=pl.get("excess_budget",
+                                                                                   0.75 * (1.0 - sc.slo_attainment)),
+                                days=pl.get("days", 3), interval_s=pl.get("interval_s", 600.0),
+                                refit_s=pl.get("refit_s", 86400.0), fine_s=pl.get("fine_s", 60.0),
+                                max_headroom=pl.get("max_headroom", HEADROOM_GRID[-1]), history=history,
+                                time_offset_s=time_offset_s, utilization=u,
+                                hold_s=dwell_s, use_profile=pl.get("use_profile", True))
+    qc, _ = _queue_clear(sc, plant)
+    fleet = fleet_size if fleet_size is not None else rc.get("fleet_size")
+    pools = []
+    for pool, mu in (("fill", p.fill_rate_per_worker), ("decode", p.decode_capacity(1))):
+        extra = {k: rc[k] for k in ("cooldown_s", "down_cooldown_s") if k in rc}
+        extra["dwell_s"] = dwell_s
+        pools.append(PlannedPoolController.tuned(
+            pool, mu, sc.rate_rps, planner=planner, headroom=rc.get("headroom", 0.0),
+            measured_fill_rate=(pool == "fill" and fleet is not None), startup_s=dyn.startup_s,
+            warmup_s=dyn.warmup_s, filter_s=filter_s, target_utilization=u,
+            min_dead_band=rc.get("min_dead_band", 0.25), queue_clear_s=qc,
+            queue_headroom=rc.get("queue_headroom", 0.25), max_step_up=rc.get("max_step_up", 1000),
+            max_step_down=rc.get("max_step_down", 1000), min_replicas=1,
+            max_replicas=fleet if fleet else 5000, sample_period=T, **extra))
+    recon = [RoleBalancer(pools, fleet)] if fleet and rc.get("role_moves", True) else pools
+    layers.append(StackLayer("reconfiguration", recon, T))
+    if planner is not None:
+        layers.append(StackLayer("planning", [planner], planner.sample_period))
+    return ControlStack(layers, name or sc.name), plant
+
+
+# ------------------------------------------------------------------------------------------
+# the certificate
+
+
+@dataclass
+class Certificate:
+    """The stack certificate: per-layer margins over the envelope, separations, describing-function
+    checks, failures (each naming its layer) and the verdict.
+
+    Parameters
+    ----------
+    scenario : str
+        The scenario's name.
+    layers : dict
+        Per layer: its worst point over the envelope (margins) and every point, or what a static
+        or feed-forward layer is.
+    separation : list of CascadePair
+        Each adjacent pair of layers, outer first.
+    describing_function : list of dict
+        The describing-function check of every relay or saturation.
+    failures : list of dict
+        ``{"layer", "check", "detail"}`` for every floor that fails (empty: passed).
+    binding : dict
+        The layer and envelope point with the least margin.
+    """
+
+    scenario: str
+    layers: dict[str, dict]
+    separation: list[CascadePair]
+    describing_function: list[dict]
+    failures: list[dict]
+    binding: dict
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def to_dict(self) -> dict:
+        return {"scenario": self.scenario, "passed": self.passed, "layers": self.layers,
+                "separation": [s.to_dict() for s in self.separation],
+                "separation_rows": self.separation_rows(),
+                "describing_function": self.describing_function, "failures": self.failures,
+                "binding": self.binding}
+
+    def separation_rows(self) -> list[dict]:
+        return [{"outer": s.outer, "inner": s.inner, "inner_bandwidth_rad_s": s.inner_bandwidth_rad_s,
+                 "outer_crossover_rad_s": s.outer_crossover_rad_s, "ratio": s.ratio,
+                 "pm_ideal_deg": s.ideal.phase_margin_deg if s.ideal else None,
+                 "pm_real_deg": s.real.phase_margin_deg if s.real else None,
+                 "pm_loss_deg": s.pm_loss_deg if s.ideal else None,
+                 "first_order_pm_loss_deg": s.first_order_pm_loss_deg, "note": s.note} for s in self.separation]
+
+    def to_pandas(self) -> pd.DataFrame:
+        rows = []
+        for layer, d in self.layers.items():
+            for r in d.get("points", []):
+                rows.append({"layer": layer, **r})
+        return pd.DataFrame(rows)
+
+
+def _score(m, env: StabilityEnvelope) -> float:
+    """How close a point is to the floors (< 1 fails): min(GM / GM floor, PM / PM floor)."""
+    gm = m["gain_margin"] / env.gm_floor if math.isfinite(m["gain_margin"]) else math.inf
+    pm = m["phase_margin_deg"] / env.pm_floor_deg if env.pm_floor_deg > 0 else math.inf
+    return min(gm, pm)
+
+
+def _margin_row(m, **point) -> dict:
+    return {**point, "gain_margin": m.gain_margin, "phase_margin_deg": m.phase_margin_deg,
+            "delay_margin_s": m.delay_margin_s, "ms": m.ms, "crossover_rad_s": m.crossover_rad_s}
+
+
+def certify(sc: StackScenario) -> Certificate:
+    """Margins, separations, describing-function checks and the verdict of a stack scenario.
+
+    Parameters
+    ----------
+    sc : StackScenario
+        The scenario (its envelope and certificate floors).
+
+    Returns
+    -------
+    Certificate
+        ``passed`` is True when every floor holds; each failure names its layer and the binding point.
+    """
+    env = sc.envelope
+    plant = stack_plant(sc)
+    p = plant.params
+    rc = sc.layers["reconfiguration"]
+    T_rc = rc.get("sample_period_s", 10.0)
+    u = _feedback_utilization(sc)
+    layers: dict[str, dict] = {}
+    failures: list[dict] = []
+    separation: list[CascadePair] = []
+    dfs: list[dict] = []
+
+    def judge(layer: str, rows: list[dict]) -> None:
+        for r in rows:
+            r["score"] = _score(r, env)
+            r["meets_floors"] = r["score"] >= 1.0
+        worst = min(rows, key=lambda r: r["score"])
+        layers[layer] = {"points": rows, "worst": worst, "meets_floors": all(r["meets_floors"] for r in rows)}
+        if not layers[layer]["meets_floors"]:
+            failures.append({"layer": layer, "check": "margins",
+                             "detail": f"GM {worst['gain_margin']:.3g}, PM {worst['phase_margin_deg']:.1f} deg at "
+                                       + ", ".join(f"{k}={worst[k]}" for k in worst if k.endswith("factor"))
+                                       + f" (floors GM >= {env.gm_floor:g}, PM >= {env.pm_floor_deg:g} deg)"})
+
+    # -- batch gate: static (the slot limit); its response is one decode pass
+    gate_tau = p.dispatch_s
+    if "batch_gate" in sc.layers:
+        layers["batch_gate"] = {"static": True, "decode_slots_per_worker": p.decode_slots_per_worker,
+                                "pass_time_s": p.decode_step_s(p.decode_slots_per_worker),
+                                "response_time_constant_s": gate_tau, "meets_floors": True}
+    # -- admission over delay x service rate x demand level
+    adm = None
+    adm_loop = None
+    if "admission" in sc.layers:
+        adm, tuning = _admission(sc, plant)
+        rows = []
+        for dem in sc.demand_factors:
+            nf, nd = _pools_at(p, sc.rate_rps * dem, u)
+            pl = FluidPlant(p, nf, nd)
+            cache: dict = {}
+            for dfac, rfac in env.points():
+                m = stability_margins(admission_loop(pl, adm, delay_factor=dfac, service_rate_factor=rfac,
+                                                     _plant_model_cache=cache))
+                rows.append(_margin_row(m, demand_factor=dem, delay_factor=dfac, service_rate_factor=rfac))
+        judge("admission", rows)
+        layers["admission"]["tuning"] = {"tau_c_s": tuning.tau_c_s, "tau_c_over_theta": tuning.tau_c_over_theta,
+                                         "effective_delay_s": tuning.effective_delay_s,
+                                         "sample_period_s": adm.sample_period}
+        adm_loop = admission_loop(FluidPlant(p, plant.fill_workers, plant.decode_workers), adm)
+        # the admission loop with the decode batch's response (one pass) in its plant vs without
+        if "batch_gate" in sc.layers:
+            separation.append(cascade_separation(
+                "admission", adm_loop, "batch_gate", first_order_lag(gate_tau),
+                note="decode batch responds to a freed or filled slot within one pass (first-order lag)"))
+        # describing function: admission's rate clip is a saturation in the loop. With conditional
+        # integration (anti-windup) the integral freezes while the output is clipped, so the clip
+        # sees the proportional loop kc F(s) P(s) e^{-theta s}. A saturation's N(A) is real in (0, 1],
+        # so harmonic balance 1 + N(A) L(jw) = 0 has a solution exactly where the phase crosses -180
+        # deg with |L| > 1/N >= 1: a cycle is predicted iff that loop's gain margin is below 1.
+        worst_adm = layers["admission"]["worst"]
+        wl = admission_loop(FluidPlant(p, plant.fill_workers, plant.decode_workers), adm,
+                            delay_factor=worst_adm["delay_factor"], service_rate_factor=worst_adm["service_rate_factor"])
+        kc, ti = adm.gains.kc, adm.gains.ti
+        # C_PI x ti s / (ti s + 1) = kc: cancel the PI's integrator and zero exactly (minreal), so no
+        # pole-zero pair is left on the imaginary axis for the Nyquist count to refuse
+        p_only = DelayedLoop(control.minreal(wl.rational * control.tf([ti, 0.0], [ti, 1.0]), verbose=False),
+                             wl.delay, "admission P part")
+        gm_p = stability_margins(p_only).gain_margin
+        dfs.append({"layer": "admission", "element": "rate clip [0, fill capacity] (saturation, anti-windup)",
+                    "loop": "admission's proportional loop at its worst envelope point", "limit_cycle": gm_p < 1.0,
+                    "period_s": None, "gain_margin_seen": gm_p,
+                    "reason": f"N(A) of a saturation is real in (0, 1]; the loop it sees has GM {gm_p:.2f}"
+                              + (" >= 1: no solution" if gm_p >= 1.0 else " < 1: a cycle is predicted")})
+    # -- reconfiguration over start-up x service rate
+    qc, tau_c_f = _queue_clear(sc, plant)
+    rows = []
+    theta0 = reconfiguration_delay_s(p, sc.dynamics, T_rc)
+    for sf in sc.startup_factors:
+        for rfac in env.service_rate_factors:
+            theta = reconfiguration_delay_s(p, sc.dynamics, T_rc, sf)
+            m = stability_margins(reconfiguration_loop(qc, u, theta, service_rate_factor=rfac))
+            rows.append(_margin_row(m, startup_factor=sf, service_rate_factor=rfac, loop_delay_s=theta))
+    judge("reconfiguration", rows)
+    layers["reconfiguration"].update({"queue_clear_s": qc, "tau_c_over_theta": tau_c_f, "delay_s": theta0,
+                                      "sample_period_s": T_rc, "target_utilization": u})
+    rec_loop = reconfiguration_loop(qc, u, theta0)
+    if adm_loop is not None:
+        separation.append(cascade_separation(
+            "reconfiguration", rec_loop, "admission", closed_loop(adm_loop),
+            note="a worker's capacity reaches the queue through admission's closed loop (complementary sensitivity)"))
+    # describing function of the whole-worker hysteresis relay
+    nf, nd = plant.fill_workers, plant.decode_workers
+    for pool, mu, n in (("fill", p.fill_rate_per_worker, nf), ("decode", p.decode_capacity(1), nd)):
+        sigma = need_noise_std(sc.rate_rps, mu, u, rc.get("filter_s", 30.0))
+        db = max(rc.get("min_dead_band", 0.25), 3.0 * sigma)
+        # the relay switches n-1 <-> n at need n-1 (up) and n-1-db (down); the pool at n-1 then runs
+        # at utilisation u (up) or less: the queue the loop feeds back is empty unless u (+3 sigma) >= 1
+        u_switch = u * (1.0 + 3.0 * sigma / max(n - 1, 1))
+        gain = 1.0 if u_switch >= 1.0 else 0.0
+        relay = control.relay_hysteresis_nonlinearity(b=0.5, c=(1.0 + db) / 2.0)
+        cyc = predict_limit_cycles(rec_loop.scaled(gain), relay, amplitude_bounds=((1.0 + db) / 2.0 * 1.0001, 1e6)) \
+            if gain > 0 else []
+        dfs.append({"layer": "reconfiguration", "element": f"{pool} pool: whole-worker relay, hysteresis 1 + "
+                    f"dead band {db:.2f} workers", "loop": "backlog feedback", "limit_cycle": bool(cyc),
+                    "period_s": cyc[0].period_s if cyc else None, "switch_utilization": u_switch,
+                    "reason": (f"at the switching points the smaller pool runs at utilisation {u_switch:.2f} < 1: "
+                               "the queue is empty on both sides, the loop gain the relay sees is zero")
+                    if gain == 0 else "utilisation at the switching point >= 1: the relay sees the integrating queue"})
+    # -- planning: feed-forward (the offered rate is exogenous; no loop through the plant)
+    if "planning" in sc.layers:
+        lead = planning_lead_s(sc)
+        needed = sc.dynamics.startup_s + sc.dynamics.warmup_s * (1.0 - sc.dynamics.warmup_factor)
+        refit_s = sc.layers["planning"].get("refit_s", 86400.0)
+        layers["planning"] = {"feed_forward": True, "lead_s": lead, "refit_s": refit_s, "scale_up_delay_s": needed,
+                              "meets_floors": lead >= needed}
+        separation.append(CascadePair("planning", "reconfiguration", closed_loop_bandwidth(rec_loop), math.nan,
+                                      math.nan, None, None, math.nan, math.nan,
+                                      note="feed-forward: the planner reads the offered demand, which no layer "
+                                      "changes, so it closes no loop and has no crossover; the certificate checks "
+                                      f"its lead instead (plan leads by {lead:.0f} s, a worker serves at full speed "
+                                      f"{needed:.0f} s after it is asked for)"))
+        if lead < needed:
+            failures.append({"layer": "planning", "check": "lead",
+                             "detail": f"plan leads by {lead:g} s, a worker takes {needed:.0f} s to serve at full "
+                                       "speed"})
+    # -- separation floors (feedback pairs)
+    for s in separation:
+        if s.ideal is None:
+            continue
+        if s.ratio < sc.min_separation:
+            failures.append({"layer": s.outer, "check": "separation",
+                             "detail": f"{s.outer} crossover {s.outer_crossover_rad_s:.3g} rad/s is only "
+                                       f"{s.ratio:.2f} x below {s.inner}'s bandwidth {s.inner_bandwidth_rad_s:.3g} "
+                                       f"rad/s (needs >= {sc.min_separation:g})"})
+        if s.pm_loss_deg > sc.max_pm_loss_deg:
+            failures.append({"layer": s.outer, "check": "pm_loss",
+                             "detail": f"{s.inner}'s closed loop costs {s.outer} {s.pm_loss_deg:.1f} deg of phase "
+                                       f"margin (allowed {sc.max_pm_loss_deg:g})"})
+    for d in dfs:
+        if d["limit_cycle"]:
+            failures.append({"layer": d["layer"], "check": "describing_function",
+                             "detail": f"{d['element']}: limit cycle predicted (period {d['period_s']:.0f} s)"})
+    scored = [(name, d["worst"]) for name, d in layers.items() if "worst" in d]
+    bname, bpoint = min(scored, key=lambda x: x[1]["score"])
+    binding = {"layer": bname, **bpoint}
+    return Certificate(sc.name, layers, separation, dfs, failures, binding)
+
+
+
+# ------------------------------------------------------------------------------------------
+# running a stack (or a baseline) over a rate series in the pool model
+
+
+@dataclass
+class RateWorkload:
+    """A demand to run stacks on: ``demand`` (requests/s, indexed by seconds from the run's
+    start, held piecewise constant), the planner's ``history`` before the run (absolute time
+    index on its interval), the absolute time of t = 0, the mean request and, for a fixed fleet,
+    its size and the prompt-length factor over time.
+
+    Parameters
+    ----------
+    name : str
+        The workload's label.
+    demand : pandas.Series
+        Requests/s indexed by seconds from the run's start.
+    history : pandas.Series or None
+        Demand before the run (absolute time index on the planner's interval).
+    time_offset_s : float
+        Absolute time of t = 0 (s).
+    prompt_tokens, output_tokens : int
+        The mean request.
+    fleet_size : int, optional
+        A fixed fleet (workers), or None.
+    """
+
+    name: str
+    demand: pd.Series
+    history: pd.Series | None
+    time_offset_s: float
+    prompt_tokens: int
+    output_tokens: int
+    fleet_size: int | None = None
+
+    @property
+    def duration_s(self) -> float:
+        return float(self.demand.index[-1])
+
+
+def rate_workload(spec: str, *, scale: float = 1.0, last_days: float | None = 4.0, interval_s: float = 600.0,
+                  fine_s: float = 60.0, hours: float | None = None) -> RateWorkload:
+    """A rate series (registered name, path or ``synthetic``) as a workload: the last
+    ``last_days`` (the days before become the planner's history), gaps interpolated, x ``scale``,
+    linear between the series' points on a ``fine_s`` grid (what the pool model draws Poisson
+    arrivals from: the 10-minute rates disaggregated as the reconfiguration study does).
+
+    Parameters
+    ----------
+    spec : str
+        What :func:`tokenfactory.traces.load_rate_series` takes.
+    scale : float
+        Demand multiplier (a tenant population ``scale`` times larger).
+    last_days : float or None
+        Days at the end to run (None: the whole series, no history).
+    interval_s : float
+        Bin width for request traces.
+    fine_s : float
+        Grid of the disaggregated demand.
+    hours : float, optional
+        Cut the run to its first ``hours`` (quick variants).
+
+    Returns
+    -------
+    RateWorkload
+    """
+    from tokenfactory.traces.rates import load_rate_series
+
+    check_number("scale", scale, low=0.0, low_inclusive=False)
+    rs = load_rate_series(spec, interval_s)
+    y = rs.rates["rate_rps"].astype(float).interpolate(limit_direction="both") * scale
+    t = y.index.to_numpy(dtype=float)
+    step = float(np.median(np.diff(t))) if len(t) > 1 else interval_s
+    if last_days is not None:
+        check_number("last_days", last_days, low=0.0, low_inclusive=False)
+        start = t[-1] + step - last_days * 86400.0
+        if start <= t[0]:
+            raise ConfigError("last_days", f"the series spans {(t[-1] + step - t[0]) / 86400:.2f} days, "
+                              f"fewer than {last_days:g} + some history")
+        hist, run = y[y.index < start], y[y.index >= start]
+    else:
+        hist, run = None, y
+    t0 = float(run.index[0])
+    rel = run.index.to_numpy(dtype=float) - t0
+    end = rel[-1] + step
+    if hours is not None:
+        end = min(end, hours * 3600.0)
+    fine = np.arange(0.0, end + fine_s / 2, fine_s)
+    demand = pd.Series(np.interp(fine, rel, run.to_numpy()), index=fine)
+    if hist is not None and not np.isclose(step, 600.0):
+        hist = None  # the planner's grid is 10 minutes
+    return RateWorkload(spec if scale == 1 else f"{spec} x{scale:g}", demand, hist, t0, rs.input_tokens,
+                        rs.output_tokens)
+
+
+def plant_for(sc: StackScenario, prompt_tokens: int, output_tokens: int) -> FluidParams:
+    """The scenario's plant at another request shape (a trace's mean request).
+
+    Parameters
+    ----------
+    sc : StackScenario
+        The scenario (its ``[plant]`` table).
+    prompt_tokens, output_tokens : int
+        The request shape.
+
+    Returns
+    -------
+    FluidParams
+    """
+    plant_d = {**dict(sc.config.get("plant", {})), "prompt_tokens": int(prompt_tokens),
+               "output_tokens": int(output_tokens), "fill_workers": 1, "decode_workers": 1}
+    return build_plant(plant_d).params
+
+
+def utilization_ceiling(params: FluidParams, slo_ttft_s: float, slo_tpot_s: float, *,
+                        workers: int | dict[str, int] = 4,
+                        grid=(0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 0.995), duration_s: float = 1200.0,
+                        dt: float = 1.0, seed: int = 0) -> dict[str, float]:
+    """The highest utilisation of each pool at which the pool model still meets the SLO for 99 %
+    of requests (Poisson arrivals at a constant rate, the other pool ample), on ``grid``: the SLO's
+    utilisation ceiling, which the oracle provisions at.
+
+    Poisson noise is relatively smaller in a larger pool, so the ceiling depends on the pool size:
+    measure it at the sizes the workload runs at (``workers`` per pool).
+
+    Parameters
+    ----------
+    params : FluidParams
+        The plant (the batch gate applied).
+    slo_ttft_s, slo_tpot_s : float
+        The SLO.
+    workers : int or dict
+        Pool size the ceiling is measured at (``{"fill": .., "decode": ..}`` or one for both).
+    grid : sequence of float
+        Utilisations tried in increasing order; the first that misses the SLO ends the search.
+    duration_s, dt : float
+        Length and step of each measurement run (s).
+    seed : int
+        Seed of the Poisson arrivals.
+
+    Returns
+    -------
+    dict
+        ``{"fill": ceiling, "decode": ceiling}`` (the first grid point if even that misses).
+    """
+    return _ceiling(params, float(slo_ttft_s), float(slo_tpot_s),
+                    tuple(sorted((workers if isinstance(workers, dict) else
+                                  {"fill": workers, "decode": workers}).items())),
+                    tuple(grid), float(duration_s), float(dt), int(seed))
+
+
+@functools.lru_cache(maxsize=64)
+def _ceiling(params: FluidParams, slo_ttft_s: float, slo_tpot_s: float, workers: tuple, grid: tuple,
+             duration_s: float, dt: float, seed: int) -> dict[str, float]:
+    from tokenfactory.plant_models.pools import PoolScenario, simulate_pools
+
+    sizes = dict(workers)
+    out = {}
+    for pool in ("fill", "decode"):
+        n = max(1, int(sizes[pool]))
+        mu = params.fill_rate_per_worker if pool == "fill" else params.decode_capacity(1)
+        best = grid[0]
+        for rho in grid:
+            lam = rho * n * mu
+            nf = n if pool == "fill" else math.ceil(lam / (0.5 * params.fill_rate_per_worker))
+            nd = n if pool == "decode" else math.ceil(lam / (0.5 * params.decode_capacity(1)))
+            r = simulate_pools(params, nf, nd, PoolScenario(lam, duration_s, dt=dt, seed=seed, slo_ttft_s=slo_ttft_s,
+                                                            slo_tpot_s=slo_tpot_s))
+            if r.metrics["slo_attainment"] >= 0.99:
+                best = rho
+            else:
+                break
+        out[pool] = float(best)
+    return out
+
+
+def _provisioned(series: pd.DataFrame, pool: str) -> pd.Series:
+    return series[f"{pool}_workers"] + series[f"{pool}_workers_starting"]
+
+
+def run_on_rates(sc: StackScenario, wl: RateWorkload, *, startup_s: float | None = None, stack: str = "stack",
+                 dt: float = 2.0, seed: int = 0, control_start_s: float = 300.0,
+                 ceiling: dict[str, float] | None = None) -> tuple[dict, Any, Any]:
+    """Run the scenario's stack (``"stack"``), the stack without its planning layer
+    (``"stack-no-planning"``) or a baseline deployment (a :data:`tokenfactory.registry.BASELINE_STACKS`
+    name) over ``wl`` in the pool model, and score it against the oracle.
+
+    Every contender runs on the same plant: the scenario's plant at the workload's mean request
+    with the stack's batch gate applied (a deployment caps its decode batch too - vLLM's
+    ``max_num_seqs`` - and with DeepSeek-V3's full-KV pass over the TPOT SLO no deployment meets
+    it uncapped), the same SLO, start-up and seed. The oracle
+    (:func:`tokenfactory.controllers.capacity.oracle_plan`) provisions that plant at its measured
+    utilisation ceiling (:func:`utilization_ceiling`, at the pool sizes of the mean demand) with
+    perfect knowledge of the demand at the demand's own resolution.
+
+    Oscillation is judged on what the controller adds to the demand: the provisioned pool minus the
+    demand-justified pool (demand / (per-worker rate x ceiling)), sampled every 10 s after the
+    first 10 minutes; the daily cycle of the demand is not the controller's oscillation.
+
+    Parameters
+    ----------
+    sc : StackScenario
+        The stack scenario (plant, SLO, layers).
+    wl : RateWorkload
+        The demand (:func:`rate_workload`).
+    startup_s : float, optional
+        Worker start-up (s); default the scenario's.
+    stack : str
+        ``"stack"``, ``"stack-no-planning"`` or a baseline name.
+    dt : float
+        The pool model's step (s).
+    seed : int
+        Seed of the Poisson arrivals.
+    control_start_s : float
+        Controllers are first sampled here (the plant fills from empty before).
+    ceiling : dict, optional
+        The utilisation ceilings (computed when omitted).
+
+    Returns
+    -------
+    tuple
+        ``(metrics row, SimulationResult, ControlStack)``.
+    """
+    from tokenfactory.controllers.capacity import oracle_plan
+    from tokenfactory.controllers.oscillation import assess
+    from tokenfactory.plant_models.pools import PoolScenario, simulate_pools
+    from tokenfactory.registry import BASELINE_STACKS, baseline_stack
+
+    params = plant_for(sc, wl.prompt_tokens, wl.output_tokens)
+    dyn = sc.dynamics if startup_s is None else dataclasses.replace(sc.dynamics, startup_s=float(startup_s))
+    if wl.fleet_size is not None:
+        dyn = dataclasses.replace(dyn, fleet_size=wl.fleet_size)
+    mean = float(wl.demand.mean())
+    s = sc.with_overrides(params=params, rate_rps=mean, dynamics=dyn, planning=(stack == "stack"))
+    run_params = stack_plant(s).params  # the same gated plant for every contender
+    if stack in ("stack", "stack-no-planning"):
+        ctrl, _ = build_stack(s, history=wl.history, time_offset_s=wl.time_offset_s, fleet_size=wl.fleet_size,
+                              name=stack)
+    elif stack in BASELINE_STACKS:
+        ctrl = baseline_stack(stack, PlantContext(run_params, 1, 1, slo_ttft_s=s.slo_ttft_s, slo_tpot_s=s.slo_tpot_s,
+                                                  rate_rps=mean, dynamics=dyn,
+                                                  max_replicas=wl.fleet_size or 5000), dt=dt, history=wl.history)
+    else:
+        raise ConfigError("stack", f"{stack!r} is not 'stack', 'stack-no-planning' or one of "
+                          f"{', '.join(BASELINE_STACKS)}")
+    mu = {"fill": run_params.fill_rate_per_worker, "decode": run_params.decode_capacity(1)}
+    ceil_ = ceiling or utilization_ceiling(run_params, s.slo_ttft_s, s.slo_tpot_s,
+                                           workers={p: math.ceil(mean / mu[p]) for p in mu})
+    nf, nd = _pools_at(run_params, float(wl.demand.iloc[0]), _feedback_utilization(s))
+    if wl.fleet_size is not None and nf + nd > wl.fleet_size:
+        raise ConfigError("fleet_size", f"{wl.fleet_size} workers cannot hold the initial {nf} + {nd}")
+    psc = PoolScenario(wl.demand, wl.duration_s, dt=dt, control_start_s=control_start_s, seed=seed,
+                       slo_ttft_s=s.slo_ttft_s, slo_tpot_s=s.slo_tpot_s)
+    r = simulate_pools(run_params, nf, nd, psc, controllers=[ctrl], dynamics=dyn)
+    step_s = float(np.median(np.diff(wl.demand.index.to_numpy(dtype=float))))
+    _, oracle_gpu_h = oracle_plan(wl.demand, mu, ceil_, startup_s=dyn.startup_s, interval_s=step_s,
+                                  gpus_per_worker=dyn.gpus_per_worker, fleet_size=wl.fleet_size)
+    step = max(1, int(round(10.0 / dt)))  # the detectors on 10-s samples
+    after = r.series[r.series["time_s"] >= control_start_s + 600.0]
+    osc = {}
+    for pool in ("fill", "decode"):
+        justified = after["demand"] / (mu[pool] * ceil_[pool])
+        x = (_provisioned(after, pool) - justified).to_numpy(dtype=float)[::step]
+        osc[pool] = assess(x, dt * step, min_amplitude=0.5).to_dict()
+    m = r.metrics
+    row = {"stack": stack, "workload": wl.name, "startup_s": dyn.startup_s, "gpu_hours": m["gpu_hours"],
+           "busy_gpu_hours": m["busy_gpu_hours"], "oracle_gpu_hours": oracle_gpu_h,
+           "gpu_hours_over_oracle": m["gpu_hours"] / oracle_gpu_h if oracle_gpu_h > 0 else math.nan,
+           "slo_attainment": m["slo_attainment"], "rejected": m["rejected"],
+           "rejected_fraction": m["rejected"] / m["requests"] if m["requests"] else 0.0,
+           "actions_per_hour": m["actions_per_hour"], "reversals_per_hour": m["reversals_per_hour"],
+           "oscillating": any(v["oscillating"] for v in osc.values()),
+           "fill_thornhill_r": osc["fill"]["thornhill_r"], "decode_thornhill_r": osc["decode"]["thornhill_r"],
+           "requests": m["requests"], "completed": m["completed"], "in_flight_end": m["in_flight_end"],
+           "utilization_ceiling": ceil_}
+    return row, r, ctrl
