@@ -27,6 +27,27 @@ Sources (vendor datasheets, read 2025):
   (8 TB/s each); FP4 1,440 PF / FP8 720 PF / BF16 360 PF per rack with sparsity, i.e.
   10 / 5 / 2.5 PFLOPS dense per GPU; NVLink 5 1.8 TB/s per GPU across the 72-GPU domain;
   ConnectX-7 400 Gb/s per GPU; ~1,200 W per GPU.
+
+Host memory and local SSD (the KV tiers below HBM, article sections 2, 20 and 22), per GPU = the
+node's figure / its GPUs; the host-to-HBM bandwidth is the GPU's host link per direction:
+
+* H100 SXM, H200 - NVIDIA DGX H100/H200 datasheet: 2 TB system memory and 8 x 3.84 TB NVMe U.2
+  data drives per 8-GPU node (250 GB and 3.84 TB per GPU); H100/H200 datasheets: PCIe Gen5
+  128 GB/s (64 GB/s per direction) per GPU, below the node's DDR5 (2 sockets x 8 channels x
+  DDR5-4800 = 614 GB/s, 77 GB/s per GPU). SSD read: 7 GB/s per drive, one drive per GPU, an
+  ASSUMPTION of a PCIe Gen4 U.2 data-centre drive's sequential read (Samsung PM1733 datasheet:
+  7,000 MB/s); DeepSeek's 3FS reports KV-cache reads of up to ~40 GiB/s per client node
+  (deepseek-ai/3FS README), the same order per node.
+* H800 - the DGX H100 figures (ASSUMPTION: HGX H800 nodes are built like HGX H100).
+* B200 - NVIDIA DGX B200 datasheet: 2 TB system memory (up to 4 TB), 8 x 3.84 TB NVMe U.2;
+  PCIe Gen5 x16 host link per GPU (64 GB/s per direction); SSD read as H200 (ASSUMPTION).
+* B300 - the DGX B200 figures (ASSUMPTION: NVIDIA's HGX B300 material gives no system-memory or
+  drive complement comparable to the DGX B200 datasheet's).
+* GB200 - NVIDIA GB200 NVL72 datasheet: up to 17 TB LPDDR5X at 18.4 TB/s per rack, i.e. 480 GB
+  and 512 GB/s per Grace CPU shared by its two GPUs (240 GB, 256 GB/s each), over NVLink-C2C
+  (900 GB/s bidirectional per superchip: 225 GB/s per GPU per direction, the binding figure).
+  Local SSD: 4 x 3.84 TB E1.S per 4-GPU compute tray at 7 GB/s each (ASSUMPTION: tray storage
+  varies by OEM).
 """
 
 from __future__ import annotations
@@ -54,6 +75,8 @@ PRECISIONS: dict[str, float] = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5}
 
 GB = 1e9
 TB = 1e12
+#: fields a hardware description may leave out (the KV tiers below HBM)
+OPTIONAL_FIELDS = ("host_memory_bytes", "host_memory_bandwidth", "ssd_bytes", "ssd_bandwidth")
 
 
 @dataclass(frozen=True)
@@ -71,6 +94,10 @@ class Accelerator:
     scale_up_domain : GPUs in one NVLink domain (8 for HGX boards, 72 for NVL72).
     power_watts : board power per GPU.
     source : where the figures come from.
+    host_memory_bytes : host DRAM per GPU (the node's / its GPUs; None = not described).
+    host_memory_bandwidth : host DRAM to HBM per GPU per direction, bytes/s (the GPU's host link).
+    ssd_bytes : local NVMe per GPU (None = not described).
+    ssd_bandwidth : local NVMe read per GPU, bytes/s.
     """
 
     name: str
@@ -82,12 +109,19 @@ class Accelerator:
     scale_up_domain: int
     power_watts: float
     source: str = ""
+    host_memory_bytes: float | None = None
+    host_memory_bandwidth: float | None = None
+    ssd_bytes: float | None = None
+    ssd_bandwidth: float | None = None
 
     def __post_init__(self) -> None:
         where = f"accelerator[{self.name}]"
         for f in ("hbm_bytes", "hbm_bandwidth", "scale_up_bandwidth", "scale_out_bandwidth",
                   "power_watts"):
             check_number(f"{where}.{f}", getattr(self, f), low=0.0, low_inclusive=False)
+        for f in OPTIONAL_FIELDS:
+            if getattr(self, f) is not None:
+                check_number(f"{where}.{f}", getattr(self, f), low=0.0, low_inclusive=False)
         check_int(f"{where}.scale_up_domain", self.scale_up_domain, low=1)
         if not self.dense_flops:
             raise ConfigError(f"{where}.dense_flops", "needs at least one precision")
@@ -121,7 +155,8 @@ class Accelerator:
 
 
 def _gpu(name: str, hbm_gb: float, bw_tbs: float, flops_pf: dict[str, float], nvlink_bidir_gbs: float,
-         nic_gbit: float, domain: int, watts: float, source: str) -> Accelerator:
+         nic_gbit: float, domain: int, watts: float, source: str, host_gb: float, host_gbs: float,
+         ssd_tb: float, ssd_gbs: float) -> Accelerator:
     return Accelerator(
         name=name,
         hbm_bytes=hbm_gb * GB,
@@ -132,25 +167,34 @@ def _gpu(name: str, hbm_gb: float, bw_tbs: float, flops_pf: dict[str, float], nv
         scale_up_domain=domain,
         power_watts=watts,
         source=source,
+        host_memory_bytes=host_gb * GB,
+        host_memory_bandwidth=host_gbs * GB,
+        ssd_bytes=ssd_tb * TB,
+        ssd_bandwidth=ssd_gbs * GB,
     )
+
+
+#: host DRAM GB, host link GB/s, SSD TB, SSD GB/s per GPU of an 8-GPU DGX/HGX node (module notes)
+_DGX_HOST = dict(host_gb=250, host_gbs=64, ssd_tb=3.84, ssd_gbs=7)
 
 
 ACCELERATOR_PRESETS: dict[str, Accelerator] = {
     a.name: a
     for a in (
         _gpu("h100-sxm", 80, 3.35, {"bf16": 0.989, "fp8": 1.979}, 900, 400, 8, 700,
-             "NVIDIA H100 Tensor Core GPU datasheet (SXM5); HGX H100 ConnectX-7 400 Gb/s per GPU"),
+             "NVIDIA H100 Tensor Core GPU datasheet (SXM5); HGX H100 ConnectX-7 400 Gb/s per GPU", **_DGX_HOST),
         _gpu("h800", 80, 3.35, {"bf16": 0.989, "fp8": 1.979}, 400, 400, 8, 700,
              "NVIDIA H800 Tensor Core GPU datasheet (SXM5); DeepSeek-V3 Technical Report: "
-             "400 Gb/s InfiniBand per GPU"),
+             "400 Gb/s InfiniBand per GPU", **_DGX_HOST),
         _gpu("h200", 141, 4.8, {"bf16": 0.989, "fp8": 1.979}, 900, 400, 8, 700,
-             "NVIDIA H200 Tensor Core GPU datasheet (SXM); HGX H200 ConnectX-7 400 Gb/s per GPU"),
+             "NVIDIA H200 Tensor Core GPU datasheet (SXM); HGX H200 ConnectX-7 400 Gb/s per GPU", **_DGX_HOST),
         _gpu("b200", 180, 8.0, {"bf16": 2.25, "fp8": 4.5, "fp4": 9.0}, 1800, 400, 8, 1000,
-             "NVIDIA HGX B200 / DGX B200 datasheet (per-board figures / 8, sparsity halved)"),
+             "NVIDIA HGX B200 / DGX B200 datasheet (per-board figures / 8, sparsity halved)", **_DGX_HOST),
         _gpu("b300", 288, 8.0, {"bf16": 2.25, "fp8": 4.5, "fp4": 13.1}, 1800, 800, 8, 1100,
-             "NVIDIA HGX B300 datasheet (per-board figures / 8); ConnectX-8 800 Gb/s per GPU"),
+             "NVIDIA HGX B300 datasheet (per-board figures / 8); ConnectX-8 800 Gb/s per GPU", **_DGX_HOST),
         _gpu("gb200", 186, 8.0, {"bf16": 2.5, "fp8": 5.0, "fp4": 10.0}, 1800, 400, 72, 1200,
-             "NVIDIA GB200 NVL72 datasheet (per-rack figures / 72, sparsity halved)"),
+             "NVIDIA GB200 NVL72 datasheet (per-rack figures / 72, sparsity halved)",
+             host_gb=240, host_gbs=225, ssd_tb=3.84, ssd_gbs=7),
     )
 }
 
@@ -217,7 +261,7 @@ def accelerator_from_dict(d: Mapping[str, Any], where: str = "hardware") -> Acce
         merged = dataclasses.asdict(accelerator_preset(base))
         merged.update(d)
         d = merged
-    missing = sorted(_FIELDS - {"source"} - set(d))
+    missing = sorted(_FIELDS - {"source", *OPTIONAL_FIELDS} - set(d))
     if missing:
         raise ConfigError(f"{where}.{missing[0]}", "missing (give it, or start from base = PRESET)")
     return Accelerator(**d)

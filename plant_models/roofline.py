@@ -931,6 +931,70 @@ class Worker:
         return PassTime("decode", ph, micro, micro, microbatches, self.num_gpus, p.pp,
                         (self._stage_time(ph),), self.handoff_s(micro), self.fixed_stage_s)
 
+    def _mixed_attention_phase(self, decode_sequences: float, context_tokens: float,
+                               chunk_tokens: float) -> PhaseTime:
+        """Attention of a pass that decodes ``decode_sequences`` at ``context_tokens`` and
+        prefills ``chunk_tokens`` (no cached prefix) spread as one piece per attention replica;
+        timed on the busiest replica (its decodes plus its piece), attention weights read once."""
+        m, p = self.model, self.parallelism
+        per_replica = math.ceil(decode_sequences / p.dp_attention) if decode_sequences else 0
+        piece = chunk_tokens / p.dp_attention
+        q_tokens = per_replica + piece
+        flops = 2.0 * q_tokens * m.num_layers * m.attention_params_per_layer
+        kv_flops = per_replica * m.attention_core_flops(1, context_tokens + 1.0, True)
+        if piece:
+            kv_flops += m.attention_core_flops(piece, (piece + 1) / 2.0, False)
+        act = m.activation_bytes_per_element * m.hidden_size
+        kv_read = per_replica * (m.kv_bytes(context_tokens) if context_tokens else 0.0)
+        kv_write = (per_replica + piece) * m.kv_bytes_per_token
+        hbm = (m.num_layers * m.attention_params_per_layer * m.weight_bytes_per_param
+               + self._kv_replication * (kv_read + kv_write) + 2 * q_tokens * act * m.num_layers)
+        allreduce = 2.0 * (p.tp - 1) * q_tokens * act * m.num_layers
+        return self._phase("attention", flops, hbm, p.tp, kv_flops=kv_flops, up_bytes=allreduce, span=p.tp)
+
+    def mixed(self, batch: float, context_tokens: float, chunk_tokens: float) -> PassTime:
+        """One pass of an aggregated worker: ``batch`` decodes at ``context_tokens`` each generate
+        a token while ``chunk_tokens`` new prompt tokens are prefilled in the same pass (chunked
+        prefill sharing the pass, as vLLM and SGLang run it; Sarathi-Serve's stall-free batching).
+
+        The chunk has no cached prefix and is spread over the attention replicas as a fill step
+        is; attention does both parts on the replicas (FLOPs and KV traffic add, attention weights
+        are read once, compute and memory overlap inside the phase); experts and dense layers see
+        the decodes' and the chunk's tokens together, so the expert weights a decode pass reads
+        serve the chunk as well (the shared expert set of the article's section 19). The decode
+        micro-batching of :meth:`decode` holds, with the chunk split evenly over the
+        micro-batches; ``time_s`` is the decodes' TPOT, which grows with the chunk (the
+        interference aggregation pays). ``chunk_tokens = 0`` gives :meth:`decode` exactly.
+
+        Parameters
+        ----------
+        batch : float
+            Decoding sequences in the pass (>= 1).
+        context_tokens : float
+            Their context (tokens, >= 0).
+        chunk_tokens : float
+            New prompt tokens prefilled in the pass (>= 0).
+
+        Returns
+        -------
+        PassTime
+            Mode ``"mixed"`` (``"decode"`` for an empty chunk); KV fit is not checked.
+        """
+        check_number("batch", batch, low=1.0)
+        check_number("context_tokens", context_tokens, low=0.0)
+        check_number("chunk_tokens", chunk_tokens, low=0.0)
+        if not chunk_tokens:
+            return self.decode(batch, context_tokens, check_memory=False)
+        p = self.parallelism
+        microbatches = int(min(p.pp, max(1, math.floor(batch))))
+        micro, piece = batch / microbatches, chunk_tokens / microbatches
+        tokens = micro + piece
+        ph = (self._mixed_attention_phase(micro, context_tokens, piece),
+              self._expert_phase(tokens, per_node_dedup=True),
+              self._dense_phase(tokens, micro + p.dp_attention))
+        return PassTime("mixed", ph, tokens, micro, microbatches, self.num_gpus, p.pp,
+                        (self._stage_time(ph),), self.handoff_s(tokens), self.fixed_stage_s)
+
     def decode_attention(self, batch: int, context_tokens: int) -> PhaseTime:
         """The attention phase of a decode pass (KV reads private to each sequence)."""
         return self.decode(batch, context_tokens).phase("attention")

@@ -9,8 +9,13 @@ model preset). It is a thin layer over the roofline (:class:`tokenfactory.plant_
   fill latency and its throughput the fill rate; ``fill_step_s``: a chunked-prefill step of a token
   budget, the request simulator's unit of fill work, plus the marginal cost of cached prefix tokens
   read in the step.
+  ``fill_context_costs``: what a fill chunk pays for the context before it (cached prefix and
+  the prompt's own earlier chunks) on its attention replica, per context token and per (new
+  token x context token) pair.
 * **decode** - ``decode_pass_s(batch, context)``: the roofline pass time (TPOT) of a batch at a
   context; ``decode_context_tokens``: the mean context an active decode holds at the shape.
+* **aggregated** - ``mixed_step_s(batch, context, chunk)``: a pass of a worker that decodes and
+  prefills a chunk in the same pass (no KV transfer; the decodes' TPOT grows with the chunk).
 * **KV** - one affine law for what a sequence holds: ``kv_bytes(context) = sequence_state_bytes +
   kv_bytes_per_token x context``, the tangent of :meth:`MoEModel.kv_bytes` at the shape's mean
   active context. For full- and linear-attention models that is the model's law itself (the
@@ -28,6 +33,7 @@ Defaults live here and nowhere else: :data:`DEFAULT_KV_STRIPES`, :data:`DEFAULT_
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -300,6 +306,72 @@ class ServiceModel:
         w = self.fill_worker
         base = _stream_step_s(w.midfill(512, 0, sequences=1))
         return max((_stream_step_s(w.midfill(512, 32768, sequences=1)) - base) / 32768, 0.0)
+
+    @functools.cached_property  # a frozen model: computed once
+    def fill_context_costs(self) -> tuple[float, float]:
+        """What a fill chunk pays for the context before it, on its attention replica (one
+        sequence's attention runs on one replica): ``(s per new x context token pair, s per
+        context token)``. A chunk of n new tokens after c context tokens (cached prefix plus the
+        prompt's earlier chunks) adds ``a n c + b c`` to its step: the attention FLOPs over the
+        context (and, for MLA, its latent up-projection) and the KV read. Fitted as the secant of
+        the roofline from 0 to C = max(32,768, the shape's input tokens) at n = 512 and 2,048,
+        so it is exact for full attention there and an upper bound past C for local windows.
+
+        Returns
+        -------
+        tuple of float
+            ``(a, b)``, both >= 0.
+        """
+        return self.chunk_context_fit(_stream_step_s)
+
+    def chunk_context_fit(self, measure) -> tuple[float, float]:
+        """``(a, b)`` such that what the context c before a chunk of n new tokens adds to
+        ``measure`` of the fill worker's one-sequence pass is about a n c + b c: the secant from 0
+        to C = max(32,768, the shape's input tokens) at n = 512 and 2,048 (both clipped at 0).
+
+        Parameters
+        ----------
+        measure : callable
+            ``PassTime -> float`` (its time, FLOPs, HBM bytes, ...).
+
+        Returns
+        -------
+        tuple of float
+        """
+        w, c = self.fill_worker, float(max(32768, self.shape.input_tokens))
+
+        def extra(n: int) -> float:
+            return measure(w.midfill(n, c, sequences=1)) - measure(w.midfill(n, 0, sequences=1))
+
+        lo, hi = extra(512), extra(2048)
+        a = max((hi - lo) / ((2048 - 512) * c), 0.0)
+        return a, max(lo / c - 512 * a, 0.0)
+
+    # -- aggregated -----------------------------------------------------------------------
+    def mixed_step_s(self, batch: float, context_tokens: float, chunk_tokens: float) -> float:
+        """Pass time of an aggregated worker (the decode worker's hardware and layout) that
+        decodes ``batch`` sequences at ``context_tokens`` and prefills ``chunk_tokens`` new tokens
+        in the same pass (:meth:`Worker.mixed`): the decodes' TPOT. ``chunk_tokens = 0`` is
+        :meth:`decode_pass_s`; ``batch = 0`` is a fill step (:meth:`fill_step_s`).
+
+        Parameters
+        ----------
+        batch : float
+            Decoding sequences (>= 0).
+        context_tokens : float
+            Their context (tokens, >= 0).
+        chunk_tokens : float
+            New prompt tokens in the pass (>= 0; > 0 when ``batch`` is 0).
+
+        Returns
+        -------
+        float
+            Seconds.
+        """
+        check_number("batch", batch, low=0.0)
+        if batch < 1:
+            return self.fill_step_s(chunk_tokens)
+        return self.decode_worker.mixed(batch, context_tokens, chunk_tokens).time_s
 
     # -- decode ---------------------------------------------------------------------------
     @property

@@ -21,7 +21,7 @@ from typing import Any
 
 from tokenfactory.validation import ConfigError
 
-__all__ = ["STUDIES", "run_study", "has_full_variant", "suite_order"]
+__all__ = ["STUDIES", "TYPICAL_SECONDS", "run_study", "has_full_variant", "suite_order"]
 
 #: study name -> module; the default suite (`make run`) runs them in this order.
 STUDIES: dict[str, str] = {
@@ -35,6 +35,9 @@ STUDIES: dict[str, str] = {
     "reconfiguration": "tokenfactory.studies.reconfiguration",
     "layered-stack": "tokenfactory.studies.layered_stack",
     "overload": "tokenfactory.studies.overload",
+    "aggregation": "tokenfactory.studies.aggregation",
+    "long-context": "tokenfactory.studies.long_context",
+    "kv-tiers": "tokenfactory.studies.kv_tiers",
 }
 
 
@@ -94,11 +97,21 @@ def run_study(name: str, out_dir: str | Path | None = None, quick: bool = False,
     return module.run(out, quick=quick)
 
 
+#: Wall seconds of each study's default variant in ``tokenfactory study all --jobs 2`` on the
+#: 2-core development machine (2026-11-30): the order of a first run, before any report exists.
+TYPICAL_SECONDS: dict[str, float] = {
+    "reconfiguration": 196.4, "overload": 90.0, "forecasting": 87.6, "trace-replay": 76.5, "feedback-oscillation": 39.3,
+    "layered-stack": 33.9, "aggregation": 25.6, "kv-tiers": 23.6, "operating-modes": 12.1,
+    "k3-projection": 10.9, "long-context": 10.1, "bandwidth-capacity": 6.4, "roofline-validation": 5.7,
+}
+
+
 def suite_order(names: list[str], reports_dir: str | Path) -> list[str]:
     """``names`` longest first by the wall time of their last report under ``reports_dir``.
 
-    Running the longest studies first keeps parallel workers busy to the end (LPT scheduling);
-    studies never run before keep their place after the timed ones, in :data:`STUDIES` order.
+    Running the longest studies first keeps parallel workers busy to the end (LPT scheduling). A
+    study without a report is placed by :data:`TYPICAL_SECONDS`; one in neither keeps its place
+    after the timed ones, in :data:`STUDIES` order.
 
     Parameters
     ----------
@@ -118,6 +131,7 @@ def suite_order(names: list[str], reports_dir: str | Path) -> list[str]:
             m = json.loads((Path(reports_dir) / n / "metrics.json").read_text())
             seconds[n] = float(m["provenance"]["wall_seconds"])
         except (OSError, ValueError, KeyError, TypeError):
-            continue
+            if n in TYPICAL_SECONDS:
+                seconds[n] = TYPICAL_SECONDS[n]
     timed = sorted((n for n in names if n in seconds), key=lambda n: -seconds[n])
     return timed + [n for n in names if n not in seconds]

@@ -60,7 +60,7 @@ from tokenfactory.traces import (
 )
 from tokenfactory.validation import ConfigError, reject_unknown_keys
 
-__all__ = ["run", "fluid_params", "reproduce_flapping", "reproduce_cascade", "reproduce_seesaw",
+__all__ = ["run", "DEFAULT_PLANES", "fluid_params", "reproduce_flapping", "reproduce_cascade", "reproduce_seesaw",
            "describing_function_check", "compare_servegen_day", "compare_azure_replay", "SHAPE", "SEESAW_SHAPE"]
 
 PLANT = {"model": "deepseek-v3", "hardware": "h200"}
@@ -356,7 +356,7 @@ def _servegen_plane(pt: dict):
 
 
 def compare_servegen_day(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: PoolDynamics = PoolDynamics(),
-                         scale: float = 5.0, hours: float | None = None):
+                         scale: float = 5.0, hours: float | None = None, dt: float = 0.25):
     """A day of ServeGen m-large rates x ``scale`` (a tenant population ``scale`` times larger, so
     pools hold several workers) through the pool model; synthetic rates without the trace data."""
     spec = "servegen:m-large" if trace_available("servegen:m-large") else "synthetic"
@@ -372,7 +372,7 @@ def compare_servegen_day(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: Po
     demand = pd.Series(scale * np.interp(fine, y.index.to_numpy(dtype=float), y.to_numpy()), index=fine)
     fp = fluid_params(shape)
     duration = float(fine[-1])
-    sc = PoolScenario(demand, duration, dt=0.25, control_start_s=300.0, seed=4, slo_ttft_s=SLO_TTFT_S,
+    sc = PoolScenario(demand, duration, dt=dt, control_start_s=300.0, seed=4, slo_ttft_s=SLO_TTFT_S,
                       slo_tpot_s=SLO_TPOT_S)
     mean_rate, peak_rate = float(demand.mean()), float(demand.max())
     workload = f"{spec} day 7 x{scale:g} (pool model)"
@@ -561,15 +561,24 @@ def _md_table(rows: list[dict], cols: list[str]) -> list[str]:
     return out
 
 
+#: the control planes of the default and quick comparisons: every autoscaler, and static pools
+#: under Mooncake's early rejection and under smoothed admission. ``--full`` adds static pools
+#: under vLLM's watermark and predictive early rejection, and the hysteretic controller without
+#: smoothed admission (which matches it with smoothed admission when no overload reaches it).
+DEFAULT_PLANES = ("static + mooncake-early-rejection", "static + tokenfactory-smoothed", "kubernetes-hpa",
+                  "knative-kpa", "dynamo-throughput", "dynamo-load", "aibrix-apa",
+                  "tokenfactory-hysteretic + smoothed")
+
+
 def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None,
         full: bool = False) -> dict[str, Any]:
     # the Azure replay is the request simulator's: 10 minutes of it in the default and quick
-    # variants (each of the eleven control planes replays it), the 20-minute replay with --full
+    # variants (each control plane replays it), the 20-minute replay with --full
     cfg = {"reproductions": True, "describing_function": True, "comparison": ["azure", "servegen"],
            "azure_minutes": 20.0 if full else 10.0, **(config or {})}
     reject_unknown_keys("reconfiguration", cfg, {"reproductions", "describing_function", "comparison", "planes",
                                                   "azure_minutes", "servegen_hours"})
-    planes = tuple(cfg.get("planes", CONTROL_PLANES))
+    planes = tuple(cfg.get("planes", CONTROL_PLANES if full else DEFAULT_PLANES))
     for p in planes:
         if p not in CONTROL_PLANES:
             raise ConfigError("reconfiguration.planes", f"unknown control plane {p!r}; known: {', '.join(CONTROL_PLANES)}")
@@ -649,7 +658,8 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         rows, resps, info = compare_servegen_day(quick, planes, hours=cfg.get("servegen_hours"))
         comparison += rows
         infos["servegen"] = info
-        show = {k: v for k, v in resps.items() if k in ("kubernetes-hpa", "dynamo-load", "tokenfactory-hysteretic")}
+        ours = "tokenfactory-hysteretic" if "tokenfactory-hysteretic" in resps else "tokenfactory-hysteretic + smoothed"
+        show = {k: v for k, v in resps.items() if k in ("kubernetes-hpa", "dynamo-load", ours)}
         if show:
             report.save_figure(_reproduction_figure(f"{info['trace']}: a day through the pool model", show,
                                                     ["decode", "fill"]), "servegen_day.png",

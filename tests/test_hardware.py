@@ -56,3 +56,28 @@ def test_bad_hardware_names_the_field(d, field):
 def test_unknown_preset():
     with pytest.raises(ConfigError, match="h200"):
         load_accelerator("tpu-v9")
+
+
+# (preset, host GB per GPU, host link GB/s per GPU, SSD TB per GPU): DGX H100/H200/B200 datasheets
+# (2 TB and 8 x 3.84 TB NVMe per 8-GPU node, PCIe Gen5 x16), GB200 NVL72 (480 GB LPDDR5X per Grace
+# for two GPUs, NVLink-C2C 900 GB/s bidirectional); see plant_models/hardware.py
+HOST = [("h100-sxm", 250, 64, 3.84), ("h200", 250, 64, 3.84), ("b200", 250, 64, 3.84), ("gb200", 240, 225, 3.84)]
+
+
+@pytest.mark.parametrize("name,host_gb,link_gbs,ssd_tb", HOST)
+def test_host_memory_and_ssd_per_gpu(name, host_gb, link_gbs, ssd_tb):
+    a = accelerator_preset(name)
+    assert a.host_memory_bytes == pytest.approx(host_gb * 1e9)
+    assert a.host_memory_bandwidth == pytest.approx(link_gbs * 1e9)
+    assert a.ssd_bytes == pytest.approx(ssd_tb * 1e12)
+    assert a.ssd_bandwidth > 0
+
+
+def test_host_memory_and_ssd_are_optional_in_a_description():
+    d = {k: v for k, v in accelerator_preset("h200").to_dict().items()
+         if k not in ("ridge_point_flop_per_byte", "host_memory_bytes", "host_memory_bandwidth", "ssd_bytes",
+                      "ssd_bandwidth")}
+    a = accelerator_from_dict({**d, "name": "bare"})
+    assert a.host_memory_bytes is None and a.ssd_bandwidth is None
+    with pytest.raises(ConfigError, match="ssd_bandwidth"):
+        accelerator_from_dict({"base": "h200", "ssd_bandwidth": -1.0})

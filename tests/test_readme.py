@@ -65,6 +65,15 @@ def _flapping():
     return reproduce_flapping(quick=True)[0]
 
 
+@cache
+def _certificate():
+    from tokenfactory.stack import certify, load_stack_scenario
+
+    cert = certify(load_stack_scenario("stack_default")).to_dict()
+    rows = {(r["outer"], r["inner"]): r for r in cert["separation"]}
+    return cert["binding"], rows
+
+
 #: (id, pattern in README.md, recompute, relative tolerance)
 CHECKS = [
     ("dsv3 total params", r"671B total, ([\d.]+)B active", lambda: _dsv3()["active_params"] / 1e9, 0.005),
@@ -80,6 +89,13 @@ CHECKS = [
     ("cascade fix", r"stops at\s+(\d+)\s+workers", lambda: _cascade()["fixed"]["peak_provisioned"], 0.0),
     ("flapping high", r"HPA flaps (\d+) -> \d+ -> \d+", lambda: _flapping()["baseline"]["max_provisioned"], 0.0),
     ("flapping low", r"HPA flaps \d+ -> (\d+) -> \d+", lambda: _flapping()["baseline"]["min_provisioned"], 0.0),
+    ("stack binding GM", r"service rates: GM ([\d.]+), PM", lambda: _certificate()[0]["gain_margin"], 0.005),
+    ("stack binding PM", r"service rates: GM [\d.]+, PM ([\d.]+) deg", lambda: _certificate()[0]["phase_margin_deg"],
+     0.005),
+    ("stack separation admission", r"separation ratios ([\d.]+) \(admission",
+     lambda: _certificate()[1][("admission", "batch_gate")]["ratio"], 0.005),
+    ("stack separation reconfiguration", r"and (\d+) \(reconfiguration over admission\)",
+     lambda: _certificate()[1][("reconfiguration", "admission")]["ratio"], 0.005),
 ]
 
 
@@ -105,5 +121,6 @@ def test_readme_figure(name, pattern, compute, rel):
 
 def test_every_readme_figure_names_its_command():
     # the tour's figures point at the command that reproduces them
-    for cmd in ("make bench", "tokenfactory study feedback-oscillation", "tokenfactory study reconfiguration"):
+    for cmd in ("make bench", "tokenfactory study feedback-oscillation", "tokenfactory study reconfiguration",
+                "tokenfactory certify stack_default"):
         assert cmd in README, cmd

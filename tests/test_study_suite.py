@@ -65,6 +65,21 @@ def test_suite_order_is_longest_first_from_the_last_reports(tmp_path):
     assert suite_order(names, tmp_path / "missing") == names
 
 
+def test_first_run_order_comes_from_typical_times(tmp_path, monkeypatch):
+    from tokenfactory import studies as st
+
+    monkeypatch.setattr(st, "TYPICAL_SECONDS", {"b": 10.0, "c": 99.0})
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "metrics.json").write_text(json.dumps({"provenance": {"wall_seconds": 50.0}}))
+    # a report beats the typical time; studies in neither go last, in their order
+    assert suite_order(["d", "a", "b", "c"], tmp_path) == ["c", "a", "b", "d"]
+
+
+def test_every_study_has_a_typical_time():
+    # a study missing here would run last on a first `make run`, whatever its length
+    assert set(studies.TYPICAL_SECONDS) == set(studies.STUDIES)
+
+
 @pytest.mark.parametrize("jobs", ["1", "2"])
 def test_study_all_runs_every_study_and_writes_the_index(fake_studies, capsys, jobs):
     out = fake_studies / "reports"

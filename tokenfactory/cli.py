@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -291,7 +292,8 @@ def _cmd_certify(args) -> int:
         print("  separation (outer <- inner): ratio, PM loss")
         for r in cert.separation_rows():
             loss = "feed-forward" if r["pm_loss_deg"] is None else f"{r['pm_loss_deg']:.3g} deg"
-            print(f"    {r['outer']:<16} <- {r['inner']:<16} {r['ratio']:10.3g}  {loss}")
+            ratio = f"{r['ratio']:10.3g}" if r["ratio"] is not None and math.isfinite(r["ratio"]) else f"{'-':>10}"
+            print(f"    {r['outer']:<16} <- {r['inner']:<16} {ratio}  {loss}")
         print("  describing function:")
         for d in cert.describing_function:
             print(f"    {d['layer']}: {d['element']}: {'LIMIT CYCLE' if d['limit_cycle'] else 'no limit cycle'}")

@@ -9,7 +9,11 @@ Calibrated to the shared traces' statistics (see ``fit``):
 * agentic sessions (reference article section 2): a fraction of traffic comes from sessions whose
   calls return after heavy-tailed (Pareto) think times, whose context grows by each turn's new
   input and output, whose earlier context is a reusable prefix (``cached_tokens``), and which are
-  compacted to ``compaction_keep`` of the limit when the context would exceed ``context_limit``.
+  compacted to ``compaction_keep`` of the limit when the context would exceed ``context_limit``;
+* long contexts (:func:`long_context_workload`): a 1M-token window and agentic sessions whose
+  cached prefix grows turn by turn (midfill-heavy), calibrated to the Claude Code sessions of the
+  shared ``agentic-coding`` trace; ``closed_sessions`` marks the table so the request simulator
+  sends a turn its think time after the previous one completes.
 
 Every draw comes from one ``numpy.random.Generator`` seeded by ``seed``.
 """
@@ -23,12 +27,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from tokenfactory.validation import check_int, check_number, reject_unknown_keys
+from tokenfactory.validation import ConfigError, check_int, check_number, reject_unknown_keys
 from tokenfactory.traces.stats import counts
 from tokenfactory.traces.classes import assign_classes
 
 __all__ = ["SyntheticWorkload", "rate_at", "generate_requests", "generate_rates", "fit_workload",
-           "compare_to_trace"]
+           "compare_to_trace", "long_context_workload", "LONG_CONTEXT"]
 
 DAY = 86400.0
 WEEK = 7 * DAY
@@ -89,9 +93,17 @@ class SyntheticWorkload:
         Mean calls per session (>= 1; default 30; geometric).
     session_initial_context_median : float
         Median context of a session's first call (tokens, > 0; default 20,000; log-normal with
-        sigma 0.8, capped at half of ``context_limit``).
+        sigma ``session_initial_context_sigma``, capped at ``session_initial_context_cap`` of
+        ``context_limit``).
+    session_initial_context_sigma : float
+        Log-normal sigma of the first call's context ([0, 4]; default 0.8).
+    session_initial_context_cap : float
+        Largest first-call context as a fraction of ``context_limit`` ((0, 1]; default 0.5).
     session_new_tokens_median : float
-        Median new input tokens per turn (tokens, > 0; default 700; log-normal with sigma 1.2).
+        Median new input tokens per turn (tokens, > 0; default 700; log-normal with sigma
+        ``session_new_tokens_sigma``).
+    session_new_tokens_sigma : float
+        Log-normal sigma of the new input tokens per turn ([0, 4]; default 1.2).
     think_time_scale_s : float
         Minimum (Pareto scale) of the think time between a call's end and the next call (s,
         > 0; default 5).
@@ -99,6 +111,10 @@ class SyntheticWorkload:
         Pareto tail index of think times ([1.01, 10]; default 1.3: heavy-tailed, finite mean).
     compaction_keep : float
         Fraction of ``context_limit`` a session keeps when compacted ([0, 0.9]; default 0.2).
+    closed_sessions : bool
+        Mark the request table (``attrs["closed_sessions"]``) so the request simulator sends a
+        session's next turn its think time after the previous turn completes, rather than at its
+        generated time (default False).
     seed : int
         Seed of the generator every draw comes from (>= 0; default 0).
 
@@ -126,10 +142,14 @@ class SyntheticWorkload:
     agentic_fraction: float = 0.0
     session_turns_mean: float = 30.0
     session_initial_context_median: float = 20_000.0
+    session_initial_context_sigma: float = 0.8
+    session_initial_context_cap: float = 0.5
     session_new_tokens_median: float = 700.0
+    session_new_tokens_sigma: float = 1.2
     think_time_scale_s: float = 5.0
     think_time_alpha: float = 1.3
     compaction_keep: float = 0.2
+    closed_sessions: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -147,13 +167,17 @@ class SyntheticWorkload:
         for f in ("input_median", "output_median", "session_initial_context_median", "session_new_tokens_median",
                   "think_time_scale_s"):
             check_number(f"{w}.{f}", getattr(self, f), low=0.0, low_inclusive=False)
-        for f in ("input_sigma", "output_sigma"):
+        for f in ("input_sigma", "output_sigma", "session_initial_context_sigma", "session_new_tokens_sigma"):
             check_number(f"{w}.{f}", getattr(self, f), low=0.0, high=4.0)
         check_int(f"{w}.context_limit", self.context_limit, low=16)
         check_number(f"{w}.agentic_fraction", self.agentic_fraction, low=0.0, high=1.0)
         check_number(f"{w}.session_turns_mean", self.session_turns_mean, low=1.0)
         check_number(f"{w}.think_time_alpha", self.think_time_alpha, low=1.01, high=10.0)
         check_number(f"{w}.compaction_keep", self.compaction_keep, low=0.0, high=0.9)
+        check_number(f"{w}.session_initial_context_cap", self.session_initial_context_cap, low=0.0, high=1.0,
+                     low_inclusive=False)
+        if not isinstance(self.closed_sessions, bool):
+            raise ConfigError(f"{w}.closed_sessions", f"{self.closed_sessions!r} must be true or false")
         check_int(f"{w}.seed", self.seed, low=0)
 
     @classmethod
@@ -173,6 +197,39 @@ class SyntheticWorkload:
         """
         reject_unknown_keys(where, d, {f.name for f in dataclasses.fields(cls)})
         return cls(**d)
+
+
+#: the long-context preset (:func:`long_context_workload`): every call from an agentic session in a
+#: 1M-token window. Calibrated to the shared ``agentic-coding`` trace (710 Claude Code sessions,
+#: 48,658 parent-agent calls): new input per call median 720 tokens, 90th percentile 4,663 (sigma
+#: ln(4663/720)/1.2816 = 1.46); output median 216, 90th percentile 899 (sigma 1.11); 68.5 calls
+#: per session; first-call context median 24k with a 90th percentile of 259k (median 40k, sigma
+#: 1.2 here, so resumed and tool-heavy starts reach the 250k-1M range the article centres on, up
+#: to half the window); think time median 10 s (Pareto from 5 s with tail index 1.05: median
+#: 9.7 s; the trace's tail is heavier, 166 s at the 90th percentile, beyond a finite-mean Pareto).
+#: Compaction keeps 20 % of the window. Rates: 0.5 calls/s at 8 am on a Monday, flat
+#: (ASSUMPTIONS, set per study).
+LONG_CONTEXT = dict(mean_rate_rps=0.5, daily_amplitude=0.0, daily_second_harmonic=0.0, weekend_factor=1.0,
+                    idc=1.0, output_median=216.0, output_sigma=1.11, context_limit=1_000_000, agentic_fraction=1.0,
+                    session_turns_mean=68.5, session_initial_context_median=40_000.0,
+                    session_initial_context_sigma=1.2, session_initial_context_cap=0.5,
+                    session_new_tokens_median=720.0, session_new_tokens_sigma=1.46, think_time_scale_s=5.0,
+                    think_time_alpha=1.05, compaction_keep=0.2, closed_sessions=True)
+
+
+def long_context_workload(**overrides) -> SyntheticWorkload:
+    """The long-context agentic workload (:data:`LONG_CONTEXT`) with ``overrides``.
+
+    Parameters
+    ----------
+    **overrides
+        :class:`SyntheticWorkload` fields to change (``mean_rate_rps``, ``seed``, ...).
+
+    Returns
+    -------
+    SyntheticWorkload
+    """
+    return SyntheticWorkload.from_dict({**LONG_CONTEXT, **overrides})
 
 
 def rate_at(w: SyntheticWorkload, t) -> np.ndarray:
@@ -203,32 +260,40 @@ def _lognormal(rng, median, sigma, n, cap):
     return np.clip(np.round(rng.lognormal(math.log(median), sigma, n)), 1, cap).astype(np.int64)
 
 
-def _sessions(w: SyntheticWorkload, rng, duration_s: float, start_s: float) -> pd.DataFrame:
-    """Agentic sessions started at rate agentic_fraction x rate / turns_mean."""
-    grid = np.arange(start_s, start_s + duration_s, 60.0)
+def _sessions(w: SyntheticWorkload, rng, duration_s: float, start_s: float, warm_start_s: float = 0.0) -> pd.DataFrame:
+    """Agentic sessions started at rate agentic_fraction x rate / turns_mean over
+    [start_s - warm_start_s, start_s + duration_s); turns before start_s are not kept."""
+    first = start_s - warm_start_s
+    grid = np.arange(first, start_s + duration_s, 60.0)
     starts = []
     for t0 in grid:
-        lam = w.agentic_fraction * rate_at(w, t0) / w.session_turns_mean * 60.0
+        lam = w.agentic_fraction * rate_at(w, max(t0, 0.0)) / w.session_turns_mean * 60.0
         k = rng.poisson(lam)
         starts.extend(t0 + rng.uniform(0, 60.0, k))
     rows = []
+    end = start_s + duration_s
+    limit, keep = w.context_limit, int(w.compaction_keep * w.context_limit)
     for sid, t in enumerate(sorted(starts)):
-        turns = rng.geometric(1.0 / w.session_turns_mean)
-        context = int(min(_lognormal(rng, w.session_initial_context_median, 0.8, 1, w.context_limit)[0],
-                          w.context_limit // 2))
+        turns = int(rng.geometric(1.0 / w.session_turns_mean))
+        context = int(min(_lognormal(rng, w.session_initial_context_median, w.session_initial_context_sigma, 1,
+                                     limit)[0], w.session_initial_context_cap * limit))
+        # one draw per quantity for the whole session (the turns' sizes and think times)
+        new_all = _lognormal(rng, w.session_new_tokens_median, w.session_new_tokens_sigma, turns, limit).tolist()
+        out_all = _lognormal(rng, w.output_median, w.output_sigma, turns, 32_768).tolist()
+        think_all = (w.think_time_scale_s * rng.pareto(w.think_time_alpha, turns) + w.think_time_scale_s).tolist()
         cached = 0
         for turn in range(turns):
-            new = int(_lognormal(rng, w.session_new_tokens_median, 1.2, 1, w.context_limit)[0])
-            out = int(_lognormal(rng, w.output_median, w.output_sigma, 1, 32_768)[0])
-            if context + new > w.context_limit:  # compaction: the old prefix is replaced by a summary
-                context = int(w.compaction_keep * w.context_limit)
+            new, out = new_all[turn], out_all[turn]
+            if context + new > limit:  # compaction: the old prefix is replaced by a summary
+                context = keep
                 cached = 0
-                new = min(new, w.context_limit - context)
-            think = 0.0 if turn == 0 else w.think_time_scale_s * rng.pareto(w.think_time_alpha) + w.think_time_scale_s
+                new = min(new, limit - context)
+            think = think_all[turn] if turn else 0.0
             t += think
-            if t >= start_s + duration_s:
+            if t >= end:
                 break
-            rows.append((t, context + new, cached, out, f"s{sid}", turn, think if turn else np.nan))
+            if t >= start_s:
+                rows.append((t, context + new, cached, out, f"s{sid}", turn, think if turn else np.nan))
             cached = context + new  # the whole prompt is now a reusable prefix for the next turn
             context = context + new + out
             t += out * 0.02  # the turn's own decode time before the think time starts
@@ -236,7 +301,8 @@ def _sessions(w: SyntheticWorkload, rng, duration_s: float, start_s: float) -> p
                                        "session_id", "turn", "think_time_s"])
 
 
-def generate_requests(w: SyntheticWorkload, duration_s: float, start_s: float = 0.0) -> pd.DataFrame:
+def generate_requests(w: SyntheticWorkload, duration_s: float, start_s: float = 0.0,
+                      warm_start_s: float = 0.0) -> pd.DataFrame:
     """A request table (see :mod:`tokenfactory.traces.schema`) over [start_s, start_s + duration_s).
 
     Non-session requests arrive at (1 - ``agentic_fraction``) x :func:`rate_at`, modulated per
@@ -252,6 +318,10 @@ def generate_requests(w: SyntheticWorkload, duration_s: float, start_s: float = 
         Length of the period (s, > 0).
     start_s : float
         Where the period starts on the workload's clock (s since Monday 00:00; default 0).
+    warm_start_s : float
+        Sessions also start in the ``warm_start_s`` before ``start_s``, so the period opens with
+        sessions in progress (their turns before ``start_s`` are dropped; the first kept turn
+        carries its cached prefix). Default 0: every session starts inside the period.
 
     Returns
     -------
@@ -267,6 +337,7 @@ def generate_requests(w: SyntheticWorkload, duration_s: float, start_s: float = 
         For ``duration_s`` <= 0.
     """
     check_number("duration_s", duration_s, low=0.0, low_inclusive=False)
+    check_number("warm_start_s", warm_start_s, low=0.0)
     rng = np.random.default_rng(w.seed)
     win = w.burst_window_s
     edges = np.arange(start_s, start_s + duration_s, win)
@@ -286,11 +357,13 @@ def generate_requests(w: SyntheticWorkload, duration_s: float, start_s: float = 
                           "session_id": "", "turn": 0, "think_time_s": np.nan})
     parts = [plain]
     if w.agentic_fraction > 0:
-        parts.append(_sessions(w, rng, duration_s, start_s))
+        parts.append(_sessions(w, rng, duration_s, start_s, warm_start_s))
     df = pd.concat(parts, ignore_index=True).sort_values("arrival_s", kind="stable").reset_index(drop=True)
     df["arrival_s"] = df["arrival_s"] - start_s
     df.attrs.update({"name": "synthetic", "kind": "requests", "source": f"synthetic seed={w.seed}",
                      "start_s": start_s, "config": dataclasses.asdict(w)})
+    if w.closed_sessions:
+        df.attrs["closed_sessions"] = True
     # classes from the documented mix, on their own generator (the draws above are unchanged)
     return assign_classes(df, seed=w.seed)
 

@@ -24,7 +24,11 @@ Modules, one concern each:
 * :mod:`~tokenfactory.plant_models.des.config` - :class:`ClusterConfig`;
 * :mod:`~tokenfactory.plant_models.des.cache` - prefix-cache policies;
 * :mod:`~tokenfactory.plant_models.des.fill`, :mod:`~tokenfactory.plant_models.des.decode` - the
-  two stages;
+  two stages; :mod:`~tokenfactory.plant_models.des.aggregated` - workers that run both in one
+  pass (aggregated serving);
+* :mod:`~tokenfactory.plant_models.des.tiers` - the tiered KV store (HBM, host DRAM, SSD;
+  retention; rebuild from text), a prefix-cache policy;
+* :mod:`~tokenfactory.plant_models.des.work` - FLOPs and bytes per pass, utilisation;
 * :mod:`~tokenfactory.plant_models.des.fleet` - autoscaling, moves, crashes, slowdowns (the pool
   model's fleet rules);
 * :mod:`~tokenfactory.plant_models.des.measure` - snapshots, measurements, the control loop;
@@ -43,10 +47,13 @@ from tokenfactory.plant_models.des.cache import (
     UnboundedPrefixCache,
     prefix_cache_for,
 )
+from tokenfactory.plant_models.des.aggregated import AggregatedStage, AggregatedWorker
 from tokenfactory.plant_models.des.config import ClusterConfig
 from tokenfactory.plant_models.des.core import OpenAdmission, Simulator, simulate
 from tokenfactory.plant_models.des.params import DESParams
 from tokenfactory.plant_models.des.records import Snapshot, Stage
+from tokenfactory.plant_models.des.tiers import TIER_SOURCES, KVTier, TieredKVStore, kv_tiers, replay_store, session_chains
+from tokenfactory.plant_models.des.work import PassWork, WorkLedger
 from tokenfactory.plant_models.result import SimulationResult
 from tokenfactory.signals import REJECT_REASONS  # noqa: F401
 
@@ -55,4 +62,5 @@ DESResult = SimulationResult
 
 __all__ = ["DESParams", "ClusterConfig", "Simulator", "OpenAdmission", "simulate", "Stage", "Snapshot",
            "PrefixCache", "NoPrefixCache", "UnboundedPrefixCache", "LRUPrefixCache", "prefix_cache_for",
-           "DESResult"]
+           "DESResult", "AggregatedWorker", "AggregatedStage", "KVTier", "TieredKVStore", "kv_tiers", "replay_store",
+           "session_chains", "TIER_SOURCES", "PassWork", "WorkLedger"]

@@ -5,6 +5,12 @@ after a crash re-queues it), and :meth:`PrefixCache.peek`, the orchestrator's lo
 index when a request arrives (what it expects to hit; nothing is recorded). Traces with ``hash_ids`` (Mooncake's block hashes)
 are looked up block by block: the hit is the longest cached prefix of whole blocks. Write a
 subclass to try another policy and pass it as ``simulate(..., prefix_cache=...)``.
+
+The simulator calls :meth:`PrefixCache.fetch`, which by default is ``lookup`` with no load
+time; a policy whose hits cost time to bring into HBM (the tiered store of
+:mod:`tokenfactory.plant_models.des.tiers`) overrides it, and may add per-request columns to
+the records (:meth:`PrefixCache.record_columns`) and figures to the metrics
+(:meth:`PrefixCache.metrics`).
 """
 
 from __future__ import annotations
@@ -56,6 +62,55 @@ class PrefixCache:
             Tokens expected from cache, at most ``input_tokens``.
         """
         return 0
+    def fetch(self, request: int, blocks: Sequence | None, input_tokens: int, given_cached: int,
+              now: float) -> tuple[int, float]:
+        """Cached tokens of request ``request`` whose fill starts at ``now``, and the seconds
+        loading them into HBM takes (0 here: a hit is in HBM already).
+
+        Parameters
+        ----------
+        request : int
+            The request's row.
+        blocks, input_tokens, given_cached
+            As for :meth:`lookup`.
+        now : float
+            Simulated time (s).
+
+        Returns
+        -------
+        tuple
+            ``(tokens served from cache, load seconds)``.
+        """
+        return self.lookup(blocks, input_tokens, given_cached), 0.0
+
+    def record_columns(self, n: int) -> dict:
+        """Per-request columns this policy adds to the records (none here).
+
+        Parameters
+        ----------
+        n : int
+            Requests in the run.
+
+        Returns
+        -------
+        dict
+            Column name -> array of ``n`` values.
+        """
+        return {}
+
+    def metrics(self, now: float) -> dict:
+        """Figures this policy adds to the run's metrics at its end ``now`` (none here).
+
+        Parameters
+        ----------
+        now : float
+            The run's end (s).
+
+        Returns
+        -------
+        dict
+        """
+        return {}
 
     def params(self) -> dict:
         """The policy's name and settings (recorded in a result's config).

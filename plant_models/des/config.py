@@ -29,10 +29,16 @@ class ClusterConfig:
     ``snapshot_dt`` is the period of the recorded time series, which is also what controllers
     sample (with ``measurement_delay_s``).
 
+    ``aggregated_workers`` > 0 makes an aggregated cluster: workers that fill and decode in the
+    same passes (:mod:`tokenfactory.plant_models.des.aggregated`); it then needs
+    ``fill_workers = decode_workers = 0``, no autoscalers and no events.
+
     Parameters
     ----------
     fill_workers, decode_workers : int
         Workers serving at the start (>= 0).
+    aggregated_workers : int
+        Aggregated workers (>= 0; default 0: a disaggregated cluster).
     measurement_delay_s : float
         Age of what controllers see (s, >= 0).
     snapshot_dt : float
@@ -71,6 +77,7 @@ class ClusterConfig:
 
     fill_workers: int = 8
     decode_workers: int = 8
+    aggregated_workers: int = 0
     measurement_delay_s: float = 0.5
     snapshot_dt: float = 0.1
     prefix_cache_blocks: int | None = None
@@ -90,6 +97,10 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         check_int("cluster.fill_workers", self.fill_workers, low=0)
         check_int("cluster.decode_workers", self.decode_workers, low=0)
+        check_int("cluster.aggregated_workers", self.aggregated_workers, low=0)
+        if self.aggregated_workers and (self.fill_workers or self.decode_workers):
+            raise ConfigError("cluster.aggregated_workers", f"an aggregated cluster has no fill or decode pool: give "
+                              f"fill_workers = decode_workers = 0, not {self.fill_workers} and {self.decode_workers}")
         check_number("cluster.measurement_delay_s", self.measurement_delay_s, low=0.0)
         check_number("cluster.snapshot_dt", self.snapshot_dt, low=0.001, high=60.0)
         if self.prefix_cache_blocks is not None:
@@ -106,6 +117,8 @@ class ClusterConfig:
                               f"initial {self.fill_workers} fill + {self.decode_workers} decode")
         check_int("cluster.seed", self.seed, low=0)
         object.__setattr__(self, "events", events_from_dicts(self.events, "cluster.events", EVENT_KINDS))
+        if self.aggregated_workers and self.events:
+            raise ConfigError("cluster.events", "the aggregated pool is fixed: it takes no events")
         classes = tuple(self.classes)
         for k, c in enumerate(classes):
             if not isinstance(c, RequestClass):

@@ -39,6 +39,7 @@ import pandas as pd
 import simpy
 
 from tokenfactory.errors import ConservationError
+from tokenfactory.plant_models.des.aggregated import AggregatedStage, AggregatedWorker
 from tokenfactory.plant_models.des.cache import PrefixCache, prefix_cache_for
 from tokenfactory.plant_models.des.config import ClusterConfig
 from tokenfactory.plant_models.des.decode import DecodeStage, DecodeWorker
@@ -49,6 +50,7 @@ from tokenfactory.plant_models.des.measure import Monitor
 from tokenfactory.plant_models.des.params import DESParams
 from tokenfactory.plant_models.des.queues import PriorityQueues
 from tokenfactory.plant_models.des.records import RequestRecords, Stage
+from tokenfactory.plant_models.des.work import WorkLedger
 from tokenfactory.plant_models.result import SimulationResult
 from tokenfactory.plant_models.service import mean_active_context
 from tokenfactory.signals import DEFER_REASONS, REJECT_REASONS, AdmissionAction, Arrival, count_reversals
@@ -87,7 +89,7 @@ class OpenAdmission:
         return AdmissionAction(math.inf)
 
 
-class Simulator(FillStage, DecodeStage, FleetControl, Monitor):
+class Simulator(FillStage, DecodeStage, AggregatedStage, FleetControl, Monitor):
     """One replay of a request table through the cluster.
 
     Parameters
@@ -95,7 +97,8 @@ class Simulator(FillStage, DecodeStage, FleetControl, Monitor):
     trace : DataFrame
         Request table: ``arrival_s``, ``input_tokens``, ``output_tokens``; optional
         ``cached_tokens``, ``hash_ids``, and ``session_id``/``turn``/``think_time_s`` (closed
-        agentic sessions when ``trace.attrs["per_session_clock"]``).
+        agentic sessions - a turn arrives its think time after the previous one completes - when
+        ``trace.attrs["per_session_clock"]`` or ``trace.attrs["closed_sessions"]``).
     params : DESParams
         Service times.
     cluster : ClusterConfig
@@ -132,7 +135,8 @@ class Simulator(FillStage, DecodeStage, FleetControl, Monitor):
         self.hashes = trace["hash_ids"].to_numpy() if "hash_ids" in trace else None
         self.rem_tok = [0] * n     # decode tokens still to generate
         self.ctx_tok = [0] * n     # KV tokens held (prompt + generated)
-        self.closed_sessions = bool(trace.attrs.get("per_session_clock")) and "session_id" in trace
+        self.closed_sessions = bool(trace.attrs.get("per_session_clock") or trace.attrs.get("closed_sessions")) \
+            and "session_id" in trace
         self.next_turn, self.think = [-1] * n, [0.0] * n
         self.is_first = np.ones(n, dtype=bool)
         if self.closed_sessions:
@@ -154,6 +158,8 @@ class Simulator(FillStage, DecodeStage, FleetControl, Monitor):
         self.gate = getattr(controller, "decide", None) if controller is not None else None
         self.idle_fill = IdleWorkers()
         self.idle_decode = IdleWorkers()
+        self.idle_agg = IdleWorkers()
+        self.ledger = WorkLedger()
         self.arrived = self.completed = self.rejected = self.admitted = 0
         self.arrived_since = self.completed_since = self.admitted_since = 0
         self.fill_wip = self.in_transfer = self.decoding = 0
@@ -164,18 +170,25 @@ class Simulator(FillStage, DecodeStage, FleetControl, Monitor):
         # -- workers and fleet
         self.fill_workers = [FillWorker(i, self.env.event()) for i in range(cluster.fill_workers)]
         self.decode_workers = [DecodeWorker(i, self.env.event()) for i in range(cluster.decode_workers)]
+        self.aggregated_workers = [AggregatedWorker(i, self.env.event()) for i in range(cluster.aggregated_workers)]
+        if self.aggregated_workers:
+            if self.autoscalers:
+                raise ConfigError("autoscalers", "the aggregated pool is fixed: no autoscalers")
+            params.mixed_extra(1, 1.0, 1.0)  # raises ConfigError without a mixed-pass table
         self.tickets: list = []
         self.fleet_changed = self.env.event()
         self.cache = prefix_cache if prefix_cache is not None else prefix_cache_for(cluster.prefix_cache_blocks,
                                                                                    params.block_tokens)
         self.hit_tokens = self.lookup_tokens = 0
         # nominal figures for measurements: the trace's mean active context (length-biased, as the
-        # fluid model's) and the fill rate of full-budget steps at the trace's mean input
+        # fluid model's) and the fill rate of full-budget steps at the trace's mean new and cached tokens
         mean_in, mean_out = float(self.inp_arr.mean()), float(self.out_arr.mean())
         self.nominal_ctx = mean_active_context(mean_in, mean_out, float(self.out_arr.std()) / mean_out)
         self.kv_limit = params.decode_kv_capacity_bytes * (1.0 - cluster.kv_watermark)
         self.fill_token_rate = params.fill_token_budget / params.fill_step_time(params.fill_token_budget)
-        self.nominal_fill_rps = self.fill_token_rate / max(mean_in, 1.0)
+        cached = np.minimum(np.asarray(self.given_cached, dtype=float), self.inp_arr)
+        self.nominal_fill_rps = 1.0 / params.fill_seconds(float(np.maximum(self.inp_arr - cached, 1).mean()),
+                                                          float(cached.mean()))
         self.batch_cap = float(min(cluster.batch_cap if cluster.batch_cap is not None else math.inf,
                                    params.decode_max_batch))
         self.actions: list[dict] = []
@@ -432,7 +445,7 @@ class Simulator(FillStage, DecodeStage, FleetControl, Monitor):
         self.start_snapshots(duration)
         if self.controller is not None:
             env.process(self.control())
-        for w in (*self.fill_workers, *self.decode_workers):
+        for w in (*self.fill_workers, *self.decode_workers, *self.aggregated_workers):
             self.worker_next(w)
         for e in cfg.events:
             env.process(self.event_process(e))
@@ -466,10 +479,12 @@ class Simulator(FillStage, DecodeStage, FleetControl, Monitor):
         cfg = self.cfg
         names = np.asarray(self.class_names, dtype=object)
         rec = self.rec.frame(self.inp_arr, self.out_arr, names[self.cls])
+        for name, col in self.cache.record_columns(self.n).items():
+            rec[name] = col
         series = pd.concat([self.snap.frame(), self.class_snap.frame(len(self.snap))], axis=1)
         scale_rows = [a for a in self.actions if a["kind"] == "scale"]
         hours = duration / 3600.0
-        billed = series["fill_workers_billed"] + series["decode_workers_billed"]
+        billed = series["fill_workers_billed"] + series["decode_workers_billed"] + series["aggregated_workers"]
         gpus = cfg.dynamics.gpus_per_worker
         slo = self.request_slo_met(rec, duration)
         metrics = {
@@ -490,6 +505,11 @@ class Simulator(FillStage, DecodeStage, FleetControl, Monitor):
             "batch_cap_changes": sum(1 for a in self.actions if a["kind"] == "batch_cap"),
             "duration_s": duration, "wall_seconds": wall,
             "sim_requests_per_wall_s": float(self.arrived / wall) if wall > 0 else None,
+            "utilization": self.ledger.metrics(
+                {pool: float(series[col].sum() * cfg.snapshot_dt) for pool, col in (
+                    ("fill", "fill_workers_billed"), ("decode", "decode_workers_billed"),
+                    ("aggregated", "aggregated_workers"))}, self.p.work),
+            **self.cache.metrics(duration),
         }
         arrived_cls = np.isfinite(rec["arrival_s"].to_numpy())
         metrics["classes"] = {}

@@ -39,6 +39,9 @@ class DecodeWorker(PoolWorker):
 
     __slots__ = ("listening", "in_leap", "interrupted", "n", "members", "heap", "offset_sum", "leap", "leap_steps",
                  "low")
+    #: its pool's name (work ledger) and whether it keeps preempted sequences itself
+    pool = "decode"
+    parks = False
 
     def __init__(self, index: int, finished):
         super().__init__(index, finished)
@@ -166,7 +169,11 @@ class DecodeStage:
 
     def preempt(self, w: DecodeWorker, count: int) -> None:
         """KV full: the newest ``count`` sequences go back to the front of the ready buffer with
-        their state (their KV is swapped out, not lost) and rejoin when memory frees."""
+        their state (their KV is swapped out, not lost) and rejoin when memory frees (an
+        aggregated worker parks them on itself instead)."""
+        if w.parks:
+            self.park(w, count)
+            return
         for _ in range(count):
             self._evict(w, next(reversed(w.members)))
 
@@ -179,15 +186,26 @@ class DecodeStage:
                 self._evict(w, i)
                 return
 
-    def _evict(self, w: DecodeWorker, i: int) -> None:
+    def take_newest(self, w: DecodeWorker, count: int) -> list:
+        """The newest ``count`` sequences leave ``w``'s batch, their remaining tokens and context
+        kept (their KV swapped out, not lost) and the preemption counted; newest first."""
+        return [self._detach(w, next(reversed(w.members))) for _ in range(count)]
+
+    def _detach(self, w: DecodeWorker, i: int) -> int:
+        """Sequence ``i`` leaves ``w``'s batch with its remaining tokens and context kept."""
         n = w.n
         fin, off = w.members.pop(i)
         w.offset_sum -= off
-        if self.level_of[i]:
+        if self.level_of[i] and w.low > 0:  # (aggregated workers do not count their low members)
             w.low -= 1
         self.rem_tok[i] = fin - n
         self.ctx_tok[i] = off + n
         self.rec.preemptions[i] += 1
+        return i
+
+    def _evict(self, w: DecodeWorker, i: int) -> None:
+        """Sequence ``i`` leaves ``w`` for the front of the ready buffer."""
+        self._detach(w, i)
         self.rec.stage[i] = Stage.READY
         c = self.cls_l[i]
         self.c_dec[c] -= 1
@@ -218,49 +236,64 @@ class DecodeStage:
         """Between passes: join, complete, preempt, then leap - or go idle, or finish draining."""
         if not w.online or w.in_leap or w.retired:
             return
-        p = self.p
         while True:
             if not w.draining:
                 self.join(w)
-            B = len(w.members)
-            if B == 0:
+            if not w.members:
                 if w.draining:
                     self.worker_finished(w)
                 else:
                     self.idle_decode.add(w)
                 return
-            heap, members, n = w.heap, w.members, w.n
-            while members.get(heap[0][1], (None,))[0] != heap[0][0]:
-                heappop(heap)  # drop stale tops
-            if heap[0][0] <= n:  # one-token outputs complete without a pass
-                self._complete_due(w)
+            if self.settle(w):
                 continue
-            S = w.offset_sum + B * n
-            # leap to the next completion, but not past the pass that would overflow KV
-            free = p.decode_kv_capacity_bytes - B * p.sequence_state_bytes - p.kv_bytes_per_token * S
-            growth = B * p.kv_bytes_per_token
-            k_kv = (int(free // growth) if free < math.inf else _NO_LIMIT) if growth > 0 else \
-                (_NO_LIMIT if free >= 0 else 0)
-            if k_kv < 1:
-                if B > 1:
-                    self.preempt(w, self._overflow(w, S))
-                    continue
-                k_kv = _NO_LIMIT  # a single sequence larger than the worker runs (empty-worker rule)
-            k = max(1, min(heap[0][0] - n, k_kv))
-            f = self.rate_factor * self.speed(w)  # (a leap keeps its speed if warm-up ends inside it)
-            t_now, slope = p.decode_pass(B, S / B)
-            t0 = t_now / f
-            tk = slope / B / f  # per token of growth of the batch's context sum
-            total = k * t0 + tk * (B * k * (k - 1) / 2.0)
-            w.listening = not self.ready and not w.draining and B < self.batch_cap and (
-                B * p.sequence_state_bytes + p.kv_bytes_per_token * (S + B * k)) < self.kv_limit
-            w.leap = (self.env.now, t0, tk, B, k)
-            w.leap_steps = k
-            w.in_leap = True
-            w.interrupted = False
-            w.token += 1
-            self.call_in(total, self._leap_end, w, w.token)
-            return
+            if self.start_leap(w, self.ready):
+                return
+
+    def settle(self, w: DecodeWorker) -> bool:
+        """Drop stale heap tops; complete sequences due without a pass (one-token outputs).
+        True when some completed (the batch changed)."""
+        heap, members, n = w.heap, w.members, w.n
+        while members.get(heap[0][1], (None,))[0] != heap[0][0]:
+            heappop(heap)  # drop stale tops
+        if heap[0][0] <= n:
+            self._complete_due(w)
+            return True
+        return False
+
+    def start_leap(self, w: DecodeWorker, waiting) -> bool:
+        """Leap ``w``'s batch to its next completion, but not past the pass that would overflow
+        KV; False (nothing scheduled) when KV is already full and the newest sequences were
+        preempted instead. The leap listens - a new item in ``waiting`` (the ready buffer, or an
+        aggregated worker's fill queue) cuts it at the next pass boundary - while the worker has
+        room for one more."""
+        p = self.p
+        B, n = len(w.members), w.n
+        S = w.offset_sum + B * n
+        free = p.decode_kv_capacity_bytes - B * p.sequence_state_bytes - p.kv_bytes_per_token * S
+        growth = B * p.kv_bytes_per_token
+        k_kv = (int(free // growth) if free < math.inf else _NO_LIMIT) if growth > 0 else \
+            (_NO_LIMIT if free >= 0 else 0)
+        if k_kv < 1:
+            if B > 1:
+                self.preempt(w, self._overflow(w, S))
+                return False
+            k_kv = _NO_LIMIT  # a single sequence larger than the worker runs (empty-worker rule)
+        k = max(1, min(w.heap[0][0] - n, k_kv))
+        f = self.rate_factor * self.speed(w)  # (a leap keeps its speed if warm-up ends inside it)
+        t_now, slope = p.decode_pass(B, S / B)
+        t0 = t_now / f
+        tk = slope / B / f  # per token of growth of the batch's context sum
+        total = k * t0 + tk * (B * k * (k - 1) / 2.0)
+        w.listening = not waiting and not w.draining and B < self.batch_cap and (
+            B * p.sequence_state_bytes + p.kv_bytes_per_token * (S + B * k)) < self.kv_limit
+        w.leap = (self.env.now, t0, tk, B, k)
+        w.leap_steps = k
+        w.in_leap = True
+        w.interrupted = False
+        w.token += 1
+        self.call_in(total, self._leap_end, w, w.token)
+        return True
 
     def _overflow(self, w: DecodeWorker, S: float) -> int:
         """How many of the newest sequences must leave so the rest fit one more pass (keeps one)."""
@@ -279,9 +312,10 @@ class DecodeStage:
         if token != w.token:
             return  # crashed, or re-timed by an interruption
         w.in_leap = w.listening = w.interrupted = False
+        self.account_leap(w)
         w.n += w.leap_steps
         self._complete_due(w)
-        self.decode_next(w)
+        self.worker_next(w)
         if self.ready:
             self.wake_decode()
 
@@ -340,6 +374,18 @@ class DecodeStage:
                 if w.in_leap and not w.draining and len(w.members) < cap:
                     self.cut_leap(w)
             self.wake_decode()
+
+    def account_leap(self, w: DecodeWorker) -> None:
+        """Book the passes of ``w``'s ending leap (seconds, FLOPs, HBM bytes) on its pool."""
+        _, t0, tk, B, _ = w.leap
+        s = w.leap_steps
+        seconds = s * t0 + tk * B * s * (s - 1) / 2.0
+        work = self.p.work
+        if work is None:
+            self.ledger.add(w.pool, seconds, 0.0, 0.0)
+            return
+        flops, nbytes = work.decode(B, (w.offset_sum + B * w.n) / B + (s - 1) / 2.0)
+        self.ledger.add(w.pool, seconds, s * flops, s * nbytes)
 
     def set_rate_factor(self, f: float) -> None:
         """Decode speed changes: every leap is re-timed from its next pass boundary."""

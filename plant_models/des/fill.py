@@ -1,13 +1,19 @@
 """Fill: chunked prefill with continuous batching under a token budget, then the KV transfer.
 
-A fill worker takes work in steps: the request it was chunking first, then new requests from the
-fill queue, until the step's token budget is spent; the first chunk of a request consults the
+A fill worker takes work in steps: the requests it was chunking first, then new requests from the
+fill queue, until the step's token budget is spent, at most a replica's share of it from one
+request (a sequence's attention runs on one attention replica); the first chunk of a request consults the
 prefix cache. A finished fill emits the first token and hands its KV blob to the worker's link
 (one transfer at a time, striped NICs, plus setup); the blob lands in the ready buffer.
 
 Workers are small state machines driven by scheduled calls (no process per worker or request):
 a step's end is a scheduled call carrying the worker's ``token``; a crash bumps the token, so
 the pending end is ignored and the step's requests go back to the front of the queue.
+
+A chunk pays for the context before it (cached prefix and the prompt's earlier chunks) on its
+attention replica (:meth:`~tokenfactory.plant_models.des.params.DESParams.chunk_context_s`), so
+a long prompt's later chunks cost more, as the roofline's chunked prefill does; a prefix that a
+tiered cache serves from host memory or SSD stalls the step for its load.
 """
 
 from __future__ import annotations
@@ -52,8 +58,10 @@ class FillStage:
 
     def kick_fill(self) -> None:
         """Work entered the fill queue: idle workers start a step (requests admitted at the same
-        instant share one)."""
+        instant share one); aggregated workers take it at their next pass."""
         self.idle_fill.wake(self, self.fill_q, self.fill_next)
+        if self.aggregated_workers:
+            self.wake_aggregated()
 
     def fill_next(self, w: FillWorker) -> None:
         """Between steps: start the next step, go idle, or finish draining."""
@@ -67,9 +75,11 @@ class FillStage:
             return
         p, rec, q = self.p, self.rec, self.fill_q
         budget = p.fill_token_budget
+        per_request = p.replica_chunk_tokens
         step = []
         cached_read = 0
-        now = self.env.now
+        load_s = 0.0
+        chunks = []
         multi, level_of, tok, cls = self.multi, self.level_of, self.tok_fill, self.cls_l
         # lower-priority work may take at most (1 - reserve) of the step's budget, counting the
         # tokens higher-priority work took before it (the reserved share is held, not lent:
@@ -102,17 +112,13 @@ class FillStage:
                 limit = budget
             i, todo = item
             if todo < 0:  # first chunk: consult the prefix cache, record the fill start
-                inp = self.inp[i]
-                c = self.cache.lookup(self.hashes[i] if self.hashes is not None else None, inp,
-                                      self.given_cached[i])
-                rec.cached_tokens[i] = c
-                self.hit_tokens += c
-                self.lookup_tokens += inp
+                c, load = self.prefix_fetch(i)
                 cached_read += c
-                todo = max(inp - c, 1)
+                load_s += load
+                todo = max(self.inp[i] - c, 1)
                 tok[cls[i]] += todo - self.pred_tok[i]  # the measured queue had its expected tokens
-                rec.fill_start_s[i] = now
-            take = todo if todo < limit else limit
+            take = min(todo, limit, per_request)
+            chunks.append((take, self.inp[i] - todo))  # context: cached prefix plus chunks already filled
             budget -= take
             used += take
             tok[cls[i]] -= take
@@ -121,8 +127,66 @@ class FillStage:
         w.step = step
         w.busy = True
         w.token += 1
-        self.call_in(p.fill_step_time(p.fill_token_budget - budget, cached_read) / self.speed(w),
-                     self._fill_step_end, w, w.token)
+        tokens = p.fill_token_budget - budget
+        attention_s, pairs, ctx_tokens = self.chunks_attention(chunks, tokens)
+        seconds = (p.fill_step_time(tokens, cached_read) + attention_s + load_s) / self.speed(w)
+        work = p.work
+        if work is None:
+            self.ledger.add("fill", seconds, 0.0, 0.0)
+        else:
+            self.ledger.add("fill", seconds, *work.fill(tokens, pairs, ctx_tokens))
+        self.call_in(seconds, self._fill_step_end, w, w.token)
+
+    def chunks_attention(self, chunks: list, tokens: float) -> tuple[float, float, float]:
+        """What the step's chunks ``(new tokens, context before)`` add to a step of ``tokens``:
+        each costs :meth:`~tokenfactory.plant_models.des.params.DESParams.chunk_context_s` on its
+        attention replica; spread over the replicas, the step waits for max(sum / replicas,
+        largest).
+
+        Parameters
+        ----------
+        chunks : list of tuple
+            ``(new tokens, context tokens before)`` per chunk.
+        tokens : float
+            New tokens of the step.
+
+        Returns
+        -------
+        tuple of float
+            ``(seconds, new x context token pairs, context tokens)``.
+        """
+        p = self.p
+        total = largest = pairs = context = 0.0
+        for n, c in chunks:
+            x = p.chunk_context_s(n, c, tokens)
+            total += x
+            largest = x if x > largest else largest
+            pairs += n * c
+            context += c
+        return max(total / p.attention_replicas, largest), pairs, context
+
+    def prefix_fetch(self, i: int) -> tuple[int, float]:
+        """Request ``i``'s fill starts: the prefix cache says how many input tokens it holds and
+        how long loading them from a lower tier takes; the fill start is recorded.
+
+        Parameters
+        ----------
+        i : int
+            The request.
+
+        Returns
+        -------
+        tuple
+            ``(cached tokens, load seconds)``.
+        """
+        inp = self.inp[i]
+        c, load = self.cache.fetch(i, self.hashes[i] if self.hashes is not None else None, inp,
+                                   self.given_cached[i], self.env.now)
+        self.rec.cached_tokens[i] = c
+        self.rec.fill_start_s[i] = self.env.now
+        self.hit_tokens += c
+        self.lookup_tokens += inp
+        return c, load
 
     def _fill_step_end(self, w: FillWorker, token: int) -> None:
         if token != w.token:

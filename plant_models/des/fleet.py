@@ -13,6 +13,7 @@ These are simpy processes: they run a few times per simulated minute, not per re
 from __future__ import annotations
 
 from tokenfactory.events import DecodeRateDip, LinkSlowdown, Reconfiguration, WorkerCrash
+from tokenfactory.plant_models.des.aggregated import AggregatedWorker
 from tokenfactory.plant_models.des.decode import DecodeWorker
 from tokenfactory.plant_models.des.fill import FillWorker
 from tokenfactory.plant_models.fleet import free_workers, scale_plan
@@ -57,12 +58,15 @@ class FleetControl:
     def worker_next(self, w) -> None:
         if isinstance(w, FillWorker):
             self.fill_next(w)
+        elif isinstance(w, AggregatedWorker):
+            self.agg_next(w)
         else:
             self.decode_next(w)
 
     def unidle(self, w) -> None:
         """Take ``w`` out of its idle queue (it crashed, drains or leaves)."""
-        (self.idle_fill if isinstance(w, FillWorker) else self.idle_decode).discard(w)
+        (self.idle_fill if isinstance(w, FillWorker) else
+         self.idle_agg if isinstance(w, AggregatedWorker) else self.idle_decode).discard(w)
 
     def speed(self, w) -> float:
         """A worker in its first ``warmup_s`` runs at ``warmup_factor`` of full speed."""

@@ -56,6 +56,13 @@ class Monitor:
         for w in fill:
             n_fill += w.online
             fill_serving += not w.draining
+        n_agg = len(self.aggregated_workers)
+        for w in self.aggregated_workers:  # serving both roles
+            held += w.offset_sum + len(w.members) * w.n
+        n_dec += n_agg
+        dec_serving += n_agg
+        n_fill += n_agg
+        fill_serving += n_agg
         starting = {"fill": 0, "decode": 0}
         placed = {"fill": 0, "decode": 0}
         for tk in self.tickets:
@@ -82,7 +89,7 @@ class Monitor:
             fill_queued_tokens=fill_tokens, fill_token_capacity=token_cap,
             decode_pass_s=pass_sum / busy if busy else math.nan,
             decode_context_tokens=held / self.decoding if self.decoding > 0 else math.nan,
-            decode_batch_cap=self.batch_cap, deferred=sum(self.c_deferred)))
+            decode_batch_cap=self.batch_cap, deferred=sum(self.c_deferred), aggregated_workers=n_agg))
         # per class: a new arrival waits for the tokens of its own and higher-priority levels
         lvl, tok = self.class_level, self.tok_fill
         rows = []

@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from tokenfactory.plant_models.roofline import Worker
+from tokenfactory.plant_models.des.work import PassWork, trilinear
+from tokenfactory.plant_models.roofline import PassTime, Worker
 from tokenfactory.plant_models.service import (
     DEFAULT_KV_SETUP_S,
     DEFAULT_KV_STRIPES,
@@ -27,8 +28,16 @@ __all__ = ["DESParams"]
 class DESParams:
     """Service-time model of one fill and one decode worker (seconds, tokens, bytes).
 
+    * a fill step takes up to ``fill_token_budget`` new tokens, at most
+      :attr:`replica_chunk_tokens` of them from one request (one sequence, one replica)
     * fill pass time = interp(tokens in the step; ``fill_step_tokens``, ``fill_step_s``)
-      + ``fill_s_per_cached_token`` x cached tokens read by requests starting in the step
+      + the context term: each chunk of n new tokens after c context tokens (cached prefix plus
+      the prompt's earlier chunks) costs x = ``fill_s_per_token_pair`` (n c + (n^2 - p^2) / 2)
+      + ``fill_s_per_context_token`` c on its attention replica, p being the uniform piece per
+      replica the table assumes (step tokens / ``attention_replicas``; the n^2 term only when
+      n > p), and a step takes max(sum x / ``attention_replicas``, max x) for them (chunks spread
+      over the replicas, one sequence on one replica), plus the legacy ``fill_s_per_cached_token`` x cached tokens read by requests
+      starting in the step (0 from :meth:`from_service`)
     * KV of a sequence of c tokens = ``sequence_state_bytes`` + ``kv_bytes_per_token`` x c (the
       service model's law: fixed state of linear/local-attention layers plus per-token KV)
     * KV transfer = blob bytes / ``kv_link_bandwidth`` (the fill worker's striped links, one
@@ -38,6 +47,10 @@ class DESParams:
       grows by one token per step and T is extended linearly with its local slope in context
     * a decode worker holds at most ``decode_kv_capacity_bytes`` of KV, allocated as tokens are
       generated (paged, as vLLM and SGLang do); see ``ClusterConfig.kv_watermark``
+    * a mixed pass of an aggregated worker (decodes and a prefill chunk in one pass) = the decode
+      pass + ``mixed_extra_s`` (B, mean context, chunk tokens), trilinear; the extra is the
+      service model's :meth:`~tokenfactory.plant_models.service.ServiceModel.mixed_step_s` minus
+      the decode pass at the grid points (a fill step for B = 0), plus the chunks' context term
 
     Build with :meth:`from_service` (every table sampled from one
     :class:`tokenfactory.plant_models.service.ServiceModel`, exact at its nominal request).
@@ -68,6 +81,18 @@ class DESParams:
         Most sequences a decode worker batches (>= 1).
     block_tokens : int
         Tokens per prefix-cache block (>= 1).
+    attention_replicas : int
+        Attention replicas a fill step's chunks spread over (>= 1).
+    fill_s_per_context_token : float
+        Fill time per context token before a chunk, on its replica (s, >= 0).
+    fill_s_per_token_pair : float
+        Fill time per (new token x context token) pair of a chunk, on its replica (s, >= 0).
+    mixed_batches, mixed_contexts, mixed_tokens : tuple of float
+        Grid of ``mixed_extra_s`` (empty: no aggregated workers).
+    mixed_extra_s : nested tuple of float
+        What a chunk adds to a decode pass (s), by batch (0 included), context and chunk tokens.
+    work : PassWork or None
+        FLOPs and HBM bytes per pass, for utilisation (not compared).
     provenance : mapping
         What the tables were sampled from (not compared).
     """
@@ -86,16 +111,32 @@ class DESParams:
     sequence_state_bytes: float = 0.0
     decode_max_batch: int = 1_000_000
     block_tokens: int = 512
+    attention_replicas: int = 1
+    fill_s_per_context_token: float = 0.0
+    fill_s_per_token_pair: float = 0.0
+    mixed_batches: tuple[float, ...] = ()
+    mixed_contexts: tuple[float, ...] = ()
+    mixed_tokens: tuple[float, ...] = ()
+    mixed_extra_s: tuple = ()
+    work: PassWork | None = field(default=None, compare=False)
     provenance: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         check_int("des.fill_token_budget", self.fill_token_budget, low=1)
-        for f in ("fill_s_per_cached_token", "kv_bytes_per_token", "kv_setup_s", "sequence_state_bytes"):
+        for f in ("fill_s_per_cached_token", "kv_bytes_per_token", "kv_setup_s", "sequence_state_bytes",
+                  "fill_s_per_context_token", "fill_s_per_token_pair"):
             check_number(f"des.{f}", getattr(self, f), low=0.0)
         for f in ("kv_link_bandwidth", "decode_kv_capacity_bytes"):
             check_number(f"des.{f}", getattr(self, f), low=0.0, low_inclusive=False, allow_inf=True)
         check_int("des.decode_max_batch", self.decode_max_batch, low=1)
         check_int("des.block_tokens", self.block_tokens, low=1)
+        check_int("des.attention_replicas", self.attention_replicas, low=1)
+        if self.mixed_extra_s:
+            grids = (self.mixed_batches, self.mixed_contexts, self.mixed_tokens)
+            if any(len(g) < 2 or any(a >= b for a, b in zip(g, g[1:])) for g in grids) or \
+                    np.shape(self.mixed_extra_s) != tuple(len(g) for g in grids) or self.mixed_batches[0] != 0:
+                raise ConfigError("des.mixed_extra_s", "needs increasing grids of >= 2 batches (from 0), contexts "
+                                  "and chunk tokens, and one time per point")
         for xs, ys, name in ((self.fill_step_tokens, self.fill_step_s, "fill_step"),
                              (self.decode_batches, [r[0] for r in self.decode_table_s], "decode_table_s")):
             if len(xs) < 1 or len(xs) != len(ys) or any(a >= b for a, b in zip(xs, xs[1:])):
@@ -124,6 +165,86 @@ class DESParams:
             k = bisect_right(x, tokens) - 1
             base = y[k] + (y[k + 1] - y[k]) * (tokens - x[k]) / (x[k + 1] - x[k])
         return base + self.fill_s_per_cached_token * cached_read
+
+    @property
+    def replica_chunk_tokens(self) -> int:
+        """Most new tokens one request takes in a step: a sequence's attention runs on one
+        replica, whose share of the step's budget is ``fill_token_budget / attention_replicas``
+        (DP attention schedules its own chunks per replica, as SGLang's does)."""
+        return max(1, self.fill_token_budget // self.attention_replicas)
+
+    def chunk_context_s(self, tokens: float, context: float, step_tokens: float = 0.0) -> float:
+        """What a chunk of ``tokens`` costs on its attention replica beyond the fill table: the
+        ``context`` tokens before it (cached prefix plus the prompt's earlier chunks), and its own
+        causal attention past the uniform piece (``step_tokens`` / replicas) the table assumes.
+
+        Parameters
+        ----------
+        tokens : float
+            The chunk's new tokens.
+        context : float
+            Tokens before it.
+        step_tokens : float
+            New tokens of the whole step (0: no own-attention term).
+
+        Returns
+        -------
+        float
+            Seconds.
+        """
+        a = self.fill_s_per_token_pair
+        piece = step_tokens / self.attention_replicas
+        own = a * (tokens * tokens - piece * piece) / 2.0 if step_tokens and tokens > piece else 0.0
+        return (a * tokens + self.fill_s_per_context_token) * context + own
+
+    def fill_seconds(self, new_tokens: float, cached_tokens: float = 0.0) -> float:
+        """Worker seconds one request of ``new_tokens`` after ``cached_tokens`` takes from a fill
+        worker streaming full steps: its share of the steps, and its chunks' context on their
+        replica spread over the replicas (what the orchestrator's fill capacity figure assumes).
+
+        Parameters
+        ----------
+        new_tokens : float
+            Tokens to compute (>= 1).
+        cached_tokens : float
+            Cached prefix (>= 0).
+
+        Returns
+        -------
+        float
+        """
+        budget = self.fill_token_budget
+        n = self.replica_chunk_tokens
+        k = max(new_tokens / n, 1.0)
+        ctx = (self.fill_s_per_token_pair * min(n, new_tokens) + self.fill_s_per_context_token) * (
+            k * cached_tokens + n * k * (k - 1) / 2.0)
+        return (new_tokens / budget * self.fill_step_time(budget) + ctx / self.attention_replicas
+                + self.fill_s_per_cached_token * cached_tokens)
+
+    def mixed_extra(self, batch: float, mean_context: float, tokens: float) -> float:
+        """What a chunk of ``tokens`` new tokens (no context before it) adds to a decode pass of
+        ``batch`` at ``mean_context`` (a fill step when ``batch`` is 0).
+
+        Parameters
+        ----------
+        batch : float
+            Decodes in the pass (>= 0).
+        mean_context : float
+            Their mean context.
+        tokens : float
+            The chunk's new tokens.
+
+        Returns
+        -------
+        float
+            Seconds.
+        """
+        if not self.mixed_extra_s:
+            raise ConfigError("des.mixed_extra_s", "these parameters have no mixed-pass table (aggregated "
+                              "workers need DESParams.from_service)")
+        return trilinear(self.mixed_batches, self.mixed_contexts, self.mixed_tokens, self.mixed_extra_s,
+                         min(batch, self.mixed_batches[-1]), mean_context,
+                         min(max(tokens, self.mixed_tokens[0]), self.mixed_tokens[-1]))
 
     def kv_bytes(self, context_tokens: float) -> float:
         """KV bytes one sequence of ``context_tokens`` holds."""
@@ -166,8 +287,11 @@ class DESParams:
         The fill table has 10 step sizes up to the token budget plus the nominal fill step (one
         prompt per attention replica, when it fits the budget); the decode table 16 batches up to
         the slots at a 64-token context plus the nominal slots, by 12 contexts from 64 to 262,144
-        tokens plus the nominal mean active context - so the nominal request's pass times equal the
-        service model's exactly.
+        tokens, 524,288 to 2,097,152 for long contexts, and the nominal mean active context - so the
+        nominal request's pass times equal the service model's exactly. The context term of fill
+        chunks is the service model's ``fill_context_costs``; the mixed-pass table (aggregated
+        workers) has 7 batches from 0, 4 contexts from 64 to 2,097,152 and 5 chunk sizes up to the
+        budget; FLOPs and bytes per pass (:class:`PassWork`) are read off the same roofline passes.
 
         Parameters
         ----------
@@ -189,17 +313,63 @@ class DESParams:
         if nominal_step <= budget:
             grid.add(nominal_step)
         grid = sorted(grid)
+        fill_passes = [s.fill_worker.midfill(max(1.0, n / dp), 0, sequences=dp) for n in grid]
         fill_s = tuple(s.fill_step_s(n) for n in grid)
         nominal_slots, nominal_ctx = s.decode_slots, s.decode_context_tokens
         batches = sorted(set(np.geomspace(1, max(2, s.slots(64)), 16).round().astype(int).tolist()) | {nominal_slots})
-        contexts = sorted(set(np.geomspace(64, 262144, 12).round().astype(int).tolist()) | {nominal_ctx})
-        table = tuple(tuple(s.decode_pass_s(int(b), int(c)) for c in contexts) for b in batches)
+        contexts = sorted(set(np.geomspace(64, 262144, 12).round().astype(int).tolist())
+                          | {524288, 1048576, 2097152, nominal_ctx})
+        dw = s.decode_worker
+        dec = [[dw.decode(int(b), int(c), check_memory=False) for c in contexts] for b in batches]
+        table = tuple(tuple(p.time_s for p in row) for row in dec)
+        pair_s, ctx_s = s.fill_context_costs
+        # the mixed (aggregated) pass: what a chunk adds to a decode pass
+        m_batches = sorted({0, *np.geomspace(1, max(2, s.slots(64)), 6).round().astype(int).tolist()})
+        m_contexts = np.geomspace(64, 2097152, 4).round().tolist()
+        m_tokens = sorted({1, *np.geomspace(dp, max(budget, dp + 1), 4).round().astype(int).tolist()})
+        mixed_s, mixed_f, mixed_b = [], [], []
+        for b in m_batches:
+            rs, rf, rb = [], [], []
+            for c in m_contexts:
+                base = dw.decode(b, c, check_memory=False) if b else None
+                ts, fs, bs = [], [], []
+                for n in m_tokens:
+                    if b:
+                        mp = dw.mixed(b, c, n)
+                        ts.append(mp.time_s - base.time_s)
+                        fs.append(_flops(mp) - _flops(base))
+                        bs.append(_bytes(mp) - _bytes(base))
+                    else:
+                        fp = s.fill_worker.midfill(max(1.0, n / dp), 0, sequences=dp)
+                        ts.append(s.fill_step_s(n))
+                        fs.append(_flops(fp))
+                        bs.append(_bytes(fp))
+                rs.append(tuple(ts))
+                rf.append(tuple(fs))
+                rb.append(tuple(bs))
+            mixed_s.append(tuple(rs))
+            mixed_f.append(tuple(rf))
+            mixed_b.append(tuple(rb))
+        work = PassWork(
+            attainable_flops=dw.accelerator.peak_flops(dw.model.weight_precision) * dw.num_gpus * dw.efficiency.compute,
+            attainable_bandwidth=dw.accelerator.hbm_bandwidth * dw.num_gpus * dw.efficiency.memory,
+            fill_tokens=tuple(map(float, grid)), fill_flops=tuple(_flops(p) for p in fill_passes),
+            fill_bytes=tuple(_bytes(p) for p in fill_passes),
+            context_flops=s.chunk_context_fit(_flops), context_bytes=s.chunk_context_fit(_bytes),
+            decode_batches=tuple(map(float, batches)), decode_contexts=tuple(map(float, contexts)),
+            decode_flops=tuple(tuple(_flops(p) for p in row) for row in dec),
+            decode_bytes=tuple(tuple(_bytes(p) for p in row) for row in dec),
+            mixed_batches=tuple(map(float, m_batches)), mixed_contexts=tuple(m_contexts),
+            mixed_tokens=tuple(map(float, m_tokens)), mixed_flops=tuple(mixed_f), mixed_bytes=tuple(mixed_b))
         return cls(fill_token_budget=budget, fill_step_tokens=tuple(map(float, grid)), fill_step_s=fill_s,
-                   fill_s_per_cached_token=s.fill_s_per_cached_token, kv_bytes_per_token=s.kv_bytes_per_token,
+                   fill_s_per_cached_token=0.0, kv_bytes_per_token=s.kv_bytes_per_token,
                    sequence_state_bytes=s.sequence_state_bytes, kv_link_bandwidth=s.kv_link_bandwidth,
                    kv_setup_s=s.link.setup_s, decode_kv_capacity_bytes=s.kv_capacity_bytes,
                    decode_batches=tuple(map(float, batches)), decode_contexts=tuple(map(float, contexts)),
-                   decode_table_s=table, provenance=s.to_dict())
+                   decode_table_s=table, attention_replicas=dp, fill_s_per_context_token=ctx_s,
+                   fill_s_per_token_pair=pair_s, mixed_batches=tuple(map(float, m_batches)),
+                   mixed_contexts=tuple(m_contexts), mixed_tokens=tuple(map(float, m_tokens)),
+                   mixed_extra_s=tuple(mixed_s), work=work, provenance=s.to_dict())
 
     @classmethod
     def from_workers(cls, fill_worker: Worker, decode_worker: Worker, *, kv_stripes: int = DEFAULT_KV_STRIPES,
@@ -209,3 +379,15 @@ class DESParams:
         kv_setup_s))``."""
         return cls.from_service(ServiceModel(fill_worker, decode_worker, shape, KVLink(kv_stripes, kv_setup_s)),
                                 fill_token_budget=fill_token_budget)
+
+
+def _flops(p: PassTime) -> float:
+    """FLOPs of a whole pass (every micro-batch)."""
+    return p.microbatches * sum(ph.flops for ph in p.phases) if p.mode != "prefill" and p.mode != "midfill" \
+        else sum(ph.flops for ph in p.phases)
+
+
+def _bytes(p: PassTime) -> float:
+    """HBM bytes of a whole pass (every micro-batch)."""
+    return p.microbatches * sum(ph.hbm_bytes for ph in p.phases) if p.mode != "prefill" and p.mode != "midfill" \
+        else sum(ph.hbm_bytes for ph in p.phases)

@@ -43,7 +43,9 @@ STATE_LABELS = ("not_arrived", "backlog", "fill", "transfer", "ready", "decode",
 
 class Snapshot(NamedTuple):
     """One row of the time series (requests, requests/s, workers); the first sixteen fields are
-    :data:`tokenfactory.plant_models.result.SERIES_COLUMNS`."""
+    :data:`tokenfactory.plant_models.result.SERIES_COLUMNS`. In an aggregated cluster
+    ``fill_workers`` and ``decode_workers`` count the aggregated workers (they serve both roles)
+    and ``aggregated_workers`` bills them once."""
 
     time_s: float
     backlog: int
@@ -71,12 +73,13 @@ class Snapshot(NamedTuple):
     decode_context_tokens: float
     decode_batch_cap: float
     deferred: int
+    aggregated_workers: int = 0
 
 
 #: Snapshot fields that count requests or workers (integers in the series)
 _COUNT_FIELDS = ("backlog", "fill_in_progress", "ready", "active_decodes", "fill_workers", "decode_workers",
                  "arrived", "completed", "rejected", "fill_workers_starting", "decode_workers_starting",
-                 "fill_workers_billed", "decode_workers_billed", "deferred")
+                 "fill_workers_billed", "decode_workers_billed", "deferred", "aggregated_workers")
 #: Snapshot fields that are rates over the sample period (zero in a sample nothing happened in)
 RATE_FIELDS = ("arrival_rate", "admitted_rate", "completion_rate")
 
