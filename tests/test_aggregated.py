@@ -183,3 +183,19 @@ def test_deterministic_aggregated(params):
     a, b = simulate(tr, params, cl), simulate(tr, params, cl)
     pd.testing.assert_frame_equal(a.records, b.records)
     assert np.isfinite(a.metrics["tpot_p99"])
+
+
+def test_aggregated_workers_keep_the_per_class_counts(params):
+    """Request classes through aggregated workers: prompts go from fill straight into the batch,
+    so the per-class series stay non-negative and add up to the totals at every sample."""
+    tr = poisson_trace(8.0, 60.0, 11, inp=2048, out_mean=200)
+    tr["request_class"] = np.where(np.arange(len(tr)) % 3 == 0, "batch", "interactive")
+    r = simulate(tr, params, ClusterConfig(fill_workers=0, decode_workers=0, aggregated_workers=2, progress=False))
+    m = r.metrics
+    assert m["requests"] == m["completed"] + m["rejected"] + m["in_flight_end"]
+    s = r.series
+    per_class = [c for c in s.columns if c.endswith(("_interactive", "_batch"))]
+    assert per_class and (s[per_class] >= 0).all().all()
+    for field in ("active_decodes", "ready", "backlog"):
+        cols = [f"{field}_interactive", f"{field}_batch"]
+        assert (s[cols].sum(axis=1) == s[field]).all(), field

@@ -118,6 +118,8 @@ class AggregatedStage:
                         c, load = self.prefix_fetch(i)
                         w.load_s += load
                         todo = max(self.inp[i] - c, 1)
+                        # the measured fill queue had its expected tokens (request classes)
+                        self.tok_fill[self.cls_l[i]] += todo - self.pred_tok[i]
                     w.reserved += p.kv_bytes(self.inp[i] + 1)
                     w.current.append([i, todo])
                     pending += min(todo, per_request)
@@ -152,6 +154,8 @@ class AggregatedStage:
             chunks.append((take, self.inp[i] - todo))
             budget -= take
             take_all += take
+            self.tok_fill[self.cls_l[i]] -= take
+            self.rec.filled_tokens[i] += take
             plan.append((e, take))
         attention_s, pairs, ctx_tokens = self.chunks_attention(chunks, take_all)
         decode_s = p.decode_pass(B, ctx)[0] if B else 0.0
@@ -203,6 +207,9 @@ class AggregatedStage:
         self.ctx_tok[i] = inp + 1
         self.fill_wip -= 1
         self.decoding += 1
+        c = self.cls_l[i]  # per-class counts: from fill straight into decode
+        self.c_fip[c] -= 1
+        self.c_dec[c] += 1
         if rec.decode_start_s[i] != rec.decode_start_s[i]:
             rec.decode_start_s[i] = now
         rec.stage[i] = Stage.DECODE
