@@ -113,6 +113,9 @@ class SLOAwareAdmission(SampledController):
         ``fill_token_capacity`` replaces it when the plant reports one.
     fill_step_s : float
         One full fill step (s, >= 0): the wait for the step in progress.
+    fill_chunk_tokens : float
+        New tokens of one request a fill step takes at most (its attention replica's share of the
+        step's token budget; default inf): a longer prompt needs ceil(tokens / chunk) steps.
     kv_transfer_s : float
         KV transfer of the nominal request (s, >= 0).
     decode_pass_s : float
@@ -177,9 +180,10 @@ class SLOAwareAdmission(SampledController):
                  reserve_horizon_s: float = 150.0, reserve_z: float = 2.33, decode_reserve_z: float = 0.0,
                  completion_z: float = 2.0,
                  decode_reserve_s: float = 2.0, gate_time_s: float | None = None,
-                 batch_gate=None, sample_period: float = 0.25):
+                 batch_gate=None, sample_period: float = 0.25, fill_chunk_tokens: float = math.inf):
         super().__init__(sample_period)
         w = "slo_aware"
+        self.fill_chunk_tokens = check_number(f"{w}.fill_chunk_tokens", fill_chunk_tokens, low=1.0, allow_inf=True)
         self.fill_token_rate = check_number(f"{w}.fill_token_rate", fill_token_rate, low=0.0, low_inclusive=False)
         self.fill_step_s = check_number(f"{w}.fill_step_s", fill_step_s, low=0.0)
         self.kv_transfer_s = check_number(f"{w}.kv_transfer_s", kv_transfer_s, low=0.0)
@@ -315,7 +319,12 @@ class SLOAwareAdmission(SampledController):
         rate = mu if lvl == 0 else mu * (1.0 - self.fill_share)
         work = max(work - rate * age, 0.0)
         x = a.prompt_tokens + self.cached_token_cost * a.cached_tokens
-        ttft = (work + x) / rate + self.fill_step_s
+        # its own fill: one step per chunk (a replica's share of a step) once steps are full; a
+        # full step lasts as long as the measured token rate says (chunks' attention included)
+        steps = math.ceil(a.prompt_tokens / self.fill_chunk_tokens) if a.prompt_tokens > 0 else 1
+        workers = m.fill_workers if m.fill_workers == m.fill_workers and m.fill_workers > 0 else 1.0
+        step = self.fill_step_s * max(1.0, self.fill_token_rate * workers / mu) if mu > 0 else self.fill_step_s
+        ttft = work / rate + max(x / rate, (steps - 1) * step) + step
         horizon = ttft + self.kv_transfer_s
         # decode: the top level may take every slot (lower levels are preempted for it); a lower
         # level gets the slots the top level neither holds nor has reserved
@@ -493,6 +502,7 @@ class SLOAwareAdmission(SampledController):
 
     def params(self) -> dict:
         return {"fill_token_rate": self.fill_token_rate, "fill_step_s": self.fill_step_s,
+                "fill_chunk_tokens": self.fill_chunk_tokens,
                 "kv_transfer_s": self.kv_transfer_s, "decode_pass_s": self.decode_pass_s,
                 "prompt_tokens": self.prompt_tokens, "output_tokens": self.out, "short_output_tokens": self.short_out,
                 "classes": [asdict(c) for c in self.classes.values()], "ttft_fraction": self.ttft_fraction,

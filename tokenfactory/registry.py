@@ -22,6 +22,7 @@ are rejected with their name.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -559,12 +560,14 @@ def slo_aware_admission(ctx: PlantContext, p: Mapping[str, Any] | None = None,
         budget = svc.fill_token_budget
         step = svc.fill_step_s(budget)
         token_rate = budget / step
+        chunk = float(max(1, budget // max(int(svc.dp_attention), 1)))  # a replica's share of a step
         cached_cost = svc.fill_s_per_cached_token * token_rate
         transfer = svc.kv_transfer_s(svc.kv_blob_bytes)
     else:
         prompt = float((fp.provenance or {}).get("shape", {}).get("prompt_tokens", 1.0))
         token_rate, step, cached_cost, transfer = fp.fill_rate_per_worker * prompt, fp.fill_latency_s, 0.0, \
             fp.kv_transfer_s
+        chunk = math.inf
     outs = ctx.class_outputs or {}
     mean_out = {n: float(outs[n][0]) if n in outs else fp.output_tokens for n in classes}
     short_out = {n: float(outs[n][1]) if n in outs else 0.25 * mean_out[n] for n in classes}
@@ -577,7 +580,7 @@ def slo_aware_admission(ctx: PlantContext, p: Mapping[str, Any] | None = None,
         prompt_tokens=prompt, output_tokens=mean_out, short_output_tokens=short_out, classes=tuple(classes.values()),
         ttft_fraction=ttft_fraction, wait_target_fraction=wait_fraction,
         fill_ki=p.get("fill_ki", tuning["fill"].ki), decode_ki=p.get("decode_ki", tuning["decode"].ki),
-        filter_tau_s=filt, cached_token_cost=cached_cost,
+        filter_tau_s=filt, cached_token_cost=cached_cost, fill_chunk_tokens=chunk,
         reserve_horizon_s=p.get("reserve_horizon_s", ctx.dynamics.startup_s + ctx.dynamics.warmup_s),
         reserve_z=p.get("reserve_z", 2.33), completion_z=p.get("completion_z", 2.0),
         decode_reserve_z=p.get("decode_reserve_z", 0.0), batch_gate=gate,

@@ -185,10 +185,12 @@ class Simulator(FillStage, DecodeStage, AggregatedStage, FleetControl, Monitor):
         mean_in, mean_out = float(self.inp_arr.mean()), float(self.out_arr.mean())
         self.nominal_ctx = mean_active_context(mean_in, mean_out, float(self.out_arr.std()) / mean_out)
         self.kv_limit = params.decode_kv_capacity_bytes * (1.0 - cluster.kv_watermark)
-        self.fill_token_rate = params.fill_token_budget / params.fill_step_time(params.fill_token_budget)
         cached = np.minimum(np.asarray(self.given_cached, dtype=float), self.inp_arr)
-        self.nominal_fill_rps = 1.0 / params.fill_seconds(float(np.maximum(self.inp_arr - cached, 1).mean()),
-                                                          float(cached.mean()))
+        mean_new = float(np.maximum(self.inp_arr - cached, 1).mean())
+        self.nominal_fill_rps = 1.0 / params.fill_seconds(mean_new, float(cached.mean()))
+        # new prompt tokens/s of one fill worker at the trace's mean shape: full steps plus each
+        # chunk's attention over the context before it (what the TTFT predictor divides by)
+        self.fill_token_rate = mean_new * self.nominal_fill_rps
         self.batch_cap = float(min(cluster.batch_cap if cluster.batch_cap is not None else math.inf,
                                    params.decode_max_batch))
         self.actions: list[dict] = []
