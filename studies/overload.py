@@ -751,7 +751,8 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     gate_caption = (f"Decode batch cap adjusted from the measured pass time: ungated (every sample, gain 1) the cap "
                     f"{_verdict_words(fluid['ungated']['verdict'])} in the fluid plant and "
                     f"{_verdict_words(des['ungated']['verdict'])} in the request simulator; gated it "
-                    f"{_verdict_words(fluid['gated']['verdict'])} and {_verdict_words(des['gated']['verdict'])}.")
+                    f"{_verdict_words(fluid['gated']['verdict'])} in the fluid plant and "
+                    f"{_verdict_words(des['gated']['verdict'])} in the request simulator.")
     report.save_figure(_gate_figure(fluid, des), "gate_before_after.png", gate_caption)
     # (d) margins of the new loops
     margin_setup = setups.get(COLLAPSE_TRACES[0]) or next(iter(setups.values()))
