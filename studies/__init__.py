@@ -98,11 +98,13 @@ def run_study(name: str, out_dir: str | Path | None = None, quick: bool = False,
 
 
 #: Wall seconds of each study's default variant in ``tokenfactory study all --jobs 2`` on the
-#: 2-core development machine (2026-11-30): the order of a first run, before any report exists.
+#: 2-core development machine (2026-11-30, the whole suite in 3 min 40 s): the order of a first
+#: run, before any report exists.
 TYPICAL_SECONDS: dict[str, float] = {
-    "reconfiguration": 196.4, "overload": 90.0, "forecasting": 87.6, "trace-replay": 76.5, "feedback-oscillation": 39.3,
-    "layered-stack": 33.9, "aggregation": 25.6, "kv-tiers": 23.6, "operating-modes": 12.1,
-    "k3-projection": 10.9, "long-context": 10.1, "bandwidth-capacity": 6.4, "roofline-validation": 5.7,
+    "reconfiguration": 157.8, "overload": 74.7, "forecasting": 40.3, "trace-replay": 39.3,
+    "kv-tiers": 21.8, "layered-stack": 18.4, "aggregation": 17.6, "feedback-oscillation": 17.3,
+    "long-context": 15.7, "operating-modes": 5.5, "k3-projection": 5.4, "roofline-validation": 3.1,
+    "bandwidth-capacity": 2.0,
 }
 
 
