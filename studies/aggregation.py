@@ -30,7 +30,6 @@ the larger grid (five loads, 60-second-longer replays).
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 

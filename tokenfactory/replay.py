@@ -29,7 +29,7 @@ from tokenfactory.plant_models.service import (
 )
 from tokenfactory.registry import DEFAULT_TPOT_FRACTION, PlantContext, build_admission, build_autoscalers, static_batch_cap
 from tokenfactory.traces.transforms import place_sessions, scale_trace
-from tokenfactory.validation import ConfigError, check_number, reject_unknown_keys
+from tokenfactory.validation import ConfigError, check_number, load_toml, reject_unknown_keys
 
 __all__ = ["DEFAULT_PLANT", "ReplaySetup", "request_shape_of", "build_replay", "run_replay", "class_outputs",
            "replay_trace", "ReplayScenario", "replay_scenario_from_dict", "load_replay_scenario"]
@@ -489,15 +489,6 @@ def load_replay_scenario(path) -> ReplayScenario:
     ConfigError
         For a missing or unreadable file, bad TOML, or a bad field.
     """
-    import tomllib
     from pathlib import Path
 
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError("scenario", f"file {str(path)!r} does not exist")
-    try:
-        with path.open("rb") as fh:
-            d = tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(path.name, f"not valid TOML: {exc}") from None
-    return replay_scenario_from_dict(d, name=path.stem)
+    return replay_scenario_from_dict(load_toml(path), name=Path(path).stem)

@@ -31,7 +31,6 @@ Resolved once and validated up front: unknown keys and out-of-range values raise
 from __future__ import annotations
 
 import math
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +47,7 @@ from tokenfactory.plant_models.fluid import FluidParams, FluidPlant, LoopScenari
 from tokenfactory.plant_models.roofline import Worker
 from tokenfactory.plant_models.service import DEFAULT_KV_SETUP_S, DEFAULT_KV_STRIPES, KVLink, RequestShape, ServiceModel
 from tokenfactory.registry import ADMISSION_KINDS, PlantContext, admission_kinds, build_admission, smoothed_admission
-from tokenfactory.validation import ConfigError, check_choice, check_number, reject_unknown_keys
+from tokenfactory.validation import ConfigError, check_choice, check_number, load_toml, reject_unknown_keys
 
 __all__ = ["Scenario", "load_scenario", "scenario_from_dict", "build_plant", "build_controller",
            "margins_table", "naive_limit_cycle"]
@@ -250,14 +249,7 @@ def load_scenario(path: str | Path) -> Scenario:
         name), or holds an invalid scenario.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError("scenario", f"file {str(path)!r} does not exist")
-    try:
-        with path.open("rb") as fh:
-            d = tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(path.name, f"not valid TOML: {exc}") from None
-    return scenario_from_dict(d, name=path.stem)
+    return scenario_from_dict(load_toml(path), name=path.stem)
 
 
 def naive_limit_cycle(plant: FluidPlant, controller: CompletionTriggeredAdmission, method: str = "exact"):

@@ -55,7 +55,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,7 +64,6 @@ import control
 import numpy as np
 import pandas as pd
 
-from tokenfactory.controllers.admission import SmoothedAdmission
 from tokenfactory.controllers.autotune import StabilityEnvelope, admission_loop
 from tokenfactory.controllers.describing import predict_limit_cycles
 from tokenfactory.controllers.planning import HEADROOM_GRID, DemandPlanner, PlannedPoolController
@@ -85,7 +83,7 @@ from tokenfactory.plant_models.fluid import FluidParams, FluidPlant
 from tokenfactory.plant_models.pools import PoolDynamics
 from tokenfactory.registry import PlantContext, smoothed_admission
 from tokenfactory.scenario import build_plant
-from tokenfactory.validation import ConfigError, check_choice, check_int, check_number, reject_unknown_keys
+from tokenfactory.validation import ConfigError, check_choice, check_int, check_number, load_toml, reject_unknown_keys
 
 __all__ = ["StackScenario", "StackPlant", "load_stack_scenario", "stack_scenario_from_dict", "slot_limit",
            "build_stack", "reconfiguration_delay_s", "Certificate", "certify", "scenario_dir", "RateWorkload",
@@ -301,14 +299,7 @@ def load_stack_scenario(path: str | Path) -> StackScenario:
     path = Path(path)
     if not path.is_file() and (scenario_dir() / f"{path.name}.toml").is_file():
         path = scenario_dir() / f"{path.name}.toml"
-    if not path.is_file():
-        raise ConfigError("scenario", f"file {str(path)!r} does not exist")
-    try:
-        with path.open("rb") as fh:
-            d = tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(path.name, f"not valid TOML: {exc}") from None
-    return stack_scenario_from_dict(d, name=path.stem)
+    return stack_scenario_from_dict(load_toml(path), name=path.stem)
 
 
 # ------------------------------------------------------------------------------------------
@@ -755,7 +746,7 @@ def certify(sc: StackScenario) -> Certificate:
         worst_adm = layers["admission"]["worst"]
         wl = admission_loop(FluidPlant(p, plant.fill_workers, plant.decode_workers), adm,
                             delay_factor=worst_adm["delay_factor"], service_rate_factor=worst_adm["service_rate_factor"])
-        kc, ti = adm.gains.kc, adm.gains.ti
+        ti = adm.gains.ti
         # C_PI x ti s / (ti s + 1) = kc: cancel the PI's integrator and zero exactly (minreal), so no
         # pole-zero pair is left on the imaginary axis for the Nyquist count to refuse
         p_only = DelayedLoop(control.minreal(wl.rational * control.tf([ti, 0.0], [ti, 1.0]), verbose=False),

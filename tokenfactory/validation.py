@@ -15,6 +15,7 @@ from tokenfactory.errors import ConfigError
 
 __all__ = [
     "ConfigError",
+    "load_toml",
     "check_number",
     "check_int",
     "check_choice",
@@ -161,3 +162,37 @@ def reject_unknown_keys(where: str, mapping: Mapping[str, Any], allowed: Iterabl
         if key not in allowed:
             raise ConfigError(f"{where}.{key}" if where else str(key),
                               f"unknown key; allowed keys are {', '.join(sorted(allowed))}")
+
+
+def load_toml(path, field: str = "scenario") -> dict:
+    """Read a TOML configuration file, turning a missing file or bad TOML into a clear error.
+
+    Parameters
+    ----------
+    path : str or Path
+        The file.
+    field : str
+        The field a missing file is reported under (default ``"scenario"``).
+
+    Returns
+    -------
+    dict
+        The parsed document.
+
+    Raises
+    ------
+    ConfigError
+        When the file does not exist (field ``field``) or is not valid TOML (field: the file
+        name, with the parser's line and column).
+    """
+    import tomllib
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(field, f"file {str(path)!r} does not exist")
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(path.name, f"not valid TOML: {exc}") from None
