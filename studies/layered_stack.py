@@ -41,7 +41,7 @@ from tokenfactory.stack import (
     run_on_rates,
     stack_scenario_from_dict,
 )
-from tokenfactory.studies.report import StudyReport
+from tokenfactory.studies.report import StudyReport, markdown_table
 from tokenfactory.traces import trace_available
 from tokenfactory.validation import ConfigError, reject_unknown_keys
 
@@ -126,20 +126,6 @@ def _layer_figure(r, ctrl, title: str) -> Figure:
         a.grid(alpha=0.3)
         a.legend(fontsize=7, loc="upper right")
     return fig
-
-
-def _md_table(rows: list[dict], cols: list[str]) -> list[str]:
-    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        cells = []
-        for c in cols:
-            v = r.get(c)
-            if v is None or (isinstance(v, float) and not math.isfinite(v)):
-                cells.append("-")
-            else:
-                cells.append(f"{v:.3g}" if isinstance(v, float) else str(v))
-        out.append("| " + " | ".join(cells) + " |")
-    return out
 
 
 def _verdicts(rows: list[dict]) -> list[str]:
@@ -301,7 +287,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     for f in bad.failures:
         lines.append(f"- {f['layer']} ({f['check']}): {f['detail']}")
     lines += ["", "## Separation", ""]
-    lines += _md_table(metrics["separation"], ["outer", "inner", "inner_bandwidth_rad_s", "outer_crossover_rad_s",
+    lines += markdown_table(metrics["separation"], ["outer", "inner", "inner_bandwidth_rad_s", "outer_crossover_rad_s",
                                                "ratio", "pm_ideal_deg", "pm_real_deg", "pm_loss_deg",
                                                "first_order_pm_loss_deg"])
     fb = [r for r in metrics["separation"] if r["pm_loss_deg"] is not None]
@@ -319,7 +305,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                   f"{d['coherence_at_disturbance'] if math.isfinite(d['coherence_at_disturbance']) else 0:.3g} - the "
                   f"outer layer {'ACTED' if sim['outer_acted_on_inner_band'] else 'did not act'} on the inner band.", ""]
     lines += ["## Comparison (pool model)", ""]
-    lines += _md_table(metrics["comparison"], ["workload", "startup_s", "stack", "gpu_hours", "oracle_gpu_hours",
+    lines += markdown_table(metrics["comparison"], ["workload", "startup_s", "stack", "gpu_hours", "oracle_gpu_hours",
                                                "gpu_hours_over_oracle", "slo_attainment", "actions_per_hour",
                                                "reversals_per_hour", "oscillating"])
     lines += ["", *_verdicts(rows), "",

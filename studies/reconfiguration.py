@@ -48,7 +48,7 @@ from tokenfactory.plant_models import (
 )
 from tokenfactory.registry import CONTROL_PLANES, TARGET_UTILIZATION, PlantContext, build_admission, control_plane
 from tokenfactory.replay import build_replay
-from tokenfactory.studies.report import StudyReport
+from tokenfactory.studies.report import StudyReport, markdown_table
 from tokenfactory.sweep import map_points
 from tokenfactory.traces import (
     SyntheticWorkload,
@@ -547,20 +547,6 @@ def _winners(rows: list[dict]) -> list[str]:
     return lines
 
 
-def _md_table(rows: list[dict], cols: list[str]) -> list[str]:
-    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        cells = []
-        for c in cols:
-            v = r.get(c)
-            if v is None or (isinstance(v, float) and not math.isfinite(v)):
-                cells.append("-")
-            else:
-                cells.append(f"{v:.3g}" if isinstance(v, float) else str(v))
-        out.append("| " + " | ".join(cells) + " |")
-    return out
-
-
 #: the control planes of the default and quick comparisons: every autoscaler, and static pools
 #: under Mooncake's early rejection and under smoothed admission. ``--full`` adds static pools
 #: under vLLM's watermark and predictive early rejection, and the hysteretic controller without
@@ -623,7 +609,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                                      "reversals_per_hour": x["reversals_per_hour"],
                                      "rejected": x["rejected"], "thornhill_r": x["thornhill_r"],
                                      "period_s": x["period_s"] if x["oscillating"] else None})
-        lines += _md_table(rep_rows, ["case", "variant", "controller", "oscillating", "actions_per_hour",
+        lines += markdown_table(rep_rows, ["case", "variant", "controller", "oscillating", "actions_per_hour",
                                       "reversals_per_hour", "slo_attainment", "gpu_hours", "rejected", "thornhill_r", "period_s"])
         b, f = casc["baseline"], casc["fixed"]
         lines += ["", f"Cascade: peak provisioned decode workers {b['peak_provisioned']} (HPA) vs {f['peak_provisioned']} "
@@ -645,7 +631,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                   "(mu per-worker completions, S slots per worker), tau the mean of the up (start-up) and down delays. "
                   "Test bed: the plant at the pre-fit roofline constants (compute 0.6, memory 0.8, network 0.7, "
                   "no per-layer or collective latency), on which these cases were chosen.", ""]
-        lines += _md_table(rows, ["startup_s", "queue_low", "queue_high", "predicted_period_s", "simulated_period_s",
+        lines += markdown_table(rows, ["startup_s", "queue_low", "queue_high", "predicted_period_s", "simulated_period_s",
                                   "period_error", "predicted_amplitude", "simulated_amplitude", "amplitude_error"])
         lines += [""]
     comparison: list[dict] = []
@@ -669,7 +655,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         metrics["comparison_workloads"] = infos
         report.save_table(pd.DataFrame(comparison), "comparison.csv")
         lines += ["## Comparison", ""]
-        lines += _md_table(comparison, ["workload", "controller", "gpu_hours", "slo_attainment", "rejected",
+        lines += markdown_table(comparison, ["workload", "controller", "gpu_hours", "slo_attainment", "rejected",
                                         "actions_per_hour", "reversals_per_hour", "oscillating"])
         lines += ["", "`oscillating` is the detectors' verdict on the provisioned pool sizes (it needs a regular "
                       "cycle); `reversals_per_hour` counts scale actions that undo the previous one's direction, "

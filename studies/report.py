@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["StudyReport", "to_jsonable", "provenance"]
+__all__ = ["StudyReport", "to_jsonable", "provenance", "markdown_table"]
 
 
 def _git_commit() -> str:
@@ -90,6 +90,37 @@ def to_jsonable(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     return obj
+
+
+def markdown_table(rows: list[dict], cols: list[str]) -> list[str]:
+    """Markdown lines of a table of ``rows`` (dicts) in the columns ``cols``.
+
+    Floats print with three significant digits; a missing, None or non-finite value prints as
+    ``-`` (never ``nan``).
+
+    Parameters
+    ----------
+    rows : list of dict
+        One dict per row.
+    cols : list of str
+        The keys to show, in order (the header).
+
+    Returns
+    -------
+    list of str
+        The header, the separator and one line per row.
+    """
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        cells = []
+        for c in cols:
+            v = r.get(c)
+            if v is None or (isinstance(v, float) and not math.isfinite(v)):
+                cells.append("-")
+            else:
+                cells.append(f"{v:.3g}" if isinstance(v, float) else str(v))
+        out.append("| " + " | ".join(cells) + " |")
+    return out
 
 
 @dataclass
