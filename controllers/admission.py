@@ -18,7 +18,7 @@ import math
 
 import control
 
-from tokenfactory.controllers.interface import SampledController
+from tokenfactory.controllers.interface import SampledController, lowpass
 from tokenfactory.controllers.tuning import PIGains
 from tokenfactory.signals import AdmissionAction, Measurement
 from tokenfactory.validation import check_choice, check_number
@@ -231,22 +231,14 @@ class SmoothedAdmission(SampledController):
         self._integral = 0.0
         self._rate = None
 
-    @staticmethod
-    def _lowpass(prev: float | None, x: float, tau: float, dt: float) -> float:
-        if prev is None:
-            return x
-        if tau <= 0:
-            return x
-        return prev + (1.0 - math.exp(-dt / tau)) * (x - prev)
-
     def update(self, t: float, m: Measurement) -> AdmissionAction:
         T = self.sample_period
         if self.regulate == "kv_work":
             measured, target = m.active_decodes + m.ready, m.decode_slots + self.target_ready
         else:
             measured, target = m.ready, self.target_ready
-        self._ready_f = self._lowpass(self._ready_f, measured, self.filter_tau, T)
-        self._service_f = self._lowpass(self._service_f, m.completion_rate, self.service_filter_tau, T)
+        self._ready_f = lowpass(self._ready_f, measured, self.filter_tau, T)
+        self._service_f = lowpass(self._service_f, m.completion_rate, self.service_filter_tau, T)
         e = target - self._ready_f
         kc, ti = self.gains.kc, self.gains.ti
         hi = m.fill_capacity if self.max_rate is None else self.max_rate

@@ -10,6 +10,7 @@ domain (``tokenfactory.controllers.stability``) and run in simulation.
 
 from __future__ import annotations
 
+import math
 from typing import Protocol, runtime_checkable
 
 import control
@@ -17,7 +18,7 @@ import control
 from tokenfactory.signals import AdmissionAction, Measurement
 from tokenfactory.validation import check_number
 
-__all__ = ["Controller", "LinearController", "SampledController"]
+__all__ = ["Controller", "LinearController", "SampledController", "lowpass"]
 
 
 @runtime_checkable
@@ -85,3 +86,28 @@ class SampledController:
             Parameter name -> value; subclasses extend it with their own settings.
         """
         return {"sample_period": self.sample_period}
+
+
+def lowpass(prev: float | None, x: float, tau: float, dt: float) -> float:
+    """One step of the first-order measurement filter the controllers share: the exact
+    discretisation prev + (1 - e^{-dt/tau}) (x - prev) of tau dy/dt = x - y over ``dt``.
+
+    Parameters
+    ----------
+    prev : float or None
+        The filtered value so far (None before the first sample: the filter starts at ``x``).
+    x : float
+        The new sample.
+    tau : float
+        Time constant (s); <= 0 passes ``x`` through.
+    dt : float
+        Time since the previous sample (s).
+
+    Returns
+    -------
+    float
+        The filtered value.
+    """
+    if prev is None or tau <= 0:
+        return x
+    return prev + (1.0 - math.exp(-dt / tau)) * (x - prev)

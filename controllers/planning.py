@@ -52,7 +52,7 @@ import pandas as pd
 from scipy.ndimage import maximum_filter1d, median_filter
 
 from tokenfactory.controllers.autoscaling import _current
-from tokenfactory.controllers.interface import SampledController
+from tokenfactory.controllers.interface import SampledController, lowpass
 from tokenfactory.controllers.reconfiguration import HystereticPoolController, need_noise_std
 from tokenfactory.signals import Measurement, ScaleAction
 from tokenfactory.validation import ConfigError, check_int, check_number
@@ -503,10 +503,7 @@ class PlannedPoolController(HystereticPoolController):
         int
             Desired workers.
         """
-        if self._rate is None or self.filter_s == 0:
-            self._rate = rate
-        else:
-            self._rate += (1.0 - math.exp(-(t - self._t_prev) / self.filter_s)) * (rate - self._rate)
+        self._rate = lowpass(self._rate, rate, self.filter_s, t - (self._t_prev or 0.0))
         self._t_prev = t
         hold = max(self._rate, 0.0) * (rise if math.isfinite(rise) else 1.0) * (1.0 + self.headroom)
         need = self.need(hold, queue)

@@ -47,6 +47,7 @@ import control
 
 from tokenfactory.controllers.autoscaling import ScaleAction, _current, _PoolAutoscaler
 from tokenfactory.controllers.describing import LimitCycle, predict_limit_cycles
+from tokenfactory.controllers.interface import lowpass
 from tokenfactory.controllers.stability import DelayedLoop
 from tokenfactory.signals import Measurement
 from tokenfactory.validation import ConfigError, check_int, check_number
@@ -338,11 +339,7 @@ class HystereticPoolController(_PoolAutoscaler):
 
     def recommend(self, t: float, provisioned: int, rate: float, queue: float) -> int:
         """The decision core: ``provisioned`` = serving + starting workers."""
-        if self._rate is None or self.filter_s == 0:
-            self._rate = rate
-        else:
-            a = 1.0 - math.exp(-(t - self._t_prev) / self.filter_s)
-            self._rate += a * (rate - self._rate)
+        self._rate = lowpass(self._rate, rate, self.filter_s, t - (self._t_prev or 0.0))
         self._t_prev = t
         need = self.need(self._rate, queue)
         self.last_need = need

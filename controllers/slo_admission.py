@@ -63,7 +63,7 @@ import control
 
 from tokenfactory.classes import DEFAULT_CLASSES, RequestClass, class_table
 from tokenfactory.controllers.describing import predict_limit_cycles
-from tokenfactory.controllers.interface import SampledController
+from tokenfactory.controllers.interface import SampledController, lowpass
 from tokenfactory.controllers.stability import DelayedLoop, Margins, stability_margins
 from tokenfactory.signals import ADMIT, AdmissionAction, Arrival, Decision, Measurement, ReserveAction
 from tokenfactory.validation import ConfigError, check_number
@@ -402,12 +402,6 @@ class SLOAwareAdmission(SampledController):
         return min(self.decode_target + self.decode_bias, self.decode_limit_max[self.top])
 
     # -- the sampled part -----------------------------------------------------------------
-    @staticmethod
-    def _lowpass(prev: float | None, x: float, tau: float, dt: float) -> float:
-        if prev is None or tau <= 0:
-            return x
-        return prev + (1.0 - math.exp(-dt / tau)) * (x - prev)
-
     def update(self, t: float, m: Measurement):
         """Take a measurement: trim the ledger, correct the limits, set the reservation.
 
@@ -442,8 +436,8 @@ class SLOAwareAdmission(SampledController):
         # the measured counterpart of the predicted decode wait, signed: sequences beyond the slots
         # (waiting) or short of them (spare, negative) over the slots' completion rate
         ready_wait = (act + rdy - slots) / (slots / seq_s) if slots > 0 and seq_s > 0 else 0.0
-        self.fill_wait_f = self._lowpass(self.fill_wait_f, fill_wait, self.filter_tau_s, T)
-        self.decode_wait_f = self._lowpass(self.decode_wait_f, ready_wait, self.filter_tau_s, T)
+        self.fill_wait_f = lowpass(self.fill_wait_f, fill_wait, self.filter_tau_s, T)
+        self.decode_wait_f = lowpass(self.decode_wait_f, ready_wait, self.filter_tau_s, T)
         ef = self.fill_target - self.fill_wait_f
         if self.refused["fill"] > 0 or ef < 0:  # conditional integration
             self.fill_bias = min(max(self.fill_bias + self.fill_ki * T * ef, -self.fill_target),
@@ -458,7 +452,7 @@ class SLOAwareAdmission(SampledController):
                                                            else m.admitted_rate)
         # filtered with time constant H, as a running mean while fewer than H seconds are measured
         self.rate_samples += 1
-        self.top_rate_f = self._lowpass(self.top_rate_f, top_rate, min(self.reserve_horizon_s,
+        self.top_rate_f = lowpass(self.top_rate_f, top_rate, min(self.reserve_horizon_s,
                                                                         self.rate_samples * T), T)
         if len(self.classes) > 1:
             workers = m.fill_workers if m.fill_workers == m.fill_workers and m.fill_workers > 0 else 1.0

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections import deque
 
 __all__ = ["PoolWorker", "IdleWorkers"]
 
 
-class PoolWorker:
+class PoolWorker(ABC):
     """A worker's life in its pool: online or crashed, draining, idle, retired; ``token``
     invalidates its pending scheduled call (a crash or a re-timed pass bumps it).
 
@@ -32,8 +33,10 @@ class PoolWorker:
         self.finished = finished   # event: drained (finished its work) or retired
         self.retired = False
 
+    @abstractmethod
     def holds_work(self) -> bool:
-        raise NotImplementedError
+        """Whether the worker still has requests to finish (a draining worker retires when not);
+        each kind of worker (fill, decode, aggregated) says what it holds."""
 
 
 class IdleWorkers:
