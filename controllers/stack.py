@@ -4,9 +4,10 @@ its own sample period, from milliseconds to hours.
 A :class:`ControlStack` is itself a controller (``sample_period``, ``reset()``, ``update(t, m)``), so
 a plant runs it like any other; inside, it dispatches each layer at the layer's own period:
 
-* ``batch_gate`` (milliseconds) - the decode batch cap; until the gated batch controller lands
-  (issue 11) the slot limit, a static cap applied to the plant's parameters (no sampled
-  controller; :class:`StackLayer` with no controllers documents it);
+* ``batch_gate`` (sub-second) - the decode batch cap: the gated batch controller
+  (:class:`tokenfactory.controllers.batch_gate.BatchGate`, a
+  :class:`tokenfactory.signals.BatchCapAction`), or the slot limit, a static cap applied to the
+  plant's parameters (a :class:`StackLayer` with no controllers documents it);
 * ``admission`` (seconds) - an admission controller (:class:`tokenfactory.signals.AdmissionAction`);
 * ``reconfiguration`` (minutes) - pool controllers (:class:`tokenfactory.signals.ScaleAction`),
   optionally a :class:`RoleBalancer` that moves workers between roles in a fixed fleet;
@@ -19,7 +20,7 @@ layer whose period is a multiple of it runs every k-th sample and gets a measure
 what a scrape of counters at the layer's period gives - so a slow layer sees the same signal it
 would see sampled on its own. Layers run slowest first, so a plan updated at t is read by the
 reconfiguration layer at the same t. Actions of all layers are returned as one list (one
-admission action at most).
+admission action, one batch cap and one reservation at most).
 
 For the request simulator, which samples admission and autoscalers separately,
 :meth:`ControlStack.split` gives two views of the *same* layer objects.
@@ -33,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tokenfactory.controllers.interface import SampledController
-from tokenfactory.signals import AdmissionAction, Measurement, ScaleAction, split_action
+from tokenfactory.signals import AdmissionAction, Measurement, ScaleAction, sort_actions, split_action
 from tokenfactory.validation import ConfigError, check_number
 
 __all__ = ["StackLayer", "ControlStack", "RoleBalancer", "CapacityScaledBound", "LAYER_ORDER"]
@@ -157,6 +158,7 @@ class ControlStack(SampledController):
     def _run(self, t: float, m: Measurement, names: tuple[str, ...]) -> list:
         out: list = []
         admission: AdmissionAction | None = None
+        others: dict[str, object] = {}  # the batch cap and the reservation (one of each)
         due = []
         for la in self.layers:
             if la.name not in names or not la.sampled:
@@ -172,19 +174,24 @@ class ControlStack(SampledController):
             self._cnt[la.name] = 0
             self.log.append((t, la.name))
             for c in la.controllers:
-                adm, scales = split_action(c.update(t, mw))
-                if adm is not None:
-                    admission = adm
-                out += scales
-        return ([admission] if admission is not None else []) + out
+                acts = sort_actions(c.update(t, mw))
+                if acts.admission is not None:
+                    admission = acts.admission
+                out += acts.scales
+                others.update({k: a for k, a in (("batch_cap", acts.batch_cap), ("reserve", acts.reserve))
+                               if a is not None})
+        return ([admission] if admission is not None else []) + out + list(others.values())
 
-    def split(self) -> tuple["_StackView | None", list]:
+    def split(self) -> tuple["ControlStack | None", list]:
         """Two views for a plant that samples admission and autoscalers separately (the request
-        simulator): ``(admission view or None, [scaling view])`` over the same layer objects."""
+        simulator): ``(admission view or None, [scaling view])``, each a :class:`ControlStack` over
+        the *same* layer objects (the batch gate and admission; the slower layers) with its own
+        multi-rate dispatch."""
         adm_layers = tuple(n for n in self._every if n in ("batch_gate", "admission"))
         scale_layers = tuple(n for n in self._every if n not in adm_layers)
-        adm = _StackView(self, adm_layers) if adm_layers else None
-        return adm, ([_StackView(self, scale_layers)] if scale_layers else [])
+        adm = ControlStack([self.layer(n) for n in adm_layers], f"{self.label}:admission") if adm_layers else None
+        return adm, ([ControlStack([self.layer(n) for n in scale_layers], f"{self.label}:scaling")]
+                     if scale_layers else [])
 
     def params(self) -> dict:
         return {"name": self.label, "sample_period": self.sample_period,
@@ -192,43 +199,6 @@ class ControlStack(SampledController):
                             "note": la.note,
                             "controllers": [{"name": type(c).__name__, **(c.params() if hasattr(c, "params") else {})}
                                             for c in la.controllers]} for la in self.layers]}
-
-
-class _StackView(SampledController):
-    """A subset of a stack's layers sampled on its own (see :meth:`ControlStack.split`)."""
-
-    name = "stack-view"
-
-    def __init__(self, stack: ControlStack, names: tuple[str, ...]):
-        base = min(stack.layer(n).sample_period for n in names)
-        super().__init__(base)
-        self.stack, self.names = stack, names
-        self._every = {n: int(round(stack.layer(n).sample_period / base)) for n in names}
-        self.reset()
-
-    def reset(self) -> None:
-        for n in self.names:
-            for c in self.stack.layer(n).controllers:
-                c.reset()
-        self._k = 0
-
-    def update(self, t: float, m: Measurement):
-        out: list = []
-        admission = None
-        for n in sorted(self.names, key=LAYER_ORDER.index, reverse=True):
-            if self._k % self._every[n]:
-                continue
-            for c in self.stack.layer(n).controllers:
-                adm, scales = split_action(c.update(t, m))
-                admission = adm if adm is not None else admission
-                out += scales
-        self._k += 1
-        if "admission" in self.names:
-            return admission if admission is not None else AdmissionAction(math.inf)
-        return out
-
-    def params(self) -> dict:
-        return {"layers": list(self.names), "sample_period": self.sample_period}
 
 
 class RoleBalancer(SampledController):

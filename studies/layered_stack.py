@@ -76,7 +76,7 @@ def separation_in_simulation(sc, *, period_s: float = 20.0, depth: float = 0.15,
     t = np.arange(0.0, duration_s + dt, dt)
     out = {"period_s": period_s, "depth": depth}
     for key, amp in (("quiet", 0.0), ("disturbed", depth)):
-        ctrl, plant = build_stack(s, name=key)
+        ctrl, plant = build_stack(s, name=key, plant_step_s=dt)
         demand = pd.Series(s.rate_rps * (1.0 + amp * np.sin(2 * np.pi * t / period_s)), index=t)
         r = simulate_pools(plant.params, plant.fill_workers, plant.decode_workers,
                            PoolScenario(demand, duration_s, dt=dt, control_start_s=60.0, seed=seed,
@@ -267,8 +267,11 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                             r["gpu_hours_over_oracle"], "x", f"SLO attainment {r['slo_attainment']:.4f}")
     # -- summary
     budget = build_stack(sc)[0].layer("planning").controllers[0].excess_budget  # as the scenario resolves it
-    lines = ["The layered stack (`studies/scenarios/stack_default.toml`): decode batch gate (the slot limit until "
-             "the gated batch cap lands), smoothed admission every "
+    gate_l = sc.layers.get("batch_gate", {})
+    gate_txt = (f"the gated decode batch cap every {gate_l.get('sample_period_s', 0.25):g} s (static at its "
+                "nominal-context cap in the pool model, whose step averages over many passes)"
+                if gate_l.get("kind") == "gated" else "the decode slot limit")
+    lines = ["The layered stack (`studies/scenarios/stack_default.toml`): " + gate_txt + ", smoothed admission every "
              f"{sc.layers['admission'].get('sample_period_s', 1.0):g} s, planned hysteretic pools every "
              f"{sc.layers['reconfiguration'].get('sample_period_s', 10.0):g} s, and a planning layer refit every "
              f"{sc.layers['planning'].get('refit_s', 86400.0) / 3600:g} h on the last "

@@ -24,8 +24,8 @@ from tokenfactory.controllers import (
     reconfiguration_loop,
     required_ratio,
 )
-from tokenfactory.signals import AdmissionAction, Measurement, ScaleAction, split_action
-from tokenfactory.stack import certify, load_stack_scenario, scenario_dir, stack_scenario_from_dict
+from tokenfactory.signals import AdmissionAction, BatchCapAction, Measurement, ScaleAction, sort_actions, split_action
+from tokenfactory.stack import build_stack, certify, load_stack_scenario, scenario_dir, stack_scenario_from_dict
 from tokenfactory.validation import ConfigError
 
 
@@ -77,8 +77,18 @@ def test_stack_rejects_incommensurate_periods_and_split_views():
     fast, slow = _Recorder(1.0, AdmissionAction(3.0)), _Recorder(10.0, [ScaleAction("decode", 2)])
     adm, scalers = ControlStack([StackLayer("admission", [fast], 1.0),
                                  StackLayer("reconfiguration", [slow], 10.0)]).split()
-    assert adm.update(0.0, _m(0.0)) == AdmissionAction(3.0)
+    assert split_action(adm.update(0.0, _m(0.0))) == (AdmissionAction(3.0), [])
     assert scalers[0].sample_period == 10.0 and scalers[0].update(0.0, _m(0.0)) == [ScaleAction("decode", 2)]
+    # the admission view of a stack with a sampled batch gate: the cap every gate sample, admission
+    # every 4th with the rates averaged over its own period, as in the whole stack
+    gate, adm_c = _Recorder(0.25, BatchCapAction(40.0)), _Recorder(1.0, AdmissionAction(3.0))
+    view, _ = ControlStack([StackLayer("batch_gate", [gate], 0.25), StackLayer("admission", [adm_c], 1.0),
+                            StackLayer("reconfiguration", [_Recorder(10.0, [])], 10.0)]).split()
+    outs = [sort_actions(view.update(0.25 * k, _m(0.25 * k, arrival=float(k)))) for k in range(9)]
+    assert all(o.batch_cap == BatchCapAction(40.0) for o in outs)
+    assert [o.admission is not None for o in outs] == [k % 4 == 0 for k in range(9)]
+    assert [t for t, _ in adm_c.calls] == [0.0, 1.0, 2.0]
+    assert adm_c.calls[1][1] == pytest.approx(np.mean([1, 2, 3, 4]))
     with pytest.raises(ConfigError, match="at most one"):
         split_action([AdmissionAction(1.0), AdmissionAction(2.0)])
 
@@ -153,6 +163,42 @@ def test_certificate_passes_default_and_names_the_layer_when_mistuned():
     assert not bad.passed
     assert {f["layer"] for f in bad.failures} == {"reconfiguration"}
     assert {"separation", "margins"} <= {f["check"] for f in bad.failures}
+
+
+def test_certificate_checks_the_gated_batch_cap():
+    sc = load_stack_scenario("stack_default")
+    assert sc.layers["batch_gate"]["kind"] == "gated"
+    cert = certify(sc)
+    gate = cert.layers["batch_gate"]
+    # the gate's integral loop over delay x pass-time slope meets the floors; its cap saturation
+    # predicts no cycle gated, while the ungated rule (g = 1 every sample) has one
+    assert gate["meets_floors"] and len(gate["points"]) == 9
+    assert gate["worst"]["gain_margin"] >= 2.0 and gate["worst"]["phase_margin_deg"] >= 45.0
+    df = next(d for d in cert.describing_function if d["layer"] == "batch_gate")
+    assert not df["limit_cycle"] and df["ungated_limit_cycle"] is not None
+    pair = next(r for r in cert.separation_rows() if r["inner"] == "batch_gate")
+    assert pair["ratio"] >= 5.0 and "conservative reading" in pair["note"]
+    # a gate sampled every 2 s is no faster than admission's loop: the certificate names admission
+    d = dict(sc.config)
+    d["layers"] = {**d["layers"], "batch_gate": {"kind": "gated", "sample_period_s": 2.0}}
+    slow = certify(stack_scenario_from_dict(d, "slow_gate"))
+    assert not slow.passed
+    assert {(f["layer"], f["check"]) for f in slow.failures} == {("admission", "separation")}
+    # a period only a sampled gate has is refused on a static one
+    d["layers"]["batch_gate"] = {"kind": "slot-limit", "sample_period_s": 0.25}
+    with pytest.raises(ConfigError, match="layers.batch_gate.sample_period_s"):
+        stack_scenario_from_dict(d, "static_gate")
+
+
+def test_gated_cap_is_static_on_a_coarse_plant_and_sampled_on_a_fine_one():
+    sc = load_stack_scenario("stack_default")
+    coarse, plant = build_stack(sc, plant_step_s=2.0)
+    assert not coarse.layer("batch_gate").sampled and "slot limit" in coarse.layer("batch_gate").note
+    fine, _ = build_stack(sc)
+    gate = fine.layer("batch_gate").controllers[0]
+    assert fine.sample_period == 0.25 and gate.gated
+    # it starts from the model's cap at the nominal context: the plant's slot limit, whole sequences
+    assert gate.initial_cap() == pytest.approx(math.floor(plant.params.decode_slots_per_worker), abs=1.0)
 
 
 def test_certify_cli_exit_codes(capsys):

@@ -65,6 +65,13 @@ import numpy as np
 import pandas as pd
 
 from tokenfactory.controllers.autotune import StabilityEnvelope, admission_loop
+from tokenfactory.controllers.batch_gate import (
+    BatchGateTuning,
+    batch_gate_loop,
+    pass_target_s,
+    predict_batch_cycle,
+    tune_batch_gate,
+)
 from tokenfactory.controllers.describing import predict_limit_cycles
 from tokenfactory.controllers.planning import HEADROOM_GRID, DemandPlanner, PlannedPoolController
 from tokenfactory.controllers.reconfiguration import need_noise_std
@@ -81,7 +88,7 @@ from tokenfactory.controllers.stability import DelayedLoop, stability_margins
 from tokenfactory.controllers.stack import CapacityScaledBound, ControlStack, RoleBalancer, StackLayer
 from tokenfactory.plant_models.fluid import FluidParams, FluidPlant
 from tokenfactory.plant_models.pools import PoolDynamics
-from tokenfactory.registry import PlantContext, smoothed_admission
+from tokenfactory.registry import PlantContext, batch_gate_for, smoothed_admission
 from tokenfactory.scenario import build_plant
 from tokenfactory.validation import ConfigError, check_choice, check_int, check_number, load_toml, reject_unknown_keys
 
@@ -93,7 +100,7 @@ _TOP = {"name", "description", "plant", "slo", "workload", "dynamics", "layers",
 _PLANT = {"model", "hardware", "parallelism", "efficiency", "decode_model", "decode_hardware", "decode_parallelism",
           "prompt_tokens", "output_tokens", "cached_tokens", "measurement_delay_s", "kv_stripes", "kv_setup_s"}
 _LAYERS = {"batch_gate", "admission", "reconfiguration", "planning"}
-_GATE = {"kind", "tpot_fraction"}
+_GATE = {"kind", "tpot_fraction", "sample_period_s"}
 _ADMISSION = {"kind", "sample_period_s", "filter_tau_s", "service_filter_tau_s", "safety_z", "backlog_bound_s"}
 _RECONF = {"kind", "sample_period_s", "target_utilization", "queue_clear_s", "filter_s", "min_dead_band",
            "max_step_up", "max_step_down", "queue_headroom", "role_moves", "fleet_size", "headroom", "dwell_s",
@@ -223,7 +230,7 @@ def stack_scenario_from_dict(d: Mapping[str, Any], name: str = "stack") -> Stack
         raise ConfigError("layers", "expected a table of layers")
     reject_unknown_keys("layers", layers_d, _LAYERS)
     layers: dict[str, dict] = {}
-    for lname, keys, kinds in (("batch_gate", _GATE, ("slot-limit", "none")),
+    for lname, keys, kinds in (("batch_gate", _GATE, ("slot-limit", "gated", "none")),
                                ("admission", _ADMISSION, ("smoothed", "none")),
                                ("reconfiguration", _RECONF, ("planned-hysteretic",)),
                                ("planning", _PLANNING, ("seasonal-rise", "none"))):
@@ -256,6 +263,11 @@ def stack_scenario_from_dict(d: Mapping[str, Any], name: str = "stack") -> Stack
         frac = layers["batch_gate"].get("tpot_fraction", "auto")
         if frac != "auto":
             check_number("layers.batch_gate.tpot_fraction", frac, low=0.1, high=1.0)
+        if "sample_period_s" in layers["batch_gate"]:
+            if layers["batch_gate"]["kind"] != "gated":
+                raise ConfigError("layers.batch_gate.sample_period_s", "only a gated batch cap is sampled")
+            check_number("layers.batch_gate.sample_period_s", layers["batch_gate"]["sample_period_s"], low=0.01,
+                         high=60.0)
     if "planning" in layers:
         pl = layers["planning"]
         check_int("layers.planning.days", pl.get("days", 3), low=1, high=14)
@@ -496,6 +508,62 @@ def _admission(sc: StackScenario, plant: StackPlant):
     return ctrl, rep
 
 
+#: the gated batch cap's default period (s): the overload study's gate (tokenfactory.registry.batch_gate_for)
+GATE_SAMPLE_PERIOD_S = 0.25
+
+
+def gate_sample_period_s(sc: StackScenario) -> float:
+    """The gated batch cap's sample period (``layers.batch_gate.sample_period_s``, default
+    :data:`GATE_SAMPLE_PERIOD_S`)."""
+    return float(sc.layers.get("batch_gate", {}).get("sample_period_s", GATE_SAMPLE_PERIOD_S))
+
+
+def gate_tuning(sc: StackScenario, snapshot_s: float = 0.1) -> BatchGateTuning:
+    """The gated batch cap's SIMC tuning over the scenario's envelope (delay factors x the
+    service-rate factors as the true/modelled pass-time slope) at its pass target.
+
+    Parameters
+    ----------
+    sc : StackScenario
+        The scenario (a ``gated`` batch gate layer).
+    snapshot_s : float
+        The plant's snapshot period (s; the request simulator's 0.1 by default).
+
+    Returns
+    -------
+    BatchGateTuning
+
+    Raises
+    ------
+    ConfigError
+        When no gain meets the margin floors over the envelope.
+    """
+    env = sc.envelope
+    target = pass_target_s(sc.slo_tpot_s, gate_fraction(sc))
+    return _gate_tuning(sc.params.measurement_delay_s, target, snapshot_s, gate_sample_period_s(sc),
+                        env.delay_factors, env.service_rate_factors, env.gm_floor, env.pm_floor_deg)
+
+
+@functools.lru_cache(maxsize=32)
+def _gate_tuning(delay_s: float, target_s: float, snapshot_s: float, period_s: float, delay_factors: tuple,
+                 slope_factors: tuple, gm_floor: float, pm_floor_deg: float) -> BatchGateTuning:
+    return tune_batch_gate(delay_s, target_s, snapshot_s=snapshot_s, sample_period_s=period_s,
+                           delay_factors=delay_factors, slope_factors=slope_factors, gm_floor=gm_floor,
+                           pm_floor_deg=pm_floor_deg, check_ungated=True)
+
+
+def _batch_gate(sc: StackScenario, plant: StackPlant, service=None):
+    """The gated decode batch cap of a ``gated`` layer: the largest batch whose roofline pass time
+    at the live context meets the gate's share of the TPOT SLO (:func:`gate_fraction`), its gain
+    SIMC-tuned over the envelope (:func:`gate_tuning`), its largest cap the KV slots (the plant's
+    slot limit is only where it starts). ``service`` (a ServiceModel) makes it follow the live
+    context (the request simulator); without it the pass-time table at the nominal context."""
+    ctx = PlantContext(sc.params, plant.fill_workers, plant.decode_workers, slo_ttft_s=sc.slo_ttft_s,
+                       slo_tpot_s=sc.slo_tpot_s, envelope=sc.envelope, service=service)
+    return batch_gate_for(ctx, {"tpot_fraction": gate_fraction(sc), "sample_period_s": gate_sample_period_s(sc),
+                                "gain": gate_tuning(sc).gain}, where="layers.batch_gate")
+
+
 def _queue_clear(sc: StackScenario, plant: StackPlant) -> tuple[float, float | None]:
     rc = sc.layers["reconfiguration"]
     if "queue_clear_s" in rc:
@@ -530,7 +598,8 @@ def planning_lead_s(sc: StackScenario) -> float:
 
 
 def build_stack(sc: StackScenario, *, history: pd.Series | None = None, time_offset_s: float = 0.0,
-                fleet_size: int | None = None, name: str | None = None) -> tuple[ControlStack, StackPlant]:
+                fleet_size: int | None = None, name: str | None = None, plant_step_s: float | None = None,
+                service=None) -> tuple[ControlStack, StackPlant]:
     """A fresh :class:`ControlStack` for the scenario, and the plant it runs on.
 
     Parameters
@@ -545,6 +614,12 @@ def build_stack(sc: StackScenario, *, history: pd.Series | None = None, time_off
         A fixed fleet (role moves): overrides ``layers.reconfiguration.fleet_size``.
     name : str, optional
         The stack's label.
+    plant_step_s : float, optional
+        The plant's step (s). A ``gated`` batch cap sampled faster than the plant steps (the pool
+        model's seconds) is static there: its cap at the nominal context, which is the slot limit
+        the plant already has (a fluid step averages over many decode passes).
+    service : ServiceModel, optional
+        The request simulator's service model: the gated cap follows the live context through it.
 
     Returns
     -------
@@ -555,8 +630,16 @@ def build_stack(sc: StackScenario, *, history: pd.Series | None = None, time_off
     p = plant.params
     layers = []
     if "batch_gate" in sc.layers:
-        layers.append(StackLayer("batch_gate", note=f"slot limit {p.decode_slots_per_worker:.0f} per decode worker "
-                                 f"(pass {p.decode_step_s(p.decode_slots_per_worker) * 1e3:.1f} ms)"))
+        slot_note = (f"slot limit {p.decode_slots_per_worker:.0f} per decode worker "
+                     f"(pass {p.decode_step_s(p.decode_slots_per_worker) * 1e3:.1f} ms)")
+        gated = sc.layers["batch_gate"]["kind"] == "gated"
+        if gated and (plant_step_s is None or plant_step_s <= gate_sample_period_s(sc) + 1e-12):
+            gate = _batch_gate(sc, plant, service)
+            layers.append(StackLayer("batch_gate", [gate], gate.sample_period))
+        else:
+            layers.append(StackLayer("batch_gate", note=slot_note + (
+                f"; the gated cap samples every {gate_sample_period_s(sc):g} s, the plant steps every "
+                f"{plant_step_s:g} s: its cap at the nominal context stands" if gated else "")))
     if "admission" in sc.layers:
         ctrl, _ = _admission(sc, plant)
         ctrl = CapacityScaledBound(ctrl, p.decode_slots(plant.decode_workers))
@@ -708,9 +791,37 @@ def certify(sc: StackScenario) -> Certificate:
                                        + ", ".join(f"{k}={worst[k]}" for k in worst if k.endswith("factor"))
                                        + f" (floors GM >= {env.gm_floor:g}, PM >= {env.pm_floor_deg:g} deg)"})
 
-    # -- batch gate: static (the slot limit); its response is one decode pass
+    # -- batch gate: static (the slot limit; its response is one decode pass) or the gated cap's
+    # integral loop over delay x pass-time slope (the envelope's service-rate factors)
     gate_tau = p.dispatch_s
-    if "batch_gate" in sc.layers:
+    gate_closed = None
+    if sc.layers.get("batch_gate", {}).get("kind") == "gated":
+        try:
+            gt = gate_tuning(sc)
+        except ConfigError as e:
+            failures.append({"layer": "batch_gate", "check": "margins", "detail": str(e)})
+            layers["batch_gate"] = {"meets_floors": False, "points": []}
+        else:
+            keys = ("gain_margin", "phase_margin_deg", "delay_margin_s", "ms", "crossover_rad_s")
+            rows = [{"delay_factor": r["delay_factor"], "service_rate_factor": r["slope_factor"],
+                     **{k: r.get(k, math.nan) for k in keys}} for r in gt.envelope]
+            judge("batch_gate", rows)
+            layers["batch_gate"].update({"gain": gt.gain, "hold_s": gt.hold_s, "theta_s": gt.theta_s,
+                                         "tau_c_s": gt.tau_c_s, "sample_period_s": gate_sample_period_s(sc),
+                                         "pass_target_s": pass_target_s(sc.slo_tpot_s, gate_fraction(sc)),
+                                         "ungated_gain_margin": gt.ungated.gain_margin if gt.ungated else None})
+            gate_loop = batch_gate_loop(gt.gain, gt.hold_s, gt.theta_s)
+            gate_closed = closed_loop(gate_loop)
+            # the cap's saturation (between one sequence and the KV slots) in the gated loop
+            cyc = predict_batch_cycle(gate_loop, 1.0)
+            dfs.append({"layer": "batch_gate", "element": "cap saturation [1, KV slots]",
+                        "loop": "gated integral correction of the pass target", "limit_cycle": cyc is not None,
+                        "period_s": cyc.period_s if cyc else None,
+                        "reason": "N(A) of a saturation is real in (0, 1]; the gated loop's gain at its phase "
+                                  f"crossover is {1.0 / gt.nominal.gain_margin:.2f} < 1: no solution"
+                                  if cyc is None else "the loop's gain at its phase crossover is >= 1",
+                        "ungated_limit_cycle": gt.ungated_cycle})
+    elif "batch_gate" in sc.layers:
         layers["batch_gate"] = {"static": True, "decode_slots_per_worker": p.decode_slots_per_worker,
                                 "pass_time_s": p.decode_step_s(p.decode_slots_per_worker),
                                 "response_time_constant_s": gate_tau, "meets_floors": True}
@@ -734,7 +845,19 @@ def certify(sc: StackScenario) -> Certificate:
                                          "sample_period_s": adm.sample_period}
         adm_loop = admission_loop(FluidPlant(p, plant.fill_workers, plant.decode_workers), adm)
         # the admission loop with the decode batch's response (one pass) in its plant vs without
-        if "batch_gate" in sc.layers:
+        if gate_closed is not None:
+            # the cap sets the decode consumption admission's loop sees - a plant parameter (the
+            # envelope's service-rate factors cover its range) - while what admission releases joins
+            # the batch within a pass: the pass lag is in the loop, the gate's bandwidth sets the ratio
+            series = cascade_separation("admission", adm_loop, "batch_gate", gate_closed)
+            separation.append(cascade_separation(
+                "admission", adm_loop, "batch_gate", first_order_lag(gate_tau),
+                inner_bandwidth_rad_s=series.inner_bandwidth_rad_s,
+                note="the gated cap's closed loop sets admission's decode consumption (a plant parameter within "
+                     "the envelope's service-rate factors); admitted work joins the batch within a pass (the lag "
+                     f"in the loop); with the gate's closed loop in series instead, the conservative reading, "
+                     f"admission would lose {series.pm_loss_deg:.1f} deg"))
+        elif "batch_gate" in sc.layers:
             separation.append(cascade_separation(
                 "admission", adm_loop, "batch_gate", first_order_lag(gate_tau),
                 note="decode batch responds to a freed or filled slot within one pass (first-order lag)"))
@@ -1070,7 +1193,7 @@ def run_on_rates(sc: StackScenario, wl: RateWorkload, *, startup_s: float | None
     run_params = stack_plant(s).params  # the same gated plant for every contender
     if stack in ("stack", "stack-no-planning"):
         ctrl, _ = build_stack(s, history=wl.history, time_offset_s=wl.time_offset_s, fleet_size=wl.fleet_size,
-                              name=stack)
+                              name=stack, plant_step_s=dt)
     elif stack in BASELINE_STACKS:
         ctrl = baseline_stack(stack, PlantContext(run_params, 1, 1, slo_ttft_s=s.slo_ttft_s, slo_tpot_s=s.slo_tpot_s,
                                                   rate_rps=mean, dynamics=dyn,
