@@ -52,7 +52,7 @@ import pandas as pd
 from scipy.ndimage import maximum_filter1d, median_filter
 
 from tokenfactory.controllers.autoscaling import _current
-from tokenfactory.controllers.interface import SampledController, lowpass
+from tokenfactory.controllers.interface import SampledController
 from tokenfactory.controllers.reconfiguration import HystereticPoolController, need_noise_std
 from tokenfactory.signals import Measurement, ScaleAction
 from tokenfactory.validation import ConfigError, check_int, check_number
@@ -472,8 +472,7 @@ class PlannedPoolController(HystereticPoolController):
     def reset(self) -> None:
         """Forget the filter, the dwell timers and the last moves."""
         super().reset()
-        self._last_up = -math.inf
-        self._last_down = -math.inf
+        self._rise = math.nan
         self.last_hold = math.nan
 
     @property
@@ -482,8 +481,17 @@ class PlannedPoolController(HystereticPoolController):
         h = self.planner.headroom if self.planner is not None else math.nan
         return h if math.isfinite(h) else self.fixed_headroom
 
+    def hold(self, t: float, rate: float) -> float:
+        """The filtered rate x the planner's rise over the lead x (1 + headroom)."""
+        self.last_hold = rate * (self._rise if math.isfinite(self._rise) else 1.0) * (1.0 + self.headroom)
+        return self.last_hold
+
+    def down_allowed(self, t: float) -> bool:
+        """``cooldown_s`` after a scale-up and ``down_cooldown_s`` after a scale-down."""
+        return t - self._last_up >= self.cooldown_s - 1e-9 and t - self._last_down >= self.down_cooldown_s - 1e-9
+
     def recommend(self, t: float, provisioned: int, rate: float, queue: float, rise: float = math.nan) -> int:
-        """The decision core.
+        """The decision core of :class:`HystereticPoolController` with the planner's rise.
 
         Parameters
         ----------
@@ -503,32 +511,8 @@ class PlannedPoolController(HystereticPoolController):
         int
             Desired workers.
         """
-        self._rate = lowpass(self._rate, rate, self.filter_s, t - (self._t_prev or 0.0))
-        self._t_prev = t
-        hold = max(self._rate, 0.0) * (rise if math.isfinite(rise) else 1.0) * (1.0 + self.headroom)
-        need = self.need(hold, queue)
-        self.last_need, self.last_hold = need, hold
-        n = provisioned
-        want = n
-        if need > n + 1e-9:
-            self._down_since = None
-            self._up_since = t if self._up_since is None else self._up_since
-            if t - self._up_since >= self.up_dwell_s - 1e-9:
-                want = min(math.ceil(need - 1e-9), n + self.max_step_up)
-        elif n > self.min_replicas and need < n - 1 - self.dead_band:
-            self._up_since = None
-            self._down_since = t if self._down_since is None else self._down_since
-            if (t - self._down_since >= self.dwell_s - 1e-9 and t - self._last_up >= self.cooldown_s - 1e-9
-                    and t - self._last_down >= self.down_cooldown_s - 1e-9):
-                want = max(math.ceil(need + self.dead_band - 1e-9), n - self.max_step_down)
-        else:
-            self._up_since = self._down_since = None
-        want = self._bounded(want)
-        if want > n:
-            self._last_up, self._up_since = t, None
-        elif want < n:
-            self._last_down, self._down_since = t, None
-        return want
+        self._rise = rise
+        return super().recommend(t, provisioned, rate, queue)
 
     def update(self, t: float, m: Measurement) -> ScaleAction:
         """Size the pool from the offered rate (both pools: every arrival will need a fill and a

@@ -324,7 +324,8 @@ class HystereticPoolController(_PoolAutoscaler):
         self._t_prev: float | None = None
         self._up_since: float | None = None
         self._down_since: float | None = None
-        self._last_move = -math.inf
+        self._last_up = -math.inf
+        self._last_down = -math.inf
         self.last_need = math.nan
 
     def need(self, rate: float, queue: float) -> float:
@@ -337,11 +338,37 @@ class HystereticPoolController(_PoolAutoscaler):
         return self._bounded(math.ceil(rate * (1 + self.queue_headroom) / (self.per_worker_rps * self.target_utilization)
                                        - 1e-9))
 
+    def hold(self, t: float, rate: float) -> float:
+        """The rate the pool is sized for, from the filtered measured rate (here: that rate; a
+        planned controller adds its forecast rise and headroom)."""
+        return rate
+
+    def down_allowed(self, t: float) -> bool:
+        """Whether the cooldown lets the pool shrink at ``t``: ``cooldown_s`` after any move."""
+        return t - max(self._last_up, self._last_down) >= self.cooldown_s - 1e-9
+
     def recommend(self, t: float, provisioned: int, rate: float, queue: float) -> int:
-        """The decision core: ``provisioned`` = serving + starting workers."""
+        """The decision core: ``provisioned`` = serving + starting workers.
+
+        Parameters
+        ----------
+        t : float
+            Now (s).
+        provisioned : int
+            Serving + starting workers.
+        rate : float
+            Measured offered rate (requests/s), filtered here.
+        queue : float
+            Requests queued for the pool.
+
+        Returns
+        -------
+        int
+            Desired workers.
+        """
         self._rate = lowpass(self._rate, rate, self.filter_s, t - (self._t_prev or 0.0))
         self._t_prev = t
-        need = self.need(self._rate, queue)
+        need = self.need(self.hold(t, max(self._rate, 0.0)), queue)
         self.last_need = need
         n = provisioned
         want = n
@@ -353,14 +380,17 @@ class HystereticPoolController(_PoolAutoscaler):
         elif n > self.min_replicas and need < n - 1 - self.dead_band:
             self._up_since = None
             self._down_since = t if self._down_since is None else self._down_since
-            if t - self._down_since >= self.dwell_s - 1e-9 and t - self._last_move >= self.cooldown_s - 1e-9:
+            if t - self._down_since >= self.dwell_s - 1e-9 and self.down_allowed(t):
                 # keep dead_band spare workers above the need after the move
                 want = max(math.ceil(need + self.dead_band - 1e-9), n - self.max_step_down)
         else:
             self._up_since = self._down_since = None
         want = self._bounded(want)
+        if want > n:
+            self._last_up = t
+        elif want < n:
+            self._last_down = t
         if want != n:
-            self._last_move = t
             self._up_since = self._down_since = None
         return want
 

@@ -8,7 +8,10 @@
     Poisson arrivals as in the reconfiguration study): the full stack, the stack without its
     planning layer, today's deployments (:data:`tokenfactory.registry.BASELINE_STACKS`) and the
     oracle (the least GPU-hours any plan could use with perfect knowledge of the demand, the same
-    start-up and SLO), with a figure of each layer's activity on one time axis.
+    start-up and SLO), with a figure of each layer's activity on one time axis;
+(d) the same stack on requests (:mod:`tokenfactory.stack_requests`): a morning ramp through the
+    request simulator with every layer sampled - the gated batch cap every 0.25 s on the live
+    context - next to the same arrivals in the pool model.
 
 Run: ``tokenfactory study layered-stack [--quick] [--out DIR]``. The default run is the first 12 h
 of m-large's last 4 days at start-ups of 2 and 10 minutes (``--quick``: 3 h at 10 minutes) against
@@ -41,6 +44,7 @@ from tokenfactory.stack import (
     run_on_rates,
     stack_scenario_from_dict,
 )
+from tokenfactory.stack_requests import morning_ramp, run_stack_on_both_plants
 from tokenfactory.studies.report import StudyReport, markdown_table
 from tokenfactory.traces import trace_available
 from tokenfactory.validation import ConfigError, reject_unknown_keys
@@ -128,6 +132,37 @@ def _layer_figure(r, ctrl, title: str) -> Figure:
     return fig
 
 
+def _requests_figure(r, ctrl, startup_s: float) -> Figure:
+    """The stack in the request simulator: arrivals and admissions, provisioned workers, the gated
+    batch cap and the decode pass time against the gate's target."""
+    s = r.series
+    tm = s["time_s"] / 60.0
+    fig = Figure(figsize=(11, 8), layout="constrained")
+    ax = fig.subplots(3, 1, sharex=True)
+    ax[0].plot(tm, s["arrival_rate"].rolling(50, min_periods=1).mean(), lw=0.8, label="arrivals (5 s mean, req/s)")
+    ax[0].plot(tm, s["admitted_rate"].rolling(50, min_periods=1).mean(), lw=0.8, label="admitted (5 s mean)")
+    ax[0].set_ylabel("req/s")
+    ax[0].set_title(f"the stack on requests (start-up {startup_s:.0f} s)")
+    for pool in ("fill", "decode"):
+        ax[1].step(tm, s[f"{pool}_workers"] + s[f"{pool}_workers_starting"], where="post", lw=1.0,
+                   label=f"{pool} provisioned")
+    ax[1].set_ylabel("workers")
+    ax[2].step(tm, s["decode_batch_cap"], where="post", lw=1.0, color="C3", label="batch cap (per worker)")
+    ax[2].set_ylabel("sequences")
+    a2 = ax[2].twinx()
+    a2.plot(tm, s["decode_pass_s"] * 1e3, lw=0.5, color="C4", alpha=0.7, label="decode pass (ms)")
+    gate = ctrl.layer("batch_gate")
+    if gate is not None and gate.sampled:
+        a2.axhline(gate.controllers[0].target_s * 1e3, color="C4", ls="--", lw=0.8, label="gate target")
+    a2.set_ylabel("ms")
+    a2.legend(fontsize=7, loc="lower right")
+    ax[2].set_xlabel("time (min)")
+    for a in ax:
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7, loc="upper left")
+    return fig
+
+
 def _verdicts(rows: list[dict]) -> list[str]:
     """Per workload and start-up: the stack vs the oracle, the baselines that reach SLO >= 0.99 and
     the fewest reversals - sentences from the numbers."""
@@ -182,7 +217,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     """
     cfg = {"full": bool(full), **(config or {})}
     reject_unknown_keys("layered-stack", cfg, {"full", "workloads", "startups_s", "stacks", "last_days", "hours",
-                                               "dt"})
+                                               "dt", "requests"})
     full = bool(cfg["full"])
     if full:
         workloads = cfg.get("workloads", [["servegen:m-large", 5.0], ["servegen:m-small", 1.0]])
@@ -245,6 +280,30 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                 if st == "stack" and su == max(startups):
                     shown[wl.name] = (r, ctrl)
     timings["comparison_s"] = time.perf_counter() - t0
+    # (d) the same stack on requests: every layer sampled (the gated cap on the live context)
+    t0 = time.perf_counter()
+    rq = {"rate_rps": 20.0, "hours": 2.0, "startups_s": [120.0, 600.0]} if full else \
+        {"rate_rps": 8.0, "hours": 0.35, "startups_s": [120.0]} if quick else \
+        {"rate_rps": 12.0, "hours": 0.4, "startups_s": [120.0]}
+    rq.update(cfg.get("requests", {}))
+    reject_unknown_keys("layered-stack.requests", rq, {"rate_rps", "hours", "startups_s"})
+    # a +60 % step a third of the way in: the pools must grow through a start-up while admission
+    # and the gate hold the SLO
+    trace = morning_ramp(float(rq["rate_rps"]), float(rq["hours"]), prompt_tokens=sc.params.prompt_tokens,
+                         output_tokens=sc.params.output_tokens, step_at_s=float(rq["hours"]) * 1200.0,
+                         step_factor=1.6, seed=11)
+    req_rows, req_shown = [], None
+    for su in rq["startups_s"]:
+        both, rr, rctrl = run_stack_on_both_plants(sc, trace, startup_s=float(su), dt=dt)
+        req_rows += [{"startup_s": float(su), **b} for b in both]
+        req_shown = (rr, rctrl, float(su))
+    timings["requests_s"] = time.perf_counter() - t0
+    metrics["request_simulator"] = {"workload": {**rq, "requests": len(trace)}, "rows": req_rows}
+    report.save_table(pd.DataFrame(req_rows), "request_simulator.csv")
+    if req_shown is not None:
+        report.save_figure(_requests_figure(*req_shown), "stack_on_requests.png",
+                           "The stack on requests: arrivals, provisioned workers, the gated decode batch cap and the "
+                           "pass time it holds, admission.")
     metrics["comparison"] = [{k: v for k, v in r.items() if k != "utilization_ceiling"} for r in rows]
     metrics["utilization_ceiling"] = {r["workload"]: r["utilization_ceiling"] for r in rows}
     metrics["timings_s"] = timings
@@ -307,7 +366,22 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                   f"it; coherence of pool sizes with the admission rate at that period "
                   f"{d['coherence_at_disturbance'] if math.isfinite(d['coherence_at_disturbance']) else 0:.3g} - the "
                   f"outer layer {'ACTED' if sim['outer_acted_on_inner_band'] else 'did not act'} on the inner band.", ""]
-    lines += ["## Comparison (pool model)", ""]
+    lines += ["## The same stack on requests", ""]
+    w = metrics["request_simulator"]["workload"]
+    lines += [f"A morning ramp from the synthetic generator ({w['requests']} requests over {w['hours']:g} h, "
+              f"mean {w['rate_rps']:g} req/s over the day, the scenario's mean request, demand x1.6 from a third of "
+              "the way in) through the request simulator "
+              "with every layer sampled, and the same arrivals binned per minute through the pool model:", ""]
+    lines += markdown_table(req_rows, ["startup_s", "plant", "gate", "slo_attainment", "gpu_hours", "actions_per_hour",
+                                       "reversals_per_hour", "batch_cap_changes", "rejected"])
+    for su in dict.fromkeys(r["startup_s"] for r in req_rows):
+        a, b = (next(r for r in req_rows if r["startup_s"] == su and r["plant"] == pl)
+                for pl in ("request simulator", "pool model"))
+        lines.append(f"- start-up {su:.0f} s: SLO attainment {a['slo_attainment']:.4f} on requests vs "
+                     f"{b['slo_attainment']:.4f} in the pool model; GPU-hours {a['gpu_hours']:.1f} vs {b['gpu_hours']:.1f} "
+                     f"({(a['gpu_hours'] / b['gpu_hours'] - 1) * 100:+.1f} %); the gated cap changed "
+                     f"{a['batch_cap_changes']} times.")
+    lines += ["", "## Comparison (pool model)", ""]
     lines += markdown_table(metrics["comparison"], ["workload", "startup_s", "stack", "gpu_hours", "oracle_gpu_hours",
                                                "gpu_hours_over_oracle", "slo_attainment", "actions_per_hour",
                                                "reversals_per_hour", "oscillating"])

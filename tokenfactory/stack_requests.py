@@ -24,18 +24,19 @@ import pandas as pd
 
 from tokenfactory.plant_models.des import ClusterConfig, simulate
 from tokenfactory.replay import build_replay
-from tokenfactory.stack import StackScenario, build_stack, stack_plant
+from tokenfactory.stack import RateWorkload, StackScenario, build_stack, run_on_rates, stack_plant
 from tokenfactory.traces.synthetic import SyntheticWorkload, generate_requests
 from tokenfactory.validation import check_number
 
-__all__ = ["morning_ramp", "run_stack_on_requests"]
+__all__ = ["morning_ramp", "run_stack_on_requests", "requests_as_rates", "run_stack_on_both_plants"]
 
 #: sigma of the log-normal prompt and output lengths (the synthetic generator's defaults)
 _SIGMA_IN, _SIGMA_OUT = 1.0, 0.9
 
 
 def morning_ramp(rate_rps: float, hours: float, *, prompt_tokens: float, output_tokens: float,
-                 start_hour: float = 6.0, daily_amplitude: float = 0.5, seed: int = 0) -> pd.DataFrame:
+                 start_hour: float = 6.0, daily_amplitude: float = 0.5, step_at_s: float | None = None,
+                 step_factor: float = 1.0, seed: int = 0) -> pd.DataFrame:
     """A request table from the synthetic generator starting at ``start_hour`` on a Monday: its
     daily cycle (peak at 14:00) makes the demand rise through the morning, with bursts (index of
     dispersion 4 over 10 s windows) and log-normal prompt and output lengths whose means are the
@@ -54,6 +55,9 @@ def morning_ramp(rate_rps: float, hours: float, *, prompt_tokens: float, output_
         Hour of the day the table starts at (default 6).
     daily_amplitude : float
         Relative amplitude of the daily cycle (default 0.5).
+    step_at_s, step_factor : float, optional
+        A demand step: from ``step_at_s`` the demand is ``step_factor`` (>= 1) times the ramp's
+        (a second, independently seeded stream of the same requests superposed on it).
     seed : int
         Seed of every draw.
 
@@ -71,7 +75,17 @@ def morning_ramp(rate_rps: float, hours: float, *, prompt_tokens: float, output_
                           input_median=prompt_tokens / math.exp(_SIGMA_IN ** 2 / 2), input_sigma=_SIGMA_IN,
                           output_median=output_tokens / math.exp(_SIGMA_OUT ** 2 / 2), output_sigma=_SIGMA_OUT,
                           seed=seed)
-    return generate_requests(w, hours * 3600.0, start_s=start_hour * 3600.0)
+    check_number("step_factor", step_factor, low=1.0)
+    base = generate_requests(w, hours * 3600.0, start_s=start_hour * 3600.0)
+    if step_at_s is None or step_factor == 1.0:
+        return base
+    check_number("step_at_s", step_at_s, low=0.0, high=hours * 3600.0)
+    extra = generate_requests(dataclasses.replace(w, mean_rate_rps=rate_rps * (step_factor - 1.0), seed=seed + 1),
+                              hours * 3600.0, start_s=start_hour * 3600.0)
+    out = pd.concat([base, extra[extra["arrival_s"] >= step_at_s]], ignore_index=True)
+    out = out.sort_values("arrival_s", kind="stable").reset_index(drop=True)
+    out.attrs = dict(base.attrs)
+    return out
 
 
 def run_stack_on_requests(sc: StackScenario, trace: pd.DataFrame, *, startup_s: float | None = None, seed: int = 0,
@@ -133,3 +147,66 @@ def run_stack_on_requests(sc: StackScenario, trace: pd.DataFrame, *, startup_s: 
            "gate_sampled": bool(gate is not None and gate.sampled), "initial_pools": [nf, nd],
            "startup_s": dyn.startup_s, "duration_s": duration, "wall_seconds": m["wall_seconds"]}
     return row, r, ctrl
+
+
+def requests_as_rates(trace: pd.DataFrame, bin_s: float = 60.0, name: str = "requests") -> RateWorkload:
+    """A request table as the pool model's demand: arrivals counted per ``bin_s``, the mean request.
+
+    Parameters
+    ----------
+    trace : DataFrame
+        A request table.
+    bin_s : float
+        Bin width (s, > 0).
+    name : str
+        The workload's label.
+
+    Returns
+    -------
+    RateWorkload
+        No planner history; prompt tokens are the new (uncached) ones.
+    """
+    check_number("bin_s", bin_s, low=0.0, low_inclusive=False)
+    t = trace["arrival_s"].to_numpy(dtype=float)
+    edges = np.arange(0.0, max(float(t.max()) if len(t) else 0.0, bin_s) + bin_s, bin_s)
+    counts, _ = np.histogram(t, edges)
+    demand = pd.Series(counts / bin_s, index=edges[:-1])
+    cached = trace["cached_tokens"].to_numpy(dtype=float) if "cached_tokens" in trace else 0.0
+    prompt = max(1, round(float(np.mean(trace["input_tokens"].to_numpy(dtype=float) - cached))))
+    return RateWorkload(name, demand, None, 0.0, prompt, max(1, round(float(trace["output_tokens"].mean()))))
+
+
+def run_stack_on_both_plants(sc: StackScenario, trace: pd.DataFrame, *, startup_s: float | None = None,
+                             seed: int = 0, dt: float = 2.0) -> tuple[list[dict], object, object]:
+    """The same stack scenario on the same demand in the request simulator (every layer sampled)
+    and in the pool model (the arrivals binned per minute; the gated cap static there): one row
+    per plant with SLO attainment, GPU-hours and the reconfiguration layer's activity.
+
+    Parameters
+    ----------
+    sc : StackScenario
+        The scenario (run without its planning layer in both).
+    trace : DataFrame
+        A request table.
+    startup_s : float, optional
+        Worker start-up (s).
+    seed : int
+        Seed of both runs.
+    dt : float
+        The pool model's step (s).
+
+    Returns
+    -------
+    tuple
+        ``(rows, request-simulator result, its ControlStack)``.
+    """
+    row, r, ctrl = run_stack_on_requests(sc, trace, startup_s=startup_s, seed=seed)
+    wl = requests_as_rates(trace, name="requests")
+    prow, _, _ = run_on_rates(sc, wl, startup_s=startup_s, stack="stack-no-planning", dt=dt, seed=seed)
+    keys = ("slo_attainment", "gpu_hours", "actions_per_hour", "reversals_per_hour", "requests", "rejected")
+    rows = [{"plant": "request simulator", **{k: row[k] for k in keys}, "batch_cap_changes": row["batch_cap_changes"],
+             "gate": "sampled every %g s" % ctrl.layer("batch_gate").sample_period if row["gate_sampled"] else "static"},
+            {"plant": "pool model", **{k: prow[k] for k in keys}, "batch_cap_changes": 0,
+             "gate": "static (nominal-context cap)", "oracle_gpu_hours": prow["oracle_gpu_hours"],
+             "oscillating": prow["oscillating"]}]
+    return rows, r, ctrl
