@@ -21,11 +21,19 @@ def test_morning_ramp_has_the_requested_shape_and_rises():
     assert tr.equals(again)
     with pytest.raises(ConfigError, match="hours"):
         morning_ramp(10.0, 0.0, prompt_tokens=914, output_tokens=155)
+    # a x1.6 step from 20 minutes: the same requests before it, 60 % more after it
+    step = morning_ramp(10.0, 2.0, prompt_tokens=914, output_tokens=155, step_at_s=1200.0, step_factor=1.6, seed=3)
+    ts = step["arrival_s"].to_numpy()
+    assert (ts < 1200).sum() == (t < 1200).sum()
+    assert (ts >= 1200).sum() == pytest.approx(1.6 * (t >= 1200).sum(), rel=0.05)
+    assert np.all(np.diff(ts) >= 0)
+    with pytest.raises(ConfigError, match="step_factor"):
+        morning_ramp(10.0, 1.0, prompt_tokens=914, output_tokens=155, step_at_s=60.0, step_factor=0.5)
 
 
 def test_every_layer_acts_on_requests_and_nothing_is_lost():
     sc = load_stack_scenario("stack_default")
-    tr = morning_ramp(12.0, 0.25, prompt_tokens=914, output_tokens=155, seed=1)
+    tr = morning_ramp(10.0, 0.25, prompt_tokens=914, output_tokens=155, step_at_s=300.0, step_factor=1.6, seed=1)
     row, r, ctrl = run_stack_on_requests(sc, tr, startup_s=60.0, control_start_s=120.0)
     m = r.metrics
     assert m["requests"] == m["completed"] + m["rejected"] + m["in_flight_end"]
