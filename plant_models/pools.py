@@ -32,7 +32,8 @@ and the queues turn over in seconds (a decode lasts L x pass ~ 10-40 s, a fill q
 under 2 s); a sudden mix step would be smeared over one queue turnover in reality and is
 instantaneous here. The decode pass time and slots stay those of the nominal context (the roofline
 table of :meth:`tokenfactory.plant_models.fluid.FluidParams.from_service`): a longer prompt also
-makes each pass read more KV, which this model leaves out.
+makes each pass read more KV, which this model leaves out. The cohort TTFT estimate takes the fill
+pass as fill latency x prompt factor; the fill-to-ready pipeline keeps its nominal delay.
 
 Conservation: arrived = completed + rejected + backlog + fill + in transfer + ready + decoding,
 checked every step. The result is a :class:`tokenfactory.plant_models.result.SimulationResult`
@@ -388,7 +389,7 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
         R -= s_in
         D += s_in
         # -- what an arriving request would see (cohort SLO estimate)
-        ttft = (F / fill_cap if fill_cap > 0 else inf) + fill_lat
+        ttft = (F / fill_cap if fill_cap > 0 else inf) + fill_lat * pf  # its own pass takes the factor too
         if B > 0 and not isinf(rate):
             ttft += B / rate if rate > 0 else inf
         ready_wait = R / (done / dt) if R > 0 and done > 0 else (inf if R > 0 else 0.0)
