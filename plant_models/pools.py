@@ -190,13 +190,15 @@ def _held(v: float | pd.Series, t: np.ndarray) -> np.ndarray:
 
 
 #: the shared columns, then the pool model's own: the scenario's demand, rejections per second, the
-#: exact content of the fill-to-ready pipeline, starting and billed workers, the cohort SLO estimate.
+#: exact content of the fill-to-ready pipeline, starting and billed workers, the cohort SLO estimate,
+#: the request shape's factors and the role moves so far (cumulative; 0 in an elastic fleet).
 #: The step loop writes one tuple per step in exactly this order.
 _SERIES = ("time_s", "backlog", "fill_in_progress", "ready", "active_decodes", "decode_slots", "fill_capacity",
            "fill_workers", "decode_workers", "admission_rate", "arrival_rate", "admitted_rate", "completion_rate",
            "arrived", "completed", "rejected", "demand", "rejection_rate", "in_transfer", "fill_workers_starting",
            "decode_workers_starting", "fill_workers_billed", "decode_workers_billed", "ttft_estimate_s",
-           "tpot_estimate_s", "in_slo", "decode_pass_s", "decode_batch_cap", "prompt_factor", "output_factor")
+           "tpot_estimate_s", "in_slo", "decode_pass_s", "decode_batch_cap", "prompt_factor", "output_factor",
+           "role_moves")
 if set(SERIES_COLUMNS) - set(_SERIES):  # a new shared column must be written by the step loop too
     raise ImportError(f"pool model does not write the shared columns {sorted(set(SERIES_COLUMNS) - set(_SERIES))}")
 _COL = {name: i for i, name in enumerate(_SERIES)}
@@ -403,7 +405,7 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
         rows.append((t, B, F + served / dt * ttr, R, D, batch_slots, fill_cap, len(fill_fleet.serving), n_dec,
                      rate, a_in / dt, admit / dt, done / dt, arrived, completed, rejected_total, lam_list[k],
                      rej / dt, in_pipe, fill_fleet.in_transit, dec_fleet.in_transit, fill_fleet.billed,
-                     dec_fleet.billed, ttft, tpot, ok, pass_s if D > 0.0 else math.nan, cap, pf, of))
+                     dec_fleet.billed, ttft, tpot, ok, pass_s if D > 0.0 else math.nan, cap, pf, of, role_moves))
         cum_arr(arrived)
         cum_adm(admitted)
         cum_done(completed)

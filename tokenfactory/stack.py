@@ -1290,7 +1290,7 @@ def run_on_rates(sc: StackScenario, wl: RateWorkload, *, startup_s: float | None
            "oscillating": any(v["oscillating"] for v in osc.values()),
            "fill_thornhill_r": osc["fill"]["thornhill_r"], "decode_thornhill_r": osc["decode"]["thornhill_r"],
            "requests": m["requests"], "completed": m["completed"], "in_flight_end": m["in_flight_end"],
-           "utilization_ceiling": ceil_, "fleet_size": wl.fleet_size, "role_moves": m["role_moves"],
+           "utilization_ceiling": ceil_, "per_worker_rps": mu, "fleet_size": wl.fleet_size, "role_moves": m["role_moves"],
            "role_moves_per_hour": m["role_moves_per_hour"],
            "fill_workers_mean": m["mean_workers"]["fill"], "decode_workers_mean": m["mean_workers"]["decode"]}
     if split is not None:
