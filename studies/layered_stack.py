@@ -191,9 +191,10 @@ def _mix_verdicts(rows: list[dict]) -> list[str]:
         if ss is not None:
             d = st["slo_attainment"] - ss["slo_attainment"]
             verdict = "better than" if d > 1e-4 else ("worse than" if d < -1e-4 else "as good as")
-            parts.append(f"static split {ss['static_fill_workers']} fill / {ss['static_decode_workers']} decode (worst "
-                         f"interval at {ss['static_worst_load']:.2f} x its ceiling; holding both peaks needs "
-                         f"{ss['static_split_needs']} workers, the fleet has {ss['fleet_size']}) reaches SLO "
+            parts.append(f"static split {ss['static_fill_workers']} fill / {ss['static_decode_workers']} decode (the oracle's best "
+                         f"fixed split: its worst interval runs at {ss['static_worst_load']:.2f} x the SLO's utilisation "
+                         f"ceiling; holding both peaks at the ceiling needs {ss['static_split_needs']} workers, the fleet "
+                         f"has {ss['fleet_size']}) reaches SLO "
                          f"{ss['slo_attainment']:.4f}: the stack is {verdict} the static split ({d:+.4f})")
         if nop is not None:
             parts.append(f"without planning SLO {nop['slo_attainment']:.4f}, {nop['role_moves_per_hour']:.2f} role "
@@ -446,7 +447,8 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                   f"{n['need_ratio_range'][0]:.3f}-{n['need_ratio_range'][1]:.3f}, a swing of "
                   f"{min(n['need_ratio_swing_per_day']):.1f}-{max(n['need_ratio_swing_per_day']):.1f} x within a day. "
                   f"Fixed fleet {n['fleet_size']} workers = peak total need {n['peak_need']['total']:.0f} x "
-                  f"(1 + {n['fleet_headroom']:g}); a static split holding both pools' peaks would need "
+                  f"(1 + {n['fleet_headroom']:g}), needs at the reconfiguration layer's target utilisation "
+                  f"{n['target_utilization']:g}; a static split holding both pools' peaks there would need "
                   f"{n['static_split_needs']}. GPU-hours are the fleet's for every policy "
                   f"({mix_rows[0]['gpu_hours']:.4g}; the oracle's smallest fleet for the run: "
                   f"{mix_rows[0]['oracle_fleet_needed']:.0f} workers).", ""]

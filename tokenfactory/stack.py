@@ -1086,7 +1086,7 @@ def mixed_workload(sc: StackScenario, *, days: float = 7.0, seed: int = 0, chat_
     wl.notes = {"classes": {k: {"prompt_tokens": v[0], "output_tokens": v[1]} for k, v in MIX_CLASSES.items()},
                 "chat_rps": chat_rps, "batch_rps": batch_rps, "mean_request": [P, L],
                 "fill_rps_per_worker": {str(k): float(v) for k, v in mu_f.items()},
-                "fleet_size": fleet, "fleet_headroom": fleet_headroom,
+                "fleet_size": fleet, "fleet_headroom": fleet_headroom, "target_utilization": u,
                 "peak_need": {"fill": float(need_f.max()), "decode": float(need_d.max()),
                               "total": float(np.max(need_f + need_d))},
                 "static_split_needs": int(math.ceil(need_f.max() - 1e-9) + math.ceil(need_d.max() - 1e-9)),
