@@ -22,7 +22,8 @@ from tokenfactory.plant_models.fluid import FluidParams
 from tokenfactory.plant_models.service import ServiceModel
 from tokenfactory.validation import ConfigError, check_int, check_number
 
-__all__ = ["PoolRates", "hourly_peak", "workers_needed", "plan_capacity", "score_plan", "oracle_plan"]
+__all__ = ["PoolRates", "hourly_peak", "workers_needed", "plan_capacity", "score_plan", "oracle_plan",
+           "static_split"]
 
 HOUR = 3600.0
 
@@ -242,7 +243,8 @@ def score_plan(plan: pd.DataFrame, actual_hourly_peak_rps: pd.Series, rates: Poo
 
 def oracle_plan(demand_rps: pd.Series, per_worker_rps: dict[str, float], utilization_ceiling: dict[str, float], *,
                 startup_s: float, interval_s: float = 600.0, gpus_per_worker: int = 8,
-                fleet_size: int | None = None) -> tuple[pd.DataFrame, float]:
+                fleet_size: int | None = None,
+                work_factors: dict[str, float | pd.Series] | None = None) -> tuple[pd.DataFrame, float]:
     """The physical floor of any plan: perfect knowledge of the demand, the same start-up delay
     and the same SLO.
 
@@ -250,6 +252,10 @@ def oracle_plan(demand_rps: pd.Series, per_worker_rps: dict[str, float], utiliza
     pool's SLO utilisation ceiling)) workers; a worker serving at s must have been started at
     s - ``startup_s`` and is billed from then, so the billed count at t is the most needed over
     [t, t + startup_s]. No plan that meets the SLO in every interval can bill less.
+
+    When the request shape shifts (``work_factors``: the pool model's prompt and output factors) a
+    pool's load at t is demand(t) x its factor(t) in nominal requests/s, and the interval's need is
+    the peak of that load (the fill pool's peak need may fall where the demand is low).
 
     Parameters
     ----------
@@ -267,12 +273,17 @@ def oracle_plan(demand_rps: pd.Series, per_worker_rps: dict[str, float], utiliza
         GPUs per worker.
     fleet_size : int, optional
         A fixed fleet: GPU-hours are then the smallest fleet that holds the plan at its peak.
+    work_factors : dict, optional
+        ``{"fill": .., "decode": ..}``: work per request relative to the nominal request, a
+        constant or a series (seconds, held piecewise constant; before its first point the first
+        value applies), e.g. ``{"fill": prompt_factor, "decode": output_factor}``; default 1.
 
     Returns
     -------
     tuple
         ``(plan, gpu_hours)``; ``plan`` has ``fill_needed``, ``decode_needed``, ``fill_billed``,
-        ``decode_billed`` per interval.
+        ``decode_billed`` and ``fill_load``, ``decode_load`` (the interval's peak load in workers
+        at the ceiling, not rounded) per interval.
     """
     check_number("oracle.startup_s", startup_s, low=0.0)
     check_number("oracle.interval_s", interval_s, low=1.0)
@@ -280,13 +291,15 @@ def oracle_plan(demand_rps: pd.Series, per_worker_rps: dict[str, float], utiliza
     v = demand_rps.to_numpy(dtype=float)
     edges = np.arange(t[0], t[-1] + interval_s, interval_s)
     k = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, len(edges) - 1)
-    peak = np.zeros(len(edges))
-    np.maximum.at(peak, k, v)
     out = pd.DataFrame(index=pd.Index(edges, name="time_s"))
     ahead = int(math.ceil(startup_s / interval_s - 1e-9))
     for pool in ("fill", "decode"):
         u = check_number(f"oracle.utilization_ceiling.{pool}", utilization_ceiling[pool], low=0.0, high=1.0,
                          low_inclusive=False)
+        f = _held_on((work_factors or {}).get(pool, 1.0), t, f"oracle.work_factors.{pool}")
+        peak = np.zeros(len(edges))
+        np.maximum.at(peak, k, v * f)
+        out[f"{pool}_load"] = peak / (per_worker_rps[pool] * u)
         need = np.ceil(peak / (per_worker_rps[pool] * u) - 1e-9).clip(min=1)
         billed = need.copy()
         for j in range(1, ahead + 1):  # started one start-up ahead of every interval that needs it
@@ -300,3 +313,46 @@ def oracle_plan(demand_rps: pd.Series, per_worker_rps: dict[str, float], utiliza
     else:
         worker_s = float((out["fill_billed"] + out["decode_billed"]).max() * w.sum())
     return out, worker_s / 3600.0 * gpus_per_worker
+
+
+def _held_on(f: float | pd.Series, t: np.ndarray, field: str) -> np.ndarray:
+    """A constant or a series (held piecewise constant from each point) at the times ``t``."""
+    if isinstance(f, pd.Series):
+        x = f.to_numpy(dtype=float)
+        if f.empty or not np.all(np.isfinite(x)) or (x <= 0).any():
+            raise ConfigError(field, "a work factor series must be non-empty, finite and > 0")
+        idx = f.index.to_numpy(dtype=float)
+        return x[np.clip(np.searchsorted(idx, t, side="right") - 1, 0, len(idx) - 1)]
+    return np.full(len(t), check_number(field, f, low=0.0, low_inclusive=False))
+
+
+def static_split(plan: pd.DataFrame, fleet_size: int) -> dict:
+    """The best fixed fill/decode split of a fixed fleet for a whole plan (no role moves): the
+    split that keeps the most loaded pool's worst interval least loaded, i.e. minimises
+    max over intervals of max(fill load / fill workers, decode load / decode workers), with the
+    loads of :func:`oracle_plan` (workers needed at the SLO's utilisation ceiling).
+
+    Parameters
+    ----------
+    plan : pandas.DataFrame
+        :func:`oracle_plan`'s plan (``fill_load``, ``decode_load`` per interval).
+    fleet_size : int
+        Workers the two pools share (>= 2).
+
+    Returns
+    -------
+    dict
+        ``fill_workers``, ``decode_workers``, ``worst_load`` (that max; > 1: the split is short of
+        the ceiling somewhere), ``short_intervals`` (intervals in which either pool is short) and
+        ``needs_workers`` (max fill load + max decode load, rounded up: the fleet a static split
+        needs to hold both pools' peaks).
+    """
+    check_int("fleet_size", fleet_size, low=2)
+    lf, ld = plan["fill_load"].to_numpy(dtype=float), plan["decode_load"].to_numpy(dtype=float)
+    nf = np.arange(1, fleet_size)
+    worst = np.maximum(lf.max(initial=0.0) / nf, ld.max(initial=0.0) / (fleet_size - nf))
+    best = int(nf[np.argmin(worst)])
+    short = int(((lf > best + 1e-9) | (ld > fleet_size - best + 1e-9)).sum())
+    return {"fill_workers": best, "decode_workers": fleet_size - best, "worst_load": float(worst.min()),
+            "short_intervals": short,
+            "needs_workers": int(math.ceil(lf.max(initial=0.0) - 1e-9) + math.ceil(ld.max(initial=0.0) - 1e-9))}

@@ -52,7 +52,7 @@ import pandas as pd
 from scipy.ndimage import maximum_filter1d, median_filter
 
 from tokenfactory.controllers.autoscaling import _current
-from tokenfactory.controllers.interface import SampledController
+from tokenfactory.controllers.interface import SampledController, lowpass
 from tokenfactory.controllers.reconfiguration import HystereticPoolController, need_noise_std
 from tokenfactory.signals import Measurement, ScaleAction
 from tokenfactory.validation import ConfigError, check_int, check_number
@@ -372,10 +372,24 @@ class PlannedPoolController(HystereticPoolController):
         is ``headroom``.
     headroom : float
         Fixed headroom without a planner (or before its first fit) ([0, 2]; default 0).
+    min_headroom : float
+        Floor of the headroom in force, the planner's included ([0, 2]; default 0). In a fixed
+        fleet the workers are paid for whether a pool holds them or not, so the planner's
+        cost-calibrated headroom should not remove the fixed margin (``build_stack`` sets it to
+        ``headroom`` there).
     measured_fill_rate : bool
         Fill pool only: read the per-worker rate from the plant (fill capacity / fill workers)
         every sample - prompts change length over the day, the orchestrator knows the tokens it
         queues (default False).
+    measured_decode_rate : bool
+        Decode pool only: follow the output length the pool is serving - the per-worker rate is
+        the nominal one x ``output_tokens`` / the measured passes per request, which Little's law
+        gives from what an orchestrator scrapes (sequences decoding / (completions/s x pass time);
+        vLLM's running requests, request-success counter and time per output token), low-passed
+        with ``filter_s`` (default False).
+    output_tokens : float, optional
+        The output tokens ``per_worker_rps`` was computed at (> 0); required with
+        ``measured_decode_rate``.
     target_utilization : float
         Utilisation the pool is sized for, in (0, 1].
     dead_band : float
@@ -405,7 +419,8 @@ class PlannedPoolController(HystereticPoolController):
     name = "planned-hysteretic"
 
     def __init__(self, pool: str, per_worker_rps: float, *, planner: DemandPlanner | None = None,
-                 headroom: float = 0.0, measured_fill_rate: bool = False, down_cooldown_s: float | None = None,
+                 headroom: float = 0.0, min_headroom: float = 0.0, measured_fill_rate: bool = False, measured_decode_rate: bool = False,
+                 output_tokens: float | None = None, down_cooldown_s: float | None = None,
                  target_utilization: float = 0.85, dead_band: float = 0.5, filter_s: float = 30.0,
                  dwell_s: float = 90.0, up_dwell_s: float | None = None, cooldown_s: float = 150.0,
                  max_step_up: int = 1000, max_step_down: int = 1000, queue_clear_s: float = 60.0,
@@ -418,7 +433,16 @@ class PlannedPoolController(HystereticPoolController):
                          sample_period=sample_period)
         self.planner = planner
         self.fixed_headroom = check_number("planned.headroom", headroom, low=0.0, high=2.0)
+        self.min_headroom = check_number("planned.min_headroom", min_headroom, low=0.0, high=2.0)
         self.measured_fill_rate = bool(measured_fill_rate)
+        self.measured_decode_rate = bool(measured_decode_rate)
+        if self.measured_decode_rate:
+            if pool != "decode":
+                raise ConfigError("planned.measured_decode_rate", "applies to the decode pool only")
+            if output_tokens is None:
+                raise ConfigError("planned.output_tokens", "needed with measured_decode_rate (> 0 tokens)")
+        self.output_tokens = None if output_tokens is None else check_number(
+            "planned.output_tokens", output_tokens, low=0.0, low_inclusive=False)
         self.down_cooldown_s = self.dwell_s if down_cooldown_s is None else check_number(
             "planned.down_cooldown_s", down_cooldown_s, low=0.0)
         self._nominal_rps = self.per_worker_rps
@@ -473,13 +497,17 @@ class PlannedPoolController(HystereticPoolController):
         """Forget the filter, the dwell timers and the last moves."""
         super().reset()
         self._rise = math.nan
+        if getattr(self, "measured_decode_rate", False):
+            self.per_worker_rps = self._nominal_rps
+        self._passes: float | None = None  # filtered output tokens per request (measured)
+        self._t_passes: float | None = None
         self.last_hold = math.nan
 
     @property
     def headroom(self) -> float:
         """The headroom in force: the planner's once it has fitted, else the fixed one."""
         h = self.planner.headroom if self.planner is not None else math.nan
-        return h if math.isfinite(h) else self.fixed_headroom
+        return max(h if math.isfinite(h) else self.fixed_headroom, self.min_headroom)
 
     def hold(self, t: float, rate: float) -> float:
         """The filtered rate x the planner's rise over the lead x (1 + headroom)."""
@@ -532,6 +560,13 @@ class PlannedPoolController(HystereticPoolController):
         rate = m.arrival_rate if math.isfinite(m.arrival_rate) else m.admitted_rate
         if self.pool == "decode":
             queue = m.ready + m.backlog
+            if (self.measured_decode_rate and m.active_decodes > 0 and m.completion_rate > 0
+                    and m.decode_pass_s > 0 and math.isfinite(m.decode_pass_s)):
+                # Little's law: a sequence holds its slot for (its tokens x the pass time)
+                passes = m.active_decodes / (m.completion_rate * m.decode_pass_s)
+                self._passes = lowpass(self._passes, passes, self.filter_s, t - (self._t_passes or t))
+                self._t_passes = t
+                self.per_worker_rps = self._nominal_rps * self.output_tokens / self._passes
         else:
             queue = m.backlog + m.fill_in_progress
             if self.measured_fill_rate and m.fill_workers > 0 and m.fill_capacity > 0:
@@ -542,5 +577,7 @@ class PlannedPoolController(HystereticPoolController):
     def params(self) -> dict:
         """The configuration (reported with results)."""
         return {**super().params(), "per_worker_rps": self._nominal_rps, "planned": self.planner is not None,
-                "headroom": self.fixed_headroom, "down_cooldown_s": self.down_cooldown_s,
-                "measured_fill_rate": self.measured_fill_rate}
+                "headroom": self.fixed_headroom, "min_headroom": self.min_headroom,
+                "down_cooldown_s": self.down_cooldown_s,
+                "measured_fill_rate": self.measured_fill_rate, "measured_decode_rate": self.measured_decode_rate,
+                "output_tokens": self.output_tokens}

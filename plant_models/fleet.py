@@ -161,6 +161,7 @@ class PoolFleet:
         self.starting: list[float] = []                      # serving-from times
         self.draining: list[float] = []                      # release times
         self.waiting = 0                                     # requested, no free worker yet (fixed fleet)
+        self.released = 0                                    # workers given back so far (cancelled or drained)
         self._eff = (-math.inf, 0.0)  # (valid until, value) of effective(): it changes only at events
 
     @property
@@ -199,6 +200,7 @@ class PoolFleet:
         self.starting.sort()
         for _ in range(plan.cancel):  # the newest (latest to serve) go first
             self.starting.pop()
+        self.released += plan.cancel
         self.serving.sort()
         for _ in range(plan.drain):
             self.serving.pop()  # the most recently started worker drains
@@ -223,7 +225,9 @@ class PoolFleet:
                 self.serving.extend(s + self.dyn.warmup_s for s in up)
                 self._eff = (-math.inf, 0.0)
         if self.draining:
-            self.draining = [d for d in self.draining if d > t + 1e-9]
+            still = [d for d in self.draining if d > t + 1e-9]
+            self.released += len(self.draining) - len(still)
+            self.draining = still
 
     def effective(self, t: float) -> float:
         """Serving workers in full-speed equivalents (warming workers count ``warmup_factor``)."""

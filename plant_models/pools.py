@@ -14,7 +14,7 @@ too fine to run a day of traffic. This model keeps the same flows and rates (one
 * fill: the fill queue is served at (effective fill workers x fill rate); served requests become
   KV-ready ``fill_to_ready_s`` later;
 * decode: completions ``FluidParams.completion_rate`` x dt (D / (L x pass time(D / n)), the fluid
-  model's law, at the warming workers' speed); ready requests join as
+  model's law, at the warming workers' speed; L x the output factor); ready requests join as
   slots free; when the decode pool shrinks, sequences over the new slot count move back to the
   ready buffer with their KV (live migration, counted as ``preempted``).
 
@@ -22,6 +22,18 @@ Pools are sized by autoscalers (:class:`tokenfactory.signals.ScaleAction`: desir
 a pool, Kubernetes-deployment semantics, :mod:`tokenfactory.plant_models.fleet`): a new worker is billed from the decision, serves after
 ``startup_s`` and runs at ``warmup_factor`` of full speed for its first ``warmup_s``; a scale-down
 cancels workers still starting first, then drains serving ones (billed ``drain_s`` more).
+
+The request shape may shift over the run (``PoolScenario.prompt_factor`` and ``output_factor``,
+constants or series on the demand's time axis, default 1): the fill rate per worker is divided by
+the prompt factor (fill work per request relative to the plant's nominal request) and a request
+decodes L x output factor tokens. This is a fluid approximation: every request queued or decoding
+at t takes the factors of t, not those it arrived with. It is fine when the mix changes over hours
+and the queues turn over in seconds (a decode lasts L x pass ~ 10-40 s, a fill queue at the SLO
+under 2 s); a sudden mix step would be smeared over one queue turnover in reality and is
+instantaneous here. The decode pass time and slots stay those of the nominal context (the roofline
+table of :meth:`tokenfactory.plant_models.fluid.FluidParams.from_service`): a longer prompt also
+makes each pass read more KV, which this model leaves out. The cohort TTFT estimate takes the fill
+pass as fill latency x prompt factor; the fill-to-ready pipeline keeps its nominal delay.
 
 Conservation: arrived = completed + rejected + backlog + fill + in transfer + ready + decoding,
 checked every step. The result is a :class:`tokenfactory.plant_models.result.SimulationResult`
@@ -48,7 +60,7 @@ from tokenfactory.plant_models.fleet import PoolDynamics, PoolFleet, free_worker
 from tokenfactory.plant_models.fluid import FluidParams
 from tokenfactory.plant_models.result import SERIES_COLUMNS, SimulationResult
 from tokenfactory.signals import POOLS, REJECT_REASONS, AdmissionAction, Measurement, count_reversals, sort_actions
-from tokenfactory.validation import ConfigError, check_int, check_number
+from tokenfactory.validation import ConfigError, check_choice, check_int, check_number
 
 __all__ = ["PoolScenario", "PoolResponse", "simulate_pools"]
 
@@ -88,6 +100,16 @@ class PoolScenario:
         Time-per-output-token objective (s, > 0; default 0.1).
     control_start_s : float
         First controller sample (s, in [0, ``duration_s``]; default 0).
+    prompt_factor : float or pandas.Series
+        Fill work per request relative to the plant's nominal request (in (0, 100]; a constant or a
+        series validated and held like ``demand``; default 1): the fill rate per worker (requests/s)
+        is divided by it. Where the roofline fill pass is compute-bound its cost is about linear in
+        the prompt's tokens and this is the prompt-length ratio; at short prompts a pass's fixed
+        cost (weights read) is amortised over fewer tokens, so map lengths to work through the
+        service model (:func:`tokenfactory.stack.mixed_workload` does).
+    output_factor : float or pandas.Series
+        Mean output tokens relative to the plant's ``output_tokens`` (in (0, 100]; constant or series;
+        default 1): a request decodes that many more passes (completions D / (L x factor x pass)).
 
     Raises
     ------
@@ -105,6 +127,8 @@ class PoolScenario:
     slo_ttft_s: float = 2.0
     slo_tpot_s: float = 0.1
     control_start_s: float = 0.0
+    prompt_factor: float | pd.Series = 1.0
+    output_factor: float | pd.Series = 1.0
 
     def __post_init__(self) -> None:
         check_number("scenario.duration_s", self.duration_s, low=0.0, low_inclusive=False)
@@ -121,6 +145,16 @@ class PoolScenario:
                 raise ConfigError("scenario.demand", "rates must be finite and >= 0 (fill gaps first)")
         else:
             check_number("scenario.demand", self.demand, low=0.0)
+        for f in ("prompt_factor", "output_factor"):
+            v = getattr(self, f)
+            if isinstance(v, pd.Series):
+                if v.empty or not v.index.is_monotonic_increasing:
+                    raise ConfigError(f"scenario.{f}", "a factor series needs a non-empty increasing time index")
+                x = v.to_numpy(dtype=float)
+                if not np.all(np.isfinite(x)) or (x <= 0).any() or (x > 100.0).any():
+                    raise ConfigError(f"scenario.{f}", "factors must be finite and in (0, 100]")
+            else:
+                check_number(f"scenario.{f}", v, low=0.0, high=100.0, low_inclusive=False)
         events_from_dicts(self.disturbances, "scenario.disturbances", (DemandStep.kind,))
 
     def demand_grid(self, t: np.ndarray) -> np.ndarray:
@@ -135,23 +169,43 @@ class PoolScenario:
             lam = np.where(t >= d.at_s, lam * d.factor, lam)
         return lam
 
+    @property
+    def constant_shape(self) -> bool:
+        """True when both factors are the constant 1 (the request shape never shifts)."""
+        return all(not isinstance(v, pd.Series) and float(v) == 1.0 for v in (self.prompt_factor, self.output_factor))
+
+    def factor_grid(self, name: str, t: np.ndarray) -> np.ndarray:
+        """``prompt_factor`` or ``output_factor`` at each time of ``t`` (s), held like the demand."""
+        return _held(getattr(self, check_choice("factor", name, ("prompt_factor", "output_factor"))), t)
+
+
+def _held(v: float | pd.Series, t: np.ndarray) -> np.ndarray:
+    """A constant or a series held piecewise constant from each index point, on ``t``."""
+    if isinstance(v, pd.Series):
+        idx = v.index.to_numpy(dtype=float)
+        k = np.clip(np.searchsorted(idx, t, side="right") - 1, 0, len(idx) - 1)
+        return v.to_numpy(dtype=float)[k]
+    return np.full(len(t), float(v))
+
 
 
 #: the shared columns, then the pool model's own: the scenario's demand, rejections per second, the
-#: exact content of the fill-to-ready pipeline, starting and billed workers, the cohort SLO estimate.
+#: exact content of the fill-to-ready pipeline, starting and billed workers, the cohort SLO estimate,
+#: the request shape's factors and the role moves so far (cumulative; 0 in an elastic fleet).
 #: The step loop writes one tuple per step in exactly this order.
 _SERIES = ("time_s", "backlog", "fill_in_progress", "ready", "active_decodes", "decode_slots", "fill_capacity",
            "fill_workers", "decode_workers", "admission_rate", "arrival_rate", "admitted_rate", "completion_rate",
            "arrived", "completed", "rejected", "demand", "rejection_rate", "in_transfer", "fill_workers_starting",
            "decode_workers_starting", "fill_workers_billed", "decode_workers_billed", "ttft_estimate_s",
-           "tpot_estimate_s", "in_slo", "decode_pass_s", "decode_batch_cap")
+           "tpot_estimate_s", "in_slo", "decode_pass_s", "decode_batch_cap", "prompt_factor", "output_factor",
+           "role_moves")
 if set(SERIES_COLUMNS) - set(_SERIES):  # a new shared column must be written by the step loop too
     raise ImportError(f"pool model does not write the shared columns {sorted(set(SERIES_COLUMNS) - set(_SERIES))}")
 _COL = {name: i for i, name in enumerate(_SERIES)}
-_T, _B, _F, _R, _D, _SLOTS, _FCAP, _NF, _ND, _NFS, _NDS, _PASS, _CAP = (_COL[c] for c in (
+_T, _B, _F, _R, _D, _SLOTS, _FCAP, _NF, _ND, _NFS, _NDS, _PASS, _CAP, _PF = (_COL[c] for c in (
     "time_s", "backlog", "fill_in_progress", "ready", "active_decodes", "decode_slots", "fill_capacity",
     "fill_workers", "decode_workers", "fill_workers_starting", "decode_workers_starting", "decode_pass_s",
-    "decode_batch_cap"))
+    "decode_batch_cap", "prompt_factor"))
 
 
 def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, scenario: PoolScenario, *,
@@ -243,6 +297,14 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
     fixed_fleet = dynamics.fleet_size is not None
     step_s, rate_fn, slots_fn = p.decode_step_s, p.completion_rate, p.decode_slots
     lam_list, arr_list, t_list = lam.tolist(), arrivals.tolist(), t_grid.tolist()
+    # the request shape over the run (all 1.0 by default: x / 1.0 and x * 1.0 are exact, so the
+    # default path computes exactly what it did before the factors existed)
+    pf_list = scenario.factor_grid("prompt_factor", t_grid).tolist()
+    of_list = scenario.factor_grid("output_factor", t_grid).tolist()
+    # a fixed fleet's idle workers by the role they last held: placing one in the other role is a role move
+    idle = {"fill": 0, "decode": 0}
+    released_seen = {"fill": 0, "decode": 0}
+    role_moves = 0
     isinf = math.isinf
     inf = math.inf
     check_tol = 1e-6
@@ -273,8 +335,10 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
         # -- placement: elastic fleets start every request at once; a fixed fleet waits for free workers
         if fill_fleet.waiting or dec_fleet.waiting:
             free = free_workers(dynamics, fill_fleet.billed + dec_fleet.billed) if fixed_fleet else inf
-            free -= fill_fleet.place(t, free)
-            dec_fleet.place(t, free)
+            placed_f = fill_fleet.place(t, free)
+            placed_d = dec_fleet.place(t, free - placed_f)
+            if fixed_fleet:
+                role_moves += _assign_roles(fleets, idle, released_seen, dynamics.fleet_size, placed_f, placed_d)
         # -- arrivals, rejection, admission
         a_in = arr_list[k]
         arrived += a_in
@@ -288,8 +352,9 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
         B -= admit
         F += admit
         admitted += admit
-        # -- fill
-        fill_cap = fill_fleet.effective(t) * fill_rate_w
+        # -- fill (the prompt factor scales the fill work per request)
+        pf, of = pf_list[k], of_list[k]
+        fill_cap = fill_fleet.effective(t) * fill_rate_w / pf
         served = min(F, fill_cap * dt)
         F -= served
         if transfer_steps:
@@ -308,14 +373,14 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
             D -= ex
             R += ex
             preempted += ex
-        rate_d = rate_fn(D, n_dec, speed)  # warming workers run at their speed
+        rate_d = rate_fn(D, n_dec, speed) / of  # warming workers run at their speed; L x the output factor
         done = min(D, dt * rate_d)
         D -= done
         if D <= 0.0 and R > 0.0 and n_dec:
             # every sequence finished within the step (a decode shorter than the step): the freed
             # slots take ready requests for the rest of it
             left = dt - (done / rate_d if rate_d > 0.0 else 0.0)
-            extra = min(R, left * rate_fn(R if R < slots else slots, n_dec, speed))
+            extra = min(R, left * rate_fn(R if R < slots else slots, n_dec, speed) / of)
             R -= extra
             done += extra
         completed += done
@@ -326,12 +391,12 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
         R -= s_in
         D += s_in
         # -- what an arriving request would see (cohort SLO estimate)
-        ttft = (F / fill_cap if fill_cap > 0 else inf) + fill_lat
+        ttft = (F / fill_cap if fill_cap > 0 else inf) + fill_lat * pf  # its own pass takes the factor too
         if B > 0 and not isinf(rate):
             ttft += B / rate if rate > 0 else inf
         ready_wait = R / (done / dt) if R > 0 and done > 0 else (inf if R > 0 else 0.0)
         pass_s = step_s((D if D > 1.0 else 1.0) / (n_dec if n_dec > 1 else 1)) / speed if speed > 0 else inf
-        tpot = pass_s + ready_wait / L
+        tpot = pass_s + ready_wait / (L * of)
         ok = (a_in - rej) if (ttft <= slo_ttft and tpot <= slo_tpot) else 0.0
         if ok > 0.0:
             in_slo += ok
@@ -340,7 +405,7 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
         rows.append((t, B, F + served / dt * ttr, R, D, batch_slots, fill_cap, len(fill_fleet.serving), n_dec,
                      rate, a_in / dt, admit / dt, done / dt, arrived, completed, rejected_total, lam_list[k],
                      rej / dt, in_pipe, fill_fleet.in_transit, dec_fleet.in_transit, fill_fleet.billed,
-                     dec_fleet.billed, ttft, tpot, ok, pass_s if D > 0.0 else math.nan, cap))
+                     dec_fleet.billed, ttft, tpot, ok, pass_s if D > 0.0 else math.nan, cap, pf, of, role_moves))
         cum_arr(arrived)
         cum_adm(admitted)
         cum_done(completed)
@@ -366,17 +431,20 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
         "busy_gpu_hours": float(billed.sum() * dt / 3600.0 * dynamics.gpus_per_worker),
         "scale_actions": len(scale_rows), "actions_per_hour": float(len(scale_rows) / hours),
         "reversals_per_hour": float(count_reversals(scale_rows) / hours),
+        "role_moves": int(role_moves), "role_moves_per_hour": float(role_moves / hours),
         "peak_workers": {pool: int(series[f"{pool}_workers_billed"].max()) for pool in POOLS},
         "mean_workers": {pool: float(series[f"{pool}_workers_billed"].mean()) for pool in POOLS},
         "ttft_estimate_p99_s": float(np.nanpercentile(np.minimum(series["ttft_estimate_s"], 1e6), 99)),
     }
     demand_desc = scenario.demand if not isinstance(scenario.demand, pd.Series) else \
         f"rate series ({len(scenario.demand)} points)"
+    shape_desc = {f: (v if not isinstance(v, pd.Series) else f"factor series ({len(v)} points)")
+                  for f in ("prompt_factor", "output_factor") for v in (getattr(scenario, f),)}
     config = {"params": {k: v for k, v in dataclasses.asdict(p).items() if k != "provenance"},
               "fill_workers": fill_workers, "decode_workers": decode_workers,
               "dynamics": dataclasses.asdict(dynamics),
               "scenario": {**{f.name: getattr(scenario, f.name) for f in dataclasses.fields(scenario)},
-                           "demand": demand_desc,
+                           "demand": demand_desc, **shape_desc,
                            "disturbances": [dataclasses.asdict(d) for d in scenario.disturbances]},
               "controllers": [{"name": type(c).__name__, **(c.params() if hasattr(c, "params") else {})}
                               for c in controllers]}
@@ -384,6 +452,29 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
     return SimulationResult(series=series, records=None, metrics=metrics, config=config,
                             actions=pd.DataFrame(scale_rows, columns=["time_s", "kind", "pool", "from", "to",
                                                                       "controller"]))
+
+
+def _assign_roles(fleets: dict, idle: dict, released_seen: dict, fleet_size: int, placed_f: int,
+                  placed_d: int) -> int:
+    """Book the workers just placed against a fixed fleet's idle workers and return the role moves:
+    a worker released by one pool (cancelled or drained) and placed in the other. Placement takes a
+    worker that last held the same role first, then one that never held a role, then one of the
+    other role (workers are fungible; the order counts the fewest moves the placement implies)."""
+    for pool, fl in fleets.items():  # releases since the last placement (cumulative counters)
+        idle[pool] += fl.released - released_seen[pool]
+        released_seen[pool] = fl.released
+    billed = sum(fl.billed for fl in fleets.values()) - placed_f - placed_d
+    unassigned = max(fleet_size - billed - idle["fill"] - idle["decode"], 0)
+    moves = 0
+    for pool, other, n in (("fill", "decode", placed_f), ("decode", "fill", placed_d)):
+        a = min(n, idle[pool])
+        idle[pool] -= a
+        b = min(n - a, unassigned)
+        unassigned -= b
+        c = min(n - a - b, idle[other])
+        idle[other] -= c
+        moves += c
+    return moves
 
 
 def _initial_measurement(p: FluidParams, fleets, t: float) -> Measurement:
@@ -410,6 +501,6 @@ def _measure(rows: list[tuple], cum: tuple[list, list, list], k: int, delay_step
         decode_slots=float(r[_SLOTS]), fill_capacity=r[_FCAP], fill_workers=float(r[_NF]),
         decode_workers=float(r[_ND]), fill_workers_starting=float(r[_NFS]), decode_workers_starting=float(r[_NDS]),
         arrival_rate=(arr[j + 1] - arr[lo]) / span,
-        fill_queued_tokens=r[_F] * p.prompt_tokens if p.prompt_tokens > 0 else math.nan,
-        fill_token_capacity=r[_FCAP] * p.prompt_tokens if p.prompt_tokens > 0 else math.nan,
+        fill_queued_tokens=r[_F] * p.prompt_tokens * r[_PF] if p.prompt_tokens > 0 else math.nan,
+        fill_token_capacity=r[_FCAP] * p.prompt_tokens * r[_PF] if p.prompt_tokens > 0 else math.nan,
         decode_pass_s=r[_PASS], decode_context_tokens=context_tokens, decode_batch_cap=r[_CAP])

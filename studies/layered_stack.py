@@ -9,7 +9,15 @@
     planning layer, today's deployments (:data:`tokenfactory.registry.BASELINE_STACKS`) and the
     oracle (the least GPU-hours any plan could use with perfect knowledge of the demand, the same
     start-up and SLO), with a figure of each layer's activity on one time axis;
-(d) the same stack on requests (:mod:`tokenfactory.stack_requests`): a morning ramp through the
+(d) the mixed week on a fixed fleet (:func:`tokenfactory.stack.mixed_workload`: chat by day,
+    long-prompt batch by night, so the fill:decode need ratio swings ~15 x a day): the stack (role
+    moves between the pools), the best static split for the run (no moves, chosen by the oracle)
+    and the stack without planning; GPU-hours are the fleet's whatever the policy, so the rows
+    compare SLO attainment, role moves/h, reversals/h and oscillation. The baselines (HPA, KPA,
+    Dynamo, APA) run in the full variant with the fleet as their replica limit: the fleet is a
+    cluster's node quota, each pool's deployment takes free workers from it and a worker one pool
+    releases is placed in the other (the plant's fixed-fleet rule), so they move roles too, blindly.
+(e) the same stack on requests (:mod:`tokenfactory.stack_requests`): a morning ramp through the
     request simulator with every layer sampled - the gated batch cap every 0.25 s on the live
     context - next to the same arrivals in the pool model.
 
@@ -17,7 +25,9 @@ Run: ``tokenfactory study layered-stack [--quick] [--out DIR]``. The default run
 of m-large's last 4 days at start-ups of 2 and 10 minutes (``--quick``: 3 h at 10 minutes) against
 Dynamo's throughput planner (Kalman) + Mooncake and HPA + vLLM's watermark; ``config={"full":
 True}`` runs the last 4 days of m-large and m-small at start-ups of 2, 5 and 10 minutes against
-every baseline (the slow test; Dynamo's ARIMA predictor makes it tens of minutes).
+every baseline (the slow test; Dynamo's ARIMA predictor makes it tens of minutes). The mixed week:
+7 days at 2, 5 and 10 minutes in the full variant; 1 day at 10 minutes (stack, static split, stack
+without planning) by default; 6 hours (stack, static split) with ``--quick``.
 """
 
 from __future__ import annotations
@@ -36,9 +46,11 @@ from tokenfactory.controllers.separation import required_ratio
 from tokenfactory.plant_models import PoolScenario, simulate_pools
 from tokenfactory.registry import BASELINE_STACKS
 from tokenfactory.stack import (
+    STATIC_SPLIT,
     build_stack,
     certify,
     load_stack_scenario,
+    mixed_workload,
     plant_for,
     rate_workload,
     run_on_rates,
@@ -163,6 +175,73 @@ def _requests_figure(r, ctrl, startup_s: float) -> Figure:
     return fig
 
 
+def _mix_figure(runs: dict, split: dict, title: str) -> Figure:
+    """The mixed workload on one time axis: the mix (prompt and output factors, the fill pool's
+    share of the need), each pool's provisioned workers under the stack and the static split next
+    to the need, and the stack's role moves."""
+    s = runs["stack"].series
+    th = s["time_s"] / 3600.0
+    mu = runs["mu"]
+    fig = Figure(figsize=(11, 10), layout="constrained")
+    ax = fig.subplots(5, 1, sharex=True)
+    ax[0].plot(th, s["demand"], lw=0.8, label="demand (req/s)")
+    ax[0].set_ylabel("req/s")
+    ax[0].set_title(title)
+    ax0 = ax[0].twinx()
+    ax0.plot(th, s["prompt_factor"], lw=0.8, color="C1", label="prompt (fill work) factor")
+    ax0.plot(th, s["output_factor"], lw=0.8, color="C2", label="output factor")
+    ax0.set_ylabel("x mean request")
+    ax0.legend(fontsize=7, loc="upper left")
+    need = {p: s["demand"] * s["prompt_factor" if p == "fill" else "output_factor"] / mu[p] for p in ("fill", "decode")}
+    ax[1].plot(th, need["fill"] / (need["fill"] + need["decode"]), lw=0.8, label="fill share of the worker need")
+    ax[1].set_ylabel("share")
+    for i, pool in enumerate(("fill", "decode")):
+        a = ax[2 + i]
+        a.plot(th, need[pool], lw=0.7, color="0.5", label=f"{pool} need (workers at full speed)")
+        a.step(th, s[f"{pool}_workers"] + s[f"{pool}_workers_starting"], where="post", lw=1.0,
+               label=f"stack: {pool} provisioned")
+        a.axhline(split[f"static_{pool}_workers"], color="C3", ls="--", lw=1.0, label=f"static split: {pool}")
+        a.set_ylabel("workers")
+    ax[4].step(th, s["role_moves"], where="post", lw=1.0, label="stack: role moves (cumulative)")
+    ax[4].set_ylabel("moves")
+    ax[4].set_xlabel("time (h)")
+    for a in ax:
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7, loc="upper right")
+    return fig
+
+
+def _mix_verdicts(rows: list[dict]) -> list[str]:
+    """Per start-up on the fixed-fleet mixed workload: the stack vs the static split and the stack
+    without planning - SLO, role moves, reversals - sentences from the numbers."""
+    lines = []
+    for key in dict.fromkeys((r["workload"], r["startup_s"]) for r in rows):
+        rs = {r["stack"]: r for r in rows if (r["workload"], r["startup_s"]) == key}
+        st, ss, nop = rs.get("stack"), rs.get(STATIC_SPLIT), rs.get("stack-no-planning")
+        if st is None:
+            continue
+        parts = [f"stack SLO {st['slo_attainment']:.4f} ({'meets' if st['slo_attainment'] >= 0.99 else 'misses'} "
+                 f"0.99) with {st['role_moves_per_hour']:.2f} role moves/h, {st['reversals_per_hour']:.2f} reversals/h, "
+                 f"{'OSCILLATING' if st['oscillating'] else 'not oscillating'}"]
+        if ss is not None:
+            d = st["slo_attainment"] - ss["slo_attainment"]
+            verdict = "better than" if d > 1e-4 else ("worse than" if d < -1e-4 else "as good as")
+            parts.append(f"static split {ss['static_fill_workers']} fill / {ss['static_decode_workers']} decode (the oracle's best "
+                         f"fixed split: its worst interval runs at {ss['static_worst_load']:.2f} x the SLO's utilisation "
+                         f"ceiling; holding both peaks at the ceiling needs {ss['static_split_needs']} workers, the fleet "
+                         f"has {ss['fleet_size']}) reaches SLO "
+                         f"{ss['slo_attainment']:.4f}: the stack is {verdict} the static split ({d:+.4f})")
+        if nop is not None:
+            parts.append(f"without planning SLO {nop['slo_attainment']:.4f}, {nop['role_moves_per_hour']:.2f} role "
+                         f"moves/h, {nop['reversals_per_hour']:.2f} reversals/h")
+        base = [r for n, r in rs.items() if n not in ("stack", STATIC_SPLIT, "stack-no-planning")]
+        if base:
+            best = max(base, key=lambda r: r["slo_attainment"])
+            parts.append(f"best baseline {best['stack']} SLO {best['slo_attainment']:.4f}")
+        lines.append(f"- **{key[0]}, start-up {key[1]:.0f} s**: " + "; ".join(parts))
+    return lines
+
+
 def _verdicts(rows: list[dict]) -> list[str]:
     """Per workload and start-up: the stack vs the oracle, the baselines that reach SLO >= 0.99 and
     the fewest reversals - sentences from the numbers."""
@@ -217,28 +296,43 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     """
     cfg = {"full": bool(full), **(config or {})}
     reject_unknown_keys("layered-stack", cfg, {"full", "workloads", "startups_s", "stacks", "last_days", "hours",
-                                               "dt", "requests"})
+                                               "dt", "mixed_days", "mixed_hours", "mixed_startups_s",
+                                               "mixed_stacks", "mixed_seed", "requests"})
     full = bool(cfg["full"])
     if full:
         workloads = cfg.get("workloads", [["servegen:m-large", 5.0], ["servegen:m-small", 1.0]])
         startups = cfg.get("startups_s", [120.0, 300.0, 600.0])
         stacks = cfg.get("stacks", ["stack", "stack-no-planning", *BASELINE_STACKS])
         last_days, hours = cfg.get("last_days", 4.0), cfg.get("hours")
+        mixed_days, mixed_hours = cfg.get("mixed_days", 7.0), cfg.get("mixed_hours")
+        mixed_startups = cfg.get("mixed_startups_s", [120.0, 300.0, 600.0])
+        mixed_stacks = cfg.get("mixed_stacks", ["stack", STATIC_SPLIT, "stack-no-planning", *BASELINE_STACKS])
     else:
         workloads = cfg.get("workloads", [["servegen:m-large", 5.0]])
         startups = cfg.get("startups_s", [600.0] if quick else [120.0, 600.0])
         stacks = cfg.get("stacks", ["stack", "stack-no-planning", "dynamo-throughput (kalman) + mooncake",
                                     "hpa + vllm-watermark"])
         last_days, hours = cfg.get("last_days", 4.0), cfg.get("hours", 3.0 if quick else 12.0)
+        mixed_days, mixed_hours = cfg.get("mixed_days", 1.0), cfg.get("mixed_hours", 6.0 if quick else None)
+        mixed_startups = cfg.get("mixed_startups_s", [600.0])
+        mixed_stacks = cfg.get("mixed_stacks", ["stack", STATIC_SPLIT] if quick else
+                               ["stack", STATIC_SPLIT, "stack-no-planning"])
+    mixed_seed = cfg.get("mixed_seed", 0)
     dt = cfg.get("dt", 2.0)
     for s in stacks:
         if s not in ("stack", "stack-no-planning", *BASELINE_STACKS):
             raise ConfigError("layered-stack.stacks", f"unknown stack {s!r}")
+    for s in mixed_stacks:
+        if s not in ("stack", "stack-no-planning", STATIC_SPLIT, *BASELINE_STACKS):
+            raise ConfigError("layered-stack.mixed_stacks", f"unknown stack {s!r}")
     sc = load_stack_scenario("stack_default")
     report = StudyReport("layered-stack", Path(out_dir), {**cfg, "quick": quick, "scenario": sc.config,
                                                           "workloads": workloads, "startups_s": startups,
                                                           "stacks": stacks, "last_days": last_days, "hours": hours,
-                                                          "dt": dt})
+                                                          "dt": dt, "mixed_days": mixed_days,
+                                                          "mixed_hours": mixed_hours,
+                                                          "mixed_startups_s": mixed_startups,
+                                                          "mixed_stacks": mixed_stacks, "mixed_seed": mixed_seed})
     metrics: dict[str, Any] = {}
     timings: dict[str, float] = {}
     # (a) the certificate
@@ -280,7 +374,27 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                 if st == "stack" and su == max(startups):
                     shown[wl.name] = (r, ctrl)
     timings["comparison_s"] = time.perf_counter() - t0
-    # (d) the same stack on requests: every layer sampled (the gated cap on the live context)
+    # (d) the mixed week on a fixed fleet
+    t0 = time.perf_counter()
+    mix_rows, mix_shown = [], None
+    mwl = mixed_workload(sc, days=mixed_days, seed=mixed_seed, hours=mixed_hours) if mixed_stacks else None
+    for su in mixed_startups if mwl is not None else []:
+        runs = {}
+        for st in mixed_stacks:
+            row, r, _ = run_on_rates(sc, mwl, startup_s=su, stack=st, dt=dt)
+            row["conservation_residual"] = abs(row["requests"] - row["completed"] - row["rejected"]
+                                               - row["in_flight_end"])
+            mix_rows.append(row)
+            runs[st] = r
+        if su == max(mixed_startups) and "stack" in runs:
+            srow = next(x for x in mix_rows if x["startup_s"] == su and x["stack"] == "stack")
+            mix_shown = ({"stack": runs["stack"], "mu": srow["per_worker_rps"]}, srow, su)
+    timings["mixed_s"] = time.perf_counter() - t0
+    if mwl is not None:
+        metrics["mixed_workload"] = {"name": mwl.name, **mwl.notes}
+    rows = rows + mix_rows
+    metrics["comparison"] = [{k: v for k, v in r.items() if k not in ("utilization_ceiling", "per_worker_rps")} for r in rows]
+    # (e) the same stack on requests: every layer sampled (the gated cap on the live context)
     t0 = time.perf_counter()
     rq = {"rate_rps": 20.0, "hours": 2.0, "startups_s": [120.0, 600.0]} if full else \
         {"rate_rps": 8.0, "hours": 0.35, "startups_s": [120.0]} if quick else \
@@ -304,10 +418,15 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         report.save_figure(_requests_figure(*req_shown), "stack_on_requests.png",
                            "The stack on requests: arrivals, provisioned workers, the gated decode batch cap and the "
                            "pass time it holds, admission.")
-    metrics["comparison"] = [{k: v for k, v in r.items() if k != "utilization_ceiling"} for r in rows]
     metrics["utilization_ceiling"] = {r["workload"]: r["utilization_ceiling"] for r in rows}
     metrics["timings_s"] = timings
     report.save_table(pd.DataFrame(metrics["comparison"]), "comparison.csv")
+    if mix_shown is not None:
+        runs, srow, su = mix_shown
+        report.save_figure(_mix_figure(runs, srow, f"{mwl.name}: fixed fleet of {mwl.fleet_size}, start-up {su:.0f} s"),
+                           "mixed_week.png", "The mixed workload on one time axis: demand and the mix (prompt and "
+                           "output factors), the fill pool's share of the worker need, each pool's provisioned "
+                           "workers under the stack next to its need and the static split, and the stack's role moves.")
     for name, (r, ctrl) in shown.items():
         report.save_figure(_layer_figure(r, ctrl, f"the stack at work: {name}, start-up {max(startups):.0f} s"),
                            f"stack_{name.replace(':', '-').replace(' ', '_')}.png",
@@ -320,8 +439,15 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     if fbk:
         report.headline("smallest feedback separation ratio", min(r["ratio"] for r in fbk), "",
                         f"largest PM loss {max(r['pm_loss_deg'] for r in fbk):.2g} deg")
-    for r in rows:
+    for r in mix_rows:
         if r["stack"] == "stack":
+            report.headline(f"stack SLO attainment ({r['workload']}, fixed fleet, start-up {r['startup_s']:.0f} s)",
+                            r["slo_attainment"], "", f"{r['role_moves_per_hour']:.2f} role moves/h")
+        if r["stack"] == STATIC_SPLIT:
+            report.headline(f"static split SLO attainment ({r['workload']}, start-up {r['startup_s']:.0f} s)",
+                            r["slo_attainment"], "", f"{r['static_fill_workers']} fill / {r['static_decode_workers']} decode")
+    for r in rows:
+        if r["stack"] == "stack" and r.get("fleet_size") is None:
             report.headline(f"stack GPU-hours / oracle ({r['workload']}, start-up {r['startup_s']:.0f} s)",
                             r["gpu_hours_over_oracle"], "x", f"SLO attainment {r['slo_attainment']:.4f}")
     # -- summary
@@ -366,6 +492,33 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                   f"it; coherence of pool sizes with the admission rate at that period "
                   f"{d['coherence_at_disturbance'] if math.isfinite(d['coherence_at_disturbance']) else 0:.3g} - the "
                   f"outer layer {'ACTED' if sim['outer_acted_on_inner_band'] else 'did not act'} on the inner band.", ""]
+    elastic = [r for r in rows if r.get("fleet_size") is None]
+    lines += ["## Comparison (pool model)", ""]
+    lines += markdown_table([r for r in metrics["comparison"] if r.get("fleet_size") is None],
+                            ["workload", "startup_s", "stack", "gpu_hours", "oracle_gpu_hours", "gpu_hours_over_oracle",
+                             "slo_attainment", "actions_per_hour", "reversals_per_hour", "oscillating"])
+    lines += ["", *_verdicts(elastic), ""]
+    if mix_rows:
+        n = metrics["mixed_workload"]
+        lines += ["## Mixed week on a fixed fleet (pool model)", "",
+                  f"{mwl.name}: chat ({n['classes']['chat']['prompt_tokens']} prompt / "
+                  f"{n['classes']['chat']['output_tokens']} output tokens, weekday mean {n['chat_rps']:g} req/s, peak "
+                  f"14:00) plus batch ({n['classes']['batch']['prompt_tokens']} / {n['classes']['batch']['output_tokens']}"
+                  f", {n['batch_rps']:g} req/s, peak 02:00); mean request {n['mean_request'][0]} / "
+                  f"{n['mean_request'][1]} tokens. The fill:decode worker-need ratio ranges "
+                  f"{n['need_ratio_range'][0]:.3f}-{n['need_ratio_range'][1]:.3f}, a swing of "
+                  f"{min(n['need_ratio_swing_per_day']):.1f}-{max(n['need_ratio_swing_per_day']):.1f} x within a day. "
+                  f"Fixed fleet {n['fleet_size']} workers = peak total need {n['peak_need']['total']:.0f} x "
+                  f"(1 + {n['fleet_headroom']:g}), needs at the reconfiguration layer's target utilisation "
+                  f"{n['target_utilization']:g}; a static split holding both pools' peaks there would need "
+                  f"{n['static_split_needs']}. GPU-hours are the fleet's for every policy "
+                  f"({mix_rows[0]['gpu_hours']:.4g}; the oracle's smallest fleet for the run: "
+                  f"{mix_rows[0]['oracle_fleet_needed']:.0f} workers).", ""]
+        lines += markdown_table([{k: v for k, v in r.items() if k not in ("utilization_ceiling", "per_worker_rps")} for r in mix_rows],
+                                ["startup_s", "stack", "slo_attainment", "rejected_fraction", "role_moves_per_hour",
+                                 "actions_per_hour", "reversals_per_hour", "oscillating", "fill_workers_mean",
+                                 "decode_workers_mean", "fleet_size"])
+        lines += ["", *_mix_verdicts(mix_rows), ""]
     lines += ["## The same stack on requests", ""]
     w = metrics["request_simulator"]["workload"]
     lines += [f"A morning ramp from the synthetic generator ({w['requests']} requests over {w['hours']:g} h, "
@@ -381,13 +534,12 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                      f"{b['slo_attainment']:.4f} in the pool model; GPU-hours {a['gpu_hours']:.1f} vs {b['gpu_hours']:.1f} "
                      f"({(a['gpu_hours'] / b['gpu_hours'] - 1) * 100:+.1f} %); the gated cap changed "
                      f"{a['batch_cap_changes']} times.")
-    lines += ["", "## Comparison (pool model)", ""]
-    lines += markdown_table(metrics["comparison"], ["workload", "startup_s", "stack", "gpu_hours", "oracle_gpu_hours",
-                                               "gpu_hours_over_oracle", "slo_attainment", "actions_per_hour",
-                                               "reversals_per_hour", "oscillating"])
-    lines += ["", *_verdicts(rows), "",
+    lines += [""]
+    lines += [
               f"Oscillation (detectors on the provisioned pool sizes): "
-              f"{sum(r['oscillating'] for r in rows)} of {len(rows)} runs oscillating.",
+              f"{sum(r['oscillating'] for r in rows)} of {len(rows)} runs oscillating"
+              + (f" ({sum(r['oscillating'] for r in mix_rows)} of {len(mix_rows)} on the mixed week)." if mix_rows
+                 else "."),
               f"Utilisation ceilings at the SLO (pool model, Poisson): {metrics['utilization_ceiling']}.",
               "Dynamo's throughput planner runs its ARIMA (default) or Kalman load predictor "
               "(`tokenfactory.controllers.load_predictors`), warmed up on the days before the run.",

@@ -53,3 +53,28 @@ def test_rates_from_roofline():
     r = PoolRates.from_params(p)
     assert r.fill_rps_per_worker == pytest.approx(p.fill_rate_per_worker)
     assert r.decode_rps_per_worker == pytest.approx(p.decode_capacity(1.0))
+
+
+def test_oracle_follows_a_shifting_mix_and_the_static_split():
+    from tokenfactory import ConfigError
+    from tokenfactory.controllers.capacity import oracle_plan, static_split
+
+    t = np.arange(0.0, 4 * 600.0, 600.0)
+    demand = pd.Series([10.0, 10.0, 10.0, 10.0], index=t)
+    fill_factor = pd.Series([1.0, 3.0, 1.0, 1.0], index=t)  # a long-prompt interval
+    decode_factor = pd.Series([2.0, 0.5, 1.0, 1.0], index=t)
+    plan, _ = oracle_plan(demand, {"fill": 5.0, "decode": 2.0}, {"fill": 1.0, "decode": 1.0}, startup_s=0.0,
+                          work_factors={"fill": fill_factor, "decode": decode_factor})
+    assert list(plan["fill_needed"]) == [2, 6, 2, 2]
+    assert list(plan["decode_needed"]) == [10, 3, 5, 5]
+    same, _ = oracle_plan(demand, {"fill": 5.0, "decode": 2.0}, {"fill": 1.0, "decode": 1.0}, startup_s=0.0)
+    assert list(same["fill_needed"]) == [2, 2, 2, 2]
+    # the best fixed split of 14 workers for peaks of 6 fill and 10 decode: 5 + 9 balances the shortfall
+    sp = static_split(plan, 14)
+    assert (sp["fill_workers"], sp["decode_workers"]) == (5, 9)
+    assert sp["needs_workers"] == 16 and sp["worst_load"] == pytest.approx(max(6 / 5, 10 / 9))
+    assert sp["short_intervals"] == 2
+    assert static_split(plan, 16)["worst_load"] == pytest.approx(1.0)
+    with pytest.raises(ConfigError, match="oracle.work_factors.fill"):
+        oracle_plan(demand, {"fill": 5.0, "decode": 2.0}, {"fill": 1.0, "decode": 1.0}, startup_s=0.0,
+                    work_factors={"fill": pd.Series([1.0, -1.0], index=[0.0, 600.0])})

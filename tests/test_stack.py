@@ -250,8 +250,17 @@ def test_layered_stack_study_quick(tmp_path):
     sep = {(r["outer"], r["inner"]): r for r in m["separation"]}
     assert sep[("admission", "batch_gate")]["ratio"] > 5 and sep[("admission", "batch_gate")]["pm_loss_deg"] < 5
     assert not m["separation_simulation"]["outer_acted_on_inner_band"]
-    rows = {r["stack"]: r for r in m["comparison"]}
+    rows = {r["stack"]: r for r in m["comparison"] if r["fleet_size"] is None}
     assert set(rows) == {"stack", "stack-no-planning", "dynamo-throughput (kalman) + mooncake", "hpa + vllm-watermark"}
+    # the mixed day on a fixed fleet: the stack and the static split, nothing lost, GPU-hours the fleet's
+    mixed = {r["stack"]: r for r in m["comparison"] if r["fleet_size"] is not None}
+    assert set(mixed) == {"stack", "static-split"}
+    for r in mixed.values():
+        assert r["conservation_residual"] <= 1e-6 * r["requests"]
+        assert r["gpu_hours"] == pytest.approx(mixed["stack"]["gpu_hours"])
+    assert mixed["static-split"]["role_moves_per_hour"] == 0 and mixed["static-split"]["actions_per_hour"] == 0
+    assert m["mixed_workload"]["fleet_size"] == mixed["stack"]["fleet_size"]
+    assert (tmp_path / "mixed_week.png").is_file()
     for r in rows.values():
         # nothing lost: arrived = completed + rejected + in flight
         assert r["conservation_residual"] <= 1e-6 * r["requests"]
@@ -276,7 +285,9 @@ def test_layered_stack_study_full(tmp_path):
     from tokenfactory.studies.layered_stack import run
 
     m = run(tmp_path, config={"full": True})
-    assert len(m["comparison"]) == 2 * 3 * (2 + len(BASELINE_STACKS))
+    # ServeGen: 2 workloads x 3 start-ups x (2 stacks + baselines); the mixed week: 3 start-ups x (stack, static
+    # split, stack without planning + baselines)
+    assert len(m["comparison"]) == 2 * 3 * (2 + len(BASELINE_STACKS)) + 3 * (3 + len(BASELINE_STACKS))
     assert all(r["conservation_residual"] <= 1e-6 * r["requests"] for r in m["comparison"])
 
 

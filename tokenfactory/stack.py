@@ -94,7 +94,8 @@ from tokenfactory.validation import ConfigError, check_choice, check_int, check_
 
 __all__ = ["StackScenario", "StackPlant", "load_stack_scenario", "stack_scenario_from_dict", "slot_limit",
            "build_stack", "reconfiguration_delay_s", "Certificate", "certify", "scenario_dir", "RateWorkload",
-           "rate_workload", "plant_for", "utilization_ceiling", "run_on_rates", "stack_plant"]
+           "rate_workload", "plant_for", "utilization_ceiling", "run_on_rates", "stack_plant", "mixed_workload",
+           "MIX_CLASSES", "STATIC_SPLIT"]
 
 _TOP = {"name", "description", "plant", "slo", "workload", "dynamics", "layers", "envelope", "certificate"}
 _PLANT = {"model", "hardware", "parallelism", "efficiency", "decode_model", "decode_hardware", "decode_parallelism",
@@ -399,9 +400,15 @@ def _feedback_utilization(sc: StackScenario) -> float:
     return float(sc.layers["reconfiguration"].get("target_utilization", 0.85))
 
 
-def _pools_at(params: FluidParams, rate: float, u: float) -> tuple[int, int]:
-    return (max(1, math.ceil(rate / (u * params.fill_rate_per_worker) - 1e-9)),
-            max(1, math.ceil(rate / (u * params.decode_capacity(1)) - 1e-9)))
+def _pools_at(params: FluidParams, rate: float, u: float, prompt_factor: float = 1.0,
+             output_factor: float = 1.0) -> tuple[int, int]:
+    return (max(1, math.ceil(rate * prompt_factor / (u * params.fill_rate_per_worker) - 1e-9)),
+            max(1, math.ceil(rate * output_factor / (u * params.decode_capacity(1)) - 1e-9)))
+
+
+def _first(v: float | pd.Series) -> float:
+    """A factor's value at the run's start."""
+    return float(v.iloc[0]) if isinstance(v, pd.Series) else float(v)
 
 
 #: the smallest share of the TPOT SLO the derived batch gate gives the decode pass
@@ -670,7 +677,10 @@ def build_stack(sc: StackScenario, *, history: pd.Series | None = None, time_off
         extra["dwell_s"] = dwell_s
         pools.append(PlannedPoolController.tuned(
             pool, mu, sc.rate_rps, planner=planner, headroom=rc.get("headroom", 0.0),
-            measured_fill_rate=(pool == "fill" and fleet is not None), startup_s=dyn.startup_s,
+            min_headroom=rc.get("headroom", 0.0) if fleet is not None else 0.0,  # a fixed fleet is paid anyway
+            measured_fill_rate=(pool == "fill" and fleet is not None),
+            measured_decode_rate=(pool == "decode" and fleet is not None),
+            output_tokens=p.output_tokens if pool == "decode" else None, startup_s=dyn.startup_s,
             warmup_s=dyn.warmup_s, filter_s=filter_s, target_utilization=u,
             min_dead_band=rc.get("min_dead_band", 0.25), queue_clear_s=qc,
             queue_headroom=rc.get("queue_headroom", 0.25), max_step_up=rc.get("max_step_up", 1000),
@@ -965,7 +975,8 @@ class RateWorkload:
     """A demand to run stacks on: ``demand`` (requests/s, indexed by seconds from the run's
     start, held piecewise constant), the planner's ``history`` before the run (absolute time
     index on its interval), the absolute time of t = 0, the mean request and, for a fixed fleet,
-    its size and the prompt-length factor over time.
+    its size; when the mix shifts, the prompt (fill work) and output factors over time relative
+    to the mean request (:class:`tokenfactory.plant_models.pools.PoolScenario`).
 
     Parameters
     ----------
@@ -981,6 +992,11 @@ class RateWorkload:
         The mean request.
     fleet_size : int, optional
         A fixed fleet (workers), or None.
+    prompt_factor, output_factor : float or pandas.Series
+        Fill work and output tokens per request relative to ``prompt_tokens`` / ``output_tokens``
+        (constants or series on the demand's index; default 1).
+    notes : dict
+        How the workload was built (reported).
     """
 
     name: str
@@ -990,6 +1006,9 @@ class RateWorkload:
     prompt_tokens: int
     output_tokens: int
     fleet_size: int | None = None
+    prompt_factor: float | pd.Series = 1.0
+    output_factor: float | pd.Series = 1.0
+    notes: dict = field(default_factory=dict)
 
     @property
     def duration_s(self) -> float:
@@ -1049,6 +1068,160 @@ def rate_workload(spec: str, *, scale: float = 1.0, last_days: float | None = 4.
         hist = None  # the planner's grid is 10 minutes
     return RateWorkload(spec if scale == 1 else f"{spec} x{scale:g}", demand, hist, t0, rs.input_tokens,
                         rs.output_tokens)
+
+
+#: the two request classes of the mixed week, (prompt tokens, output tokens). ASSUMPTIONS with their
+#: sources: ``chat`` - interactive conversation, decode-heavy: 340 output tokens, about ShareGPT's mean
+#: output (338 tokens; Kwon et al., "Efficient Memory Management for Large Language Model Serving with
+#: PagedAttention", SOSP 2023, section 6.1), and a 1000-token prompt carrying the conversation's
+#: history (ServeGen m-large's mean prompt is 914, ``studies/scenarios/stack_default.toml``);
+#: ``batch`` - overnight long-document extraction / retrieval-augmented classification, fill-heavy: an
+#: 8000-token prompt (a document, or fifteen 512-token retrieved chunks plus instructions) and a
+#: 40-token structured answer; prompt/output 200, the same order as the Azure coding trace's medians
+#: (1500 prompt / 13 output tokens; Patel et al., "Splitwise", ISCA 2024, section 3). On DeepSeek-V3
+#: with the stack's batch gate a chat request costs a fill worker ~0.016 s and a decode worker ~0.4 s,
+#: a batch request ~0.11 s and ~0.08 s (:func:`plant_for`): only a prompt/output ratio in the hundreds
+#: makes the fill pool a large share of the fleet.
+MIX_CLASSES = {"chat": (1000, 340), "batch": (8000, 40)}
+
+#: the label of a fixed fleet run with the stack's admission but no reconfiguration: the pools stay
+#: at the best fixed split for the whole run (:func:`tokenfactory.controllers.capacity.static_split`)
+STATIC_SPLIT = "static-split"
+
+
+#: the oscillation detectors in :func:`run_on_rates` judge periods shorter than this (s): a pool loop's
+#: limit cycle has a period of a few loop delays (start-up + warm-up + the scale-down dwell: 5-30
+#: minutes at the study's start-ups), the demand's day 24 h and its harmonics >= 6 h
+OSCILLATION_HIGHPASS_S = 7200.0
+
+
+def _run_plant(sc: StackScenario, wl: RateWorkload) -> FluidParams:
+    """The plant every contender runs ``wl`` on: the scenario's plant at the workload's mean request
+    with the stack's batch gate applied at the workload's mean demand."""
+    s = sc.with_overrides(params=plant_for(sc, wl.prompt_tokens, wl.output_tokens),
+                          rate_rps=float(wl.demand.mean()))
+    return stack_plant(s).params
+
+
+def mixed_workload(sc: StackScenario, *, days: float = 7.0, seed: int = 0, chat_rps: float = 150.0,
+                   batch_rps: float = 450.0, fleet_headroom: float = 0.15, history_days: int = 7,
+                   interval_s: float = 600.0, fine_s: float = 60.0, hours: float | None = None) -> RateWorkload:
+    """A synthetic week whose prefill/decode mix shifts over the day, on a fixed fleet.
+
+    Two classes (:data:`MIX_CLASSES`), each a rate series from the synthetic generator
+    (:func:`tokenfactory.traces.synthetic.generate_rates`: its daily shape and AR(1) noise):
+
+    * ``chat`` peaks at 14:00 (daily amplitude 0.6 plus a 0.1 12-hour harmonic, weekends x 0.8 -
+      the generator's defaults for the weekly shape, a deeper day than its 0.3 so the mix shifts);
+    * ``batch`` peaks at 02:00 (amplitude 0.9, every night, weekends included: scheduled jobs).
+
+    The total demand is their sum; the mix enters the pool model as factors relative to the run's
+    request-weighted mean request (``prompt_tokens``, ``output_tokens``): the prompt factor is the
+    mix's mean fill time per request over the mean request's, each class's fill rate per worker
+    taken from the roofline service model (:func:`plant_for`: an 8000-token prefill is not 8 x a
+    1000-token one - the fill throughput is about 64k tokens/s per worker at 1000 tokens, 89k at
+    4000 and 73k at 8000, a pass's fixed cost amortised over more tokens, then attention's quadratic
+    term); the output factor is the mean output over the mean request's (decode passes are linear
+    in output tokens at a fixed batch).
+
+    Default rates (chat 150, batch 450 requests/s weekday means): the chat day and the batch night
+    need about the same total workers, so the fleet is busy at both ends of the day, while the fill
+    pool's share of the need moves from ~5 % (afternoon) to ~45 % (night).
+
+    The fleet is fixed: ceil(peak over the run of (fill need + decode need) x (1 +
+    ``fleet_headroom``)), needs at the reconfiguration layer's target utilisation on the run's
+    plant (:func:`run_on_rates`'s). Default 15 %: the stack's fixed headroom without a planner
+    (``layers.reconfiguration.headroom``), so its unplanned target fits at the peak. Because the fill
+    need peaks at night and the decode need by day, a static split needs max(fill) + max(decode)
+    workers, more than the fleet (``notes["static_split_needs"]``); moving roles can serve both.
+
+    Parameters
+    ----------
+    sc : StackScenario
+        The stack scenario (its plant, SLO, batch gate and target utilisation).
+    days : float
+        Length of the run (days, (0, 14]; default 7).
+    seed : int
+        Seeds both classes' rate noise (chat ``seed``, batch ``seed + 1``; >= 0).
+    chat_rps, batch_rps : float
+        Weekday daily mean of each class (requests/s, > 0).
+    fleet_headroom : float
+        Fleet over the peak total need ([0, 2]; default 0.15).
+    history_days : int
+        Days before the run given to the planner as history (>= 3, its refit window; default 7,
+        so the run starts on the generator's Monday 00:00).
+    interval_s : float
+        The rate series' resolution (s; 600: the planner's grid).
+    fine_s : float
+        Grid the demand and factors are interpolated on (s).
+    hours : float, optional
+        Cut the run to its first ``hours`` (the fleet and the mean request stay the whole run's).
+
+    Returns
+    -------
+    RateWorkload
+        With ``fleet_size``, ``prompt_factor``, ``output_factor`` and ``notes`` (classes, mean request,
+        per-day swing of the fill:decode need ratio, fleet, the static split's need).
+    """
+    from tokenfactory.traces.synthetic import SyntheticWorkload, generate_rates
+
+    check_number("mixed.days", days, low=0.0, high=14.0, low_inclusive=False)
+    check_int("mixed.seed", seed, low=0)
+    check_number("mixed.chat_rps", chat_rps, low=0.0, low_inclusive=False)
+    check_number("mixed.batch_rps", batch_rps, low=0.0, low_inclusive=False)
+    check_number("mixed.fleet_headroom", fleet_headroom, low=0.0, high=2.0)
+    check_int("mixed.history_days", history_days, low=3)
+    day = 86400.0
+    chat_w = SyntheticWorkload(mean_rate_rps=chat_rps, daily_amplitude=0.6, daily_second_harmonic=0.1,
+                               peak_hour=14.0, weekend_factor=0.8, seed=seed)
+    batch_w = SyntheticWorkload(mean_rate_rps=batch_rps, daily_amplitude=0.9, daily_second_harmonic=0.0,
+                                peak_hour=2.0, weekend_factor=1.0, seed=seed + 1)
+    span = (history_days + days) * day + interval_s
+    chat = generate_rates(chat_w, span, interval_s)["rate_rps"]
+    batch = generate_rates(batch_w, span, interval_s)["rate_rps"]
+    t_abs = chat.index.to_numpy(dtype=float)
+    start = history_days * day
+    history = (chat + batch)[t_abs < start]
+    rel = t_abs - start
+    fine = np.arange(0.0, days * day + fine_s / 2, fine_s)
+    c, b = np.interp(fine, rel, chat.to_numpy()), np.interp(fine, rel, batch.to_numpy())
+    lam = c + b
+    share = b / np.maximum(lam, 1e-12)
+    (pc, lc), (pb, lb) = MIX_CLASSES["chat"], MIX_CLASSES["batch"]
+    P = int(round(float(np.sum(c * pc + b * pb) / np.sum(lam))))
+    L = int(round(float(np.sum(c * lc + b * lb) / np.sum(lam))))
+    mu_f = {x: plant_for(sc, x, L).fill_rate_per_worker for x in (P, pc, pb)}
+    pf = mu_f[P] * ((1.0 - share) / mu_f[pc] + share / mu_f[pb])
+    of = ((1.0 - share) * lc + share * lb) / L
+    wl = RateWorkload(f"mixed-week seed={seed}", pd.Series(lam, index=fine), history, start, P, L,
+                      prompt_factor=pd.Series(pf, index=fine), output_factor=pd.Series(of, index=fine))
+    run_params = _run_plant(sc, wl)
+    u = _feedback_utilization(sc)
+    need_f = lam * pf / (u * run_params.fill_rate_per_worker)
+    need_d = lam * of / (u * run_params.decode_capacity(1))
+    fleet = int(math.ceil(float(np.max(need_f + need_d)) * (1.0 + fleet_headroom) - 1e-9))
+    # the ratio's swing within each day, on hourly means (the rate noise would inflate a minute-level swing)
+    hourly = pd.DataFrame({"f": need_f, "d": need_d}, index=fine // 3600.0).groupby(level=0).mean()
+    ratio = hourly["f"] / hourly["d"]
+    whole = hourly.index // 24
+    swings = ratio.groupby(whole).agg(lambda x: float(x.max() / x.min()) if len(x) >= 24 else math.nan).dropna()
+    wl.fleet_size = fleet
+    wl.notes = {"classes": {k: {"prompt_tokens": v[0], "output_tokens": v[1]} for k, v in MIX_CLASSES.items()},
+                "chat_rps": chat_rps, "batch_rps": batch_rps, "mean_request": [P, L],
+                "fill_rps_per_worker": {str(k): float(v) for k, v in mu_f.items()},
+                "fleet_size": fleet, "fleet_headroom": fleet_headroom, "target_utilization": u,
+                "peak_need": {"fill": float(need_f.max()), "decode": float(need_d.max()),
+                              "total": float(np.max(need_f + need_d))},
+                "static_split_needs": int(math.ceil(need_f.max() - 1e-9) + math.ceil(need_d.max() - 1e-9)),
+                "need_ratio_swing_per_day": [float(x) for x in swings.to_numpy()],
+                "need_ratio_range": [float(ratio.min()), float(ratio.max())]}
+    if hours is not None:
+        check_number("mixed.hours", hours, low=0.0, high=days * 24.0, low_inclusive=False)
+        keep = fine <= hours * 3600.0 + 1e-9
+        wl.demand, wl.prompt_factor, wl.output_factor = (x[keep] for x in (wl.demand, wl.prompt_factor,
+                                                                          wl.output_factor))
+        wl.name += f" first {hours:g} h"
+    return wl
 
 
 def plant_for(sc: StackScenario, prompt_tokens: int, output_tokens: int) -> FluidParams:
@@ -1152,8 +1325,11 @@ def run_on_rates(sc: StackScenario, wl: RateWorkload, *, startup_s: float | None
     perfect knowledge of the demand at the demand's own resolution.
 
     Oscillation is judged on what the controller adds to the demand: the provisioned pool minus the
-    demand-justified pool (demand / (per-worker rate x ceiling)), sampled every 10 s after the
-    first 10 minutes; the daily cycle of the demand is not the controller's oscillation.
+    demand-justified pool (demand x the pool's work factor / (per-worker rate x ceiling)), sampled
+    every 10 s after the first 10 minutes, with its components slower than
+    :data:`OSCILLATION_HIGHPASS_S` removed; the daily cycle of the demand is not the controller's
+    oscillation (against a cycling demand a static pool's residual cycles daily too, and the
+    detectors called it regular and persistent on the synthetic week).
 
     Parameters
     ----------
@@ -1184,6 +1360,8 @@ def run_on_rates(sc: StackScenario, wl: RateWorkload, *, startup_s: float | None
     from tokenfactory.plant_models.pools import PoolScenario, simulate_pools
     from tokenfactory.registry import BASELINE_STACKS, baseline_stack
 
+    from tokenfactory.controllers.capacity import static_split
+
     params = plant_for(sc, wl.prompt_tokens, wl.output_tokens)
     dyn = sc.dynamics if startup_s is None else dataclasses.replace(sc.dynamics, startup_s=float(startup_s))
     if wl.fleet_size is not None:
@@ -1191,34 +1369,53 @@ def run_on_rates(sc: StackScenario, wl: RateWorkload, *, startup_s: float | None
     mean = float(wl.demand.mean())
     s = sc.with_overrides(params=params, rate_rps=mean, dynamics=dyn, planning=(stack == "stack"))
     run_params = stack_plant(s).params  # the same gated plant for every contender
+    mu = {"fill": run_params.fill_rate_per_worker, "decode": run_params.decode_capacity(1)}
+    factors = {"fill": wl.prompt_factor, "decode": wl.output_factor}
+    ceil_ = ceiling or utilization_ceiling(run_params, s.slo_ttft_s, s.slo_tpot_s,
+                                           workers={p: math.ceil(mean / mu[p]) for p in mu})
+    step_s = float(np.median(np.diff(wl.demand.index.to_numpy(dtype=float))))
+    oracle, oracle_gpu_h = oracle_plan(wl.demand, mu, ceil_, startup_s=dyn.startup_s, interval_s=step_s,
+                                       gpus_per_worker=dyn.gpus_per_worker, fleet_size=wl.fleet_size,
+                                       work_factors=factors)
+    split = static_split(oracle, wl.fleet_size) if wl.fleet_size is not None else None
+    nf, nd = _pools_at(run_params, float(wl.demand.iloc[0]), _feedback_utilization(s),
+                       _first(wl.prompt_factor), _first(wl.output_factor))
     if stack in ("stack", "stack-no-planning"):
         ctrl, _ = build_stack(s, history=wl.history, time_offset_s=wl.time_offset_s, fleet_size=wl.fleet_size,
                               name=stack, plant_step_s=dt)
+    elif stack == STATIC_SPLIT:
+        if split is None:
+            raise ConfigError("stack", f"{STATIC_SPLIT!r} needs a fixed fleet (workload.fleet_size)")
+        full, _ = build_stack(s.with_overrides(planning=False), name=stack, plant_step_s=dt)
+        # the stack's fast layers (batch gate, admission); no reconfiguration: the pools never move
+        ctrl = ControlStack([la for la in full.layers if la.name in ("batch_gate", "admission")], name=stack)
+        nf, nd = split["fill_workers"], split["decode_workers"]
     elif stack in BASELINE_STACKS:
         ctrl = baseline_stack(stack, PlantContext(run_params, 1, 1, slo_ttft_s=s.slo_ttft_s, slo_tpot_s=s.slo_tpot_s,
                                                   rate_rps=mean, dynamics=dyn,
                                                   max_replicas=wl.fleet_size or 5000), dt=dt, history=wl.history)
     else:
-        raise ConfigError("stack", f"{stack!r} is not 'stack', 'stack-no-planning' or one of "
+        raise ConfigError("stack", f"{stack!r} is not 'stack', 'stack-no-planning', {STATIC_SPLIT!r} or one of "
                           f"{', '.join(BASELINE_STACKS)}")
-    mu = {"fill": run_params.fill_rate_per_worker, "decode": run_params.decode_capacity(1)}
-    ceil_ = ceiling or utilization_ceiling(run_params, s.slo_ttft_s, s.slo_tpot_s,
-                                           workers={p: math.ceil(mean / mu[p]) for p in mu})
-    nf, nd = _pools_at(run_params, float(wl.demand.iloc[0]), _feedback_utilization(s))
     if wl.fleet_size is not None and nf + nd > wl.fleet_size:
         raise ConfigError("fleet_size", f"{wl.fleet_size} workers cannot hold the initial {nf} + {nd}")
     psc = PoolScenario(wl.demand, wl.duration_s, dt=dt, control_start_s=control_start_s, seed=seed,
-                       slo_ttft_s=s.slo_ttft_s, slo_tpot_s=s.slo_tpot_s)
+                       slo_ttft_s=s.slo_ttft_s, slo_tpot_s=s.slo_tpot_s, prompt_factor=wl.prompt_factor,
+                       output_factor=wl.output_factor)
     r = simulate_pools(run_params, nf, nd, psc, controllers=[ctrl], dynamics=dyn)
-    step_s = float(np.median(np.diff(wl.demand.index.to_numpy(dtype=float))))
-    _, oracle_gpu_h = oracle_plan(wl.demand, mu, ceil_, startup_s=dyn.startup_s, interval_s=step_s,
-                                  gpus_per_worker=dyn.gpus_per_worker, fleet_size=wl.fleet_size)
     step = max(1, int(round(10.0 / dt)))  # the detectors on 10-s samples
     after = r.series[r.series["time_s"] >= control_start_s + 600.0]
     osc = {}
     for pool in ("fill", "decode"):
-        justified = after["demand"] / (mu[pool] * ceil_[pool])
+        # the pool's load in nominal requests/s: the demand x the pool's work factor at each step
+        load = after["demand"] * after["prompt_factor" if pool == "fill" else "output_factor"]
+        justified = load / (mu[pool] * ceil_[pool])
         x = (_provisioned(after, pool) - justified).to_numpy(dtype=float)[::step]
+        # what is slower than OSCILLATION_HIGHPASS_S is the demand's cycle against the pool's headroom
+        # (or a static pool), not a loop's limit cycle: remove it with a centred running mean
+        w = int(round(OSCILLATION_HIGHPASS_S / (dt * step)))
+        if len(x) > 2 * w:
+            x = x - pd.Series(x).rolling(w, center=True, min_periods=1).mean().to_numpy()
         osc[pool] = assess(x, dt * step, min_amplitude=0.5).to_dict()
     m = r.metrics
     row = {"stack": stack, "workload": wl.name, "startup_s": dyn.startup_s, "gpu_hours": m["gpu_hours"],
@@ -1230,5 +1427,11 @@ def run_on_rates(sc: StackScenario, wl: RateWorkload, *, startup_s: float | None
            "oscillating": any(v["oscillating"] for v in osc.values()),
            "fill_thornhill_r": osc["fill"]["thornhill_r"], "decode_thornhill_r": osc["decode"]["thornhill_r"],
            "requests": m["requests"], "completed": m["completed"], "in_flight_end": m["in_flight_end"],
-           "utilization_ceiling": ceil_}
+           "utilization_ceiling": ceil_, "per_worker_rps": mu, "fleet_size": wl.fleet_size, "role_moves": m["role_moves"],
+           "role_moves_per_hour": m["role_moves_per_hour"],
+           "fill_workers_mean": m["mean_workers"]["fill"], "decode_workers_mean": m["mean_workers"]["decode"]}
+    if split is not None:
+        row.update({"static_fill_workers": split["fill_workers"], "static_decode_workers": split["decode_workers"],
+                    "static_worst_load": split["worst_load"], "static_split_needs": split["needs_workers"],
+                    "oracle_fleet_needed": float((oracle["fill_billed"] + oracle["decode_billed"]).max())})
     return row, r, ctrl
