@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 
 import control
@@ -162,6 +162,15 @@ class SLOAwareAdmission(SampledController):
         >= 0; default 2).
     gate_time_s : float, optional
         h: the time the rate form (fluid plants) takes to fill the room (s; default the sample period).
+    fill_time_s : callable, optional
+        The request's own fill from the service model,
+        ``fill_time_s(new_tokens, cached_tokens, step_floor_s=0.0, step_tokens=None) -> s``
+        (:meth:`tokenfactory.plant_models.service.ServiceModel.request_fill_s`: its chunks, each
+        chunk's step including its attention over the context before it). With it the own fill
+        is the request's chunked fill alone on an idle fill pool, and in steps of the full budget
+        lasting at least the busy step on a busy one; a request whose fill alone already misses
+        its class's TTFT SLO is rejected at arrival (``infeasible_slo``, never deferred). None
+        (default): one full step per chunk.
     batch_gate : BatchGate, optional
         A decode batch gate run at this controller's samples (its cap is returned with the
         admission actions); None (default): no batch control.
@@ -180,9 +189,13 @@ class SLOAwareAdmission(SampledController):
                  reserve_horizon_s: float = 150.0, reserve_z: float = 2.33, decode_reserve_z: float = 0.0,
                  completion_z: float = 2.0,
                  decode_reserve_s: float = 2.0, gate_time_s: float | None = None,
-                 batch_gate=None, sample_period: float = 0.25, fill_chunk_tokens: float = math.inf):
+                 batch_gate=None, sample_period: float = 0.25, fill_chunk_tokens: float = math.inf,
+                 fill_time_s: Callable[..., float] | None = None):
         super().__init__(sample_period)
         w = "slo_aware"
+        if fill_time_s is not None and not callable(fill_time_s):
+            raise ConfigError(f"{w}.fill_time_s", "must be a callable (new tokens, cached tokens, ...) -> seconds")
+        self.fill_time_s = fill_time_s
         self.fill_chunk_tokens = check_number(f"{w}.fill_chunk_tokens", fill_chunk_tokens, low=1.0, allow_inf=True)
         self.fill_token_rate = check_number(f"{w}.fill_token_rate", fill_token_rate, low=0.0, low_inclusive=False)
         self.fill_step_s = check_number(f"{w}.fill_step_s", fill_step_s, low=0.0)
@@ -256,6 +269,7 @@ class SLOAwareAdmission(SampledController):
         self.decode_reserve = 0.0
         self.refused = {"fill": 0, "decode": 0}
         self.decisions = {"admit": 0, "defer": 0, "reject": 0}
+        self.last_fill_wait = 0.0
         if self.batch_gate is not None:
             self.batch_gate.reset()
 
@@ -283,6 +297,36 @@ class SLOAwareAdmission(SampledController):
         m = self.m
         y = m.decode_pass_s if m is not None else math.nan
         return y if y == y and y > 0 else self.decode_pass_s
+
+    @property
+    def fill_step_tokens(self) -> float:
+        """New tokens of a full fill step (the token rate times the step)."""
+        return self.fill_token_rate * self.fill_step_s
+
+    def _fill_busy(self) -> bool:
+        """Requests in fill, as last measured or admitted since."""
+        m = self.m
+        fip = m.fill_in_progress if m.fill_in_progress == m.fill_in_progress else 0.0
+        return fip + sum(self.led_count.values()) > 0
+
+    def solo_fill_s(self, a: Arrival) -> float:
+        """Arrival ``a``'s own fill alone on an idle fill pool (s): its TTFT on an empty cluster
+        (``fill_time_s``; without it one nominal step per chunk).
+
+        Parameters
+        ----------
+        a : Arrival
+            The request.
+
+        Returns
+        -------
+        float
+            Seconds.
+        """
+        if self.fill_time_s is not None:
+            return self.fill_time_s(a.prompt_tokens, a.cached_tokens)
+        steps = math.ceil(a.prompt_tokens / self.fill_chunk_tokens) if a.prompt_tokens > 0 else 1
+        return steps * self.fill_step_s
 
     def predict(self, t: float, a: Arrival) -> tuple[float, float]:
         """(predicted TTFT, predicted ready-buffer wait) of arrival ``a`` admitted at ``t`` (s).
@@ -319,12 +363,23 @@ class SLOAwareAdmission(SampledController):
         rate = mu if lvl == 0 else mu * (1.0 - self.fill_share)
         work = max(work - rate * age, 0.0)
         x = a.prompt_tokens + self.cached_token_cost * a.cached_tokens
-        # its own fill: one step per chunk (a replica's share of a step) once steps are full; a
-        # full step lasts as long as the measured token rate says (chunks' attention included)
-        steps = math.ceil(a.prompt_tokens / self.fill_chunk_tokens) if a.prompt_tokens > 0 else 1
+        # a full step lasts as long as the measured token rate says (chunks' attention included)
         workers = m.fill_workers if m.fill_workers == m.fill_workers and m.fill_workers > 0 else 1.0
         step = self.fill_step_s * max(1.0, self.fill_token_rate * workers / mu) if mu > 0 else self.fill_step_s
-        ttft = work / rate + max(x / rate, (steps - 1) * step) + step
+        if self.fill_time_s is None:
+            # its own fill: one step per chunk (a replica's share of a step) once steps are full
+            steps = math.ceil(a.prompt_tokens / self.fill_chunk_tokens) if a.prompt_tokens > 0 else 1
+            own = max(x / rate, (steps - 1) * step) + step
+        elif work > 0 or self._fill_busy():
+            # a busy pool: its chunks share full steps (each at least the busy step, longer when
+            # its own chunk's attention over its context is the step's largest), after the step in
+            # progress
+            own = max(x / rate + step, self.fill_time_s(a.prompt_tokens, a.cached_tokens, step_floor_s=step,
+                                                         step_tokens=self.fill_step_tokens))
+        else:  # an idle pool: its chunks alone
+            own = self.fill_time_s(a.prompt_tokens, a.cached_tokens)
+        self.last_fill_wait = work / rate
+        ttft = work / rate + own
         horizon = ttft + self.kv_transfer_s
         # decode: the top level may take every slot (lower levels are preempted for it); a lower
         # level gets the slots the top level neither holds nor has reserved
@@ -368,12 +423,18 @@ class SLOAwareAdmission(SampledController):
             return ADMIT
         name = a.request_class if a.request_class in self.classes else self.top
         c = self.classes[name]
+        solo = self.solo_fill_s(a)
+        if solo > c.slo_ttft_s:  # its own fill misses the SLO whatever the queue: no prefill spent on it
+            self.decisions["reject"] += 1
+            return Decision("reject", "infeasible_slo")
         ttft, wait = self.predict(t, a)
         elapsed = max(t - a.arrived_s, 0.0)
-        ttft_ok = elapsed + ttft <= self.ttft_fraction * c.slo_ttft_s
+        # the ttft_fraction margin covers the queue's uncertainty, not the request's own fill (known
+        # from the service model): the SLO less (1 - fraction) of what its own fill leaves
+        ttft_ok = elapsed + ttft <= c.slo_ttft_s - (1.0 - self.ttft_fraction) * (c.slo_ttft_s - solo)
         decode_limit = self.decode_limit_max[name]
         if name == self.top:
-            ttft_ok = ttft_ok and ttft - self.fill_step_s <= self.fill_limit()
+            ttft_ok = ttft_ok and self.last_fill_wait <= self.fill_limit()
             decode_limit = self.decode_limit()
         if ttft_ok and wait <= decode_limit:
             self._admitted(t, a)
@@ -489,7 +550,7 @@ class SLOAwareAdmission(SampledController):
         mu = self._mu() / self.prompt_tokens
         seq_s = self._pass_s() * self.out[self.top]
         full = m.decode_slots / seq_s if seq_s > 0 else math.inf
-        room_fill = (self.fill_limit() - (ttft - self.fill_step_s)) * mu
+        room_fill = (self.fill_limit() - self.last_fill_wait) * mu
         room_decode = (self.decode_limit() - wait) * full
         rate = max(min(mu + room_fill / h, full + room_decode / h), 0.0)
         return AdmissionAction(rate, rate * self.sample_period, "predicted_slo_violation")
@@ -506,6 +567,7 @@ class SLOAwareAdmission(SampledController):
                 "reserve_z": self.reserve_z, "decode_reserve_z": self.decode_reserve_z,
                 "completion_z": self.completion_z,
                 "decode_reserve_s": self.decode_reserve_s, "gate_time_s": self.gate_time_s, "sample_period": self.sample_period,
+                "fill_time_s": getattr(self.fill_time_s, "__qualname__", None),
                 "batch_gate": self.batch_gate.params() if self.batch_gate is not None else None}
 
 

@@ -347,3 +347,58 @@ def test_slo_aware_in_the_pool_model_and_the_fluid_plant(setup):
     assert fluid.metrics["conservation_residual"] < 1e-6
     s = fluid.series[fluid.series["time_s"] > 20]
     assert s["decode_pass_s"].max() <= 1.02 * target and s["completion_rate"].mean() >= 0.85 * cap
+
+
+# -- the load axis from each request's own cost; infeasible requests ---------------------------
+
+
+def test_capacity_from_the_requests_own_costs():
+    """Fill capacity is the workers over the mean of each request's fill seconds: for one shape
+    that is the shape's figure; for a mix of short and long prompts it is below the mean
+    request's (a long prompt's chunks attend over their growing context)."""
+    from tokenfactory.replay import request_costs, service_capacity
+
+    one = poisson_trace(2.0, 60.0, 1, inp=4096, out_mean=100)
+    s1 = build_replay(one)
+    c1 = request_costs(one, s1.params)
+    caps = service_capacity(c1, s1.params, 2, 1, 50)
+    assert caps["fill"] == pytest.approx(2 / s1.params.fill_seconds(4096, 0), rel=1e-9)
+    passes = (np.maximum(one["output_tokens"], 1) - 1).mean()
+    ctx = float(((np.maximum(one["output_tokens"], 1) - 1) * (4096 + one["output_tokens"] / 2)).sum()
+                / (np.maximum(one["output_tokens"], 1) - 1).sum())
+    assert caps["decode"] == pytest.approx(50 / (passes * s1.params.decode_pass(50, ctx)[0]), rel=1e-9)
+    mix = one.copy()
+    mix["input_tokens"] = np.where(np.arange(len(mix)) % 4 == 0, 60000, 1000)
+    s2 = build_replay(mix)
+    c2 = request_costs(mix, s2.params)
+    shape = s2.shape
+    per_request = service_capacity(c2, s2.params, 2, 1, 50)["fill"]
+    assert per_request < 0.9 * 2 / s2.params.fill_seconds(shape.prompt_tokens, shape.cached_tokens)
+    # the load axis of the study and of simulate --load is this capacity
+    cap, neck, batch = s2.slo_capacity(0.1)
+    assert cap == pytest.approx(min(service_capacity(c2, s2.params, 2, 1, batch).values()))
+
+
+def test_infeasible_requests_are_counted_and_rejected_at_arrival():
+    """A prompt whose chunked fill alone takes longer than the TTFT SLO misses under every
+    policy; the SLO-aware gate rejects it at arrival (``infeasible_slo``) without prefilling it."""
+    tr = poisson_trace(0.5, 60.0, 2, inp=2000, out_mean=50)
+    tr["input_tokens"] = np.where(np.arange(len(tr)) % 5 == 0, 90000, 2000)
+    tr["request_class"] = "interactive"
+    setup = build_replay(tr)
+    bad = setup.infeasible_share(DEFAULT_CLASSES)
+    long = tr["input_tokens"].to_numpy() == 90000
+    assert setup.params.request_fill_s(90000) > 2.0 > setup.params.request_fill_s(2000)
+    assert bad["ttft"] == pytest.approx(long.mean()) and bad["any"] >= bad["ttft"]
+    out = {}
+    for policy in ("open", "slo-aware"):
+        m, res = run_replay(tr, setup, policy, cluster=CLUSTER, batch_cap="static")
+        out[policy] = (m, res.records)
+    m, rec = out["slo-aware"]
+    rejected = rec["state"] == "rejected"
+    assert (rec.loc[long, "reject_reason"] == "infeasible_slo").all()
+    assert rec.loc[rejected & ~long, "reject_reason"].ne("infeasible_slo").all()
+    assert rec.loc[long, "filled_tokens"].sum() == 0
+    m_open, rec_open = out["open"]
+    assert not (rec_open.loc[long, "ttft_s"] <= 2.0).any()  # admitted, none meets its SLO (or even finishes)
+    assert m["slo_attainment_admitted"] > m_open["slo_attainment_admitted"]

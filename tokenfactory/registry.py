@@ -584,7 +584,7 @@ def slo_aware_admission(ctx: PlantContext, p: Mapping[str, Any] | None = None,
         reserve_horizon_s=p.get("reserve_horizon_s", ctx.dynamics.startup_s + ctx.dynamics.warmup_s),
         reserve_z=p.get("reserve_z", 2.33), completion_z=p.get("completion_z", 2.0),
         decode_reserve_z=p.get("decode_reserve_z", 0.0), batch_gate=gate,
-        sample_period=T)
+        sample_period=T, fill_time_s=svc.request_fill_s if svc is not None else None)
 
 
 def _watermark(ctx: PlantContext, p: dict) -> WatermarkAdmission:
