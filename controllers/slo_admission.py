@@ -62,6 +62,7 @@ from dataclasses import asdict, dataclass, field
 import control
 
 from tokenfactory.classes import DEFAULT_CLASSES, RequestClass, class_table
+from tokenfactory.controllers.batch_gate import JOIN_WAIT_PASSES
 from tokenfactory.controllers.describing import predict_limit_cycles
 from tokenfactory.controllers.interface import SampledController, lowpass
 from tokenfactory.controllers.stability import DelayedLoop, Margins, stability_margins
@@ -229,13 +230,13 @@ class SLOAwareAdmission(SampledController):
             f"{w}.gate_time_s", gate_time_s, low=0.0, low_inclusive=False)
         self.batch_gate = batch_gate
         # limits of the top class: the fill wait may use its TTFT share less one step; the decode
-        # wait what its TPOT leaves a short request of k tokens after its transfer, half a pass
-        # to join and k - 1 passes: (SLO - pass) (k - 1) - transfer - pass / 2
+        # wait what its TPOT leaves a short request of k tokens after its transfer, the wait to
+        # join (up to JOIN_WAIT_PASSES passes) and k - 1 passes: (SLO - pass) (k - 1) - transfer - pass
         top = self.classes[self.top]
         self.fill_limit_max = max(self.ttft_fraction * top.slo_ttft_s - self.fill_step_s, 0.0)
         p = self.decode_pass_s
         self.decode_limit_max = {n: max((self.classes[n].slo_tpot_s - p) * (self.short_out[n] - 1.0)
-                                        - self.kv_transfer_s - 0.5 * p, 0.0) for n in names}
+                                        - self.kv_transfer_s - JOIN_WAIT_PASSES * p, 0.0) for n in names}
         self.fill_target = self.wait_target_fraction * self.fill_limit_max
         self.decode_target = self.wait_target_fraction * self.decode_limit_max[self.top]
         self.reset()

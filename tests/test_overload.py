@@ -332,7 +332,8 @@ def test_slo_aware_in_the_pool_model_and_the_fluid_plant(setup):
     from tokenfactory.registry import PlantContext
 
     fp = setup.plant.params
-    ctx = PlantContext(fp, 2, 1, slo_ttft_s=2.0, slo_tpot_s=0.1)
+    # the classes' outputs the capacity at the SLO is computed with (its batch cap serves the short requests)
+    ctx = PlantContext(fp, 2, 1, slo_ttft_s=2.0, slo_tpot_s=0.1, class_outputs=class_outputs(setup.trace))
     cap = setup.slo_capacity(0.1)[0]
     pools = simulate_pools(fp, 2, 1, PoolScenario(demand=2.0 * cap, duration_s=300, dt=0.25),
                            controllers=[build_admission("slo-aware", ctx)])

@@ -190,7 +190,7 @@ class Simulator(FillStage, DecodeStage, AggregatedStage, FleetControl, Monitor):
         self.nominal_fill_rps = 1.0 / params.fill_seconds(mean_new, float(cached.mean()))
         # new prompt tokens/s of one fill worker over the trace's own requests: full steps plus each
         # chunk's attention over the context before it, summed request by request (what the TTFT
-        # predictor divides by; at the mean shape it is 2.1x too fast on the Mooncake trace, whose
+        # predictor divides by; at the mean shape it is 1.65x too fast on the Mooncake trace, whose
         # long prompts pay attention quadratic in their length)
         new = np.maximum(self.inp_arr - cached, 1.0)
         self.fill_token_rate = float(new.sum() / np.sum(params.fill_seconds(new, cached)))
