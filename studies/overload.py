@@ -186,7 +186,8 @@ def miss_causes(records: pd.DataFrame, params, classes) -> dict[str, float]:
     ----------
     records : DataFrame
         The request simulator's records (the prefix each fill found in the cache is used where
-        the request was filled, the trace's own ``cached_tokens`` otherwise).
+        the request was filled, the trace's own ``cached_tokens`` otherwise); requests that never
+        arrived (closed sessions cut short) are left out.
     params : DESParams
         The request simulator's parameters.
     classes : iterable of RequestClass
@@ -198,8 +199,11 @@ def miss_causes(records: pd.DataFrame, params, classes) -> dict[str, float]:
         ``infeasible``, ``ttft_intrinsic``, ``ttft_queueing``, ``tpot_intrinsic``,
         ``tpot_queueing`` (shares of the arrivals).
     """
+    records = records[records["state"] != "not_arrived"]
     n = max(len(records), 1)
-    costs = request_costs(records, params)
+    filled = records["fill_start_s"].notna().to_numpy()
+    given = records["trace_cached_tokens"] if "trace_cached_tokens" in records else 0
+    costs = request_costs(records.assign(cached_tokens=np.where(filled, records["cached_tokens"], given)), params)
     bad = infeasible(costs, classes)
     table = {c.name: c for c in classes}
     first = next(iter(table.values()))
@@ -893,7 +897,7 @@ def _summary_lines(cfg, table, surge, fluid, des, margins, tg, absent, setups) -
         lines.append(f"| {idx[0]} | {_LABEL.get(idx[1], idx[1])} | " + " | ".join(
             f"{a.loc[idx, l]:.3f} / {_fmt(b.loc[idx, l])}" for l in a.columns) + " |")
     lines += ["", "## Why requests miss", "",
-              "Shares of all arrivals (:func:`miss_causes`): infeasible requests (own service alone misses), and "
+              "Shares of the arrivals (`miss_causes`): infeasible requests (own service alone misses), and "
               "completed requests that missed on TTFT or TPOT, intrinsic (own service alone misses) or through "
               "queueing (waits, shared fill steps and decode batches).", "",
               "| trace | load | policy | SLO attainment | infeasible | TTFT miss: intrinsic / queueing | "

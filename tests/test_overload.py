@@ -403,3 +403,13 @@ def test_infeasible_requests_are_counted_and_rejected_at_arrival():
     m_open, rec_open = out["open"]
     assert not (rec_open.loc[long, "ttft_s"] <= 2.0).any()  # admitted, none meets its SLO (or even finishes)
     assert m["slo_attainment_admitted"] > m_open["slo_attainment_admitted"]
+    # the study's split of the misses: the long prompts that completed missed intrinsically
+    from tokenfactory.studies.overload import miss_causes
+
+    mc = miss_causes(rec_open, setup.params, DEFAULT_CLASSES)
+    done = (rec_open["state"] == "completed").to_numpy()
+    late = done & (rec_open["ttft_s"].to_numpy() > 2.0)
+    assert mc["infeasible"] == pytest.approx(long.mean())
+    assert mc["ttft_intrinsic"] == pytest.approx((late & long).sum() / len(tr))
+    assert mc["ttft_queueing"] == pytest.approx((late & ~long).sum() / len(tr))
+    assert miss_causes(rec, setup.params, DEFAULT_CLASSES)["ttft_intrinsic"] == 0.0  # rejected, not missed

@@ -483,7 +483,7 @@ class Simulator(FillStage, DecodeStage, AggregatedStage, FleetControl, Monitor):
         """Records, series, actions, metrics and config of the finished run."""
         cfg = self.cfg
         names = np.asarray(self.class_names, dtype=object)
-        rec = self.rec.frame(self.inp_arr, self.out_arr, names[self.cls])
+        rec = self.rec.frame(self.inp_arr, self.out_arr, names[self.cls], np.asarray(self.given_cached, dtype=np.int64))
         for name, col in self.cache.record_columns(self.n).items():
             rec[name] = col
         series = pd.concat([self.snap.frame(), self.class_snap.frame(len(self.snap))], axis=1)
