@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tokenfactory.classes import DEFAULT_CLASSES, class_table
 from tokenfactory.controllers.oscillation import assess
 from tokenfactory.plant_models.des import ClusterConfig, DESParams, simulate
 from tokenfactory.plant_models.fluid import FluidParams, FluidPlant
@@ -243,8 +244,6 @@ def infeasible(costs: pd.DataFrame, classes=None) -> pd.DataFrame:
     DataFrame
         Boolean columns ``ttft``, ``tpot`` and ``any``, one row per request.
     """
-    from tokenfactory.classes import DEFAULT_CLASSES, class_table
-
     table = class_table(DEFAULT_CLASSES if classes is None else classes)
     first = next(iter(table.values()))
     cls = costs["request_class"].map(lambda c: table.get(c, first))
