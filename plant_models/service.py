@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +44,7 @@ from tokenfactory.plant_models.roofline import PassTime, Worker
 from tokenfactory.validation import ConfigError, check_int, check_number
 
 __all__ = ["DEFAULT_KV_STRIPES", "DEFAULT_KV_SETUP_S", "DEFAULT_FILL_TOKENS_PER_REPLICA", "RequestShape",
-           "KVLink", "ServiceModel", "mean_active_context"]
+           "KVLink", "ServiceModel", "mean_active_context", "chunk_context_s", "chunked_fill_s"]
 
 #: NICs a KV blob is striped over: one per GPU of an 8-GPU fill worker (an ASSUMPTION: transfer
 #: engines such as Mooncake's and NIXL stripe one transfer over the node's RDMA NICs)
@@ -78,6 +79,96 @@ def mean_active_context(input_tokens: float, output_tokens: float, output_cv: fl
         Mean context in tokens.
     """
     return input_tokens + output_tokens * (1.0 + output_cv ** 2) / 2.0
+
+
+def chunk_context_s(pair_s: float, context_s: float, replicas: int, tokens: float, context: float,
+                    step_tokens: float = 0.0) -> float:
+    """What a fill chunk of ``tokens`` new tokens costs on its attention replica beyond the fill
+    step's table time: ``a n c + b c`` for the ``context`` c before it (cached prefix and the
+    prompt's earlier chunks; ``(a, b)`` = :attr:`ServiceModel.fill_context_costs`), plus its own
+    causal attention past the uniform piece p = ``step_tokens`` / ``replicas`` the step's table
+    time assumes, a (n^2 - p^2) / 2 (only when n > p). The one formula the request simulator's
+    fill steps and the per-request fill time (:func:`chunked_fill_s`) use.
+
+    Parameters
+    ----------
+    pair_s, context_s : float
+        a (s per new x context token pair) and b (s per context token).
+    replicas : int
+        Attention replicas the step's tokens spread over.
+    tokens : float
+        The chunk's new tokens.
+    context : float
+        Tokens before it.
+    step_tokens : float
+        New tokens of the whole step (0: no own-attention term).
+
+    Returns
+    -------
+    float
+        Seconds.
+    """
+    piece = step_tokens / replicas
+    own = pair_s * (tokens * tokens - piece * piece) / 2.0 if step_tokens and tokens > piece else 0.0
+    return (pair_s * tokens + context_s) * context + own
+
+
+def chunked_fill_s(new_tokens: float, cached_tokens: float, chunk_tokens: float, step_s, pair_s: float,
+                   context_s: float, replicas: int, step_floor_s: float = 0.0,
+                   step_tokens: float | None = None) -> float:
+    """Seconds from one request's first fill step to its last: ceil(new / chunk) chunks of at
+    most ``chunk_tokens`` (its attention replica's share of a step), chunk j after the cached
+    prefix and the j earlier chunks; each chunk's step lasts ``step_s(step tokens)`` plus the
+    chunk's :func:`chunk_context_s` (the request simulator's step when the chunk is the step's
+    largest), and at least ``step_floor_s``. Alone on a worker a step holds just the chunk
+    (``step_tokens`` None); on a busy worker it holds ``step_tokens`` (the budget) and lasts at
+    least the busy step's mean (``step_floor_s``). Closed form: the full chunks' step times are
+    affine in j.
+
+    Parameters
+    ----------
+    new_tokens : float
+        New tokens to compute (at least 1 is computed).
+    cached_tokens : float
+        Cached prefix before them (>= 0).
+    chunk_tokens : float
+        Most new tokens of one request per step (>= 1).
+    step_s : callable
+        ``step_s(tokens) -> s``: a step of that many new tokens without context.
+    pair_s, context_s : float
+        The context costs (:attr:`ServiceModel.fill_context_costs`).
+    replicas : int
+        Attention replicas.
+    step_floor_s : float
+        Least time of each of its steps (s; default 0).
+    step_tokens : float, optional
+        New tokens of each of its steps (default None: the chunk alone).
+
+    Returns
+    -------
+    float
+        Seconds.
+    """
+    n = float(chunk_tokens)
+    new = max(float(new_tokens), 1.0)
+    c0 = max(float(cached_tokens), 0.0)
+    k_full = int(new // n)
+    rest = new - k_full * n
+    total = 0.0
+    if k_full:
+        # x_j = A + B j: a full chunk after c0 + j n tokens
+        full = n if step_tokens is None else step_tokens
+        A = step_s(full) + chunk_context_s(pair_s, context_s, replicas, n, c0, full)
+        B = (pair_s * n + context_s) * n
+        below = 0
+        if step_floor_s > A:
+            below = k_full if B <= 0 else min(k_full, int(math.ceil((step_floor_s - A) / B)))
+        total += below * step_floor_s + (k_full - below) * A + B * (k_full * (k_full - 1) - below * (below - 1)) / 2.0
+    if rest > 0:
+        full = rest if step_tokens is None else step_tokens
+        x = step_s(full) + chunk_context_s(pair_s, context_s, replicas, rest, c0 + k_full * n, full)
+        total += max(x, step_floor_s)
+    return total
 
 
 @dataclass(frozen=True)
@@ -298,6 +389,53 @@ class ServiceModel:
         check_number("tokens", tokens, low=1.0)
         dp = self.dp_attention
         return _stream_step_s(self.fill_worker.midfill(max(1.0, tokens / dp), 0, sequences=dp))
+
+    @property
+    def replica_chunk_tokens(self) -> int:
+        """Most new tokens one request takes in a fill step: its attention replica's share of the
+        step's budget (:attr:`fill_tokens_per_replica`)."""
+        return max(1, self.fill_token_budget // self.dp_attention)
+
+    def request_fill_s(self, new_tokens: float, cached_tokens: float = 0.0, step_floor_s: float = 0.0,
+                       step_tokens: float | None = None) -> float:
+        """Seconds of one request's chunked fill (:func:`chunked_fill_s` with :meth:`fill_step_s`
+        and :attr:`fill_context_costs`): its zero-queue fill time alone on a worker by default, or
+        in steps of ``step_tokens`` lasting at least ``step_floor_s`` (steps shared with other
+        requests).
+        The request simulator's :meth:`~tokenfactory.plant_models.des.params.DESParams.request_fill_s`
+        is the same function on its sampled tables.
+
+        Parameters
+        ----------
+        new_tokens : float
+            New tokens to compute.
+        cached_tokens : float
+            Cached prefix (>= 0).
+        step_floor_s : float
+            Least time of each step (s, >= 0).
+        step_tokens : float, optional
+            New tokens of each of its steps (default: its chunk alone).
+
+        Returns
+        -------
+        float
+            Seconds.
+        """
+        a, b = self.fill_context_costs
+        return chunked_fill_s(new_tokens, cached_tokens, self.replica_chunk_tokens, self._chunk_step_s, a, b,
+                              self.dp_attention, step_floor_s, step_tokens)
+
+    def _chunk_step_s(self, tokens: float) -> float:
+        # memoised per model: a roofline pass per call, and chunk sizes are at most a replica's share
+        memo = self._step_memo
+        k = max(int(round(tokens)), 1)
+        if k not in memo:
+            memo[k] = self.fill_step_s(k)
+        return memo[k]
+
+    @functools.cached_property
+    def _step_memo(self) -> dict:
+        return {}
 
     @property
     def fill_s_per_cached_token(self) -> float:

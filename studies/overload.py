@@ -54,7 +54,15 @@ from tokenfactory.registry import (
     slo_admission_tuning,
     static_batch_cap,
 )
-from tokenfactory.replay import DEFAULT_PLANT, build_replay, class_outputs, run_replay
+from tokenfactory.replay import (
+    DEFAULT_PLANT,
+    build_replay,
+    class_outputs,
+    infeasible,
+    request_costs,
+    run_replay,
+    service_capacity,
+)
 from tokenfactory.studies.report import StudyReport
 from tokenfactory.traces import (
     SyntheticWorkload,
@@ -67,7 +75,7 @@ from tokenfactory.traces import (
 from tokenfactory.validation import ConfigError, reject_unknown_keys
 
 __all__ = ["run", "POLICIES", "TRACES", "goodput_in_window", "surge_trace", "gate_before_after_fluid",
-           "gate_before_after_des", "targets"]
+           "gate_before_after_des", "targets", "miss_causes"]
 
 #: admission policies compared (registry kinds), baselines first
 POLICIES = ("open", "vllm-watermark", "mooncake", "mooncake-predictive", "smoothed", RECOMMENDED_ADMISSION)
@@ -166,6 +174,49 @@ def _slo_met(records: pd.DataFrame, classes) -> np.ndarray:
             & (records["tpot_s"].to_numpy() <= tpot))
 
 
+def miss_causes(records: pd.DataFrame, params, classes) -> dict[str, float]:
+    """Why completed requests missed their SLO, as shares of all arrivals: TTFT or TPOT, each
+    split into *intrinsic* (the request's own service alone on an empty cluster already misses:
+    its chunked fill for TTFT, its KV transfer and batch-1 decode passes for TPOT;
+    :func:`tokenfactory.replay.request_costs`) and *queueing* (everything else: waits for fill, for
+    a decode slot, shared steps and batches). A request missing both counts in both; the
+    ``infeasible`` share counts every arrival whose own service misses (completed or not).
+
+    Parameters
+    ----------
+    records : DataFrame
+        The request simulator's records (the prefix each fill found in the cache is used where
+        the request was filled, the trace's own ``cached_tokens`` otherwise); requests that never
+        arrived (closed sessions cut short) are left out.
+    params : DESParams
+        The request simulator's parameters.
+    classes : iterable of RequestClass
+        The SLOs.
+
+    Returns
+    -------
+    dict
+        ``infeasible``, ``ttft_intrinsic``, ``ttft_queueing``, ``tpot_intrinsic``,
+        ``tpot_queueing`` (shares of the arrivals).
+    """
+    records = records[records["state"] != "not_arrived"]
+    n = max(len(records), 1)
+    filled = records["fill_start_s"].notna().to_numpy()
+    given = records["trace_cached_tokens"] if "trace_cached_tokens" in records else 0
+    costs = request_costs(records.assign(cached_tokens=np.where(filled, records["cached_tokens"], given)), params)
+    bad = infeasible(costs, classes)
+    table = {c.name: c for c in classes}
+    first = next(iter(table.values()))
+    cl = records["request_class"].map(lambda c: table.get(c, first))
+    done = (records["state"] == "completed").to_numpy()
+    ttft = done & (records["ttft_s"].to_numpy() > cl.map(lambda c: c.slo_ttft_s).to_numpy(dtype=float))
+    tpot = done & (records["tpot_s"].to_numpy() > cl.map(lambda c: c.slo_tpot_s).to_numpy(dtype=float))
+    bt, bp = bad["ttft"].to_numpy(), bad["tpot"].to_numpy()
+    return {"infeasible": float(bad["any"].mean()), "ttft_intrinsic": float((ttft & bt).sum() / n),
+            "ttft_queueing": float((ttft & ~bt).sum() / n), "tpot_intrinsic": float((tpot & bp).sum() / n),
+            "tpot_queueing": float((tpot & ~bp).sum() / n)}
+
+
 def _row(trace: str, load: float, policy: str, m: dict, res, setup, cap: tuple, classes, span_s: float,
          synthetic: bool) -> dict:
     rec = res.records
@@ -180,6 +231,8 @@ def _row(trace: str, load: float, policy: str, m: dict, res, setup, cap: tuple, 
            "wasted_prefill_tokens": m["wasted_prefill_tokens"], "prefill_tokens": m["prefill_tokens"],
            "oscillating": m["oscillating"], "batch_cap_changes": m["batch_cap_changes"],
            "preempted": m["preempted"], "wall_seconds": m["wall_seconds"]}
+    for k, v in miss_causes(rec, setup.params, classes).items():
+        row[f"miss:{k}"] = v
     for r, v in m["rejected_by_reason"].items():
         row[f"rejected:{r}"] = v
     for r, v in m["deferred_by_reason"].items():
@@ -805,11 +858,26 @@ def _summary_lines(cfg, table, surge, fluid, des, margins, tg, absent, setups) -
              "(TTFT <= 30 s, TPOT <= 0.2 s, deferrable 20 s); traces without classes get 80 % interactive, 20 % batch. "
              f"Replayed {replayed}."
              + (f" Absent traces (synthetic used instead): {', '.join(absent)}." if absent else ""), ""]
-    lines += ["## Capacity at the SLO", "", "| trace | capacity at SLO (req/s) | bottleneck | batch cap | KV capacity (req/s) |",
-              "|---|---|---|---|---|"]
+    lines += ["## Capacity at the SLO", "",
+              "Each pool's capacity is its workers over the mean of each request's own service cost as the request "
+              "simulator computes it (fill: the request's chunked-prefill share of full steps, its chunks' attention "
+              "over their context included; decode: its passes at the batch cap and the token-weighted context), not "
+              "the cost of the mean request. Infeasible: the trace's requests whose own service alone on an empty "
+              "cluster already misses their class's SLO (chunked fill > TTFT SLO, or transfer and batch-1 decode "
+              "passes > TPOT SLO); they miss under every policy, and the SLO-aware gate rejects them at arrival "
+              "(`infeasible_slo`).", "",
+              "| trace | capacity at SLO (req/s) | bottleneck | batch cap | fill capacity (req/s) | at the mean request "
+              "(req/s, fill / decode) | KV capacity (req/s) | infeasible: TTFT / TPOT / any |",
+              "|---|---|---|---|---|---|---|---|"]
     for name, s in setups.items():
         cap = s.slo_capacity(c["slo_tpot_s"])
-        lines.append(f"| {name} | {cap[0]:.2f} | {cap[1]} | {cap[2]:.0f} | {s.capacity_rps:.2f} |")
+        own = service_capacity(s.costs, s.params, int(s.plant.fill_workers), int(s.plant.decode_workers), cap[2])
+        svc = s.service
+        mean_dec = s.plant.decode_workers * cap[2] / (svc.shape.output_tokens * svc.decode_pass_s(cap[2], svc.decode_context_tokens))
+        bad = s.infeasible_share(DEFAULT_CLASSES)
+        lines.append(f"| {name} | {cap[0]:.2f} | {cap[1]} | {cap[2]:.0f} | {own['fill']:.2f} | "
+                     f"{s.plant.fill_capacity:.2f} / {mean_dec:.2f} | {s.capacity_rps:.2f} | "
+                     f"{bad['ttft']:.1%} / {bad['tpot']:.1%} / {bad['any']:.1%} |")
     lines += ["", "## Targets", "", "| target | met | evidence |", "|---|---|---|"]
     for t in tg:
         lines.append(f"| {t['target']} | {'yes' if t['met'] else ('n/a' if t['met'] is None else 'no')} | {t['evidence']} |")
@@ -828,6 +896,17 @@ def _summary_lines(cfg, table, surge, fluid, des, margins, tg, absent, setups) -
     for idx in a.index:
         lines.append(f"| {idx[0]} | {_LABEL.get(idx[1], idx[1])} | " + " | ".join(
             f"{a.loc[idx, l]:.3f} / {_fmt(b.loc[idx, l])}" for l in a.columns) + " |")
+    lines += ["", "## Why requests miss", "",
+              "Shares of the arrivals (`miss_causes`): infeasible requests (own service alone misses), and "
+              "completed requests that missed on TTFT or TPOT, intrinsic (own service alone misses) or through "
+              "queueing (waits, shared fill steps and decode batches).", "",
+              "| trace | load | policy | SLO attainment | infeasible | TTFT miss: intrinsic / queueing | "
+              "TPOT miss: intrinsic / queueing |", "|---|---|---|---|---|---|---|"]
+    for _, r in table[table["policy"].isin(["open", RECOMMENDED_ADMISSION])].sort_values(
+            ["trace", "load", "policy"]).iterrows():
+        lines.append(f"| {r['trace']} | {r['load']:g}x | {_LABEL.get(r['policy'], r['policy'])} | "
+                     f"{r['slo_attainment']:.3f} | {r['miss:infeasible']:.3f} | {r['miss:ttft_intrinsic']:.3f} / "
+                     f"{r['miss:ttft_queueing']:.3f} | {r['miss:tpot_intrinsic']:.3f} / {r['miss:tpot_queueing']:.3f} |")
     lines += ["", "## The class surge", "", *surge["lines"], "",
               "## Gated batch size (section 18: large-batch recovery)", "",
               f"Fluid plant: ungated the cap moves between {fluid['ungated']['cap_min']:.0f} and {fluid['ungated']['cap_max']:.0f} "

@@ -82,3 +82,23 @@ def test_simulate_with_an_autoscaler_and_a_baseline_admission(tmp_path, capsys):
     assert m["autoscaler"] == "hysteretic" and m["admission"] == "mooncake"
     assert m["config"]["autoscalers"][0]["pool"] == "fill" and m["gpu_hours"] > 0
     assert m["requests"] == m["completed"] + m["rejected"] + m["in_flight_end"]
+
+
+def test_simulate_load_is_a_multiple_of_the_capacity_from_each_requests_cost(tmp_path):
+    """``simulate --load X`` replays at X times the capacity at the SLO that the overload study
+    uses: the pools' capacity from the mean of each request's own service cost."""
+    import pandas as pd
+
+    from tokenfactory.replay import build_replay, request_costs, service_capacity
+    from tokenfactory.traces import SyntheticWorkload, generate_requests
+
+    assert main(["simulate", "--trace", "synthetic", "--duration", "5m", "--load", "0.5", "--admission", "open",
+                 "--no-progress", "--out", str(tmp_path)]) == 0
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    trace = generate_requests(SyntheticWorkload(seed=0), 300.0)
+    setup = build_replay(trace)
+    own = service_capacity(request_costs(trace, setup.params), setup.params, 2, 1, m["slo_batch_cap"])
+    assert m["slo_capacity_rps"] == pytest.approx(min(own.values()), rel=1e-9)
+    rec = pd.read_csv(tmp_path / "requests.csv")
+    rate = len(rec) / rec["arrival_s"].max()
+    assert rate == pytest.approx(0.5 * m["slo_capacity_rps"], rel=0.02)

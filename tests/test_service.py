@@ -165,3 +165,52 @@ def test_request_shape_of_a_table():
     assert shape.mean_active_context_tokens == round(2000 + 200 * (1 + shape.output_cv ** 2) / 2)
     assert RequestShape.from_requests(t.drop(columns="cached_tokens")).cached_tokens == 0
     assert math.isclose(RequestShape(2048, 512, output_cv=0.0).mean_active_context_tokens, 2048 + 256)
+
+
+# -- one request's chunked fill: the closed form, the service model, the request simulator -----
+
+
+def _loop_fill(new, cached, chunk, step_s, a, b, replicas, floor=0.0, step_tokens=None):
+    """The chunked fill step by step (what the closed form must equal)."""
+    from tokenfactory.plant_models.service import chunk_context_s
+
+    total, todo, ctx = 0.0, max(new, 1), cached
+    while todo > 0:
+        take = min(todo, chunk)
+        st = take if step_tokens is None else step_tokens
+        total += max(step_s(st) + chunk_context_s(a, b, replicas, take, ctx, st), floor)
+        ctx += take
+        todo -= take
+    return total
+
+
+@pytest.mark.parametrize("new,cached,floor,step_tokens", [(1, 0, 0.0, None), (2048, 0, 0.0, None),
+                                                          (5000, 30000, 0.0, None), (70000, 4096, 0.3, 16384),
+                                                          (9000, 0, 2.0, 16384)])
+def test_chunked_fill_closed_form_equals_the_step_loop(new, cached, floor, step_tokens):
+    from tokenfactory.plant_models.service import chunked_fill_s
+
+    def step_s(n):
+        return 0.01 + 5e-6 * n
+
+    a, b = 1e-8, 4e-6
+    exact = _loop_fill(new, cached, 2048, step_s, a, b, 8, floor, step_tokens)
+    assert chunked_fill_s(new, cached, 2048, step_s, a, b, 8, floor, step_tokens) == pytest.approx(exact, rel=1e-12)
+
+
+def test_request_fill_is_one_function_for_the_service_model_and_the_simulator():
+    """The service model's per-request fill (exact roofline) and the request simulator's (its
+    sampled tables) agree, and a lone request in the simulator takes exactly the latter; a long
+    prompt's chunks pay attention over their growing context (superlinear in its length)."""
+    fw = Worker(model_preset("deepseek-v3"), accelerator_preset("h200"))
+    svc = ServiceModel(fw, fw, SHAPE)
+    p = DESParams.from_service(svc)
+    for new, cached in ((300, 0), (2048, 0), (6000, 1000), (60000, 0)):
+        assert p.request_fill_s(new, cached) == pytest.approx(svc.request_fill_s(new, cached), rel=0.02)
+    short, long = svc.request_fill_s(2048), svc.request_fill_s(20 * 2048)
+    assert long > 25 * short  # 20 chunks, the later ones attending over up to 39k tokens
+    for inp, cached in ((7000, 0), (30000, 12000)):
+        tr = pd.DataFrame({"arrival_s": [0.0], "input_tokens": [inp], "cached_tokens": [cached],
+                           "output_tokens": [4]})
+        res = simulate(tr, p, ClusterConfig(fill_workers=1, decode_workers=1, progress=False))
+        assert res.records["ttft_s"].iloc[0] == pytest.approx(p.request_fill_s(inp - cached, cached), rel=1e-9)

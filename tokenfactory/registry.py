@@ -41,7 +41,7 @@ from tokenfactory.controllers.autoscaling import (
 from tokenfactory.controllers.autotune import StabilityEnvelope, TuningReport, tune_smoothed_admission
 from tokenfactory.controllers.batch_gate import BatchGate, largest_batch, pass_target_s, tune_batch_gate
 from tokenfactory.controllers.early_rejection import EarlyRejection, WatermarkAdmission
-from tokenfactory.controllers.slo_admission import SLOAwareAdmission, tune_slo_admission
+from tokenfactory.controllers.slo_admission import DEFAULT_TTFT_FRACTION, SLOAwareAdmission, tune_slo_admission
 from tokenfactory.controllers.reconfiguration import HystereticPoolController, measured_need_noise
 from tokenfactory.controllers.stack import ControlStack, StackLayer
 from tokenfactory.controllers.tuning import PIGains, simc_pi
@@ -532,7 +532,7 @@ def slo_aware_admission(ctx: PlantContext, p: Mapping[str, Any] | None = None,
     ctx : PlantContext
         The plant, its classes and their outputs.
     p : mapping, optional
-        ``sample_period_s`` (0.25), ``ttft_fraction`` (0.8), ``wait_target_fraction`` (0.5),
+        ``sample_period_s`` (0.25), ``ttft_fraction`` (0.9), ``wait_target_fraction`` (0.5),
         ``tpot_fraction`` (:data:`DEFAULT_TPOT_FRACTION`), ``filter_tau_s`` (0.5),
         ``reserve_horizon_s`` (start-up + warm-up of ``ctx.dynamics``), ``reserve_z`` (2.33),
         ``completion_z`` (2), ``decode_reserve_z`` (0),
@@ -550,7 +550,7 @@ def slo_aware_admission(ctx: PlantContext, p: Mapping[str, Any] | None = None,
     T = check_number(f"{where}.sample_period_s", p.get("sample_period_s", 0.25), low=0.0, low_inclusive=False)
     frac = check_number(f"{where}.tpot_fraction", p.get("tpot_fraction", DEFAULT_TPOT_FRACTION), low=0.0, high=1.0,
                         low_inclusive=False)
-    ttft_fraction = p.get("ttft_fraction", 0.8)
+    ttft_fraction = p.get("ttft_fraction", DEFAULT_TTFT_FRACTION)
     wait_fraction = p.get("wait_target_fraction", 0.5)
     filt = p.get("filter_tau_s", 0.5)
     classes = ctx.class_table()
@@ -584,7 +584,7 @@ def slo_aware_admission(ctx: PlantContext, p: Mapping[str, Any] | None = None,
         reserve_horizon_s=p.get("reserve_horizon_s", ctx.dynamics.startup_s + ctx.dynamics.warmup_s),
         reserve_z=p.get("reserve_z", 2.33), completion_z=p.get("completion_z", 2.0),
         decode_reserve_z=p.get("decode_reserve_z", 0.0), batch_gate=gate,
-        sample_period=T)
+        sample_period=T, fill_time_s=svc.request_fill_s if svc is not None else None)
 
 
 def _watermark(ctx: PlantContext, p: dict) -> WatermarkAdmission:

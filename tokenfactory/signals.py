@@ -30,9 +30,10 @@ __all__ = ["Measurement", "ClassLoad", "AdmissionAction", "ScaleAction", "BatchC
 #: ``decode_overloaded`` - decode would make it wait past its TPOT SLO (or is full);
 #: ``predicted_slo_violation`` - its predicted TTFT exceeds its SLO;
 #: ``over_admission_rate`` - admitting it would exceed the commanded admission rate;
-#: ``deferral_expired`` - a deferred request found no room before its holding deadline
+#: ``deferral_expired`` - a deferred request found no room before its holding deadline;
+#: ``infeasible_slo`` - its own service alone on an empty cluster already exceeds its SLO
 REJECT_REASONS = ("backlog_over_bound", "decode_overloaded", "predicted_slo_violation", "over_admission_rate",
-                  "deferral_expired")
+                  "deferral_expired", "infeasible_slo")
 #: why a request of a deferrable class is held instead of admitted (the rejection reasons that
 #: describe "no room now", plus room held for a higher-priority class)
 DEFER_REASONS = ("decode_overloaded", "predicted_slo_violation", "over_admission_rate", "reserved_capacity")

@@ -18,6 +18,8 @@ from tokenfactory.plant_models.service import (
     KVLink,
     RequestShape,
     ServiceModel,
+    chunk_context_s,
+    chunked_fill_s,
 )
 from tokenfactory.validation import ConfigError, check_int, check_number
 
@@ -192,10 +194,36 @@ class DESParams:
         float
             Seconds.
         """
-        a = self.fill_s_per_token_pair
-        piece = step_tokens / self.attention_replicas
-        own = a * (tokens * tokens - piece * piece) / 2.0 if step_tokens and tokens > piece else 0.0
-        return (a * tokens + self.fill_s_per_context_token) * context + own
+        return chunk_context_s(self.fill_s_per_token_pair, self.fill_s_per_context_token, self.attention_replicas,
+                               tokens, context, step_tokens)
+
+    def request_fill_s(self, new_tokens: float, cached_tokens: float = 0.0, step_floor_s: float = 0.0,
+                       step_tokens: float | None = None) -> float:
+        """Seconds of one request's chunked fill on these tables
+        (:func:`tokenfactory.plant_models.service.chunked_fill_s`, the function
+        :meth:`ServiceModel.request_fill_s` evaluates on the roofline): alone on a worker by
+        default - what the simulator's fill steps take for a request with no other work - or with
+        every step lasting at least ``step_floor_s``. A tiered cache's load stall is not included.
+
+        Parameters
+        ----------
+        new_tokens : float
+            New tokens to compute.
+        cached_tokens : float
+            Cached prefix (>= 0).
+        step_floor_s : float
+            Least time of each step (s, >= 0).
+        step_tokens : float, optional
+            New tokens of each of its steps (default: its chunk alone).
+
+        Returns
+        -------
+        float
+            Seconds.
+        """
+        return chunked_fill_s(new_tokens, cached_tokens, self.replica_chunk_tokens, self.fill_step_time,
+                              self.fill_s_per_token_pair, self.fill_s_per_context_token, self.attention_replicas,
+                              step_floor_s, step_tokens) + self.fill_s_per_cached_token * cached_tokens
 
     def fill_seconds(self, new_tokens: float, cached_tokens: float = 0.0) -> float:
         """Worker seconds one request of ``new_tokens`` after ``cached_tokens`` takes from a fill
@@ -204,22 +232,24 @@ class DESParams:
 
         Parameters
         ----------
-        new_tokens : float
+        new_tokens : float or array
             Tokens to compute (>= 1).
-        cached_tokens : float
+        cached_tokens : float or array
             Cached prefix (>= 0).
 
         Returns
         -------
-        float
+        float or ndarray
+            One figure per request for arrays.
         """
         budget = self.fill_token_budget
         n = self.replica_chunk_tokens
-        k = max(new_tokens / n, 1.0)
-        ctx = (self.fill_s_per_token_pair * min(n, new_tokens) + self.fill_s_per_context_token) * (
+        k = np.maximum(np.divide(new_tokens, n), 1.0)
+        ctx = (self.fill_s_per_token_pair * np.minimum(n, new_tokens) + self.fill_s_per_context_token) * (
             k * cached_tokens + n * k * (k - 1) / 2.0)
-        return (new_tokens / budget * self.fill_step_time(budget) + ctx / self.attention_replicas
-                + self.fill_s_per_cached_token * cached_tokens)
+        out = (np.divide(new_tokens, budget) * self.fill_step_time(budget) + ctx / self.attention_replicas
+               + self.fill_s_per_cached_token * np.asarray(cached_tokens))
+        return float(out) if np.ndim(out) == 0 else out
 
     def mixed_extra(self, batch: float, mean_context: float, tokens: float) -> float:
         """What a chunk of ``tokens`` new tokens (no context before it) adds to a decode pass of

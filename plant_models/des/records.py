@@ -210,7 +210,8 @@ class RequestRecords:
         """Requests per :class:`Stage`."""
         return np.bincount(self.stage, minlength=len(Stage))
 
-    def frame(self, input_tokens: np.ndarray, output_tokens: np.ndarray, request_class=None) -> pd.DataFrame:
+    def frame(self, input_tokens: np.ndarray, output_tokens: np.ndarray, request_class=None,
+              trace_cached_tokens=None) -> pd.DataFrame:
         """One row per request, with TTFT and TPOT (NaN where undefined).
 
         Parameters
@@ -219,6 +220,9 @@ class RequestRecords:
             The trace's token counts.
         request_class : array of str, optional
             Each request's class (a ``request_class`` column when given).
+        trace_cached_tokens : ndarray, optional
+            The trace's own ``cached_tokens`` (a ``trace_cached_tokens`` column when given;
+            ``cached_tokens`` is what the prefix cache gave the fill, 0 for a request not filled).
 
         Returns
         -------
@@ -229,6 +233,8 @@ class RequestRecords:
             df["request_class"] = request_class
         df["input_tokens"] = input_tokens
         df["cached_tokens"] = self.cached_tokens
+        if trace_cached_tokens is not None:
+            df["trace_cached_tokens"] = trace_cached_tokens
         df["filled_tokens"] = self.filled_tokens
         df["output_tokens"] = output_tokens
         df["requeues"] = self.requeues
