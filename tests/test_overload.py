@@ -277,6 +277,28 @@ def test_gate_holds_a_change_until_observed():
     assert g.update(10.6, dataclasses.replace(m, time_s=10.45)).batch_per_worker == first
 
 
+@pytest.mark.parametrize("gated, most_changes", [(True, 2), (False, None)])
+def test_gated_cap_rests_within_one_sequence_of_the_target(gated, most_changes):
+    """A binding whole-sequence cap leaves the pass up to one sequence's step under the target;
+    gated, that is the cap's resolution and the cap rests; the naive rule integrates it and toggles."""
+    model = lambda b, c: 0.02 + 0.001 * b  # noqa: E731 - target 0.0905 s: 70.5 sequences, cap 70
+    g = BatchGate(model, slo_tpot_s=0.1, max_batch=200, nominal_context_tokens=4000, tpot_fraction=0.905,
+                  gain=0.5 if gated else 1.0, gated=gated, sample_period=0.1)
+    caps = []
+    for k in range(1, 600):
+        t = 0.1 * k
+        cap = g.cap  # the plant: the batch fills to the cap, the pass is the model's at it
+        m = Measurement(time_s=t, backlog=0, fill_in_progress=0, ready=50, active_decodes=cap, completion_rate=1,
+                        admitted_rate=1, decode_slots=200, fill_capacity=10, decode_workers=1,
+                        decode_pass_s=model(cap, 4000), decode_context_tokens=4000)
+        caps.append(g.update(t, m).batch_per_worker)
+    if gated:
+        assert g.changes <= most_changes and len(set(caps[50:])) == 1
+        assert model(caps[-1], 4000) <= 0.0905  # the largest whole batch within the target
+    else:
+        assert len(set(caps[50:])) > 1  # toggles between neighbouring caps
+
+
 # -- the SLO-aware admission's loop ---------------------------------------------------------
 
 
