@@ -3,7 +3,7 @@
 Not tests: numbers depend on the machine. Each entry records what was measured and how often.
 ``python -m benchmarks.run des`` runs only the request simulator's entry and prints it (nothing
 written), for before/after comparisons of a change; ``python -m benchmarks.run margins envelope
-sweeps`` runs only those sections and merges them into the existing results.
+sweeps overload`` runs only those sections and merges them into the existing results.
 """
 
 from __future__ import annotations
@@ -143,6 +143,61 @@ def _des() -> dict:
     p.start()
     p.join()
     return q.get()
+
+
+def _overload(loads=(0.9, 1.3, 2.0), replay_s: float = 120.0) -> dict:
+    """Issue 11's targets on one trace in the request simulator: azure-conv-2023 (the synthetic
+    stand-in without trace data) at ``loads`` x the capacity at the SLO, about ``replay_s`` s of
+    arrivals per run, the SLO-aware gate next to Mooncake's early rejection (current and predicted
+    load) and open admission - goodput (SLO-meeting output tokens per second of the arrival window,
+    as the overload study counts it), admitted SLO and wasted prefill per policy, the new gate's
+    goodput as a ratio to the best baseline's at the same load, and the wall time of each run (the
+    first run of a policy includes building and tuning its controller)."""
+    from tokenfactory.classes import DEFAULT_CLASSES
+    from tokenfactory.registry import DEFAULT_TPOT_FRACTION, RECOMMENDED_ADMISSION
+    from tokenfactory.replay import build_replay, run_replay
+    from tokenfactory.traces import (
+        SyntheticWorkload,
+        generate_requests,
+        load_trace,
+        spread_quantized_arrivals,
+        trace_available,
+    )
+
+    if trace_available("azure-conv-2023"):
+        name, tr = "azure-conv-2023", spread_quantized_arrivals(load_trace("azure-conv-2023"), seed=0)
+    else:
+        name, tr = "synthetic (azure-conv-like)", generate_requests(SyntheticWorkload(mean_rate_rps=5.0, seed=1), 1800)
+    setup = build_replay(tr)
+    cap = setup.slo_capacity(0.1, DEFAULT_TPOT_FRACTION)[0]
+    rate = len(tr) / max(float(tr["arrival_s"].max()), 1e-9)
+    policies = ("open", "mooncake", "mooncake-predictive", RECOMMENDED_ADMISSION)
+    out: dict = {"trace": name, "capacity_rps": cap, "replay_s": replay_s, "loads": {}}
+    for load in loads:
+        window = tr[tr["arrival_s"] < replay_s * load * cap / rate]
+        row = {}
+        for pol in policies:
+            t0 = time.perf_counter()
+            m, res = run_replay(window, setup, pol, load=load, batch_cap="static",
+                                cluster={"slo_ttft_s": 2.0, "slo_tpot_s": 0.1, "drain_s": 200.0,
+                                         "classes": DEFAULT_CLASSES})
+            # the simulator divides by the whole run (drain included); the study by the arrival window
+            arr = res.records["arrival_s"]
+            goodput = m["goodput_tokens_per_s"] * m["duration_s"] / max(float(arr.max() - arr.min()), 1.0)
+            row[pol] = {"goodput_tokens_per_s": goodput, "slo_attainment": m["slo_attainment"],
+                        "slo_attainment_admitted": m["slo_attainment_admitted"],
+                        "wasted_prefill_fraction": m["wasted_prefill_fraction"], "requests": m["requests"],
+                        "wall_seconds": time.perf_counter() - t0}
+        best = max((row[p]["goodput_tokens_per_s"], p) for p in policies if p != RECOMMENDED_ADMISSION)
+        row["new_over_best_baseline_goodput"] = row[RECOMMENDED_ADMISSION]["goodput_tokens_per_s"] / best[0] \
+            if best[0] > 0 else None
+        row["best_baseline"] = best[1]
+        row["new_wall_over_mooncake_wall"] = row[RECOMMENDED_ADMISSION]["wall_seconds"] / row["mooncake"]["wall_seconds"]
+        out["loads"][str(load)] = row
+    base = out["loads"][str(loads[0])][RECOMMENDED_ADMISSION]["goodput_tokens_per_s"]
+    out["no_collapse_ratio"] = {str(x): out["loads"][str(x)][RECOMMENDED_ADMISSION]["goodput_tokens_per_s"] / base
+                                for x in loads[1:]} if base > 0 else None
+    return out
 
 
 def _pool_day() -> dict:
@@ -376,7 +431,7 @@ def _sweeps(sizes=(10_000, 100_000)) -> dict:
     return out
 
 
-SECTIONS = ("margins", "envelope", "sweeps")
+SECTIONS = ("margins", "envelope", "sweeps", "overload")
 
 
 def _run_sections(names: list[str]) -> dict:
@@ -389,9 +444,10 @@ def _run_sections(names: list[str]) -> dict:
     for name in names:
         # the machine is shared: the 1-minute load average before and after says how contended the run was
         load_before = os.getloadavg()[0]
-        entry = {"margins": _margins, "envelope": _envelope, "sweeps": _sweeps}[name]()
+        entry = {"margins": _margins, "envelope": _envelope, "sweeps": _sweeps, "overload": _overload}[name]()
         entry["load_average_1min_before_after"] = [load_before, os.getloadavg()[0]]
-        results[f"margins_{name}" if name != "margins" else "batched_margins"] = entry
+        key = {"margins": "batched_margins", "overload": "overload"}.get(name, f"margins_{name}")
+        results[key] = entry
     return results
 
 
@@ -443,6 +499,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  envelope: {results['margins_envelope']}", file=sys.stderr)
     results["margins_sweeps"] = _sweeps()
     results["forecasting"] = _forecasting()
+    results["overload"] = _overload()
+    print(f"  overload: {results['overload']['loads']}", file=sys.stderr)
     results["_meta"] = {"python": platform.python_version(), "machine": platform.machine(),
                         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                         "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
