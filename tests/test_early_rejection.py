@@ -51,9 +51,11 @@ def test_tbt_prediction_from_the_pass_time():
 
 def test_watermark_admission_keeps_one_percent_free():
     w = WatermarkAdmission(watermark=0.01, sample_period=0.1)
-    # held 900 + 0 + 80 = 980 of 990 allowed: 10 requests of room in 0.1 s -> 100/s (= fill capacity)
-    assert w.update(0.0, meas(fill_in_progress=80.0)).rate == pytest.approx(100.0)
-    assert w.update(0.0, meas(fill_in_progress=85.0)).rate == pytest.approx(50.0)
+    # held 900 + 0 + 80 = 980 of 990 allowed: 10 requests of room in 0.1 s plus the 20/s that
+    # complete meanwhile -> 120/s, capped at the fill capacity (100/s)
+    assert w.update(0.0, meas(fill_in_progress=80.0, completion_rate=20.0)).rate == pytest.approx(100.0)
+    assert w.update(0.0, meas(fill_in_progress=85.0, completion_rate=20.0)).rate == pytest.approx(70.0)
+    assert w.update(0.0, meas(fill_in_progress=85.0, completion_rate=0.0)).rate == pytest.approx(50.0)
     assert w.update(0.0, meas(fill_in_progress=95.0)).rate == 0.0
     assert math.isinf(w.update(0.0, meas()).backlog_bound)  # it never rejects
 
