@@ -119,6 +119,11 @@ class ControlStack(SampledController):
         super().__init__(base)
         self.label = name
         self._every = {la.name: int(round(la.sample_period / base)) for la in sampled}
+        # a per-request gate in the admission layer (SLO-aware admission's decide) is the stack's:
+        # the request simulator asks it at every arrival
+        gates = [c.decide for la in sampled if la.name == "admission" for c in la.controllers if hasattr(c, "decide")]
+        if gates:
+            self.decide = gates[0]
         self.reset()
 
     def layer(self, name: str) -> StackLayer | None:

@@ -19,7 +19,8 @@
     releases is placed in the other (the plant's fixed-fleet rule), so they move roles too, blindly.
 (e) the same stack on requests (:mod:`tokenfactory.stack_requests`): a morning ramp through the
     request simulator with every layer sampled - the gated batch cap every 0.25 s on the live
-    context - next to the same arrivals in the pool model.
+    context - next to the same arrivals in the pool model, for the shipped stack (smoothed
+    admission) and ``stack_slo_aware`` (SLO-aware admission).
 
 Run: ``tokenfactory study layered-stack [--quick] [--out DIR]``. The default run is the first 12 h
 of m-large's last 4 days at start-ups of 2 and 10 minutes (``--quick``: 3 h at 10 minutes) against
@@ -47,6 +48,7 @@ from tokenfactory.plant_models import PoolScenario, simulate_pools
 from tokenfactory.registry import BASELINE_STACKS
 from tokenfactory.stack import (
     STATIC_SPLIT,
+    gate_fraction,
     build_stack,
     certify,
     load_stack_scenario,
@@ -144,7 +146,7 @@ def _layer_figure(r, ctrl, title: str) -> Figure:
     return fig
 
 
-def _requests_figure(r, ctrl, startup_s: float) -> Figure:
+def _requests_figure(r, ctrl, startup_s: float, admission: str = "smoothed") -> Figure:
     """The stack in the request simulator: arrivals and admissions, provisioned workers, the gated
     batch cap and the decode pass time against the gate's target."""
     s = r.series
@@ -154,7 +156,7 @@ def _requests_figure(r, ctrl, startup_s: float) -> Figure:
     ax[0].plot(tm, s["arrival_rate"].rolling(50, min_periods=1).mean(), lw=0.8, label="arrivals (5 s mean, req/s)")
     ax[0].plot(tm, s["admitted_rate"].rolling(50, min_periods=1).mean(), lw=0.8, label="admitted (5 s mean)")
     ax[0].set_ylabel("req/s")
-    ax[0].set_title(f"the stack on requests (start-up {startup_s:.0f} s)")
+    ax[0].set_title(f"the stack on requests ({admission} admission, start-up {startup_s:.0f} s)")
     for pool in ("fill", "decode"):
         ax[1].step(tm, s[f"{pool}_workers"] + s[f"{pool}_workers_starting"], where="post", lw=1.0,
                    label=f"{pool} provisioned")
@@ -406,18 +408,22 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     trace = morning_ramp(float(rq["rate_rps"]), float(rq["hours"]), prompt_tokens=sc.params.prompt_tokens,
                          output_tokens=sc.params.output_tokens, step_at_s=float(rq["hours"]) * 1200.0,
                          step_factor=1.6, seed=11)
-    req_rows, req_shown = [], None
-    for su in rq["startups_s"]:
-        both, rr, rctrl = run_stack_on_both_plants(sc, trace, startup_s=float(su), dt=dt)
-        req_rows += [{"startup_s": float(su), **b} for b in both]
-        req_shown = (rr, rctrl, float(su))
+    req_rows, req_shown = [], {}
+    # the shipped stack (smoothed admission) and the same stack with SLO-aware admission
+    for adm_kind, scn in (("smoothed", sc), ("slo-aware", load_stack_scenario("stack_slo_aware"))):
+        for su in rq["startups_s"]:
+            both, rr, rctrl = run_stack_on_both_plants(scn, trace, startup_s=float(su), dt=dt)
+            req_rows += [{"admission": adm_kind, "startup_s": float(su), **b,
+                          "slo_attainment_admitted": rr.metrics["slo_attainment_admitted"]
+                          if b["plant"] == "request simulator" else None} for b in both]
+            req_shown[adm_kind] = (rr, rctrl, float(su))
     timings["requests_s"] = time.perf_counter() - t0
     metrics["request_simulator"] = {"workload": {**rq, "requests": len(trace)}, "rows": req_rows}
     report.save_table(pd.DataFrame(req_rows), "request_simulator.csv")
-    if req_shown is not None:
-        report.save_figure(_requests_figure(*req_shown), "stack_on_requests.png",
-                           "The stack on requests: arrivals, provisioned workers, the gated decode batch cap and the "
-                           "pass time it holds, admission.")
+    for adm_kind, shown_run in req_shown.items():
+        report.save_figure(_requests_figure(*shown_run, adm_kind), f"stack_on_requests_{adm_kind}.png",
+                           f"The stack on requests ({adm_kind} admission): arrivals and admissions, provisioned "
+                           "workers, the gated decode batch cap and the pass time it holds.")
     metrics["utilization_ceiling"] = {r["workload"]: r["utilization_ceiling"] for r in rows}
     metrics["timings_s"] = timings
     report.save_table(pd.DataFrame(metrics["comparison"]), "comparison.csv")
@@ -524,16 +530,28 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     lines += [f"A morning ramp from the synthetic generator ({w['requests']} requests over {w['hours']:g} h, "
               f"mean {w['rate_rps']:g} req/s over the day, the scenario's mean request, demand x1.6 from a third of "
               "the way in) through the request simulator "
-              "with every layer sampled, and the same arrivals binned per minute through the pool model:", ""]
-    lines += markdown_table(req_rows, ["startup_s", "plant", "gate", "slo_attainment", "gpu_hours", "actions_per_hour",
+              "with every layer sampled, and the same arrivals binned per minute through the pool model - the "
+              "shipped stack (smoothed admission) and `stack_slo_aware` (SLO-aware admission; the same layers "
+              "otherwise, its batch gate's pass target 0.75 of the TPOT SLO against the default's derived "
+              f"{gate_fraction(sc):.3f}):", ""]
+    lines += markdown_table(req_rows, ["admission", "startup_s", "plant", "gate", "slo_attainment",
+                                       "slo_attainment_admitted", "gpu_hours", "actions_per_hour",
                                        "reversals_per_hour", "batch_cap_changes", "rejected"])
-    for su in dict.fromkeys(r["startup_s"] for r in req_rows):
-        a, b = (next(r for r in req_rows if r["startup_s"] == su and r["plant"] == pl)
+    for key in dict.fromkeys((r["admission"], r["startup_s"]) for r in req_rows):
+        a, b = (next(r for r in req_rows if (r["admission"], r["startup_s"]) == key and r["plant"] == pl)
                 for pl in ("request simulator", "pool model"))
-        lines.append(f"- start-up {su:.0f} s: SLO attainment {a['slo_attainment']:.4f} on requests vs "
-                     f"{b['slo_attainment']:.4f} in the pool model; GPU-hours {a['gpu_hours']:.1f} vs {b['gpu_hours']:.1f} "
+        lines.append(f"- {key[0]} admission, start-up {key[1]:.0f} s: SLO attainment {a['slo_attainment']:.4f} on "
+                     f"requests (admitted {a['slo_attainment_admitted']:.4f}) vs {b['slo_attainment']:.4f} in the "
+                     f"pool model; GPU-hours {a['gpu_hours']:.1f} vs {b['gpu_hours']:.1f} "
                      f"({(a['gpu_hours'] / b['gpu_hours'] - 1) * 100:+.1f} %); the gated cap changed "
                      f"{a['batch_cap_changes']} times.")
+    on_req = {r["admission"]: r for r in req_rows if r["plant"] == "request simulator"
+              and r["startup_s"] == rq["startups_s"][-1]}
+    if {"smoothed", "slo-aware"} <= set(on_req):
+        sm, sa = on_req["smoothed"], on_req["slo-aware"]
+        lines.append(f"- On requests the SLO-aware stack {'holds more' if sa['slo_attainment'] > sm['slo_attainment'] else 'holds no more'} "
+                     f"of the SLO through the step ({sa['slo_attainment']:.4f} vs {sm['slo_attainment']:.4f}) at "
+                     f"{sa['gpu_hours'] / sm['gpu_hours']:.2f} x its GPU-hours.")
     lines += [""]
     lines += [
               f"Oscillation (detectors on the provisioned pool sizes): "

@@ -190,6 +190,34 @@ def test_certificate_checks_the_gated_batch_cap():
         stack_scenario_from_dict(d, "static_gate")
 
 
+def test_slo_aware_admission_layer_is_certified_and_checked_by_kind():
+    sc = load_stack_scenario("stack_slo_aware")
+    assert sc.layers["admission"]["kind"] == "slo-aware"
+    cert = certify(sc)
+    assert cert.passed, cert.failures
+    adm = cert.layers["admission"]
+    # both limit corrections (fill wait, decode wait) over delay x prediction gain
+    assert {r["loop"] for r in adm["points"]} == {"fill", "decode"}
+    assert adm["worst"]["gain_margin"] >= 2.0 and adm["worst"]["phase_margin_deg"] >= 45.0
+    assert sum(d["layer"] == "admission" and not d["limit_cycle"] for d in cert.describing_function) == 2
+    rows = {(r["outer"], r["inner"]): r for r in cert.separation_rows()}
+    assert rows[("reconfiguration", "admission")]["ratio"] >= 5.0
+    # one stack, one gate: the admission has no batch gate of its own; the stack answers per arrival
+    stack, _ = build_stack(sc)
+    ctrl = stack.layer("admission").controllers[0]
+    assert ctrl.batch_gate is None and stack.decide == ctrl.decide
+    adm_view, _ = stack.split()
+    assert adm_view.decide == ctrl.decide
+    # on the pool model's 2 s step it is built (and tuned) at that step
+    coarse, _ = build_stack(sc, plant_step_s=2.0)
+    assert coarse.layer("admission").sample_period == 2.0
+    # keys of the other kind are refused, named
+    d = dict(sc.config)
+    d["layers"] = {**d["layers"], "admission": {"kind": "slo-aware", "safety_z": 2.0}}
+    with pytest.raises(ConfigError, match="safety_z"):
+        stack_scenario_from_dict(d, "bad")
+
+
 def test_gated_cap_is_static_on_a_coarse_plant_and_sampled_on_a_fine_one():
     sc = load_stack_scenario("stack_default")
     coarse, plant = build_stack(sc, plant_step_s=2.0)

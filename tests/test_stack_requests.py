@@ -46,3 +46,17 @@ def test_every_layer_acts_on_requests_and_nothing_is_lost():
     assert row["slo_attainment"] >= 0.95
     tpot = r.records.loc[r.records["state"] == "completed", "tpot_s"].to_numpy(dtype=float)
     assert np.nanquantile(tpot, 0.5) <= sc.slo_tpot_s
+
+
+def test_slo_aware_stack_protects_admitted_requests_through_a_step():
+    """The same x1.6 step through the shipped stack (smoothed admission) and stack_slo_aware: the
+    SLO-aware gate rejects what would miss, so more of what it admits meets the SLO."""
+    tr = morning_ramp(10.0, 0.25, prompt_tokens=914, output_tokens=155, step_at_s=300.0, step_factor=1.6, seed=1)
+    out = {}
+    for name in ("stack_default", "stack_slo_aware"):
+        row, r, _ = run_stack_on_requests(load_stack_scenario(name), tr, startup_s=120.0, control_start_s=120.0)
+        m = r.metrics
+        assert m["requests"] == m["completed"] + m["rejected"] + m["in_flight_end"]
+        out[name] = m
+    assert out["stack_slo_aware"]["slo_attainment_admitted"] > out["stack_default"]["slo_attainment_admitted"]
+    assert out["stack_slo_aware"]["slo_attainment_admitted"] >= 0.99

@@ -73,7 +73,11 @@ from tokenfactory.controllers.batch_gate import (
     tune_batch_gate,
 )
 from tokenfactory.controllers.describing import predict_limit_cycles
-from tokenfactory.controllers.planning import HEADROOM_GRID, DemandPlanner, PlannedPoolController
+from tokenfactory.controllers.planning import (
+    HEADROOM_GRID,
+    DemandPlanner,
+    PlannedPoolController,
+)
 from tokenfactory.controllers.reconfiguration import need_noise_std
 from tokenfactory.controllers.separation import (
     CascadePair,
@@ -84,25 +88,52 @@ from tokenfactory.controllers.separation import (
     reconfiguration_loop,
     simc_queue_clear_s,
 )
+from tokenfactory.controllers.slo_admission import slo_gate_loop
 from tokenfactory.controllers.stability import DelayedLoop, stability_margins
-from tokenfactory.controllers.stack import CapacityScaledBound, ControlStack, RoleBalancer, StackLayer
+from tokenfactory.controllers.stack import (
+    CapacityScaledBound,
+    ControlStack,
+    RoleBalancer,
+    StackLayer,
+)
 from tokenfactory.plant_models.fluid import FluidParams, FluidPlant
 from tokenfactory.plant_models.pools import PoolDynamics
-from tokenfactory.registry import PlantContext, batch_gate_for, smoothed_admission
+from tokenfactory.registry import (
+    DEFAULT_TPOT_FRACTION,
+    PlantContext,
+    batch_gate_for,
+    slo_admission_tuning,
+    slo_aware_admission,
+    smoothed_admission,
+)
 from tokenfactory.scenario import build_plant
-from tokenfactory.validation import ConfigError, check_choice, check_int, check_number, load_toml, reject_unknown_keys
+from tokenfactory.validation import (
+    ConfigError,
+    check_choice,
+    check_int,
+    check_number,
+    load_toml,
+    reject_unknown_keys,
+)
 
 __all__ = ["StackScenario", "StackPlant", "load_stack_scenario", "stack_scenario_from_dict", "slot_limit",
            "build_stack", "reconfiguration_delay_s", "Certificate", "certify", "scenario_dir", "RateWorkload",
            "rate_workload", "plant_for", "utilization_ceiling", "run_on_rates", "stack_plant", "mixed_workload",
-           "MIX_CLASSES", "STATIC_SPLIT"]
+           "MIX_CLASSES", "STATIC_SPLIT", "gate_fraction", "gate_tuning", "GATE_SAMPLE_PERIOD_S",
+           "gate_sample_period_s"]
 
 _TOP = {"name", "description", "plant", "slo", "workload", "dynamics", "layers", "envelope", "certificate"}
 _PLANT = {"model", "hardware", "parallelism", "efficiency", "decode_model", "decode_hardware", "decode_parallelism",
           "prompt_tokens", "output_tokens", "cached_tokens", "measurement_delay_s", "kv_stripes", "kv_setup_s"}
 _LAYERS = {"batch_gate", "admission", "reconfiguration", "planning"}
 _GATE = {"kind", "tpot_fraction", "sample_period_s"}
-_ADMISSION = {"kind", "sample_period_s", "filter_tau_s", "service_filter_tau_s", "safety_z", "backlog_bound_s"}
+_ADMISSION = {"kind", "sample_period_s", "filter_tau_s", "service_filter_tau_s", "safety_z", "backlog_bound_s",
+              "ttft_fraction", "wait_target_fraction", "tpot_fraction", "reserve_z", "completion_z"}
+#: the keys each admission kind takes (the rest of ``_ADMISSION`` belongs to the other kind)
+_ADMISSION_BY_KIND = {"smoothed": {"kind", "sample_period_s", "filter_tau_s", "service_filter_tau_s", "safety_z",
+                                   "backlog_bound_s"},
+                      "slo-aware": {"kind", "sample_period_s", "filter_tau_s", "ttft_fraction", "wait_target_fraction",
+                                    "tpot_fraction", "reserve_z", "completion_z"}}
 _RECONF = {"kind", "sample_period_s", "target_utilization", "queue_clear_s", "filter_s", "min_dead_band",
            "max_step_up", "max_step_down", "queue_headroom", "role_moves", "fleet_size", "headroom", "dwell_s",
            "cooldown_s", "down_cooldown_s"}
@@ -232,7 +263,7 @@ def stack_scenario_from_dict(d: Mapping[str, Any], name: str = "stack") -> Stack
     reject_unknown_keys("layers", layers_d, _LAYERS)
     layers: dict[str, dict] = {}
     for lname, keys, kinds in (("batch_gate", _GATE, ("slot-limit", "gated", "none")),
-                               ("admission", _ADMISSION, ("smoothed", "none")),
+                               ("admission", _ADMISSION, ("smoothed", "slo-aware", "none")),
                                ("reconfiguration", _RECONF, ("planned-hysteretic",)),
                                ("planning", _PLANNING, ("seasonal-rise", "none"))):
         if lname not in layers_d:
@@ -258,8 +289,9 @@ def stack_scenario_from_dict(d: Mapping[str, Any], name: str = "stack") -> Stack
     if "fleet_size" in rc:
         check_int("layers.reconfiguration.fleet_size", rc["fleet_size"], low=2)
     if "admission" in layers:
-        check_number("layers.admission.sample_period_s", layers["admission"].get("sample_period_s", 1.0),
-                      low=0.01, high=60.0)
+        adm_l = layers["admission"]
+        reject_unknown_keys(f"layers.admission (kind {adm_l['kind']})", adm_l, _ADMISSION_BY_KIND[adm_l["kind"]])
+        check_number("layers.admission.sample_period_s", adm_l.get("sample_period_s", 1.0), low=0.01, high=60.0)
     if "batch_gate" in layers:
         frac = layers["batch_gate"].get("tpot_fraction", "auto")
         if frac != "auto":
@@ -426,7 +458,18 @@ def gate_fraction(sc: StackScenario) -> float:
     the batch, spread over its L output tokens: TPOT = pass (1 + 1/L) + W / L. The pass may take
     fraction = (1 - W / (L x SLO)) / (1 + 1/L) of the SLO. Admission is tuned for this on the plant gated at the SLO itself (R* / c does not
     depend on the slots: theta_eff is delays only). Without an admission layer the ready wait is
-    unbounded and the fraction defaults to 1 - 1 / L (one pass of slack).
+    unbounded and the fraction defaults to 1 - 1 / L (one pass of slack). With SLO-aware admission,
+    which bounds each request's ready wait itself, it is that admission's ``tpot_fraction``.
+
+    Parameters
+    ----------
+    sc : StackScenario
+        The scenario.
+
+    Returns
+    -------
+    float
+        The share, in (0, 1].
     """
     frac = sc.layers.get("batch_gate", {}).get("tpot_fraction", "auto")
     if frac != "auto":
@@ -434,6 +477,9 @@ def gate_fraction(sc: StackScenario) -> float:
     L = sc.params.output_tokens
     if "admission" not in sc.layers:
         return 1.0 - 1.0 / L
+    if sc.layers["admission"]["kind"] == "slo-aware":
+        # the SLO-aware gate bounds each request's ready wait itself: the cap aims at its pass target
+        return float(sc.layers["admission"].get("tpot_fraction", DEFAULT_TPOT_FRACTION))
     return _auto_gate_fraction(sc.params, sc.slo_ttft_s, sc.slo_tpot_s, sc.rate_rps, _feedback_utilization(sc),
                                tuple(sorted((k, v) for k, v in sc.layers["admission"].items())), sc.envelope)
 
@@ -496,16 +542,23 @@ def overload_tpot_s(params: FluidParams, ready_wait_s: float) -> float:
     return params.decode_step_s(params.decode_slots_per_worker) * (1.0 + 1.0 / L) + ready_wait_s / L
 
 
-def _admission(sc: StackScenario, plant: StackPlant):
-    """Smoothed admission tuned on the gated plant; when the gate could not leave room for
+def _admission(sc: StackScenario, plant: StackPlant, service=None, min_period_s: float = 0.0, class_outputs=None):
+    """The admission layer's controller and its tuning report. SLO-aware: built for the gated plant
+    (and ``service``, the request simulator's service model, when given), without a batch gate of
+    its own; no report. Smoothed: tuned on the gated plant; when the gate could not leave room for
     admission's ready wait (short outputs, :data:`GATE_FLOOR`) the ready target is lowered so that a
     decode overload still meets the TPOT SLO: decode may then starve briefly, which costs
     throughput in an overload, not the SLO of what is admitted."""
     a = dict(sc.layers["admission"])
-    a.pop("kind")
-    p = {"sample_period_s": a.pop("sample_period_s", 1.0), **a}
+    kind = a.pop("kind")
+    # a plant stepping slower than the layer samples runs it (and tunes it) at its step
+    p = {"sample_period_s": max(a.pop("sample_period_s", 1.0), min_period_s), **a}
     ctx = PlantContext(plant.params, plant.fill_workers, plant.decode_workers, slo_ttft_s=sc.slo_ttft_s,
                        slo_tpot_s=sc.slo_tpot_s, envelope=sc.envelope)
+    if kind == "slo-aware":
+        # the stack's batch_gate layer is the gate: the admission runs without its own
+        ctx = dataclasses.replace(ctx, service=service, dynamics=sc.dynamics, class_outputs=class_outputs)
+        return slo_aware_admission(ctx, {**p, "batch_gate": False}, where="layers.admission"), None
     ctrl, rep = smoothed_admission(ctx, p, where="layers.admission")
     if rep is not None and "batch_gate" in sc.layers:
         q = plant.params
@@ -521,7 +574,18 @@ GATE_SAMPLE_PERIOD_S = 0.25
 
 def gate_sample_period_s(sc: StackScenario) -> float:
     """The gated batch cap's sample period (``layers.batch_gate.sample_period_s``, default
-    :data:`GATE_SAMPLE_PERIOD_S`)."""
+    :data:`GATE_SAMPLE_PERIOD_S`).
+
+    Parameters
+    ----------
+    sc : StackScenario
+        The scenario.
+
+    Returns
+    -------
+    float
+        Seconds.
+    """
     return float(sc.layers.get("batch_gate", {}).get("sample_period_s", GATE_SAMPLE_PERIOD_S))
 
 
@@ -559,14 +623,14 @@ def _gate_tuning(delay_s: float, target_s: float, snapshot_s: float, period_s: f
                            pm_floor_deg=pm_floor_deg, check_ungated=True)
 
 
-def _batch_gate(sc: StackScenario, plant: StackPlant, service=None):
+def _batch_gate(sc: StackScenario, plant: StackPlant, service=None, class_outputs=None):
     """The gated decode batch cap of a ``gated`` layer: the largest batch whose roofline pass time
     at the live context meets the gate's share of the TPOT SLO (:func:`gate_fraction`), its gain
     SIMC-tuned over the envelope (:func:`gate_tuning`), its largest cap the KV slots (the plant's
     slot limit is only where it starts). ``service`` (a ServiceModel) makes it follow the live
     context (the request simulator); without it the pass-time table at the nominal context."""
     ctx = PlantContext(sc.params, plant.fill_workers, plant.decode_workers, slo_ttft_s=sc.slo_ttft_s,
-                       slo_tpot_s=sc.slo_tpot_s, envelope=sc.envelope, service=service)
+                       slo_tpot_s=sc.slo_tpot_s, envelope=sc.envelope, service=service, class_outputs=class_outputs)
     return batch_gate_for(ctx, {"tpot_fraction": gate_fraction(sc), "sample_period_s": gate_sample_period_s(sc),
                                 "gain": gate_tuning(sc).gain}, where="layers.batch_gate")
 
@@ -606,7 +670,8 @@ def planning_lead_s(sc: StackScenario) -> float:
 
 def build_stack(sc: StackScenario, *, history: pd.Series | None = None, time_offset_s: float = 0.0,
                 fleet_size: int | None = None, name: str | None = None, plant_step_s: float | None = None,
-                service=None) -> tuple[ControlStack, StackPlant]:
+                service=None, class_outputs: Mapping[str, tuple[float, float]] | None = None
+                ) -> tuple[ControlStack, StackPlant]:
     """A fresh :class:`ControlStack` for the scenario, and the plant it runs on.
 
     Parameters
@@ -627,6 +692,10 @@ def build_stack(sc: StackScenario, *, history: pd.Series | None = None, time_off
         the plant already has (a fluid step averages over many decode passes).
     service : ServiceModel, optional
         The request simulator's service model: the gated cap follows the live context through it.
+    class_outputs : mapping, optional
+        Per request class, (mean, short-quantile) output tokens the orchestrator expects
+        (:func:`tokenfactory.replay.class_outputs`): the batch cap's pass target and the SLO-aware
+        admission's decode-wait limits leave a short request room for its join wait.
 
     Returns
     -------
@@ -641,15 +710,16 @@ def build_stack(sc: StackScenario, *, history: pd.Series | None = None, time_off
                      f"(pass {p.decode_step_s(p.decode_slots_per_worker) * 1e3:.1f} ms)")
         gated = sc.layers["batch_gate"]["kind"] == "gated"
         if gated and (plant_step_s is None or plant_step_s <= gate_sample_period_s(sc) + 1e-12):
-            gate = _batch_gate(sc, plant, service)
+            gate = _batch_gate(sc, plant, service, class_outputs)
             layers.append(StackLayer("batch_gate", [gate], gate.sample_period))
         else:
             layers.append(StackLayer("batch_gate", note=slot_note + (
                 f"; the gated cap samples every {gate_sample_period_s(sc):g} s, the plant steps every "
                 f"{plant_step_s:g} s: its cap at the nominal context stands" if gated else "")))
     if "admission" in sc.layers:
-        ctrl, _ = _admission(sc, plant)
-        ctrl = CapacityScaledBound(ctrl, p.decode_slots(plant.decode_workers))
+        ctrl, _ = _admission(sc, plant, service, plant_step_s or 0.0, class_outputs)
+        if sc.layers["admission"]["kind"] == "smoothed":  # the SLO-aware gate reads the capacities it has
+            ctrl = CapacityScaledBound(ctrl, p.decode_slots(plant.decode_workers))
         layers.append(StackLayer("admission", [ctrl], ctrl.sample_period))
     rc = sc.layers["reconfiguration"]
     T = rc.get("sample_period_s", 10.0)
@@ -837,8 +907,30 @@ def certify(sc: StackScenario) -> Certificate:
                                 "response_time_constant_s": gate_tau, "meets_floors": True}
     # -- admission over delay x service rate x demand level
     adm = None
-    adm_loop = None
-    if "admission" in sc.layers:
+    adm_loop = None       # admission's loop nearest the gate's band (the admission -> batch_gate pair)
+    adm_rec_loop = None   # admission's loop the reconfiguration layer sees through (its slowest)
+    if sc.layers.get("admission", {}).get("kind") == "slo-aware":
+        adm, _ = _admission(sc, plant)
+        # the gate's two limit corrections (fill wait, decode wait), SIMC-tuned over delay x
+        # prediction gain (tokenfactory.controllers.slo_admission.tune_slo_admission)
+        tun = slo_admission_tuning(adm, p.measurement_delay_s)
+        keys = ("gain_margin", "phase_margin_deg", "delay_margin_s", "ms", "crossover_rad_s")
+        rows = [{"loop": n, "delay_factor": r["delay_factor"], "gain_factor": r["gain_factor"],
+                 **{k: r.get(k, math.nan) for k in keys}} for n, gt in tun.items() for r in gt.envelope]
+        judge("admission", rows)
+        layers["admission"]["tuning"] = {**{n: {"ki": gt.ki, "theta_s": gt.theta_s, "gate_time_s": gt.gate_time_s,
+                                                "tau_c_s": gt.tau_c_s} for n, gt in tun.items()},
+                                         "sample_period_s": adm.sample_period, "kind": "slo-aware"}
+        loops = {n: slo_gate_loop(gt.ki, gt.theta_s, gt.gate_time_s, name=f"slo gate ({n})") for n, gt in tun.items()}
+        by_speed = sorted(loops, key=lambda n: stability_margins(loops[n]).crossover_rad_s)
+        adm_loop, adm_rec_loop = loops[by_speed[-1]], loops[by_speed[0]]
+        for n, gt in tun.items():
+            dfs.append({"layer": "admission", "element": f"{n}-wait limit clamp (saturation)",
+                        "loop": f"the {n} limit's integral correction", "limit_cycle": gt.limit_cycle is not None,
+                        "period_s": (gt.limit_cycle or {}).get("period_s"),
+                        "reason": "describing function of the clamp over the envelope: "
+                                  + ("no solution" if gt.limit_cycle is None else "a cycle is predicted")})
+    elif "admission" in sc.layers:
         adm, tuning = _admission(sc, plant)
         rows = []
         for dem in sc.demand_factors:
@@ -854,23 +946,8 @@ def certify(sc: StackScenario) -> Certificate:
                                          "effective_delay_s": tuning.effective_delay_s,
                                          "sample_period_s": adm.sample_period}
         adm_loop = admission_loop(FluidPlant(p, plant.fill_workers, plant.decode_workers), adm)
-        # the admission loop with the decode batch's response (one pass) in its plant vs without
-        if gate_closed is not None:
-            # the cap sets the decode consumption admission's loop sees - a plant parameter (the
-            # envelope's service-rate factors cover its range) - while what admission releases joins
-            # the batch within a pass: the pass lag is in the loop, the gate's bandwidth sets the ratio
-            series = cascade_separation("admission", adm_loop, "batch_gate", gate_closed)
-            separation.append(cascade_separation(
-                "admission", adm_loop, "batch_gate", first_order_lag(gate_tau),
-                inner_bandwidth_rad_s=series.inner_bandwidth_rad_s,
-                note="the gated cap's closed loop sets admission's decode consumption (a plant parameter within "
-                     "the envelope's service-rate factors); admitted work joins the batch within a pass (the lag "
-                     f"in the loop); with the gate's closed loop in series instead, the conservative reading, "
-                     f"admission would lose {series.pm_loss_deg:.1f} deg"))
-        elif "batch_gate" in sc.layers:
-            separation.append(cascade_separation(
-                "admission", adm_loop, "batch_gate", first_order_lag(gate_tau),
-                note="decode batch responds to a freed or filled slot within one pass (first-order lag)"))
+        adm_rec_loop = adm_loop
+    if adm_loop is not None and sc.layers["admission"]["kind"] == "smoothed":
         # describing function: admission's rate clip is a saturation in the loop. With conditional
         # integration (anti-windup) the integral freezes while the output is clipped, so the clip
         # sees the proportional loop kc F(s) P(s) e^{-theta s}. A saturation's N(A) is real in (0, 1],
@@ -890,6 +967,24 @@ def certify(sc: StackScenario) -> Certificate:
                     "period_s": None, "gain_margin_seen": gm_p,
                     "reason": f"N(A) of a saturation is real in (0, 1]; the loop it sees has GM {gm_p:.2f}"
                               + (" >= 1: no solution" if gm_p >= 1.0 else " < 1: a cycle is predicted")})
+    if adm_loop is not None:
+        # the admission loop with the decode batch's response (one pass) in its plant vs without
+        if gate_closed is not None:
+            # the cap sets the decode consumption admission's loop sees - a plant parameter (the
+            # envelope's service-rate factors cover its range) - while what admission releases joins
+            # the batch within a pass: the pass lag is in the loop, the gate's bandwidth sets the ratio
+            series = cascade_separation("admission", adm_loop, "batch_gate", gate_closed)
+            separation.append(cascade_separation(
+                "admission", adm_loop, "batch_gate", first_order_lag(gate_tau),
+                inner_bandwidth_rad_s=series.inner_bandwidth_rad_s,
+                note="the gated cap's closed loop sets admission's decode consumption (a plant parameter within "
+                     "the envelope's service-rate factors); admitted work joins the batch within a pass (the lag "
+                     f"in the loop); with the gate's closed loop in series instead, the conservative reading, "
+                     f"admission would lose {series.pm_loss_deg:.1f} deg"))
+        elif "batch_gate" in sc.layers:
+            separation.append(cascade_separation(
+                "admission", adm_loop, "batch_gate", first_order_lag(gate_tau),
+                note="decode batch responds to a freed or filled slot within one pass (first-order lag)"))
     # -- reconfiguration over start-up x service rate
     qc, tau_c_f = _queue_clear(sc, plant)
     rows = []
@@ -903,9 +998,9 @@ def certify(sc: StackScenario) -> Certificate:
     layers["reconfiguration"].update({"queue_clear_s": qc, "tau_c_over_theta": tau_c_f, "delay_s": theta0,
                                       "sample_period_s": T_rc, "target_utilization": u})
     rec_loop = reconfiguration_loop(qc, u, theta0)
-    if adm_loop is not None:
+    if adm_rec_loop is not None:
         separation.append(cascade_separation(
-            "reconfiguration", rec_loop, "admission", closed_loop(adm_loop),
+            "reconfiguration", rec_loop, "admission", closed_loop(adm_rec_loop),
             note="a worker's capacity reaches the queue through admission's closed loop (complementary sensitivity)"))
     # describing function of the whole-worker hysteresis relay
     nf, nd = plant.fill_workers, plant.decode_workers
@@ -1355,12 +1450,10 @@ def run_on_rates(sc: StackScenario, wl: RateWorkload, *, startup_s: float | None
     tuple
         ``(metrics row, SimulationResult, ControlStack)``.
     """
-    from tokenfactory.controllers.capacity import oracle_plan
+    from tokenfactory.controllers.capacity import oracle_plan, static_split
     from tokenfactory.controllers.oscillation import assess
     from tokenfactory.plant_models.pools import PoolScenario, simulate_pools
     from tokenfactory.registry import BASELINE_STACKS, baseline_stack
-
-    from tokenfactory.controllers.capacity import static_split
 
     params = plant_for(sc, wl.prompt_tokens, wl.output_tokens)
     dyn = sc.dynamics if startup_s is None else dataclasses.replace(sc.dynamics, startup_s=float(startup_s))
@@ -1417,6 +1510,9 @@ def run_on_rates(sc: StackScenario, wl: RateWorkload, *, startup_s: float | None
         if len(x) > 2 * w:
             x = x - pd.Series(x).rolling(w, center=True, min_periods=1).mean().to_numpy()
         osc[pool] = assess(x, dt * step, min_amplitude=0.5).to_dict()
+        if np.ptp(_provisioned(after, pool).to_numpy(dtype=float)) == 0:
+            # a pool no one resized cannot oscillate: what the detectors see is the demand's own noise
+            osc[pool].update(oscillating=False, reason="no scale action on this pool")
     m = r.metrics
     row = {"stack": stack, "workload": wl.name, "startup_s": dyn.startup_s, "gpu_hours": m["gpu_hours"],
            "busy_gpu_hours": m["busy_gpu_hours"], "oracle_gpu_hours": oracle_gpu_h,

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from tokenfactory.plant_models.des import ClusterConfig, simulate
-from tokenfactory.replay import build_replay
+from tokenfactory.replay import build_replay, class_outputs
 from tokenfactory.stack import RateWorkload, StackScenario, build_stack, run_on_rates, stack_plant
 from tokenfactory.traces.synthetic import SyntheticWorkload, generate_requests
 from tokenfactory.validation import check_number
@@ -124,7 +124,8 @@ def run_stack_on_requests(sc: StackScenario, trace: pd.DataFrame, *, startup_s: 
     first = max(float((t < 600.0).sum()) / min(600.0, max(duration, 1.0)), 1e-6)
     s = sc.with_overrides(params=setup.plant.params, rate_rps=len(t) / max(duration, 1.0), dynamics=dyn,
                           planning=False)
-    ctrl, plant = build_stack(s, service=setup.service, name=name)
+    # the orchestrator knows its requests' output lengths by class from history (as a replay does)
+    ctrl, plant = build_stack(s, service=setup.service, class_outputs=class_outputs(trace), name=name)
     run_params = stack_plant(s).params
     u = float(s.layers["reconfiguration"].get("target_utilization", 0.85))
     nf = max(1, math.ceil(first / (u * run_params.fill_rate_per_worker)))
