@@ -98,13 +98,13 @@ def run_study(name: str, out_dir: str | Path | None = None, quick: bool = False,
 
 
 #: Wall seconds of each study's default variant in ``tokenfactory study all --jobs 2`` on the
-#: 2-core development machine (2026-11-30, the whole suite in 3 min 40 s): the order of a first
-#: run, before any report exists.
+#: 2-core development machine (2026-11-30, ``make run``: the whole suite in 3 min 31 s): the order
+#: of a first run, before any report exists.
 TYPICAL_SECONDS: dict[str, float] = {
-    "reconfiguration": 157.8, "overload": 74.7, "forecasting": 40.3, "trace-replay": 39.3,
-    "kv-tiers": 21.8, "layered-stack": 18.4, "aggregation": 17.6, "feedback-oscillation": 17.3,
-    "long-context": 15.7, "operating-modes": 5.5, "k3-projection": 5.4, "roofline-validation": 3.1,
-    "bandwidth-capacity": 2.0,
+    "reconfiguration": 138.1, "overload": 63.5, "layered-stack": 47.1, "trace-replay": 40.2,
+    "forecasting": 33.2, "kv-tiers": 21.4, "aggregation": 19.7, "feedback-oscillation": 17.1,
+    "long-context": 13.5, "operating-modes": 5.3, "k3-projection": 4.5, "roofline-validation": 2.7,
+    "bandwidth-capacity": 2.4,
 }
 
 
