@@ -77,6 +77,7 @@ def test_role_moves_beat_the_static_split_on_a_mixed_day(sc):
     s = r_ss.series
     assert (s["fill_workers"] == ss["static_fill_workers"]).all()
     assert (s["decode_workers"] == ss["static_decode_workers"]).all()
+    assert not ss["oscillating"]  # a pool nobody resized cannot oscillate, whatever the demand's noise
     # the stack's fill pool follows the night's long prompts: more fill workers at 02:00 than at 14:00
     t = r_st.series.set_index("time_s")
     assert t.loc[2 * 3600.0, "fill_workers"] > 3 * t.loc[14 * 3600.0, "fill_workers"]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tokenfactory.stack import load_stack_scenario
-from tokenfactory.stack_requests import morning_ramp, run_stack_on_requests
+from tokenfactory.stack_requests import morning_ramp, requests_as_rates, run_stack_on_requests
 from tokenfactory.validation import ConfigError
 
 
@@ -60,3 +60,14 @@ def test_slo_aware_stack_protects_admitted_requests_through_a_step():
         out[name] = m
     assert out["stack_slo_aware"]["slo_attainment_admitted"] > out["stack_default"]["slo_attainment_admitted"]
     assert out["stack_slo_aware"]["slo_attainment_admitted"] >= 0.99
+
+
+def test_requests_as_rates_keeps_every_arrival_and_the_mean_request():
+    tr = morning_ramp(5.0, 0.5, prompt_tokens=914, output_tokens=155, seed=2)
+    wl = requests_as_rates(tr, bin_s=60.0)
+    # every arrival is in one minute's bin: the rate series integrates back to the request count
+    assert float((wl.demand * 60.0).sum()) == pytest.approx(len(tr))
+    assert wl.prompt_tokens == round(float((tr["input_tokens"] - tr["cached_tokens"]).mean()))
+    assert wl.output_tokens == round(float(tr["output_tokens"].mean()))
+    with pytest.raises(ConfigError, match="bin_s"):
+        requests_as_rates(tr, bin_s=0.0)
