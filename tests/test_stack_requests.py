@@ -71,3 +71,5 @@ def test_requests_as_rates_keeps_every_arrival_and_the_mean_request():
     assert wl.output_tokens == round(float(tr["output_tokens"].mean()))
     with pytest.raises(ConfigError, match="bin_s"):
         requests_as_rates(tr, bin_s=0.0)
+    with pytest.raises(ConfigError, match="trace"):
+        run_stack_on_requests(load_stack_scenario("stack_default"), tr.iloc[:0])

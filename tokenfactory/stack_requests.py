@@ -26,7 +26,7 @@ from tokenfactory.plant_models.des import ClusterConfig, simulate
 from tokenfactory.replay import build_replay, class_outputs
 from tokenfactory.stack import RateWorkload, StackScenario, build_stack, run_on_rates, stack_plant
 from tokenfactory.traces.synthetic import SyntheticWorkload, generate_requests
-from tokenfactory.validation import check_number
+from tokenfactory.validation import ConfigError, check_number
 
 __all__ = ["morning_ramp", "run_stack_on_requests", "requests_as_rates", "run_stack_on_both_plants"]
 
@@ -113,6 +113,11 @@ def run_stack_on_requests(sc: StackScenario, trace: pd.DataFrame, *, startup_s: 
     -------
     tuple
         ``(metrics row, SimulationResult, ControlStack)``.
+
+    Raises
+    ------
+    ConfigError
+        For a trace without requests over a time span.
     """
     plant_cfg = {k: v for k, v in sc.config.get("plant", {}).items()
                  if k in ("model", "hardware", "measurement_delay_s", "kv_stripes", "kv_setup_s", "parallelism",
@@ -120,7 +125,9 @@ def run_stack_on_requests(sc: StackScenario, trace: pd.DataFrame, *, startup_s: 
     setup = build_replay(trace, plant_cfg)
     dyn = sc.dynamics if startup_s is None else dataclasses.replace(sc.dynamics, startup_s=float(startup_s))
     t = trace["arrival_s"].to_numpy(dtype=float)
-    duration = float(t[-1]) if len(t) else 0.0
+    if not len(t) or t[-1] <= 0:
+        raise ConfigError("trace", "needs requests arriving over a time span (> 0 s)")
+    duration = float(t[-1])
     first = max(float((t < 600.0).sum()) / min(600.0, max(duration, 1.0)), 1e-6)
     s = sc.with_overrides(params=setup.plant.params, rate_rps=len(t) / max(duration, 1.0), dynamics=dyn,
                           planning=False)
