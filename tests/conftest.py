@@ -7,17 +7,35 @@ from hypothesis import settings
 from tokenfactory.scenario import load_scenario
 from tokenfactory.studies.feedback_oscillation import scenario_path
 
-# Property tests draw the same examples on every run (CI and `make test`): a failure is
-# reproducible from the commit alone. HYPOTHESIS_PROFILE=explore draws fresh examples each run.
-settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
-settings.register_profile("explore", derandomize=False, deadline=None, print_blob=True)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-
 # Property tests draw the same examples on every run (CI verdicts do not depend on luck);
 # HYPOTHESIS_PROFILE=explore draws fresh ones.
 settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
 settings.register_profile("explore", deadline=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+class ScriptedController:
+    """Returns scripted actions at given times ({time: actions}) and records every measurement it
+    was given (a controller double for plant tests)."""
+
+    def __init__(self, script, sample_period=1.0):
+        self.script, self.sample_period = dict(script), sample_period
+
+    def reset(self):
+        self.seen = []
+
+    def update(self, t, m):
+        self.seen.append(m)
+        return self.script.get(round(t, 6), [])
+
+
+@pytest.fixture(scope="module")
+def fp():
+    """Fluid parameters of DeepSeek-V3 on 8xH200 at a 2048/512 request (the pool-model tests' plant)."""
+    from tokenfactory.plant_models import FluidParams, RequestShape, Worker
+
+    w = Worker.from_dict({"model": "deepseek-v3", "hardware": "h200"})
+    return FluidParams.from_workers(w, w, RequestShape(2048, 512))
 
 
 class ConstantAdmission:

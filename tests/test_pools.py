@@ -21,26 +21,7 @@ from tokenfactory.plant_models import (
     simulate_pools,
 )
 from tokenfactory import ConfigError
-
-
-@pytest.fixture(scope="module")
-def fp():
-    w = Worker.from_dict({"model": "deepseek-v3", "hardware": "h200"})
-    return FluidParams.from_workers(w, w, RequestShape(2048, 512))
-
-
-class Scripted:
-    """Returns scripted actions at given times (a controller double for plant tests)."""
-
-    def __init__(self, script, sample_period=1.0):
-        self.script, self.sample_period = dict(script), sample_period
-
-    def reset(self):
-        self.seen = []
-
-    def update(self, t, m):
-        self.seen.append(m)
-        return self.script.get(round(t, 6), [])
+from conftest import ScriptedController as Scripted
 
 
 def test_static_pools_bill_exactly_and_serve_the_demand(fp):

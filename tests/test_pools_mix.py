@@ -6,24 +6,8 @@ import pytest
 
 from tokenfactory import ConfigError
 from tokenfactory.controllers import ScaleAction
-from tokenfactory.plant_models import FluidParams, PoolDynamics, PoolScenario, RequestShape, Worker, simulate_pools
-
-
-@pytest.fixture(scope="module")
-def fp():
-    w = Worker.from_dict({"model": "deepseek-v3", "hardware": "h200"})
-    return FluidParams.from_workers(w, w, RequestShape(2048, 512))
-
-
-class Scripted:
-    def __init__(self, script, sample_period=1.0):
-        self.script, self.sample_period = dict(script), sample_period
-
-    def reset(self):
-        pass
-
-    def update(self, t, m):
-        return self.script.get(round(t, 6), [])
+from tokenfactory.plant_models import PoolDynamics, PoolScenario, simulate_pools
+from conftest import ScriptedController as Scripted
 
 
 def _run(fp, nf, nd, lam, **kw):

@@ -419,8 +419,13 @@ def _pass_target(ctx: PlantContext, tpot_fraction: float) -> float:
 
 
 @functools.lru_cache(maxsize=64)
-def _gate_tuning(delay: float, pass_s: float, snapshot: float, period: float, check_ungated: bool = False):
-    return tune_batch_gate(delay, pass_s, snapshot_s=snapshot, sample_period_s=period, check_ungated=check_ungated)
+def _gate_tuning(delay: float, pass_s: float, snapshot: float, period: float, check_ungated: bool = False,
+                 delay_factors: tuple = (0.5, 1.0, 2.0), slope_factors: tuple = (0.7, 1.0, 1.3),
+                 gm_floor: float = 2.0, pm_floor_deg: float = 45.0):
+    """:func:`tune_batch_gate`, cached (its arguments are plain numbers and tuples)."""
+    return tune_batch_gate(delay, pass_s, snapshot_s=snapshot, sample_period_s=period, check_ungated=check_ungated,
+                           delay_factors=delay_factors, slope_factors=slope_factors, gm_floor=gm_floor,
+                           pm_floor_deg=pm_floor_deg)
 
 
 def batch_gate_tuning(gate: BatchGate, measurement_delay_s: float, snapshot_dt: float = 0.1):

@@ -70,7 +70,6 @@ from tokenfactory.controllers.batch_gate import (
     batch_gate_loop,
     pass_target_s,
     predict_batch_cycle,
-    tune_batch_gate,
 )
 from tokenfactory.controllers.describing import predict_limit_cycles
 from tokenfactory.controllers.planning import (
@@ -98,6 +97,7 @@ from tokenfactory.controllers.stack import (
 )
 from tokenfactory.plant_models.fluid import FluidParams, FluidPlant
 from tokenfactory.plant_models.pools import PoolDynamics
+from tokenfactory.registry import _gate_tuning  # the registry's cached tune_batch_gate
 from tokenfactory.registry import (
     DEFAULT_TPOT_FRACTION,
     PlantContext,
@@ -611,16 +611,8 @@ def gate_tuning(sc: StackScenario, snapshot_s: float = 0.1) -> BatchGateTuning:
     """
     env = sc.envelope
     target = pass_target_s(sc.slo_tpot_s, gate_fraction(sc))
-    return _gate_tuning(sc.params.measurement_delay_s, target, snapshot_s, gate_sample_period_s(sc),
-                        env.delay_factors, env.service_rate_factors, env.gm_floor, env.pm_floor_deg)
-
-
-@functools.lru_cache(maxsize=32)
-def _gate_tuning(delay_s: float, target_s: float, snapshot_s: float, period_s: float, delay_factors: tuple,
-                 slope_factors: tuple, gm_floor: float, pm_floor_deg: float) -> BatchGateTuning:
-    return tune_batch_gate(delay_s, target_s, snapshot_s=snapshot_s, sample_period_s=period_s,
-                           delay_factors=delay_factors, slope_factors=slope_factors, gm_floor=gm_floor,
-                           pm_floor_deg=pm_floor_deg, check_ungated=True)
+    return _gate_tuning(sc.params.measurement_delay_s, target, snapshot_s, gate_sample_period_s(sc), True,
+                        tuple(env.delay_factors), tuple(env.service_rate_factors), env.gm_floor, env.pm_floor_deg)
 
 
 def _batch_gate(sc: StackScenario, plant: StackPlant, service=None, class_outputs=None):

@@ -24,7 +24,8 @@ import pandas as pd
 
 from tokenfactory.plant_models.des import ClusterConfig, simulate
 from tokenfactory.replay import build_replay, class_outputs
-from tokenfactory.stack import RateWorkload, StackScenario, build_stack, run_on_rates, stack_plant
+from tokenfactory.stack import RateWorkload, StackScenario, build_stack, run_on_rates
+from tokenfactory.stack import _feedback_utilization, _pools_at  # the runner's own pool sizing
 from tokenfactory.traces.synthetic import SyntheticWorkload, generate_requests
 from tokenfactory.validation import ConfigError, check_number
 
@@ -133,10 +134,9 @@ def run_stack_on_requests(sc: StackScenario, trace: pd.DataFrame, *, startup_s: 
                           planning=False)
     # the orchestrator knows its requests' output lengths by class from history (as a replay does)
     ctrl, plant = build_stack(s, service=setup.service, class_outputs=class_outputs(trace), name=name)
-    run_params = stack_plant(s).params
-    u = float(s.layers["reconfiguration"].get("target_utilization", 0.85))
-    nf = max(1, math.ceil(first / (u * run_params.fill_rate_per_worker)))
-    nd = max(1, math.ceil(first / (u * run_params.decode_capacity(1))))
+    run_params = plant.params  # the gated plant the stack was built for
+    # pools for the first ten minutes at the reconfiguration layer's target, as run_on_rates starts them
+    nf, nd = _pools_at(run_params, first, _feedback_utilization(s))
     cluster = ClusterConfig(fill_workers=nf, decode_workers=nd, measurement_delay_s=run_params.measurement_delay_s,
                             slo_ttft_s=s.slo_ttft_s, slo_tpot_s=s.slo_tpot_s, dynamics=dyn,
                             autoscale_start_s=control_start_s, batch_cap=run_params.decode_slots_per_worker,
