@@ -342,6 +342,8 @@ def _cmd_simulate_pools(args) -> int:
 
 
 def _cmd_simulate(args) -> int:
+    if args.planner_config is not None and args.plant == "pools":
+        raise ConfigError("planner_config", "needs --plant des (the pools plant runs a stack scenario)")
     if args.plant == "pools":
         return _cmd_simulate_pools(args)
     for flag in ("stack", "baseline", "last_days", "startup"):
@@ -385,8 +387,13 @@ def _cmd_simulate(args) -> int:
     trace = (generate_requests(SyntheticWorkload(seed=args.seed), _duration(args.duration))
              if args.trace == "synthetic" else load_trace(args.trace))
     setup = build_replay(trace, plant)
+    scaler_params = None
+    if args.planner_config is not None:
+        if args.autoscaler != "dynamo-planner":
+            raise ConfigError("planner_config", "needs --autoscaler dynamo-planner")
+        scaler_params = {"planner_config": _planner_config_file(args.planner_config)}
     m, res = run_replay(trace, setup, admission, scale, cluster, autoscaler=args.autoscaler, load=load,
-                        admission_params=params, batch_cap=None if batch_cap == "none" else batch_cap,
+                        admission_params=params, autoscaler_params=scaler_params, batch_cap=None if batch_cap == "none" else batch_cap,
                         envelope=sc.envelope if sc else None, duration_s=sim.get("duration_s"),
                         admission_where="controller")
     tag = admission + (f"-{args.autoscaler}" if args.autoscaler else "")
@@ -411,6 +418,29 @@ def _cmd_simulate(args) -> int:
               f"{cm['rejected']} rejected, {cm['deferred']} deferred")
     print(f"wrote {out}/ (metrics.json, requests.csv, series.csv, actions.csv)")
     return 0
+
+
+def _planner_config_file(path: str) -> dict:
+    """A Dynamo planner config file (YAML or JSON, Dynamo's own ``PlannerConfig`` fields; TOML too)."""
+    from pathlib import Path
+
+    from tokenfactory.validation import load_toml
+
+    f = Path(path)
+    if not f.is_file():
+        raise ConfigError("planner_config", f"{path} is not a file")
+    if f.suffix == ".toml":
+        data = load_toml(f)
+    else:
+        import yaml  # JSON is YAML; PyYAML comes with the dynamo extra (Dynamo reads its configs with it)
+
+        try:
+            data = yaml.safe_load(f.read_text())
+        except yaml.YAMLError as e:
+            raise ConfigError("planner_config", f"{path}: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError("planner_config", f"{path} holds no table of PlannerConfig fields")
+    return data
 
 
 def _duration(text: str) -> float:
@@ -480,6 +510,9 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--autoscaler", default=None,
                     help="an autoscaler kind sizing both pools (tokenfactory describe kinds); start-up/warm-up "
                          "from the scenario's [cluster.dynamics]")
+    sm.add_argument("--planner-config", dest="planner_config", default=None,
+                    help="with --autoscaler dynamo-planner: a Dynamo planner config file (YAML/JSON, Dynamo's "
+                    "own PlannerConfig fields: optimization_target, load_predictor, ttft_ms, ...)")
     sm.add_argument("--seed", type=int, default=0)
     sm.add_argument("--duration", default="1h", help="synthetic trace length")
     sm.add_argument("--out", default=None)

@@ -13,8 +13,9 @@ are rejected with their name.
   ``slo-aware`` (the recommended one, :data:`RECOMMENDED_ADMISSION`: per-request SLO-aware
   admission with request classes, reserved interactive capacity and the gated decode batch cap)
   and today's baselines ``vllm-watermark``, ``mooncake``, ``mooncake-predictive``;
-* autoscaler kinds (the reconfiguration layer, a builder returns one controller per pool):
-  ``hpa``, ``kpa``, ``dynamo-throughput``, ``dynamo-load``, ``apa`` and ``hysteretic``;
+* autoscaler kinds (the reconfiguration layer, a builder returns one controller per pool, or one
+  for both): ``hpa``, ``kpa``, ``dynamo-throughput``, ``dynamo-load``, ``dynamo-planner`` (NVIDIA's
+  own planner code, the ``dynamo`` extra), ``apa`` and ``hysteretic``;
 * :data:`CONTROL_PLANES`: the combinations deployments run (an autoscaler kind and an admission
   kind), used by the comparisons.
 """
@@ -689,6 +690,18 @@ def _dynamo_load(ctx: PlantContext, p: dict) -> list:
             DynamoLoadPlanner("decode", 1.0, "kv_occupancy", **_bounds(ctx))]
 
 
+def _dynamo_planner(ctx: PlantContext, p: dict) -> list:
+    # the real planner (ai-dynamo), one controller sizing both pools; imported here: it is an extra
+    from tokenfactory.controllers.dynamo_planner import DynamoCapabilities, DynamoPlanner
+
+    cfg = p.get("planner_config") or {}
+    if not isinstance(cfg, Mapping):
+        raise ConfigError("autoscaler.planner_config", "must be a table of Dynamo PlannerConfig fields")
+    return [DynamoPlanner(DynamoCapabilities.from_context(ctx), p.get("mode", "throughput"),
+                          p.get("predictor", "constant"), config=cfg, slo_ttft_s=ctx.slo_ttft_s,
+                          slo_tpot_s=ctx.slo_tpot_s, max_replicas=ctx.max_replicas)]
+
+
 def _apa(ctx: PlantContext, p: dict) -> list:
     return [AIBrixAPA("fill", 0.7, "fill_utilization", **_bounds(ctx)),
             AIBrixAPA("decode", 0.8, "kv_occupancy", **_bounds(ctx))]
@@ -720,6 +733,9 @@ register(ControllerKind("dynamo-throughput", "reconfiguration", "NVIDIA Dynamo p
                         ("predictor", "demand", "warmup"), baseline=True))
 register(ControllerKind("dynamo-load", "reconfiguration", "NVIDIA Dynamo planner, load mode (+-1 per 5 s tick)",
                         _dynamo_load, baseline=True))
+register(ControllerKind("dynamo-planner", "reconfiguration", "NVIDIA Dynamo's own planner (ai-dynamo 1.4.2, "
+                        "unchanged; modes throughput, load, sla; Dynamo PlannerConfig fields in planner_config)",
+                        _dynamo_planner, ("mode", "predictor", "planner_config"), baseline=True))
 register(ControllerKind("apa", "reconfiguration", "AIBrix APA (fluctuation tolerances, 60 s window)", _apa,
                         baseline=True))
 register(ControllerKind("hysteretic", "reconfiguration", "tokenfactory: pending-aware hysteretic pool "

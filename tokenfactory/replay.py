@@ -385,7 +385,7 @@ def run_replay(trace: pd.DataFrame, setup: ReplaySetup, admission: str, scale: f
                cluster: dict | None = None, autoscaler: str | None = None, *, load: float | None = None,
                admission_params: dict | None = None, batch_cap: str | float | None = None,
                envelope=None, duration_s: float | None = None,
-               admission_where: str = "admission") -> tuple[dict, Any]:
+               admission_where: str = "admission", autoscaler_params: dict | None = None) -> tuple[dict, Any]:
     """One replay through the request simulator.
 
     The controllers are built for the replayed stream: its mean rate (requests over the last
@@ -429,6 +429,9 @@ def run_replay(trace: pd.DataFrame, setup: ReplaySetup, admission: str, scale: f
         Window for closed sessions (default 3600 s; the run lasts this plus ``drain_s``).
     admission_where : str
         Field path of the admission parameters in error messages (default ``"admission"``).
+    autoscaler_params : dict, optional
+        Parameters of the autoscaler kind (its registered keys; e.g. ``planner_config`` of
+        ``dynamo-planner``).
 
     Returns
     -------
@@ -454,7 +457,9 @@ def run_replay(trace: pd.DataFrame, setup: ReplaySetup, admission: str, scale: f
         cl = dataclasses.replace(cl, batch_cap=static_batch_cap(ctx))
     elif batch_cap is not None:
         cl = dataclasses.replace(cl, batch_cap=float(check_number("batch_cap", batch_cap, low=1.0)))
-    scalers = build_autoscalers(autoscaler, ctx) if autoscaler else []
+    if autoscaler_params and not autoscaler:
+        raise ConfigError("autoscaler", "autoscaler parameters were given without an autoscaler kind")
+    scalers = build_autoscalers(autoscaler, ctx, autoscaler_params) if autoscaler else []
     res = simulate(replay, setup.params, cl, build_admission(admission, ctx, admission_params, where=admission_where),
                    scalers)
     s = res.series
