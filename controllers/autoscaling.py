@@ -20,9 +20,10 @@ algorithm. The metric is any function of the :class:`tokenfactory.signals.Measur
   adjustment interval (180 s) predict the next interval's demand with the planner's predictors
   (constant, ARIMA, Kalman; here :mod:`tokenfactory.controllers.load_predictors`) and set
   replicas = ceil(predicted demand / per-engine capacity).
-* :class:`DynamoLoadPlanner` - Dynamo planner, load mode: every 5 s tick, +1 replica when the
-  per-replica load exceeds the SLA target, -1 only if the load consolidated onto one replica
-  fewer (load x n / (n - 1)) stays under 80 % of the target.
+* :class:`DynamoLoadPlanner` - Dynamo planner's load-based scaling (``throughput`` and ``load``
+  targets of ai-dynamo 1.4.2): every 5 s tick, +1 replica when a worker's queued prompt tokens
+  (fill) or KV use (decode) reach the scale-up threshold, -1 when all are below the scale-down
+  one, both pools frozen while either scales; checked tick by tick against the real planner.
 * :class:`AIBrixAPA` - AIBrix APA: scale to ceil(current x metric / target) only outside a
   +/-10 % band around the target, and scale down no sooner than 300 s after the last change.
 """
@@ -38,7 +39,7 @@ from tokenfactory.signals import Measurement, ScaleAction
 from tokenfactory.validation import ConfigError, check_choice, check_int, check_number
 
 __all__ = ["ScaleAction", "HorizontalPodAutoscaler", "KnativeAutoscaler", "DynamoThroughputPlanner",
-           "DynamoLoadPlanner", "AIBrixAPA", "POOL_METRICS"]
+           "DynamoLoadPlanner", "AIBrixAPA", "POOL_METRICS", "DYNAMO_THROUGHPUT_TARGET", "dynamo_load_thresholds"]
 
 
 
@@ -380,69 +381,170 @@ class DynamoThroughputPlanner(_PoolAutoscaler):
                 "sample_period": self.sample_period, "warmup_points": len(self.warmup or [])}
 
 
+#: Dynamo planner 1.4.2's static thresholds of its default ``throughput`` target
+#: (dynamo/planner/core/load_scaling.py): prefill queue / context length, decode KV use
+DYNAMO_THROUGHPUT_TARGET = {"fill": (1.0, 0.1), "decode": (1.0, 0.6)}
+
+
+def dynamo_load_thresholds(fill_token_budget: int) -> dict[str, tuple[float, float]]:
+    """The ``load`` target's thresholds a user derives from the engine (one place: the real
+    planner's adapter and :class:`DynamoLoadPlanner` take them from here): prefill scales up at one
+    fill step's tokens queued per worker and down at a tenth of it (the ``throughput`` target's
+    ratios 1.0 and 0.1 applied to the step budget); decode up at 90 % and down at 60 % KV use (the
+    ``throughput`` target's 60 % scale-down; 90 % leaves vLLM's preemption headroom).
+
+    Parameters
+    ----------
+    fill_token_budget : int
+        Tokens one fill step takes (``max_num_batched_tokens``).
+
+    Returns
+    -------
+    dict
+        ``{"fill": (up tokens, down tokens), "decode": (up %, down %)}``.
+    """
+    return {"fill": (float(int(fill_token_budget)), float(int(fill_token_budget) // 10)), "decode": (90.0, 60.0)}
+
+
 class DynamoLoadPlanner(_PoolAutoscaler):
-    """Dynamo load-mode planner: +1 above the SLA target, -1 only if consolidation stays < 80 %.
+    """Dynamo's load-based scaling (``ai-dynamo`` 1.4.2, ``core/load_scaling.py``, the
+    ``throughput`` and ``load`` optimization targets), one pool at a time.
+
+    Every tick (5 s), per worker of the pool: fill - the prompt tokens queued beyond the step in
+    progress; decode - the KV tokens of its decoding sequences plus those of the ready requests
+    waiting for a slot, over its KV capacity. +1 replica when a worker is at or above
+    ``scale_up``, -1 (never below one) when every worker is below ``scale_down``. With the
+    ``throughput`` target the fill signal is divided by the context length and the decode
+    comparisons are strict (Dynamo's ``>`` / ``<``); ``load`` compares ``>=`` / ``<=`` and its
+    decode thresholds are percentages. A disaggregated Dynamo planner freezes both pools while
+    either is scaling: nothing changes while a worker of either pool is starting or this pool has
+    not reached its last target. The plants' measurements are pool-level, so every worker of a
+    pool reports the pool's mean (``tests/test_dynamo_agreement.py`` checks these decisions tick
+    by tick against the real planner on the same measurements).
 
     Parameters
     ----------
     pool : str
         The pool it sizes: ``"fill"`` or ``"decode"``.
-    sla_target : float
-        Per-replica load above which a replica is added (> 0; default 0.9).
-    metric : str
-        A key of :data:`POOL_METRICS`: the measured signal the target refers to (default
-        ``"decode_utilization"``).
-    consolidation_fraction : float
-        Remove a replica only if the load spread over one replica fewer stays under this
-        fraction of ``sla_target`` ((0, 1]; default 0.8).
+    scale_up, scale_down : float
+        Thresholds (``throughput``: ratios; ``load``: tokens for fill, KV % for decode;
+        ``scale_up`` > ``scale_down`` >= 0). Default: Dynamo's ``throughput`` target
+        (:data:`DYNAMO_THROUGHPUT_TARGET`).
+    target : str
+        ``"throughput"`` (Dynamo's default) or ``"load"``.
+    prompt_tokens : float
+        Tokens of a request's prompt (a ready request's KV; > 0; default 2048).
+    context_tokens : float
+        Nominal context of a decoding sequence (tokens, > 0; default 2560); the measured one is
+        used when the plant reports it.
+    output_tokens : float
+        Output tokens of the nominal request (the context length is prompt + output; default 512).
+    fill_step_tokens : float
+        Tokens one fill step takes, in progress rather than queued (>= 0; default 0).
+    kv_tokens_per_worker : float
+        Decode KV capacity per worker (tokens, > 0; default 1).
     min_replicas, max_replicas : int
         Bounds of the recommendation (workers; defaults 1 and 1000; max >= max(1, min)).
     sample_period : float
-        Tick (s, > 0; default 5).
+        Tick (s, > 0; default 5, Dynamo's ``load_adjustment_interval_seconds``).
     """
 
     name = "dynamo-load"
 
-    def __init__(self, pool: str, sla_target: float = 0.9, metric: str = "decode_utilization", *,
-                 consolidation_fraction: float = 0.8, min_replicas: int = 1, max_replicas: int = 1000,
-                 sample_period: float = 5.0):
+    def __init__(self, pool: str, scale_up: float | None = None, scale_down: float | None = None, *,
+                 target: str = "throughput", prompt_tokens: float = 2048.0, context_tokens: float = 2560.0,
+                 output_tokens: float = 512.0, fill_step_tokens: float = 0.0, kv_tokens_per_worker: float = 1.0,
+                 min_replicas: int = 1, max_replicas: int = 1000, sample_period: float = 5.0):
         super().__init__(sample_period)
         self._init_pool("dynamo", pool, min_replicas, max_replicas)
-        self.sla_target = check_number("dynamo.sla_target", sla_target, low=0.0, low_inclusive=False)
-        self.metric = check_choice("dynamo.metric", metric, POOL_METRICS)
-        self.consolidation_fraction = check_number("dynamo.consolidation_fraction", consolidation_fraction,
-                                                   low=0.0, high=1.0, low_inclusive=False)
+        self.target = check_choice("dynamo.target", target, ("throughput", "load"))
+        up0, down0 = DYNAMO_THROUGHPUT_TARGET[self.pool]
+        if self.target == "load" and (scale_up is None or scale_down is None):
+            raise ConfigError("dynamo.scale_up", "the load target needs scale_up and scale_down")
+        self.scale_up = check_number("dynamo.scale_up", up0 if scale_up is None else scale_up, low=0.0,
+                                     low_inclusive=False)
+        self.scale_down = check_number("dynamo.scale_down", down0 if scale_down is None else scale_down, low=0.0,
+                                       high=self.scale_up, high_inclusive=False)
+        self.prompt_tokens = check_number("dynamo.prompt_tokens", prompt_tokens, low=0.0, low_inclusive=False)
+        self.context_tokens = check_number("dynamo.context_tokens", context_tokens, low=0.0, low_inclusive=False)
+        self.output_tokens = check_number("dynamo.output_tokens", output_tokens, low=0.0)
+        self.fill_step_tokens = check_number("dynamo.fill_step_tokens", fill_step_tokens, low=0.0)
+        self.kv_tokens_per_worker = check_number("dynamo.kv_tokens_per_worker", kv_tokens_per_worker, low=0.0,
+                                                 low_inclusive=False)
+        self.reset()
 
-    def recommend(self, current: int, load: float) -> int:
-        """The load-mode decision at one tick.
+    def reset(self) -> None:
+        self._target: int | None = None
+
+    def signal(self, m: Measurement) -> float:
+        """One worker's signal (the pool's mean; Dynamo's forward-pass metrics are integers, so
+        the token counts are rounded as they would be in a worker's report)."""
+        if self.pool == "fill":
+            n = _current(m, "fill")
+            tokens = m.fill_queued_tokens if math.isfinite(m.fill_queued_tokens) else m.fill_in_progress * self.prompt_tokens
+            per = max(tokens, 0.0) / n if n else 0.0
+            queued = round(per - min(per, self.fill_step_tokens))
+            if self.target == "throughput":
+                return queued / int(round(self.prompt_tokens + self.output_tokens))
+            return float(queued)
+        n = _current(m, "decode")
+        if not n:
+            return 0.0
+        ctx = m.decode_context_tokens if math.isfinite(m.decode_context_tokens) else self.context_tokens
+        active, waiting = max(m.active_decodes, 0.0) / n, max(m.ready, 0.0) / n
+        util = (round(active * ctx) + round(waiting * self.prompt_tokens)) / int(self.kv_tokens_per_worker)
+        return util
+
+    def recommend(self, current: int, value: float) -> int:
+        """The load-scaling decision at one tick, outside a freeze.
 
         Parameters
         ----------
         current : int
             Serving replicas.
-        load : float
-            The metric's current per-replica value.
+        value : float
+            One worker's signal (:meth:`signal`; ``load`` decode: a fraction, compared with the
+            thresholds / 100).
 
         Returns
         -------
         int
             current + 1, current - 1 or current, within the bounds.
         """
-        if load > self.sla_target:
-            want = current + 1
-        elif current > 1 and load * current / (current - 1) < self.consolidation_fraction * self.sla_target:
-            want = current - 1
+        up, down = self.scale_up, self.scale_down
+        if self.target == "load" and self.pool == "decode":
+            up, down = up / 100.0, down / 100.0
+        if self.target == "load" or self.pool == "fill":
+            above = value >= up
         else:
-            want = current
-        return self._bounded(want)
+            above = value > up
+        below = value <= down if self.target == "load" else value < down
+        if current == 0:
+            return self._bounded(current)
+        if above:
+            return self._bounded(current + 1)
+        if current > 1 and below:
+            return self._bounded(max(current - 1, 1))
+        return self._bounded(current)
 
     def update(self, t: float, m: Measurement) -> ScaleAction:
-        """One tick on the plant's sample: :meth:`recommend` as a :class:`ScaleAction`."""
-        return ScaleAction(self.pool, self.recommend(_current(m, self.pool), POOL_METRICS[self.metric](m)))
+        """One tick: hold while either pool is scaling, else :meth:`recommend`."""
+        current = _current(m, self.pool)
+        provisioned = _current(m, self.pool, provisioned=True)
+        if self._target is not None and self._target == current and provisioned == current:
+            self._target = None  # reached
+        starting = m.fill_workers_starting + m.decode_workers_starting
+        if starting > 0 or (self._target is not None and self._target != current):
+            return ScaleAction(self.pool, self._target if self._target is not None else provisioned)
+        want = self.recommend(current, self.signal(m))
+        if want != current:
+            self._target = want
+        return ScaleAction(self.pool, want)
 
     def params(self) -> dict:
-        return {"pool": self.pool, "sla_target": self.sla_target, "metric": self.metric,
-                "consolidation_fraction": self.consolidation_fraction, "sample_period": self.sample_period}
+        return {"pool": self.pool, "target": self.target, "scale_up": self.scale_up, "scale_down": self.scale_down,
+                "fill_step_tokens": self.fill_step_tokens, "kv_tokens_per_worker": self.kv_tokens_per_worker,
+                "sample_period": self.sample_period}
 
 
 class AIBrixAPA(_PoolAutoscaler):

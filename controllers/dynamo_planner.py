@@ -193,10 +193,7 @@ def planner_config(mode: str = "throughput", predictor: str = "constant", *, ove
     """Dynamo's ``PlannerConfig`` for a mode, validated by Dynamo's own model.
 
     ``throughput``: Dynamo's defaults. ``load``: ``optimization_target = "load"`` with the
-    thresholds a user derives from the engine: prefill scales up at one fill step's tokens queued
-    per worker and down at a tenth of it (Dynamo's throughput-target ratios, 1.0 and 0.1, applied
-    to the step budget), decode up at 90 % and down at 60 % KV use (the throughput target's 60 %
-    scale-down ratio; 90 % leaves vLLM's preemption headroom). ``sla``: load and throughput
+    thresholds of :func:`tokenfactory.controllers.autoscaling.dynamo_load_thresholds`. ``sla``: load and throughput
     scaling, TTFT/ITL targets from the SLO, one FPM bucket (reproducible decisions; see the comment
     in the code). The GPU budget allows ``max_replicas`` workers per
     pool. ``overrides`` are Dynamo's own fields and win over all of these.
@@ -237,9 +234,11 @@ def planner_config(mode: str = "throughput", predictor: str = "constant", *, ove
                          "pre_deployment_sweeping_mode": "none", "prefill_engine_num_gpu": gpus,
                          "decode_engine_num_gpu": gpus, "max_gpu_budget": 2 * int(max_replicas) * gpus}
     if mode == "load":
-        budget = capabilities.fill_token_budget if capabilities is not None else 8192
-        d.update(prefill_scale_up_queue_tokens=int(budget), prefill_scale_down_queue_tokens=int(budget // 10),
-                 decode_scale_up_kv_rate=90.0, decode_scale_down_kv_rate=60.0)
+        from tokenfactory.controllers.autoscaling import dynamo_load_thresholds
+
+        th = dynamo_load_thresholds(capabilities.fill_token_budget if capabilities is not None else 8192)
+        d.update(prefill_scale_up_queue_tokens=int(th["fill"][0]), prefill_scale_down_queue_tokens=int(th["fill"][1]),
+                 decode_scale_up_kv_rate=th["decode"][0], decode_scale_down_kv_rate=th["decode"][1])
     elif mode == "sla":
         # fpm_sample_bucket_size = 1 (Dynamo: 16): the Rust perf model's retained FPMs live in
         # buckets, and when the retention is full it evicts across buckets in an order that differs

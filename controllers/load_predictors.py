@@ -52,6 +52,7 @@ class LoadPredictor:
     def reset(self) -> None:
         """Forget every observation."""
         self.values: list[float] = []
+        self._seen_nonzero = False
 
     def warm_up(self, values) -> "LoadPredictor":
         """Observe a history before the run (Dynamo's warm-up trace).
@@ -68,17 +69,30 @@ class LoadPredictor:
         """
         for v in values:
             self.observe(float(v))
+        self._seen_nonzero = False  # Dynamo's reset_idle_skip: live traffic's idle start is skipped too
         return self
 
-    def observe(self, value: float) -> None:
-        """Record one interval's value (NaN as 0).
+    def observe(self, value: float) -> bool:
+        """Record one interval's value (NaN as 0); zeros before the first non-zero value (the idle
+        start of a deployment) are skipped, as Dynamo's ``BasePredictor.add_data_point`` does.
 
         Parameters
         ----------
         value : float
             The interval's value.
+
+        Returns
+        -------
+        bool
+            Whether the value was recorded.
         """
-        self.values.append(0.0 if math.isnan(value) else float(value))
+        v = 0.0 if math.isnan(value) else float(value)
+        if v == 0.0 and not self._seen_nonzero:
+            return False
+        if v != 0.0:
+            self._seen_nonzero = True
+        self.values.append(v)
+        return True
 
     def predict_next(self) -> float:
         """The next interval's value (the last one before ``min_points``; 0 with none)."""
@@ -213,7 +227,8 @@ class ArimaPredictor(LoadPredictor):
         value : float
             The interval's value.
         """
-        super().observe(value)
+        if not super().observe(value):
+            return
         n = len(self.values)
         if n < self.min_points:
             return
@@ -241,7 +256,8 @@ class KalmanPredictor(LoadPredictor):
     r : float
         Measurement noise (> 0; default 10.0).
     min_points : int
-        Predictions start after this many points (default 5).
+        Dynamo's ``kalman_min_points`` (default 5), kept for its configuration shape: 1.4.2 does not
+        use it in predictions.
     log1p : bool
         Filter log1p of the values (default False).
     """
@@ -269,7 +285,8 @@ class KalmanPredictor(LoadPredictor):
         value : float
             The interval's value.
         """
-        super().observe(value)
+        if not super().observe(value):
+            return
         z = math.log1p(max(self.values[-1], 0.0)) if self.log1p else self.values[-1]
         if self._filter is None:
             # state [level, trend] = [z, 0] with P = 1000 I (Dynamo's filterpy set-up), predicted to the
@@ -281,11 +298,13 @@ class KalmanPredictor(LoadPredictor):
             self._filter.step(z)
 
     def predict_next(self) -> float:
-        """The filter's predicted level (>= 0), or the last value before ``min_points``."""
-        if self._filter is None or len(self.values) < self.min_points:
+        """The filter's predicted level from the first point on (Dynamo 1.4.2's ``predict_next``
+        does not apply ``kalman_min_points``; raw values are not clipped, log1p ones are >= 0), or
+        the last value before any point."""
+        if self._filter is None:
             return super().predict_next()
         f = self._filter.forecast()
-        return max(math.expm1(f) if self.log1p else f, 0.0)
+        return max(math.expm1(f), 0.0) if self.log1p else f
 
 
 #: Dynamo's predictor names and their classes here

@@ -75,11 +75,19 @@ def test_dynamo_throughput_planner():
 def test_dynamo_load_planner():
     from tokenfactory.controllers import DynamoLoadPlanner
 
-    d = DynamoLoadPlanner("decode", sla_target=0.9)
-    assert d.recommend(2, 0.95) == 3            # above the SLA target: +1
-    assert d.recommend(3, 0.50) == 3            # 0.5 x 3/2 = 0.75 >= 0.8 x 0.9 = 0.72: hold
-    assert d.recommend(3, 0.40) == 2            # 0.4 x 3/2 = 0.60 < 0.8 x 0.9 = 0.72: -1
-    assert d.recommend(3, 0.60) == 3            # 0.6 x 3/2 = 0.90 >= 0.72: hold
+    # Dynamo's default throughput target (load_scaling.py): decode +1 above 100 % KV, -1 below 60 %
+    d = DynamoLoadPlanner("decode")
+    assert d.recommend(2, 1.01) == 3
+    assert d.recommend(2, 1.00) == 2            # strict: exactly full holds
+    assert d.recommend(3, 0.59) == 2 and d.recommend(3, 0.60) == 3
+    assert d.recommend(1, 0.10) == 1            # never below one
+    # the load target compares inclusively, decode thresholds in %; fill: queued tokens per worker
+    ld = DynamoLoadPlanner("decode", 90.0, 60.0, target="load")
+    assert ld.recommend(2, 0.90) == 3 and ld.recommend(2, 0.60) == 1
+    lf = DynamoLoadPlanner("fill", 16384, 1638, target="load")
+    assert lf.recommend(2, 16384) == 3 and lf.recommend(2, 1638) == 1 and lf.recommend(2, 1639) == 2
+    with pytest.raises(ConfigError, match="dynamo.scale_up"):
+        DynamoLoadPlanner("fill", target="load")
 
 
 def test_aibrix_apa():

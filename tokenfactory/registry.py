@@ -261,8 +261,8 @@ def build_autoscalers(kind: str, ctx: PlantContext, params: Mapping[str, Any] | 
     The capacity-based kinds (``dynamo-throughput``, ``hysteretic``) size pools to the roofline
     per-worker capacity x :data:`TARGET_UTILIZATION`. The metric-target kinds keep their own
     targets: ``hpa`` and ``apa`` 0.7 fill utilisation and 0.8 KV occupancy, ``kpa`` 0.7 and
-    0.8 of a replica's concurrency at full rate (Little's law), ``dynamo-load`` 0.9 fill
-    utilisation and 1.0 KV occupancy. Every kind is bounded to [1, ``ctx.max_replicas``].
+    0.8 of a replica's concurrency at full rate (Little's law), ``dynamo-load`` Dynamo's
+    ``load`` target (:func:`~tokenfactory.controllers.autoscaling.dynamo_load_thresholds`). Every kind is bounded to [1, ``ctx.max_replicas``].
 
     Parameters
     ----------
@@ -686,8 +686,17 @@ def _dynamo_throughput(ctx: PlantContext, p: dict) -> list:
 
 
 def _dynamo_load(ctx: PlantContext, p: dict) -> list:
-    return [DynamoLoadPlanner("fill", 0.9, "fill_utilization", **_bounds(ctx)),
-            DynamoLoadPlanner("decode", 1.0, "kv_occupancy", **_bounds(ctx))]
+    # Dynamo's load-based rules on the engine the real planner's adapter describes (same thresholds)
+    from tokenfactory.controllers.autoscaling import DYNAMO_THROUGHPUT_TARGET, dynamo_load_thresholds
+    from tokenfactory.controllers.dynamo_planner import DynamoCapabilities
+
+    caps = DynamoCapabilities.from_context(ctx)
+    target = check_choice("autoscaler.target", p.get("target", "load"), ("throughput", "load"))
+    th = dynamo_load_thresholds(caps.fill_token_budget) if target == "load" else DYNAMO_THROUGHPUT_TARGET
+    kw = dict(target=target, prompt_tokens=caps.prompt_tokens, context_tokens=caps.context_tokens,
+              output_tokens=caps.output_tokens, fill_step_tokens=caps.fill_token_budget,
+              kv_tokens_per_worker=caps.max_kv_tokens, **_bounds(ctx))
+    return [DynamoLoadPlanner(pool, *th[pool], **kw) for pool in ("fill", "decode")]
 
 
 def _dynamo_planner(ctx: PlantContext, p: dict) -> list:
@@ -731,8 +740,10 @@ register(ControllerKind("kpa", "reconfiguration", "Knative KPA (stable window 60
 register(ControllerKind("dynamo-throughput", "reconfiguration", "NVIDIA Dynamo planner, throughput mode "
                         "(ceil(predicted demand / capacity) every 180 s)", _dynamo_throughput,
                         ("predictor", "demand", "warmup"), baseline=True))
-register(ControllerKind("dynamo-load", "reconfiguration", "NVIDIA Dynamo planner, load mode (+-1 per 5 s tick)",
-                        _dynamo_load, baseline=True))
+register(ControllerKind("dynamo-load", "reconfiguration", "NVIDIA Dynamo planner's load-based rules "
+                        "re-implemented (+-1 per 5 s tick on queued prompt tokens and KV use; target load or "
+                        "throughput; agrees with dynamo-planner tick by tick)", _dynamo_load, ("target",),
+                        baseline=True))
 register(ControllerKind("dynamo-planner", "reconfiguration", "NVIDIA Dynamo's own planner (ai-dynamo 1.4.2, "
                         "unchanged; modes throughput, load, sla; Dynamo PlannerConfig fields in planner_config)",
                         _dynamo_planner, ("mode", "predictor", "planner_config"), baseline=True))
