@@ -10,7 +10,7 @@ algorithm. The metric is any function of the :class:`tokenfactory.signals.Measur
   ceil(current x metric / target), no change while |metric / target - 1| <= 0.1 (tolerance);
   scale-down stabilization window 300 s (the highest recommendation in the window is used);
   default scale-up policies 4 pods or 100 % per 15 s, the larger wins; scale-down 100 % per 15 s;
-  sync period 15 s.
+  policies count the scale events of their period; sync period 15 s.
 * :class:`KnativeAutoscaler` - Knative KPA (knative.dev docs, "Additional autoscaling
   configuration for Knative Pod Autoscaler"): stable window 60 s, panic window 10 % of it (6 s),
   panic threshold 200 %, max scale-up rate 1000, max scale-down rate 2, tick 2 s; desired =
@@ -25,7 +25,11 @@ algorithm. The metric is any function of the :class:`tokenfactory.signals.Measur
   (fill) or KV use (decode) reach the scale-up threshold, -1 when all are below the scale-down
   one, both pools frozen while either scales; checked tick by tick against the real planner.
 * :class:`AIBrixAPA` - AIBrix APA: scale to ceil(current x metric / target) only outside a
-  +/-10 % band around the target, and scale down no sooner than 300 s after the last change.
+  +/-10 % band around the target, at most x2 up and /2 down per decision, and scale down no
+  sooner than 300 s after the last change.
+
+The HPA, KPA and APA decision cores carry their upstream unit-test cases
+(``tests/test_autoscaling_upstream.py``, each case citing its file and test).
 """
 
 from __future__ import annotations
@@ -82,8 +86,19 @@ class _PoolAutoscaler(SampledController):
 class HorizontalPodAutoscaler(_PoolAutoscaler):
     """Kubernetes HPA on a per-replica average metric (e.g. utilization 0-1) with target ``target``.
 
-    The current replica count is the deployment's (serving plus starting workers), while the
-    metric comes from serving workers only; during a start-up both together can cascade.
+    The decision follows ``pkg/controller/podautoscaler`` (horizontal.go): the raw recommendation
+    ceil(current x metric / target) outside the tolerance; stabilization over the recommendations
+    of the last ``upscale_stabilization_s`` (the lowest) and ``downscale_stabilization_s`` (the
+    highest), never moving past the current count (``stabilizeRecommendationWithBehaviors``);
+    then the scaling policies (``convertDesiredReplicasWithBehaviorRate``): each policy allows
+    ``pods`` or ``percent`` of the count at the start of its period, the count the scale events of
+    the period are taken back from; ``select`` picks the policy that allows the largest change
+    (``max``, default), the smallest (``min``) or none (``disabled``); the bounds last.
+    ``tests/test_autoscaling_upstream.py`` ports upstream's unit-test cases.
+
+    The current replica count is the deployment's (serving plus starting workers), the metric the
+    serving workers' average; starting workers are unready pods, counted at 0 on a scale-up as
+    upstream does (so a start-up alone does not cascade; a queue that keeps growing still does).
 
     Parameters
     ----------
@@ -99,40 +114,179 @@ class HorizontalPodAutoscaler(_PoolAutoscaler):
     tolerance : float
         No change while |metric / target - 1| is at most this ([0, 1]; default 0.1).
     downscale_stabilization_s : float
-        Scale-down stabilization window (s, >= 0; default 300): never scale below the highest
-        recommendation of this window.
+        Scale-down stabilization window (s, >= 0; default 300).
+    upscale_stabilization_s : float
+        Scale-up stabilization window (s, >= 0; default 0).
     scale_up_pods : int
-        Scale-up policy: add at most this many pods per sample (>= 0; default 4) ...
+        The default scale-up pods policy: this many pods per 15 s (>= 0; default 4) ...
     scale_up_percent : float
-        ... or this percentage of the current count (>= 0; default 100), whichever allows more.
+        ... and the percent policy: this percentage per 15 s (>= 0; default 100).
     scale_down_percent : float
-        Scale-down policy: remove at most this percentage per sample ([0, 100]; default 100).
+        The default scale-down policy: this percentage per 15 s ([0, 100]; default 100).
+    scale_up_policies, scale_down_policies : sequence of (kind, value, period_s), optional
+        Policies replacing the defaults above: kind ``"pods"`` or ``"percent"``, value >= 0,
+        period in (0, 1800] s (Kubernetes' bounds).
+    scale_up_select, scale_down_select : str
+        ``"max"`` (default), ``"min"`` or ``"disabled"``.
     sample_period : float
-        Sync period (s, > 0; default 15); the scaling policies apply per sample.
+        Sync period (s, > 0; default 15).
     """
 
     name = "hpa"
 
     def __init__(self, pool: str, target: float, metric: str = "decode_utilization", *, min_replicas: int = 1,
                  max_replicas: int = 1000, tolerance: float = 0.1, downscale_stabilization_s: float = 300.0,
-                 scale_up_pods: int = 4, scale_up_percent: float = 100.0, scale_down_percent: float = 100.0,
-                 sample_period: float = 15.0):
+                 upscale_stabilization_s: float = 0.0, scale_up_pods: int = 4, scale_up_percent: float = 100.0,
+                 scale_down_percent: float = 100.0, scale_up_policies=None, scale_down_policies=None,
+                 scale_up_select: str = "max", scale_down_select: str = "max", sample_period: float = 15.0):
         super().__init__(sample_period)
         self._init_pool("hpa", pool, min_replicas, max_replicas)
         self.target = check_number("hpa.target", target, low=0.0, low_inclusive=False)
         self.metric = check_choice("hpa.metric", metric, POOL_METRICS)
         self.tolerance = check_number("hpa.tolerance", tolerance, low=0.0, high=1.0)
         self.downscale_stabilization_s = check_number("hpa.downscale_stabilization_s", downscale_stabilization_s, low=0.0)
+        self.upscale_stabilization_s = check_number("hpa.upscale_stabilization_s", upscale_stabilization_s, low=0.0)
         self.scale_up_pods = check_int("hpa.scale_up_pods", scale_up_pods, low=0)
         self.scale_up_percent = check_number("hpa.scale_up_percent", scale_up_percent, low=0.0)
         self.scale_down_percent = check_number("hpa.scale_down_percent", scale_down_percent, low=0.0, high=100.0)
+        up = scale_up_policies if scale_up_policies is not None else (
+            ("pods", self.scale_up_pods, 15.0), ("percent", self.scale_up_percent, 15.0))
+        down = scale_down_policies if scale_down_policies is not None else (("percent", self.scale_down_percent, 15.0),)
+        self.scale_up_policies = _policies("hpa.scale_up_policies", up)
+        self.scale_down_policies = _policies("hpa.scale_down_policies", down)
+        self.scale_up_select = check_choice("hpa.scale_up_select", scale_up_select, ("max", "min", "disabled"))
+        self.scale_down_select = check_choice("hpa.scale_down_select", scale_down_select, ("max", "min", "disabled"))
         self.reset()
 
     def reset(self) -> None:
-        self._recs: deque = deque()  # (t, recommendation) for the scale-down stabilization window
+        self._recs: list = []  # (t, unstabilized recommendation)
+        self._up_events: list = []  # (t, replicas added)
+        self._down_events: list = []  # (t, replicas removed)
 
-    def recommend(self, t: float, current: int, metric_value: float) -> int:
-        """The HPA decision at one sync (records the raw recommendation for stabilization).
+    def raw(self, current: int, metric_value: float, ready: int | None = None, unready: int = 0,
+            missing: int = 0, missing_fallback: float | None = None) -> int:
+        """The replica calculator (upstream ``replica_calculator.go``, ``calcPlainMetricReplicas``).
+
+        ``metric_value`` is the average over the ``ready`` pods that report it. Without unready or
+        missing pods: ceil(ratio x ready) outside the tolerance. Otherwise the ratio is recomputed
+        with missing pods at ``missing_fallback`` on a scale-down (default the target: custom
+        metrics; resource utilization uses max(1, target)) and at 0 on a scale-up, and unready
+        (starting) pods at 0 on a scale-up; no change when the new ratio is within the tolerance
+        or crosses 1, or when the result would move against it.
+
+        Parameters
+        ----------
+        current : int
+            The deployment's replicas.
+        metric_value : float
+            Average metric over the ready pods with metrics.
+        ready : int, optional
+            Ready pods with metrics (default ``current``).
+        unready, missing : int
+            Pods not ready (starting) and ready pods without metrics (default 0).
+        missing_fallback : float, optional
+            A missing pod's value on a scale-down (default the target).
+
+        Returns
+        -------
+        int
+        """
+        ready = current if ready is None else int(ready)
+        ratio = metric_value / self.target
+        within = abs(1.0 - ratio) <= self.tolerance
+        up_with_unready = unready > 0 and ratio > 1.0
+        if not up_with_unready and missing == 0:
+            return current if within else math.ceil(ratio * ready)
+        total, n = metric_value * ready, ready
+        if missing and ratio != 1.0:  # upstream fills them in only off the target
+            if ratio < 1.0:
+                total += missing * (self.target if missing_fallback is None else missing_fallback)
+            n += missing
+        if up_with_unready:
+            n += unready
+        new = total / n / self.target if n else ratio
+        if abs(1.0 - new) <= self.tolerance or (ratio < 1.0 < new) or (ratio > 1.0 > new):
+            return current
+        out = math.ceil(new * n)
+        if (new < 1.0 and out > current) or (new > 1.0 and out < current):
+            return current
+        return out
+
+    def stabilize(self, t: float, current: int, desired: int) -> int:
+        """Upstream ``stabilizeRecommendationWithBehaviors``: the lowest recommendation of the
+        scale-up window and the highest of the scale-down window bound the move from ``current``;
+        ``desired`` is recorded."""
+        up_cut, down_cut = t - self.upscale_stabilization_s, t - self.downscale_stabilization_s
+        up_rec = down_rec = desired
+        for ts, r in self._recs:
+            if ts > up_cut:
+                up_rec = min(up_rec, r)
+            if ts > down_cut:
+                down_rec = max(down_rec, r)
+        rec = min(max(current, up_rec), down_rec)
+        keep = min(up_cut, down_cut)
+        self._recs = [(ts, r) for ts, r in self._recs if ts > keep]
+        self._recs.append((t, desired))
+        return rec
+
+    def _limit(self, t: float, current: int, up: bool) -> int:
+        policies = self.scale_up_policies if up else self.scale_down_policies
+        select = self.scale_up_select if up else self.scale_down_select
+        if select == "disabled":
+            return current
+        best = None
+        for kind, value, period in policies:
+            added = sum(c for ts, c in self._up_events if ts > t - period)
+            deleted = sum(c for ts, c in self._down_events if ts > t - period)
+            start = current - added + deleted
+            if up:
+                prop = start + value if kind == "pods" else math.ceil(start * (1 + value / 100.0))
+            else:  # Go's int32() truncates toward zero
+                prop = start - value if kind == "pods" else int(start * (1 - value / 100.0))
+            if best is None:
+                best = prop
+            elif up:
+                best = max(best, prop) if select == "max" else min(best, prop)
+            else:
+                best = min(best, prop) if select == "max" else max(best, prop)
+        return current if best is None else int(best)
+
+    def rate_limit(self, t: float, current: int, desired: int) -> tuple[int, str]:
+        """Upstream ``convertDesiredReplicasWithBehaviorRate``: the policies' limits (never past the
+        current count in the wrong direction) and the replica bounds, with the limiting condition
+        (``ScaleUpLimit``, ``TooManyReplicas``, ``ScaleDownLimit``, ``TooFewReplicas`` or
+        ``DesiredWithinRange``)."""
+        if desired > current:
+            limit = max(self._limit(t, current, True), current)
+            if self.max_replicas > limit:
+                top, why = limit, "ScaleUpLimit"
+            else:
+                top, why = self.max_replicas, "TooManyReplicas"
+            if desired > top:
+                return top, why
+        elif desired < current:
+            limit = min(self._limit(t, current, False), current)
+            if self.min_replicas < limit:
+                bottom, why = limit, "ScaleDownLimit"
+            else:
+                bottom, why = self.min_replicas, "TooFewReplicas"
+            if desired < bottom:
+                return bottom, why
+        return desired, "DesiredWithinRange"
+
+    def record_scale(self, t: float, current: int, new: int) -> None:
+        """Upstream ``storeScaleEvent``: a rescale is an event the policies' periods count."""
+        horizon = max([p for _, _, p in self.scale_up_policies + self.scale_down_policies] or [0.0])
+        self._up_events = [(ts, c) for ts, c in self._up_events if ts > t - horizon]
+        self._down_events = [(ts, c) for ts, c in self._down_events if ts > t - horizon]
+        if new > current:
+            self._up_events.append((t, new - current))
+        elif new < current:
+            self._down_events.append((t, current - new))
+
+    def recommend(self, t: float, current: int, metric_value: float, ready: int | None = None,
+                  unready: int = 0) -> int:
+        """The HPA decision at one sync (records the recommendation and the scale event).
 
         Parameters
         ----------
@@ -141,37 +295,52 @@ class HorizontalPodAutoscaler(_PoolAutoscaler):
         current : int
             Current replicas (the deployment's, starting ones included).
         metric_value : float
-            The metric's current per-replica average.
+            The metric's current average over the ready replicas.
+        ready, unready : int, optional
+            Ready (serving) and unready (starting) replicas (default: all ``current`` ready).
 
         Returns
         -------
         int
-            Desired replicas: ceil(current x metric / target) outside the tolerance,
-            stabilized on scale-down, rate-limited by the policies, within the bounds.
+            Desired replicas: the raw recommendation (:meth:`raw`), stabilized, rate-limited by
+            the policies, within the bounds.
         """
-        ratio = metric_value / self.target
-        raw = current if abs(ratio - 1.0) <= self.tolerance else math.ceil(current * ratio - 1e-9)
-        self._recs.append((t, raw))
-        while self._recs and self._recs[0][0] < t - self.downscale_stabilization_s:
-            self._recs.popleft()
-        # scale-down stabilization: never below the highest recommendation in the window
-        desired = raw if raw >= current else min(current, max(r for _, r in self._recs))
-        up_limit = max(current + self.scale_up_pods, math.floor(current * (1 + self.scale_up_percent / 100.0)))
-        down_limit = math.ceil(current * (1 - self.scale_down_percent / 100.0))
-        desired = min(max(desired, down_limit), up_limit)
-        return self._bounded(desired)
+        desired = self.stabilize(t, current, self.raw(current, metric_value, ready, unready))
+        desired, _ = self.rate_limit(t, current, desired)
+        desired = self._bounded(desired)
+        self.record_scale(t, current, desired)
+        return desired
 
     def update(self, t: float, m: Measurement) -> ScaleAction:
         """One sync on the plant's sample: :meth:`recommend` as a :class:`ScaleAction`."""
         # currentReplicas is the deployment's spec (starting pods included); the metric is the
-        # average over pods that report it (serving ones) - together they cascade during start-up
-        return ScaleAction(self.pool, self.recommend(t, _current(m, self.pool, provisioned=True),
-                                                     POOL_METRICS[self.metric](m)))
+        # average over pods that report it (serving ones); starting pods are unready: on a
+        # scale-up upstream counts them at 0, on a scale-down it sizes from the ready ones
+        serving = _current(m, self.pool)
+        provisioned = _current(m, self.pool, provisioned=True)
+        return ScaleAction(self.pool, self.recommend(t, provisioned, POOL_METRICS[self.metric](m), serving,
+                                                     provisioned - serving))
 
     def params(self) -> dict:
         return {k: getattr(self, k) for k in ("pool", "target", "metric", "min_replicas", "max_replicas", "tolerance",
-                                              "downscale_stabilization_s", "scale_up_pods", "scale_up_percent",
-                                              "scale_down_percent", "sample_period")}
+                                              "downscale_stabilization_s", "upscale_stabilization_s",
+                                              "scale_up_policies", "scale_down_policies", "scale_up_select",
+                                              "scale_down_select", "sample_period")}
+
+
+def _policies(field: str, policies) -> tuple:
+    out = []
+    for i, pol in enumerate(policies):
+        try:
+            kind, value, period = pol
+        except (TypeError, ValueError):
+            raise ConfigError(f"{field}[{i}]", f"expected (kind, value, period_s), got {pol!r}") from None
+        check_choice(f"{field}[{i}].kind", kind, ("pods", "percent"))
+        out.append((kind, check_number(f"{field}[{i}].value", value, low=0.0),
+                    check_number(f"{field}[{i}].period_s", period, low=0.0, high=1800.0, low_inclusive=False)))
+    if not out:
+        raise ConfigError(field, "needs at least one policy")
+    return tuple(out)
 
 
 class KnativeAutoscaler(_PoolAutoscaler):
@@ -226,12 +395,56 @@ class KnativeAutoscaler(_PoolAutoscaler):
 
     def reset(self) -> None:
         self._obs: deque = deque()
-        self._panic_since: float | None = None   # last time the panic condition held
-        self.in_panic = False
+        self._panic_time: float | None = None  # last tick the panic condition held (knative's panicTime)
+        self._max_panic_pods = 0
+
+    @property
+    def in_panic(self) -> bool:
+        return self._panic_time is not None
 
     def _avg(self, t: float, window: float) -> float:
         vals = [v for (s, v) in self._obs if s > t - window]
         return sum(vals) / len(vals) if vals else 0.0
+
+    def decide(self, t: float, ready: int, stable_value: float, panic_value: float) -> int:
+        """Knative's decision on window averages (``pkg/autoscaler/scaling/autoscaler.go``
+        ``Scale``): stable and panic pod counts ceil(value / target), each held within
+        [floor(ready / max scale-down rate), ceil(max scale-up rate x ready)]; panic starts (and is
+        extended) while the panic count is at least the panic threshold x ready and ends a stable
+        window after the last such tick; in panic the larger count, never lower than the highest
+        one of this panic.
+
+        Parameters
+        ----------
+        t : float
+            Time of the tick (s).
+        ready : int
+            Ready replicas (taken as at least 1).
+        stable_value, panic_value : float
+            The metric averaged over the stable and the panic window.
+
+        Returns
+        -------
+        int
+            Desired replicas within the bounds.
+        """
+        ready_f = max(1.0, float(ready))
+        max_up = math.ceil(self.max_scale_up_rate * ready_f)
+        max_down = math.floor(ready_f / self.max_scale_down_rate)
+        dspc = math.ceil(stable_value / self.target)
+        dppc = math.ceil(panic_value / self.target)
+        stable = int(min(max(dspc, max_down), max_up))
+        panic = int(min(max(dppc, max_down), max_up))
+        over = dppc / ready_f >= self.panic_threshold
+        if over:
+            self._panic_time = t
+        elif self._panic_time is not None and self._panic_time + self.stable_window_s < t:
+            self._panic_time, self._max_panic_pods = None, 0
+        desired = stable
+        if self._panic_time is not None:  # never scale down in panic
+            self._max_panic_pods = max(self._max_panic_pods, max(stable, panic))
+            desired = self._max_panic_pods
+        return self._bounded(desired)
 
     def recommend(self, t: float, current: int, metric_value: float) -> int:
         """The KPA decision at one tick (records the observation in the windows).
@@ -248,24 +461,12 @@ class KnativeAutoscaler(_PoolAutoscaler):
         Returns
         -------
         int
-            Desired replicas: ceil(stable-window average / target), or in panic
-            max(ceil(panic-window average / target), current); rate-limited and within the
-            bounds.
+            :meth:`decide` on the stable- and panic-window averages.
         """
         self._obs.append((t, metric_value))
         while self._obs and self._obs[0][0] <= t - self.stable_window_s:
             self._obs.popleft()
-        stable = math.ceil(self._avg(t, self.stable_window_s) / self.target - 1e-9)
-        panic = math.ceil(self._avg(t, self.panic_window_s) / self.target - 1e-9)
-        ready = max(current, 1)
-        if panic / ready >= self.panic_threshold:
-            self.in_panic, self._panic_since = True, t
-        elif self.in_panic and t - self._panic_since >= self.stable_window_s:
-            self.in_panic = False
-        desired = max(panic, current) if self.in_panic else stable
-        desired = min(desired, math.ceil(ready * self.max_scale_up_rate))
-        desired = max(desired, math.floor(ready / self.max_scale_down_rate))
-        return self._bounded(desired)
+        return self.decide(t, current, self._avg(t, self.stable_window_s), self._avg(t, self.panic_window_s))
 
     def update(self, t: float, m: Measurement) -> ScaleAction:
         """One tick on the plant's sample: :meth:`recommend` as a :class:`ScaleAction`."""
@@ -548,7 +749,9 @@ class DynamoLoadPlanner(_PoolAutoscaler):
 
 
 class AIBrixAPA(_PoolAutoscaler):
-    """AIBrix APA: a +/-10 % band around the target and a 300 s scale-down cooldown.
+    """AIBrix APA: a +/-10 % band around the target, scale rates of at most x2 up and /2 down per
+    decision (AIBrix's defaults, ``pkg/controller/podautoscaler/context/context.go``) and a 300 s
+    scale-down cooldown.
 
     Parameters
     ----------
@@ -565,6 +768,9 @@ class AIBrixAPA(_PoolAutoscaler):
         Scale down only when metric / target is below 1 - this ([0, 1]; default 0.1).
     scale_down_cooldown_s : float
         No scale-down sooner than this after the last change, up or down (s, >= 0; default 300).
+    max_scale_up_rate, max_scale_down_rate : float
+        At most ceil(rate x current) up and at least floor(current / rate) down per decision
+        (>= 1; AIBrix's defaults 2 and 2).
     min_replicas, max_replicas : int
         Bounds of the recommendation (workers; defaults 1 and 1000; max >= max(1, min)).
     sample_period : float
@@ -574,10 +780,13 @@ class AIBrixAPA(_PoolAutoscaler):
     name = "aibrix-apa"
 
     def __init__(self, pool: str, target: float, metric: str = "decode_utilization", *, up_band: float = 0.1,
-                 down_band: float = 0.1, scale_down_cooldown_s: float = 300.0, min_replicas: int = 1,
-                 max_replicas: int = 1000, sample_period: float = 15.0):
+                 down_band: float = 0.1, scale_down_cooldown_s: float = 300.0, max_scale_up_rate: float = 2.0,
+                 max_scale_down_rate: float = 2.0, min_replicas: int = 1, max_replicas: int = 1000,
+                 sample_period: float = 15.0):
         super().__init__(sample_period)
         self._init_pool("apa", pool, min_replicas, max_replicas)
+        self.max_scale_up_rate = check_number("apa.max_scale_up_rate", max_scale_up_rate, low=1.0)
+        self.max_scale_down_rate = check_number("apa.max_scale_down_rate", max_scale_down_rate, low=1.0)
         self.target = check_number("apa.target", target, low=0.0, low_inclusive=False)
         self.metric = check_choice("apa.metric", metric, POOL_METRICS)
         self.up_band = check_number("apa.up_band", up_band, low=0.0, high=1.0)
@@ -606,16 +815,37 @@ class AIBrixAPA(_PoolAutoscaler):
             ceil(current x metric / target) outside the band (down only after the cooldown),
             else current; within the bounds.
         """
-        ratio = metric_value / self.target
         want = current
-        if ratio > 1.0 + self.up_band:
-            want = math.ceil(current * ratio - 1e-9)
-        elif ratio < 1.0 - self.down_band and t - self._last_change >= self.scale_down_cooldown_s:
-            want = math.ceil(current * ratio - 1e-9)
+        if t - self._last_change >= self.scale_down_cooldown_s or metric_value / self.target > 1.0 + self.up_band:
+            want = self.target_replicas(current, metric_value)
         want = self._bounded(want)
         if want != current:
             self._last_change = t
         return want
+
+    def target_replicas(self, current: int, metric_value: float) -> int:
+        """AIBrix's ``computeTargetReplicas`` (``pkg/controller/podautoscaler/algorithm/apa.go``):
+        ceil(current x metric / target) above 1 + ``up_band`` (at most ceil(max scale-up rate x
+        current)) or below 1 - ``down_band`` (at least floor(current / max scale-down rate)), else
+        ``current``; before the replica bounds and the cooldown.
+
+        Parameters
+        ----------
+        current : int
+            Current replicas.
+        metric_value : float
+            The metric's per-replica value.
+
+        Returns
+        -------
+        int
+        """
+        ratio = metric_value / self.target
+        if ratio > 1.0 + self.up_band:
+            return min(math.ceil(current * ratio), math.ceil(self.max_scale_up_rate * current))
+        if ratio < 1.0 - self.down_band:
+            return max(math.ceil(current * ratio), math.floor(current / self.max_scale_down_rate))
+        return current
 
     def update(self, t: float, m: Measurement) -> ScaleAction:
         """One decision on the plant's sample: :meth:`recommend` as a :class:`ScaleAction`."""
@@ -625,4 +855,5 @@ class AIBrixAPA(_PoolAutoscaler):
     def params(self) -> dict:
         return {"pool": self.pool, "target": self.target, "metric": self.metric, "up_band": self.up_band,
                 "down_band": self.down_band, "scale_down_cooldown_s": self.scale_down_cooldown_s,
+                "max_scale_up_rate": self.max_scale_up_rate, "max_scale_down_rate": self.max_scale_down_rate,
                 "sample_period": self.sample_period}

@@ -40,8 +40,10 @@ def test_kpa_hand_worked_sequence():
     assert k.recommend(62, 10, 200.0) == 15  # panic mean(50, 200, 200) = 150 -> 15
     for t in range(64, 120, 2):
         assert k.recommend(t, 15, 10.0) == 15  # in panic: never scale down
-    out = k.recommend(120, 15, 10.0)           # 60 s since the last panic condition (t = 60): leave panic
-    # stable window (60, 120]: (200 + 29 x 10) / 30 = 16.3 -> 2, but at most halving: 15 // 2 = 7
+    # knative leaves panic once panicTime + stable window < now, strictly: still in panic at 120
+    assert k.recommend(120, 15, 10.0) == 15 and k.in_panic
+    out = k.recommend(122, 15, 10.0)
+    # stable window (62, 122]: 30 x 10 / 30 = 10 -> 1, but at most halving: 15 // 2 = 7
     assert not k.in_panic and out == 7
 
 
