@@ -3,7 +3,7 @@
 Not tests: numbers depend on the machine. Each entry records what was measured and how often.
 ``python -m benchmarks.run des`` runs only the request simulator's entry and prints it (nothing
 written), for before/after comparisons of a change; ``python -m benchmarks.run margins envelope
-sweeps overload`` runs only those sections and merges them into the existing results.
+sweeps overload cross-simulator`` runs only those sections and merges them into the existing results.
 """
 
 from __future__ import annotations
@@ -431,7 +431,29 @@ def _sweeps(sizes=(10_000, 100_000)) -> dict:
     return out
 
 
-SECTIONS = ("margins", "envelope", "sweeps", "overload")
+def _cross_simulator(requests: int = 20_000, rate_rps: float = 20.0) -> dict:
+    """Dynamo's replay (its Rust mocker) and the request simulator on the same Poisson trace (ISL
+    3,000 / OSL 150 at ``rate_rps``), the same 2 prefill + 2 decode workers and the same pass times
+    (the service model's, exported as a mocker profile), one after the other in this process:
+    simulated requests per wall-second of each and their ratio, with the TTFT / ITL medians."""
+    import numpy as np
+    import pandas as pd
+
+    from tokenfactory.plant_models import RequestShape, ServiceModel, Worker
+    from tokenfactory.plant_models.dynamo_mocker import cross_simulate
+
+    w = Worker.from_dict({"model": "deepseek-v3", "hardware": "h200"})
+    svc = ServiceModel(w, w, RequestShape(3000, 150))
+    rng = np.random.default_rng(1)
+    t = np.cumsum(rng.exponential(1.0 / rate_rps, requests))
+    trace = pd.DataFrame({"arrival_s": t, "input_tokens": 3000, "cached_tokens": 0, "output_tokens": 150})
+    res = cross_simulate(trace, svc, 2, 2)
+    return {"trace": f"{requests} Poisson requests at {rate_rps:g} req/s, ISL 3000 / OSL 150",
+            "workers": "2 prefill + 2 decode", "simulators": res.rows, "median_gaps": res.median_gaps(),
+            "ratio_tokenfactory_to_dynamo_replay": res.speed_ratio, "ai_dynamo": res.config["ai-dynamo"]}
+
+
+SECTIONS = ("margins", "envelope", "sweeps", "overload", "cross-simulator")
 
 
 def _run_sections(names: list[str]) -> dict:
@@ -444,9 +466,11 @@ def _run_sections(names: list[str]) -> dict:
     for name in names:
         # the machine is shared: the 1-minute load average before and after says how contended the run was
         load_before = os.getloadavg()[0]
-        entry = {"margins": _margins, "envelope": _envelope, "sweeps": _sweeps, "overload": _overload}[name]()
+        entry = {"margins": _margins, "envelope": _envelope, "sweeps": _sweeps, "overload": _overload,
+                 "cross-simulator": _cross_simulator}[name]()
         entry["load_average_1min_before_after"] = [load_before, os.getloadavg()[0]]
-        key = {"margins": "batched_margins", "overload": "overload"}.get(name, f"margins_{name}")
+        key = {"margins": "batched_margins", "overload": "overload", "cross-simulator": "cross_simulator"}.get(
+            name, f"margins_{name}")
         results[key] = entry
     return results
 
@@ -501,6 +525,8 @@ def main(argv: list[str] | None = None) -> int:
     results["forecasting"] = _forecasting()
     results["overload"] = _overload()
     print(f"  overload: {results['overload']['loads']}", file=sys.stderr)
+    results["cross_simulator"] = _cross_simulator()
+    print(f"  cross-simulator: {results['cross_simulator']['ratio_tokenfactory_to_dynamo_replay']:.2f} x", file=sys.stderr)
     results["_meta"] = {"python": platform.python_version(), "machine": platform.machine(),
                         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                         "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
