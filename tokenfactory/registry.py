@@ -763,6 +763,8 @@ CONTROL_PLANES: dict[str, tuple[str | None, str | None]] = {
     "knative-kpa": ("kpa", None),
     "dynamo-throughput": ("dynamo-throughput", None),
     "dynamo-load": ("dynamo-load", None),
+    # NVIDIA's own planner code (ai-dynamo), its default throughput target, in place of the rules above
+    "dynamo-planner": ("dynamo-planner", None),
     "aibrix-apa": ("apa", None),
     "tokenfactory-hysteretic": ("hysteretic", None),
     "tokenfactory-hysteretic + smoothed": ("hysteretic", "smoothed"),
