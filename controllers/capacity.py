@@ -20,7 +20,7 @@ import pandas as pd
 
 from tokenfactory.plant_models.fluid import FluidParams
 from tokenfactory.plant_models.service import ServiceModel
-from tokenfactory.validation import ConfigError, check_int, check_number
+from tokenfactory.core.validation import ConfigError, check_int, check_number
 
 __all__ = ["PoolRates", "hourly_peak", "workers_needed", "plan_capacity", "score_plan", "oracle_plan",
            "static_split"]

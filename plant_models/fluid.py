@@ -37,14 +37,14 @@ import control
 import numpy as np
 import pandas as pd
 
-from tokenfactory.events import DecodeRateDip, DecodeWorkersLost, DemandStep, events_from_dicts
+from tokenfactory.core.events import DecodeRateDip, DecodeWorkersLost, DemandStep, events_from_dicts
 from tokenfactory.plant_models.delay import DelayLine
 from tokenfactory.plant_models.result import SERIES_COLUMNS, SimulationResult
 from tokenfactory.plant_models.roofline import Worker
 from tokenfactory.plant_models.service import DEFAULT_KV_SETUP_S, DEFAULT_KV_STRIPES, KVLink, RequestShape, ServiceModel
-from tokenfactory.signals import AdmissionAction, Measurement, sort_actions
-from tokenfactory.errors import ConservationError
-from tokenfactory.validation import ConfigError, check_int, check_number, reject_unknown_keys
+from tokenfactory.core.signals import AdmissionAction, Measurement, sort_actions
+from tokenfactory.core.errors import ConservationError
+from tokenfactory.core.validation import ConfigError, check_int, check_number, reject_unknown_keys
 
 __all__ = [
     "FluidParams",
@@ -355,7 +355,7 @@ class FluidPlant:
 # Scenarios and the closed-loop simulator
 
 
-#: the disturbances the admission-loop plant accepts (:mod:`tokenfactory.events`)
+#: the disturbances the admission-loop plant accepts (:mod:`tokenfactory.core.events`)
 DISTURBANCE_KINDS = (DemandStep.kind, DecodeRateDip.kind, DecodeWorkersLost.kind)
 
 
@@ -372,9 +372,9 @@ class LoopScenario:
     dt : float
         Integration step (s, in [1e-5, 1]; default 0.01); also the grid of the delay lines.
     disturbances : tuple of events
-        :class:`~tokenfactory.events.DemandStep` (demand x ``factor`` from ``at_s``),
-        :class:`~tokenfactory.events.DecodeRateDip` (decode rate x ``factor`` for ``duration_s``
-        from ``start_s``) and :class:`~tokenfactory.events.DecodeWorkersLost` (``fraction`` of the
+        :class:`~tokenfactory.core.events.DemandStep` (demand x ``factor`` from ``at_s``),
+        :class:`~tokenfactory.core.events.DecodeRateDip` (decode rate x ``factor`` for ``duration_s``
+        from ``start_s``) and :class:`~tokenfactory.core.events.DecodeWorkersLost` (``fraction`` of the
         decode workers gone from ``at_s``); dicts with a ``kind`` are accepted by
         :meth:`from_dict`. Default none.
     demand_noise_cv : float
@@ -459,7 +459,7 @@ def simulate_loop(plant: FluidPlant, controller, scenario: LoopScenario, *,
     measurement delay are exact delay lines on that grid. Each controller is sampled every
     ``sample_period`` seconds, sees a :class:`Measurement` ``measurement_delay_s`` old, and its
     action is held until the next sample (zero-order hold): an admission command, or a decode
-    batch cap (:class:`tokenfactory.signals.BatchCapAction`, per worker; joins stop above it and
+    batch cap (:class:`tokenfactory.core.signals.BatchCapAction`, per worker; joins stop above it and
     the batch shrinks as sequences complete). Raises :class:`ConservationError` if requests are
     lost or invented.
 
@@ -469,10 +469,10 @@ def simulate_loop(plant: FluidPlant, controller, scenario: LoopScenario, *,
         The plant and its pools.
     controller : Controller or sequence of Controller
         Sampled controllers, each with ``sample_period`` (s, >= ``scenario.dt``), ``reset()`` and
-        ``update(t, measurement)`` returning an :class:`~tokenfactory.signals.AdmissionAction`, a
-        :class:`~tokenfactory.signals.BatchCapAction`, a list of them or a bare admission rate
+        ``update(t, measurement)`` returning an :class:`~tokenfactory.core.signals.AdmissionAction`, a
+        :class:`~tokenfactory.core.signals.BatchCapAction`, a list of them or a bare admission rate
         (requests/s), e.g. an admission controller and a batch gate (actions sorted by type,
-        :func:`tokenfactory.signals.sort_actions`); reset before the run.
+        :func:`tokenfactory.core.signals.sort_actions`); reset before the run.
     scenario : LoopScenario
         Demand, duration, step, noise and disturbances.
     x0 : sequence of float, optional

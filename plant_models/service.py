@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from tokenfactory.plant_models.roofline import PassTime, Worker
-from tokenfactory.validation import ConfigError, check_int, check_number
+from tokenfactory.core.validation import ConfigError, check_int, check_number
 
 __all__ = ["DEFAULT_KV_STRIPES", "DEFAULT_KV_SETUP_S", "DEFAULT_FILL_TOKENS_PER_REPLICA", "RequestShape",
            "KVLink", "ServiceModel", "mean_active_context", "chunk_context_s", "chunked_fill_s"]

@@ -61,7 +61,7 @@ from tokenfactory.stack import (
 from tokenfactory.stack_requests import morning_ramp, run_stack_on_both_plants
 from tokenfactory.studies.report import StudyReport, markdown_table
 from tokenfactory.traces import trace_available
-from tokenfactory.validation import ConfigError, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError, reject_unknown_keys
 
 __all__ = ["run", "separation_in_simulation", "MISTUNED"]
 
@@ -462,7 +462,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     gate_txt = (f"the gated decode batch cap every {gate_l.get('sample_period_s', 0.25):g} s (static at its "
                 "nominal-context cap in the pool model, whose step averages over many passes)"
                 if gate_l.get("kind") == "gated" else "the decode slot limit")
-    lines = ["The layered stack (`studies/scenarios/stack_default.toml`): " + gate_txt + ", smoothed admission every "
+    lines = ["The layered stack (`tokenfactory/scenarios/stack_default.toml`): " + gate_txt + ", smoothed admission every "
              f"{sc.layers['admission'].get('sample_period_s', 1.0):g} s, planned hysteretic pools every "
              f"{sc.layers['reconfiguration'].get('sample_period_s', 10.0):g} s, and a planning layer refit every "
              f"{sc.layers['planning'].get('refit_s', 86400.0) / 3600:g} h on the last "

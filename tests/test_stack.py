@@ -24,9 +24,10 @@ from tokenfactory.controllers import (
     reconfiguration_loop,
     required_ratio,
 )
-from tokenfactory.signals import AdmissionAction, BatchCapAction, Measurement, ScaleAction, sort_actions, split_action
-from tokenfactory.stack import build_stack, certify, load_stack_scenario, scenario_dir, stack_scenario_from_dict
-from tokenfactory.validation import ConfigError
+from tokenfactory.core.signals import AdmissionAction, BatchCapAction, Measurement, ScaleAction, sort_actions, split_action
+from tokenfactory.scenario import scenario_dir
+from tokenfactory.stack import build_stack, certify, load_stack_scenario, stack_scenario_from_dict
+from tokenfactory.core.validation import ConfigError
 
 
 def _m(t: float, arrival: float = 100.0, fill: float = 2, decode: float = 2) -> Measurement:

@@ -7,7 +7,7 @@ import pytest
 
 from tokenfactory.stack import load_stack_scenario
 from tokenfactory.stack_requests import morning_ramp, requests_as_rates, run_stack_on_requests
-from tokenfactory.validation import ConfigError
+from tokenfactory.core.validation import ConfigError
 
 
 def test_morning_ramp_has_the_requested_shape_and_rises():

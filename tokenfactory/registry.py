@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenfactory.classes import DEFAULT_CLASSES, INTERACTIVE, RequestClass, class_table
+from tokenfactory.core.classes import DEFAULT_CLASSES, INTERACTIVE, RequestClass, class_table
 from tokenfactory.controllers.admission import CompletionTriggeredAdmission, SmoothedAdmission, ThresholdAdmission
 from tokenfactory.controllers.autoscaling import (
     AIBrixAPA,
@@ -43,12 +43,12 @@ from tokenfactory.controllers.batch_gate import BatchGate, largest_batch, pass_t
 from tokenfactory.controllers.early_rejection import EarlyRejection, WatermarkAdmission
 from tokenfactory.controllers.slo_admission import DEFAULT_TTFT_FRACTION, SLOAwareAdmission, tune_slo_admission
 from tokenfactory.controllers.reconfiguration import HystereticPoolController, measured_need_noise
-from tokenfactory.controllers.stack import ControlStack, StackLayer
+from tokenfactory.controllers.control_stack import ControlStack, StackLayer
 from tokenfactory.controllers.tuning import PIGains, simc_pi
 from tokenfactory.plant_models.des import DESParams
 from tokenfactory.plant_models.fluid import FluidParams, FluidPlant
 from tokenfactory.plant_models.fleet import PoolDynamics
-from tokenfactory.validation import ConfigError, check_choice, check_number, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError, check_choice, check_number, reject_unknown_keys
 
 __all__ = ["PlantContext", "ControllerKind", "register", "ADMISSION_KINDS", "AUTOSCALER_KINDS",
            "CONTROL_PLANES", "build_admission", "build_autoscalers", "control_plane", "admission_kinds",

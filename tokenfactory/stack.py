@@ -3,7 +3,7 @@
 A stack scenario names the plant, the SLO, the nominal demand, the worker dynamics, each layer
 (batch gate, admission, reconfiguration, planning) and the envelope the stack must hold over.
 :func:`load_stack_scenario` validates it up front (unknown keys are errors naming the field),
-:func:`build_stack` turns it into a :class:`tokenfactory.controllers.stack.ControlStack` for a
+:func:`build_stack` turns it into a :class:`tokenfactory.controllers.control_stack.ControlStack` for a
 plant, and :func:`certify` computes the stack certificate (``tokenfactory certify``):
 
 * every layer's gain, phase and delay margins over the envelope (delays, service rates, demand
@@ -89,7 +89,7 @@ from tokenfactory.controllers.separation import (
 )
 from tokenfactory.controllers.slo_admission import slo_gate_loop
 from tokenfactory.controllers.stability import DelayedLoop, stability_margins
-from tokenfactory.controllers.stack import (
+from tokenfactory.controllers.control_stack import (
     CapacityScaledBound,
     ControlStack,
     RoleBalancer,
@@ -106,8 +106,8 @@ from tokenfactory.registry import (
     slo_aware_admission,
     smoothed_admission,
 )
-from tokenfactory.scenario import build_plant
-from tokenfactory.validation import (
+from tokenfactory.scenario import build_plant, scenario_dir
+from tokenfactory.core.validation import (
     ConfigError,
     check_choice,
     check_int,
@@ -117,7 +117,7 @@ from tokenfactory.validation import (
 )
 
 __all__ = ["StackScenario", "StackPlant", "load_stack_scenario", "stack_scenario_from_dict", "slot_limit",
-           "build_stack", "reconfiguration_delay_s", "Certificate", "certify", "scenario_dir", "RateWorkload",
+           "build_stack", "reconfiguration_delay_s", "Certificate", "certify", "RateWorkload",
            "rate_workload", "plant_for", "utilization_ceiling", "run_on_rates", "stack_plant", "mixed_workload",
            "MIX_CLASSES", "STATIC_SPLIT", "gate_fraction", "gate_tuning", "GATE_SAMPLE_PERIOD_S",
            "gate_sample_period_s"]
@@ -140,15 +140,6 @@ _RECONF = {"kind", "sample_period_s", "target_utilization", "queue_clear_s", "fi
 _PLANNING = {"kind", "days", "excess_budget", "interval_s", "refit_s", "fine_s", "max_headroom", "use_profile"}
 _ENVELOPE = {"delay_factors", "service_rate_factors", "demand_factors", "startup_factors", "gm_floor", "pm_floor_deg"}
 _CERT = {"min_separation", "max_pm_loss_deg"}
-
-
-def scenario_dir() -> Path:
-    """The folder of the shipped scenarios (``studies/scenarios``), located as package data without
-    importing the studies (a layer above this one)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("tokenfactory.studies")
-    return Path(list(spec.submodule_search_locations)[0]) / "scenarios"
 
 
 @dataclass
@@ -1161,7 +1152,7 @@ def rate_workload(spec: str, *, scale: float = 1.0, last_days: float | None = 4.
 #: sources: ``chat`` - interactive conversation, decode-heavy: 340 output tokens, about ShareGPT's mean
 #: output (338 tokens; Kwon et al., "Efficient Memory Management for Large Language Model Serving with
 #: PagedAttention", SOSP 2023, section 6.1), and a 1000-token prompt carrying the conversation's
-#: history (ServeGen m-large's mean prompt is 914, ``studies/scenarios/stack_default.toml``);
+#: history (ServeGen m-large's mean prompt is 914, ``tokenfactory/scenarios/stack_default.toml``);
 #: ``batch`` - overnight long-document extraction / retrieval-augmented classification, fill-heavy: an
 #: 8000-token prompt (a document, or fifteen 512-token retrieved chunks plus instructions) and a
 #: 40-token structured answer; prompt/output 200, the same order as the Azure coding trace's medians

@@ -7,7 +7,7 @@ batch gate every 0.25 s on the live context of the decoding sequences, admission
 seconds, the planned pool controllers every 10 s with workers that start, warm up and drain
 (:class:`tokenfactory.plant_models.fleet.PoolDynamics`). The simulator samples admission and
 autoscalers separately, so the stack is split into two views of the same layers
-(:meth:`tokenfactory.controllers.stack.ControlStack.split`).
+(:meth:`tokenfactory.controllers.control_stack.ControlStack.split`).
 
 :func:`morning_ramp` is the workload: the embedded synthetic generator's daily cycle from early
 morning (demand rising towards its afternoon peak), requests drawn around the scenario's mean
@@ -27,7 +27,7 @@ from tokenfactory.replay import build_replay, class_outputs
 from tokenfactory.stack import RateWorkload, StackScenario, build_stack, run_on_rates
 from tokenfactory.stack import _feedback_utilization, _pools_at  # the runner's own pool sizing
 from tokenfactory.traces.synthetic import SyntheticWorkload, generate_requests
-from tokenfactory.validation import ConfigError, check_number
+from tokenfactory.core.validation import ConfigError, check_number
 
 __all__ = ["morning_ramp", "run_stack_on_requests", "requests_as_rates", "run_stack_on_both_plants"]
 
