@@ -309,7 +309,8 @@ def _cmd_simulate_pools(args) -> int:
     from pathlib import Path
 
     from tokenfactory.scenario import scenario_dir
-    from tokenfactory.stack import load_stack_scenario, rate_workload, run_on_rates
+    from tokenfactory.stack import load_stack_scenario, run_on_rates
+    from tokenfactory.traces.rate_workloads import rate_workload
     from tokenfactory.studies.report import to_jsonable
 
     from tokenfactory.registry import BASELINE_STACKS
