@@ -108,8 +108,13 @@ class FluidParams:
     prompt_tokens : float
         New prompt tokens of the nominal request (>= 0; default 0: unknown): converts queued
         requests to queued prompt tokens in the plants' measurements (0 leaves them NaN).
+    decode_context_tokens : float, optional
+        The mean context an active decode holds at the shape (tokens, > 0): the context the
+        pass-time table is taken at, which the plants report to a batch gate. ``None``: unknown.
+        Compared (two plants at different contexts are different plants).
     provenance : mapping
-        Where the figures came from (models, hardware, shape, link); not compared.
+        Where the figures came from (models, hardware, shape, link); not compared and read by
+        nothing but reports.
 
     Raises
     ------
@@ -131,6 +136,7 @@ class FluidParams:
     shed_tau_s: float = 0.5
     evict_tau_s: float = 0.1
     prompt_tokens: float = 0.0
+    decode_context_tokens: float | None = None
     provenance: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -139,6 +145,8 @@ class FluidParams:
             check_number(f"plant.{f}", getattr(self, f), low=0.0, low_inclusive=False)
         for f in ("fill_latency_s", "kv_transfer_s", "measurement_delay_s", "prompt_tokens"):
             check_number(f"plant.{f}", getattr(self, f), low=0.0)
+        if self.decode_context_tokens is not None:
+            check_number("plant.decode_context_tokens", self.decode_context_tokens, low=0.0, low_inclusive=False)
         b, ts = tuple(map(float, self.decode_step_batches)), tuple(map(float, self.decode_step_times_s))
         if len(b) < 1 or len(b) != len(ts) or any(x >= y for x, y in zip(b, b[1:])):
             raise ConfigError("plant.decode_step_batches", "needs increasing batch sizes, one pass time each")
@@ -216,7 +224,7 @@ class FluidParams:
                 "shape": dataclasses.asdict(s.shape), "link": dataclasses.asdict(s.link),
                 "kv_blob_bytes": s.kv_blob_bytes, "decode_context_tokens": ctx}
         return cls(fill_rate_per_worker=s.fill_rate_rps, fill_latency_s=s.fill_latency_s,
-                   prompt_tokens=float(s.shape.prompt_tokens),
+                   prompt_tokens=float(s.shape.prompt_tokens), decode_context_tokens=float(ctx),
                    kv_transfer_s=s.kv_transfer_s(s.kv_blob_bytes), decode_slots_per_worker=float(slots),
                    decode_step_batches=tuple(map(float, batches)), decode_step_times_s=times,
                    output_tokens=float(s.shape.output_tokens), dispatch_s=float(dispatch),
@@ -523,7 +531,7 @@ def simulate_loop(plant: FluidPlant, controller, scenario: LoopScenario, *,
     action = AdmissionAction(0.0 if controllers else math.inf)
     admission_seen = False  # without an admission controller every arrival is admitted
     cap = math.inf
-    nominal_ctx = float((p.provenance or {}).get("decode_context_tokens", math.nan))
+    nominal_ctx = math.nan if p.decode_context_tokens is None else float(p.decode_context_tokens)
     outs = np.empty((n, len(OUTPUTS)))
     sts = np.empty((n, len(STATES)))
     demand = np.empty(n)

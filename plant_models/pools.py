@@ -106,7 +106,7 @@ class PoolScenario:
         is divided by it. Where the roofline fill pass is compute-bound its cost is about linear in
         the prompt's tokens and this is the prompt-length ratio; at short prompts a pass's fixed
         cost (weights read) is amortised over fewer tokens, so map lengths to work through the
-        service model (:func:`tokenfactory.stack.mixed_workload` does).
+        service model (:func:`tokenfactory.traces.rate_workloads.mixed_workload` does).
     output_factor : float or pandas.Series
         Mean output tokens relative to the plant's ``output_tokens`` (in (0, 100]; constant or series;
         default 1): a request decodes that many more passes (completions D / (L x factor x pass)).
@@ -287,7 +287,7 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
     action = AdmissionAction(math.inf)
     rate, bound, reason = action.rate, action.backlog_bound, action.reason
     cap = math.inf
-    nominal_ctx = float((p.provenance or {}).get("decode_context_tokens", math.nan))
+    nominal_ctx = math.nan if p.decode_context_tokens is None else float(p.decode_context_tokens)
     scale_rows: list[dict] = []
     L = p.output_tokens
     in_slo = 0.0

@@ -437,6 +437,31 @@ class ServiceModel:
     def _step_memo(self) -> dict:
         return {}
 
+    @functools.cached_property
+    def _derived(self) -> dict:
+        return {}
+
+    def derived(self, name: str, build):
+        """A table derived from this (frozen) model by a layer above it, built once and kept on the
+        model (the request simulator's pass tables: ``derived("des_params", DESParams.from_service)``),
+        so the cache lives and dies with the object it belongs to.
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+        build : callable
+            ``build(model)``, called the first time.
+
+        Returns
+        -------
+        object
+        """
+        memo = self._derived
+        if name not in memo:
+            memo[name] = build(self)
+        return memo[name]
+
     @property
     def fill_s_per_cached_token(self) -> float:
         """Marginal fill time per cached prefix token read (and, for MLA, expanded) in a step,

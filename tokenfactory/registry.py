@@ -348,18 +348,10 @@ def smoothed_admission(ctx: PlantContext, p: Mapping[str, Any] | None = None,
     return ctrl, report
 
 
-_PASS_TABLES: dict[int, tuple[Any, DESParams]] = {}
-
-
 def _pass_table(svc) -> DESParams:
     """The service model's pass times sampled over (batch, context) (the request simulator's own
-    tables), built once per service model."""
-    hit = _PASS_TABLES.get(id(svc))
-    if hit is None or hit[0] is not svc:
-        if len(_PASS_TABLES) > 32:
-            _PASS_TABLES.clear()
-        hit = _PASS_TABLES[id(svc)] = (svc, DESParams.from_service(svc))
-    return hit[1]
+    tables), built once per service model and kept on it (not in a table keyed by its id)."""
+    return svc.derived("des_params", DESParams.from_service)
 
 
 def _pass_model(ctx: PlantContext) -> tuple[Callable[[float, float], float], float, float]:
@@ -371,7 +363,7 @@ def _pass_model(ctx: PlantContext) -> tuple[Callable[[float, float], float], flo
         table = _pass_table(svc)
         return (lambda b, c: table.decode_pass(b, c)[0], float(svc.decode_slots), float(svc.decode_context_tokens))
     fp = ctx.params
-    ctx_tokens = float(fp.provenance.get("decode_context_tokens", 1.0)) if fp.provenance else 1.0
+    ctx_tokens = 1.0 if fp.decode_context_tokens is None else float(fp.decode_context_tokens)
     return (lambda b, c: fp.decode_step_s(b)), float(fp.decode_slots_per_worker), max(ctx_tokens, 1.0)
 
 
