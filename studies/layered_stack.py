@@ -459,15 +459,15 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                             r["gpu_hours_over_oracle"], "x", f"SLO attainment {r['slo_attainment']:.4f}")
     # -- summary
     budget = build_stack(sc)[0].layer("planning").controllers[0].excess_budget  # as the scenario resolves it
-    gate_l = sc.layers.get("batch_gate", {})
-    gate_txt = (f"the gated decode batch cap every {gate_l.get('sample_period_s', 0.25):g} s (static at its "
+    gate_l = sc.layers.get("batch_gate")
+    gate_txt = (f"the gated decode batch cap every {gate_l.sample_period_s:g} s (static at its "
                 "nominal-context cap in the pool model, whose step averages over many passes)"
-                if gate_l.get("kind") == "gated" else "the decode slot limit")
+                if getattr(gate_l, "samples_live_pass", False) else "the decode slot limit")
     lines = ["The layered stack (`tokenfactory/scenarios/stack_default.toml`): " + gate_txt + ", smoothed admission every "
-             f"{sc.layers['admission'].get('sample_period_s', 1.0):g} s, planned hysteretic pools every "
-             f"{sc.layers['reconfiguration'].get('sample_period_s', 10.0):g} s, and a planning layer refit every "
-             f"{sc.layers['planning'].get('refit_s', 86400.0) / 3600:g} h on the last "
-             f"{sc.layers['planning'].get('days', 3)} days (the median daily rise over the next lead and the "
+             f"{sc.layers['admission'].sample_period_s:g} s, planned hysteretic pools every "
+             f"{sc.layers['reconfiguration'].sample_period_s:g} s, and a planning layer refit every "
+             f"{sc.layers['planning'].refit_s / 3600:g} h on the last "
+             f"{sc.layers['planning'].days} days (the median daily rise over the next lead and the "
              f"headroom whose replay leaves at most {budget * 100:.2g} % of the demand above capacity), fed forward "
              "into the "
              "pools' target one lead (start-up + warm-up + a sample + the rate filter) ahead.", "",

@@ -168,7 +168,7 @@ def test_certificate_passes_default_and_names_the_layer_when_mistuned():
 
 def test_certificate_checks_the_gated_batch_cap():
     sc = load_stack_scenario("stack_default")
-    assert sc.layers["batch_gate"]["kind"] == "gated"
+    assert sc.layers["batch_gate"].kind == "gated"
     cert = certify(sc)
     gate = cert.layers["batch_gate"]
     # the gate's integral loop over delay x pass-time slope meets the floors; its cap saturation
@@ -193,7 +193,7 @@ def test_certificate_checks_the_gated_batch_cap():
 
 def test_slo_aware_admission_layer_is_certified_and_checked_by_kind():
     sc = load_stack_scenario("stack_slo_aware")
-    assert sc.layers["admission"]["kind"] == "slo-aware"
+    assert sc.layers["admission"].kind == "slo-aware"
     cert = certify(sc)
     assert cert.passed, cert.failures
     adm = cert.layers["admission"]

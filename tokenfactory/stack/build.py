@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import pandas as pd
 
 from tokenfactory.controllers.control_stack import CapacityScaledBound, ControlStack, RoleBalancer, StackLayer
-from tokenfactory.controllers.planning import HEADROOM_GRID, DemandPlanner, PlannedPoolController
+from tokenfactory.controllers.planning import DemandPlanner, PlannedPoolController
 from tokenfactory.registry import PlantContext, batch_gate_for, slo_aware_admission, smoothed_admission
 from tokenfactory.stack.plant import (
     StackPlant,
@@ -53,14 +53,13 @@ def admission_controller(sc: StackScenario, plant: StackPlant, service=None, min
     tuple
         ``(controller, tuning report or None)``.
     """
-    a = dict(sc.layers["admission"])
-    kind = a.pop("kind")
+    cfg = sc.layers["admission"]
     # a plant stepping slower than the layer samples runs it (and tunes it) at its step
-    p = {"sample_period_s": max(a.pop("sample_period_s", 1.0), min_period_s), **a}
+    p = {"sample_period_s": max(cfg.sample_period_s, min_period_s), **cfg.builder_params("sample_period_s")}
     ctx = PlantContext(plant.params, plant.fill_workers, plant.decode_workers, slo_ttft_s=sc.slo_ttft_s,
                        slo_tpot_s=sc.slo_tpot_s, envelope=sc.envelope)
-    if kind == "slo-aware":
-        # the stack's batch_gate layer is the gate: the admission runs without its own
+    if cfg.bounds_own_ready_wait:
+        # the SLO-aware gate: the stack's batch_gate layer is the gate, the admission runs without its own
         ctx = dataclasses.replace(ctx, service=service, dynamics=sc.dynamics, class_outputs=class_outputs)
         return slo_aware_admission(ctx, {**p, "batch_gate": False}, where="layers.admission"), None
     ctrl, rep = smoothed_admission(ctx, p, where="layers.admission")
@@ -140,7 +139,7 @@ def build_stack(sc: StackScenario, *, history: pd.Series | None = None, time_off
     if "batch_gate" in sc.layers:
         slot_note = (f"slot limit {p.decode_slots_per_worker:.0f} per decode worker "
                      f"(pass {p.decode_step_s(p.decode_slots_per_worker) * 1e3:.1f} ms)")
-        gated = sc.layers["batch_gate"]["kind"] == "gated"
+        gated = sc.layers["batch_gate"].samples_live_pass
         if gated and (plant_step_s is None or plant_step_s <= gate_sample_period_s(sc) + 1e-12):
             gate = gated_batch_cap(sc, plant, service, class_outputs)
             layers.append(StackLayer("batch_gate", [gate], gate.sample_period))
@@ -150,45 +149,43 @@ def build_stack(sc: StackScenario, *, history: pd.Series | None = None, time_off
                 f"{plant_step_s:g} s: its cap at the nominal context stands" if gated else "")))
     if "admission" in sc.layers:
         ctrl, _ = admission_controller(sc, plant, service, plant_step_s or 0.0, class_outputs)
-        if sc.layers["admission"]["kind"] == "smoothed":  # the SLO-aware gate reads the capacities it has
+        if not sc.layers["admission"].bounds_own_ready_wait:  # the SLO-aware gate reads the capacities it has
             ctrl = CapacityScaledBound(ctrl, p.decode_slots(plant.decode_workers))
         layers.append(StackLayer("admission", [ctrl], ctrl.sample_period))
     rc = sc.layers["reconfiguration"]
-    T = rc.get("sample_period_s", 10.0)
+    T = rc.sample_period_s
     u = target_utilization(sc)
     dyn = sc.dynamics
-    filter_s = rc.get("filter_s", 30.0)
+    filter_s = rc.filter_s
     # a released worker takes a start-up + warm-up to get back: hold a scale-down at least that
     # long (and 3 filter constants, so the rate's noise does not trigger it)
-    dwell_s = float(rc.get("dwell_s", max(3.0 * filter_s, dyn.startup_s + dyn.warmup_s)))
+    dwell_s = float(rc.dwell_s if rc.dwell_s is not None else max(3.0 * filter_s, dyn.startup_s + dyn.warmup_s))
     planner = None
     if "planning" in sc.layers:
         pl = sc.layers["planning"]
-        planner = DemandPlanner(lead_s=planning_lead_s(sc), excess_budget=pl.get("excess_budget",
-                                                                                   0.75 * (1.0 - sc.slo_attainment)),
-                                days=pl.get("days", 3), interval_s=pl.get("interval_s", 600.0),
-                                refit_s=pl.get("refit_s", 86400.0), fine_s=pl.get("fine_s", 60.0),
-                                max_headroom=pl.get("max_headroom", HEADROOM_GRID[-1]), history=history,
-                                time_offset_s=time_offset_s, utilization=u,
-                                hold_s=dwell_s, use_profile=pl.get("use_profile", True))
+        budget = pl.excess_budget if pl.excess_budget is not None else 0.75 * (1.0 - sc.slo_attainment)
+        planner = DemandPlanner(lead_s=planning_lead_s(sc), excess_budget=budget, days=pl.days,
+                                interval_s=pl.interval_s, refit_s=pl.refit_s, fine_s=pl.fine_s,
+                                max_headroom=pl.max_headroom, history=history, time_offset_s=time_offset_s,
+                                utilization=u, hold_s=dwell_s, use_profile=pl.use_profile)
     qc, _ = queue_clear(sc, plant)
-    fleet = fleet_size if fleet_size is not None else rc.get("fleet_size")
+    fleet = fleet_size if fleet_size is not None else rc.fleet_size
     pools = []
     for pool, mu in (("fill", p.fill_rate_per_worker), ("decode", p.decode_capacity(1))):
-        extra = {k: rc[k] for k in ("cooldown_s", "down_cooldown_s") if k in rc}
+        extra = {k: getattr(rc, k) for k in ("cooldown_s", "down_cooldown_s") if getattr(rc, k) is not None}
         extra["dwell_s"] = dwell_s
         pools.append(PlannedPoolController.tuned(
-            pool, mu, sc.rate_rps, planner=planner, headroom=rc.get("headroom", 0.0),
-            min_headroom=rc.get("headroom", 0.0) if fleet is not None else 0.0,  # a fixed fleet is paid anyway
+            pool, mu, sc.rate_rps, planner=planner, headroom=rc.headroom,
+            min_headroom=rc.headroom if fleet is not None else 0.0,  # a fixed fleet is paid anyway
             measured_fill_rate=(pool == "fill" and fleet is not None),
             measured_decode_rate=(pool == "decode" and fleet is not None),
             output_tokens=p.output_tokens if pool == "decode" else None, startup_s=dyn.startup_s,
             warmup_s=dyn.warmup_s, filter_s=filter_s, target_utilization=u,
-            min_dead_band=rc.get("min_dead_band", 0.25), queue_clear_s=qc,
-            queue_headroom=rc.get("queue_headroom", 0.25), max_step_up=rc.get("max_step_up", 1000),
-            max_step_down=rc.get("max_step_down", 1000), min_replicas=1,
+            min_dead_band=rc.min_dead_band, queue_clear_s=qc,
+            queue_headroom=rc.queue_headroom, max_step_up=rc.max_step_up,
+            max_step_down=rc.max_step_down, min_replicas=1,
             max_replicas=fleet if fleet else 5000, sample_period=T, **extra))
-    recon = [RoleBalancer(pools, fleet)] if fleet and rc.get("role_moves", True) else pools
+    recon = [RoleBalancer(pools, fleet)] if fleet and rc.role_moves else pools
     layers.append(StackLayer("reconfiguration", recon, T))
     if planner is not None:
         layers.append(StackLayer("planning", [planner], planner.sample_period))

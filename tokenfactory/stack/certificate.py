@@ -133,7 +133,7 @@ def certify(sc: StackScenario) -> Certificate:
     plant = stack_plant(sc)
     p = plant.params
     rc = sc.layers["reconfiguration"]
-    T_rc = rc.get("sample_period_s", 10.0)
+    T_rc = rc.sample_period_s
     u = target_utilization(sc)
     layers: dict[str, dict] = {}
     failures: list[dict] = []
@@ -156,7 +156,7 @@ def certify(sc: StackScenario) -> Certificate:
     # integral loop over delay x pass-time slope (the envelope's service-rate factors)
     gate_tau = p.dispatch_s
     gate_closed = None
-    if sc.layers.get("batch_gate", {}).get("kind") == "gated":
+    if getattr(sc.layers.get("batch_gate"), "samples_live_pass", False):
         try:
             gt = gate_tuning(sc)
         except ConfigError as e:
@@ -190,7 +190,8 @@ def certify(sc: StackScenario) -> Certificate:
     adm = None
     adm_loop = None       # admission's loop nearest the gate's band (the admission -> batch_gate pair)
     adm_rec_loop = None   # admission's loop the reconfiguration layer sees through (its slowest)
-    if sc.layers.get("admission", {}).get("kind") == "slo-aware":
+    adm_cfg = sc.layers.get("admission")
+    if adm_cfg is not None and adm_cfg.bounds_own_ready_wait:
         adm, _ = admission_controller(sc, plant)
         # the gate's two limit corrections (fill wait, decode wait), SIMC-tuned over delay x
         # prediction gain (tokenfactory.controllers.slo_admission.tune_slo_admission)
@@ -201,7 +202,7 @@ def certify(sc: StackScenario) -> Certificate:
         judge("admission", rows)
         layers["admission"]["tuning"] = {**{n: {"ki": gt.ki, "theta_s": gt.theta_s, "gate_time_s": gt.gate_time_s,
                                                 "tau_c_s": gt.tau_c_s} for n, gt in tun.items()},
-                                         "sample_period_s": adm.sample_period, "kind": "slo-aware"}
+                                         "sample_period_s": adm.sample_period, "kind": adm_cfg.kind}
         loops = {n: slo_gate_loop(gt.ki, gt.theta_s, gt.gate_time_s, name=f"slo gate ({n})") for n, gt in tun.items()}
         by_speed = sorted(loops, key=lambda n: stability_margins(loops[n]).crossover_rad_s)
         adm_loop, adm_rec_loop = loops[by_speed[-1]], loops[by_speed[0]]
@@ -228,7 +229,7 @@ def certify(sc: StackScenario) -> Certificate:
                                          "sample_period_s": adm.sample_period}
         adm_loop = admission_loop(FluidPlant(p, plant.fill_workers, plant.decode_workers), adm)
         adm_rec_loop = adm_loop
-    if adm_loop is not None and sc.layers["admission"]["kind"] == "smoothed":
+    if adm_loop is not None and not adm_cfg.bounds_own_ready_wait:
         # describing function: admission's rate clip is a saturation in the loop. With conditional
         # integration (anti-windup) the integral freezes while the output is clipped, so the clip
         # sees the proportional loop kc F(s) P(s) e^{-theta s}. A saturation's N(A) is real in (0, 1],
@@ -286,8 +287,8 @@ def certify(sc: StackScenario) -> Certificate:
     # describing function of the whole-worker hysteresis relay
     nf, nd = plant.fill_workers, plant.decode_workers
     for pool, mu, n in (("fill", p.fill_rate_per_worker, nf), ("decode", p.decode_capacity(1), nd)):
-        sigma = need_noise_std(sc.rate_rps, mu, u, rc.get("filter_s", 30.0))
-        db = max(rc.get("min_dead_band", 0.25), 3.0 * sigma)
+        sigma = need_noise_std(sc.rate_rps, mu, u, rc.filter_s)
+        db = max(rc.min_dead_band, 3.0 * sigma)
         # the relay switches n-1 <-> n at need n-1 (up) and n-1-db (down); the pool at n-1 then runs
         # at utilisation u (up) or less: the queue the loop feeds back is empty unless u (+3 sigma) >= 1
         u_switch = u * (1.0 + 3.0 * sigma / max(n - 1, 1))
@@ -305,7 +306,7 @@ def certify(sc: StackScenario) -> Certificate:
     if "planning" in sc.layers:
         lead = planning_lead_s(sc)
         needed = sc.dynamics.startup_s + sc.dynamics.warmup_s * (1.0 - sc.dynamics.warmup_factor)
-        refit_s = sc.layers["planning"].get("refit_s", 86400.0)
+        refit_s = sc.layers["planning"].refit_s
         layers["planning"] = {"feed_forward": True, "lead_s": lead, "refit_s": refit_s, "scale_up_delay_s": needed,
                               "meets_floors": lead >= needed}
         separation.append(CascadePair("planning", "reconfiguration", closed_loop_bandwidth(rec_loop), math.nan,

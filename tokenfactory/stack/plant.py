@@ -19,6 +19,7 @@ from tokenfactory.plant_models.fluid import FluidParams
 from tokenfactory.plant_models.pools import PoolDynamics
 from tokenfactory.registry import _gate_tuning  # the registry's cached tune_batch_gate
 from tokenfactory.registry import DEFAULT_TPOT_FRACTION, PlantContext, smoothed_admission
+from tokenfactory.registry.stack_layers import GatedBatchCap
 from tokenfactory.scenario import build_plant
 from tokenfactory.stack.stack_scenario import StackScenario
 
@@ -115,7 +116,7 @@ def target_utilization(sc: StackScenario) -> float:
     -------
     float
     """
-    return float(sc.layers["reconfiguration"].get("target_utilization", 0.85))
+    return float(sc.layers["reconfiguration"].target_utilization)
 
 
 def pools_at(params: FluidParams, rate: float, u: float, prompt_factor: float = 1.0,
@@ -170,17 +171,19 @@ def gate_fraction(sc: StackScenario) -> float:
     float
         The share, in (0, 1].
     """
-    frac = sc.layers.get("batch_gate", {}).get("tpot_fraction", "auto")
+    gate = sc.layers.get("batch_gate")
+    frac = gate.tpot_fraction if gate is not None else "auto"
     if frac != "auto":
         return float(frac)
     L = sc.params.output_tokens
     if "admission" not in sc.layers:
         return 1.0 - 1.0 / L
-    if sc.layers["admission"]["kind"] == "slo-aware":
-        # the SLO-aware gate bounds each request's ready wait itself: the cap aims at its pass target
-        return float(sc.layers["admission"].get("tpot_fraction", DEFAULT_TPOT_FRACTION))
+    adm = sc.layers["admission"]
+    if adm.bounds_own_ready_wait:
+        # an admission that bounds each request's ready wait itself: the cap aims at its pass target
+        return float(adm.tpot_fraction if adm.tpot_fraction is not None else DEFAULT_TPOT_FRACTION)
     return _auto_gate_fraction(sc.params, sc.slo_ttft_s, sc.slo_tpot_s, sc.rate_rps, target_utilization(sc),
-                               tuple(sorted((k, v) for k, v in sc.layers["admission"].items())), sc.envelope)
+                               tuple(sorted(adm.builder_params().items())), sc.envelope)
 
 
 @functools.lru_cache(maxsize=32)
@@ -189,7 +192,6 @@ def _auto_gate_fraction(params: FluidParams, slo_ttft_s: float, slo_tpot_s: floa
     at_slo = slot_limit(params, slo_tpot_s, 1.0)
     nf, nd = pools_at(at_slo, rate_rps, u)
     a = dict(admission)
-    a.pop("kind", None)
     ctx = PlantContext(at_slo, nf, nd, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, envelope=envelope)
     _, rep = smoothed_admission(ctx, {"sample_period_s": a.pop("sample_period_s", 1.0), **a}, where="layers.admission")
     # the ready level fluctuates around its target by about the target's own Poisson safety term
@@ -242,7 +244,7 @@ def overload_tpot_s(params: FluidParams, ready_wait_s: float) -> float:
 
 
 #: the gated batch cap's default period (s): the overload study's gate (tokenfactory.registry.batch_gate_for)
-GATE_SAMPLE_PERIOD_S = 0.25
+GATE_SAMPLE_PERIOD_S = GatedBatchCap.sample_period_s
 
 
 def gate_sample_period_s(sc: StackScenario) -> float:
@@ -259,7 +261,7 @@ def gate_sample_period_s(sc: StackScenario) -> float:
     float
         Seconds.
     """
-    return float(sc.layers.get("batch_gate", {}).get("sample_period_s", GATE_SAMPLE_PERIOD_S))
+    return float(getattr(sc.layers.get("batch_gate"), "sample_period_s", GATE_SAMPLE_PERIOD_S))
 
 
 def gate_tuning(sc: StackScenario, snapshot_s: float = 0.1) -> BatchGateTuning:
@@ -306,9 +308,9 @@ def queue_clear(sc: StackScenario, plant: StackPlant) -> tuple[float, float | No
         ``(queue_clear_s, tau_c / theta or None when given)``.
     """
     rc = sc.layers["reconfiguration"]
-    if "queue_clear_s" in rc:
-        return float(rc["queue_clear_s"]), None
-    T = rc.get("sample_period_s", 10.0)
+    if rc.queue_clear_s is not None:
+        return float(rc.queue_clear_s), None
+    T = rc.sample_period_s
     theta = reconfiguration_delay_s(plant.params, sc.dynamics, T)
     u = target_utilization(sc)
     # the envelope's start-up factors scale the start-up, not the whole dead time
@@ -333,8 +335,7 @@ def planning_lead_s(sc: StackScenario) -> float:
         The lead (s).
     """
     rc = sc.layers["reconfiguration"]
-    return (sc.dynamics.startup_s + sc.dynamics.warmup_s + rc.get("sample_period_s", 10.0)
-            + rc.get("filter_s", 30.0))
+    return sc.dynamics.startup_s + sc.dynamics.warmup_s + rc.sample_period_s + rc.filter_s
 
 
 def plant_for(sc: StackScenario, prompt_tokens: int, output_tokens: int) -> FluidParams:

@@ -13,14 +13,13 @@ from typing import Any
 from tokenfactory.controllers.autotune import StabilityEnvelope
 from tokenfactory.core.validation import (
     ConfigError,
-    check_choice,
-    check_int,
     check_number,
     load_toml,
     reject_unknown_keys,
 )
 from tokenfactory.plant_models.fluid import FluidParams
 from tokenfactory.plant_models.pools import PoolDynamics
+from tokenfactory.registry.stack_layers import STACK_LAYERS, StackLayerConfig, stack_layer_config
 from tokenfactory.scenario import build_plant, scenario_dir
 
 __all__ = ["StackScenario", "load_stack_scenario", "stack_scenario_from_dict"]
@@ -30,31 +29,6 @@ _TOP = {"name", "description", "plant", "slo", "workload", "dynamics", "layers",
 
 _PLANT = {"model", "hardware", "parallelism", "efficiency", "decode_model", "decode_hardware", "decode_parallelism",
           "prompt_tokens", "output_tokens", "cached_tokens", "measurement_delay_s", "kv_stripes", "kv_setup_s"}
-
-
-_LAYERS = {"batch_gate", "admission", "reconfiguration", "planning"}
-
-
-_GATE = {"kind", "tpot_fraction", "sample_period_s"}
-
-
-_ADMISSION = {"kind", "sample_period_s", "filter_tau_s", "service_filter_tau_s", "safety_z", "backlog_bound_s",
-              "ttft_fraction", "wait_target_fraction", "tpot_fraction", "reserve_z", "completion_z"}
-
-
-#: the keys each admission kind takes (the rest of ``_ADMISSION`` belongs to the other kind)
-_ADMISSION_BY_KIND = {"smoothed": {"kind", "sample_period_s", "filter_tau_s", "service_filter_tau_s", "safety_z",
-                                   "backlog_bound_s"},
-                      "slo-aware": {"kind", "sample_period_s", "filter_tau_s", "ttft_fraction", "wait_target_fraction",
-                                    "tpot_fraction", "reserve_z", "completion_z"}}
-
-
-_RECONF = {"kind", "sample_period_s", "target_utilization", "queue_clear_s", "filter_s", "min_dead_band",
-           "max_step_up", "max_step_down", "queue_headroom", "role_moves", "fleet_size", "headroom", "dwell_s",
-           "cooldown_s", "down_cooldown_s"}
-
-
-_PLANNING = {"kind", "days", "excess_budget", "interval_s", "refit_s", "fine_s", "max_headroom", "use_profile"}
 
 
 _ENVELOPE = {"delay_factors", "service_rate_factors", "demand_factors", "startup_factors", "gm_floor", "pm_floor_deg"}
@@ -80,7 +54,8 @@ class StackScenario:
     dynamics : PoolDynamics
         Worker start-up, warm-up and drain.
     layers : dict
-        Each layer's validated table (``batch_gate``, ``admission``, ``reconfiguration``, ``planning``).
+        Each layer's typed config (``batch_gate``, ``admission``, ``reconfiguration``, ``planning``;
+        :mod:`tokenfactory.registry.stack_layers`), resolved and validated at load.
     envelope : StabilityEnvelope
         Delay and service-rate factors and the margin floors.
     demand_factors, startup_factors : tuple of float
@@ -99,7 +74,7 @@ class StackScenario:
     slo_tpot_s: float
     rate_rps: float
     dynamics: PoolDynamics
-    layers: dict[str, dict]
+    layers: dict[str, StackLayerConfig]
     envelope: StabilityEnvelope
     demand_factors: tuple[float, ...]
     startup_factors: tuple[float, ...]
@@ -112,7 +87,7 @@ class StackScenario:
                        dynamics: PoolDynamics | None = None, planning: bool | None = None,
                        slo: tuple[float, float] | None = None) -> "StackScenario":
         """A copy for another plant, demand or start-up (the study and ``simulate`` reuse one file)."""
-        layers = {k: dict(v) for k, v in self.layers.items()}
+        layers = dict(self.layers)  # the configs are frozen
         if planning is False:
             layers.pop("planning", None)
         s = dataclasses.replace(self, layers=layers)
@@ -172,55 +147,16 @@ def stack_scenario_from_dict(d: Mapping[str, Any], name: str = "stack") -> Stack
     layers_d = d["layers"]
     if not isinstance(layers_d, Mapping):
         raise ConfigError("layers", "expected a table of layers")
-    reject_unknown_keys("layers", layers_d, _LAYERS)
-    layers: dict[str, dict] = {}
-    for lname, keys, kinds in (("batch_gate", _GATE, ("slot-limit", "gated", "none")),
-                               ("admission", _ADMISSION, ("smoothed", "slo-aware", "none")),
-                               ("reconfiguration", _RECONF, ("planned-hysteretic",)),
-                               ("planning", _PLANNING, ("seasonal-rise", "none"))):
-        if lname not in layers_d:
-            continue
-        ld = dict(layers_d[lname])
-        reject_unknown_keys(f"layers.{lname}", ld, keys)
-        kind = check_choice(f"layers.{lname}.kind", ld.get("kind", kinds[0]), kinds)
-        if kind == "none":
-            continue
-        ld["kind"] = kind
-        layers[lname] = ld
+    reject_unknown_keys("layers", layers_d, STACK_LAYERS)
+    # each layer's table resolved once into its kind's typed config (the registry's schema)
+    layers: dict[str, StackLayerConfig] = {}
+    for lname in STACK_LAYERS:
+        if lname in layers_d:
+            cfg = stack_layer_config(lname, layers_d[lname])
+            if cfg is not None:
+                layers[lname] = cfg
     if "reconfiguration" not in layers:
         raise ConfigError("layers.reconfiguration", "a stack needs a reconfiguration layer")
-    rc = layers["reconfiguration"]
-    check_number("layers.reconfiguration.sample_period_s", rc.get("sample_period_s", 10.0), low=0.1, high=3600.0)
-    check_number("layers.reconfiguration.target_utilization", rc.get("target_utilization", 0.85), low=0.1, high=1.0)
-    check_number("layers.reconfiguration.headroom", rc.get("headroom", 0.0), low=0.0, high=2.0)
-    for k in ("dwell_s", "cooldown_s", "down_cooldown_s", "filter_s"):
-        if k in rc:
-            check_number(f"layers.reconfiguration.{k}", rc[k], low=0.0)
-    if "queue_clear_s" in rc:
-        check_number("layers.reconfiguration.queue_clear_s", rc["queue_clear_s"], low=0.0, low_inclusive=False)
-    if "fleet_size" in rc:
-        check_int("layers.reconfiguration.fleet_size", rc["fleet_size"], low=2)
-    if "admission" in layers:
-        adm_l = layers["admission"]
-        reject_unknown_keys(f"layers.admission (kind {adm_l['kind']})", adm_l, _ADMISSION_BY_KIND[adm_l["kind"]])
-        check_number("layers.admission.sample_period_s", adm_l.get("sample_period_s", 1.0), low=0.01, high=60.0)
-    if "batch_gate" in layers:
-        frac = layers["batch_gate"].get("tpot_fraction", "auto")
-        if frac != "auto":
-            check_number("layers.batch_gate.tpot_fraction", frac, low=0.1, high=1.0)
-        if "sample_period_s" in layers["batch_gate"]:
-            if layers["batch_gate"]["kind"] != "gated":
-                raise ConfigError("layers.batch_gate.sample_period_s", "only a gated batch cap is sampled")
-            check_number("layers.batch_gate.sample_period_s", layers["batch_gate"]["sample_period_s"], low=0.01,
-                         high=60.0)
-    if "planning" in layers:
-        pl = layers["planning"]
-        check_int("layers.planning.days", pl.get("days", 3), low=1, high=14)
-        check_number("layers.planning.excess_budget", pl.get("excess_budget", 0.75 * (1.0 - attainment)), low=0.0,
-                     high=0.5, low_inclusive=False, high_inclusive=False)
-        for k in ("interval_s", "refit_s", "fine_s", "max_headroom"):
-            if k in pl:
-                check_number(f"layers.planning.{k}", pl[k], low=0.0)
     env = dict(d.get("envelope", {}))
     reject_unknown_keys("envelope", env, _ENVELOPE)
     envelope = StabilityEnvelope(_factors(env, "delay_factors", (0.5, 1.0, 2.0)),

@@ -161,6 +161,11 @@ class ControllerKind:
         Parameters the builder accepts; anything else is rejected.
     baseline : bool
         True for today's systems, False for tokenfactory's own controllers.
+    build_tuned : callable, optional
+        ``build_tuned(ctx, params, where=...) -> (controller, tuning report)`` for a kind tuned
+        from the plant (scenario files report the tuning).
+    scenario_defaults : mapping
+        Parameters a scenario file's ``[controller]`` table gets unless it sets them.
     """
 
     name: str
@@ -169,6 +174,8 @@ class ControllerKind:
     build: Callable[[PlantContext, dict], Any]
     keys: tuple[str, ...] = ()
     baseline: bool = False
+    build_tuned: Callable[..., tuple[Any, Any]] | None = None
+    scenario_defaults: Mapping[str, Any] = field(default_factory=dict)
 
 
 ADMISSION_KINDS: dict[str, ControllerKind] = {}
@@ -619,7 +626,10 @@ register(ControllerKind("threshold", "admission", "on/off admission on a busy si
                         ("sample_period_s", "threshold", "hysteresis", "signal", "open_rate"), baseline=True))
 register(ControllerKind("smoothed", "admission", "tokenfactory: feed-forward + PI on the filtered ready buffer, "
                         "SIMC-tuned over a stability envelope",
-                        lambda ctx, p: smoothed_admission(ctx, p)[0], _SMOOTHED_KEYS))
+                        lambda ctx, p: smoothed_admission(ctx, p)[0], _SMOOTHED_KEYS,
+                        build_tuned=smoothed_admission,
+                        # a scenario's loop sheds above 30 s of backlog (the feedback-oscillation study's bound)
+                        scenario_defaults={"backlog_bound_s": 30.0}))
 register(ControllerKind("slo-aware", "admission", "tokenfactory (recommended): admit, defer or reject each request "
                         "on its predicted TTFT and decode wait, per class, interactive capacity reserved, gated "
                         "decode batch cap", lambda ctx, p: slo_aware_admission(ctx, p), _SLO_KEYS))
