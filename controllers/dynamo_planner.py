@@ -2,7 +2,7 @@
 
 :class:`DynamoPlanner` drives the planner's zero-I/O core - ``OrchestratorEngineAdapter`` on a
 ``VirtualClock``, the path Dynamo's offline replay uses (``dynamo/planner/offline/
-replay_adapter.py``) - from the plants' :class:`~tokenfactory.signals.Measurement`, tick by tick:
+replay_adapter.py``) - from the plants' :class:`~tokenfactory.core.signals.Measurement`, tick by tick:
 
 * engine capabilities (``WorkerCapabilities``) from the service model: a fill step's token budget
   (``max_num_batched_tokens``), the KV-limited decode slots (``max_num_seqs``), the request's
@@ -17,7 +17,7 @@ replay_adapter.py``) - from the plants' :class:`~tokenfactory.signals.Measuremen
   traffic ticks (the frontend's count, before admission), ISL from the measured fill work;
 * worker counts (``WorkerCounts``) with the serving workers as ready, the last target as expected
   and a scale in progress while the serving count has not reached it;
-* ``effects.scale_to`` returned as one :class:`~tokenfactory.signals.ScaleAction` per pool, which
+* ``effects.scale_to`` returned as one :class:`~tokenfactory.core.signals.ScaleAction` per pool, which
   the plant applies with its start-up, warm-up and drain.
 
 Profile bootstrap (``sla`` mode; Dynamo's replay does the same with its AIC profiles): prefill
@@ -39,8 +39,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from tokenfactory.controllers.interface import SampledController
-from tokenfactory.signals import Measurement, ScaleAction
-from tokenfactory.validation import ConfigError, check_choice, check_int
+from tokenfactory.core.signals import Measurement, ScaleAction
+from tokenfactory.core.validation import ConfigError, check_choice, check_int
 
 __all__ = ["DynamoPlanner", "DynamoCapabilities", "dynamo_versions", "planner_config", "PLANNER_MODES",
            "PLANNER_PREDICTORS"]

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from tokenfactory.validation import ConfigError, check_int
+from tokenfactory.core.validation import ConfigError, check_int
 
 __all__ = ["mocker_profile", "mocker_engine_args", "write_mooncake_trace", "cross_simulate", "CrossSimResult",
            "MOCKER_BLOCK_SIZE"]

@@ -16,7 +16,7 @@ from tokenfactory.controllers.dynamo_planner import DynamoCapabilities, DynamoPl
 from tokenfactory.plant_models import FluidParams, PoolDynamics, RequestShape, ServiceModel, Worker
 from tokenfactory.plant_models.pools import PoolScenario, simulate_pools
 from tokenfactory.registry import PlantContext, build_autoscalers
-from tokenfactory.signals import Measurement, ScaleAction
+from tokenfactory.core.signals import Measurement, ScaleAction
 from tokenfactory.testing import assert_conserved
 
 STARTUP_S = 60.0
@@ -229,3 +229,13 @@ def test_why_sla_mode_keeps_one_fpm_bucket(plant, buckets, reproducible):
             est.append(reg.find_engine_capacity_rps(isl=2048, osl=512, itl_sla_ms=100.0).rps)
         runs.append(est)
     assert (runs[0] == runs[1] == runs[2]) is reproducible
+
+
+def test_cli_planner_config_needs_a_kind_that_takes_it(tmp_path, capsys):
+    from tokenfactory.cli import main
+
+    f = tmp_path / "planner.json"
+    f.write_text('{"optimization_target": "throughput"}')
+    assert main(["simulate", "--trace", "synthetic", "--duration", "1m", "--autoscaler", "hpa",
+                 "--planner-config", str(f), "--no-progress", "--out", str(tmp_path / "o")]) == 2
+    assert "planner_config" in capsys.readouterr().err

@@ -391,8 +391,9 @@ def _cmd_simulate(args) -> int:
     setup = build_replay(trace, plant)
     scaler_params = None
     if args.planner_config is not None:
-        if args.autoscaler != "dynamo-planner":
+        if args.autoscaler is None:
             raise ConfigError("planner_config", "needs --autoscaler dynamo-planner")
+        # the registry rejects it for a kind that takes no planner_config
         scaler_params = {"planner_config": _planner_config_file(args.planner_config)}
     m, res = run_replay(trace, setup, admission, scale, cluster, autoscaler=args.autoscaler, load=load,
                         admission_params=params, autoscaler_params=scaler_params, batch_cap=None if batch_cap == "none" else batch_cap,
@@ -426,7 +427,7 @@ def _planner_config_file(path: str) -> dict:
     """A Dynamo planner config file (YAML or JSON, Dynamo's own ``PlannerConfig`` fields; TOML too)."""
     from pathlib import Path
 
-    from tokenfactory.validation import load_toml
+    from tokenfactory.core.validation import load_toml
 
     f = Path(path)
     if not f.is_file():
