@@ -385,11 +385,20 @@ def _cmd_simulate(args) -> int:
     trace = (generate_requests(SyntheticWorkload(seed=args.seed), _duration(args.duration))
              if args.trace == "synthetic" else load_trace(args.trace))
     setup = build_replay(trace, plant)
+    scalers = None
+    if args.control_plane:
+        from tokenfactory.controllers.formats import read_control_plane
+
+        if args.autoscaler:
+            raise ConfigError("control_plane", "give --control-plane or --autoscaler, not both")
+        scalers = [read_control_plane(args.control_plane).build(args.pool)]
     m, res = run_replay(trace, setup, admission, scale, cluster, autoscaler=args.autoscaler, load=load,
+                        autoscalers=scalers,
                         admission_params=params, batch_cap=None if batch_cap == "none" else batch_cap,
                         envelope=sc.envelope if sc else None, duration_s=sim.get("duration_s"),
                         admission_where="controller")
-    tag = admission + (f"-{args.autoscaler}" if args.autoscaler else "")
+    tag = admission + (f"-{args.autoscaler}" if args.autoscaler else "") + (
+        f"-{Path(args.control_plane).stem}" if args.control_plane else "")
     out = Path(args.out or Path("reports") / "simulate" / f"{Path(args.trace).stem.replace(':', '-')}-{tag}")
     out.mkdir(parents=True, exist_ok=True)
     slo_cap = setup.slo_capacity(res.config["cluster"]["slo_tpot_s"])
@@ -410,6 +419,25 @@ def _cmd_simulate(args) -> int:
               f"(admitted {cm['slo_attainment_admitted'] if cm['slo_attainment_admitted'] is not None else float('nan'):.3f}), "
               f"{cm['rejected']} rejected, {cm['deferred']} deferred")
     print(f"wrote {out}/ (metrics.json, requests.csv, series.csv, actions.csv)")
+    return 0
+
+
+def _cmd_advise(args) -> int:
+    from pathlib import Path
+
+    from tokenfactory.advise import advise, write_advice
+    from tokenfactory.replay import load_replay_scenario
+    from tokenfactory.traces import SyntheticWorkload, generate_requests, load_trace
+
+    sc = load_replay_scenario(args.scenario)
+    trace = (generate_requests(SyntheticWorkload(seed=args.seed), _duration(args.duration))
+             if args.trace in (None, "synthetic") else load_trace(args.trace))
+    adv = advise(args.control_plane, sc, trace, pool=args.pool, seed=args.seed, slo_target=args.slo_target)
+    out = Path(args.out or Path("reports") / "advise" / Path(args.control_plane).stem)
+    target = write_advice(adv, args.control_plane, out)
+    for line in adv.summary():
+        print(line)
+    print(f"wrote {target} and {out}/ (metrics.json, candidates.csv, summary.md)")
     return 0
 
 
@@ -480,6 +508,11 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--autoscaler", default=None,
                     help="an autoscaler kind sizing both pools (tokenfactory describe kinds); start-up/warm-up "
                          "from the scenario's [cluster.dynamics]")
+    sm.add_argument("--control-plane", dest="control_plane", default=None,
+                    help="a control plane's own settings file (Kubernetes HPA, KEDA ScaledObject, Knative Service, "
+                         "Ray Serve config, AIBrix PodAutoscaler) sizing --pool with exactly its parameters")
+    sm.add_argument("--pool", choices=["decode", "fill"], default="decode",
+                    help="the pool --control-plane sizes (the other stays fixed)")
     sm.add_argument("--seed", type=int, default=0)
     sm.add_argument("--duration", default="1h", help="synthetic trace length")
     sm.add_argument("--out", default=None)
@@ -505,6 +538,21 @@ def build_parser() -> argparse.ArgumentParser:
     ce.add_argument("--json", action="store_true")
     ce.add_argument("--check", action="store_true", help="exit 1 if any floor fails")
     ce.set_defaults(func=_cmd_certify)
+
+    ad = sub.add_parser("advise", help="certify a control plane's own settings file (Kubernetes HPA, KEDA, Knative, "
+                                       "Ray Serve, AIBrix) on a scenario, search its knobs, simulate, and write the "
+                                       "recommended file in the same format")
+    ad.add_argument("--control-plane", dest="control_plane", required=True, help="the settings file (YAML)")
+    ad.add_argument("--scenario", required=True, help="the plant and cluster (the simulate scenario TOML)")
+    ad.add_argument("--trace", default=None, help="requests to replay: registered name, path, or 'synthetic' "
+                                                  "(default)")
+    ad.add_argument("--pool", choices=["decode", "fill"], default="decode", help="the pool the control plane sizes")
+    ad.add_argument("--slo-target", dest="slo_target", type=float, default=None,
+                    help="SLO attainment the recommendation must reach (default 0.99)")
+    ad.add_argument("--duration", default="1h", help="synthetic trace length")
+    ad.add_argument("--seed", type=int, default=0)
+    ad.add_argument("--out", default=None, help="output folder (default reports/advise/<file>)")
+    ad.set_defaults(func=_cmd_advise)
 
     t = sub.add_parser("traces", help="list, describe, fit or synthesise traces")
     t.add_argument("action", choices=["list", "info", "fit", "synth"])

@@ -1,0 +1,287 @@
+"""``tokenfactory advise``: read a control plane's own settings file, certify it on the user's
+plant, search the same control plane's knobs for a setting that holds, simulate both, and write
+the recommendation back in the user's own format.
+
+The search is two-stage, because the loop model is cheap and the simulator is the judge:
+
+1. every point of the control plane's knob grid (:data:`KNOB_GRID`) is certified with
+   :func:`tokenfactory.controllers.autoscaler_loops.certify_autoscaler` at the demand levels the
+   trace sustains (the median and the 90th percentile of its 5-minute rates; shorter bursts are
+   transients, not operating points) - a candidate passes when no cycle is predicted at any
+   level and its start-up overshoot stays within one worker of what the level needs;
+2. the passing candidates nearest the user's setting (fewest knobs changed, then fewest
+   workers held) are replayed through the request simulator with the scenario's admission, and
+   the one meeting the SLO attainment target with the fewest GPU-hours, no oscillation and at
+   most :data:`MAX_REVERSALS_PER_HOUR` reversals is recommended. If none meets the target, the one
+   with the best attainment is, and the result says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tokenfactory.controllers.autoscaler_loops import PoolOperatingPoint, certify_autoscaler
+from tokenfactory.controllers.formats import read_control_plane, rewrite_control_plane
+from tokenfactory.errors import ConfigError
+from tokenfactory.signals import count_reversals
+from tokenfactory.validation import check_choice, check_number
+
+__all__ = ["advise", "Advice", "KNOB_GRID", "MAX_REVERSALS_PER_HOUR", "operating_points", "DEFAULT_ATTAINMENT"]
+
+#: reversals per hour above which a pool is churning (issue 21's bound for a pool that holds)
+MAX_REVERSALS_PER_HOUR = 2.0
+#: SLO attainment a recommendation must reach when the scenario states none
+DEFAULT_ATTAINMENT = 0.99
+#: candidates replayed through the request simulator
+SIMULATED_CANDIDATES = 6
+
+
+def _times(*factors):
+    return lambda v: sorted({round(v * f, 6) for f in factors})
+
+
+#: format -> knob -> candidate values as a function of the current value (the model's knob names,
+#: :meth:`with_params` of each setting)
+KNOB_GRID: dict[str, dict[str, Any]] = {
+    "kubernetes-hpa": {"target": _times(0.5, 1.0, 2.0, 4.0), "tolerance": lambda v: sorted({v, 0.2, 0.3}),
+                       "downscale_stabilization_s": lambda v: sorted({v, 60, 120, 600}),
+                       "min_replicas": lambda v: sorted({v, v + 1})},
+    "keda": {"target": _times(0.5, 1.0, 2.0, 4.0), "downscale_stabilization_s": lambda v: sorted({v, 60, 120, 600}),
+             "min_replicas": lambda v: sorted({max(v, 1), max(v, 1) + 1})},
+    "knative": {"target": _times(0.5, 1.0, 2.0), "stable_window_s": lambda v: sorted({v, 30.0, 120.0, 300.0}),
+                "min_replicas": lambda v: sorted({max(v, 1), max(v, 1) + 1})},
+    "ray-serve": {"target": _times(0.5, 1.0, 2.0), "downscale_delay_s": lambda v: sorted({v, 60.0, 300.0, 600.0}),
+                  "upscale_delay_s": lambda v: sorted({v, 0.0, 30.0}),
+                  "min_replicas": lambda v: sorted({max(v, 1), max(v, 1) + 1})},
+    "aibrix": {"target": _times(0.5, 1.0, 2.0), "up_band": lambda v: sorted({v, 0.2}),
+               "down_band": lambda v: sorted({v, 0.3, 0.5}), "min_replicas": lambda v: sorted({max(v, 1), max(v, 1) + 1})},
+}
+
+
+def _current_knobs(setting, controller) -> dict:
+    p = controller.params()
+    out = {}
+    for knob in KNOB_GRID[setting.format]:
+        if knob == "target":
+            out[knob] = p.get("target", p.get("target_ongoing_requests"))
+        elif knob == "min_replicas":
+            out[knob] = p.get("min_replicas", getattr(controller, "min_replicas", 1))
+        else:
+            out[knob] = p[knob]
+    return out
+
+
+def operating_points(trace: pd.DataFrame, mu: float, *, metric_delay_s: float, startup_s: float,
+                     slots_per_worker: float, service_s: float, window_s: float = 300.0) -> dict[str, PoolOperatingPoint]:
+    """The demand levels the trace sustains (median and 90th percentile of its ``window_s`` rates)
+    as operating points of a pool whose workers serve ``mu`` requests/s."""
+    arr = trace["arrival_s"].to_numpy(dtype=float)
+    span = max(float(arr.max() - arr.min()), window_s)
+    bins = np.arange(float(arr.min()), float(arr.min()) + span + window_s, window_s)
+    rates = np.histogram(arr, bins=bins)[0] / window_s
+    rates = rates[rates > 0] if (rates > 0).any() else np.array([len(arr) / span])
+    levels = {"median": float(np.median(rates)), "p90": float(np.percentile(rates, 90))}
+    return {k: PoolOperatingPoint(mu, v, metric_delay_s, startup_s, slots_per_worker, service_s) for k, v in levels.items()}
+
+
+@dataclasses.dataclass
+class Advice:
+    """The result of :func:`advise`: the current and recommended settings, certified and simulated."""
+
+    current: Any
+    recommended: Any
+    changes: dict
+    blocks: dict          # "current" / "recommended" -> the metrics block
+    candidates: pd.DataFrame
+    met_target: bool
+
+    def to_dict(self) -> dict:
+        return {"current": self.blocks["current"], "recommended": self.blocks["recommended"],
+                "changes": self.changes, "met_slo_target": self.met_target,
+                "candidates_certified": int(len(self.candidates)),
+                "candidates_passing": int(self.candidates["passed"].sum()) if len(self.candidates) else 0,
+                "candidates_simulated": int(self.candidates["simulated"].sum()) if len(self.candidates) else 0}
+
+    def summary(self) -> list[str]:
+        """Sentences from the numbers."""
+        c, r = self.blocks["current"], self.blocks["recommended"]
+        cs, rs = c["simulated"], r["simulated"]
+
+        def cert(b):
+            cyc = b["predicted_cycle"]
+            return ("passes" if b["passed"] else "fails") + (
+                f" (predicts a {cyc['period_s']:.0f} s cycle between {cyc['low_replicas']} and "
+                f"{cyc['high_replicas']} workers)" if cyc else "")
+
+        lines = [f"Current setting: certificate {cert(c)}; simulated SLO attainment {cs['slo_attainment']:.3f}, "
+                 f"{cs['gpu_hours']:.2f} GPU-hours, {cs['reversals_per_hour']:.1f} reversals/h, "
+                 f"{'oscillating' if cs['oscillating'] else 'not oscillating'}."]
+        if not self.changes:
+            lines.append("No setting of the grid does better; the recommendation is the current setting.")
+        else:
+            ch = ", ".join(f"{k} {v['from']:g} -> {v['to']:g}" for k, v in self.changes.items())
+            lines.append(f"Recommended ({ch}): certificate {cert(r)}; simulated SLO attainment "
+                         f"{rs['slo_attainment']:.3f}, {rs['gpu_hours']:.2f} GPU-hours, "
+                         f"{rs['reversals_per_hour']:.1f} reversals/h.")
+        if not self.met_target:
+            lines.append(f"No candidate reached the SLO attainment target {r['slo_target']:.3f}; the recommendation "
+                         "is the best attainment found.")
+        return lines
+
+
+def _block(cert_by_level: Mapping[str, Any], sim: dict | None, slo_target: float) -> dict:
+    worst = min(cert_by_level.values(), key=lambda c: (c.passed, c.to_dict()["gain_margin"] or math.inf))
+    d = worst.to_dict()
+    return {"stable": all(c.stable for c in cert_by_level.values()),
+            "passed": all(c.passed for c in cert_by_level.values()),
+            "gain_margin": d["gain_margin"], "phase_margin_deg": d["phase_margin_deg"],
+            "delay_margin_s": d["delay_margin_s"], "loop": d["loop"],
+            "predicted_cycle": next((c.to_dict()["predicted_cycle"] for c in cert_by_level.values()
+                                     if c.predicted_cycle is not None), None),
+            "cascade_peak_replicas": max(c.cascade_peak for c in cert_by_level.values()),
+            "levels": {k: {"demand_rps": c.loop.point.demand_rps, **c.to_dict()} for k, c in cert_by_level.items()},
+            "slo_target": slo_target, "simulated": sim}
+
+
+def advise(control_plane, scenario, trace: pd.DataFrame, *, pool: str = "decode", seed: int = 0,
+           slo_target: float | None = None, simulated_candidates: int = SIMULATED_CANDIDATES) -> Advice:
+    """Certify, search and simulate a control plane's settings on a scenario and trace.
+
+    Parameters
+    ----------
+    control_plane : path or setting
+        The user's settings file (any format of :mod:`tokenfactory.controllers.formats`) or a
+        parsed setting.
+    scenario : ReplayScenario
+        The plant, cluster and admission (:func:`tokenfactory.replay.load_replay_scenario`).
+    trace : DataFrame
+        The requests to replay.
+    pool : str
+        The pool the control plane sizes (``"decode"`` or ``"fill"``; the other stays fixed).
+    seed : int
+        Seed of every replay.
+    slo_target : float, optional
+        SLO attainment the recommendation must reach (default :data:`DEFAULT_ATTAINMENT`).
+    simulated_candidates : int
+        How many passing candidates are replayed (>= 1).
+    """
+    from tokenfactory.replay import build_replay, run_replay, scenario_cluster
+
+    pool = check_choice("pool", pool, ("fill", "decode"))
+    slo_target = DEFAULT_ATTAINMENT if slo_target is None else check_number("slo_target", slo_target, low=0.0,
+                                                                             high=1.0)
+    setting = read_control_plane(control_plane) if isinstance(control_plane, (str, Path)) else control_plane
+    cluster = scenario_cluster(scenario, seed)
+    setup = build_replay(trace, dict(scenario.plant))
+    p = setup.plant.params
+    mu = p.decode_capacity(1) if pool == "decode" else p.fill_rate_per_worker
+    dyn = cluster.get("dynamics", {})
+    startup = float(dyn.get("startup_s", 0.0)) + float(dyn.get("warmup_s", 0.0)) * (1.0 - float(dyn.get(
+        "warmup_factor", 0.5)))
+    points = operating_points(trace, mu, metric_delay_s=float(cluster.get("measurement_delay_s", p.measurement_delay_s)),
+                              startup_s=startup, slots_per_worker=p.decode_slots_per_worker,
+                              service_s=p.decode_slots_per_worker / p.decode_capacity(1))
+
+    def certify(s):
+        ctl = s.build(pool)
+        return {k: certify_autoscaler(ctl, pt) for k, pt in points.items()}
+
+    def simulate(s) -> dict:
+        m, res = run_replay(trace, setup, scenario.admission or "slo-aware", 1.0, cluster,
+                            autoscalers=[s.build(pool)], admission_params=dict(scenario.admission_params))
+        acts = res.actions
+        scale = acts[acts["kind"] == "scale"] if "kind" in acts else acts.iloc[0:0]
+        hours = max(float(m["duration_s"]) / 3600.0, 1e-9)
+        rows = scale[["pool", "from", "to"]].to_dict("records") if len(scale) else []
+        return {"slo_attainment": float(m["slo_attainment"]), "gpu_hours": float(m["gpu_hours"]),
+                "scale_actions": len(rows), "reversals_per_hour": count_reversals(rows) / hours,
+                "oscillating": bool(m["oscillating"]), "rejected": int(m["rejected"])}
+
+    base_ctl = setting.build(pool)
+    knobs0 = _current_knobs(setting, base_ctl)
+    grid = KNOB_GRID[setting.format]
+    axes = {k: grid[k](knobs0[k]) for k in grid}
+    rows = []
+    for values in itertools.product(*axes.values()):
+        knobs = dict(zip(axes, values))
+        changed = {k: v for k, v in knobs.items() if v != knobs0[k]}
+        try:
+            cand = setting.with_params(**changed) if changed else setting
+            certs = certify(cand)
+        except ConfigError as exc:   # a knob combination the format or model refuses
+            rows.append({**knobs, "changed": len(changed), "passed": False, "simulated": False, "error": str(exc)})
+            continue
+        rows.append({**knobs, "changed": len(changed), "passed": all(c.passed for c in certs.values()),
+                     "held_workers": knobs.get("min_replicas", 1), "simulated": False, "setting": cand,
+                     "certs": certs, "changes": changed})
+    table = pd.DataFrame(rows)
+    current_certs = certify(setting)
+    current_sim = simulate(setting)
+    passing = table[table["passed"]].sort_values(["changed", "held_workers"], kind="stable")
+    # the nearest candidates of each floor: holding more workers is the one knob a start-up of
+    # minutes leaves for bursts shorter than it, so every floor gets its share of the replays
+    floors = sorted(passing["held_workers"].unique()) if len(passing) else []
+    share = max(1, simulated_candidates // max(1, len(floors)))
+    chosen = [i for f in floors for i in passing.index[passing["held_workers"] == f][:share]]
+    best, best_key, best_sim, met = None, None, None, False
+    for idx in chosen:
+        cand = table.at[idx, "setting"]
+        sim = current_sim if not table.at[idx, "changes"] else simulate(cand)
+        table.loc[idx, "simulated"] = True
+        for k, v in sim.items():
+            table.loc[idx, f"sim_{k}"] = v
+        ok = (sim["slo_attainment"] >= slo_target and not sim["oscillating"]
+              and sim["reversals_per_hour"] <= MAX_REVERSALS_PER_HOUR)
+        key = (ok, -sim["gpu_hours"] if ok else sim["slo_attainment"])
+        if best_key is None or key > best_key:
+            best, best_key, best_sim, met = idx, key, sim, ok
+    if best is None:   # nothing passes the certificate: keep the user's setting, say so
+        rec, rec_certs, rec_sim, changes = setting, current_certs, current_sim, {}
+    else:
+        rec, rec_certs, rec_sim = table.at[best, "setting"], table.at[best, "certs"], best_sim
+        changes = {k: {"from": knobs0[k], "to": v} for k, v in table.at[best, "changes"].items()}
+        cur_ok = (current_sim["slo_attainment"] >= slo_target and not current_sim["oscillating"]
+                  and current_sim["reversals_per_hour"] <= MAX_REVERSALS_PER_HOUR)
+        if cur_ok and all(c.passed for c in current_certs.values()) and \
+                current_sim["gpu_hours"] <= rec_sim["gpu_hours"]:
+            rec, rec_certs, rec_sim, changes, met = setting, current_certs, current_sim, {}, True
+    blocks = {"current": _block(current_certs, current_sim, slo_target),
+              "recommended": _block(rec_certs, rec_sim, slo_target)}
+    shown = table.drop(columns=[c for c in ("setting", "certs", "changes") if c in table])
+    return Advice(setting, rec, changes, blocks, shown, met)
+
+
+def write_advice(advice: Advice, control_plane_path, out_dir) -> Path:
+    """``recommended.<ext>`` (the user's file with only the changed knobs, each commented) and
+    ``metrics.json``, ``candidates.csv``, ``summary.md`` in ``out_dir``; returns the recommended path."""
+    import json
+
+    from tokenfactory.studies.report import to_jsonable
+
+    src = Path(control_plane_path)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cur, rec = advice.blocks["current"], advice.blocks["recommended"]
+
+    def note(path, old, new):
+        why = ("no predicted cycle" if rec["predicted_cycle"] is None else "shorter cycle")
+        was = (f"was a {cur['predicted_cycle']['period_s']:.0f} s cycle" if cur["predicted_cycle"] else
+               f"start-up peak {cur['cascade_peak_replicas']} -> {rec['cascade_peak_replicas']}")
+        return f"tokenfactory advise: {old} -> {new}; {why} ({was}); simulated SLO " \
+               f"{cur['simulated']['slo_attainment']:.3f} -> {rec['simulated']['slo_attainment']:.3f}"
+
+    text = rewrite_control_plane(src.read_text(), advice.recommended, comment=note)
+    target = out / f"recommended{src.suffix or '.yaml'}"
+    target.write_text(text)
+    (out / "metrics.json").write_text(json.dumps(to_jsonable(advice.to_dict()), indent=2) + "\n")
+    advice.candidates.to_csv(out / "candidates.csv", index=False)
+    (out / "summary.md").write_text("# Advice\n\n" + "\n\n".join(advice.summary()) + "\n")
+    return target
