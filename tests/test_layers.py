@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("plants and traces", ("tokenfactory.plant_models", "tokenfactory.traces")),
     ("controllers and analysis", ("tokenfactory.controllers",)),
     ("registry", ("tokenfactory.registry", "tokenfactory.scenario", "tokenfactory.replay", "tokenfactory.stack",
+                  "tokenfactory.advise",
                   "tokenfactory.stack_requests",
                   "tokenfactory.testing", "tokenfactory.sweep")),
     ("studies", ("tokenfactory.studies",)),

@@ -110,6 +110,20 @@ class Advice:
                 "candidates_passing": int(self.candidates["passed"].sum()) if len(self.candidates) else 0,
                 "candidates_simulated": int(self.candidates["simulated"].sum()) if len(self.candidates) else 0}
 
+    def recommended_text(self, original: str) -> str:
+        """The user's file ``original`` with only the recommended knobs changed, each change
+        commented with what it buys."""
+        cur, rec = self.blocks["current"], self.blocks["recommended"]
+
+        def note(path, old, new):
+            why = "no predicted cycle" if rec["predicted_cycle"] is None else "a shorter cycle"
+            was = (f"was a {cur['predicted_cycle']['period_s']:.0f} s cycle" if cur["predicted_cycle"] else
+                   f"start-up peak {cur['cascade_peak_replicas']} -> {rec['cascade_peak_replicas']} workers")
+            return (f"tokenfactory advise: {old} -> {new}; {why} ({was}); simulated SLO "
+                    f"{cur['simulated']['slo_attainment']:.3f} -> {rec['simulated']['slo_attainment']:.3f}")
+
+        return rewrite_control_plane(original, self.recommended, comment=note)
+
     def summary(self) -> list[str]:
         """Sentences from the numbers."""
         c, r = self.blocks["current"], self.blocks["recommended"]
@@ -257,31 +271,3 @@ def advise(control_plane, scenario, trace: pd.DataFrame, *, pool: str = "decode"
               "recommended": _block(rec_certs, rec_sim, slo_target)}
     shown = table.drop(columns=[c for c in ("setting", "certs", "changes") if c in table])
     return Advice(setting, rec, changes, blocks, shown, met)
-
-
-def write_advice(advice: Advice, control_plane_path, out_dir) -> Path:
-    """``recommended.<ext>`` (the user's file with only the changed knobs, each commented) and
-    ``metrics.json``, ``candidates.csv``, ``summary.md`` in ``out_dir``; returns the recommended path."""
-    import json
-
-    from tokenfactory.studies.report import to_jsonable
-
-    src = Path(control_plane_path)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    cur, rec = advice.blocks["current"], advice.blocks["recommended"]
-
-    def note(path, old, new):
-        why = ("no predicted cycle" if rec["predicted_cycle"] is None else "shorter cycle")
-        was = (f"was a {cur['predicted_cycle']['period_s']:.0f} s cycle" if cur["predicted_cycle"] else
-               f"start-up peak {cur['cascade_peak_replicas']} -> {rec['cascade_peak_replicas']}")
-        return f"tokenfactory advise: {old} -> {new}; {why} ({was}); simulated SLO " \
-               f"{cur['simulated']['slo_attainment']:.3f} -> {rec['simulated']['slo_attainment']:.3f}"
-
-    text = rewrite_control_plane(src.read_text(), advice.recommended, comment=note)
-    target = out / f"recommended{src.suffix or '.yaml'}"
-    target.write_text(text)
-    (out / "metrics.json").write_text(json.dumps(to_jsonable(advice.to_dict()), indent=2) + "\n")
-    advice.candidates.to_csv(out / "candidates.csv", index=False)
-    (out / "summary.md").write_text("# Advice\n\n" + "\n\n".join(advice.summary()) + "\n")
-    return target

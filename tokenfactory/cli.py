@@ -425,16 +425,24 @@ def _cmd_simulate(args) -> int:
 def _cmd_advise(args) -> int:
     from pathlib import Path
 
-    from tokenfactory.advise import advise, write_advice
+    from tokenfactory.advise import advise
     from tokenfactory.replay import load_replay_scenario
+    from tokenfactory.studies.report import to_jsonable
     from tokenfactory.traces import SyntheticWorkload, generate_requests, load_trace
 
     sc = load_replay_scenario(args.scenario)
     trace = (generate_requests(SyntheticWorkload(seed=args.seed), _duration(args.duration))
              if args.trace in (None, "synthetic") else load_trace(args.trace))
-    adv = advise(args.control_plane, sc, trace, pool=args.pool, seed=args.seed, slo_target=args.slo_target)
-    out = Path(args.out or Path("reports") / "advise" / Path(args.control_plane).stem)
-    target = write_advice(adv, args.control_plane, out)
+    adv = advise(args.control_plane, sc, trace, pool=args.pool, seed=args.seed, slo_target=args.slo_target,
+                 simulated_candidates=args.candidates)
+    src = Path(args.control_plane)
+    out = Path(args.out or Path("reports") / "advise" / src.stem)
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / f"recommended{src.suffix or '.yaml'}"
+    target.write_text(adv.recommended_text(src.read_text()))
+    (out / "metrics.json").write_text(json.dumps(to_jsonable(adv.to_dict()), indent=2) + "\n")
+    adv.candidates.to_csv(out / "candidates.csv", index=False)
+    (out / "summary.md").write_text("# Advice\n\n" + "\n\n".join(adv.summary()) + "\n")
     for line in adv.summary():
         print(line)
     print(f"wrote {target} and {out}/ (metrics.json, candidates.csv, summary.md)")
@@ -549,6 +557,7 @@ def build_parser() -> argparse.ArgumentParser:
     ad.add_argument("--pool", choices=["decode", "fill"], default="decode", help="the pool the control plane sizes")
     ad.add_argument("--slo-target", dest="slo_target", type=float, default=None,
                     help="SLO attainment the recommendation must reach (default 0.99)")
+    ad.add_argument("--candidates", type=int, default=6, help="certified candidates replayed (default 6)")
     ad.add_argument("--duration", default="1h", help="synthetic trace length")
     ad.add_argument("--seed", type=int, default=0)
     ad.add_argument("--out", default=None, help="output folder (default reports/advise/<file>)")
