@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from tokenfactory.errors import ConfigError
 from tokenfactory.signals import count_reversals
 from tokenfactory.validation import check_choice, check_number
 
-__all__ = ["advise", "Advice", "KNOB_GRID", "MAX_REVERSALS_PER_HOUR", "operating_points", "DEFAULT_ATTAINMENT"]
+__all__ = ["advise", "search_settings", "scale_churn", "Advice", "KNOB_GRID", "MAX_REVERSALS_PER_HOUR", "operating_points", "DEFAULT_ATTAINMENT"]
 
 #: reversals per hour above which a pool is churning (issue 21's bound for a pool that holds)
 MAX_REVERSALS_PER_HOUR = 2.0
@@ -165,9 +165,87 @@ def _block(cert_by_level: Mapping[str, Any], sim: dict | None, slo_target: float
             "slo_target": slo_target, "simulated": sim}
 
 
+def search_settings(setting, certify: Callable[[Any], dict], simulate: Callable[[Any], dict], *,
+                    slo_target: float = DEFAULT_ATTAINMENT, simulated_candidates: int = SIMULATED_CANDIDATES,
+                    pool: str = "decode") -> Advice:
+    """The two-stage search of the module docstring on any plant.
+
+    Parameters
+    ----------
+    setting
+        The user's parsed setting.
+    certify : callable
+        setting -> {level name: AutoscalerCertificate}.
+    simulate : callable
+        setting -> {"slo_attainment", "gpu_hours", "reversals_per_hour", "oscillating", ...}.
+    slo_target : float
+        SLO attainment the recommendation must reach.
+    simulated_candidates : int
+        How many passing candidates are simulated (>= 1).
+    pool : str
+        The pool the setting sizes (to read its knobs off the built controller).
+    """
+    check_number("simulated_candidates", simulated_candidates, low=1)
+    knobs0 = _current_knobs(setting, setting.build(pool))
+    grid = KNOB_GRID[setting.format]
+    axes = {k: grid[k](knobs0[k]) for k in grid}
+    rows = []
+    for values in itertools.product(*axes.values()):
+        knobs = dict(zip(axes, values))
+        changed = {k: v for k, v in knobs.items() if v != knobs0[k]}
+        try:
+            cand = setting.with_params(**changed) if changed else setting
+            certs = certify(cand)
+        except ConfigError as exc:   # a knob combination the format or model refuses
+            rows.append({**knobs, "changed": len(changed), "passed": False, "simulated": False, "error": str(exc)})
+            continue
+        rows.append({**knobs, "changed": len(changed), "passed": all(c.passed for c in certs.values()),
+                     "held_workers": knobs.get("min_replicas", 1), "simulated": False, "setting": cand,
+                     "certs": certs, "changes": changed})
+    table = pd.DataFrame(rows)
+    current_certs = certify(setting)
+    current_sim = simulate(setting)
+
+    def meets(sim):
+        return (sim["slo_attainment"] >= slo_target and not sim["oscillating"]
+                and sim["reversals_per_hour"] <= MAX_REVERSALS_PER_HOUR)
+
+    passing = table[table["passed"]].sort_values(["changed", "held_workers"], kind="stable")
+    # the nearest candidates of each floor: holding more workers is the one knob a start-up of
+    # minutes leaves for bursts shorter than it, so every floor gets its share of the replays
+    floors = sorted(passing["held_workers"].unique()) if len(passing) else []
+    share = max(1, int(simulated_candidates) // max(1, len(floors)))
+    chosen = [i for f in floors for i in passing.index[passing["held_workers"] == f][:share]]
+    best, best_key, best_sim, met = None, None, None, False
+    for idx in chosen:
+        cand = table.at[idx, "setting"]
+        sim = current_sim if not table.at[idx, "changes"] else simulate(cand)
+        table.loc[idx, "simulated"] = True
+        for k, v in sim.items():
+            table.loc[idx, f"sim_{k}"] = v
+        ok = meets(sim)
+        key = (ok, -sim["gpu_hours"] if ok else sim["slo_attainment"])
+        if best_key is None or key > best_key:
+            best, best_key, best_sim, met = idx, key, sim, ok
+    if best is None:   # nothing passes the certificate: keep the user's setting, say so
+        rec, rec_certs, rec_sim, changes = setting, current_certs, current_sim, {}
+        met = meets(current_sim)
+    else:
+        rec, rec_certs, rec_sim = table.at[best, "setting"], table.at[best, "certs"], best_sim
+        changes = {k: {"from": knobs0[k], "to": v} for k, v in table.at[best, "changes"].items()}
+        if meets(current_sim) and all(c.passed for c in current_certs.values()) and \
+                current_sim["gpu_hours"] <= rec_sim["gpu_hours"]:
+            rec, rec_certs, rec_sim, changes, met = setting, current_certs, current_sim, {}, True
+    blocks = {"current": _block(current_certs, current_sim, slo_target),
+              "recommended": _block(rec_certs, rec_sim, slo_target)}
+    shown = table.drop(columns=[c for c in ("setting", "certs", "changes") if c in table])
+    return Advice(setting, rec, changes, blocks, shown, met)
+
+
 def advise(control_plane, scenario, trace: pd.DataFrame, *, pool: str = "decode", seed: int = 0,
            slo_target: float | None = None, simulated_candidates: int = SIMULATED_CANDIDATES) -> Advice:
-    """Certify, search and simulate a control plane's settings on a scenario and trace.
+    """Certify, search and simulate a control plane's settings on a scenario and trace, replaying
+    the candidates through the request simulator (:func:`search_settings`).
 
     Parameters
     ----------
@@ -211,63 +289,16 @@ def advise(control_plane, scenario, trace: pd.DataFrame, *, pool: str = "decode"
     def simulate(s) -> dict:
         m, res = run_replay(trace, setup, scenario.admission or "slo-aware", 1.0, cluster,
                             autoscalers=[s.build(pool)], admission_params=dict(scenario.admission_params))
-        acts = res.actions
-        scale = acts[acts["kind"] == "scale"] if "kind" in acts else acts.iloc[0:0]
-        hours = max(float(m["duration_s"]) / 3600.0, 1e-9)
-        rows = scale[["pool", "from", "to"]].to_dict("records") if len(scale) else []
         return {"slo_attainment": float(m["slo_attainment"]), "gpu_hours": float(m["gpu_hours"]),
-                "scale_actions": len(rows), "reversals_per_hour": count_reversals(rows) / hours,
-                "oscillating": bool(m["oscillating"]), "rejected": int(m["rejected"])}
+                **scale_churn(res.actions, float(m["duration_s"])), "oscillating": bool(m["oscillating"]),
+                "rejected": int(m["rejected"])}
 
-    base_ctl = setting.build(pool)
-    knobs0 = _current_knobs(setting, base_ctl)
-    grid = KNOB_GRID[setting.format]
-    axes = {k: grid[k](knobs0[k]) for k in grid}
-    rows = []
-    for values in itertools.product(*axes.values()):
-        knobs = dict(zip(axes, values))
-        changed = {k: v for k, v in knobs.items() if v != knobs0[k]}
-        try:
-            cand = setting.with_params(**changed) if changed else setting
-            certs = certify(cand)
-        except ConfigError as exc:   # a knob combination the format or model refuses
-            rows.append({**knobs, "changed": len(changed), "passed": False, "simulated": False, "error": str(exc)})
-            continue
-        rows.append({**knobs, "changed": len(changed), "passed": all(c.passed for c in certs.values()),
-                     "held_workers": knobs.get("min_replicas", 1), "simulated": False, "setting": cand,
-                     "certs": certs, "changes": changed})
-    table = pd.DataFrame(rows)
-    current_certs = certify(setting)
-    current_sim = simulate(setting)
-    passing = table[table["passed"]].sort_values(["changed", "held_workers"], kind="stable")
-    # the nearest candidates of each floor: holding more workers is the one knob a start-up of
-    # minutes leaves for bursts shorter than it, so every floor gets its share of the replays
-    floors = sorted(passing["held_workers"].unique()) if len(passing) else []
-    share = max(1, simulated_candidates // max(1, len(floors)))
-    chosen = [i for f in floors for i in passing.index[passing["held_workers"] == f][:share]]
-    best, best_key, best_sim, met = None, None, None, False
-    for idx in chosen:
-        cand = table.at[idx, "setting"]
-        sim = current_sim if not table.at[idx, "changes"] else simulate(cand)
-        table.loc[idx, "simulated"] = True
-        for k, v in sim.items():
-            table.loc[idx, f"sim_{k}"] = v
-        ok = (sim["slo_attainment"] >= slo_target and not sim["oscillating"]
-              and sim["reversals_per_hour"] <= MAX_REVERSALS_PER_HOUR)
-        key = (ok, -sim["gpu_hours"] if ok else sim["slo_attainment"])
-        if best_key is None or key > best_key:
-            best, best_key, best_sim, met = idx, key, sim, ok
-    if best is None:   # nothing passes the certificate: keep the user's setting, say so
-        rec, rec_certs, rec_sim, changes = setting, current_certs, current_sim, {}
-    else:
-        rec, rec_certs, rec_sim = table.at[best, "setting"], table.at[best, "certs"], best_sim
-        changes = {k: {"from": knobs0[k], "to": v} for k, v in table.at[best, "changes"].items()}
-        cur_ok = (current_sim["slo_attainment"] >= slo_target and not current_sim["oscillating"]
-                  and current_sim["reversals_per_hour"] <= MAX_REVERSALS_PER_HOUR)
-        if cur_ok and all(c.passed for c in current_certs.values()) and \
-                current_sim["gpu_hours"] <= rec_sim["gpu_hours"]:
-            rec, rec_certs, rec_sim, changes, met = setting, current_certs, current_sim, {}, True
-    blocks = {"current": _block(current_certs, current_sim, slo_target),
-              "recommended": _block(rec_certs, rec_sim, slo_target)}
-    shown = table.drop(columns=[c for c in ("setting", "certs", "changes") if c in table])
-    return Advice(setting, rec, changes, blocks, shown, met)
+    return search_settings(setting, certify, simulate, slo_target=slo_target,
+                           simulated_candidates=simulated_candidates, pool=pool)
+
+
+def scale_churn(actions: pd.DataFrame, duration_s: float) -> dict:
+    """Scale actions and reversals per hour of a result's action table."""
+    scale = actions[actions["kind"] == "scale"] if "kind" in actions else actions.iloc[0:0]
+    rows = scale[["pool", "from", "to"]].to_dict("records") if len(scale) else []
+    return {"scale_actions": len(rows), "reversals_per_hour": count_reversals(rows) / max(duration_s / 3600.0, 1e-9)}
