@@ -38,6 +38,7 @@ STUDIES: dict[str, str] = {
     "aggregation": "tokenfactory.studies.aggregation",
     "long-context": "tokenfactory.studies.long_context",
     "kv-tiers": "tokenfactory.studies.kv_tiers",
+    "incidents": "tokenfactory.studies.incidents",
 }
 
 

@@ -45,24 +45,38 @@ SIMULATED_CANDIDATES = 6
 
 
 def _times(*factors):
-    return lambda v: sorted({round(v * f, 6) for f in factors})
+    return lambda v, need: sorted({round(v * f, 6) for f in factors})
 
 
-#: format -> knob -> candidate values as a function of the current value (the model's knob names,
-#: :meth:`with_params` of each setting)
+def _also(*values):
+    return lambda v, need: sorted({v, *values})
+
+
+def _floor_up(v, need):
+    return sorted({max(v, 1), max(v, 1) + 1})
+
+
+def _ceiling(v, need):
+    """The user's ceiling, or one worker above what the highest sustained level needs: a ceiling
+    bounds the start-up overshoot of a rule that compounds over starting workers."""
+    return sorted({v, min(v, need + 1)})
+
+
+#: format -> knob -> candidate values as a function of (the current value, the workers the highest
+#: sustained demand level needs, rounded up); knob names are the model's (each setting's
+#: ``with_params``)
 KNOB_GRID: dict[str, dict[str, Any]] = {
-    "kubernetes-hpa": {"target": _times(0.5, 1.0, 2.0, 4.0), "tolerance": lambda v: sorted({v, 0.2, 0.3}),
-                       "downscale_stabilization_s": lambda v: sorted({v, 60, 120, 600}),
-                       "min_replicas": lambda v: sorted({v, v + 1})},
-    "keda": {"target": _times(0.5, 1.0, 2.0, 4.0), "downscale_stabilization_s": lambda v: sorted({v, 60, 120, 600}),
-             "min_replicas": lambda v: sorted({max(v, 1), max(v, 1) + 1})},
-    "knative": {"target": _times(0.5, 1.0, 2.0), "stable_window_s": lambda v: sorted({v, 30.0, 120.0, 300.0}),
-                "min_replicas": lambda v: sorted({max(v, 1), max(v, 1) + 1})},
-    "ray-serve": {"target": _times(0.5, 1.0, 2.0), "downscale_delay_s": lambda v: sorted({v, 60.0, 300.0, 600.0}),
-                  "upscale_delay_s": lambda v: sorted({v, 0.0, 30.0}),
-                  "min_replicas": lambda v: sorted({max(v, 1), max(v, 1) + 1})},
-    "aibrix": {"target": _times(0.5, 1.0, 2.0), "up_band": lambda v: sorted({v, 0.2}),
-               "down_band": lambda v: sorted({v, 0.3, 0.5}), "min_replicas": lambda v: sorted({max(v, 1), max(v, 1) + 1})},
+    "kubernetes-hpa": {"target": _times(0.5, 1.0, 2.0, 4.0), "tolerance": _also(0.2, 0.3),
+                       "downscale_stabilization_s": _also(60, 120, 600), "min_replicas": _floor_up,
+                       "max_replicas": _ceiling},
+    "keda": {"target": _times(0.5, 1.0, 2.0, 4.0), "downscale_stabilization_s": _also(60, 120, 600),
+             "min_replicas": _floor_up, "max_replicas": _ceiling},
+    "knative": {"target": _times(0.5, 1.0, 2.0), "stable_window_s": _also(30.0, 120.0, 300.0),
+                "min_replicas": _floor_up, "max_replicas": _ceiling},
+    "ray-serve": {"target": _times(0.5, 1.0, 2.0), "downscale_delay_s": _also(60.0, 300.0, 600.0),
+                  "upscale_delay_s": _also(0.0, 30.0), "min_replicas": _floor_up, "max_replicas": _ceiling},
+    "aibrix": {"target": _times(0.5, 1.0, 2.0), "up_band": _also(0.2), "down_band": _also(0.3, 0.5),
+               "min_replicas": _floor_up, "max_replicas": _ceiling},
 }
 
 
@@ -72,8 +86,8 @@ def _current_knobs(setting, controller) -> dict:
     for knob in KNOB_GRID[setting.format]:
         if knob == "target":
             out[knob] = p.get("target", p.get("target_ongoing_requests"))
-        elif knob == "min_replicas":
-            out[knob] = p.get("min_replicas", getattr(controller, "min_replicas", 1))
+        elif knob in ("min_replicas", "max_replicas"):
+            out[knob] = p.get(knob, getattr(controller, knob, 1))
         else:
             out[knob] = p[knob]
     return out
@@ -188,7 +202,9 @@ def search_settings(setting, certify: Callable[[Any], dict], simulate: Callable[
     check_number("simulated_candidates", simulated_candidates, low=1)
     knobs0 = _current_knobs(setting, setting.build(pool))
     grid = KNOB_GRID[setting.format]
-    axes = {k: grid[k](knobs0[k]) for k in grid}
+    current_certs = certify(setting)
+    need = max(math.ceil(c.workers_needed - 1e-9) for c in current_certs.values())
+    axes = {k: grid[k](knobs0[k], need) for k in grid}
     rows = []
     for values in itertools.product(*axes.values()):
         knobs = dict(zip(axes, values))
@@ -203,7 +219,6 @@ def search_settings(setting, certify: Callable[[Any], dict], simulate: Callable[
                      "held_workers": knobs.get("min_replicas", 1), "simulated": False, "setting": cand,
                      "certs": certs, "changes": changed})
     table = pd.DataFrame(rows)
-    current_certs = certify(setting)
     current_sim = simulate(setting)
 
     def meets(sim):
