@@ -130,3 +130,23 @@ def test_advise_command_writes_the_recommendation(case, tmp_path, capsys):
         assert 0.0 <= b["simulated"]["slo_attainment"] <= 1.0 and b["simulated"]["gpu_hours"] > 0
         assert b["predicted_cycle"] is None or b["predicted_cycle"]["period_s"] > 0
     assert parse_control_plane((out / "recommended.yaml").read_text()).format == "kubernetes-hpa"
+
+
+def test_vllm_config_gets_the_batch_cap_for_the_slo(case, tmp_path):
+    from tokenfactory.registry import static_batch_cap
+    from tokenfactory.replay import build_replay, class_outputs, scenario_cluster
+
+    cfg = tmp_path / "vllm.yaml"
+    cfg.write_text("# engine arguments\nmodel: Qwen/Qwen3-30B-A3B\ntensor-parallel-size: 2\nmax-num-seqs: 512\n")
+    sc = load_replay_scenario(case / "sim.toml")
+    trace = load_trace(case / "requests.csv")
+    adv = advise(cfg, sc, trace, seed=1)
+    cl = scenario_cluster(sc, 1)
+    setup = build_replay(trace, dict(sc.plant))
+    cap = int(static_batch_cap(setup.context(cl["slo_ttft_s"], cl["slo_tpot_s"], class_outputs=class_outputs(trace))))
+    assert adv.recommended.max_num_seqs == cap < 512
+    text = adv.recommended_text(cfg.read_text())
+    assert "tensor-parallel-size: 2" in text and f"max-num-seqs: {cap}" in text
+    assert adv.blocks["recommended"]["vllm_flags"].startswith(f"--max-num-seqs {cap}")
+    # the cap keeps passes within the SLO where 512 sequences per batch do not
+    assert adv.blocks["recommended"]["simulated"]["tpot_p99_s"] <= adv.blocks["current"]["simulated"]["tpot_p99_s"]

@@ -286,3 +286,15 @@ def test_bad_duration_names_the_field(bad):
     with pytest.raises(ConfigError) as err:
         parse_duration_s("spec.window", bad)
     assert err.value.field == "spec.window"
+
+
+def test_vllm_config_keeps_engine_keys_and_changes_the_cap():
+    text = "# engine\nmodel: m\ntensor_parallel_size: 2\nmax_num_seqs: 256\n"
+    s = parse_control_plane(text)
+    assert s.format == "vllm" and s.max_num_seqs == 256 and s.engine_keys == ("model", "tensor_parallel_size")
+    out = rewrite_control_plane(text, s.with_params(max_num_seqs=48, max_num_batched_tokens=2048))
+    assert "max_num_seqs: 48" in out and "max_num_batched_tokens: 2048" in out and "tensor_parallel_size: 2" in out
+    assert parse_control_plane(out).max_num_seqs == 48
+    with pytest.raises(ConfigError) as err:
+        parse_control_plane("model: m\nmax-num-seqs: 0\n")
+    assert err.value.field == "control_plane.max-num-seqs"

@@ -130,6 +130,11 @@ class Advice:
         cur, rec = self.blocks["current"], self.blocks["recommended"]
 
         def note(path, old, new):
+            if self.recommended.format == "vllm":
+                return (f"tokenfactory advise: {'unset' if old is None else old} -> {new}; the largest batch whose "
+                        f"pass meets the TPOT SLO (simulated TPOT p99 {cur['simulated']['tpot_p99_s']:.3f} -> "
+                        f"{rec['simulated']['tpot_p99_s']:.3f} s, SLO {cur['simulated']['slo_attainment']:.3f} -> "
+                        f"{rec['simulated']['slo_attainment']:.3f})")
             why = "no predicted cycle" if rec["predicted_cycle"] is None else "a shorter cycle"
             was = (f"was a {cur['predicted_cycle']['period_s']:.0f} s cycle" if cur["predicted_cycle"] else
                    f"start-up peak {cur['cascade_peak_replicas']} -> {rec['cascade_peak_replicas']} workers")
@@ -155,7 +160,8 @@ class Advice:
         if not self.changes:
             lines.append("No setting of the grid does better; the recommendation is the current setting.")
         else:
-            ch = ", ".join(f"{k} {v['from']:g} -> {v['to']:g}" for k, v in self.changes.items())
+            ch = ", ".join(f"{k} {'unset' if v['from'] is None else format(v['from'], 'g')} -> {v['to']:g}"
+                           for k, v in self.changes.items())
             lines.append(f"Recommended ({ch}): certificate {cert(r)}; simulated SLO attainment "
                          f"{rs['slo_attainment']:.3f}, {rs['gpu_hours']:.2f} GPU-hours, "
                          f"{rs['reversals_per_hour']:.1f} reversals/h.")
@@ -288,6 +294,8 @@ def advise(control_plane, scenario, trace: pd.DataFrame, *, pool: str = "decode"
     setting = read_control_plane(control_plane) if isinstance(control_plane, (str, Path)) else control_plane
     cluster = scenario_cluster(scenario, seed)
     setup = build_replay(trace, dict(scenario.plant))
+    if setting.format == "vllm":
+        return _advise_batch_cap(setting, scenario, trace, setup, cluster, slo_target)
     p = setup.plant.params
     mu = p.decode_capacity(1) if pool == "decode" else p.fill_rate_per_worker
     dyn = cluster.get("dynamics", {})
@@ -310,6 +318,46 @@ def advise(control_plane, scenario, trace: pd.DataFrame, *, pool: str = "decode"
 
     return search_settings(setting, certify, simulate, slo_target=slo_target,
                            simulated_candidates=simulated_candidates, pool=pool)
+
+
+#: vLLM's max-num-seqs when a config does not set it (vllm/engine/arg_utils.py default for most GPUs)
+VLLM_DEFAULT_MAX_NUM_SEQS = 256
+
+
+def _advise_batch_cap(setting, scenario, trace, setup, cluster, slo_target) -> Advice:
+    """A vLLM config's batch cap: the largest batch whose pass meets the TPOT SLO at the nominal
+    context (:func:`tokenfactory.registry.static_batch_cap`) and the simulator's fill token
+    budget, replayed against the file's own cap. A static cap closes no loop: no margins, no cycle."""
+    from tokenfactory.registry import static_batch_cap
+    from tokenfactory.replay import class_outputs, run_replay
+
+    ctx = setup.context(cluster.get("slo_ttft_s", 2.0), cluster.get("slo_tpot_s", 0.1),
+                        class_outputs=class_outputs(trace))
+    cap = int(static_batch_cap(ctx))
+    budget = int(setup.params.fill_token_budget)
+    rec = setting.with_params(max_num_seqs=cap, max_num_batched_tokens=budget)
+
+    def simulate(s):
+        m, _ = run_replay(trace, setup, scenario.admission or "slo-aware", 1.0, cluster,
+                          batch_cap=float(s.max_num_seqs or VLLM_DEFAULT_MAX_NUM_SEQS),
+                          admission_params=dict(scenario.admission_params))
+        return {"slo_attainment": float(m["slo_attainment"]), "gpu_hours": float(m["gpu_hours"]),
+                "tpot_p99_s": float(m["tpot_p99"]), "goodput_tokens_per_s": float(m["goodput_tokens_per_s"]),
+                "scale_actions": 0, "reversals_per_hour": 0.0, "oscillating": bool(m["oscillating"])}
+
+    def block(s, sim):
+        return {"stable": True, "passed": True, "gain_margin": None, "phase_margin_deg": None, "delay_margin_s": None,
+                "loop": "static batch cap (no loop)", "predicted_cycle": None, "cascade_peak_replicas": None,
+                "vllm_flags": s.flags(), "slo_target": slo_target, "simulated": sim}
+
+    cur_sim, rec_sim = simulate(setting), simulate(rec)
+    changes = {k: {"from": getattr(setting, k), "to": getattr(rec, k)} for k in ("max_num_seqs", "max_num_batched_tokens")
+               if getattr(setting, k) != getattr(rec, k)}
+    table = pd.DataFrame([{"max_num_seqs": s.max_num_seqs, "max_num_batched_tokens": s.max_num_batched_tokens,
+                           "passed": True, "simulated": True, **{f"sim_{k}": v for k, v in sim.items()}}
+                          for s, sim in ((setting, cur_sim), (rec, rec_sim))])
+    return Advice(setting, rec, changes, {"current": block(setting, cur_sim), "recommended": block(rec, rec_sim)},
+                  table, rec_sim["slo_attainment"] >= slo_target)
 
 
 def scale_churn(actions: pd.DataFrame, duration_s: float) -> dict:

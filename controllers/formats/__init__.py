@@ -16,6 +16,7 @@ format                    file                                       controller
 ``knative``               Service annotations (+ config-autoscaler)  ``KnativeAutoscaler``
 ``ray-serve``             Serve config / ``autoscaling_config``       ``RayServeAutoscaler``
 ``aibrix``                PodAutoscaler autoscaling.aibrix.ai         ``AIBrixAPA`` / KPA / HPA
+``vllm``                  ``vllm serve --config`` engine arguments    the decode batch cap
 ========================  =========================================  ==============================
 
 :func:`read_control_plane` sniffs the format from the documents' ``kind``; every unknown field is
@@ -37,13 +38,15 @@ from tokenfactory.controllers.formats.keda import KEDASetting, read_keda
 from tokenfactory.controllers.formats.knative import KnativeSetting, read_knative
 from tokenfactory.controllers.formats.kubernetes_hpa import CONTROLLER_MANAGER_KIND, HPASetting, read_hpa
 from tokenfactory.controllers.formats.ray_serve import RayServeSetting, read_ray_serve
+from tokenfactory.controllers.formats.vllm import CONTROL_KEYS as VLLM_KEYS
+from tokenfactory.controllers.formats.vllm import VLLMSetting, read_vllm
 from tokenfactory.errors import ConfigError
 
 __all__ = ["read_control_plane", "parse_control_plane", "dump_control_plane", "rewrite_control_plane", "FORMATS",
            "NotModelled", "ENGINE_METRICS", "HPASetting", "KEDASetting", "KnativeSetting", "RayServeSetting",
-           "AIBrixSetting", "ControlPlaneSetting"]
+           "AIBrixSetting", "VLLMSetting", "ControlPlaneSetting"]
 
-ControlPlaneSetting = HPASetting | KEDASetting | KnativeSetting | RayServeSetting | AIBrixSetting
+ControlPlaneSetting = HPASetting | KEDASetting | KnativeSetting | RayServeSetting | AIBrixSetting | VLLMSetting
 
 #: format name -> reader of the parsed documents
 FORMATS: dict[str, Callable[..., Any]] = {
@@ -52,6 +55,7 @@ FORMATS: dict[str, Callable[..., Any]] = {
     "knative": read_knative,
     "ray-serve": read_ray_serve,
     "aibrix": read_aibrix,
+    "vllm": read_vllm,
 }
 _BY_KIND = {"HorizontalPodAutoscaler": "kubernetes-hpa", CONTROLLER_MANAGER_KIND: "kubernetes-hpa",
             "ScaledObject": "keda", "Service": "knative", "ConfigMap": "knative", "PodAutoscaler": "aibrix"}
@@ -75,6 +79,9 @@ def sniff_format(docs: list[dict], where: str = "control_plane") -> str:
     kinds = {d.get("kind") for d in docs}
     if kinds == {None} and len(docs) == 1 and ("applications" in docs[0] or "autoscaling_config" in docs[0]):
         return "ray-serve"
+    if kinds == {None} and len(docs) == 1 and ("model" in docs[0] or any(
+            str(k).replace("_", "-") in VLLM_KEYS for k in docs[0])):
+        return "vllm"
     formats = {_BY_KIND.get(k) for k in kinds}
     if len(formats) != 1 or None in formats:
         raise ConfigError(where, f"cannot tell the control plane from kinds {sorted(map(str, kinds))}; supported: "
