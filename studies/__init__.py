@@ -105,7 +105,7 @@ TYPICAL_SECONDS: dict[str, float] = {
     "reconfiguration": 138.1, "overload": 63.5, "layered-stack": 47.1, "trace-replay": 40.2,
     "forecasting": 33.2, "kv-tiers": 21.4, "aggregation": 19.7, "feedback-oscillation": 17.1,
     "long-context": 13.5, "operating-modes": 5.3, "k3-projection": 4.5, "roofline-validation": 2.7,
-    "bandwidth-capacity": 2.4,
+    "bandwidth-capacity": 2.4, "incidents": 20.0,
 }
 
 
