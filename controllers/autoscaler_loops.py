@@ -38,8 +38,8 @@ from tokenfactory.controllers.autoscaling import AIBrixAPA, HorizontalPodAutosca
 from tokenfactory.controllers.describing import LimitCycle
 from tokenfactory.controllers.reconfiguration import predict_pool_flapping
 from tokenfactory.controllers.stability import DelayedLoop, Margins, stability_margins
-from tokenfactory.errors import ConfigError
-from tokenfactory.validation import check_number
+from tokenfactory.core.errors import ConfigError
+from tokenfactory.core.validation import check_number
 
 __all__ = ["PoolOperatingPoint", "AutoscalerLoop", "autoscaler_loop", "autoscaler_margins",
            "predict_autoscaler_cycle", "predict_startup_cascade", "RelayCycle", "AutoscalerCertificate", "certify_autoscaler",

@@ -26,8 +26,8 @@ from collections import deque
 
 from tokenfactory.controllers.autoscaling import POOL_METRICS
 from tokenfactory.controllers.interface import SampledController
-from tokenfactory.signals import Measurement, ScaleAction
-from tokenfactory.validation import check_choice, check_int, check_number
+from tokenfactory.core.signals import Measurement, ScaleAction
+from tokenfactory.core.validation import check_choice, check_int, check_number
 
 __all__ = ["RayServeAutoscaler"]
 

@@ -49,7 +49,7 @@ from tokenfactory.plant_models import FluidParams, RequestShape, Worker
 from tokenfactory.plant_models.fleet import PoolDynamics
 from tokenfactory.plant_models.pools import PoolScenario, simulate_pools
 from tokenfactory.studies.report import StudyReport, markdown_table
-from tokenfactory.validation import check_number, reject_unknown_keys
+from tokenfactory.core.validation import check_number, reject_unknown_keys
 
 __all__ = ["INCIDENTS", "DEFAULT_CONFIG", "run", "measured_cycle"]
 
@@ -203,7 +203,7 @@ def run(out_dir, quick: bool = False, config: dict | None = None) -> dict:
     cfg = {**DEFAULT_CONFIG, **(QUICK if quick else {}), **config}
     for name in cfg["incidents"]:
         if name not in INCIDENTS:
-            from tokenfactory.errors import ConfigError
+            from tokenfactory.core.errors import ConfigError
 
             raise ConfigError("incidents.incidents", f"{name!r} is not one of {', '.join(INCIDENTS)}")
     check_number("incidents.duration_s", cfg["duration_s"], low=600.0)

@@ -17,7 +17,7 @@ from tokenfactory.controllers.autoscaler_loops import (
     predict_startup_cascade,
 )
 from tokenfactory.controllers.autoscaling import HorizontalPodAutoscaler, KnativeAutoscaler
-from tokenfactory.errors import ConfigError
+from tokenfactory.core.errors import ConfigError
 
 MU = 11.0          # one decode worker's requests/s (the small plant's, rounded)
 SLOTS = 328.0

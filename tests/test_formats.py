@@ -16,7 +16,7 @@ from tokenfactory.controllers.formats import (
 )
 from tokenfactory.controllers.formats.common import format_quantity, parse_duration_s, parse_quantity
 from tokenfactory.controllers.ray_serve_autoscaler import RayServeAutoscaler
-from tokenfactory.errors import ConfigError
+from tokenfactory.core.errors import ConfigError
 
 HPA = """\
 # The HPA on the decode deployment (vllm:num_requests_waiting through a Prometheus adapter).

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tokenfactory.errors import ConfigError
+from tokenfactory.core.errors import ConfigError
 from tokenfactory.studies import incidents
 
 

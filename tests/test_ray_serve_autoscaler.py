@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from tokenfactory.controllers.ray_serve_autoscaler import RayServeAutoscaler
-from tokenfactory.errors import ConfigError
+from tokenfactory.core.errors import ConfigError
 
 LOOP_S = 0.1   # Ray's CONTROL_LOOP_INTERVAL_S
 

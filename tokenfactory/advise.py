@@ -30,9 +30,9 @@ import pandas as pd
 
 from tokenfactory.controllers.autoscaler_loops import PoolOperatingPoint, certify_autoscaler
 from tokenfactory.controllers.formats import read_control_plane, rewrite_control_plane
-from tokenfactory.errors import ConfigError
-from tokenfactory.signals import count_reversals
-from tokenfactory.validation import check_choice, check_number
+from tokenfactory.core.errors import ConfigError
+from tokenfactory.core.signals import count_reversals
+from tokenfactory.core.validation import check_choice, check_number
 
 __all__ = ["advise", "search_settings", "scale_churn", "Advice", "KNOB_GRID", "MAX_REVERSALS_PER_HOUR", "operating_points", "DEFAULT_ATTAINMENT"]
 

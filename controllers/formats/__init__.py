@@ -20,7 +20,7 @@ format                    file                                       controller
 ========================  =========================================  ==============================
 
 :func:`read_control_plane` sniffs the format from the documents' ``kind``; every unknown field is
-a :class:`~tokenfactory.errors.ConfigError` naming its path. :func:`dump_control_plane` writes a
+a :class:`~tokenfactory.core.errors.ConfigError` naming its path. :func:`dump_control_plane` writes a
 setting; :func:`rewrite_control_plane` edits the user's own file (comments and unrelated fields
 kept), changing only the values that differ, each with an end-of-line comment.
 """
@@ -40,7 +40,7 @@ from tokenfactory.controllers.formats.kubernetes_hpa import CONTROLLER_MANAGER_K
 from tokenfactory.controllers.formats.ray_serve import RayServeSetting, read_ray_serve
 from tokenfactory.controllers.formats.vllm import CONTROL_KEYS as VLLM_KEYS
 from tokenfactory.controllers.formats.vllm import VLLMSetting, read_vllm
-from tokenfactory.errors import ConfigError
+from tokenfactory.core.errors import ConfigError
 
 __all__ = ["read_control_plane", "parse_control_plane", "dump_control_plane", "rewrite_control_plane", "FORMATS",
            "NotModelled", "ENGINE_METRICS", "HPASetting", "KEDASetting", "KnativeSetting", "RayServeSetting",

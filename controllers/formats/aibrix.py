@@ -25,8 +25,8 @@ from tokenfactory.controllers.formats.common import (
     parse_name,
     parse_number_string,
 )
-from tokenfactory.errors import ConfigError
-from tokenfactory.validation import check_choice, check_int
+from tokenfactory.core.errors import ConfigError
+from tokenfactory.core.validation import check_choice, check_int
 
 __all__ = ["AIBrixSetting", "read_aibrix"]
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tokenfactory.errors import ConfigError
+from tokenfactory.core.errors import ConfigError
 
 __all__ = ["Section", "parse_name", "parse_duration_s", "format_duration", "parse_quantity", "format_quantity",
            "parse_number_string", "EngineMetric", "ENGINE_METRICS", "engine_metric", "NotModelled"]

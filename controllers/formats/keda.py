@@ -36,8 +36,8 @@ from tokenfactory.controllers.formats.kubernetes_hpa import (
     read_scaling_rules,
     scaling_rules_doc,
 )
-from tokenfactory.errors import ConfigError
-from tokenfactory.validation import check_choice, check_int
+from tokenfactory.core.errors import ConfigError
+from tokenfactory.core.validation import check_choice, check_int
 
 __all__ = ["PrometheusTrigger", "KEDASetting", "read_keda"]
 

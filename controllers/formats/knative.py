@@ -24,8 +24,8 @@ from tokenfactory.controllers.formats.common import (
     parse_name,
     parse_number_string,
 )
-from tokenfactory.errors import ConfigError
-from tokenfactory.validation import check_choice
+from tokenfactory.core.errors import ConfigError
+from tokenfactory.core.validation import check_choice
 
 __all__ = ["KnativeSetting", "read_knative", "ANNOTATION_PREFIX"]
 

@@ -28,8 +28,8 @@ from tokenfactory.controllers.formats.common import (
     parse_number_string,
     parse_quantity,
 )
-from tokenfactory.errors import ConfigError
-from tokenfactory.validation import check_choice, check_int
+from tokenfactory.core.errors import ConfigError
+from tokenfactory.core.validation import check_choice, check_int
 
 __all__ = ["ScalingPolicy", "ScalingRules", "MetricTarget", "HPASetting", "read_scaling_rules", "scaling_rules_doc",
            "DEFAULT_SCALE_UP", "DEFAULT_SCALE_DOWN", "read_hpa", "CONTROLLER_MANAGER_KIND"]

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from tokenfactory.controllers.formats.common import NotModelled, Section, parse_name
-from tokenfactory.errors import ConfigError
-from tokenfactory.validation import check_choice, check_int, check_number
+from tokenfactory.core.errors import ConfigError
+from tokenfactory.core.validation import check_choice, check_int, check_number
 
 __all__ = ["RayServeSetting", "read_ray_serve"]
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from tokenfactory.controllers.formats.common import NotModelled
-from tokenfactory.errors import ConfigError
-from tokenfactory.validation import check_int
+from tokenfactory.core.errors import ConfigError
+from tokenfactory.core.validation import check_int
 
 __all__ = ["VLLMSetting", "read_vllm", "CONTROL_KEYS"]
 
