@@ -400,8 +400,14 @@ class AutoscalerCertificate:
         return self.cascade_peak <= math.ceil(self.workers_needed - 1e-9) + 1
 
     @property
+    def ceiling_carries(self) -> bool:
+        """The largest pool the rule may ask for carries the demand."""
+        return self.loop.max_replicas >= self.workers_needed
+
+    @property
     def passed(self) -> bool:
-        """No predicted cycle at the operating point and a bounded start-up overshoot.
+        """No predicted cycle at the operating point, a ceiling that carries the demand and a
+        bounded start-up overshoot.
 
         The linear part's margins are reported but not required: they describe the regime where
         the pool is short and the queue integrates (or, for a utilisation metric counted over
@@ -410,14 +416,14 @@ class AutoscalerCertificate:
         :attr:`overshoot_bounded` checks. At an operating point the pool can carry, the loop is
         open (the metric sits at its served value) unless it relays, which the cycle check finds.
         """
-        return self.predicted_cycle is None and self.overshoot_bounded
+        return self.predicted_cycle is None and self.overshoot_bounded and self.ceiling_carries
 
     def to_dict(self) -> dict:
         m = self.margins
         cyc = self.predicted_cycle
         lin = self.loop.linear()
         return {"passed": self.passed, "stable": self.stable, "margins_met": self.margins_met,
-                "overshoot_bounded": self.overshoot_bounded,
+                "overshoot_bounded": self.overshoot_bounded, "ceiling_carries": self.ceiling_carries,
                 "linear_part": None if lin is None else "where the pool is short of capacity (the overshoot regime)",
                 "gain_reduction_to_stabilize": None if m is None or m.stable else _finite(m.lower_gain_margin),
                 "gain_margin": None if m is None else _finite(m.gain_margin),
@@ -441,9 +447,10 @@ class AutoscalerCertificate:
             pm = "n/a" if d["phase_margin_deg"] is None else f"{d['phase_margin_deg']:.0f} deg"
             loop = (f"{'stable' if self.stable else 'UNSTABLE'} loop ({d['loop']}), GM {gm}, PM {pm}, "
                     f"delay {self.loop.delay_s:.0f} s")
+        short = "" if self.ceiling_carries else f"; its ceiling of {self.loop.max_replicas} cannot carry the demand"
         return (f"{'PASS' if self.passed else 'FAIL'} {self.loop.name} on {self.loop.signal} (target "
                 f"{self.loop.target:g}): {loop}; {cyc}; a step from {max(1, self.loop.min_replicas)} worker(s) asks "
-                f"for up to {self.cascade_peak} during start-up ({self.workers_needed:.2f} needed)")
+                f"for up to {self.cascade_peak} during start-up ({self.workers_needed:.2f} needed){short}")
 
 
 def _finite(x: float) -> float | None:

@@ -34,7 +34,7 @@ from tokenfactory.core.errors import ConfigError
 from tokenfactory.core.signals import count_reversals
 from tokenfactory.core.validation import check_choice, check_number
 
-__all__ = ["advise", "search_settings", "scale_churn", "Advice", "KNOB_GRID", "MAX_REVERSALS_PER_HOUR", "operating_points", "DEFAULT_ATTAINMENT"]
+__all__ = ["advise", "search_settings", "current_knobs", "scale_churn", "Advice", "KNOB_GRID", "MAX_REVERSALS_PER_HOUR", "operating_points", "DEFAULT_ATTAINMENT"]
 
 #: reversals per hour above which a pool is churning (issue 21's bound for a pool that holds)
 MAX_REVERSALS_PER_HOUR = 2.0
@@ -80,7 +80,8 @@ KNOB_GRID: dict[str, dict[str, Any]] = {
 }
 
 
-def _current_knobs(setting, controller) -> dict:
+def current_knobs(setting, controller) -> dict:
+    """The values of the setting's grid knobs (:data:`KNOB_GRID`), read off the controller it builds."""
     p = controller.params()
     out = {}
     for knob in KNOB_GRID[setting.format]:
@@ -206,7 +207,7 @@ def search_settings(setting, certify: Callable[[Any], dict], simulate: Callable[
         The pool the setting sizes (to read its knobs off the built controller).
     """
     check_number("simulated_candidates", simulated_candidates, low=1)
-    knobs0 = _current_knobs(setting, setting.build(pool))
+    knobs0 = current_knobs(setting, setting.build(pool))
     grid = KNOB_GRID[setting.format]
     current_certs = certify(setting)
     need = max(math.ceil(c.workers_needed - 1e-9) for c in current_certs.values())

@@ -11,6 +11,7 @@ import pandas as pd
 from tokenfactory.controllers.control_stack import CapacityScaledBound, ControlStack, RoleBalancer, StackLayer
 from tokenfactory.controllers.planning import DemandPlanner, PlannedPoolController
 from tokenfactory.registry import PlantContext, batch_gate_for, slo_aware_admission, smoothed_admission
+from tokenfactory.core.errors import ConfigError
 from tokenfactory.stack.plant import (
     StackPlant,
     gate_fraction,
@@ -153,6 +154,13 @@ def build_stack(sc: StackScenario, *, history: pd.Series | None = None, time_off
             ctrl = CapacityScaledBound(ctrl, p.decode_slots(plant.decode_workers))
         layers.append(StackLayer("admission", [ctrl], ctrl.sample_period))
     rc = sc.layers["reconfiguration"]
+    if rc.own_settings:   # the user's control plane from its own file, exactly as configured
+        ctl = rc.read().build(rc.pool)
+        layers.append(StackLayer("reconfiguration", [ctl], ctl.sample_period))
+        if "planning" in sc.layers:
+            raise ConfigError("layers.planning", "the planning layer drives tokenfactory's planned-hysteretic pools; "
+                              "with a control plane's own file as the reconfiguration layer, set kind = \"none\"")
+        return ControlStack(layers, name or sc.name), plant
     T = rc.sample_period_s
     u = target_utilization(sc)
     dyn = sc.dynamics
