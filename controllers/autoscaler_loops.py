@@ -196,6 +196,19 @@ def autoscaler_loop(controller, point: PoolOperatingPoint) -> AutoscalerLoop:
 
     Supported: :class:`HorizontalPodAutoscaler` (and so KEDA), :class:`KnativeAutoscaler`,
     :class:`AIBrixAPA` and :class:`~tokenfactory.controllers.ray_serve_autoscaler.RayServeAutoscaler`.
+
+    Parameters
+    ----------
+    controller : autoscaler
+        One of the supported autoscaler objects; its ``params()`` give the loop's target, metric,
+        bands, delays and bounds.
+    point : PoolOperatingPoint
+        The pool and demand it is modelled at.
+
+    Raises
+    ------
+    ConfigError
+        For an autoscaler of another type, or a metric with no loop model (not in :data:`QUEUE_BEARING`).
     """
     from tokenfactory.controllers.ray_serve_autoscaler import RayServeAutoscaler
 
@@ -228,7 +241,13 @@ def autoscaler_loop(controller, point: PoolOperatingPoint) -> AutoscalerLoop:
 
 def autoscaler_margins(loop: AutoscalerLoop) -> Margins | None:
     """Nyquist verdict and margins of the loop's linear part (:meth:`AutoscalerLoop.linear`);
-    None where the rule is a static feed-forward."""
+    None where the rule is a static feed-forward.
+
+    Parameters
+    ----------
+    loop : AutoscalerLoop
+        The loop (:func:`autoscaler_loop`).
+    """
     lin = loop.linear()
     return None if lin is None else stability_margins(lin)
 
@@ -311,6 +330,11 @@ def predict_autoscaler_cycle(loop: AutoscalerLoop) -> RelayCycle | None:
 
     A metric that does not see the queue (utilisation) reads the larger pool's spare capacity and
     keeps ceil(served / target) workers, so it cycles only when that is short of the demand.
+
+    Parameters
+    ----------
+    loop : AutoscalerLoop
+        The loop (:func:`autoscaler_loop`), at the demand of its operating point.
     """
     point = loop.point
     lam, mu = point.demand_rps, point.per_worker_rps
@@ -349,6 +373,21 @@ def predict_startup_cascade(loop: AutoscalerLoop, from_replicas: int, demand_rps
     utilisation metric reads saturated. HPA and APA multiply the replica count *including* starting
     workers by the serving workers' average over the target, so they compound every sample (the
     cascade); KPA and Ray Serve divide the metric total by the target and ask once for what it shows.
+
+    Parameters
+    ----------
+    loop : AutoscalerLoop
+        The loop (:func:`autoscaler_loop`).
+    from_replicas : int
+        Serving workers when the demand steps (>= 1).
+    demand_rps : float, optional
+        The demand after the step (req/s, > 0); default None: the operating point's.
+
+    Returns
+    -------
+    int
+        The largest replica count asked for within the start-up (bounded by the growth policies
+        and ``max_replicas``; ``from_replicas`` when the rule does not scale up).
     """
     point = loop.point
     demand = point.demand_rps if demand_rps is None else demand_rps
@@ -374,7 +413,26 @@ def predict_startup_cascade(loop: AutoscalerLoop, from_replicas: int, demand_rps
 
 @dataclass(frozen=True)
 class AutoscalerCertificate:
-    """What the loop model says of an autoscaler setting before any simulation."""
+    """What the loop model says of an autoscaler setting before any simulation.
+
+    Parameters
+    ----------
+    loop : AutoscalerLoop
+        The loop certified.
+    margins : Margins or None
+        Stability margins of its linear part (:func:`autoscaler_margins`); None for a static
+        feed-forward.
+    predicted_cycle : RelayCycle or None
+        The cycle at the operating demand (:func:`predict_autoscaler_cycle`); None when it holds a pool.
+    cascade_peak : int
+        Peak replicas asked for during a start-up from max(1, min replicas) (:func:`predict_startup_cascade`).
+    workers_needed : float
+        Demand over one worker's rate at the operating point (workers).
+    gm_floor : float
+        Gain margin the linear part must reach for :attr:`margins_met` (a factor).
+    pm_floor_deg : float
+        Phase margin it must reach for :attr:`margins_met` (degrees).
+    """
 
     loop: AutoscalerLoop
     margins: Margins | None
@@ -459,7 +517,25 @@ def _finite(x: float) -> float | None:
 
 def certify_autoscaler(controller, point: PoolOperatingPoint, *, gm_floor: float = 2.0,
                        pm_floor_deg: float = 45.0) -> AutoscalerCertificate:
-    """Margins of the linear part, the predicted cycle and the start-up cascade of one autoscaler."""
+    """Margins of the linear part, the predicted cycle and the start-up cascade of one autoscaler.
+
+    Parameters
+    ----------
+    controller : autoscaler
+        A :class:`HorizontalPodAutoscaler`, :class:`KnativeAutoscaler`, :class:`AIBrixAPA` or
+        ``RayServeAutoscaler`` (see :func:`autoscaler_loop`).
+    point : PoolOperatingPoint
+        The pool and demand it is certified at.
+    gm_floor : float
+        Gain margin required for :attr:`AutoscalerCertificate.margins_met` (default 2).
+    pm_floor_deg : float
+        Phase margin required for it (degrees; default 45).
+
+    Raises
+    ------
+    ConfigError
+        As :func:`autoscaler_loop`, for a controller or metric with no loop model.
+    """
     loop = autoscaler_loop(controller, point)
     return AutoscalerCertificate(loop, autoscaler_margins(loop), predict_autoscaler_cycle(loop),
                                  predict_startup_cascade(loop, max(1, loop.min_replicas)), point.workers_needed,

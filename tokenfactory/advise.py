@@ -81,7 +81,20 @@ KNOB_GRID: dict[str, dict[str, Any]] = {
 
 
 def current_knobs(setting, controller) -> dict:
-    """The values of the setting's grid knobs (:data:`KNOB_GRID`), read off the controller it builds."""
+    """The values of the setting's grid knobs (:data:`KNOB_GRID`), read off the controller it builds.
+
+    Parameters
+    ----------
+    setting : ControlPlaneSetting
+        A parsed pool-autoscaler setting; its ``format`` selects the knobs of :data:`KNOB_GRID`.
+    controller : autoscaler
+        The controller ``setting.build(pool)`` returns; its ``params()`` give the values.
+
+    Returns
+    -------
+    dict
+        Knob name (the model's, as ``with_params`` takes it) -> current value.
+    """
     p = controller.params()
     out = {}
     for knob in KNOB_GRID[setting.format]:
@@ -97,7 +110,30 @@ def current_knobs(setting, controller) -> dict:
 def operating_points(trace: pd.DataFrame, mu: float, *, metric_delay_s: float, startup_s: float,
                      slots_per_worker: float, service_s: float, window_s: float = 300.0) -> dict[str, PoolOperatingPoint]:
     """The demand levels the trace sustains (median and 90th percentile of its ``window_s`` rates)
-    as operating points of a pool whose workers serve ``mu`` requests/s."""
+    as operating points of a pool whose workers serve ``mu`` requests/s.
+
+    Parameters
+    ----------
+    trace : DataFrame
+        The requests; its ``arrival_s`` column (s) is binned into windows of ``window_s``.
+    mu : float
+        Requests/s one serving worker sustains (> 0).
+    metric_delay_s : float
+        Age of the metric when the autoscaler reads it (s, >= 0).
+    startup_s : float
+        From a scale-up decision to a serving worker (s, >= 0).
+    slots_per_worker : float
+        Decode slots of one worker (sequences, > 0).
+    service_s : float
+        Time a request occupies a slot (s, > 0).
+    window_s : float
+        Width of the windows the rates are counted over (s, > 0; default 300); empty windows are left out.
+
+    Returns
+    -------
+    dict
+        ``"median"`` and ``"p90"`` -> :class:`PoolOperatingPoint` at that demand.
+    """
     arr = trace["arrival_s"].to_numpy(dtype=float)
     span = max(float(arr.max() - arr.min()), window_s)
     bins = np.arange(float(arr.min()), float(arr.min()) + span + window_s, window_s)
@@ -109,7 +145,27 @@ def operating_points(trace: pd.DataFrame, mu: float, *, metric_delay_s: float, s
 
 @dataclasses.dataclass
 class Advice:
-    """The result of :func:`advise`: the current and recommended settings, certified and simulated."""
+    """The result of :func:`advise`: the current and recommended settings, certified and simulated.
+
+    Parameters
+    ----------
+    current : ControlPlaneSetting
+        The user's setting, as read.
+    recommended : ControlPlaneSetting
+        The recommended setting (``current`` itself when no candidate does better).
+    changes : dict
+        Knob -> ``{"from": current value, "to": recommended value}`` of the knobs changed (empty: keep
+        the current setting).
+    blocks : dict
+        ``"current"`` and ``"recommended"`` -> the metrics block: the certificate's verdict and
+        margins, the predicted cycle, the start-up peak and the simulated metrics (``"simulated"``).
+    candidates : DataFrame
+        One row per candidate certified: its knobs, ``passed``, ``simulated`` and the simulated
+        metrics as ``sim_*`` columns.
+    met_target : bool
+        Whether the recommendation meets the SLO attainment target (for a pool autoscaler also
+        without oscillation and within :data:`MAX_REVERSALS_PER_HOUR`).
+    """
 
     current: Any
     recommended: Any
@@ -193,7 +249,7 @@ def search_settings(setting, certify: Callable[[Any], dict], simulate: Callable[
 
     Parameters
     ----------
-    setting
+    setting : ControlPlaneSetting
         The user's parsed setting.
     certify : callable
         setting -> {level name: AutoscalerCertificate}.
@@ -362,7 +418,21 @@ def _advise_batch_cap(setting, scenario, trace, setup, cluster, slo_target) -> A
 
 
 def scale_churn(actions: pd.DataFrame, duration_s: float) -> dict:
-    """Scale actions and reversals per hour of a result's action table."""
+    """Scale actions and reversals per hour of a result's action table.
+
+    Parameters
+    ----------
+    actions : DataFrame
+        A replay result's actions; the rows of ``kind`` ``"scale"`` (columns ``pool``, ``from``,
+        ``to``) are counted.
+    duration_s : float
+        Length of the run (s, > 0).
+
+    Returns
+    -------
+    dict
+        ``"scale_actions"`` (count) and ``"reversals_per_hour"``.
+    """
     scale = actions[actions["kind"] == "scale"] if "kind" in actions else actions.iloc[0:0]
     rows = scale[["pool", "from", "to"]].to_dict("records") if len(scale) else []
     return {"scale_actions": len(rows), "reversals_per_hour": count_reversals(rows) / max(duration_s / 3600.0, 1e-9)}

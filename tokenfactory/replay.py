@@ -479,7 +479,20 @@ def run_replay(trace: pd.DataFrame, setup: ReplaySetup, admission: str, scale: f
 def scenario_cluster(scenario: "ReplayScenario | None", seed: int = 0) -> dict:
     """The cluster fields a replay of ``scenario`` runs with: its ``[cluster]`` table, the seed,
     and - unless it lists classes - the interactive class at the cluster's SLO with the default
-    batch class (what ``tokenfactory simulate`` runs)."""
+    batch class (what ``tokenfactory simulate`` runs).
+
+    Parameters
+    ----------
+    scenario : ReplayScenario or None
+        The resolved scenario (:func:`load_replay_scenario`); None: an empty ``[cluster]`` table.
+    seed : int
+        Seed of the replay, used when the ``[cluster]`` table sets none (default 0).
+
+    Returns
+    -------
+    dict
+        A copy of the cluster fields with ``seed`` and ``classes`` filled in.
+    """
     from tokenfactory.core.classes import DEFAULT_CLASSES, INTERACTIVE, RequestClass
 
     cluster = dict(scenario.cluster) if scenario else {}

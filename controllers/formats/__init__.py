@@ -93,7 +93,23 @@ def sniff_format(docs: list[dict], where: str = "control_plane") -> str:
 def parse_control_plane(text: str, *, fmt: str | None = None, where: str = "control_plane",
                         **options) -> ControlPlaneSetting:
     """The setting of a YAML text (``fmt`` sniffed when None; ``options`` go to the reader, e.g.
-    ``deployment=`` for a Ray Serve config)."""
+    ``deployment=`` for a Ray Serve config).
+
+    Parameters
+    ----------
+    text : str
+        The file's YAML, one or more documents.
+    fmt : str, optional
+        A key of :data:`FORMATS` (``"kubernetes-hpa"``, ``"keda"``, ...); default None: sniffed from
+        the documents (:func:`sniff_format`).
+    where : str
+        Name of the file, the root of every error's path (default ``"control_plane"``).
+
+    Raises
+    ------
+    ConfigError
+        For invalid YAML, an unknown or unrecognisable format, or any error of the format's reader.
+    """
     docs = _load_documents(text, where)
     fmt = fmt or sniff_format(docs, where)
     if fmt not in FORMATS:
@@ -102,7 +118,18 @@ def parse_control_plane(text: str, *, fmt: str | None = None, where: str = "cont
 
 
 def read_control_plane(path, **options) -> ControlPlaneSetting:
-    """The setting in the file ``path`` (see :func:`parse_control_plane`)."""
+    """The setting in the file ``path`` (see :func:`parse_control_plane`).
+
+    Parameters
+    ----------
+    path : str or Path
+        The settings file; its name is the root of every error's path.
+
+    Raises
+    ------
+    ConfigError
+        When the file does not exist, or as :func:`parse_control_plane`.
+    """
     path = Path(path)
     if not path.is_file():
         raise ConfigError("control_plane", f"file {str(path)!r} does not exist")
@@ -110,7 +137,13 @@ def read_control_plane(path, **options) -> ControlPlaneSetting:
 
 
 def dump_control_plane(setting: ControlPlaneSetting) -> str:
-    """The setting as YAML (all fields explicit); :func:`parse_control_plane` reads it back equal."""
+    """The setting as YAML (all fields explicit); :func:`parse_control_plane` reads it back equal.
+
+    Parameters
+    ----------
+    setting : ControlPlaneSetting
+        A setting of any format (its ``to_documents()`` are written, one YAML document each).
+    """
     import yaml
 
     return yaml.safe_dump_all(setting.to_documents(), sort_keys=False, default_flow_style=False)
@@ -184,6 +217,16 @@ def rewrite_control_plane(text: str, new: ControlPlaneSetting, *,
     """The user's YAML ``text`` with only the values that differ between its setting and ``new``
     changed (comments, key order and unrelated fields kept); each changed line carries
     ``comment(path, old, new)`` as an end-of-line comment.
+
+    Parameters
+    ----------
+    text : str
+        The user's YAML file, as read.
+    new : ControlPlaneSetting
+        The setting to write, of the same format as ``text``.
+    comment : callable, optional
+        ``comment(path, old, new) -> str``: the end-of-line comment of a changed value, given its
+        dotted path and its old (None where it was absent) and new value; default None: no comments.
 
     Raises
     ------

@@ -63,7 +63,50 @@ def _fmt(x: float) -> str:
 
 @dataclass(frozen=True)
 class AIBrixSetting:
-    """A PodAutoscaler, as read; AIBrix's defaults filled in."""
+    """A PodAutoscaler, as read; AIBrix's defaults filled in.
+
+    Parameters
+    ----------
+    name : str
+        ``metadata.name`` of the PodAutoscaler.
+    target_kind, target_name : str
+        ``spec.scaleTargetRef.kind`` and ``.name``: the workload it scales.
+    strategy : str
+        ``spec.scalingStrategy``: ``"HPA"``, ``"KPA"`` or ``"APA"``.
+    metric : str
+        ``spec.metricsSources[0].targetMetric``: an engine metric of
+        :data:`~tokenfactory.controllers.formats.common.ENGINE_METRICS`.
+    target_value : float
+        ``spec.metricsSources[0].targetValue``: the metric per pod it aims for (> 0).
+    max_replicas : int
+        ``spec.maxReplicas`` (>= max(1, min_replicas)).
+    min_replicas : int
+        ``spec.minReplicas`` (>= 0; default 1).
+    namespace : str, optional
+        ``metadata.namespace`` (default None: not written).
+    target_api_version : str
+        ``spec.scaleTargetRef.apiVersion`` (default ``"apps/v1"``).
+    metric_port, metric_path, metric_protocol : str, optional
+        ``port``, ``path`` and ``protocolType`` of the metrics source: where the pod metric is
+        scraped (default None: not written); kept as written, not modelled.
+    max_scale_up_rate, max_scale_down_rate : float
+        ``autoscaling.aibrix.ai/max-scale-up-rate`` and ``max-scale-down-rate``: the largest growth
+        and shrink factors per decision (>= 1; defaults 2 and 2).
+    up_tolerance, down_tolerance : float
+        ``autoscaling.aibrix.ai/up-fluctuation-tolerance`` and ``down-fluctuation-tolerance``: the
+        APA's band around the target ([0, 1]; defaults 0.1 and 0.2); the HPA strategy's tolerance
+        is ``up_tolerance``.
+    window_s : float, optional
+        ``apa.autoscaling.aibrix.ai/window`` (APA; s, 1-3600) or ``kpa.autoscaling.aibrix.ai/stable-window``
+        (KPA; s, 6-3600): the metric window (default None: AIBrix's).
+    panic_window_s : float, optional
+        ``kpa.autoscaling.aibrix.ai/panic-window``: the KPA's panic window (s, 1-3600; default None).
+    panic_threshold : float, optional
+        ``kpa.autoscaling.aibrix.ai/panic-threshold``: the KPA enters panic mode above this ratio of
+        desired to current replicas (1.1-10; default None).
+    scale_down_delay_s : float, optional
+        ``kpa.autoscaling.aibrix.ai/scale-down-delay`` (s, 0-3600; default None).
+    """
 
     name: str
     target_kind: str
@@ -157,7 +200,21 @@ class AIBrixSetting:
 
 
 def read_aibrix(docs: list[dict], where: str = "aibrix") -> AIBrixSetting:
-    """The :class:`AIBrixSetting` of one PodAutoscaler document."""
+    """The :class:`AIBrixSetting` of one PodAutoscaler document.
+
+    Parameters
+    ----------
+    docs : list of dict
+        The file's parsed YAML documents: exactly one ``PodAutoscaler``.
+    where : str
+        Name of the file or object, the root of every error's path (default ``"aibrix"``).
+
+    Raises
+    ------
+    ConfigError
+        For a missing required field, a value out of range, or an unknown field (named by its
+        path); :class:`NotModelled` for a valid field tokenfactory does not model.
+    """
     if len(docs) != 1 or docs[0].get("kind") != "PodAutoscaler":
         raise ConfigError(where, f"expected one PodAutoscaler document; found kinds {[d.get('kind') for d in docs]}")
     top = Section(docs[0], where)

@@ -21,7 +21,15 @@ __all__ = ["Section", "parse_name", "parse_duration_s", "format_duration", "pars
 
 
 class NotModelled(ConfigError):
-    """A field the format allows but tokenfactory's model of that control plane does not capture."""
+    """A field the format allows but tokenfactory's model of that control plane does not capture.
+
+    Parameters
+    ----------
+    field : str
+        Path of the field in the file (``"spec.behavior.scaleUp.selectPolicy"``), named in the message.
+    why : str
+        What the model lacks, in a phrase; the message reads ``not modelled: <why>``.
+    """
 
     def __init__(self, field: str, why: str):
         super().__init__(field, f"not modelled: {why}")
@@ -96,7 +104,25 @@ class Section:
 
 
 def parse_name(field: str, value: Any) -> str:
-    """A non-empty string (an object, metric or deployment name)."""
+    """A non-empty string (an object, metric or deployment name).
+
+    Parameters
+    ----------
+    field : str
+        Path of the field, used in the error message.
+    value : any
+        The value read; must be a string with at least one non-blank character.
+
+    Returns
+    -------
+    str
+        ``value`` unchanged.
+
+    Raises
+    ------
+    ConfigError
+        When ``value`` is not a string or is blank.
+    """
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(field, f"expected a non-empty name, got {value!r}")
     return value
@@ -108,7 +134,27 @@ _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
 
 def parse_duration_s(field: str, value: Any, *, low: float = 0.0, high: float = math.inf) -> float:
     """A Go duration (``"60s"``, ``"1m30s"``, ``"500ms"``; Knative and AIBrix annotations) or a
-    plain number of seconds, as seconds within [low, high]."""
+    plain number of seconds, as seconds within [low, high].
+
+    Parameters
+    ----------
+    field : str
+        Path of the field, used in the error message.
+    value : str or number
+        A Go duration string (units ns, us, µs, ms, s, m, h), a numeric string or a number of seconds.
+    low, high : float
+        Closed range of the result (s; defaults 0 and inf).
+
+    Returns
+    -------
+    float
+        The duration in seconds.
+
+    Raises
+    ------
+    ConfigError
+        When ``value`` is not a duration or lies outside [low, high].
+    """
     if isinstance(value, bool):
         raise ConfigError(field, f"expected a duration such as '60s', got {value!r}")
     if isinstance(value, (int, float)):
@@ -134,7 +180,13 @@ def parse_duration_s(field: str, value: Any, *, low: float = 0.0, high: float = 
 
 
 def format_duration(seconds: float) -> str:
-    """Seconds as the shortest Go duration string that reads back exactly (``"60s"``)."""
+    """Seconds as the shortest Go duration string that reads back exactly (``"60s"``).
+
+    Parameters
+    ----------
+    seconds : float
+        The duration (s, finite); whole seconds are written without a fraction.
+    """
     if seconds == int(seconds):
         return f"{int(seconds)}s"
     return f"{seconds!r}s"
@@ -146,7 +198,28 @@ _SUFFIX = {None: 1.0, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1
 
 
 def parse_quantity(field: str, value: Any, *, positive: bool = True) -> float:
-    """A Kubernetes resource quantity (``"2"``, ``"500m"``, ``1.5``) as a float."""
+    """A Kubernetes resource quantity (``"2"``, ``"500m"``, ``1.5``) as a float.
+
+    Parameters
+    ----------
+    field : str
+        Path of the field, used in the error message.
+    value : str or number
+        A number or a quantity string with an optional SI (``m``, ``k``, ``M``, ...) or binary
+        (``Ki``, ``Mi``, ...) suffix.
+    positive : bool
+        Require a result > 0 (default True); otherwise any finite value is accepted.
+
+    Returns
+    -------
+    float
+        The quantity in plain units (``"500m"`` is 0.5).
+
+    Raises
+    ------
+    ConfigError
+        When ``value`` is not a quantity, is not finite, or is <= 0 with ``positive``.
+    """
     if isinstance(value, bool):
         raise ConfigError(field, f"expected a quantity such as '2' or '500m', got {value!r}")
     if isinstance(value, (int, float)):
@@ -161,7 +234,13 @@ def parse_quantity(field: str, value: Any, *, positive: bool = True) -> float:
 
 
 def format_quantity(x: float) -> str:
-    """A float as a quantity string that reads back exactly (milli-units where that is exact)."""
+    """A float as a quantity string that reads back exactly (milli-units where that is exact).
+
+    Parameters
+    ----------
+    x : float
+        The value (finite); whole numbers are written without a suffix, e.g. 0.5 as ``"500m"``.
+    """
     if x == int(x):
         return str(int(x))
     milli = x * 1000.0
@@ -172,7 +251,29 @@ def format_quantity(x: float) -> str:
 
 def parse_number_string(field: str, value: Any, *, low: float | None = None, high: float | None = None,
                         low_inclusive: bool = True) -> float:
-    """A number written as a string (annotations and labels are strings) or as a number."""
+    """A number written as a string (annotations and labels are strings) or as a number.
+
+    Parameters
+    ----------
+    field : str
+        Path of the field, used in the error message.
+    value : str or number
+        The value read; anything ``float()`` accepts except booleans.
+    low, high : float, optional
+        Bounds of the allowed range, in the field's own unit; ``None`` (default) is unbounded.
+    low_inclusive : bool
+        Whether ``low`` itself is allowed (default True); ``high`` is always inclusive.
+
+    Returns
+    -------
+    float
+        ``value`` as a finite float.
+
+    Raises
+    ------
+    ConfigError
+        When ``value`` is not a finite number or lies outside the range.
+    """
     if isinstance(value, bool):
         raise ConfigError(field, f"expected a number, got {value!r}")
     try:
@@ -225,7 +326,20 @@ ENGINE_METRICS: dict[str, EngineMetric] = {
 
 
 def engine_metric(field: str, name: str) -> EngineMetric:
-    """The :class:`EngineMetric` called ``name``, or an error listing the ones modelled."""
+    """The :class:`EngineMetric` called ``name``, or an error listing the ones modelled.
+
+    Parameters
+    ----------
+    field : str
+        Path of the field that names the metric, used in the error message.
+    name : str
+        An engine metric name, a key of :data:`ENGINE_METRICS` (``"vllm:num_requests_waiting"``).
+
+    Raises
+    ------
+    NotModelled
+        When ``name`` is not a key of :data:`ENGINE_METRICS`.
+    """
     if not isinstance(name, str) or name not in ENGINE_METRICS:
         raise NotModelled(field, f"metric {name!r} has no plant signal; modelled metrics: "
                           + ", ".join(sorted(ENGINE_METRICS)))

@@ -46,7 +46,24 @@ API_VERSION = "keda.sh/v1alpha1"
 
 @dataclass(frozen=True)
 class PrometheusTrigger:
-    """A ``prometheus`` trigger: the query, its threshold and how the HPA reads it."""
+    """A ``prometheus`` trigger: the query, its threshold and how the HPA reads it.
+
+    Parameters
+    ----------
+    server_address : str
+        ``metadata.serverAddress``: the Prometheus server's URL.
+    query : str
+        ``metadata.query``: PromQL; modelled when it is ``sum(M)`` or ``avg(M)`` of one engine metric M.
+    threshold : float
+        ``metadata.threshold``: the target the HPA compares the query with (a quantity > 0, in M's unit).
+    metric_type : str
+        ``metricType``: ``"AverageValue"`` (default; the HPA divides the query by the replicas) or ``"Value"``.
+    activation_threshold : float
+        ``metadata.activationThreshold``: the query value above which KEDA activates the
+        workload, 0 -> 1 (default 0).
+    name : str, optional
+        The trigger's ``name`` (default None: not written).
+    """
 
     server_address: str
     query: str
@@ -66,7 +83,36 @@ class PrometheusTrigger:
 
 @dataclass(frozen=True)
 class KEDASetting:
-    """A ScaledObject, as read; defaults filled in, so writing and reading back is exact."""
+    """A ScaledObject, as read; defaults filled in, so writing and reading back is exact.
+
+    Parameters
+    ----------
+    name : str
+        ``metadata.name`` of the ScaledObject.
+    target_name : str
+        ``spec.scaleTargetRef.name``: the workload it scales.
+    triggers : tuple of PrometheusTrigger
+        ``spec.triggers`` (at least one; the model scales on exactly one).
+    namespace : str, optional
+        ``metadata.namespace`` (default None: not written).
+    target_kind : str
+        ``spec.scaleTargetRef.kind`` (default ``"Deployment"``).
+    target_api_version : str
+        ``spec.scaleTargetRef.apiVersion`` (default ``"apps/v1"``).
+    polling_interval_s : int
+        ``spec.pollingInterval``: how often KEDA checks the triggers for activation (s, >= 1; default 30).
+    cooldown_period_s : int
+        ``spec.cooldownPeriod``: wait after the last active trigger before scaling to 0 (s, >= 0; default 300).
+    initial_cooldown_period_s : int
+        ``spec.initialCooldownPeriod``: wait after creation before the cooldown applies (s, >= 0; default 0).
+    min_replicas : int
+        ``spec.minReplicaCount`` (>= 0; default 0, KEDA's scale to zero).
+    max_replicas : int
+        ``spec.maxReplicaCount`` (>= max(1, min_replicas); default 100).
+    scale_up, scale_down : ScalingRules
+        ``spec.advanced.horizontalPodAutoscalerConfig.behavior.scaleUp`` and ``.scaleDown``, passed
+        to the HPA KEDA creates (defaults the HPA's).
+    """
 
     name: str
     target_name: str
@@ -172,7 +218,21 @@ def _read_trigger(sec: Section) -> PrometheusTrigger:
 
 
 def read_keda(docs: list[dict], where: str = "keda") -> KEDASetting:
-    """The :class:`KEDASetting` of one ScaledObject document."""
+    """The :class:`KEDASetting` of one ScaledObject document.
+
+    Parameters
+    ----------
+    docs : list of dict
+        The file's parsed YAML documents: exactly one ``ScaledObject``.
+    where : str
+        Name of the file or object, the root of every error's path (default ``"keda"``).
+
+    Raises
+    ------
+    ConfigError
+        For a missing required field, a value out of range, or an unknown field (named by its
+        path); :class:`NotModelled` for a valid field tokenfactory does not model.
+    """
     if len(docs) != 1 or docs[0].get("kind") != "ScaledObject":
         raise ConfigError(where, f"expected one ScaledObject document; found kinds {[d.get('kind') for d in docs]}")
     top = Section(docs[0], where)

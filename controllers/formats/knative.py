@@ -40,7 +40,41 @@ def _fmt(x: float) -> str:
 
 @dataclass(frozen=True)
 class KnativeSetting:
-    """A Knative Service's autoscaling, as read (ConfigMap values where the Service sets none)."""
+    """A Knative Service's autoscaling, as read (ConfigMap values where the Service sets none).
+
+    Annotation keys below are under ``autoscaling.knative.dev/`` on the revision template.
+
+    Parameters
+    ----------
+    name : str
+        ``metadata.name`` of the Service.
+    metric : str
+        ``metric``: ``"concurrency"`` (default; the one modelled), ``"rps"``, ``"cpu"`` or ``"memory"``.
+    target : float
+        ``target`` (ConfigMap ``container-concurrency-target-default``): the metric per replica
+        (>= 0.01; default 100).
+    target_utilization_percent : float
+        ``target-utilization-percentage`` (ConfigMap ``container-concurrency-target-percentage``):
+        the share of ``target`` the KPA aims for (%, 1-100; default 70).
+    stable_window_s : float
+        ``window`` (ConfigMap ``stable-window``): the stable mode's averaging window (s, 6-3600; default 60).
+    panic_window_percent : float
+        ``panic-window-percentage``: the panic window as a share of the stable window (%, 1-100; default 10).
+    panic_threshold_percent : float
+        ``panic-threshold-percentage``: panic mode starts when the panic window asks for this share
+        of the current replicas (%, 110-1000; default 200).
+    scale_down_delay_s : float
+        ``scale-down-delay``: how long a lower recommendation must hold before a scale-down (s, 0-3600;
+        default 0).
+    min_scale, max_scale : int
+        ``min-scale`` and ``max-scale``: replica bounds (>= 0; defaults 0 and 0, a max of 0 is unbounded).
+    max_scale_up_rate : float
+        ConfigMap ``max-scale-up-rate``: the largest growth factor per decision (> 1; default 1000).
+    max_scale_down_rate : float
+        ConfigMap ``max-scale-down-rate``: the largest shrink factor per decision (> 1; default 2).
+    namespace : str, optional
+        ``metadata.namespace`` (default None: not written).
+    """
 
     name: str
     metric: str = "concurrency"
@@ -147,7 +181,22 @@ _IGNORED = {"initial-scale", "activation-scale", "scale-to-zero-pod-retention-pe
 
 
 def read_knative(docs: list[dict], where: str = "knative") -> KnativeSetting:
-    """The :class:`KnativeSetting` of a Service (and an optional ``config-autoscaler`` ConfigMap)."""
+    """The :class:`KnativeSetting` of a Service (and an optional ``config-autoscaler`` ConfigMap).
+
+    Parameters
+    ----------
+    docs : list of dict
+        The file's parsed YAML documents: one Knative ``Service`` and at most one ``ConfigMap``
+        named ``config-autoscaler``.
+    where : str
+        Name of the file or object, the root of every error's path (default ``"knative"``).
+
+    Raises
+    ------
+    ConfigError
+        For a missing required field, a value out of range, or an unknown field (named by its
+        path); :class:`NotModelled` for a non-KPA autoscaler class.
+    """
     services = [d for d in docs if d.get("kind") == "Service"]
     maps = [d for d in docs if d.get("kind") == "ConfigMap"]
     if len(services) != 1 or len(maps) > 1 or len(services) + len(maps) != len(docs):

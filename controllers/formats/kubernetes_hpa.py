@@ -41,7 +41,17 @@ CONTROLLER_MANAGER_API = "kubecontrollermanager.config.k8s.io/v1alpha1"
 
 @dataclass(frozen=True)
 class ScalingPolicy:
-    """One HPA scaling policy: change by at most ``value`` pods or percent per ``period_s``."""
+    """One HPA scaling policy: change by at most ``value`` pods or percent per ``period_s``.
+
+    Parameters
+    ----------
+    type : str
+        ``policies[].type``: ``"Pods"`` (an absolute count) or ``"Percent"`` (of the current replicas).
+    value : int
+        ``policies[].value``: the largest change per period, in pods or percent (>= 1).
+    period_s : int
+        ``policies[].periodSeconds``: the window the limit applies over (s, 1-1800).
+    """
 
     type: str          # "Pods" or "Percent"
     value: int         # > 0
@@ -50,7 +60,19 @@ class ScalingPolicy:
 
 @dataclass(frozen=True)
 class ScalingRules:
-    """``behavior.scaleUp`` or ``behavior.scaleDown``."""
+    """``behavior.scaleUp`` or ``behavior.scaleDown``.
+
+    Parameters
+    ----------
+    stabilization_window_s : int
+        ``stabilizationWindowSeconds``: the HPA acts on the most conservative recommendation of
+        this window (s, 0-3600; defaults 0 up, 300 down).
+    select_policy : str
+        ``selectPolicy``: ``"Max"`` (the policy allowing the largest change, the default), ``"Min"``
+        (the smallest) or ``"Disabled"`` (no scaling in this direction).
+    policies : tuple of ScalingPolicy
+        ``policies``: the limits on one change (the defaults' when the file lists none).
+    """
 
     stabilization_window_s: int
     select_policy: str                      # "Max", "Min" or "Disabled"
@@ -63,7 +85,19 @@ DEFAULT_SCALE_DOWN = ScalingRules(300, "Max", (ScalingPolicy("Percent", 100, 15)
 
 @dataclass(frozen=True)
 class MetricTarget:
-    """One entry of ``spec.metrics``: a named metric and its target."""
+    """One entry of ``spec.metrics``: a named metric and its target.
+
+    Parameters
+    ----------
+    source : str
+        The metric source ``type``: ``"Pods"``, ``"Object"`` or ``"External"``.
+    metric : str
+        ``metric.name``: an engine metric of :data:`~tokenfactory.controllers.formats.common.ENGINE_METRICS`.
+    target_type : str
+        ``target.type``: ``"AverageValue"`` (per replica) or ``"Value"`` (the metric's total).
+    value : float
+        ``target.averageValue`` or ``target.value``: the target, in the metric's unit (> 0).
+    """
 
     source: str        # "Pods", "Object" or "External"
     metric: str        # the metric's name
@@ -77,6 +111,31 @@ class HPASetting:
 
     Every field is a value of the file, defaults filled in; :meth:`to_documents` writes them all,
     so reading what it writes gives an equal setting.
+
+    Parameters
+    ----------
+    name : str
+        ``metadata.name`` of the HPA object.
+    target_kind, target_name : str
+        ``spec.scaleTargetRef.kind`` and ``.name``: the workload it scales (e.g. a ``Deployment``).
+    max_replicas : int
+        ``spec.maxReplicas`` (>= max(1, min_replicas)).
+    metrics : tuple of MetricTarget
+        ``spec.metrics``: the metrics and their targets (at least one).
+    min_replicas : int
+        ``spec.minReplicas`` (>= 0; default 1).
+    namespace : str, optional
+        ``metadata.namespace`` (default None: not written).
+    target_api_version : str
+        ``spec.scaleTargetRef.apiVersion`` (default ``"apps/v1"``).
+    scale_up, scale_down : ScalingRules
+        ``spec.behavior.scaleUp`` and ``.scaleDown`` (defaults :data:`DEFAULT_SCALE_UP` and
+        :data:`DEFAULT_SCALE_DOWN`).
+    sync_period_s : float
+        The controller-manager's ``horizontalPodAutoscalerSyncPeriod`` (s, 1-3600; default 15).
+    tolerance : float
+        The controller-manager's ``horizontalPodAutoscalerTolerance``: no change while
+        |metric / target - 1| is at most this ([0, 1]; default 0.1).
     """
 
     name: str
@@ -200,6 +259,13 @@ def _metric_doc(m: MetricTarget) -> dict:
 
 
 def scaling_rules_doc(r: ScalingRules) -> dict:
+    """The ``behavior.scaleUp`` or ``behavior.scaleDown`` mapping of ``r``, every field explicit.
+
+    Parameters
+    ----------
+    r : ScalingRules
+        The rules to write.
+    """
     return {"stabilizationWindowSeconds": r.stabilization_window_s, "selectPolicy": r.select_policy,
             "policies": [{"type": p.type, "value": p.value, "periodSeconds": p.period_s} for p in r.policies]}
 
@@ -207,6 +273,24 @@ def scaling_rules_doc(r: ScalingRules) -> dict:
 # ---- reading --------------------------------------------------------------------------------
 
 def read_scaling_rules(sec: Section, default: ScalingRules, default_window_s: int) -> ScalingRules:
+    """The :class:`ScalingRules` of a ``behavior.scaleUp`` or ``behavior.scaleDown`` section.
+
+    Parameters
+    ----------
+    sec : Section
+        The section as read (empty when the file has none); closed on return.
+    default : ScalingRules
+        The direction's defaults: their policies apply when the section lists none.
+    default_window_s : int
+        Stabilization window when the section sets none (s, >= 0; 0 up, 300 or the
+        controller-manager's window down).
+
+    Raises
+    ------
+    ConfigError
+        For a value out of range or an unknown field; :class:`NotModelled` for a per-direction
+        ``tolerance``.
+    """
     if not sec.mapping:
         sec.close()
         return replace(default, stabilization_window_s=default_window_s)
@@ -271,6 +355,14 @@ def _read_controller_manager(doc: dict, where: str) -> tuple[float, float, int |
 
 def read_hpa(docs: list[dict], where: str = "hpa") -> HPASetting:
     """The :class:`HPASetting` of an HPA document (plus an optional controller-manager document).
+
+    Parameters
+    ----------
+    docs : list of dict
+        The file's parsed YAML documents: one ``HorizontalPodAutoscaler`` and at most one
+        ``KubeControllerManagerConfiguration``.
+    where : str
+        Name of the file or object, the root of every error's path (default ``"hpa"``).
 
     Raises
     ------

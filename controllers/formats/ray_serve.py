@@ -54,7 +54,42 @@ _FIELDS = {
 
 @dataclass(frozen=True)
 class RayServeSetting:
-    """One deployment's ``autoscaling_config``, as read, with Ray's defaults filled in."""
+    """One deployment's ``autoscaling_config``, as read, with Ray's defaults filled in.
+
+    Parameters
+    ----------
+    application : str, optional
+        ``applications[].name`` of the Serve config (None: unnamed, or a bare ``autoscaling_config``).
+    deployment : str, optional
+        ``deployments[].name`` (None: a bare ``autoscaling_config`` mapping).
+    min_replicas : int
+        Lower bound (>= 0; default 1).
+    initial_replicas : int, optional
+        Replicas at start (>= 0; default None: Ray starts at ``min_replicas``).
+    max_replicas : int
+        Upper bound (>= max(1, min_replicas); default 1).
+    target_ongoing_requests : float
+        Ongoing requests (running plus queued) per replica the policy aims for (> 0; default 2).
+    metrics_interval_s : float
+        How often each replica reports its ongoing requests (s, > 0; default 10).
+    look_back_period_s : float
+        Window the controller averages the reports over (s, > 0; default 30).
+    smoothing_factor : float
+        Multiplier of each change in both directions (> 0; default 1).
+    upscale_smoothing_factor, downscale_smoothing_factor : float, optional
+        Per-direction smoothing factors (> 0; default None: ``smoothing_factor``).
+    upscaling_factor, downscaling_factor : float, optional
+        Per-direction multipliers of each change (> 0; default None: the direction's smoothing
+        factor, see :meth:`factors`).
+    downscale_delay_s : float
+        How long consecutive scale-down decisions must last before one applies (s, >= 0; default 600).
+    downscale_to_zero_delay_s : float, optional
+        The same for the last step, 1 -> 0 (s, >= 0; default None: ``downscale_delay_s``).
+    upscale_delay_s : float
+        How long consecutive scale-up decisions must last before one applies (s, >= 0; default 30).
+    aggregation_function : str
+        How the look-back window is aggregated: ``"mean"`` (default; the one modelled), ``"max"`` or ``"min"``.
+    """
 
     application: str | None = None
     deployment: str | None = None
@@ -144,7 +179,25 @@ def _read_config(sec: Section, application: str | None, deployment: str | None) 
 
 
 def read_ray_serve(docs: list[dict], where: str = "ray_serve", deployment: str | None = None) -> RayServeSetting:
-    """The :class:`RayServeSetting` of a Serve config or an ``autoscaling_config`` mapping."""
+    """The :class:`RayServeSetting` of a Serve config or an ``autoscaling_config`` mapping.
+
+    Parameters
+    ----------
+    docs : list of dict
+        The file's parsed YAML documents: exactly one, a Serve config (``applications``) or a
+        mapping with the key ``autoscaling_config``.
+    where : str
+        Name of the file, the root of every error's path (default ``"ray_serve"``).
+    deployment : str, optional
+        The deployment to read in a Serve config (default None: the one deployment that has an
+        ``autoscaling_config``).
+
+    Raises
+    ------
+    ConfigError
+        When not exactly one deployment matches, for a value out of range or an unknown field;
+        :class:`NotModelled` for a custom ``policy``.
+    """
     if len(docs) != 1:
         raise ConfigError(where, f"expected one YAML document, found {len(docs)}")
     top = Section(docs[0], where)

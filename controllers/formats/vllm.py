@@ -25,7 +25,21 @@ CONTROL_KEYS = {"max-num-seqs": "max_num_seqs", "max-num-batched-tokens": "max_n
 
 @dataclass(frozen=True)
 class VLLMSetting:
-    """The batch cap of a vLLM config file, and which engine keys it also holds."""
+    """The batch cap of a vLLM config file, and which engine keys it also holds.
+
+    Parameters
+    ----------
+    max_num_seqs : int, optional
+        ``max-num-seqs``: the most sequences in one batch (>= 1; default None: not set, vLLM's own
+        default applies, 256 on most GPUs).
+    max_num_batched_tokens : int, optional
+        ``max-num-batched-tokens``: the most tokens one scheduler step takes (>= 1; default None: not set).
+    engine_keys : tuple of str
+        The file's other keys (engine settings outside the control plane), in file order; not modelled.
+    underscored : bool
+        Whether the file spells the control keys with underscores (``max_num_seqs``) rather than
+        dashes; :meth:`to_documents` writes them the same way (default False).
+    """
 
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
@@ -62,7 +76,20 @@ class VLLMSetting:
 
 
 def read_vllm(docs: list[dict], where: str = "vllm") -> VLLMSetting:
-    """The :class:`VLLMSetting` of a vLLM config document."""
+    """The :class:`VLLMSetting` of a vLLM config document.
+
+    Parameters
+    ----------
+    docs : list of dict
+        The file's parsed YAML documents: exactly one mapping of engine arguments.
+    where : str
+        Name of the file, the root of every error's path (default ``"vllm"``).
+
+    Raises
+    ------
+    ConfigError
+        When there is not exactly one mapping, or a control key is not an integer >= 1.
+    """
     if len(docs) != 1 or not isinstance(docs[0], dict):
         raise ConfigError(where, f"expected one mapping of engine arguments, found {len(docs)} documents")
     values, engine, underscored = {}, [], False
