@@ -76,6 +76,7 @@ from tokenfactory.controllers.planning import (
     HEADROOM_GRID,
     DemandPlanner,
     PlannedPoolController,
+    correction_certificate,
 )
 from tokenfactory.controllers.reconfiguration import need_noise_std
 from tokenfactory.controllers.separation import (
@@ -137,7 +138,8 @@ _ADMISSION_BY_KIND = {"smoothed": {"kind", "sample_period_s", "filter_tau_s", "s
 _RECONF = {"kind", "sample_period_s", "target_utilization", "queue_clear_s", "filter_s", "min_dead_band",
            "max_step_up", "max_step_down", "queue_headroom", "role_moves", "fleet_size", "headroom", "dwell_s",
            "cooldown_s", "down_cooldown_s"}
-_PLANNING = {"kind", "days", "excess_budget", "interval_s", "refit_s", "fine_s", "max_headroom", "use_profile"}
+_PLANNING = {"kind", "days", "excess_budget", "interval_s", "refit_s", "fine_s", "max_headroom", "use_profile",
+             "volatility_window_s"}
 _ENVELOPE = {"delay_factors", "service_rate_factors", "demand_factors", "startup_factors", "gm_floor", "pm_floor_deg"}
 _CERT = {"min_separation", "max_pm_loss_deg"}
 
@@ -306,7 +308,7 @@ def stack_scenario_from_dict(d: Mapping[str, Any], name: str = "stack") -> Stack
         check_int("layers.planning.days", pl.get("days", 3), low=1, high=14)
         check_number("layers.planning.excess_budget", pl.get("excess_budget", 0.75 * (1.0 - attainment)), low=0.0,
                      high=0.5, low_inclusive=False, high_inclusive=False)
-        for k in ("interval_s", "refit_s", "fine_s", "max_headroom"):
+        for k in ("interval_s", "refit_s", "fine_s", "max_headroom", "volatility_window_s"):
             if k in pl:
                 check_number(f"layers.planning.{k}", pl[k], low=0.0)
     env = dict(d.get("envelope", {}))
@@ -730,7 +732,8 @@ def build_stack(sc: StackScenario, *, history: pd.Series | None = None, time_off
                                 refit_s=pl.get("refit_s", 86400.0), fine_s=pl.get("fine_s", 60.0),
                                 max_headroom=pl.get("max_headroom", HEADROOM_GRID[-1]), history=history,
                                 time_offset_s=time_offset_s, utilization=u,
-                                hold_s=dwell_s, use_profile=pl.get("use_profile", True))
+                                hold_s=dwell_s, use_profile=pl.get("use_profile", True),
+                                volatility_window_s=pl.get("volatility_window_s", 3600.0))
     qc, _ = _queue_clear(sc, plant)
     fleet = fleet_size if fleet_size is not None else rc.get("fleet_size")
     pools = []
@@ -1017,8 +1020,11 @@ def certify(sc: StackScenario) -> Certificate:
         lead = planning_lead_s(sc)
         needed = sc.dynamics.startup_s + sc.dynamics.warmup_s * (1.0 - sc.dynamics.warmup_factor)
         refit_s = sc.layers["planning"].get("refit_s", 86400.0)
+        pl = sc.layers["planning"]
         layers["planning"] = {"feed_forward": True, "lead_s": lead, "refit_s": refit_s, "scale_up_delay_s": needed,
-                              "meets_floors": lead >= needed}
+                              "meets_floors": lead >= needed,
+                              "correction": correction_certificate(pl.get("volatility_window_s", 3600.0),
+                                                                   pl.get("interval_s", 600.0))}
         separation.append(CascadePair("planning", "reconfiguration", closed_loop_bandwidth(rec_loop), math.nan,
                                       math.nan, None, None, math.nan, math.nan,
                                       note="feed-forward: the planner reads the offered demand, which no layer "
