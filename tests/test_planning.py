@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from tokenfactory.controllers.planning import (
+    EXCESS_BUDGET_SHARE,
     VOLATILITY_SCALE_BOUNDS,
     DemandPlanner,
     PlannedPoolController,
@@ -110,6 +111,9 @@ def test_a_bad_volatility_window_is_named(window, match):
 
 def test_the_stack_scenario_takes_the_window():
     sc = load_stack_scenario("stack_default")
+    # the default budget: half the SLO's miss budget
+    assert build_stack(sc)[0].layer("planning").controllers[0].excess_budget == pytest.approx(
+        EXCESS_BUDGET_SHARE * (1.0 - sc.slo_attainment))
     d = {**sc.config, "layers": {**sc.config["layers"],
                                  "planning": {**sc.config["layers"]["planning"], "volatility_window_s": 0.0}}}
     planner = build_stack(stack_scenario_from_dict(d))[0].layer("planning").controllers[0]
@@ -119,3 +123,7 @@ def test_the_stack_scenario_takes_the_window():
     d["layers"]["planning"]["volatility_window_s"] = -1.0
     with pytest.raises(ConfigError, match="layers.planning.volatility_window_s"):
         stack_scenario_from_dict(d)
+    d["layers"]["planning"].update(volatility_window_s=3600.0, profile_smooth_s=1800.0)
+    assert build_stack(stack_scenario_from_dict(d))[0].layer("planning").controllers[0].profile_smooth_s == 1800.0
+    with pytest.raises(ConfigError, match="planner.profile_smooth_s"):
+        DemandPlanner(lead_s=670.0, profile_smooth_s=-1.0)

@@ -73,6 +73,7 @@ from tokenfactory.controllers.batch_gate import (
 )
 from tokenfactory.controllers.describing import predict_limit_cycles
 from tokenfactory.controllers.planning import (
+    EXCESS_BUDGET_SHARE,
     HEADROOM_GRID,
     DemandPlanner,
     PlannedPoolController,
@@ -139,7 +140,7 @@ _RECONF = {"kind", "sample_period_s", "target_utilization", "queue_clear_s", "fi
            "max_step_up", "max_step_down", "queue_headroom", "role_moves", "fleet_size", "headroom", "dwell_s",
            "cooldown_s", "down_cooldown_s"}
 _PLANNING = {"kind", "days", "excess_budget", "interval_s", "refit_s", "fine_s", "max_headroom", "use_profile",
-             "volatility_window_s"}
+             "volatility_window_s", "profile_smooth_s"}
 _ENVELOPE = {"delay_factors", "service_rate_factors", "demand_factors", "startup_factors", "gm_floor", "pm_floor_deg"}
 _CERT = {"min_separation", "max_pm_loss_deg"}
 
@@ -306,9 +307,10 @@ def stack_scenario_from_dict(d: Mapping[str, Any], name: str = "stack") -> Stack
     if "planning" in layers:
         pl = layers["planning"]
         check_int("layers.planning.days", pl.get("days", 3), low=1, high=14)
-        check_number("layers.planning.excess_budget", pl.get("excess_budget", 0.75 * (1.0 - attainment)), low=0.0,
+        check_number("layers.planning.excess_budget", pl.get("excess_budget", EXCESS_BUDGET_SHARE * (1.0 - attainment)),
+                     low=0.0,
                      high=0.5, low_inclusive=False, high_inclusive=False)
-        for k in ("interval_s", "refit_s", "fine_s", "max_headroom", "volatility_window_s"):
+        for k in ("interval_s", "refit_s", "fine_s", "max_headroom", "volatility_window_s", "profile_smooth_s"):
             if k in pl:
                 check_number(f"layers.planning.{k}", pl[k], low=0.0)
     env = dict(d.get("envelope", {}))
@@ -726,14 +728,15 @@ def build_stack(sc: StackScenario, *, history: pd.Series | None = None, time_off
     planner = None
     if "planning" in sc.layers:
         pl = sc.layers["planning"]
-        planner = DemandPlanner(lead_s=planning_lead_s(sc), excess_budget=pl.get("excess_budget",
-                                                                                   0.75 * (1.0 - sc.slo_attainment)),
+        planner = DemandPlanner(lead_s=planning_lead_s(sc), excess_budget=pl.get(
+                                    "excess_budget", EXCESS_BUDGET_SHARE * (1.0 - sc.slo_attainment)),
                                 days=pl.get("days", 3), interval_s=pl.get("interval_s", 600.0),
                                 refit_s=pl.get("refit_s", 86400.0), fine_s=pl.get("fine_s", 60.0),
                                 max_headroom=pl.get("max_headroom", HEADROOM_GRID[-1]), history=history,
                                 time_offset_s=time_offset_s, utilization=u,
                                 hold_s=dwell_s, use_profile=pl.get("use_profile", True),
-                                volatility_window_s=pl.get("volatility_window_s", 3600.0))
+                                volatility_window_s=pl.get("volatility_window_s", 3600.0),
+                                profile_smooth_s=pl.get("profile_smooth_s"))
     qc, _ = _queue_clear(sc, plant)
     fleet = fleet_size if fleet_size is not None else rc.get("fleet_size")
     pools = []
