@@ -299,10 +299,10 @@ def correction_certificate(volatility_window_s: float, interval_s: float = 600.0
     The volatility scale is computed from the offered demand (arrivals before admission), which no
     layer's action changes, and it multiplies the headroom only - not the backlog term that closes
     the reconfiguration loop - so it adds no loop: no crossover, no separation to check, and the
-    reconfiguration loop's margins and relay check are the same with it (the dead band is sized on
-    the measured rate's noise, which the plan scales by rho (1 + h v) with or without it). What is
-    bounded is how far the correction can move the plan: v in :data:`VOLATILITY_SCALE_BOUNDS`,
-    updated once per planning interval.
+    reconfiguration loop's margins are the same with it. The relay check sizes the dead band on the
+    measured rate's noise alone, as it did before; the plan multiplies that noise by rho (1 + h v),
+    where it was rho (1 + h): what is bounded is how far the correction can move the plan, v in
+    :data:`VOLATILITY_SCALE_BOUNDS`, updated once per planning interval.
 
     Parameters
     ----------
@@ -321,8 +321,10 @@ def correction_certificate(volatility_window_s: float, interval_s: float = 600.0
     return {"kind": "volatility-scaled headroom (historical simulation with volatility updating)",
             "feed_forward": True, "loop": None, "window_s": float(volatility_window_s),
             "scale_bounds": list(VOLATILITY_SCALE_BOUNDS), "update_period_s": float(interval_s),
-            "note": "reads the offered demand only and scales the headroom, not the backlog feedback: "
-                    "no loop is added; the reconfiguration loop's margins and relay check are unchanged"}
+            "note": "reads the offered demand only and scales the headroom, not the backlog feedback: no loop "
+                    "is added and the reconfiguration loop's margins are unchanged; the relay check sizes the "
+                    "need's noise on the measured rate alone, as without the correction - the plan multiplies "
+                    f"it by rho (1 + h v), v <= {VOLATILITY_SCALE_BOUNDS[1]:g} (1 + h without it)"}
 
 
 class DemandPlanner(SampledController):
