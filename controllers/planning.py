@@ -79,9 +79,10 @@ __all__ = ["DemandPlanner", "PlannedPoolController", "rise_profile", "calibrate_
 DAY_S = 86400.0
 #: the share of the SLO's miss budget (1 - attainment) the headroom's replay may leave unserved.
 #: The replay is in-sample (the days the headroom is fitted on); on the next day the demand above
-#: capacity was larger: on ServeGen's last four days at 5- and 10-minute start-ups the pool model
-#: measured 1.04-1.48 % of the demand unserved where the replays left 0.67-0.74 % (at a share of
-#: 0.75), and the SLO missed 0.99 in three of four runs; at 0.5 all four met it (0.9914-0.9939).
+#: capacity was larger: on ServeGen's last four days (m-large x5, m-small) at 5- and 10-minute
+#: start-ups, with a share of 0.75 the replays left at most 0.75 % and the pool model rejected
+#: 0.81-1.37 % of the requests, the SLO missing 0.99 in three of the four runs; at 0.5 all four met
+#: it (0.9908-0.9936), at 1.5-4.5 % more GPU-hours (layered-stack, full variant's windows).
 EXCESS_BUDGET_SHARE = 0.5
 #: headrooms the planner chooses from (fraction of the planned demand)
 HEADROOM_GRID = tuple(round(0.01 * k, 2) for k in range(0, 61))
