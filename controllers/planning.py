@@ -82,7 +82,7 @@ DAY_S = 86400.0
 #: capacity was larger: on ServeGen's last four days (m-large x5, m-small) at 5- and 10-minute
 #: start-ups, with a share of 0.75 the replays left at most 0.75 % and the pool model rejected
 #: 0.81-1.37 % of the requests, the SLO missing 0.99 in three of the four runs; at 0.5 all four met
-#: it (0.9908-0.9936), at 1.5-4.5 % more GPU-hours (layered-stack, full variant's windows).
+#: it (0.9908-0.9936), at 1.6-4.8 % more GPU-hours than 0.75 (layered-stack, full variant's windows).
 EXCESS_BUDGET_SHARE = 0.5
 #: headrooms the planner chooses from (fraction of the planned demand)
 HEADROOM_GRID = tuple(round(0.01 * k, 2) for k in range(0, 61))
