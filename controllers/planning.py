@@ -18,7 +18,8 @@ own time scale):
 * how much that error varies from one hour to the next - the **volatility scale** v(t): the
   headroom in force is h x v(t), v(t) = s(t) / mean(s) over the replayed days, where s(t) is the
   exponentially weighted root mean square of the log change between consecutive planning
-  intervals, time constant ``volatility_window_s`` (an hour; :func:`interval_volatility`). The forecast of the demand over the lead stays the measured
+  intervals, time constant ``volatility_window_s`` (an hour; :func:`interval_volatility`). The
+  forecast of the demand over the lead stays the measured
   rate x rho (persistence with the daily rise); what the last hour corrects is the spread of its
   error. This is historical simulation with volatility updating (Hull & White 1998, "Incorporating
   volatility updating into the historical simulation method for value-at-risk", Journal of Risk
@@ -26,10 +27,12 @@ own time scale):
   replay scales each past time's headroom by that time's volatility, so h is calibrated on
   volatility-standardised errors. Why not the level itself: on ServeGen the 10-minute log
   deviation from the median daily level persists over the lead (autocorrelation 0.92 at one
-  interval on m-large, 0.84 on m-small), and forecasts that decay it towards the profile (AR(1)
-  on the deviation, phi 0.75 or 0.9) needed more GPU-hours for the same unserved share than
-  persistence in the replay of the last four days; scaling the headroom by the last hour's
-  volatility needed fewer (``docs/architecture.md``, the planning layer).
+  interval on m-large, 0.84 on m-small), and in the replay of the last four days (5- and
+  10-minute start-ups, each day planned on the three before, capacity at 0.75 % unserved)
+  forecasts that decay it towards the profile (AR(1) on the deviation) needed more capacity than
+  persistence - phi 0.75 in all four cases, phi 0.9 in three (1.5 % less on m-large at 10
+  minutes) - while scaling the headroom by the last hour's volatility needed 0.4-2.4 % less in
+  all four.
 
 The profile is smoothed over one planning interval (the demand's own resolution): a median of a
 few days is jagged minute to minute, and that jitter alone moved pools across a worker boundary
@@ -374,7 +377,8 @@ class DemandPlanner(SampledController):
 
     name = "planner"
 
-    def __init__(self, *, lead_s: float, excess_budget: float = EXCESS_BUDGET_SHARE * 0.01, days: int = 3, interval_s: float = 600.0,
+    def __init__(self, *, lead_s: float, excess_budget: float = EXCESS_BUDGET_SHARE * 0.01, days: int = 3,
+                 interval_s: float = 600.0,
                  refit_s: float = DAY_S, fine_s: float = 60.0, history: pd.Series | None = None,
                  time_offset_s: float = 0.0, max_headroom: float = HEADROOM_GRID[-1], utilization: float = 1.0,
                  hold_s: float = 0.0, use_profile: bool = True, volatility_window_s: float = 3600.0,
