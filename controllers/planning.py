@@ -32,8 +32,7 @@ own time scale):
   forecasts that decay it towards the profile (AR(1) on the deviation) needed more capacity than
   persistence - phi 0.75 in all four cases, phi 0.9 in three (1.5 % less on m-large at 10
   minutes) - while scaling the headroom by the last hour's volatility (a one-hour moving window
-  there) needed 0.4-2.4 % less in
-  all four.
+  there) needed 0.4-2.4 % less in all four.
 
 The profile is smoothed over one planning interval (the demand's own resolution): a median of a
 few days is jagged minute to minute, and that jitter alone moved pools across a worker boundary
