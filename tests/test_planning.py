@@ -19,9 +19,9 @@ from tokenfactory.controllers.planning import (
     interval_volatility,
     rise_profile,
 )
-from tokenfactory.signals import Measurement
+from tokenfactory.core.signals import Measurement
 from tokenfactory.stack import build_stack, load_stack_scenario, stack_scenario_from_dict
-from tokenfactory.validation import ConfigError
+from tokenfactory.core.validation import ConfigError
 
 DAY = 86400.0
 
