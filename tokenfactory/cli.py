@@ -284,7 +284,11 @@ def _cmd_certify(args) -> int:
             w = d.get("worst")
             if w is None:
                 print(f"  {name:<16} " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                                  for k, v in d.items() if k != "meets_floors"))
+                                                  for k, v in d.items() if k != "meets_floors"
+                                                  and not isinstance(v, dict)))
+                for k, v in d.items():  # a sub-table (the planner's correction): one line, without its note
+                    if isinstance(v, dict):
+                        print(f"  {'':<16}   {k}: " + ", ".join(f"{kk}={vv}" for kk, vv in v.items() if kk != "note"))
                 continue
             pt = ", ".join(f"{k}={w[k]:g}" for k in w if k.endswith("factor"))
             if "control_plane" in d:   # a control plane's own file, judged by its loop model

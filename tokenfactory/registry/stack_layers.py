@@ -290,7 +290,8 @@ class SeasonalRiseLayer(StackLayerConfig):
     days : int
         Days of history the plan is fitted on.
     excess_budget : float, optional
-        Share of the demand allowed above capacity (default 0.75 x (1 - slo.attainment)).
+        Share of the demand allowed above capacity (default ``EXCESS_BUDGET_SHARE`` (0.5) x (1 -
+        slo.attainment)).
     interval_s : float
         The plan's grid (s).
     refit_s : float
@@ -301,19 +302,30 @@ class SeasonalRiseLayer(StackLayerConfig):
         Largest headroom tried.
     use_profile : bool
         Use the daily rise profile (else headroom only).
+    volatility_window_s : float
+        Time constant of the headroom's volatility scale, the short-horizon correction (s; 0 = a
+        constant headroom).
+    profile_smooth_s : float, optional
+        Width of the rise profile's running median (s; default the plan's grid).
     """
 
     layer: ClassVar[str] = "planning"
     kind: ClassVar[str] = "seasonal-rise"
     days: int = setting(3, kind=int, unit="days", low=1, high=14, meaning="days of history the plan is fitted on")
     excess_budget: float | None = setting(None, low=0.0, high=0.5, low_inclusive=False, high_inclusive=False,
-                                          meaning="share of demand allowed above capacity (default 0.75 x (1 - "
-                                                  "slo.attainment))")
+                                          meaning="share of demand allowed above capacity (default 0.5 x (1 - "
+                                                  "slo.attainment): controllers.planning.EXCESS_BUDGET_SHARE)")
     interval_s: float = setting(600.0, unit="s", low=0.0, meaning="the plan's grid")
     refit_s: float = setting(86400.0, unit="s", low=0.0, meaning="refit period")
     fine_s: float = setting(60.0, unit="s", low=0.0, meaning="grid of the rise profile")
     max_headroom: float = setting(HEADROOM_GRID[-1], low=0.0, meaning="largest headroom tried")
     use_profile: bool = setting(True, kind=bool, meaning="use the daily rise profile (else headroom only)")
+    volatility_window_s: float = setting(3600.0, unit="s", low=0.0, high=86400.0,
+                                         meaning="time constant of the headroom's volatility scale (0: a constant "
+                                                 "headroom)")
+    profile_smooth_s: float | None = setting(None, unit="s", low=0.0, high=21600.0,
+                                             meaning="width of the rise profile's running median (default the "
+                                                     "plan's grid)")
 
 
 #: the stack's layers, bottom (fastest) first, and each layer's kinds by name (the first is the default)

@@ -18,6 +18,7 @@ import pandas as pd
 from tokenfactory.controllers.autotune import StabilityEnvelope, admission_loop
 from tokenfactory.controllers.batch_gate import batch_gate_loop, pass_target_s, predict_batch_cycle
 from tokenfactory.controllers.describing import predict_limit_cycles
+from tokenfactory.controllers.planning import correction_certificate
 from tokenfactory.controllers.reconfiguration import need_noise_std
 from tokenfactory.controllers.separation import (
     CascadePair,
@@ -414,7 +415,9 @@ def certify(sc: StackScenario) -> Certificate:
         needed = sc.dynamics.startup_s + sc.dynamics.warmup_s * (1.0 - sc.dynamics.warmup_factor)
         refit_s = sc.layers["planning"].refit_s
         layers["planning"] = {"feed_forward": True, "lead_s": lead, "refit_s": refit_s, "scale_up_delay_s": needed,
-                              "meets_floors": lead >= needed}
+                              "meets_floors": lead >= needed,
+                              "correction": correction_certificate(sc.layers["planning"].volatility_window_s,
+                                                                   sc.layers["planning"].interval_s)}
         separation.append(CascadePair("planning", "reconfiguration", closed_loop_bandwidth(rec_loop), math.nan,
                                       math.nan, None, None, math.nan, math.nan,
                                       note="feed-forward: the planner reads the offered demand, which no layer "
