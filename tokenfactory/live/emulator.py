@@ -42,7 +42,7 @@ from tokenfactory.live.exposition import Registry
 from tokenfactory.live.scenario import CLASS_HEADER, LiveScenario
 from tokenfactory.plant_models.des.records import Stage
 
-__all__ = ["Emulator", "VLLM_METRICS", "TTFT_BUCKETS", "TPOT_BUCKETS", "LATENCY_BUCKETS", "estimate_tokens",
+__all__ = ["Emulator", "EMULATOR_KEY", "VLLM_METRICS", "TTFT_BUCKETS", "TPOT_BUCKETS", "LATENCY_BUCKETS", "estimate_tokens",
            "emulator_app"]
 
 # Buckets as vLLM's Prometheus logger defines them (vllm/v1/metrics/loggers.py, PrometheusStatLogger)
@@ -319,6 +319,10 @@ def _prompt_of(body: dict, chat: bool) -> tuple[list[int] | None, str | None]:
     return None, p
 
 
+#: where an emulator application keeps its :class:`Emulator` (``app[EMULATOR_KEY]``)
+EMULATOR_KEY = web.AppKey("emulator", Emulator)
+
+
 def emulator_app(scenario: LiveScenario) -> web.Application:
     """The aiohttp application of an emulator for ``scenario`` (its clock loop starts and stops
     with the application).
@@ -338,7 +342,7 @@ def emulator_app(scenario: LiveScenario) -> web.Application:
     async def on_startup(app):
         em = Emulator(scenario)
         holder["em"] = em
-        app["emulator"] = em
+        app[EMULATOR_KEY] = em
         em.start()
 
     async def on_cleanup(app):

@@ -49,7 +49,7 @@ from tokenfactory.live.exposition import Registry, parse_text, sample_value
 from tokenfactory.live.scenario import CLASS_HEADER, LiveScenario
 from tokenfactory.signals import REJECT_REASONS, AdmissionAction, Arrival, BatchCapAction, Measurement, sort_actions
 
-__all__ = ["Gateway", "gateway_app", "GATEWAY_REJECT_REASONS", "REASON_HEADER"]
+__all__ = ["Gateway", "GATEWAY_KEY", "gateway_app", "GATEWAY_REJECT_REASONS", "REASON_HEADER"]
 
 #: why the gateway turns a request away: the controllers' reasons plus the gateway's own
 GATEWAY_REJECT_REASONS = (*REJECT_REASONS, "upstream_unavailable")
@@ -128,7 +128,7 @@ class Gateway:
         self.max_defer = {n: (c.max_defer_s if c.deferrable else 0.0) for n, c in ctx.class_table().items()}
         fp = scenario.setup.plant.params
         self.nominal_output = float(scenario.live["output_tokens"])
-        self.slots_per_worker = float(min(fp.decode_slots_per_worker, scenario.cluster.batch_cap or math.inf))
+        self.kv_slots_per_worker = float(fp.decode_slots_per_worker)
         self.fill_rps_per_worker = float(fp.fill_rate_per_worker)
         self.action = AdmissionAction(math.inf)
         self.batch_cap: float = math.nan
@@ -279,14 +279,17 @@ class Gateway:
             fill_w += fw if fw == fw else self.sc.cluster.fill_workers
             dec_w += dw if dw == dw else self.sc.cluster.decode_workers
         tpot = self.tpot_sum / self.tpot_n if self.tpot_n else math.nan
+        # slots: KV's, under the batch cap in force (the gate's, else the scenario's)
+        cap = self.batch_cap if self.batch_cap == self.batch_cap else (self.sc.cluster.batch_cap or math.inf)
+        slots_per_worker = min(self.kv_slots_per_worker, cap)
         self._last_tpot = tpot
         tokens = fill_q * self.sc.live["prompt_tokens"]
         m = Measurement(time_s=stamp, backlog=float(len(self.backlog) + self.held), fill_in_progress=fill_q,
                         ready=ready, active_decodes=decoding, completion_rate=self.completed_since / T,
-                        admitted_rate=self.admitted_since / T, decode_slots=dec_w * self.slots_per_worker,
+                        admitted_rate=self.admitted_since / T, decode_slots=dec_w * slots_per_worker,
                         fill_capacity=fill_w * self.fill_rps_per_worker, fill_workers=fill_w,
                         decode_workers=dec_w, arrival_rate=self.arrived_since / T, fill_queued_tokens=tokens,
-                        decode_pass_s=tpot)
+                        decode_pass_s=tpot, decode_batch_cap=cap)
         self.arrived_since = self.admitted_since = self.completed_since = 0
         self.tpot_sum, self.tpot_n = 0.0, 0
         return m
@@ -490,6 +493,10 @@ class Gateway:
         return resp
 
 
+#: where a gateway application keeps its :class:`Gateway` (``app[GATEWAY_KEY]``)
+GATEWAY_KEY = web.AppKey("gateway", Gateway)
+
+
 def gateway_app(scenario: LiveScenario, upstreams: list[str], **kw) -> web.Application:
     """The aiohttp application of a gateway (its loops start and stop with the application).
 
@@ -508,7 +515,7 @@ def gateway_app(scenario: LiveScenario, upstreams: list[str], **kw) -> web.Appli
     async def on_startup(app):
         gw = Gateway(scenario, upstreams, **kw)
         holder["gw"] = gw
-        app["gateway"] = gw
+        app[GATEWAY_KEY] = gw
         await gw.start()
 
     async def on_cleanup(app):

@@ -33,6 +33,7 @@ section, so the emulator, the gateway and the request simulator read the same fi
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,8 @@ from tokenfactory.registry import PlantContext, build_admission
 from tokenfactory.replay import ReplayScenario, ReplaySetup, build_replay, class_outputs, replay_scenario_from_dict
 from tokenfactory.validation import ConfigError, check_int, check_number, load_toml, reject_unknown_keys
 
-__all__ = ["LiveScenario", "live_scenario_from_dict", "load_live_scenario", "LIVE_DEFAULTS", "CLASS_HEADER"]
+__all__ = ["LiveScenario", "live_scenario_from_dict", "load_live_scenario", "LIVE_DEFAULTS", "CLASS_HEADER",
+           "saturated_rate", "decode_batch"]
 
 #: defaults of the ``[live]`` section
 LIVE_DEFAULTS: dict[str, Any] = {"prompt_tokens": 1000, "output_tokens": 100, "output_cv": 0.0,
@@ -184,3 +186,21 @@ def load_live_scenario(path: str | Path) -> LiveScenario:
     if not p.is_file() and (scenario_dir() / f"{p.name}.toml").is_file():
         p = scenario_dir() / f"{p.name}.toml"
     return live_scenario_from_dict(load_toml(p), name=p.stem)
+
+
+def decode_batch(sc: LiveScenario) -> float:
+    """Sequences a decode worker batches when saturated: KV slots at the nominal request's mean
+    context (prompt + half the output), under the cluster's batch cap."""
+    p = sc.setup.params
+    ctx = sc.live["prompt_tokens"] + sc.live["output_tokens"] / 2.0
+    return float(min(p.slots(ctx), sc.cluster.batch_cap or math.inf, p.decode_max_batch))
+
+
+def saturated_rate(sc: LiveScenario) -> float:
+    """Completions/s of one saturated decode worker at the nominal request: B / (T(B, c) (n - 1)),
+    B = :func:`decode_batch`, T the pass time at the mean context c, n - 1 the tokens decode
+    generates after the prefill's first one (requests/s)."""
+    p = sc.setup.params
+    B = decode_batch(sc)
+    ctx = sc.live["prompt_tokens"] + sc.live["output_tokens"] / 2.0
+    return float(B / (p.decode_pass(int(B), ctx)[0] * max(sc.live["output_tokens"] - 1, 1)))
