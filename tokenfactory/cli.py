@@ -628,12 +628,21 @@ def _cmd_diagnose(args) -> int:
 
 
 def _cmd_identify(args) -> int:
-    from tokenfactory.live.identify import IDENTIFY_QUERIES, identify, write_scenarios
+    from tokenfactory.live.diagnose import read_metrics_file
+    from tokenfactory.live.identify import identify, read_raw_prometheus, write_scenarios
     from tokenfactory.live.scenario import load_live_scenario, saturated_rate
 
     sc = load_live_scenario(args.scenario) if args.scenario else None
     modelled = saturated_rate(sc) if sc is not None else None
-    ident = identify(_live_signals(args, IDENTIFY_QUERIES), modelled_service_rate=modelled)
+    if (args.prometheus is None) == (args.metrics is None):
+        raise ConfigError("prometheus", "give --prometheus URL (with --start and --end) or --metrics FILE")
+    if args.metrics is not None:
+        data = read_metrics_file(args.metrics, engine=args.engine)
+    elif args.start is None or args.end is None:
+        raise ConfigError("start", "--prometheus needs --start and --end (unix seconds)")
+    else:
+        data = read_raw_prometheus(args.prometheus, args.start, args.end)
+    ident = identify(data, modelled_service_rate=modelled)
     if args.out:
         plant = dict(sc.replay.plant) if sc is not None else {"model": "deepseek-v3", "hardware": "h200"}
         if sc is not None:

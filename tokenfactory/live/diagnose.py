@@ -269,6 +269,8 @@ class Diagnosis:
         Grid step (s).
     samples : int
         Grid points.
+    config : dict
+        How the diagnosis was run (written into the report).
     """
 
     signals: dict

@@ -69,7 +69,17 @@ _CHARS_PER_TOKEN = 4
 
 
 def estimate_tokens(text: str) -> int:
-    """Tokens of a text prompt: ceil(characters / 4), at least 1 (module notes)."""
+    """Tokens of a text prompt: ceil(characters / 4), at least 1 (module notes).
+
+    Parameters
+    ----------
+    text : str
+        The prompt.
+
+    Returns
+    -------
+    int
+    """
     return max(1, math.ceil(len(text) / _CHARS_PER_TOKEN))
 
 

@@ -40,7 +40,17 @@ class EngineFull(RuntimeError):
 
 @dataclass(frozen=True)
 class RequestTimes:
-    """What the engine recorded of one finished request (s on the engine's clock)."""
+    """What the engine recorded of one finished request (s on the engine's clock).
+
+    Parameters
+    ----------
+    arrival_s, first_token_s, completion_s : float
+        Arrival, first token (the prefill's end) and last token.
+    fill_start_s, decode_start_s : float
+        When its prefill started and when it joined a decode batch.
+    input_tokens, cached_tokens, output_tokens : int
+        Its prompt, the prefix-cache hit and its output.
+    """
 
     arrival_s: float
     first_token_s: float

@@ -63,7 +63,17 @@ class _Metric:
 
 
 class Counter(_Metric):
-    """A monotone counter; exposed as ``NAME_total`` (the OpenMetrics convention vLLM's client uses)."""
+    """A monotone counter; exposed as ``NAME_total`` (the OpenMetrics convention vLLM's client uses).
+
+    Parameters
+    ----------
+    name : str
+        Metric name (``vllm:prompt_tokens``).
+    help_text : str
+        The ``# HELP`` line.
+    labelnames : sequence of str
+        Label names (values are given per update).
+    """
 
     kind = "counter"
 
@@ -84,7 +94,17 @@ class Counter(_Metric):
 
 
 class Gauge(_Metric):
-    """A value that goes up and down (set, or read from a callable at exposition time)."""
+    """A value that goes up and down (set, or read from a callable at exposition time).
+
+    Parameters
+    ----------
+    name : str
+        Metric name (``vllm:prompt_tokens``).
+    help_text : str
+        The ``# HELP`` line.
+    labelnames : sequence of str
+        Label names (values are given per update).
+    """
 
     kind = "gauge"
 
@@ -104,7 +124,19 @@ class Gauge(_Metric):
 
 
 class Histogram(_Metric):
-    """Cumulative buckets (upper bounds ``le``, +Inf added), ``_sum`` and ``_count``."""
+    """Cumulative buckets (upper bounds ``le``, +Inf added), ``_sum`` and ``_count``.
+
+    Parameters
+    ----------
+    name : str
+        Metric name (``vllm:prompt_tokens``).
+    help_text : str
+        The ``# HELP`` line.
+    buckets : iterable of float
+        Upper bounds (``+Inf`` is added).
+    labelnames : sequence of str
+        Label names (values are given per update).
+    """
 
     kind = "histogram"
 

@@ -12,8 +12,9 @@ saved file: the inputs of ``diagnose``) and fits:
   residual-free pairs, 2.5-97.5 %;
 * **per-worker service rate** mu: completions/s over decode workers in the saturated samples
   (running within 10 % of its 95th percentile, at least 5 samples), mean and t interval;
-* **pass-time law** T(B) = a + b B: the mean TPOT of each window against its mean running batch,
-  least squares with t intervals on a and b, and T at the median batch;
+* **pass-time law** T(B) = a + b B: the mean TPOT of each window against its mean running batch
+  per decode worker, least squares with t intervals on a and b, and T at the median batch, on the
+  windows below saturation (once decode is full a request's TPOT also carries its wait for a slot);
 * **start-up delay**: from kube-state-metrics, the time from a rise of
   ``kube_deployment_spec_replicas`` to the matching rise of ``kube_deployment_status_ready_replicas``
   (median over rises; None when the record has none - a fixed pool);
@@ -41,27 +42,113 @@ from scipy import optimize, stats
 from tokenfactory.errors import ConfigError
 from tokenfactory.live.diagnose import SignalSet
 
-__all__ = ["IDENTIFY_QUERIES", "Estimate", "Identification", "identify", "fit_delay", "fit_pass_law",
+__all__ = ["IDENTIFY_METRICS", "IDENTIFY_QUERIES", "WINDOW_S", "read_raw_prometheus", "series_from_signals",
+           "Estimate", "Identification", "identify", "fit_delay", "fit_pass_law",
            "fit_service_rate", "fit_startup_delay", "write_scenarios"]
 
-#: PromQL of the signals identification needs (vLLM names; the gateway's in-flight count)
-IDENTIFY_QUERIES = {
-    "in_flight": "sum(tokenfactory:gateway_in_flight)",
-    "engine_requests": "sum(vllm:num_requests_running) + sum(vllm:num_requests_waiting)",
-    "running": "sum(vllm:num_requests_running)",
-    "completions_per_s": "sum(rate(vllm:request_success_total[5s]))",
-    "tpot_s": "sum(rate(vllm:time_per_output_token_seconds_sum[5s])) / "
-              "sum(rate(vllm:time_per_output_token_seconds_count[5s]))",
-    "decode_workers": 'sum(tokenfactory:emulator_workers{pool="decode"}) or '
-                      'sum(kube_deployment_status_ready_replicas{deployment=~".*decode.*"})',
-    "spec_replicas": 'sum(kube_deployment_spec_replicas{deployment=~".*decode.*"})',
-    "ready_replicas": 'sum(kube_deployment_status_ready_replicas{deployment=~".*decode.*"})',
+#: the raw series identification reads (Prometheus metric and label selectors); each keeps its own
+#: scrape timestamps. vLLM's names; the gateway's in-flight count; decode workers from the
+#: emulator's gauge or kube-state-metrics' ready replicas of a deployment named like ``*decode*``.
+IDENTIFY_METRICS = {
+    "in_flight": "tokenfactory:gateway_in_flight",
+    "running": "vllm:num_requests_running",
+    "waiting": "vllm:num_requests_waiting",
+    "success_total": "vllm:request_success_total",
+    "tpot_sum": "vllm:time_per_output_token_seconds_sum",
+    "tpot_count": "vllm:time_per_output_token_seconds_count",
+    "decode_workers": 'tokenfactory:emulator_workers{pool="decode"}',
+    "spec_replicas": 'kube_deployment_spec_replicas{deployment=~".*decode.*"}',
+    "ready_replicas": 'kube_deployment_status_ready_replicas{deployment=~".*decode.*"}',
 }
+IDENTIFY_QUERIES = IDENTIFY_METRICS  # (what the CLI passes to the readers)
+#: window of the rate and TPOT estimates (s)
+WINDOW_S = 5.0
+
+
+def _sum_series(parts: list[pd.Series]) -> pd.Series:
+    """Sum of series of several label sets: on the union of their times, each held at its last value."""
+    if len(parts) == 1:
+        return parts[0]
+    idx = sorted(set().union(*(p.index for p in parts)))
+    return sum(p.reindex(idx).ffill().fillna(0.0) for p in parts)
+
+
+def read_raw_prometheus(url: str, start: float, end: float, *, metrics: dict | None = None,
+                        timeout_s: float = 10.0) -> dict[str, pd.Series]:
+    """Raw samples of :data:`IDENTIFY_METRICS` between ``start`` and ``end`` (unix s), each at its
+    own scrape times (a range-vector query, not ``query_range``'s resampling).
+
+    Parameters
+    ----------
+    url : str
+        Prometheus base URL.
+    start, end : float
+        Unix seconds.
+    metrics : dict, optional
+        ``name -> selector`` (default :data:`IDENTIFY_METRICS`).
+    timeout_s : float
+        Per query.
+
+    Returns
+    -------
+    dict
+        ``name -> Series`` (time in unix s), for the metrics that returned samples.
+    """
+    import urllib.parse
+    import urllib.request
+
+    if not end > start:
+        raise ConfigError("end", f"must be after start ({start})")
+    out = {}
+    span = max(int(math.ceil(end - start)), 1)
+    for name, sel in (metrics or IDENTIFY_METRICS).items():
+        qs = urllib.parse.urlencode({"query": f"{sel}[{span}s]", "time": end})
+        try:
+            with urllib.request.urlopen(f"{url.rstrip('/')}/api/v1/query?{qs}", timeout=timeout_s) as r:
+                resp = json.loads(r.read())
+        except OSError as e:
+            raise ConfigError("prometheus", f"{url}: {e}") from None
+        if resp.get("status") != "success":
+            raise ConfigError("prometheus", f"{name}: {resp}")
+        parts = [pd.Series([float(v[1]) for v in res["values"]], index=[float(v[0]) for v in res["values"]])
+                 for res in resp["data"]["result"] if res.get("values")]
+        if parts:
+            out[name] = _sum_series(parts)
+    return out
+
+
+def series_from_signals(signals: SignalSet) -> dict[str, pd.Series]:
+    """A saved file's signals (:func:`tokenfactory.live.diagnose.read_metrics_file`) as raw series.
+
+    Parameters
+    ----------
+    signals : SignalSet
+        The file's signals, named as :data:`IDENTIFY_METRICS`.
+
+    Returns
+    -------
+    dict
+        ``name -> Series``.
+    """
+    t = signals.frame.index.to_numpy(dtype=float)
+    return {k: pd.Series(signals.frame[k].to_numpy(dtype=float), index=t) for k in signals.frame.columns}
 
 
 @dataclass(frozen=True)
 class Estimate:
-    """A fitted value and its interval (``lo``, ``hi``; 95 %), with how it was obtained."""
+    """A fitted value and its interval (95 %), with how it was obtained.
+
+    Parameters
+    ----------
+    value : float
+        The estimate.
+    lo, hi : float
+        Its interval.
+    method : str
+        How it was fitted.
+    samples : int
+        Samples it rests on.
+    """
 
     value: float
     lo: float
@@ -73,33 +160,46 @@ class Estimate:
         return asdict(self)
 
 
-def fit_delay(t: np.ndarray, lagged: np.ndarray, source: np.ndarray, *, max_delay_s: float = 10.0,
-              seed: int = 0, resamples: int = 200, block: int = 10) -> Estimate:
+def fit_delay(t: np.ndarray, lagged: np.ndarray, source: np.ndarray, *, source_t: np.ndarray | None = None,
+              max_delay_s: float = 10.0, seed: int = 0, resamples: int = 200, block: int = 10) -> Estimate:
     """The delay d with ``lagged(t) ~ source(t - d)`` (module notes).
 
     Parameters
     ----------
     t : array
-        Sample times (s).
-    lagged, source : array
-        The delayed signal and the undelayed one at ``t``.
+        Sample times of ``lagged`` (s).
+    lagged : array
+        The delayed signal.
+    source : array
+        The undelayed signal, at ``source_t``.
+    source_t : array, optional
+        Its sample times (default ``t``): each series keeps its own scrape times, so two
+        targets scraped at different phases give no bias.
     max_delay_s : float
         Largest delay searched (s).
     seed : int
         Bootstrap seed.
+    resamples : int
+        Bootstrap resamples.
+    block : int
+        Bootstrap block length (samples).
 
     Returns
     -------
     Estimate
     """
-    t, y, g = (np.asarray(a, dtype=float) for a in (t, lagged, source))
-    ok = np.isfinite(t) & np.isfinite(y) & np.isfinite(g)
-    t, y, g = t[ok], y[ok], g[ok]
-    if len(t) < 16 or np.std(g) == 0:
-        raise ConfigError("identify.delay", f"needs >= 16 samples of a varying source signal, got {len(t)}")
+    t, y = np.asarray(t, dtype=float), np.asarray(lagged, dtype=float)
+    ts = t if source_t is None else np.asarray(source_t, dtype=float)
+    g = np.asarray(source, dtype=float)
+    ok = np.isfinite(t) & np.isfinite(y)
+    t, y = t[ok], y[ok]
+    oks = np.isfinite(ts) & np.isfinite(g)
+    ts, g = ts[oks], g[oks]
+    if len(t) < 16 or len(ts) < 16 or np.std(g) == 0:
+        raise ConfigError("identify.delay", f"needs >= 16 samples of a varying source signal, got {len(ts)}")
 
     def sse(d, idx):
-        return float(np.sum((y[idx] - np.interp(t[idx] - d, t, g)) ** 2))
+        return float(np.sum((y[idx] - np.interp(t[idx] - d, ts, g)) ** 2))
 
     def best(idx):
         grid = np.linspace(0.0, max_delay_s, int(max_delay_s * 20) + 1)
@@ -107,7 +207,7 @@ def fit_delay(t: np.ndarray, lagged: np.ndarray, source: np.ndarray, *, max_dela
         lo, hi = grid[max(k - 1, 0)], grid[min(k + 1, len(grid) - 1)]
         return float(optimize.minimize_scalar(lambda d: sse(d, idx), bounds=(lo, hi), method="bounded").x)
 
-    valid = np.nonzero(t - t[0] >= max_delay_s)[0]  # samples whose source window is recorded
+    valid = np.nonzero((t - ts[0] >= max_delay_s) & (t <= ts[-1]))[0]  # samples whose source is recorded
     if len(valid) < 16:
         valid = np.arange(len(t))
     d = best(valid)
@@ -133,7 +233,21 @@ def _t_interval(x: np.ndarray, method: str) -> Estimate:
 
 
 def fit_service_rate(running: np.ndarray, completions: np.ndarray, workers: np.ndarray) -> Estimate:
-    """Per-worker completions/s in the saturated samples (module notes)."""
+    """Per-worker completions/s in the saturated samples (module notes).
+
+    Parameters
+    ----------
+    running : array
+        Running sequences (mean over each window).
+    completions : array
+        Completions/s over each window.
+    workers : array
+        Decode workers.
+
+    Returns
+    -------
+    Estimate
+    """
     running, completions, workers = (np.asarray(a, dtype=float) for a in (running, completions, workers))
     ok = np.isfinite(running) & np.isfinite(completions) & np.isfinite(workers) & (workers > 0)
     if ok.sum() < 5:
@@ -147,7 +261,20 @@ def fit_service_rate(running: np.ndarray, completions: np.ndarray, workers: np.n
 
 
 def fit_pass_law(batch: np.ndarray, tpot: np.ndarray) -> dict:
-    """T(B) = a + b B from windows' mean running batch and mean TPOT (least squares)."""
+    """T(B) = a + b B from windows' mean running batch and mean TPOT (least squares).
+
+    Parameters
+    ----------
+    batch : array
+        Mean sequences per decode worker in each window.
+    tpot : array
+        Mean TPOT of the requests finished in each window (s).
+
+    Returns
+    -------
+    dict
+        ``a_s``, ``b_s_per_seq``, ``pass_at_median_s`` (:class:`Estimate`) and ``median_batch``.
+    """
     b, y = np.asarray(batch, dtype=float), np.asarray(tpot, dtype=float)
     ok = np.isfinite(b) & np.isfinite(y) & (b > 0)
     b, y = b[ok], y[ok]
@@ -173,7 +300,20 @@ def fit_pass_law(batch: np.ndarray, tpot: np.ndarray) -> dict:
 
 
 def fit_startup_delay(t: np.ndarray, spec: np.ndarray, ready: np.ndarray) -> Estimate | None:
-    """Median time from each rise of the desired replicas to the ready replicas reaching it."""
+    """Median time from each rise of the desired replicas to the ready replicas reaching it.
+
+    Parameters
+    ----------
+    t : array
+        Sample times (s).
+    spec, ready : array
+        Desired and ready replicas at ``t``.
+
+    Returns
+    -------
+    Estimate or None
+        None when the record has no rise.
+    """
     t, spec, ready = (np.asarray(a, dtype=float) for a in (t, spec, ready))
     ok = np.isfinite(spec) & np.isfinite(ready)
     t, spec, ready = t[ok], spec[ok], ready[ok]
@@ -192,7 +332,27 @@ def fit_startup_delay(t: np.ndarray, spec: np.ndarray, ready: np.ndarray) -> Est
 
 @dataclass
 class Identification:
-    """What :func:`identify` fitted (each an :class:`Estimate`, or None when the data hold none)."""
+    """What :func:`identify` fitted (each an :class:`Estimate`, or None when the data hold none).
+
+    Parameters
+    ----------
+    metric_delay_s : Estimate or None
+        How late the engine's metrics are.
+    service_rate_per_worker : Estimate or None
+        Completions/s of a saturated decode worker.
+    pass_law : dict or None
+        ``a_s``, ``b_s_per_seq``, ``pass_at_median_s`` (Estimates) and ``median_batch``.
+    startup_delay_s : Estimate or None
+        Replica start-up delay.
+    admission_gain : Estimate or None
+        Measured over modelled service rate.
+    modelled_service_rate : float or None
+        The scenario's figure it was compared with.
+    notes : list of str
+        What could not be fitted, and why.
+    source : str
+        Where the data came from.
+    """
 
     metric_delay_s: Estimate | None
     service_rate_per_worker: Estimate | None
@@ -226,54 +386,95 @@ class Identification:
         return pd.DataFrame(rows)
 
 
-def identify(signals: SignalSet, *, modelled_service_rate: float | None = None, seed: int = 0,
-             max_delay_s: float = 10.0) -> Identification:
+def _windowed(t: np.ndarray, x: np.ndarray, w: float) -> tuple[np.ndarray, np.ndarray]:
+    """Index pairs (k, j): sample j is the first at least ``w`` before sample k."""
+    j = np.searchsorted(t, t - w, side="right") - 1
+    ok = j >= 0
+    return np.nonzero(ok)[0], j[ok]
+
+
+def identify(series: dict[str, pd.Series] | SignalSet, *, modelled_service_rate: float | None = None,
+             seed: int = 0, max_delay_s: float = 10.0, window_s: float = WINDOW_S) -> Identification:
     """Fit every parameter the data hold (module notes); a parameter without its series is None
     with a note saying why.
 
     Parameters
     ----------
-    signals : SignalSet
-        Series named as :data:`IDENTIFY_QUERIES`.
+    series : dict or SignalSet
+        Raw series named as :data:`IDENTIFY_METRICS` (:func:`read_raw_prometheus`), or a saved
+        file's signals under those names.
     modelled_service_rate : float, optional
         The scenario's per-worker service rate (requests/s), for the admission-loop gain.
     seed : int
         Bootstrap seed.
     max_delay_s : float
         Largest metric delay searched (s).
+    window_s : float
+        Window of the rate and TPOT estimates (s).
+
+    Returns
+    -------
+    Identification
     """
-    f = signals.frame
-    t = f.index.to_numpy(dtype=float)
-    col = {k: f[k].to_numpy(dtype=float) for k in f.columns}
+    source = ""
+    if isinstance(series, SignalSet):
+        source = series.source
+        series = series_from_signals(series)
+    col = {k: v.dropna().sort_index() for k, v in series.items()}
     notes = []
     delay = rate = law = startup = gain = None
-    if "engine_requests" in col and "in_flight" in col:
+    if {"running", "waiting", "in_flight"} <= set(col):
+        eng = _sum_series([col["running"], col["waiting"]])
         try:
-            delay = fit_delay(t, col["engine_requests"], col["in_flight"], max_delay_s=max_delay_s, seed=seed)
+            delay = fit_delay(eng.index.to_numpy(float), eng.to_numpy(float), col["in_flight"].to_numpy(float),
+                              source_t=col["in_flight"].index.to_numpy(float), max_delay_s=max_delay_s, seed=seed)
         except ConfigError as e:
             notes.append(str(e))
     else:
-        notes.append("metric delay: needs engine_requests and the gateway's in_flight")
-    if {"running", "completions_per_s", "decode_workers"} <= set(col):
-        try:
-            rate = fit_service_rate(col["running"], col["completions_per_s"], col["decode_workers"])
-        except ConfigError as e:
-            notes.append(str(e))
+        notes.append("metric delay: needs running, waiting and the gateway's in_flight")
+    have = set(col)
+    if {"running", "success_total"} <= have:
+        r = col["running"]
+        t = r.index.to_numpy(float)
+        workers = (np.interp(t, col["decode_workers"].index.to_numpy(float), col["decode_workers"].to_numpy(float))
+                   if "decode_workers" in col else np.full(len(t), np.nan))
+        succ = np.interp(t, col["success_total"].index.to_numpy(float), col["success_total"].to_numpy(float))
+        k, j = _windowed(t, succ, window_s)
+        dt = t[k] - t[j]
+        comp = (succ[k] - succ[j]) / dt
+        run_mean = np.array([r.to_numpy(float)[a:b + 1].mean() for a, b in zip(j, k)])
+        if np.isfinite(workers).any():
+            try:
+                rate = fit_service_rate(run_mean, comp, workers[k])
+            except ConfigError as e:
+                notes.append(str(e))
+        else:
+            notes.append("service rate: no decode worker count (emulator gauge or kube-state-metrics)")
+        if {"tpot_sum", "tpot_count"} <= have and np.isfinite(workers).any():
+            ts = np.interp(t, col["tpot_sum"].index.to_numpy(float), col["tpot_sum"].to_numpy(float))
+            tc = np.interp(t, col["tpot_count"].index.to_numpy(float), col["tpot_count"].to_numpy(float))
+            dc = tc[k] - tc[j]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                tpot = np.where(dc >= 1, (ts[k] - ts[j]) / np.where(dc > 0, dc, 1.0), np.nan)
+            # a request's TPOT carries its wait for a decode slot once decode is full: the law is
+            # fitted on the windows below saturation only
+            unsat = run_mean < 0.9 * np.nanquantile(run_mean, 0.95) if len(run_mean) else run_mean
+            try:
+                law = fit_pass_law((run_mean / np.maximum(workers[k], 1.0))[unsat], tpot[unsat])
+            except ConfigError as e:
+                notes.append(str(e))
     else:
-        notes.append("service rate: needs running, completions_per_s and decode_workers")
-    if {"running", "tpot_s", "decode_workers"} <= set(col):
-        try:
-            law = fit_pass_law(col["running"] / np.maximum(col["decode_workers"], 1.0), col["tpot_s"])
-        except ConfigError as e:
-            notes.append(str(e))
-    if {"spec_replicas", "ready_replicas"} <= set(col):
-        startup = fit_startup_delay(t, col["spec_replicas"], col["ready_replicas"])
+        notes.append("service rate: needs running and success_total")
+    if {"spec_replicas", "ready_replicas"} <= have:
+        t = col["spec_replicas"].index.to_numpy(float)
+        ready = np.interp(t, col["ready_replicas"].index.to_numpy(float), col["ready_replicas"].to_numpy(float))
+        startup = fit_startup_delay(t, col["spec_replicas"].to_numpy(float), ready)
     if startup is None:
         notes.append("start-up delay: no replica rise recorded (fixed pools)")
     if rate is not None and modelled_service_rate:
         m = float(modelled_service_rate)
         gain = Estimate(rate.value / m, rate.lo / m, rate.hi / m, "measured / modelled service rate", rate.samples)
-    return Identification(delay, rate, law, startup, gain, modelled_service_rate, notes, signals.source)
+    return Identification(delay, rate, law, startup, gain, modelled_service_rate, notes, source)
 
 
 def _toml_value(v) -> str:

@@ -190,7 +190,17 @@ def load_live_scenario(path: str | Path) -> LiveScenario:
 
 def decode_batch(sc: LiveScenario) -> float:
     """Sequences a decode worker batches when saturated: KV slots at the nominal request's mean
-    context (prompt + half the output), under the cluster's batch cap."""
+    context (prompt + half the output), under the cluster's batch cap.
+
+    Parameters
+    ----------
+    sc : LiveScenario
+        The scenario.
+
+    Returns
+    -------
+    float
+    """
     p = sc.setup.params
     ctx = sc.live["prompt_tokens"] + sc.live["output_tokens"] / 2.0
     return float(min(p.slots(ctx), sc.cluster.batch_cap or math.inf, p.decode_max_batch))
@@ -199,7 +209,17 @@ def decode_batch(sc: LiveScenario) -> float:
 def saturated_rate(sc: LiveScenario) -> float:
     """Completions/s of one saturated decode worker at the nominal request: B / (T(B, c) (n - 1)),
     B = :func:`decode_batch`, T the pass time at the mean context c, n - 1 the tokens decode
-    generates after the prefill's first one (requests/s)."""
+    generates after the prefill's first one (requests/s).
+
+    Parameters
+    ----------
+    sc : LiveScenario
+        The scenario.
+
+    Returns
+    -------
+    float
+    """
     p = sc.setup.params
     B = decode_batch(sc)
     ctx = sc.live["prompt_tokens"] + sc.live["output_tokens"] / 2.0
