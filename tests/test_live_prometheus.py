@@ -7,6 +7,7 @@ import time
 
 import aiohttp
 import numpy as np
+import pandas as pd
 import pytest
 
 from tokenfactory.live.diagnose import QUERY_SETS, diagnose, read_prometheus
@@ -42,14 +43,15 @@ async def _open_loop(s, url, phases, rng):
     await asyncio.gather(*tasks)
 
 
-def test_prometheus_records_what_identify_and_diagnose_read():
+def test_prometheus_records_what_identify_and_diagnose_read(tmp_path):
     sc = load_live_scenario("live_small")
     cap = saturated_rate(sc)
 
     async def main():
         # an open gateway (it measures, it does not decide) in front of the emulator: a load step
         # from 0.3x to 2x capacity saturates decode
-        async with emulator_and_gateway(sc, open_gate=True) as (eu, gu, em, gw):
+        async with emulator_and_gateway(sc, open_gate=True, request_log=str(tmp_path / "requests.jsonl")) as (
+                eu, gu, em, gw):
             targets = {"emulator": [eu.split("//")[1]], "gateway": [gu.split("//")[1]]}
             with PrometheusServer(targets, scrape_interval_s=1.0) as prom:
                 start = time.time()
@@ -75,9 +77,15 @@ def test_prometheus_records_what_identify_and_diagnose_read():
     d = diagnose(sig)
     assert set(d.signals) == set(sig.frame.columns) and d.pd_check is not None
     assert "signals oscillate" in d.to_markdown()
-    ident = identify(raw, modelled_service_rate=cap)
-    # a 12 s record: loose bounds here; the live study's longer record is held to 10 %
-    assert ident.metric_delay_s.value == pytest.approx(sc.metrics_delay_s, rel=0.35)
+    log = pd.read_json(tmp_path / "requests.jsonl", lines=True)
+    assert len(log) == acc["received"] and set(log["status"]) == {"completed"}
+    ident = identify(raw, modelled_service_rate=cap, request_log=log)
+    print(ident.to_pandas().to_string())
+    # the delay from the request log's exact in-flight count: to 10 % even on a 12 s record
+    assert ident.metric_delay_s.value == pytest.approx(sc.metrics_delay_s, rel=0.1)
+    # the scraped in-flight count alone: within the scrape interval
+    coarse = identify(raw, modelled_service_rate=cap)
+    assert abs(coarse.metric_delay_s.value - sc.metrics_delay_s) < 0.5
     assert ident.service_rate_per_worker.value == pytest.approx(cap, rel=0.2)
     assert ident.admission_gain.lo < ident.admission_gain.value < ident.admission_gain.hi
     assert QUERY_SETS["vllm"]["running"] == "sum(vllm:num_requests_running)"

@@ -547,6 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--scenario", required=True, help="live scenario TOML")
     gw.add_argument("--port", type=int, default=8080)
     gw.add_argument("--host", default="127.0.0.1")
+    gw.add_argument("--request-log", default=None, help="append one JSON line per finished request to this file")
     gw.set_defaults(func=_cmd_gateway)
 
     for name, helptext in (("diagnose", "oscillation diagnosis of a deployment's metrics (Prometheus or a file)"),
@@ -566,6 +567,8 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             q.add_argument("--scenario", default=None, help="the live scenario the data came from (modelled rates, "
                            "the plant written into the identified scenario)")
+            q.add_argument("--requests", default=None, help="the gateway's request log (--request-log): the metric "
+                           "delay is fitted on its exact in-flight count")
             q.set_defaults(func=_cmd_identify)
 
     r = sub.add_parser("report", help="(re)build the HTML report index.html over a folder of study reports")
@@ -595,7 +598,8 @@ def _cmd_gateway(args) -> int:
     sc = load_live_scenario(args.scenario)
     kind = sc.replay.admission or "open"
     print(f"gateway {sc.name} ({kind}) on http://{args.host}:{args.port} -> {', '.join(args.upstream)}", flush=True)
-    web.run_app(gateway_app(sc, args.upstream), host=args.host, port=args.port, print=None, access_log=None)
+    web.run_app(gateway_app(sc, args.upstream, request_log=args.request_log), host=args.host, port=args.port,
+                print=None, access_log=None)
     return 0
 
 
@@ -642,7 +646,16 @@ def _cmd_identify(args) -> int:
         raise ConfigError("start", "--prometheus needs --start and --end (unix seconds)")
     else:
         data = read_raw_prometheus(args.prometheus, args.start, args.end)
-    ident = identify(data, modelled_service_rate=modelled)
+    log = None
+    if args.requests:
+        import pandas as pd
+
+        try:
+            log = pd.read_json(args.requests, lines=True)
+        except ValueError as e:
+            raise ConfigError("requests", f"{args.requests}: not a JSON-lines request log ({e})") from None
+        log = log[log["status"] == "completed"]
+    ident = identify(data, modelled_service_rate=modelled, request_log=log)
     if args.out:
         plant = dict(sc.replay.plant) if sc is not None else {"model": "deepseek-v3", "hardware": "h200"}
         if sc is not None:

@@ -108,9 +108,14 @@ class Gateway:
     open_gate : bool
         Admit everything (the overhead benchmark's bare-proxy comparison uses a plain proxy; this
         is the gateway with its bookkeeping but no decisions).
+    request_log : str, optional
+        A file to append one JSON line per finished request to: ``class``, ``status``
+        (``completed``, ``rejected``, ``failed_upstream``), ``reason``, ``arrived_unix_s``,
+        ``sent_unix_s``, ``first_token_unix_s``, ``end_unix_s``, ``prompt_tokens``, ``chunks``.
     """
 
-    def __init__(self, scenario: LiveScenario, upstreams: list[str], controller=None, open_gate: bool = False):
+    def __init__(self, scenario: LiveScenario, upstreams: list[str], controller=None, open_gate: bool = False,
+                 request_log: str | None = None):
         if not upstreams:
             from tokenfactory.errors import ConfigError
             raise ConfigError("upstream", "the gateway needs at least one upstream URL")
@@ -194,6 +199,8 @@ class Gateway:
         for u in self.upstreams:
             self.g_healthy.set_function(lambda u=u: 1.0 if u.healthy else 0.0, {"upstream": u.url})
         self.ended = {"completed": 0, "rejected": 0, "failed_upstream": 0}
+        self.log = open(request_log, "a", buffering=1 << 16) if request_log else None
+        self.unix0 = time.time() - self.now()
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -231,6 +238,18 @@ class Gateway:
                 pass
         if self.session is not None:
             await self.session.close()
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+
+    def _log(self, cls: str, status: str, reason: str, arrived: float, sent: float = math.nan,
+             first: float = math.nan, prompt: int = 0, chunks: int = 0) -> None:
+        if self.log is None:
+            return
+        u = self.unix0
+        self.log.write(json.dumps({"class": cls, "status": status, "reason": reason, "arrived_unix_s": u + arrived,
+                                   "sent_unix_s": u + sent, "first_token_unix_s": u + first,
+                                   "end_unix_s": u + self.now(), "prompt_tokens": prompt, "chunks": chunks}) + "\n")
 
     async def _scrape_one(self, u: _Upstream) -> None:
         try:
@@ -348,7 +367,9 @@ class Gateway:
             asyncio.get_running_loop().call_later(min(need, self.period), self._release)
 
     # -- a request ----------------------------------------------------------------------------
-    def _reject(self, cls: str, reason: str, status: int = 429, retry_s: float = 1.0) -> web.Response:
+    def _reject(self, cls: str, reason: str, status: int = 429, retry_s: float = 1.0,
+                arrived: float = math.nan) -> web.Response:
+        self._log(cls, "rejected", reason, arrived)
         self.c_rejected.inc(1.0, {"request_class": cls, "reason": reason})
         self.ended["rejected"] += 1
         self.deciding -= 1
@@ -433,16 +454,17 @@ class Gateway:
             raise
         if not ok:
             retry = self.max_defer.get(cls, 0.0) if reason == "deferral_expired" else self.period
-            return self._reject(cls, reason, 429, retry)
+            return self._reject(cls, reason, 429, retry, arrival.arrived_s)
         u = self._pick()
         if u is None:  # every upstream went down while it was held
             return self._reject(cls, "upstream_unavailable", 503, self.scrape_s)
         self.c_admitted.inc(1.0, {"request_class": cls})
         self.admitted_since += 1
-        return await self._proxy(request, u, path, raw, cls, prompt, bool(body.get("stream", False)))
+        return await self._proxy(request, u, path, raw, cls, prompt, bool(body.get("stream", False)),
+                                 arrival.arrived_s)
 
     async def _proxy(self, request, u: _Upstream, path: str, raw: bytes, cls: str, prompt: int,
-                     stream: bool) -> web.StreamResponse:
+                     stream: bool, arrived: float) -> web.StreamResponse:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         u.in_flight += 1
         self.in_flight += 1
@@ -484,6 +506,7 @@ class Gateway:
                 self.decoding -= 1
             self.ended[outcome] += 1
             (self.c_completed if outcome == "completed" else self.c_failed).inc(1.0, {"request_class": cls})
+            self._log(cls, outcome, "", arrived, t_sent, first, prompt, events)
             if outcome == "completed":
                 self.completed_since += 1
                 tokens = events - 1 - (path.endswith("chat/completions"))  # [DONE] and chat's role chunk

@@ -5,11 +5,13 @@ delay, the admission loop's gain - each with a confidence interval - and write s
 saved file: the inputs of ``diagnose``) and fits:
 
 * **metric delay** d: the engine's published request count (running + waiting) is the gateway's
-  in-flight count d seconds late (``tokenfactory:gateway_in_flight`` counts what was sent and not
-  finished, with no delay). d minimises sum_k (e(t_k) - g(t_k - d))^2 over the samples, g
-  linearly interpolated between its samples (a fractional lag: finer than the scrape); the
-  interval is a moving-block bootstrap (blocks of 10 samples, 200 resamples, seeded) of the
-  residual-free pairs, 2.5-97.5 %;
+  in-flight count d seconds late (what was sent and not finished, with no delay). d minimises
+  sum_k (e(t_k) - g(t_k - d))^2 over the engine's scrapes t_k. With the gateway's request log, g
+  is exact at every instant (:func:`fit_delay_exact`: resolves delays far below the scrape
+  interval); from the scraped ``tokenfactory:gateway_in_flight`` alone, g is interpolated
+  linearly between its scrapes (:func:`fit_delay`), which smears a change over a scrape
+  interval and can bias d by a fraction of it. Intervals: moving-block bootstrap (blocks of 10
+  samples, 200 resamples, seeded), 2.5-97.5 %;
 * **per-worker service rate** mu: completions/s over decode workers in the saturated samples
   (running within 10 % of its 95th percentile, at least 5 samples), mean and t interval;
 * **pass-time law** T(B) = a + b B: the mean TPOT of each window against its mean running batch
@@ -42,7 +44,7 @@ from scipy import optimize, stats
 from tokenfactory.errors import ConfigError
 from tokenfactory.live.diagnose import SignalSet
 
-__all__ = ["IDENTIFY_METRICS", "IDENTIFY_QUERIES", "WINDOW_S", "read_raw_prometheus", "series_from_signals",
+__all__ = ["in_flight_from_log", "fit_delay_exact", "IDENTIFY_METRICS", "IDENTIFY_QUERIES", "WINDOW_S", "read_raw_prometheus", "series_from_signals",
            "Estimate", "Identification", "identify", "fit_delay", "fit_pass_law",
            "fit_service_rate", "fit_startup_delay", "write_scenarios"]
 
@@ -158,6 +160,78 @@ class Estimate:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def in_flight_from_log(sent_s: np.ndarray, end_s: np.ndarray):
+    """The exact in-flight count of a request log: ``f(t) = #{sent <= t < end}`` (vectorised).
+
+    Parameters
+    ----------
+    sent_s, end_s : array
+        When each request was sent upstream and when it finished (s; same clock as the series).
+
+    Returns
+    -------
+    callable
+        ``f(times) -> counts``.
+    """
+    s = np.sort(np.asarray(sent_s, dtype=float))
+    e = np.sort(np.asarray(end_s, dtype=float))
+
+    def f(t):
+        t = np.asarray(t, dtype=float)
+        return (np.searchsorted(s, t, side="right") - np.searchsorted(e, t, side="right")).astype(float)
+    return f
+
+
+def fit_delay_exact(t: np.ndarray, lagged: np.ndarray, source, *, max_delay_s: float = 10.0, seed: int = 0,
+                    resamples: int = 200, block: int = 10, resolution_s: float = 0.005) -> Estimate:
+    """The delay d with ``lagged(t) ~ source(t - d)`` for a source known at every instant (the
+    in-flight count of a request log, :func:`in_flight_from_log`): no interpolation between
+    scrapes, so the fit resolves delays far below the scrape interval. Least squares on a grid of
+    ``resolution_s`` (the cost is piecewise constant in d: the middle of the minimising run is
+    taken), moving-block bootstrap interval.
+
+    Parameters
+    ----------
+    t : array
+        Sample times of ``lagged`` (s).
+    lagged : array
+        The delayed signal.
+    source : callable
+        ``source(times) -> values``.
+    max_delay_s, seed, resamples, block : as for :func:`fit_delay`
+        Search range, bootstrap seed, resamples and block length.
+    resolution_s : float
+        Grid step of the delay (s).
+
+    Returns
+    -------
+    Estimate
+    """
+    t, y = np.asarray(t, dtype=float), np.asarray(lagged, dtype=float)
+    ok = np.isfinite(t) & np.isfinite(y)
+    t, y = t[ok], y[ok]
+    if len(t) < 16:
+        raise ConfigError("identify.delay", f"needs >= 16 samples, got {len(t)}")
+    grid = np.arange(0.0, max_delay_s + resolution_s / 2, resolution_s)
+    err = (y[None, :] - source(t[None, :] - grid[:, None])) ** 2  # (delays, samples)
+
+    def best(idx):
+        c = err[:, idx].sum(axis=1)
+        k = np.flatnonzero(c <= c.min() + 1e-9)
+        run = k[k - k[0] == np.arange(len(k))]  # the first run of minimisers
+        return float(grid[run].mean())
+
+    n = len(t)
+    d = best(np.arange(n))
+    rng = np.random.default_rng(seed)
+    nb = max(n // block, 1)
+    boots = [best(np.concatenate([np.arange(s0, min(s0 + block, n)) for s0 in rng.integers(0, max(n - block, 1), nb)]))
+             for _ in range(resamples)]
+    lo, hi = np.quantile(boots, [0.025, 0.975])
+    return Estimate(d, float(min(lo, d)), float(max(hi, d)), "least squares on the exact in-flight count of the "
+                    "request log, block bootstrap", int(n))
 
 
 def fit_delay(t: np.ndarray, lagged: np.ndarray, source: np.ndarray, *, source_t: np.ndarray | None = None,
@@ -394,7 +468,8 @@ def _windowed(t: np.ndarray, x: np.ndarray, w: float) -> tuple[np.ndarray, np.nd
 
 
 def identify(series: dict[str, pd.Series] | SignalSet, *, modelled_service_rate: float | None = None,
-             seed: int = 0, max_delay_s: float = 10.0, window_s: float = WINDOW_S) -> Identification:
+             seed: int = 0, max_delay_s: float = 10.0, window_s: float = WINDOW_S,
+             request_log: pd.DataFrame | None = None) -> Identification:
     """Fit every parameter the data hold (module notes); a parameter without its series is None
     with a note saying why.
 
@@ -411,6 +486,10 @@ def identify(series: dict[str, pd.Series] | SignalSet, *, modelled_service_rate:
         Largest metric delay searched (s).
     window_s : float
         Window of the rate and TPOT estimates (s).
+    request_log : DataFrame, optional
+        The gateway's request log (``sent_unix_s``, ``end_unix_s``; ``tokenfactory gateway
+        --request-log``): the metric delay is then fitted on its exact in-flight count
+        (:func:`fit_delay_exact`) instead of the scraped one.
 
     Returns
     -------
@@ -423,7 +502,17 @@ def identify(series: dict[str, pd.Series] | SignalSet, *, modelled_service_rate:
     col = {k: v.dropna().sort_index() for k, v in series.items()}
     notes = []
     delay = rate = law = startup = gain = None
-    if {"running", "waiting", "in_flight"} <= set(col):
+    if request_log is not None and {"running", "waiting"} <= set(col):
+        eng = _sum_series([col["running"], col["waiting"]])
+        sent = request_log["sent_unix_s"].to_numpy(float)
+        fin = request_log["end_unix_s"].to_numpy(float)
+        keep = np.isfinite(sent) & np.isfinite(fin)
+        try:
+            delay = fit_delay_exact(eng.index.to_numpy(float), eng.to_numpy(float),
+                                    in_flight_from_log(sent[keep], fin[keep]), max_delay_s=max_delay_s, seed=seed)
+        except ConfigError as e:
+            notes.append(str(e))
+    elif {"running", "waiting", "in_flight"} <= set(col):
         eng = _sum_series([col["running"], col["waiting"]])
         try:
             delay = fit_delay(eng.index.to_numpy(float), eng.to_numpy(float), col["in_flight"].to_numpy(float),
