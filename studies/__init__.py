@@ -38,6 +38,7 @@ STUDIES: dict[str, str] = {
     "aggregation": "tokenfactory.studies.aggregation",
     "long-context": "tokenfactory.studies.long_context",
     "kv-tiers": "tokenfactory.studies.kv_tiers",
+    "live": "tokenfactory.studies.live",
 }
 
 

@@ -548,6 +548,7 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--port", type=int, default=8080)
     gw.add_argument("--host", default="127.0.0.1")
     gw.add_argument("--request-log", default=None, help="append one JSON line per finished request to this file")
+    gw.add_argument("--open", action="store_true", help="admit everything (measure and log only: identification runs)")
     gw.set_defaults(func=_cmd_gateway)
 
     for name, helptext in (("diagnose", "oscillation diagnosis of a deployment's metrics (Prometheus or a file)"),
@@ -598,7 +599,8 @@ def _cmd_gateway(args) -> int:
     sc = load_live_scenario(args.scenario)
     kind = sc.replay.admission or "open"
     print(f"gateway {sc.name} ({kind}) on http://{args.host}:{args.port} -> {', '.join(args.upstream)}", flush=True)
-    web.run_app(gateway_app(sc, args.upstream, request_log=args.request_log), host=args.host, port=args.port,
+    web.run_app(gateway_app(sc, args.upstream, request_log=args.request_log, open_gate=args.open), host=args.host,
+                port=args.port,
                 print=None, access_log=None)
     return 0
 
