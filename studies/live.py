@@ -2,7 +2,7 @@
 recorded by a real Prometheus, against the request simulator on the same arrivals.
 
 (a) **Identification.** An open gateway (it measures, it does not decide) in front of the emulator,
-    a load step from 0.3x to 2x the decode capacity; Prometheus scrapes both every second;
+    a sweep at 0.3x, 0.6x and 0.9x the decode capacity then a step to 2x; Prometheus scrapes both every second;
     ``identify`` (:mod:`tokenfactory.live.identify`) fits the metric delay (on the gateway's
     request log), the per-worker service rate, the pass-time law and the admission gain, next to
     the emulator's true values (the scenario's).
@@ -94,12 +94,14 @@ class Client(HttpUser):
                 r.success()  # a 429 is the gateway's answer, recorded below
         RESULTS.append({"k": k, "planned_unix_s": T0 + ARRIVALS[k], "sent_unix_s": sent, "first_unix_s": first,
                         "end_unix_s": time.time(), "status": status, "tokens": n})
+        if len(RESULTS) == len(ARRIVALS):  # every planned arrival answered: stop (run time is a bound)
+            self.environment.runner.quit()
 '''
 
 
 def _defaults(quick: bool) -> dict:
     return {"scenario": "live_small", "trace": "azure-conv-2023", "loads": [0.9, 2.0] if quick else [0.5, 0.9, 1.3, 2.0],
-            "overload": 2.0, "window_s": 20.0 if quick else 60.0, "step_s": (4.0, 10.0) if quick else (10.0, 40.0),
+            "overload": 2.0, "window_s": 15.0 if quick else 60.0, "step_s": (12.0, 10.0) if quick else (45.0, 40.0),
             "seed": 0, "users": 250}
 
 
@@ -195,12 +197,17 @@ def _outcomes(ttft: np.ndarray, tpot: np.ndarray, completed: np.ndarray, span_s:
 
 
 def _arrivals(trace: str, rate: float, window_s: float, seed: int) -> np.ndarray:
-    tr = load_trace(trace)
-    t = np.sort(tr["arrival_s"].to_numpy(dtype=float))
-    t = t - t[0]
-    native = len(t) / max(t[-1], 1e-9)
-    scaled = t * native / rate
-    return scaled[scaled < window_s]
+    """rate x window consecutive arrivals of the trace from a seeded point in its middle half,
+    their span stretched onto the window (the trace's burstiness, the load's mean rate)."""
+    t = np.sort(load_trace(trace)["arrival_s"].to_numpy(dtype=float))
+    n = max(int(round(rate * window_s)), 2)
+    if n + 1 > len(t):
+        raise ConfigError("live.loads", f"{trace} has {len(t)} arrivals, fewer than the {n} a window needs")
+    rng = np.random.default_rng(seed)
+    start = int(rng.integers(len(t) // 4, max(len(t) // 4 + 1, 3 * len(t) // 4 - n)))
+    seg = t[start:start + n + 1]
+    scaled = (seg - seg[0]) * window_s / (seg[-1] - seg[0])
+    return scaled[:-1]
 
 
 def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -211,7 +218,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     out_dir : str or Path
         Output folder.
     quick : bool
-        Two loads, 20 s windows, a 14 s identification step (what CI runs).
+        Two loads, 15 s windows, a 22 s identification sweep and step (what CI runs).
     config : dict, optional
         Overrides: ``scenario``, ``trace``, ``loads``, ``overload``, ``window_s``, ``step_s``,
         ``seed``, ``users``.
@@ -231,16 +238,22 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     path = Path(cfg["scenario"]) if Path(cfg["scenario"]).is_file() else scenario_dir() / f"{cfg['scenario']}.toml"
     slo = (sc.cluster.slo_ttft_s, sc.cluster.slo_tpot_s)
     mu = saturated_rate(sc)
-    cap = mu * sc.cluster.decode_workers
+    fill_rps = sc.cluster.fill_workers / sc.setup.params.fill_seconds(float(sc.live["prompt_tokens"]))
+    cap = min(mu * sc.cluster.decode_workers, fill_rps)
     body = {"prompt_token_ids": [1] * int(sc.live["prompt_tokens"]), "max_tokens": int(sc.live["output_tokens"]),
             "stream": True}
     work = Path(tempfile.mkdtemp(prefix="tf-live-", dir=report.out_dir))
     rng = np.random.default_rng(cfg["seed"])
     # (a) identification: an open gateway, a load step, Prometheus every second
+    # a sweep below capacity (the pass-time law) then a step to 2x (saturation: the service rate)
     lo_s, hi_s = cfg["step_s"]
-    step = np.concatenate([np.cumsum(rng.exponential(1 / (0.3 * cap), int(0.3 * cap * lo_s * 2) + 5)),
-                           lo_s + np.cumsum(rng.exponential(1 / (2.0 * cap), int(2.0 * cap * hi_s * 2) + 5))])
-    step = np.sort(step[(step < lo_s) | ((step >= lo_s) & (step < lo_s + hi_s))])
+    levels = [(0.3, lo_s / 3), (0.6, lo_s / 3), (0.9, lo_s / 3), (2.0, hi_s)]
+    parts, t_at = [], 0.0
+    for level, dur in levels:
+        a = t_at + np.cumsum(rng.exponential(1 / (level * cap), int(level * cap * dur * 2) + 10))
+        parts.append(a[a < t_at + dur])
+        t_at += dur
+    step = np.concatenate(parts)
     log = work / "requests_identify.jsonl"
     with _Servers(path, gateway=True, open_gate=True, log=log) as srv:
         targets = {"emulator": [srv.emulator.split("//")[1]], "gateway": [srv.front.split("//")[1]]}
@@ -301,8 +314,9 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     direct = table[~table["gateway"]].iloc[0]
     metrics = {"identified": id_table.to_dict("records"), "live_vs_simulated": table.to_dict("records"),
                "capacity_rps": cap, "slo": slo, "identify_notes": ident.notes}
-    lines = [f"Decode capacity at the scenario's batch cap: {cap:.2f} requests/s ({sc.cluster.decode_workers} "
-             f"worker(s), {sc.live['prompt_tokens']}/{sc.live['output_tokens']}-token requests).", ""]
+    lines = [f"Capacity: {cap:.2f} requests/s (decode at the scenario's batch cap {mu * sc.cluster.decode_workers:.2f}, "
+             f"fill {fill_rps:.2f}; {sc.cluster.fill_workers} + {sc.cluster.decode_workers} worker(s), "
+             f"{sc.live['prompt_tokens']}/{sc.live['output_tokens']}-token requests).", ""]
     worst = float(np.nanmax(np.abs(id_table["error"].to_numpy(float))))
     lines.append(f"Identification: the largest error of an identified parameter is {100 * worst:.1f} % "
                  f"({'within' if worst <= 0.10 else 'outside'} the 10 % target).")

@@ -51,9 +51,11 @@ def test_streams_tokens_on_the_engines_clock(sc):
                 assert len(tokens) == 20 and tokens[-1]["choices"][0]["finish_reason"] == "length"
                 assert chunks[-1]["usage"] == {"prompt_tokens": 1000, "completion_tokens": 20, "total_tokens": 1020}
                 t = em.engine.times(0)
-                # the wire's TTFT and end are the engine's, within the clock loop's tick and HTTP
-                assert times[0] == pytest.approx(t.first_token_s - t.arrival_s, abs=0.03)
-                assert times[-1] == pytest.approx(t.completion_s - t.arrival_s, abs=0.03)
+                # the wire's TTFT and end are the engine's, within the clock loop's tick, HTTP and how
+                # late the loop woke (a starved process lags the wall clock)
+                slack = 0.03 + 2 * em.max_lag_s
+                assert t.first_token_s - t.arrival_s - 0.005 <= times[0] <= t.first_token_s - t.arrival_s + slack
+                assert times[-1] == pytest.approx(t.completion_s - t.arrival_s, abs=slack)
                 # tokens arrive spread over the decode, not in one burst at the end
                 assert times[10] - times[1] > 0.3 * (times[-1] - times[1])
                 body = {"messages": [{"role": "user", "content": "x" * 400}], "max_tokens": 5}
@@ -89,18 +91,19 @@ def test_metrics_are_published_late(sc):
                                                   json={"prompt_token_ids": [1] * 500, "max_tokens": 60}))
                 seen = []
                 t0 = time.monotonic()
-                while time.monotonic() - t0 < 1.0:
+                while time.monotonic() - t0 < sc.metrics_delay_s + 1.5:
                     async with s.get(url + "/metrics") as r:
                         v = sample_value(parse_text(await r.text()), "vllm:num_requests_running")
                     seen.append((time.monotonic() - t0, v))
                     await asyncio.sleep(0.02)
                 (await task).close()
                 arrived = app[EMULATOR_KEY].engine.t0 + app[EMULATOR_KEY].engine.times(0).arrival_s - t0
-        return seen, arrived
+                lag = app[EMULATOR_KEY].max_lag_s
+        return seen, arrived, lag
 
-    seen, arrived = asyncio.run(main())
+    seen, arrived, lag = asyncio.run(main())
     first = next(t for t, v in seen if v >= 1)  # polled every ~25 ms
-    assert first - arrived == pytest.approx(sc.metrics_delay_s, abs=0.05)
+    assert first - arrived == pytest.approx(sc.metrics_delay_s, abs=0.05 + 2 * lag)
 
 
 def test_live_section_is_validated():

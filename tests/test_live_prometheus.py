@@ -23,11 +23,11 @@ if prometheus_binary() is None:
     pytest.skip("prometheus is not installed (.ci/run installs it)", allow_module_level=True)
 
 
-async def _open_loop(s, url, phases, rng):
+async def _open_loop(s, url, phases, rng, prompt):
     tasks, t0, t = [], time.monotonic(), 0.0
 
     async def one():
-        async with s.post(url, json={"prompt_token_ids": [1] * 1000, "max_tokens": 64, "stream": True}) as r:
+        async with s.post(url, json={"prompt_token_ids": [1] * prompt, "max_tokens": 64, "stream": True}) as r:
             async for _ in r.content:
                 pass
 
@@ -57,7 +57,7 @@ def test_prometheus_records_what_identify_and_diagnose_read(tmp_path):
                 start = time.time()
                 async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
                     await _open_loop(s, gu + "/v1/completions", [(0.3 * cap, 4.0), (2.0 * cap, 8.0)],
-                                     np.random.default_rng(1))
+                                     np.random.default_rng(1), int(sc.live["prompt_tokens"]))
                 await asyncio.sleep(2.5)
                 end = time.time()
                 up = prom.query("up")

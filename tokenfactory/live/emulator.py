@@ -158,11 +158,16 @@ class Emulator:
         self.g_workers = r.gauge("tokenfactory:emulator_workers", "Serving workers by pool.", PL)
         self.g_stage = r.gauge("tokenfactory:emulator_requests", "Requests by stage (fill_queue, prefilling, "
                                "transfer, ready, decoding).", ("model_name", "stage"))
+        # how late the clock loop wakes (a starved process falls behind the wall clock: its timing
+        # then lags the simulator's by this much)
+        self.h_lag = r.histogram("tokenfactory:emulator_loop_lag_seconds", "Lateness of the clock loop's wake-ups "
+                                 "(s).", (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0), ("model_name",))
         for pool, ws in (("fill", self.engine.fill_workers), ("decode", self.engine.decode_workers)):
             self.g_workers.set(len(ws), {"model_name": self.model_name, "pool": pool})
         for g in (self.g_running, self.g_waiting, self.g_kv):
             g.set(0.0, self.labels)
         self.requests_total = self.completed_total = 0
+        self.max_lag_s = 0.0
 
     # -- the clock loop ----------------------------------------------------------------------
     def start(self) -> None:
@@ -187,7 +192,11 @@ class Emulator:
             self._notify(now)
             self._publish(now)
             if self.open:
+                t_ask = eng.now()
                 await asyncio.sleep(self.tick_s)
+                lag = max(eng.now() - t_ask - self.tick_s, 0.0)
+                self.max_lag_s = max(self.max_lag_s, lag)
+                self.h_lag.observe(lag, {"model_name": self.model_name})
             else:
                 self.wake.clear()
                 timeout = min(max(eng.next_event_s() - eng.now(), 0.0), _GAUGE_PERIOD_S)

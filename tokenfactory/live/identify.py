@@ -14,9 +14,11 @@ saved file: the inputs of ``diagnose``) and fits:
   samples, 200 resamples, seeded), 2.5-97.5 %;
 * **per-worker service rate** mu: completions/s over decode workers in the saturated samples
   (running within 10 % of its 95th percentile, at least 5 samples), mean and t interval;
-* **pass-time law** T(B) = a + b B: the mean TPOT of each window against its mean running batch
-  per decode worker, least squares with t intervals on a and b, and T at the median batch, on the
-  windows below saturation (once decode is full a request's TPOT also carries its wait for a slot);
+* **pass-time law** T(B) = a + b B: the mean TPOT of the requests finishing in each window against
+  the mean running batch per decode worker over that window and the one before (when they
+  decoded), least squares with t intervals on a and b, and T at the median batch, on the windows
+  whose two windows stayed below 90 % of the peak batch (once decode is full a request's TPOT also
+  carries its wait for a slot);
 * **start-up delay**: from kube-state-metrics, the time from a rise of
   ``kube_deployment_spec_replicas`` to the matching rise of ``kube_deployment_status_ready_replicas``
   (median over rises; None when the record has none - a fixed pool);
@@ -545,11 +547,19 @@ def identify(series: dict[str, pd.Series] | SignalSet, *, modelled_service_rate:
             dc = tc[k] - tc[j]
             with np.errstate(invalid="ignore", divide="ignore"):
                 tpot = np.where(dc >= 1, (ts[k] - ts[j]) / np.where(dc > 0, dc, 1.0), np.nan)
-            # a request's TPOT carries its wait for a decode slot once decode is full: the law is
-            # fitted on the windows below saturation only
-            unsat = run_mean < 0.9 * np.nanquantile(run_mean, 0.95) if len(run_mean) else run_mean
+            # a request's TPOT carries its wait for a decode slot once decode is full, and the requests
+            # finishing in a window decoded over the window before it too: the law is fitted on the
+            # windows whose requests ran below saturation (the batch over both windows, none saturated)
+            rv = r.to_numpy(float)
+            k2, j2 = _windowed(t, succ, 2.0 * window_s)
+            span_mean = np.full(len(t), np.nan)
+            span_max = np.full(len(t), np.nan)
+            for a, b in zip(j2, k2):
+                span_mean[b], span_max[b] = rv[a:b + 1].mean(), rv[a:b + 1].max()
+            top = np.nanquantile(rv, 0.95) if len(rv) else np.nan
+            unsat = span_max[k] < 0.9 * top
             try:
-                law = fit_pass_law((run_mean / np.maximum(workers[k], 1.0))[unsat], tpot[unsat])
+                law = fit_pass_law((span_mean[k] / np.maximum(workers[k], 1.0))[unsat], tpot[unsat])
             except ConfigError as e:
                 notes.append(str(e))
     else:
