@@ -106,6 +106,9 @@ TYPICAL_SECONDS: dict[str, float] = {
     "forecasting": 33.2, "kv-tiers": 21.4, "aggregation": 19.7, "feedback-oscillation": 17.1,
     "long-context": 13.5, "operating-modes": 5.3, "k3-projection": 4.5, "roofline-validation": 2.7,
     "bandwidth-capacity": 2.4,
+    # live: not yet measured in a `make run`; its quick variant took 383-510 s on the shared machine
+    # under a load average of 15-20 (2026-12-01), the default runs four 60 s loads and a 85 s sweep
+    "live": 600.0,
 }
 
 

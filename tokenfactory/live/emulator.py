@@ -278,13 +278,12 @@ class Emulator:
                request_class: str | None) -> _Open:
         """Put a request into the engine now; the returned handle is woken as tokens come."""
         eng = self.engine
-        if prompt_ids is not None:
-            ids = prompt_ids
-        else:
-            ids = _text_ids(prompt_text or "")
-        n_in = len(ids) if prompt_ids is not None else estimate_tokens(prompt_text or "")
+        n_in = len(prompt_ids) if prompt_ids is not None else estimate_tokens(prompt_text or "")
         out = int(max_tokens) if max_tokens is not None else int(self.sc.live["output_tokens"])
-        blocks = block_hashes(ids, eng.p.block_tokens) if eng.cfg.prefix_cache_blocks is not None else None
+        blocks = None
+        if eng.cfg.prefix_cache_blocks is not None:  # hash the prompt only when a cache looks at it
+            ids = prompt_ids if prompt_ids is not None else _text_ids(prompt_text or "")
+            blocks = block_hashes(ids, eng.p.block_tokens)
         classes = eng.class_names
         cls = request_class if request_class in classes else None
         i = eng.submit(n_in, out, blocks=blocks, request_class=cls)
