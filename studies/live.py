@@ -101,7 +101,7 @@ class Client(HttpUser):
 
 def _defaults(quick: bool) -> dict:
     return {"scenario": "live_small", "trace": "azure-conv-2023", "loads": [0.9, 2.0] if quick else [0.5, 0.9, 1.3, 2.0],
-            "overload": 2.0, "window_s": 15.0 if quick else 60.0, "step_s": (12.0, 10.0) if quick else (45.0, 40.0),
+            "overload": 2.0, "window_s": 15.0 if quick else 60.0, "step_s": (18.0, 8.0) if quick else (45.0, 40.0),
             "seed": 0, "users": 250}
 
 
@@ -218,7 +218,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     out_dir : str or Path
         Output folder.
     quick : bool
-        Two loads, 15 s windows, a 22 s identification sweep and step (what CI runs).
+        Two loads, 15 s windows, a 26 s identification sweep and step (what CI runs).
     config : dict, optional
         Overrides: ``scenario``, ``trace``, ``loads``, ``overload``, ``window_s``, ``step_s``,
         ``seed``, ``users``.
@@ -264,6 +264,9 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
             _locust(srv.front, step, body, cfg["users"], work, "identify")
             time.sleep(3.0)
             raw = read_raw_prometheus(prom.url, t_start, time.time())
+    report.save_table(pd.concat([pd.DataFrame({"series": k, "unix_s": v.index, "value": v.to_numpy()})
+                                 for k, v in raw.items()]), "identify_series.csv",
+                      "The raw series identify read (each at its scrape times), to re-run it offline.")
     req = pd.read_json(log, lines=True)
     ident = identify(raw, modelled_service_rate=mu, request_log=req[req["status"] == "completed"])
     p = sc.setup.params

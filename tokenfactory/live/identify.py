@@ -471,7 +471,7 @@ def _windowed(t: np.ndarray, x: np.ndarray, w: float) -> tuple[np.ndarray, np.nd
 
 def identify(series: dict[str, pd.Series] | SignalSet, *, modelled_service_rate: float | None = None,
              seed: int = 0, max_delay_s: float = 10.0, window_s: float = WINDOW_S,
-             request_log: pd.DataFrame | None = None) -> Identification:
+             request_log: pd.DataFrame | None = None, pass_window_s: float = 3.0) -> Identification:
     """Fit every parameter the data hold (module notes); a parameter without its series is None
     with a note saying why.
 
@@ -488,6 +488,8 @@ def identify(series: dict[str, pd.Series] | SignalSet, *, modelled_service_rate:
         Largest metric delay searched (s).
     window_s : float
         Window of the rate and TPOT estimates (s).
+    pass_window_s : float
+        Window of the pass-time law's TPOT means (s; the batch is averaged over two of them).
     request_log : DataFrame, optional
         The gateway's request log (``sent_unix_s``, ``end_unix_s``; ``tokenfactory gateway
         --request-log``): the metric delay is then fitted on its exact in-flight count
@@ -542,16 +544,19 @@ def identify(series: dict[str, pd.Series] | SignalSet, *, modelled_service_rate:
         else:
             notes.append("service rate: no decode worker count (emulator gauge or kube-state-metrics)")
         if {"tpot_sum", "tpot_count"} <= have and np.isfinite(workers).any():
+            # a request's TPOT carries its wait for a decode slot once decode is full, and the requests
+            # finishing in a window decoded over the window before it too: the law is fitted on the
+            # windows whose requests ran below saturation (the batch over both windows, none saturated)
+            rv = r.to_numpy(float)
+            # shorter windows than the rate's: the law needs several windows per load level
+            pw = pass_window_s
+            k, j = _windowed(t, succ, pw)
             ts = np.interp(t, col["tpot_sum"].index.to_numpy(float), col["tpot_sum"].to_numpy(float))
             tc = np.interp(t, col["tpot_count"].index.to_numpy(float), col["tpot_count"].to_numpy(float))
             dc = tc[k] - tc[j]
             with np.errstate(invalid="ignore", divide="ignore"):
                 tpot = np.where(dc >= 1, (ts[k] - ts[j]) / np.where(dc > 0, dc, 1.0), np.nan)
-            # a request's TPOT carries its wait for a decode slot once decode is full, and the requests
-            # finishing in a window decoded over the window before it too: the law is fitted on the
-            # windows whose requests ran below saturation (the batch over both windows, none saturated)
-            rv = r.to_numpy(float)
-            k2, j2 = _windowed(t, succ, 2.0 * window_s)
+            k2, j2 = _windowed(t, succ, 2.0 * pw)
             span_mean = np.full(len(t), np.nan)
             span_max = np.full(len(t), np.nan)
             for a, b in zip(j2, k2):
