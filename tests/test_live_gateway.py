@@ -70,11 +70,14 @@ def test_fails_closed_when_the_upstream_is_down(sc):
                     status, reason = r.status, r.headers.get(REASON_HEADER)
                 async with s.get(gu + "/health") as r:
                     health = r.status
-            return status, reason, health, app[GATEWAY_KEY].accounting()
+                async with s.post(gu + "/v1/completions", json={"prompt": "hi", "max_tokens": -2}) as r:
+                    bad = (r.status, (await r.json())["reason"])
+            return status, reason, health, bad, app[GATEWAY_KEY].accounting()
 
-    status, reason, health, acc = asyncio.run(main())
+    status, reason, health, bad, acc = asyncio.run(main())
     assert (status, reason, health) == (503, "upstream_unavailable", 503)
-    assert acc["balanced"] and acc["rejected"] == 1
+    assert bad == (400, "bad_request")  # named before any upstream is asked
+    assert acc["balanced"] and acc["rejected"] == 2
 
 
 class _Scripted:

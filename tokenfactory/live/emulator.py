@@ -42,7 +42,7 @@ from tokenfactory.live.exposition import Registry
 from tokenfactory.live.scenario import CLASS_HEADER, LiveScenario
 from tokenfactory.plant_models.des.records import Stage
 
-__all__ = ["Emulator", "EMULATOR_KEY", "VLLM_METRICS", "TTFT_BUCKETS", "TPOT_BUCKETS", "LATENCY_BUCKETS", "estimate_tokens",
+__all__ = ["Emulator", "EMULATOR_KEY", "request_tokens", "VLLM_METRICS", "TTFT_BUCKETS", "TPOT_BUCKETS", "LATENCY_BUCKETS", "estimate_tokens",
            "emulator_app"]
 
 # Buckets as vLLM's Prometheus logger defines them (vllm/v1/metrics/loggers.py, PrometheusStatLogger)
@@ -339,6 +339,32 @@ def _prompt_of(body: dict, chat: bool) -> tuple[list[int] | None, str | None]:
 
 #: where an emulator application keeps its :class:`Emulator` (``app[EMULATOR_KEY]``)
 EMULATOR_KEY = web.AppKey("emulator", Emulator)
+
+
+def request_tokens(body: dict, chat: bool) -> tuple[int, int | None]:
+    """A request body's prompt tokens and ``max_tokens`` by the emulator's rules (token ids when
+    given, else characters / 4); the gateway predicts with the same figure the emulator serves.
+
+    Parameters
+    ----------
+    body : dict
+        The parsed JSON body.
+    chat : bool
+        A chat completion (``messages``, ``max_completion_tokens``).
+
+    Returns
+    -------
+    tuple
+        ``(prompt tokens, max tokens or None)``.
+
+    Raises
+    ------
+    ConfigError
+        For a malformed prompt or ``max_tokens``, naming the field.
+    """
+    ids, text = _prompt_of(body, chat)
+    n = len(ids) if ids is not None else estimate_tokens(text or "")
+    return n, _int_field(body, "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens")
 
 
 def emulator_app(scenario: LiveScenario) -> web.Application:

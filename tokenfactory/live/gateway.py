@@ -44,7 +44,8 @@ from collections import deque
 import aiohttp
 from aiohttp import web
 
-from tokenfactory.live.emulator import estimate_tokens
+from tokenfactory.errors import ConfigError
+from tokenfactory.live.emulator import request_tokens
 from tokenfactory.live.exposition import Registry, parse_text, sample_value
 from tokenfactory.live.scenario import CLASS_HEADER, LiveScenario
 from tokenfactory.signals import REJECT_REASONS, AdmissionAction, Arrival, BatchCapAction, Measurement, sort_actions
@@ -52,7 +53,7 @@ from tokenfactory.signals import REJECT_REASONS, AdmissionAction, Arrival, Batch
 __all__ = ["Gateway", "GATEWAY_KEY", "gateway_app", "GATEWAY_REJECT_REASONS", "REASON_HEADER"]
 
 #: why the gateway turns a request away: the controllers' reasons plus the gateway's own
-GATEWAY_REJECT_REASONS = (*REJECT_REASONS, "upstream_unavailable")
+GATEWAY_REJECT_REASONS = (*REJECT_REASONS, "upstream_unavailable", "bad_request")
 #: the response header naming a rejection's reason
 REASON_HEADER = "x-tokenfactory-reason"
 _HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade", "te", "trailer",
@@ -70,27 +71,6 @@ class _Upstream:
         self.in_flight = 0
         self.failures = 0
         self.accepts_cap = True
-
-
-def _request_shape(body: dict, chat: bool) -> tuple[int, int | None]:
-    """(prompt tokens, max tokens) of a request body, by the emulator's rules (token ids, else
-    characters / 4)."""
-    ids = body.get("prompt_token_ids")
-    if isinstance(ids, list) and ids:
-        n = len(ids)
-    elif chat:
-        msgs = body.get("messages") or []
-        text = "".join(f"{m.get('role', '')}: {m.get('content', '')}\n" for m in msgs if isinstance(m, dict)
-                       and isinstance(m.get("content", ""), str))
-        n = estimate_tokens(text)
-    else:
-        p = body.get("prompt", "")
-        if isinstance(p, list) and p and all(isinstance(x, int) for x in p):
-            n = len(p)
-        else:
-            n = estimate_tokens(p[0] if isinstance(p, list) and p and isinstance(p[0], str) else str(p))
-    mt = body.get("max_completion_tokens") if chat and "max_completion_tokens" in body else body.get("max_tokens")
-    return n, mt if isinstance(mt, int) and not isinstance(mt, bool) and mt >= 1 else None
 
 
 class Gateway:
@@ -117,7 +97,6 @@ class Gateway:
     def __init__(self, scenario: LiveScenario, upstreams: list[str], controller=None, open_gate: bool = False,
                  request_log: str | None = None):
         if not upstreams:
-            from tokenfactory.errors import ConfigError
             raise ConfigError("upstream", "the gateway needs at least one upstream URL")
         self.sc = scenario
         self.upstreams = [_Upstream(u) for u in upstreams]
@@ -443,9 +422,16 @@ class Gateway:
             self.c_rejected.inc(1.0, {"request_class": cls, "reason": "bad_request"})
             return web.json_response({"object": "error", "message": "the body must be a JSON object",
                                       "reason": "bad_request", "code": 400}, status=400)
+        try:
+            prompt, max_tokens = request_tokens(body, chat)
+        except ConfigError as e:  # what the upstream would refuse: refused here, counted
+            self.ended["rejected"] += 1
+            self.deciding -= 1
+            self.c_rejected.inc(1.0, {"request_class": cls, "reason": "bad_request"})
+            return web.json_response({"object": "error", "message": str(e), "reason": "bad_request", "code": 400},
+                                     status=400)
         if self._pick() is None:
             return self._reject(cls, "upstream_unavailable", 503, self.scrape_s)
-        prompt, max_tokens = _request_shape(body, chat)
         arrival = Arrival(cls, prompt, 0, float(max_tokens or self.nominal_output), self.now())
         try:
             ok, reason = await self._decide(cls, arrival)
