@@ -121,3 +121,24 @@ def test_pass_law_startup_and_scenario_files(tmp_path):
     st = load_stack_scenario(paths["stack"])
     assert st.params.measurement_delay_s == pytest.approx(ident.metric_delay_s.value, rel=1e-3)
     assert min(st.envelope.service_rate_factors) <= ident.admission_gain.value <= max(st.envelope.service_rate_factors)
+
+
+def test_cli_diagnose_and_identify_on_a_saved_file(tmp_path, capsys):
+    from tokenfactory.cli import main
+
+    tt = np.arange(0, 200, 1.0)
+    rng = np.random.default_rng(4)
+    in_flight = np.clip(np.cumsum(rng.normal(0.2, 2, len(tt))), 0, 60)
+    eng = np.interp(tt - 2.0, tt, in_flight)
+    running = np.minimum(eng, 48)
+    pd.DataFrame({"time_s": tt, "in_flight": in_flight, "running": running, "waiting": eng - running,
+                  "decode_workers": 1.0, "success_total": np.cumsum(running / 48 * 9.0)}).to_csv(tmp_path / "m.csv",
+                                                                                              index=False)
+    assert main(["diagnose", "--metrics", str(tmp_path / "m.csv"), "--out", str(tmp_path / "d")]) == 0
+    assert "signals oscillate" in (tmp_path / "d" / "diagnosis.md").read_text()
+    assert main(["identify", "--metrics", str(tmp_path / "m.csv"), "--scenario", "live_small", "--json",
+                 "--out", str(tmp_path / "i")]) == 0
+    out = json.loads((tmp_path / "i" / "identified.json").read_text())
+    assert out["metric_delay_s"]["value"] == pytest.approx(2.0, rel=0.1)
+    assert (tmp_path / "i" / "margins.toml").is_file() and (tmp_path / "i" / "stack.toml").is_file()
+    assert main(["diagnose"]) == 2  # neither --prometheus nor --metrics: a ConfigError, exit 2
