@@ -95,9 +95,9 @@ def _gateway(port: int, upstream: str, ready) -> None:
     from aiohttp import web
 
     from tokenfactory.live.gateway import gateway_app
-    from tokenfactory.live.scenario import live_scenario_from_dict
-    from tokenfactory.stack import scenario_dir
-    from tokenfactory.validation import load_toml
+    from tokenfactory.live.live_scenario import live_scenario_from_dict
+    from tokenfactory.scenario import scenario_dir
+    from tokenfactory.core.validation import load_toml
 
     _pin(0)
     d = load_toml(scenario_dir() / "live_small.toml")

@@ -39,11 +39,11 @@ import pandas as pd
 
 from tokenfactory.live.identify import identify, read_raw_prometheus
 from tokenfactory.live.prometheus_server import PrometheusServer, free_port
-from tokenfactory.live.scenario import load_live_scenario, saturated_rate
+from tokenfactory.live.live_scenario import load_live_scenario, saturated_rate
 from tokenfactory.plant_models.des import simulate
 from tokenfactory.studies.report import StudyReport
 from tokenfactory.traces import load_trace
-from tokenfactory.validation import ConfigError, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError, reject_unknown_keys
 
 __all__ = ["run", "LOCUSTFILE"]
 
@@ -132,7 +132,9 @@ class _Servers:
             raise
 
     def _start(self):
-        cli = [sys.executable, "-m", "tokenfactory.cli"]
+        # the installed console script (a separate process per server, as a deployment runs them)
+        exe = Path(sys.executable).with_name("tokenfactory")
+        cli = [str(exe) if exe.exists() else "tokenfactory"]
         pe = free_port()
         self.emulator = f"http://127.0.0.1:{pe}"
         self.procs.append(subprocess.Popen([*cli, "emulate", "--scenario", str(self.scenario), "--port", str(pe)],
@@ -233,7 +235,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     cfg = {**_defaults(quick), **config}
     report = StudyReport("live", Path(out_dir), {**cfg, "quick": quick})
     sc = load_live_scenario(cfg["scenario"])
-    from tokenfactory.stack import scenario_dir
+    from tokenfactory.scenario import scenario_dir
 
     path = Path(cfg["scenario"]) if Path(cfg["scenario"]).is_file() else scenario_dir() / f"{cfg['scenario']}.toml"
     slo = (sc.cluster.slo_ttft_s, sc.cluster.slo_tpot_s)

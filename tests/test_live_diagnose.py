@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tokenfactory.errors import ConfigError
+from tokenfactory.core.errors import ConfigError
 from tokenfactory.live.diagnose import anti_phase, diagnose, read_metrics_file
 from tokenfactory.live.identify import (
     fit_delay,

@@ -10,8 +10,8 @@ import pytest
 
 from tokenfactory.live.emulator import EMULATOR_KEY, VLLM_METRICS, emulator_app, estimate_tokens
 from tokenfactory.live.exposition import parse_text, sample_value
-from tokenfactory.live.scenario import live_scenario_from_dict, load_live_scenario
-from tokenfactory.errors import ConfigError
+from tokenfactory.live.live_scenario import live_scenario_from_dict, load_live_scenario
+from tokenfactory.core.errors import ConfigError
 
 from live_servers import serving
 

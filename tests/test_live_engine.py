@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from tokenfactory.live.engine import EngineFull, RealtimeEngine, block_hashes
-from tokenfactory.live.scenario import load_live_scenario
+from tokenfactory.live.live_scenario import load_live_scenario
 from tokenfactory.plant_models.des import simulate
 from tokenfactory.plant_models.des.records import Stage
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from tokenfactory.errors import ConfigError
+from tokenfactory.core.errors import ConfigError
 from tokenfactory.live.exposition import Registry, parse_text, sample_value
 
 

@@ -10,8 +10,8 @@ import pytest
 from tokenfactory.live.exposition import parse_text, sample_value
 from tokenfactory.live.gateway import GATEWAY_KEY, REASON_HEADER, gateway_app
 from tokenfactory.live.prometheus_server import free_port
-from tokenfactory.live.scenario import load_live_scenario
-from tokenfactory.signals import AdmissionAction, Decision
+from tokenfactory.live.live_scenario import load_live_scenario
+from tokenfactory.core.signals import AdmissionAction, Decision
 from tokenfactory.controllers.slo_admission import SLOAwareAdmission
 
 from live_servers import emulator_and_gateway, serving

@@ -13,7 +13,7 @@ import pytest
 from tokenfactory.live.diagnose import QUERY_SETS, diagnose, read_prometheus
 from tokenfactory.live.identify import identify, read_raw_prometheus
 from tokenfactory.live.prometheus_server import PrometheusServer, prometheus_binary
-from tokenfactory.live.scenario import load_live_scenario, saturated_rate
+from tokenfactory.live.live_scenario import load_live_scenario, saturated_rate
 
 from live_servers import emulator_and_gateway
 

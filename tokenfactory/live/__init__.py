@@ -1,6 +1,6 @@
 """The live path: an engine emulator, an admission gateway, Prometheus, diagnosis and identification.
 
-One idea per module: :mod:`~tokenfactory.live.scenario` (live scenario files),
+One idea per module: :mod:`~tokenfactory.live.live_scenario` (live scenario files),
 :mod:`~tokenfactory.live.engine` (the request simulator on the wall clock),
 :mod:`~tokenfactory.live.exposition` (Prometheus text), :mod:`~tokenfactory.live.emulator` (the
 OpenAI-compatible engine emulator), :mod:`~tokenfactory.live.gateway` (the admission gateway),

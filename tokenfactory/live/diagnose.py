@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from tokenfactory.controllers.oscillation import assess
-from tokenfactory.errors import ConfigError
+from tokenfactory.core.errors import ConfigError
 
 __all__ = ["QUERY_SETS", "PD_PAIRS", "SignalSet", "Diagnosis", "read_prometheus", "read_metrics_file",
            "diagnose", "anti_phase"]

@@ -36,10 +36,10 @@ from collections import deque
 
 from aiohttp import web
 
-from tokenfactory.errors import ConfigError
+from tokenfactory.core.errors import ConfigError
 from tokenfactory.live.engine import EngineFull, RealtimeEngine, block_hashes
 from tokenfactory.live.exposition import Registry
-from tokenfactory.live.scenario import CLASS_HEADER, LiveScenario
+from tokenfactory.live.live_scenario import CLASS_HEADER, LiveScenario
 from tokenfactory.plant_models.des.records import Stage
 
 __all__ = ["Emulator", "EMULATOR_KEY", "request_tokens", "VLLM_METRICS", "TTFT_BUCKETS", "TPOT_BUCKETS", "LATENCY_BUCKETS", "estimate_tokens",

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from tokenfactory.errors import ConfigError
+from tokenfactory.core.errors import ConfigError
 from tokenfactory.plant_models.des import ClusterConfig, DESParams
-from tokenfactory.plant_models.des.core import Simulator
+from tokenfactory.plant_models.des.simulator import Simulator
 from tokenfactory.plant_models.des.decode import _passes_within
 from tokenfactory.plant_models.des.records import Stage
-from tokenfactory.validation import check_int
+from tokenfactory.core.validation import check_int
 
 __all__ = ["RealtimeEngine", "EngineFull", "RequestTimes", "block_hashes"]
 

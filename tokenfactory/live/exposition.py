@@ -13,7 +13,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
-from tokenfactory.errors import ConfigError
+from tokenfactory.core.errors import ConfigError
 
 __all__ = ["Counter", "Gauge", "Histogram", "Registry", "parse_text", "Sample", "sample_value"]
 

@@ -44,11 +44,11 @@ from collections import deque
 import aiohttp
 from aiohttp import web
 
-from tokenfactory.errors import ConfigError
+from tokenfactory.core.errors import ConfigError
 from tokenfactory.live.emulator import request_tokens
 from tokenfactory.live.exposition import Registry, parse_text, sample_value
-from tokenfactory.live.scenario import CLASS_HEADER, LiveScenario
-from tokenfactory.signals import REJECT_REASONS, AdmissionAction, Arrival, BatchCapAction, Measurement, sort_actions
+from tokenfactory.live.live_scenario import CLASS_HEADER, LiveScenario
+from tokenfactory.core.signals import REJECT_REASONS, AdmissionAction, Arrival, BatchCapAction, Measurement, sort_actions
 
 __all__ = ["Gateway", "GATEWAY_KEY", "gateway_app", "GATEWAY_REJECT_REASONS", "REASON_HEADER"]
 

@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 from scipy import optimize, stats
 
-from tokenfactory.errors import ConfigError
+from tokenfactory.core.errors import ConfigError
 from tokenfactory.live.diagnose import SignalSet
 
 __all__ = ["in_flight_from_log", "fit_delay_exact", "IDENTIFY_METRICS", "IDENTIFY_QUERIES", "WINDOW_S", "read_raw_prometheus", "series_from_signals",

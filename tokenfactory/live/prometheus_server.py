@@ -17,7 +17,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tokenfactory.errors import ConfigError
+from tokenfactory.core.errors import ConfigError
 
 __all__ = ["PrometheusServer", "prometheus_binary", "free_port"]
 

@@ -43,7 +43,7 @@ import pandas as pd
 from tokenfactory.plant_models.des import ClusterConfig
 from tokenfactory.registry import PlantContext, build_admission
 from tokenfactory.replay import ReplayScenario, ReplaySetup, build_replay, class_outputs, replay_scenario_from_dict
-from tokenfactory.validation import ConfigError, check_int, check_number, load_toml, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError, check_int, check_number, load_toml, reject_unknown_keys
 
 __all__ = ["LiveScenario", "live_scenario_from_dict", "load_live_scenario", "LIVE_DEFAULTS", "CLASS_HEADER",
            "saturated_rate", "decode_batch"]
@@ -180,7 +180,7 @@ def load_live_scenario(path: str | Path) -> LiveScenario:
     path : str or Path
         The file.
     """
-    from tokenfactory.stack import scenario_dir
+    from tokenfactory.scenario import scenario_dir
 
     p = Path(path)
     if not p.is_file() and (scenario_dir() / f"{p.name}.toml").is_file():
