@@ -6,7 +6,7 @@ chunk by chunk as the upstream writes them) and decides on each request before i
 the controller object the simulators run (built by :meth:`LiveScenario.build_admission`, i.e.
 through :mod:`tokenfactory.registry`).
 
-What the controller sees (:class:`tokenfactory.signals.Measurement`, one per sample period):
+What the controller sees (:class:`tokenfactory.core.signals.Measurement`, one per sample period):
 
 * the upstreams' ``/metrics`` scraped every ``live.scrape_interval_s`` (vLLM's
   ``num_requests_running`` / ``num_requests_waiting``; the emulator's per-stage counts and worker

@@ -173,7 +173,7 @@ def live_scenario_from_dict(d: Mapping[str, Any], name: str = "live") -> LiveSce
 
 def load_live_scenario(path: str | Path) -> LiveScenario:
     """:func:`live_scenario_from_dict` of a TOML file (a path, or a shipped scenario's name under
-    ``studies/scenarios``).
+    ``tokenfactory/scenarios``).
 
     Parameters
     ----------
