@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("registry", ("tokenfactory.registry", "tokenfactory.scenario", "tokenfactory.replay", "tokenfactory.stack",
                   "tokenfactory.advise",
                   "tokenfactory.testing", "tokenfactory.sweep")),
+    ("live", ("tokenfactory.live",)),
     ("studies", ("tokenfactory.studies",)),
     ("cli", ("tokenfactory.cli",)),
 ]

@@ -92,7 +92,7 @@ def _cmd_study(args) -> int:
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from pathlib import Path
 
-    from tokenfactory.studies import STUDIES, suite_order
+    from tokenfactory.studies import STUDIES, default_suite, suite_order
     from tokenfactory.studies.html import write_index
     from tokenfactory.sweep import SCHEDULER_ENV, WORKERS_ENV
     from tokenfactory.core.validation import ConfigError, check_int
@@ -105,7 +105,7 @@ def _cmd_study(args) -> int:
         os.environ[SCHEDULER_ENV] = args.scheduler
     suite = args.name == "all"
     root = Path(args.out or "reports")
-    names = suite_order(list(STUDIES), root) if suite else [args.name]
+    names = suite_order(default_suite(), root) if suite else [args.name]
     jobs = check_int("jobs", args.jobs if args.jobs is not None else min(2, os.cpu_count() or 1), low=1)
     jobs = min(jobs, len(names))
     outs = {n: (root / n if suite else (Path(args.out) if args.out else Path("reports") / n)) for n in names}
@@ -606,10 +606,138 @@ def build_parser() -> argparse.ArgumentParser:
                         "tcp://10.0.0.5:8786; or set TOKENFACTORY_DASK_SCHEDULER)")
     s.set_defaults(func=_cmd_study)
 
+    em = sub.add_parser("emulate", help="serve an OpenAI-compatible engine emulator timed by the request simulator")
+    em.add_argument("--scenario", required=True, help="live scenario TOML (studies/scenarios/live_small.toml)")
+    em.add_argument("--port", type=int, default=8000)
+    em.add_argument("--host", default="127.0.0.1")
+    em.set_defaults(func=_cmd_emulate)
+
+    gw = sub.add_parser("gateway", help="an admission gateway (reverse proxy) running the scenario's controller")
+    gw.add_argument("--upstream", action="append", required=True, help="engine base URL (repeatable)")
+    gw.add_argument("--scenario", required=True, help="live scenario TOML")
+    gw.add_argument("--port", type=int, default=8080)
+    gw.add_argument("--host", default="127.0.0.1")
+    gw.add_argument("--request-log", default=None, help="append one JSON line per finished request to this file")
+    gw.add_argument("--open", action="store_true", help="admit everything (measure and log only: identification runs)")
+    gw.set_defaults(func=_cmd_gateway)
+
+    for name, helptext in (("diagnose", "oscillation diagnosis of a deployment's metrics (Prometheus or a file)"),
+                           ("identify", "fit delays, service rates and the admission gain from recorded metrics")):
+        q = sub.add_parser(name, help=helptext)
+        q.add_argument("--prometheus", default=None, help="Prometheus base URL")
+        q.add_argument("--start", type=float, default=None, help="unix seconds")
+        q.add_argument("--end", type=float, default=None, help="unix seconds")
+        q.add_argument("--step", type=float, default=1.0, help="query resolution (s)")
+        q.add_argument("--metrics", default=None, help="saved query_range JSON or CSV instead of --prometheus")
+        q.add_argument("--engine", default="vllm", choices=["vllm", "sglang", "dynamo"])
+        q.add_argument("--out", default=None, help="folder for the report / scenario files")
+        q.add_argument("--json", action="store_true")
+        if name == "diagnose":
+            q.add_argument("--skip", type=float, default=0.0, help="seconds of start-up transient to leave out")
+            q.set_defaults(func=_cmd_diagnose)
+        else:
+            q.add_argument("--scenario", default=None, help="the live scenario the data came from (modelled rates, "
+                           "the plant written into the identified scenario)")
+            q.add_argument("--requests", default=None, help="the gateway's request log (--request-log): the metric "
+                           "delay is fitted on its exact in-flight count")
+            q.set_defaults(func=_cmd_identify)
+
     r = sub.add_parser("report", help="(re)build the HTML report index.html over a folder of study reports")
     r.add_argument("dir", nargs="?", default="reports", help="folder with one sub-folder per study")
     r.set_defaults(func=_cmd_report)
     return p
+
+
+def _cmd_emulate(args) -> int:
+    from aiohttp import web
+
+    from tokenfactory.live.emulator import emulator_app
+    from tokenfactory.live.live_scenario import load_live_scenario
+
+    sc = load_live_scenario(args.scenario)
+    print(f"emulating {sc.name} ({sc.live['model_name']}) on http://{args.host}:{args.port}", flush=True)
+    web.run_app(emulator_app(sc), host=args.host, port=args.port, print=None, access_log=None)
+    return 0
+
+
+def _cmd_gateway(args) -> int:
+    from aiohttp import web
+
+    from tokenfactory.live.gateway import gateway_app
+    from tokenfactory.live.live_scenario import load_live_scenario
+
+    sc = load_live_scenario(args.scenario)
+    kind = sc.replay.admission or "open"
+    print(f"gateway {sc.name} ({kind}) on http://{args.host}:{args.port} -> {', '.join(args.upstream)}", flush=True)
+    web.run_app(gateway_app(sc, args.upstream, request_log=args.request_log, open_gate=args.open), host=args.host,
+                port=args.port,
+                print=None, access_log=None)
+    return 0
+
+
+def _live_signals(args, queries=None):
+    from tokenfactory.live.diagnose import read_metrics_file, read_prometheus
+
+    if (args.prometheus is None) == (args.metrics is None):
+        raise ConfigError("prometheus", "give --prometheus URL (with --start and --end) or --metrics FILE")
+    if args.metrics is not None:
+        return read_metrics_file(args.metrics, engine=args.engine)
+    if args.start is None or args.end is None:
+        raise ConfigError("start", "--prometheus needs --start and --end (unix seconds)")
+    return read_prometheus(args.prometheus, args.start, args.end, step=args.step, engine=args.engine, queries=queries)
+
+
+def _cmd_diagnose(args) -> int:
+    from pathlib import Path
+
+    from tokenfactory.live.diagnose import diagnose
+
+    d = diagnose(_live_signals(args), skip_start_s=args.skip)
+    text = d.to_markdown()
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "diagnosis.md").write_text(text)
+        (out / "diagnosis.json").write_text(json.dumps(d.to_dict(), indent=2, default=float))
+    print(json.dumps(d.to_dict(), indent=2, default=float) if args.json else text)
+    return 0
+
+
+def _cmd_identify(args) -> int:
+    from tokenfactory.live.diagnose import read_metrics_file
+    from tokenfactory.live.identify import identify, read_raw_prometheus, write_scenarios
+    from tokenfactory.live.live_scenario import load_live_scenario, saturated_rate
+
+    sc = load_live_scenario(args.scenario) if args.scenario else None
+    modelled = saturated_rate(sc) if sc is not None else None
+    if (args.prometheus is None) == (args.metrics is None):
+        raise ConfigError("prometheus", "give --prometheus URL (with --start and --end) or --metrics FILE")
+    if args.metrics is not None:
+        data = read_metrics_file(args.metrics, engine=args.engine)
+    elif args.start is None or args.end is None:
+        raise ConfigError("start", "--prometheus needs --start and --end (unix seconds)")
+    else:
+        data = read_raw_prometheus(args.prometheus, args.start, args.end)
+    log = None
+    if args.requests:
+        import pandas as pd
+
+        try:
+            log = pd.read_json(args.requests, lines=True)
+        except ValueError as e:
+            raise ConfigError("requests", f"{args.requests}: not a JSON-lines request log ({e})") from None
+        log = log[log["status"] == "completed"]
+    ident = identify(data, modelled_service_rate=modelled, request_log=log)
+    if args.out:
+        plant = dict(sc.replay.plant) if sc is not None else {"model": "deepseek-v3", "hardware": "h200"}
+        if sc is not None:
+            plant.update(fill_workers=sc.cluster.fill_workers, decode_workers=sc.cluster.decode_workers,
+                         prompt_tokens=sc.live["prompt_tokens"], output_tokens=sc.live["output_tokens"])
+        paths = write_scenarios(ident, plant, args.out, slo=(sc.cluster.slo_ttft_s, sc.cluster.slo_tpot_s) if sc
+                                else (2.0, 0.1))
+        print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
+    print(json.dumps(ident.to_dict(), indent=2, default=float) if args.json else ident.to_pandas().to_string(index=False))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
