@@ -3,7 +3,8 @@
 Not tests: numbers depend on the machine. Each entry records what was measured and how often.
 ``python -m benchmarks.run des`` runs only the request simulator's entry and prints it (nothing
 written), for before/after comparisons of a change; ``python -m benchmarks.run margins envelope
-sweeps overload cross-simulator`` runs only those sections and merges them into the existing results.
+sweeps overload gateway cross-simulator`` runs only those sections and merges them into the existing
+results.
 """
 
 from __future__ import annotations
@@ -453,7 +454,15 @@ def _cross_simulator(requests: int = 20_000, rate_rps: float = 20.0) -> dict:
             "ratio_tokenfactory_to_dynamo_replay": res.speed_ratio, "ai_dynamo": res.config["ai-dynamo"]}
 
 
-SECTIONS = ("margins", "envelope", "sweeps", "overload", "cross-simulator")
+SECTIONS = ("margins", "envelope", "sweeps", "overload", "gateway", "cross-simulator")
+
+
+def _gateway_overhead() -> dict:
+    """The admission gateway's added latency and CPU per request next to a bare aiohttp proxy
+    (:mod:`benchmarks.gateway`)."""
+    from benchmarks.gateway import gateway_overhead
+
+    return gateway_overhead()
 
 
 def _run_sections(names: list[str]) -> dict:
@@ -467,9 +476,10 @@ def _run_sections(names: list[str]) -> dict:
         # the machine is shared: the 1-minute load average before and after says how contended the run was
         load_before = os.getloadavg()[0]
         entry = {"margins": _margins, "envelope": _envelope, "sweeps": _sweeps, "overload": _overload,
-                 "cross-simulator": _cross_simulator}[name]()
+                 "gateway": _gateway_overhead, "cross-simulator": _cross_simulator}[name]()
         entry["load_average_1min_before_after"] = [load_before, os.getloadavg()[0]]
-        key = {"margins": "batched_margins", "overload": "overload", "cross-simulator": "cross_simulator"}.get(
+        key = {"margins": "batched_margins", "overload": "overload", "gateway": "gateway_overhead",
+               "cross-simulator": "cross_simulator"}.get(
             name, f"margins_{name}")
         results[key] = entry
     return results
@@ -525,6 +535,8 @@ def main(argv: list[str] | None = None) -> int:
     results["forecasting"] = _forecasting()
     results["overload"] = _overload()
     print(f"  overload: {results['overload']['loads']}", file=sys.stderr)
+    results["gateway_overhead"] = _gateway_overhead()
+    print(f"  gateway: {results['gateway_overhead']['gateway']}", file=sys.stderr)
     results["cross_simulator"] = _cross_simulator()
     print(f"  cross-simulator: {results['cross_simulator']['ratio_tokenfactory_to_dynamo_replay']:.2f} x", file=sys.stderr)
     results["_meta"] = {"python": platform.python_version(), "machine": platform.machine(),
