@@ -219,13 +219,15 @@ class HorizontalPodAutoscaler(_PoolAutoscaler):
         up_cut, down_cut = t - self.upscale_stabilization_s, t - self.downscale_stabilization_s
         up_rec = down_rec = desired
         for ts, r in self._recs:
-            if ts > up_cut:
+            # upstream keeps a recommendation while timestamp.After(cutoff); a sync exactly one window
+            # back is kept here (the controller's own clock jitters it across the boundary)
+            if ts >= up_cut and self.upscale_stabilization_s > 0:
                 up_rec = min(up_rec, r)
-            if ts > down_cut:
+            if ts >= down_cut and self.downscale_stabilization_s > 0:
                 down_rec = max(down_rec, r)
         rec = min(max(current, up_rec), down_rec)
         keep = min(up_cut, down_cut)
-        self._recs = [(ts, r) for ts, r in self._recs if ts > keep]
+        self._recs = [(ts, r) for ts, r in self._recs if ts >= keep]
         self._recs.append((t, desired))
         return rec
 
@@ -323,7 +325,8 @@ class HorizontalPodAutoscaler(_PoolAutoscaler):
 
     def params(self) -> dict:
         return {k: getattr(self, k) for k in ("pool", "target", "metric", "min_replicas", "max_replicas", "tolerance",
-                                              "downscale_stabilization_s", "upscale_stabilization_s",
+                                              "downscale_stabilization_s", "upscale_stabilization_s", "scale_up_pods",
+                                              "scale_up_percent", "scale_down_percent",
                                               "scale_up_policies", "scale_down_policies", "scale_up_select",
                                               "scale_down_select", "sample_period")}
 
