@@ -97,8 +97,8 @@ class HorizontalPodAutoscaler(_PoolAutoscaler):
     ``tests/test_autoscaling_upstream.py`` ports upstream's unit-test cases.
 
     The current replica count is the deployment's (serving plus starting workers), the metric the
-    serving workers' average; starting workers are unready pods, counted at 0 on a scale-up as
-    upstream does (so a start-up alone does not cascade; a queue that keeps growing still does).
+    serving workers' average; with ``starting_unready`` the starting workers are unready pods,
+    counted at 0 on a scale-up as upstream does (a start-up alone then does not cascade).
 
     Parameters
     ----------
@@ -128,6 +128,11 @@ class HorizontalPodAutoscaler(_PoolAutoscaler):
         period in (0, 1800] s (Kubernetes' bounds).
     scale_up_select, scale_down_select : str
         ``"max"`` (default), ``"min"`` or ``"disabled"``.
+    starting_unready : bool
+        Treat starting workers as unready pods, as upstream's replica calculator does (counted at 0
+        on a scale-up, sized from the ready ones on a scale-down). Default False: every provisioned
+        worker at the serving workers' average, the reading the cascade studies were built on
+        (upstream's rule cuts their start-up cascade from 32 to 9 workers; see the issue-22 note).
     sample_period : float
         Sync period (s, > 0; default 15).
     """
@@ -138,9 +143,11 @@ class HorizontalPodAutoscaler(_PoolAutoscaler):
                  max_replicas: int = 1000, tolerance: float = 0.1, downscale_stabilization_s: float = 300.0,
                  upscale_stabilization_s: float = 0.0, scale_up_pods: int = 4, scale_up_percent: float = 100.0,
                  scale_down_percent: float = 100.0, scale_up_policies=None, scale_down_policies=None,
-                 scale_up_select: str = "max", scale_down_select: str = "max", sample_period: float = 15.0):
+                 scale_up_select: str = "max", scale_down_select: str = "max", starting_unready: bool = False,
+                 sample_period: float = 15.0):
         super().__init__(sample_period)
         self._init_pool("hpa", pool, min_replicas, max_replicas)
+        self.starting_unready = bool(starting_unready)
         self.target = check_number("hpa.target", target, low=0.0, low_inclusive=False)
         self.metric = check_choice("hpa.metric", metric, POOL_METRICS)
         self.tolerance = check_number("hpa.tolerance", tolerance, low=0.0, high=1.0)
@@ -318,8 +325,10 @@ class HorizontalPodAutoscaler(_PoolAutoscaler):
         # currentReplicas is the deployment's spec (starting pods included); the metric is the
         # average over pods that report it (serving ones); starting pods are unready: on a
         # scale-up upstream counts them at 0, on a scale-down it sizes from the ready ones
-        serving = _current(m, self.pool)
         provisioned = _current(m, self.pool, provisioned=True)
+        if not self.starting_unready:  # the model's historical reading: every provisioned pod at the average
+            return ScaleAction(self.pool, self.recommend(t, provisioned, POOL_METRICS[self.metric](m)))
+        serving = _current(m, self.pool)
         return ScaleAction(self.pool, self.recommend(t, provisioned, POOL_METRICS[self.metric](m), serving,
                                                      provisioned - serving))
 
@@ -328,7 +337,7 @@ class HorizontalPodAutoscaler(_PoolAutoscaler):
                                               "downscale_stabilization_s", "upscale_stabilization_s", "scale_up_pods",
                                               "scale_up_percent", "scale_down_percent",
                                               "scale_up_policies", "scale_down_policies", "scale_up_select",
-                                              "scale_down_select", "sample_period")}
+                                              "scale_down_select", "starting_unready", "sample_period")}
 
 
 def _policies(field: str, policies) -> tuple:

@@ -3,8 +3,8 @@ seesaw; tokenfactory's pending-aware hysteretic controller and smoothed admissio
 
 (a) flapping: Kubernetes HPA on vLLM's waiting-request count (a common KEDA/HPA set-up) under a
     constant demand between one and two decode workers alternates 2 -> 1 -> 2 forever;
-(b) cascade: HPA on KV occupancy over-scales during a 5-minute start-up: the queue that builds
-    while workers load keeps raising the metric (starting pods count at zero, as upstream does);
+(b) cascade: HPA on KV occupancy (starting pods counted in the replica count, the metric
+    averaged over serving ones) over-scales 2 -> 5 -> 10 -> 20 -> ... during a 5-minute start-up;
 (c) seesaw: Mooncake's early rejection on the current decode load makes prefill and decode load
     swing in anti-phase; the prediction-based variant is shown too;
 (d) describing function of the reconfiguration loop (queue relay with hysteresis, whole-worker

@@ -35,9 +35,7 @@ def test_flapping_is_flagged_and_the_fix_is_not(flapping):
 
 def test_cascade_overscales_and_the_pending_aware_fix_does_not(cascade):
     b, f = cascade["baseline"], cascade["fixed"]
-    # upstream's HPA counts starting (unready) pods at zero on a scale-up, so the start-up alone does
-    # not compound; the queue that builds while they load still drives it well past the need
-    assert b["peak_provisioned_during_startup"] >= 1.5 * cascade["demand_justified_workers"]
+    assert b["peak_provisioned_during_startup"] >= 4 * cascade["demand_justified_workers"]
     assert f["peak_provisioned"] <= cascade["demand_justified_workers"]
     assert not f["oscillating"]
     assert f["gpu_hours"] < b["gpu_hours"]
