@@ -14,6 +14,7 @@ import json
 import math
 import os
 import sys
+from pathlib import Path
 from collections.abc import Sequence
 
 from tokenfactory.validation import ConfigError
@@ -388,15 +389,17 @@ def _cmd_simulate(args) -> int:
     m, res = run_replay(trace, setup, admission, scale, cluster, autoscaler=args.autoscaler, load=load,
                         admission_params=params, batch_cap=None if batch_cap == "none" else batch_cap,
                         envelope=sc.envelope if sc else None, duration_s=sim.get("duration_s"),
-                        admission_where="controller")
+                        admission_where="controller", capacity=args.capacity, capacity_cache=args.capacity_cache)
     tag = admission + (f"-{args.autoscaler}" if args.autoscaler else "")
     out = Path(args.out or Path("reports") / "simulate" / f"{Path(args.trace).stem.replace(':', '-')}-{tag}")
     out.mkdir(parents=True, exist_ok=True)
-    slo_cap = setup.slo_capacity(res.config["cluster"]["slo_tpot_s"])
+    cap = m["capacity"]  # of the simulated cluster (its pools, SLOs, classes; events excluded)
     (out / "metrics.json").write_text(json.dumps(to_jsonable({
         **m, "config": res.config, "trace": args.trace, "scenario": sc.name if sc else None,
-        "bottleneck": setup.bottleneck, "capacity_rps": setup.capacity_rps,
-        "slo_capacity_rps": slo_cap[0], "slo_bottleneck": slo_cap[1], "slo_batch_cap": slo_cap[2]}), indent=2) + "\n")
+        "bottleneck": cap["bottleneck"], "capacity_rps": cap["kv_rps"],
+        "slo_capacity_rps": cap["rps"], "slo_capacity_source": cap["source"],
+        "model_capacity_rps": cap["model_rps"], "measured_capacity_rps": cap["measured_rps"],
+        "slo_bottleneck": cap["bottleneck"], "slo_batch_cap": cap["batch_cap"]}), indent=2) + "\n")
     res.records.to_csv(out / "requests.csv", index=False)
     res.series.to_csv(out / "series.csv", index=False)
     res.actions.to_csv(out / "actions.csv", index=False)
@@ -405,6 +408,11 @@ def _cmd_simulate(args) -> int:
             "prefix_hit_ratio", "oscillating", "gpu_hours", "actions_per_hour", "wall_seconds",
             "sim_requests_per_wall_s")
     _print_table({k: m[k] for k in keys if m.get(k) is not None})
+    print(f"capacity at the SLO of {cap['cluster']['fill_workers']} fill + {cap['cluster']['decode_workers']} decode: "
+          f"model {cap['model_rps']:.3f} req/s ({cap['bottleneck']}-bound, batch cap {cap['batch_cap']:.0f})"
+          + (f", measured {cap['measured_rps']:.3f} req/s (open admission at {cap['measured']['target_attainment']:.3f} "
+             f"SLO attainment)" if cap["measured_rps"] is not None else "")
+          + (f"; --load {m['load']:g} = {m['load'] * cap['rps']:.3f} req/s" if m["load"] is not None else ""))
     for name, cm in m["classes"].items():
         print(f"class {name}: {cm['requests']} requests, SLO attainment {cm['slo_attainment']:.3f} "
               f"(admitted {cm['slo_attainment_admitted'] if cm['slo_attainment_admitted'] is not None else float('nan'):.3f}), "
@@ -466,8 +474,16 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--trace", required=True, help="registered name, path, or 'synthetic'")
     sm.add_argument("--scale", type=float, default=None, help="replay x times faster (default 1)")
     sm.add_argument("--load", type=float, default=None,
-                    help="offered load as a multiple of the cluster's bottleneck capacity at the TPOT SLO at the "
-                         "trace's own request shape (instead of --scale; closed sessions need it)")
+                    help="offered load as a multiple of the simulated cluster's capacity at the SLO (instead of "
+                         "--scale; closed sessions need it): by default the capacity measured by bisection under "
+                         "open admission (cached in --capacity-cache), see --capacity")
+    sm.add_argument("--capacity", choices=["measured", "model"], default="measured",
+                    help="what --load multiplies: 'measured' (open admission at the knee, bisection in the request "
+                         "simulator on the cluster without its events) or 'model' (the model's estimate, no runs); "
+                         "both are recorded in metrics.json")
+    sm.add_argument("--capacity-cache", dest="capacity_cache", default=str(Path("reports") / "cache"),
+                    help="folder of the measured capacities (one JSON per trace, plant and cluster; default "
+                         "reports/cache)")
     sm.add_argument("--scenario", default=None,
                     help="TOML with [plant], [cluster], [classes], [controller], [envelope], [simulation]; every "
                          "field is used or rejected by name")
