@@ -49,7 +49,9 @@ _PLANT_EXTRA_KEYS = {"parallelism", "efficiency", "decode_model", "decode_hardwa
 #: can meet their SLO at all (the middle of issue 27's knee band, 0.95-0.995 of the arrivals)
 KNEE_ATTAINMENT = 0.98
 #: bumped when the request simulator changes what a capacity measurement finds (invalidates disk caches)
-_CAPACITY_CACHE_VERSION = 1
+_CAPACITY_CACHE_VERSION = 2
+#: the nearly idle load (x the model's capacity) open admission's attainment ceiling is measured at
+_IDLE_LOAD = 0.25
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,10 +212,11 @@ class ReplaySetup:
 
         The model's estimate always; with ``measure`` also the capacity found by bisection in the
         request simulator under open admission (the same cluster without its events, the batch cap
-        the run uses: ``cluster.batch_cap``, the static cap when unset): the offered rate at which
-        open admission's SLO attainment over the arrivals crosses ``target`` x the share of them
-        that can meet their SLO at all (:func:`infeasible`), interpolated between the last
-        passing and failing rates once they are within ``rel_tol``. Cached on this setup, and in
+        the run uses: ``cluster.batch_cap``, KV memory only when unset): the offered rate at which
+        open admission's SLO attainment over the arrivals crosses ``target`` x what it attains on a
+        nearly idle cluster (a quarter of the model's capacity: infeasible requests, :func:`infeasible`,
+        and arrivals the trace stamps with the same instant miss at any rate), interpolated between
+        the last passing and failing rates once they are within ``rel_tol``. Cached on this setup, and in
         ``cache_dir`` (a JSON file per trace, plant, cluster and settings) when given.
 
         Parameters
@@ -358,9 +361,8 @@ def _measure_capacity(setup: ReplaySetup, cl: ClusterConfig, model: ClusterCapac
     check_number("capacity.rel_tol", rel_tol, low=0.0, low_inclusive=False)
     run = dataclasses.replace(cl, events=(), progress=False)
     classes = cl.classes or (RequestClass(INTERACTIVE, cl.slo_ttft_s, cl.slo_tpot_s, 0),)
-    ceiling = 1.0 - float(infeasible(setup.costs, classes)["any"].mean())
-    goal = target * ceiling
-    if ceiling <= 0.0:
+    feasible = 1.0 - float(infeasible(setup.costs, classes)["any"].mean())
+    if feasible <= 0.0:
         raise ConfigError("capacity", "no request of the trace can meet its SLO even alone on an empty cluster: "
                           "there is no capacity at this SLO to measure (use the model's, --capacity model)")
     path = None
@@ -382,19 +384,29 @@ def _measure_capacity(setup: ReplaySetup, cl: ClusterConfig, model: ClusterCapac
         points.append((rate, a))
         return a
 
+    # the ceiling: what open admission attains on a nearly idle cluster (infeasible requests, and
+    # arrivals the trace puts at the same instant, miss at any rate)
+    ceiling = attained(_IDLE_LOAD * model.model_rps)
+    goal = target * ceiling
+    if ceiling <= 0.0:
+        raise ConfigError("capacity", f"open admission meets no request's SLO even at {_IDLE_LOAD:g} x the model's "
+                          "capacity: there is no capacity at this SLO to measure (use --capacity model)")
     x = model.model_rps
     a = attained(x)
     lo = hi = None
     if a >= goal:
         lo = (x, a)
-        while hi is None and len(points) < 8:
+        while hi is None and len(points) < 9:
             x *= 1.5
             a = attained(x)
             lo, hi = ((x, a), None) if a >= goal else (lo, (x, a))
     else:
         hi = (x, a)
-        while lo is None and len(points) < 8:
+        while lo is None and len(points) < 9:
             x /= 1.5
+            if x <= _IDLE_LOAD * model.model_rps:
+                lo = points[0]
+                break
             a = attained(x)
             lo, hi = ((x, a), hi) if a >= goal else (None, (x, a))
     if lo is None or hi is None:
@@ -408,7 +420,8 @@ def _measure_capacity(setup: ReplaySetup, cl: ClusterConfig, model: ClusterCapac
     # the crossing, linear between the last passing and failing rates
     frac = (lo[1] - goal) / (lo[1] - hi[1]) if lo[1] > hi[1] else 0.0
     rps = lo[0] + min(max(frac, 0.0), 1.0) * (hi[0] - lo[0])
-    measured = {"target_attainment": goal, "knee": target, "feasible_share": ceiling, "rel_tol": rel_tol,
+    measured = {"target_attainment": goal, "knee": target, "idle_attainment": ceiling, "feasible_share": feasible,
+                "rel_tol": rel_tol,
                 "points": [{"rate_rps": r, "slo_attainment": v} for r, v in points], "runs": len(points),
                 "batch_cap": run.batch_cap, "wall_seconds": time.perf_counter() - t0, "cached": False}
     if path is not None:
