@@ -463,8 +463,20 @@ def _whole_trace(argv: list[str]) -> dict:
     ap.add_argument("--policies", default=",".join(WHOLE_POLICIES))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--force", action="store_true")
+    ap.add_argument("--out", default="whole_trace.json", help="file under results/ (pieces run in parallel write "
+                    "their own and are merged with --merge)")
+    ap.add_argument("--merge", default=None, help="comma-separated files under results/ to merge into --out")
     a = ap.parse_args(argv)
-    path = OUT / "whole_trace.json"
+    path = OUT / a.out
+    if a.merge:
+        data = json.loads(path.read_text()) if path.exists() else {"rows": [], "capacity": {}}
+        for f in a.merge.split(","):
+            part = json.loads((OUT / f).read_text())
+            keys = {(r["trace"], r["policy"], r["load"]) for r in part["rows"]}
+            data["rows"] = [r for r in data["rows"] if (r["trace"], r["policy"], r["load"]) not in keys] + part["rows"]
+            data["capacity"].update(part["capacity"])
+        path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+        return data
     data = json.loads(path.read_text()) if path.exists() else {"rows": [], "capacity": {}}
     have = {(r["trace"], r["policy"], r["load"]) for r in data["rows"]}
     for name in a.traces.split(","):
@@ -538,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv and argv[0] == "whole-trace":  # issue 21's grid, resumable in pieces (its own JSON file)
         _whole_trace(argv[1:])
-        print(f"wrote {OUT / 'whole_trace.json'}")
+        print(f"wrote the whole-trace results under {OUT}")
         return 0
     if argv:
         results = _run_sections(argv)
