@@ -484,10 +484,15 @@ def test_overload_study_quick(study):
         assert r["requests"] == r["completed"] + r["rejected"] + r["in_flight_end"]
         assert r["goodput_tokens_per_s"] >= 0
     assert len(m["targets"]) >= 7 and all(t["met"] in (True, False, None) for t in m["targets"])
-    for k in ("fill", "decode", "batch_gate"):
+    for k in ("fill", "decode", "batch_gate", "outer"):
         assert m["margins"][k]["envelope_ok"]
+    assert m["margins"]["outer"]["separation_ratio"] >= 5.0 and m["margins"]["outer"]["with_fast_gate_stable"]
+    # (e) faults under overload: every policy at 1.3x and 2x, nothing lost
+    faults = m["faults"]["rows"]
+    assert {(r["load"], r["policy"]) for r in faults} == {(x, p) for x in (1.3, 2.0) for p in {r["policy"] for r in rows}}
+    assert all(r["conserved"] and r["events"] == 3 for r in faults)
     summary = (out / "summary.md").read_text()
-    assert "Goodput vs load" in summary and "SLO-aware" in summary
+    assert "Goodput vs load" in summary and "SLO-aware" in summary and "Faults under overload" in summary
     for f in ("goodput_vs_load.png", "latency_cdfs.png", "surge.png", "gate_before_after.png"):
         assert (out / f).stat().st_size > 0
     assert not math.isnan(m["sweep_wall_seconds"])
