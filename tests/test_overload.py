@@ -11,7 +11,7 @@ import pytest
 
 from conftest import poisson_trace, run_study_without_traces
 from tokenfactory import ConfigError
-from tokenfactory.classes import DEFAULT_CLASSES
+from tokenfactory.core.classes import DEFAULT_CLASSES
 from tokenfactory.controllers import (
     BatchGate,
     MarginLoopConfig,
@@ -26,7 +26,7 @@ from tokenfactory.controllers import (
 from tokenfactory.plant_models import ClusterConfig, simulate
 from tokenfactory.registry import build_admission
 from tokenfactory.replay import build_replay, class_outputs, replay_scenario_from_dict, run_replay
-from tokenfactory.signals import ADMIT, DEFER_REASONS, REJECT_REASONS, Arrival, Measurement, ReserveAction
+from tokenfactory.core.signals import ADMIT, DEFER_REASONS, REJECT_REASONS, Arrival, Measurement, ReserveAction
 
 
 def classed_trace(rate_interactive, rate_batch, duration, seed=5, inp=3000, out_mean=150):
@@ -600,7 +600,7 @@ def test_capacity_is_the_simulated_clusters_and_doubles_with_both_pools():
     this 2,700-request one), so within -15 % / +20 %; events are excluded from it. (The trace must be long enough that the queues reach
     their steady state at the rates tried: at 720 requests the 4 + 4 cluster "measured" 6 x the
     2 + 2 one, the whole stream finishing inside the transient.)"""
-    from tokenfactory.events import WorkerCrash
+    from tokenfactory.core.events import WorkerCrash
 
     tr = poisson_trace(6.0, 450.0, 3, inp=2000, out_mean=120)
     setup = build_replay(tr)
