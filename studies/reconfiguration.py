@@ -27,12 +27,15 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from tokenfactory.controllers import (
+    CHURN_MIN_REVERSALS,
+    CHURN_REVERSALS_PER_HOUR,
     EarlyRejection,
     HorizontalPodAutoscaler,
     HystereticPoolController,
     QueueRelayScaler,
     assess,
     first_harmonic_amplitude,
+    judge_actuators,
     predict_pool_flapping,
 )
 from tokenfactory.plant_models import (
@@ -329,19 +332,19 @@ def _pools_for(fp: FluidParams, rate: float) -> tuple[int, int]:
             max(1, math.ceil(rate / (TARGET_UTILIZATION * fp.decode_capacity(1)))))
 
 
-def _pool_oscillation(series: pd.DataFrame, dt: float, start_s: float) -> tuple[bool, dict]:
-    reports = {}
-    for pool in ("fill", "decode"):
-        x = _provisioned(series[series["time_s"] >= start_s], pool).to_numpy(dtype=float)
-        reports[pool] = assess(x, dt, min_amplitude=MIN_AMPLITUDE_WORKERS).to_dict()
-    return any(r["oscillating"] for r in reports.values()), reports
+def _pool_oscillation(result, start_s: float) -> tuple[bool, dict]:
+    """The run's verdict (:func:`judge_actuators`: every actuator and the pools' churn) and the
+    pools' reports."""
+    v = judge_actuators(result.series, result.actions, start_s=start_s)
+    return v.oscillating, {pool: v.signals.get(f"{pool}_pool", {}) for pool in ("fill", "decode")}
 
 
 def _row(name: str, workload: str, m: dict, osc: bool, reports: dict) -> dict:
     return {"workload": workload, "controller": name, "gpu_hours": m["gpu_hours"], "slo_attainment": m["slo_attainment"],
             "rejected": m["rejected"], "actions_per_hour": m["actions_per_hour"],
             "reversals_per_hour": m["reversals_per_hour"], "oscillating": osc,
-            "decode_r": reports["decode"]["thornhill_r"], "fill_r": reports["fill"]["thornhill_r"]}
+            "decode_r": reports["decode"].get("thornhill_r", math.nan),
+            "fill_r": reports["fill"].get("thornhill_r", math.nan)}
 
 
 def _servegen_plane(pt: dict):
@@ -351,7 +354,7 @@ def _servegen_plane(pt: dict):
     nf, nd = _pools_for(fp, pt["mean_rate"] if scaler is None else pt["first_rate"])
     scalers, adm = control_plane(name, _ctx(fp, pt["mean_rate"], dynamics, nf, nd))
     r = simulate_pools(fp, nf, nd, sc, controllers=[*scalers, *([adm] if adm else [])], dynamics=dynamics)
-    osc, reps = _pool_oscillation(r.series, sc.dt, 600.0)
+    osc, reps = _pool_oscillation(r, 600.0)
     return _row(name, pt["workload"], r.metrics, osc, reps), r
 
 
@@ -397,7 +400,7 @@ def _azure_plane(pt: dict):
                        slo_ttft_s=SLO_TTFT_S, slo_tpot_s=SLO_TPOT_S, drain_s=60.0, dynamics=dynamics,
                        autoscale_start_s=60.0, snapshot_dt=0.5, seed=6)
     r = simulate(pt["replay"], pt["params"], cl, adm, autoscalers=scalers)
-    osc, reps = _pool_oscillation(r.series, cl.snapshot_dt, 120.0)
+    osc, reps = _pool_oscillation(r, 120.0)
     return _row(plane, pt["workload"], r.metrics, osc, reps), r
 
 
@@ -657,9 +660,10 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         lines += ["## Comparison", ""]
         lines += markdown_table(comparison, ["workload", "controller", "gpu_hours", "slo_attainment", "rejected",
                                         "actions_per_hour", "reversals_per_hour", "oscillating"])
-        lines += ["", "`oscillating` is the detectors' verdict on the provisioned pool sizes (it needs a regular "
-                      "cycle); `reversals_per_hour` counts scale actions that undo the previous one's direction, "
-                      "which also catches irregular churn."]
+        lines += ["", "`oscillating` is the run's verdict (`judge_actuators`): the detectors on every actuator "
+                      "(provisioned pool sizes, batch cap, reservation, admission rate; a regular cycle), or churn "
+                      f"(more than {CHURN_MIN_REVERSALS} pool reversals and more than {CHURN_REVERSALS_PER_HOUR:g} "
+                      "per hour); `reversals_per_hour` counts scale actions that undo the previous one's direction."]
         lines += ["", "Winners per column (ties all named):", ""] + _winners(comparison)
     if "reproductions" in metrics:
         rp = metrics["reproductions"]

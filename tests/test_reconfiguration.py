@@ -174,3 +174,37 @@ def test_measured_noise_matches_poisson_and_grows_with_burstiness():
     assert measured_need_noise(bursty, MU, 0.85, 20.0) > 2 * closed
     with pytest.raises(ConfigError, match="arrival_times_s"):
         measured_need_noise(poisson[:500], MU, 0.85, 20.0)
+
+
+# --------------------------------------------------------------------------------------------
+# issue 21's small plant (tests/data/small_plant): one decode worker, 5 s measurement delay
+
+from pathlib import Path  # noqa: E402
+
+SMALL_PLANT = Path(__file__).parent / "data" / "small_plant"
+
+
+def _small_plant(monkeypatch, autoscaler):
+    """`tokenfactory simulate --scenario sim.toml --trace requests.csv --autoscaler A --seed 1`."""
+    from tokenfactory.replay import build_replay, load_replay_scenario, run_replay
+    from tokenfactory.traces import load_trace
+
+    monkeypatch.chdir(SMALL_PLANT)  # the scenario's paths resolve from the working folder
+    sc = load_replay_scenario("sim.toml")
+    trace = load_trace("requests.csv")
+    from tokenfactory.classes import DEFAULT_CLASSES, INTERACTIVE, RequestClass
+
+    # as the CLI: the interactive class at the cluster's SLO, the other default classes as they are
+    slo = (sc.cluster["slo_ttft_s"], sc.cluster["slo_tpot_s"])
+    cluster = {**sc.cluster, "seed": 1, "progress": False,
+               "classes": (RequestClass(INTERACTIVE, *slo, 0), *(c for c in DEFAULT_CLASSES if c.name != INTERACTIVE))}
+    m, res = run_replay(trace, build_replay(trace, dict(sc.plant)), "slo-aware", 1.0, cluster,
+                        autoscaler=autoscaler)
+    return m, res
+
+
+def test_small_plant_verdict_on_todays_controller(monkeypatch):
+    m, res = _small_plant(monkeypatch, "hysteretic")
+    assert m["oscillating"] and m["churning"], m["oscillation"]["reason"]
+    assert m["reversals_per_hour"] > 100
+    assert m["slo_attainment"] == pytest.approx(0.7075, abs=0.01)  # the CLI's figure on main b2c20fa
