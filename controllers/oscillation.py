@@ -32,7 +32,7 @@ One verdict for a whole run (:func:`judge_actuators`, what every plant's result 
 each pool, the decode batch cap, the fill reservation, the admission rate - and on the buffers
 (ready requests, queued prefill tokens), plus a **churn** verdict on the pool-scale actions:
 more than :data:`CHURN_REVERSALS_PER_HOUR` reversals (a move undoing the previous move's
-direction on the same pool) per hour, and more than :data:`CHURN_MIN_REVERSALS` in all. The
+direction on the same pool) per hour of one pool, and more than :data:`CHURN_MIN_REVERSALS` in all. The
 regular-cycle detectors need a period; churn needs none, so it catches irregular flapping.
 """
 
@@ -467,12 +467,14 @@ class ActuatorVerdict:
     oscillating : bool
         Any judged signal oscillates, or the pool moves churn.
     churning : bool
-        More than :data:`CHURN_MIN_REVERSALS` reversals and more than
-        :data:`CHURN_REVERSALS_PER_HOUR` per hour of the judged window.
+        One pool reverses more than :data:`CHURN_MIN_REVERSALS` times and more than
+        :data:`CHURN_REVERSALS_PER_HOUR` times per hour of the judged window.
     reversals : int
         Pool-scale reversals in the judged window (:func:`tokenfactory.signals.count_reversals`).
     reversals_per_hour : float
         ``reversals`` over the window's length.
+    pool_reversals : dict
+        Reversals per pool (the churn bound applies to the worst pool: each follows its own demand).
     signals : dict
         Per signal (``fill_pool``, ``decode_pool``, ``batch_cap``, ``reservation``,
         ``admission_rate``, ``ready``, ``fill_queue``, as present): the
@@ -486,6 +488,7 @@ class ActuatorVerdict:
     churning: bool
     reversals: int
     reversals_per_hour: float
+    pool_reversals: dict
     signals: dict
     reason: str
 
@@ -567,14 +570,17 @@ def judge_actuators(series, actions=None, *, start_s: float = 0.0, end_s: float 
     acts = pd.DataFrame(actions if actions is not None else [])
     kind = acts["kind"] if "kind" in acts else pd.Series([], dtype=object)
     scale_rows = acts[kind == "scale"] if len(acts) else acts
+    per_pool: dict[str, int] = {}
     if len(scale_rows):
         in_window = scale_rows[(scale_rows["time_s"] >= start_s) & (scale_rows["time_s"] <= end)]
-        reversals = count_reversals(in_window.sort_values("time_s", kind="stable").to_dict("records"))
-    else:
-        reversals = 0
+        for pool, rows in in_window.sort_values("time_s", kind="stable").groupby("pool", sort=True):
+            per_pool[str(pool)] = count_reversals(rows.to_dict("records"))
+    reversals = sum(per_pool.values())
+    worst = max(per_pool.values(), default=0)
     hours = max(end - start_s, 0.0) / 3600.0
     rph = reversals / hours if hours > 0 else 0.0
-    churning = reversals > CHURN_MIN_REVERSALS and rph > CHURN_REVERSALS_PER_HOUR
+    # the bound is a pool's (each pool follows its own demand): the worst pool decides
+    churning = worst > CHURN_MIN_REVERSALS and (worst / hours if hours > 0 else 0.0) > CHURN_REVERSALS_PER_HOUR
     candidates: dict[str, tuple] = {}
     for pool in ("fill", "decode"):
         if f"{pool}_workers" in s:
@@ -621,8 +627,10 @@ def judge_actuators(series, actions=None, *, start_s: float = 0.0, end_s: float 
     if flagged:
         parts.append("cycles on " + ", ".join(flagged))
     if churning:
-        parts.append(f"churn: {reversals} pool reversals in {hours * 60:.0f} min ({rph:.1f}/h > "
+        pool = max(per_pool, key=per_pool.get)
+        parts.append(f"churn: {worst} reversals of the {pool} pool in {hours * 60:.0f} min ({worst / hours:.1f}/h > "
                      f"{CHURN_REVERSALS_PER_HOUR:g}/h)")
     reason = "; ".join(parts) if parts else (f"no cycle on {len(signals)} signals; {reversals} pool reversals "
                                              f"({rph:.1f}/h)")
-    return ActuatorVerdict(bool(flagged) or churning, churning, int(reversals), float(rph), signals, reason)
+    return ActuatorVerdict(bool(flagged) or churning, churning, int(reversals), float(rph),
+                           {k: int(v) for k, v in per_pool.items()}, signals, reason)
