@@ -32,7 +32,8 @@ One verdict for a whole run (:func:`judge_actuators`, what every plant's result 
 each pool, the decode batch cap, the fill reservation, the admission rate - and on the buffers
 (ready requests, queued prefill tokens), plus a **churn** verdict on the pool-scale actions:
 more than :data:`CHURN_REVERSALS_PER_HOUR` reversals (a move undoing the previous move's
-direction on the same pool) per hour of one pool, and more than :data:`CHURN_MIN_REVERSALS` in all. The
+direction on the same pool, by at least :data:`CHURN_MIN_STEP` of the pool) per hour of one pool,
+and more than :data:`CHURN_MIN_REVERSALS` in all. The
 regular-cycle detectors need a period; churn needs none, so it catches irregular flapping.
 """
 
@@ -60,6 +61,7 @@ __all__ = [
     "judge_actuators",
     "CHURN_REVERSALS_PER_HOUR",
     "CHURN_MIN_REVERSALS",
+    "CHURN_MIN_STEP",
     "POOL_MIN_AMPLITUDE",
     "RELATIVE_MIN_AMPLITUDE",
 ]
@@ -80,6 +82,9 @@ CHURN_REVERSALS_PER_HOUR = 2.0
 #: ... and at least this many reversals before a run is called churning: one up-and-down-and-up
 #: (two reversals) in a short run is one followed burst, not churn.
 CHURN_MIN_REVERSALS = 2
+#: a reversing move counts toward churn when it moves at least this share of the pool (and one
+#: worker): the same ripple threshold as :data:`RELATIVE_MIN_AMPLITUDE`
+CHURN_MIN_STEP = 0.1
 #: pool-size swings below a quarter worker are not flapping (workers)
 POOL_MIN_AMPLITUDE = 0.25
 #: swings of a continuous actuator (batch cap, reservation, admission rate) below this share of
@@ -467,8 +472,9 @@ class ActuatorVerdict:
     oscillating : bool
         Any judged signal oscillates, or the pool moves churn.
     churning : bool
-        One pool reverses more than :data:`CHURN_MIN_REVERSALS` times and more than
-        :data:`CHURN_REVERSALS_PER_HOUR` times per hour of the judged window.
+        One pool reverses (by at least :data:`CHURN_MIN_STEP` of it) more than
+        :data:`CHURN_MIN_REVERSALS` times and more than :data:`CHURN_REVERSALS_PER_HOUR` times per
+        hour of the judged window.
     reversals : int
         Pool-scale reversals in the judged window (:func:`tokenfactory.signals.count_reversals`).
     reversals_per_hour : float
@@ -500,6 +506,23 @@ class ActuatorVerdict:
     def oscillating_signals(self) -> list[str]:
         """Names of the signals the detectors flag."""
         return [k for k, v in self.signals.items() if v.get("oscillating")]
+
+
+def _churn_reversals(actions: list[dict]) -> int:
+    """Reversals of one pool's moves (:func:`tokenfactory.signals.count_reversals`) whose
+    reversing move is at least :data:`CHURN_MIN_STEP` of the pool (and one worker): in a pool
+    of ten workers or fewer every reversal; in a pool of 190, a one-worker correction moves its
+    capacity by 0.5 %, under the ripple the detectors ignore on every continuous actuator."""
+    last = 0
+    n = 0
+    for a in actions:
+        d = (a["to"] > a["from"]) - (a["to"] < a["from"])
+        if d == 0:
+            continue
+        if last and d != last and abs(a["to"] - a["from"]) >= max(1.0, CHURN_MIN_STEP * a["from"]) - 1e-9:
+            n += 1
+        last = d
+    return n
 
 
 def _step_signal(times, at, values, start_value) -> "np.ndarray":
@@ -571,12 +594,15 @@ def judge_actuators(series, actions=None, *, start_s: float = 0.0, end_s: float 
     kind = acts["kind"] if "kind" in acts else pd.Series([], dtype=object)
     scale_rows = acts[kind == "scale"] if len(acts) else acts
     per_pool: dict[str, int] = {}
+    churn_pool: dict[str, int] = {}
     if len(scale_rows):
         in_window = scale_rows[(scale_rows["time_s"] >= start_s) & (scale_rows["time_s"] <= end)]
         for pool, rows in in_window.sort_values("time_s", kind="stable").groupby("pool", sort=True):
-            per_pool[str(pool)] = count_reversals(rows.to_dict("records"))
+            recs = rows.to_dict("records")
+            per_pool[str(pool)] = count_reversals(recs)
+            churn_pool[str(pool)] = _churn_reversals(recs)
     reversals = sum(per_pool.values())
-    worst = max(per_pool.values(), default=0)
+    worst = max(churn_pool.values(), default=0)
     hours = max(end - start_s, 0.0) / 3600.0
     rph = reversals / hours if hours > 0 else 0.0
     # the bound is a pool's (each pool follows its own demand): the worst pool decides
@@ -627,7 +653,7 @@ def judge_actuators(series, actions=None, *, start_s: float = 0.0, end_s: float 
     if flagged:
         parts.append("cycles on " + ", ".join(flagged))
     if churning:
-        pool = max(per_pool, key=per_pool.get)
+        pool = max(churn_pool, key=churn_pool.get)
         parts.append(f"churn: {worst} reversals of the {pool} pool in {hours * 60:.0f} min ({worst / hours:.1f}/h > "
                      f"{CHURN_REVERSALS_PER_HOUR:g}/h)")
     reason = "; ".join(parts) if parts else (f"no cycle on {len(signals)} signals; {reversals} pool reversals "

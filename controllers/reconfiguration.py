@@ -14,12 +14,21 @@ cascade (each sync sees the same unmet demand and adds again).
 
 :class:`HystereticPoolController` removes that loop at the operating point instead of detuning it:
 
-* it sizes the pool from the pool's *demand rate* (arrivals into the pool, smoothed by a
-  first-order filter ``filter_s``) divided by per-worker capacity at ``target_utilization``, plus
-  a one-sided backlog term (queue / ``queue_clear_s``) capped at ``queue_headroom`` x demand;
+* it sizes the pool from the pool's *demand rate* (arrivals at the orchestrator, smoothed by a
+  first-order filter ``filter_s`` that starts as a running mean) divided by per-worker capacity
+  at ``target_utilization``, plus a one-sided backlog term (queue / ``queue_clear_s``) capped at
+  ``queue_headroom`` x demand;
 * it counts workers still starting as capacity in transit (pending-aware), so it never asks twice
   for the same deficit and never exceeds ceil(demand x (1 + queue_headroom) / (per-worker rate x
-  target_utilization)) - the demand-justified count;
+  target_utilization)) - the demand-justified count. In transit means three things: workers the
+  measurement shows starting; workers it commanded that a measurement older than the command
+  cannot show yet (with a measurement delay of a sample period or more, re-asserting the stale
+  count undoes every move - issue 21's small plant flapped 2 -> 1 -> 2 every 5 s); and the queue
+  that builds while ordered workers start and warm up at reduced speed (the backlog term waits
+  for the cooldown after a scale-up, then counts only a queue the spare capacity cannot clear
+  within the start-up + warm-up: a worker ordered for less arrives after the queue is gone);
+* dwell, cooldown and filter run on the measurement's own clock, so a dwell is confirmed by newer
+  samples, not by the same delayed one read twice;
 * it scales down from n to n - k only when the need is below n - k - ``dead_band``: the pool
   left after a scale-down still carries the demand with ``dead_band`` workers to spare, so no
   queue forms and nothing drives the relay back up. In describing-function terms the loop gain

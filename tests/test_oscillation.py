@@ -179,3 +179,19 @@ def test_a_reservation_is_rebuilt_from_its_actions():
     v = judge_actuators(_pools_series(t, np.full_like(t, 2.0)), acts)
     assert v.oscillating_signals == ["reservation"]
     assert v.signals["reservation"]["period_s"] == pytest.approx(30.0, rel=0.1)
+
+
+def test_small_corrections_of_a_large_pool_are_not_churn():
+    """A pool of ~190 workers following its demand reverses by a worker or two many times an hour
+    (0.5-1 % of its capacity, the stack's mixed day); a reversal of a tenth of the pool is churn."""
+    t = np.arange(0.0, 7200.0, 2.0)
+    rng = np.random.default_rng(5)
+    flips = np.sort(rng.choice(len(t), 60, replace=False))  # +1 / -1 at irregular times: 59 reversals
+    step = np.zeros_like(t)
+    for i, k in enumerate(flips):
+        step[k:] = 1.0 if i % 2 == 0 else 0.0
+    v = judge_actuators(_pools_series(t, 190 + step), _scale_log(t, 190 + step))
+    assert v.reversals == 59 and not v.churning and not v.oscillating, v.reason
+    big = 190 + 30 * step  # the same moves, 30 workers each
+    v = judge_actuators(_pools_series(t, big), _scale_log(t, big))
+    assert v.churning and v.pool_reversals == {"decode": 59}, v.reason

@@ -385,7 +385,20 @@ def result_verdict(res, fill_token_budget: float):
     """The request simulator's verdict (:func:`~tokenfactory.controllers.oscillation.judge_actuators`)
     on a run: every pool, the batch cap, the reservation, the admission rate, the ready buffer (1
     request) and the fill queue (one fill step's token budget), after the first 10 % of the run
-    (the start-up transient); a window of fewer than 16 snapshots judges no cycle, only churn."""
+    (the start-up transient); a window of fewer than 16 snapshots judges no cycle, only churn.
+
+    Parameters
+    ----------
+    res : SimulationResult
+        A request-simulator run.
+    fill_token_budget : float
+        Tokens one fill step takes (the fill queue's minimum amplitude).
+
+    Returns
+    -------
+    ActuatorVerdict
+        The verdict.
+    """
     s = res.series
     end = float(s["time_s"].iloc[-1]) if len(s) else 0.0
     return judge_actuators(s, res.actions, start_s=0.1 * end,
