@@ -50,6 +50,7 @@ from tokenfactory.plant_models import (
     simulate_pools,
 )
 from tokenfactory.registry import CONTROL_PLANES, TARGET_UTILIZATION, PlantContext, build_admission, control_plane
+from tokenfactory.classes import INTERACTIVE, RequestClass
 from tokenfactory.replay import build_replay
 from tokenfactory.studies.report import StudyReport, markdown_table
 from tokenfactory.sweep import map_points
@@ -470,7 +471,9 @@ def compare_azure_replay(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: Po
     info = {"trace": name, "workload": workload, "multiplier": multiplier, "minutes": minutes, "requests": len(replay),
             "mean_rate_rps": mean_rate, "load_workers": load, "decode_worker_rps": fp.decode_capacity(1),
             "fill_worker_rps": fp.fill_rate_per_worker, "measured_fill_worker_rps": measured["fill"],
-            "measured_decode_worker_rps": measured["decode"], "static_pools": _pools_for(fp, mean_rate, measured)}
+            "measured_decode_worker_rps": measured["decode"], "static_pools": _pools_for(fp, mean_rate, measured),
+            "infeasible_share": setup.infeasible_share(
+                (RequestClass(INTERACTIVE, SLO_TTFT_S, SLO_TPOT_S, 0),))["any"]}
     return rows, resps, info
 
 
@@ -565,11 +568,16 @@ def _none_meets(rs: list[dict], info: dict | None) -> str:
     if best.get("ttft_p99_s") is not None and math.isfinite(best["ttft_p99_s"]):
         text += f" with TTFT p99 {best['ttft_p99_s']:.1f} s against {SLO_TTFT_S:g} s"
     if info and "measured_fill_worker_rps" in info:
+        nf, nd = info["static_pools"]
         text += (f"; the load is {info['load_workers']:g} workers of the bottleneck pool as measured in the request "
                  f"simulator (a fill worker delivers {info['measured_fill_worker_rps']:.1f} req/s against the "
                  f"roofline's {info['fill_worker_rps']:.1f}, a decode worker {info['measured_decode_worker_rps']:.1f} "
-                 f"against {info['decode_worker_rps']:.1f}); the misses are the trace's bursts queueing at fill "
-                 "beyond the TTFT SLO")
+                 f"against {info['decode_worker_rps']:.1f}), the static pools ({nf} fill, {nd} decode) run at "
+                 f"{info['mean_rate_rps'] / (nf * info['measured_fill_worker_rps']):.0%} and "
+                 f"{info['mean_rate_rps'] / (nd * info['measured_decode_worker_rps']):.0%} of their measured rates, and "
+                 f"{info['infeasible_share']:.2%} of the requests miss the SLO even on an empty cluster; the control "
+                 "planes that size pools from the roofline's rates or the plant's nominal fill capacity see "
+                 "spare capacity that is not there")
     return text
 
 
