@@ -33,7 +33,8 @@ each pool, the decode batch cap, the fill reservation, the admission rate - and 
 (ready requests, queued prefill tokens), plus a **churn** verdict on the pool-scale actions:
 more than :data:`CHURN_REVERSALS_PER_HOUR` reversals (a move undoing the previous move's
 direction on the same pool, by at least :data:`CHURN_MIN_STEP` of the pool) per hour of one pool,
-and more than :data:`CHURN_MIN_REVERSALS` in all. The
+and more than :data:`CHURN_MIN_REVERSALS` in all, beyond the turns of the demand itself (its
+10-minute mean moving back by a tenth: a pool that follows its demand reverses where it turns). The
 regular-cycle detectors need a period; churn needs none, so it catches irregular flapping.
 """
 
@@ -85,6 +86,8 @@ CHURN_MIN_REVERSALS = 2
 #: a reversing move counts toward churn when it moves at least this share of the pool (and one
 #: worker): the same ripple threshold as :data:`RELATIVE_MIN_AMPLITUDE`
 CHURN_MIN_STEP = 0.1
+#: a pool follows its demand's mean over this window (s): what is faster, no start-up can follow
+DEMAND_SMOOTHING_S = 600.0
 #: pool-size swings below a quarter worker are not flapping (workers)
 POOL_MIN_AMPLITUDE = 0.25
 #: swings of a continuous actuator (batch cap, reservation, admission rate) below this share of
@@ -525,6 +528,36 @@ def _churn_reversals(actions: list[dict]) -> int:
     return n
 
 
+def _demand_turns(s) -> int:
+    """Turns of the run's demand (``demand``, else ``arrival_rate``) a pool could follow: the
+    demand averaged over :data:`DEMAND_SMOOTHING_S`, a turn counted when it moves back by at
+    least :data:`CHURN_MIN_STEP` of its last extreme (a zigzag); 0 without a demand column."""
+    col = "demand" if "demand" in s else "arrival_rate" if "arrival_rate" in s else None
+    if col is None or len(s) < 2:
+        return 0
+    t = s["time_s"].to_numpy(dtype=float)
+    x = s[col].to_numpy(dtype=float)
+    grid = np.arange(t[0], t[-1] + 1e-9, DEMAND_SMOOTHING_S / 10.0)
+    if len(grid) < 2 or not np.all(np.isfinite(x)):
+        return 0
+    y = np.interp(grid, t, np.cumsum(np.concatenate([[0.0], x[1:] * np.diff(t)])))  # integral of the demand
+    w = 10  # samples per smoothing window: the mean rate over DEMAND_SMOOTHING_S
+    r = (y[w:] - y[:-w]) / DEMAND_SMOOTHING_S if len(y) > w else np.array([])
+    if not len(r):
+        return 0
+    turns, direction, extreme = 0, 0, float(r[0])
+    for v in r:
+        moved = abs(v - extreme) >= CHURN_MIN_STEP * max(abs(extreme), 1e-12)
+        if direction == 0:
+            if moved:
+                direction, extreme = (1 if v > extreme else -1), v
+        elif (v - extreme) * direction > 0:
+            extreme = v
+        elif moved:
+            turns, direction, extreme = turns + 1, -direction, v
+    return turns
+
+
 def _step_signal(times, at, values, start_value) -> "np.ndarray":
     """A piecewise-constant actuator rebuilt from its change log: ``values[i]`` from ``at[i]``."""
     idx = np.searchsorted(np.asarray(at, dtype=float), np.asarray(times, dtype=float), side="right") - 1
@@ -605,8 +638,11 @@ def judge_actuators(series, actions=None, *, start_s: float = 0.0, end_s: float 
     worst = max(churn_pool.values(), default=0)
     hours = max(end - start_s, 0.0) / 3600.0
     rph = reversals / hours if hours > 0 else 0.0
-    # the bound is a pool's (each pool follows its own demand): the worst pool decides
-    churning = worst > CHURN_MIN_REVERSALS and (worst / hours if hours > 0 else 0.0) > CHURN_REVERSALS_PER_HOUR
+    # the bound is a pool's (each pool follows its own demand): the worst pool decides, on the
+    # reversals its demand's own turns do not explain
+    turns = _demand_turns(s)
+    excess = worst - turns
+    churning = excess > CHURN_MIN_REVERSALS and (excess / hours if hours > 0 else 0.0) > CHURN_REVERSALS_PER_HOUR
     candidates: dict[str, tuple] = {}
     for pool in ("fill", "decode"):
         if f"{pool}_workers" in s:
@@ -654,8 +690,8 @@ def judge_actuators(series, actions=None, *, start_s: float = 0.0, end_s: float 
         parts.append("cycles on " + ", ".join(flagged))
     if churning:
         pool = max(churn_pool, key=churn_pool.get)
-        parts.append(f"churn: {worst} reversals of the {pool} pool in {hours * 60:.0f} min ({worst / hours:.1f}/h > "
-                     f"{CHURN_REVERSALS_PER_HOUR:g}/h)")
+        parts.append(f"churn: {worst} reversals of the {pool} pool in {hours * 60:.0f} min, {excess} more than the "
+                     f"demand's {turns} turns ({excess / hours:.1f}/h > {CHURN_REVERSALS_PER_HOUR:g}/h)")
     reason = "; ".join(parts) if parts else (f"no cycle on {len(signals)} signals; {reversals} pool reversals "
                                              f"({rph:.1f}/h)")
     return ActuatorVerdict(bool(flagged) or churning, churning, int(reversals), float(rph),

@@ -195,3 +195,21 @@ def test_small_corrections_of_a_large_pool_are_not_churn():
     big = 190 + 30 * step  # the same moves, 30 workers each
     v = judge_actuators(_pools_series(t, big), _scale_log(t, big))
     assert v.churning and v.pool_reversals == {"decode": 59}, v.reason
+
+
+def test_a_pool_that_follows_its_demands_turns_is_not_churning():
+    """Reversals where the demand itself turns (its 10-minute mean moving back by a tenth) are
+    following, not churn; the same moves without such a demand are churn."""
+    t = np.arange(0.0, 4 * 3600.0, 10.0)
+    # the demand steps between two levels at irregular times, 12-24 minutes apart
+    edges = np.cumsum(np.random.default_rng(2).uniform(720.0, 1440.0, 40))
+    high = np.searchsorted(edges, t) % 2 == 1
+    demand = np.where(high, 130.0, 100.0)
+    pool = np.where(np.roll(high, 30), 14.0, 11.0)  # the pool follows five minutes later
+    pool[:30] = 11.0
+    acts = _scale_log(t, pool)
+    v = judge_actuators(_pools_series(t, pool, demand=demand), acts, start_s=0.0)
+    assert v.pool_reversals["decode"] / 4.0 > CHURN_REVERSALS_PER_HOUR  # above the bound by itself
+    assert not v.churning, v.reason
+    v = judge_actuators(_pools_series(t, pool), acts, start_s=0.0)
+    assert v.churning, v.reason
