@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from scipy import signal as sps
 
-from tokenfactory.validation import ConfigError, check_number
+from tokenfactory.core.validation import ConfigError, check_number
 
 __all__ = [
     "OscillationReport",
@@ -611,7 +611,7 @@ def judge_actuators(series, actions=None, *, start_s: float = 0.0, end_s: float 
     """
     import pandas as pd
 
-    from tokenfactory.signals import count_reversals
+    from tokenfactory.core.signals import count_reversals
 
     t_all = series["time_s"].to_numpy(dtype=float)
     end = float(t_all[-1]) if end_s is None else float(end_s)

@@ -50,7 +50,7 @@ from tokenfactory.plant_models import (
     simulate_pools,
 )
 from tokenfactory.registry import CONTROL_PLANES, TARGET_UTILIZATION, PlantContext, build_admission, control_plane
-from tokenfactory.classes import INTERACTIVE, RequestClass
+from tokenfactory.core.classes import INTERACTIVE, RequestClass
 from tokenfactory.replay import build_replay
 from tokenfactory.studies.report import StudyReport, markdown_table
 from tokenfactory.sweep import map_points
@@ -62,7 +62,7 @@ from tokenfactory.traces import (
     superpose_trace,
     trace_available,
 )
-from tokenfactory.validation import ConfigError, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError, reject_unknown_keys
 
 __all__ = ["run", "DEFAULT_PLANES", "fluid_params", "reproduce_flapping", "reproduce_cascade", "reproduce_seesaw",
            "describing_function_check", "compare_servegen_day", "compare_azure_replay", "measured_worker_rps", "SHAPE",

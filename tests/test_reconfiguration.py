@@ -192,7 +192,7 @@ def _small_plant(monkeypatch, autoscaler):
     monkeypatch.chdir(SMALL_PLANT)  # the scenario's paths resolve from the working folder
     sc = load_replay_scenario("sim.toml")
     trace = load_trace("requests.csv")
-    from tokenfactory.classes import DEFAULT_CLASSES, INTERACTIVE, RequestClass
+    from tokenfactory.core.classes import DEFAULT_CLASSES, INTERACTIVE, RequestClass
 
     # as the CLI: the interactive class at the cluster's SLO, the other default classes as they are
     slo = (sc.cluster["slo_ttft_s"], sc.cluster["slo_tpot_s"])
@@ -249,7 +249,7 @@ def _demand(base: float, plant: dict, duration: float) -> pd.Series:
 def _assert_holds(res, start_s: float, hours: float, plant: dict):
     v = judge_actuators(res.series, res.actions, start_s=start_s)
     scale = res.actions[res.actions["kind"] == "scale"] if len(res.actions) else res.actions
-    from tokenfactory.signals import count_reversals
+    from tokenfactory.core.signals import count_reversals
 
     for pool in ("fill", "decode"):  # each pool follows its own demand: its own reversals
         rows = scale[scale["pool"] == pool].to_dict("records") if len(scale) else []
