@@ -223,7 +223,7 @@ def test_small_plant_holds(monkeypatch):
 
 import pandas as pd  # noqa: E402
 
-from tokenfactory.controllers import judge_actuators  # noqa: E402
+from tokenfactory.controllers import CHURN_MIN_REVERSALS, judge_actuators  # noqa: E402
 from tokenfactory.registry import PlantContext, build_autoscalers  # noqa: E402
 
 #: examples per plant: few by default (CI runs them derandomized), many under -m slow
@@ -251,9 +251,13 @@ def _assert_holds(res, start_s: float, hours: float, plant: dict):
     scale = res.actions[res.actions["kind"] == "scale"] if len(res.actions) else res.actions
     from tokenfactory.core.signals import count_reversals
 
-    for pool in ("fill", "decode"):  # each pool follows its own demand: its own reversals
+    # at most 2 reversals per hour of run per pool (each pool follows its own demand); a run shorter
+    # than an hour may still resize once and follow its burst up and back down (2 reversals, the
+    # churn verdict's CHURN_MIN_REVERSALS)
+    allowed = max(2.0 * hours, CHURN_MIN_REVERSALS)
+    for pool in ("fill", "decode"):
         rows = scale[scale["pool"] == pool].to_dict("records") if len(scale) else []
-        assert count_reversals(rows) <= 2 * hours, (plant, pool, scale[["time_s", "pool", "from", "to"]].to_string())
+        assert count_reversals(rows) <= allowed, (plant, pool, scale[["time_s", "pool", "from", "to"]].to_string())
     assert not v.oscillating, (plant, v.reason)
 
 
