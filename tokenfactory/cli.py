@@ -427,7 +427,8 @@ def _cmd_simulate(args) -> int:
     res.actions.to_csv(out / "actions.csv", index=False)
     keys = ("requests", "completed", "rejected", "deferred", "in_flight_end", "ttft_p50", "ttft_p99", "tpot_p50",
             "tpot_p99", "slo_attainment", "slo_attainment_admitted", "goodput_tokens_per_s", "wasted_prefill_tokens",
-            "prefix_hit_ratio", "oscillating", "gpu_hours", "actions_per_hour", "wall_seconds",
+            "prefix_hit_ratio", "oscillating", "churning", "gpu_hours", "actions_per_hour", "reversals_per_hour",
+            "wall_seconds",
             "sim_requests_per_wall_s")
     _print_table({k: m[k] for k in keys if m.get(k) is not None})
     print(f"capacity at the SLO of {cap['cluster']['fill_workers']} fill + {cap['cluster']['decode_workers']} decode: "
