@@ -249,6 +249,10 @@ class Efficiency:
         assumed).
     pass_overhead_s : float
         Fixed cost per stage pass (s, in [0, 1]; default 0).
+    routing_locality : float
+        How independently a decode batch's tokens pick experts, in (0, 1] (default 1: uniform
+        routing). A batch of B tokens reads the distinct experts of 1 + l (B - 1) independent
+        tokens; correlated routing (tokens of similar text choosing the same experts) is l < 1.
 
     Raises
     ------
@@ -263,12 +267,14 @@ class Efficiency:
     scale_up_latency_s: float = 2e-6
     scale_out_latency_s: float = 5e-6
     pass_overhead_s: float = 0.0
+    routing_locality: float = 1.0
 
     def __post_init__(self) -> None:
         for f in ("compute", "memory", "network"):
             check_number(f"efficiency.{f}", getattr(self, f), low=0.0, high=1.0, low_inclusive=False)
         for f in ("layer_overhead_s", "scale_up_latency_s", "scale_out_latency_s", "pass_overhead_s"):
             check_number(f"efficiency.{f}", getattr(self, f), low=0.0, high=1.0)
+        check_number("efficiency.routing_locality", self.routing_locality, low=0.0, high=1.0, low_inclusive=False)
 
 
 @dataclass(frozen=True)
@@ -550,7 +556,7 @@ class Worker:
         if par.pp > m.num_layers:
             raise ConfigError("parallelism.pp", f"{par.pp} stages exceed the model's "
                               f"{m.num_layers} layers; allowed range is [1, {m.num_layers}]")
-        if par.ep > m.routed_experts:
+        if par.ep > m.routed_experts and m.moe_layers:
             raise ConfigError("parallelism.ep", f"{par.ep} GPUs per stage exceed the "
                               f"{m.routed_experts} routed experts")
         self.check_fits()
@@ -763,7 +769,10 @@ class Worker:
     def _expert_phase(self, tokens: float, per_node_dedup: bool = False) -> PhaseTime:
         """Routed + shared experts for ``tokens`` tokens of one micro-batch over a stage's GPUs."""
         m, p = self.model, self.parallelism
-        per_layer_distinct = distinct_experts(m.routed_experts, m.active_experts, tokens)
+        # routing locality l: B tokens read the distinct experts of 1 + l (B - 1) independent ones
+        loc = self.efficiency.routing_locality
+        eff_tokens = min(tokens, 1.0 + loc * (tokens - 1.0)) if tokens > 1 else tokens
+        per_layer_distinct = distinct_experts(m.routed_experts, m.active_experts, eff_tokens)
         # Balanced placement, but the busiest GPU holds at least one active expert per layer.
         per_gpu_experts = max(per_layer_distinct / p.ep, min(per_layer_distinct, 1.0))
         act = m.activation_bytes_per_element * m.hidden_size

@@ -17,4 +17,7 @@ from tokenfactory.traces.rates import __all__ as _rt
 from tokenfactory.traces.classes import *  # noqa: F401,F403
 from tokenfactory.traces.classes import __all__ as _cl
 
-__all__ = [*_ld, *_sc, *_st, *_sy, *_tf, *_rt, *_cl]
+from tokenfactory.traces.closed_loop import *  # noqa: F401,F403
+from tokenfactory.traces.closed_loop import __all__ as _clc
+
+__all__ = [*_ld, *_sc, *_st, *_sy, *_tf, *_rt, *_cl, *_clc]
