@@ -52,6 +52,17 @@ __all__ = [
     "predict_runs",
     "error_metrics",
     "cross_check",
+    "CALIBRATION_PARAMETERS",
+    "BASE_SETTINGS",
+    "settings_from",
+    "params_of",
+    "training_sample",
+    "CalibrationFit",
+    "fit_calibration",
+    "cross_validate_runs",
+    "calibrate",
+    "calibrated_settings",
+    "write_calibrated",
 ]
 
 #: chunked-prefill token budget per attention replica of an aggregated engine: vLLM's
@@ -83,14 +94,22 @@ class RunSettings:
         predicted mean TTFT, in [0, 1] (default 0.5); the rest is the later requests'. The share
         of a benchmark's requests that are first requests is 1 / its requests per client, which
         the file does not state: fitted (:func:`fit_calibration`).
+    ttft_overhead_s, ttft_s_per_input_token : float
+        What a request's TTFT carries besides the passes: the serving front end (HTTP, detokenised
+        streaming, scheduler admission) per request and tokenisation per input token (s, >= 0;
+        default 0; fitted).
     """
 
     efficiency: Efficiency = field(default_factory=Efficiency)
     kv_precision: Mapping[str, str] = field(default_factory=dict)
     requests_per_client: int = 3
     first_wave_weight: float = 0.5
+    ttft_overhead_s: float = 0.0
+    ttft_s_per_input_token: float = 0.0
 
     def __post_init__(self) -> None:
+        check_number("settings.ttft_overhead_s", self.ttft_overhead_s, low=0.0, high=10.0)
+        check_number("settings.ttft_s_per_input_token", self.ttft_s_per_input_token, low=0.0, high=1e-3)
         check_int("settings.requests_per_client", self.requests_per_client, low=2)
         check_number("settings.first_wave_weight", self.first_wave_weight, low=0.0, high=1.0)
         for eng, p in self.kv_precision.items():
@@ -155,7 +174,8 @@ def simulate_run(run: MeasuredRun, settings: RunSettings = RunSettings()) -> dic
     turn = trace["turn"].to_numpy()[done["request"].to_numpy()]
     first, later = done[turn == 0], done[turn >= 1]
     w = settings.first_wave_weight
-    ttft = w * first["ttft_s"].mean() + (1.0 - w) * later["ttft_s"].mean()
+    front = settings.ttft_overhead_s + settings.ttft_s_per_input_token * run.input_tokens
+    ttft = w * first["ttft_s"].mean() + (1.0 - w) * later["ttft_s"].mean() + front
     return {"ttft_s": float(ttft), "tpot_s": float(done["tpot_s"].mean()), "ttft_wave_s": float(first["ttft_s"].mean()),
             "ttft_steady_s": float(later["ttft_s"].mean()), "requests": int(len(done)),
             "completed": int(res.metrics["completed"]), "sim_wall_s": time.perf_counter() - t0}
@@ -241,7 +261,8 @@ def steady_state_run(run: MeasuredRun, settings: RunSettings = RunSettings(), it
         if done:
             break
     w = settings.first_wave_weight
-    return {"ttft_s": w * max(wave, ttft) + (1.0 - w) * ttft, "tpot_s": tpot, "batch": B,
+    front = settings.ttft_overhead_s + settings.ttft_s_per_input_token * I
+    return {"ttft_s": w * max(wave, ttft) + (1.0 - w) * ttft + front, "tpot_s": tpot, "batch": B,
             "ttft_wave_s": wave, "ttft_steady_s": ttft}
 
 
@@ -345,3 +366,284 @@ def cross_check(runs: Sequence[MeasuredRun], settings: RunSettings = RunSettings
                      "ttft_ratio": a["ttft_s"] / b["ttft_s"], "tpot_ratio": a["tpot_s"] / b["tpot_s"],
                      "sim_wall_s": b["sim_wall_s"]})
     return pd.DataFrame(rows)
+
+
+# -- the fit ---------------------------------------------------------------------------------
+#: free parameters of the fit: (lower, upper, scale to the optimiser's units, where it lives)
+CALIBRATION_PARAMETERS: dict[str, tuple[float, float, float, str]] = {
+    "compute": (0.05, 1.0, 1.0, "efficiency"),
+    "memory": (0.05, 1.0, 1.0, "efficiency"),
+    "network": (0.05, 1.0, 1.0, "efficiency"),
+    "layer_overhead_s": (0.0, 300e-6, 1e-6, "efficiency"),
+    "pass_overhead_s": (0.0, 20e-3, 1e-3, "efficiency"),
+    "routing_locality": (0.02, 1.0, 1.0, "efficiency"),
+    "first_wave_weight": (0.0, 1.0, 1.0, "settings"),
+    "ttft_overhead_s": (0.0, 1.0, 1e-3, "settings"),
+    "ttft_s_per_input_token": (0.0, 1e-4, 1e-6, "settings"),
+}
+#: the pre-calibration values: today's efficiency defaults, no front-end TTFT, half the TTFT
+#: weight on the first wave
+BASE_SETTINGS = RunSettings()
+
+
+def settings_from(params: Mapping[str, float], kv_precision: Mapping[str, str] | None = None,
+                  base: RunSettings = BASE_SETTINGS) -> RunSettings:
+    """A :class:`RunSettings` with ``params`` (names of :data:`CALIBRATION_PARAMETERS`) replaced."""
+    eff = dataclasses.replace(base.efficiency, **{k: float(v) for k, v in params.items()
+                                                  if CALIBRATION_PARAMETERS[k][3] == "efficiency"})
+    rest = {k: float(v) for k, v in params.items() if CALIBRATION_PARAMETERS[k][3] == "settings"}
+    return dataclasses.replace(base, efficiency=eff, kv_precision=dict(kv_precision if kv_precision is not None
+                                                                        else base.kv_precision), **rest)
+
+
+def params_of(settings: RunSettings) -> dict[str, float]:
+    """The :data:`CALIBRATION_PARAMETERS` values of ``settings``."""
+    return {k: float(getattr(settings.efficiency if where == "efficiency" else settings, k))
+            for k, (_, _, _, where) in CALIBRATION_PARAMETERS.items()}
+
+
+def training_sample(runs: Sequence[MeasuredRun], per_group: int = 6, seed: int = 0) -> list[MeasuredRun]:
+    """A stratified sample: up to ``per_group`` runs of every (GPU, engine, model, mode, batch
+    band), drawn with a generator seeded by ``seed`` (the fit's cost is linear in its rows)."""
+    rng = np.random.default_rng(seed)
+    groups: dict[tuple, list] = {}
+    for r in runs:
+        groups.setdefault((r.hardware, r.engine, r.model, r.mode, r.batch_band), []).append(r)
+    out = []
+    for key in sorted(groups):
+        g = groups[key]
+        idx = rng.choice(len(g), size=min(per_group, len(g)), replace=False)
+        out += [g[i] for i in sorted(idx)]
+    return out
+
+
+def _log_residuals(runs: Sequence[MeasuredRun], settings: RunSettings) -> np.ndarray:
+    res = []
+    for r in runs:
+        try:
+            p = steady_state_run(r, settings)
+            a, b = math.log(p["tpot_s"] / r.tpot_s), math.log(p["ttft_s"] / r.ttft_s)
+        except (ConfigError, ValueError, ZeroDivisionError):
+            a = b = 3.0  # a run the parameters cannot serve counts as far off
+        res += [a, b]
+    return np.nan_to_num(np.asarray(res), nan=3.0, posinf=3.0, neginf=-3.0)
+
+
+@dataclass(frozen=True)
+class CalibrationFit:
+    """Fitted parameters, their uncertainty and the fit's bookkeeping.
+
+    Parameters
+    ----------
+    params : dict
+        Fitted values of :data:`CALIBRATION_PARAMETERS`.
+    std_error : dict
+        Their standard errors (Gauss-Newton, from the Jacobian of the log residuals at the optimum).
+    kv_precision : dict
+        KV format chosen per engine.
+    cost : float
+        Robust cost at the optimum.
+    train_rows : int
+        Runs fitted.
+    evaluations : int
+        Residual evaluations spent.
+    """
+
+    params: dict
+    std_error: dict
+    kv_precision: dict
+    cost: float
+    train_rows: int
+    evaluations: int
+
+    @property
+    def settings(self) -> RunSettings:
+        return settings_from(self.params, self.kv_precision)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"params": self.params, "std_error": self.std_error, "kv_precision": self.kv_precision,
+                "cost": self.cost, "train_rows": self.train_rows, "evaluations": self.evaluations}
+
+
+def fit_calibration(runs: Sequence[MeasuredRun], *, x0: RunSettings = BASE_SETTINGS, robust_scale: float = 0.2,
+                    prior_weight: float = 0.01, max_nfev: int = 60, choose_kv: bool = True,
+                    engines: Sequence[str] | None = None) -> CalibrationFit:
+    """Robust least squares of :data:`CALIBRATION_PARAMETERS` on the runs' TTFT and TPOT.
+
+    Residuals are log(predicted / measured) of TPOT and TTFT per run (the steady-state solve,
+    :func:`steady_state_run`) under a soft-L1 loss of scale ``robust_scale``, plus a weak prior
+    ``prior_weight`` x (x - x0) in the optimiser's units. Bounded trust-region reflective; then,
+    with ``choose_kv``, each engine's KV format is switched to FP8 where that lowers the cost
+    (the file does not state it) and the continuous parameters are refitted from there.
+
+    Parameters
+    ----------
+    runs : sequence of MeasuredRun
+        The training runs (a :func:`training_sample`).
+    x0 : RunSettings
+        Start and prior.
+    robust_scale, prior_weight : float
+        Loss scale and prior weight.
+    max_nfev : int
+        Residual evaluations per optimisation (>= 1).
+    choose_kv : bool
+        Choose the KV format per engine.
+    engines : sequence of str, optional
+        Engines whose KV format may be chosen (default: those in ``runs``).
+
+    Returns
+    -------
+    CalibrationFit
+    """
+    from scipy.optimize import least_squares
+
+    check_int("max_nfev", max_nfev, low=1)
+    runs = list(runs)
+    if 2 * len(runs) < len(CALIBRATION_PARAMETERS):  # a TTFT and a TPOT residual per run
+        raise ConfigError("runs", f"{len(runs)} runs cannot fit {len(CALIBRATION_PARAMETERS)} parameters")
+    names = list(CALIBRATION_PARAMETERS)
+    scale = np.array([CALIBRATION_PARAMETERS[n][2] for n in names])
+    lo = np.array([CALIBRATION_PARAMETERS[n][0] for n in names]) / scale
+    hi = np.array([CALIBRATION_PARAMETERS[n][1] for n in names]) / scale
+    start = np.clip(np.array([params_of(x0)[n] for n in names]) / scale, lo, hi)
+    prior = start.copy()
+    nfev = [0]
+
+    def run_fit(x_init, kv):
+        def residuals(x):
+            nfev[0] += 1
+            st = settings_from(dict(zip(names, x * scale)), kv, x0)
+            r = _log_residuals(runs, st)
+            return np.concatenate([r, prior_weight * (x - prior)])
+        return least_squares(residuals, x_init, bounds=(lo, hi), loss="soft_l1", f_scale=robust_scale,
+                             diff_step=0.05, max_nfev=max_nfev, x_scale="jac")
+
+    def cost_of(x, kv) -> float:
+        r = _log_residuals(runs, settings_from(dict(zip(names, x * scale)), kv, x0))
+        z = (r / robust_scale) ** 2
+        return float(np.sum(robust_scale ** 2 * 2.0 * (np.sqrt(1.0 + z) - 1.0)))
+
+    kv = dict(x0.kv_precision)
+    best = run_fit(start, kv)
+    if choose_kv:
+        c0 = cost_of(best.x, kv)
+        for eng in sorted(set(engines or [r.engine for r in runs])):
+            trial = {**kv, eng: "fp8" if kv.get(eng, "bf16") == "bf16" else "bf16"}
+            c = cost_of(best.x, trial)
+            if c < c0:
+                kv, c0 = trial, c
+        best = run_fit(best.x, kv)
+    # standard errors: Gauss-Newton covariance of the data residuals at the optimum
+    J = best.jac[: 2 * len(runs)]
+    r = best.fun[: 2 * len(runs)]
+    dof = max(J.shape[0] - J.shape[1], 1)
+    s2 = float(np.sum(r ** 2) / dof)
+    try:
+        cov = np.linalg.pinv(J.T @ J) * s2
+        se = np.sqrt(np.clip(np.diag(cov), 0.0, None)) * scale
+    except np.linalg.LinAlgError:
+        se = np.full(len(names), math.nan)
+    params = {n: float(v) for n, v in zip(names, best.x * scale)}
+    return CalibrationFit(params, {n: float(v) for n, v in zip(names, se)}, kv, float(best.cost), len(runs), nfev[0])
+
+
+def cross_validate_runs(runs: Sequence[MeasuredRun], by: str, *, full_fit: CalibrationFit,
+                        per_group: int = 6, seed: int = 0, **kw) -> tuple[pd.DataFrame, dict[str, dict]]:
+    """Leave one value of ``by`` (``"hardware"`` or ``"engine"``) out: fit on the other values'
+    runs (a training sample, starting from ``full_fit``) and predict every run of the held-out one.
+
+    Returns
+    -------
+    (pandas.DataFrame, dict)
+        The held-out predictions (as :func:`predict_runs`, plus ``held_out``) and each fold's
+        fitted parameters.
+    """
+    check_choice("by", by, ("hardware", "engine"))
+    values = sorted({getattr(r, by) for r in runs})
+    tables, folds = [], {}
+    for v in values:
+        train = training_sample([r for r in runs if getattr(r, by) != v], per_group, seed)
+        fit = fit_calibration(train, x0=full_fit.settings, **kw)
+        tab, _ = predict_runs([r for r in runs if getattr(r, by) == v], fit.settings, method="steady-state")
+        tab["held_out"] = v
+        tables.append(tab)
+        folds[v] = fit.to_dict()
+    return pd.concat(tables, ignore_index=True), folds
+
+
+def calibrate(runs: Sequence[MeasuredRun], *, per_group: int = 3, max_nfev: int = 40, cv: bool = True,
+              seed: int = 0, source: str = "") -> dict[str, Any]:
+    """The whole calibration: the fit on a training sample of every run, the error tables before
+    (:data:`BASE_SETTINGS`) and after it on every run (steady-state solve), and the
+    leave-one-GPU-out and leave-one-engine-out cross-validation.
+
+    Returns
+    -------
+    dict
+        ``fit`` (:meth:`CalibrationFit.to_dict`), ``before`` and ``after`` (:func:`error_metrics`),
+        ``cv`` (``{"hardware": metrics, "engine": metrics}`` of the held-out predictions),
+        ``cv_folds`` (each fold's parameters), ``provenance``.
+    """
+    t0 = time.perf_counter()
+    runs = list(runs)
+    train = training_sample(runs, per_group, seed)
+    fit = fit_calibration(train, max_nfev=max_nfev)
+    before, _ = predict_runs(runs, BASE_SETTINGS, method="steady-state")
+    after, _ = predict_runs(runs, fit.settings, method="steady-state")
+    report: dict[str, Any] = {"fit": fit.to_dict(), "before": error_metrics(before), "after": error_metrics(after)}
+    if cv:
+        report["cv"], report["cv_folds"] = {}, {}
+        for by in ("hardware", "engine"):
+            tab, folds = cross_validate_runs(runs, by, full_fit=fit, per_group=per_group, seed=seed,
+                                             max_nfev=max(max_nfev // 2, 1))
+            report["cv"][by] = error_metrics(tab)
+            report["cv_folds"][by] = folds
+    report["provenance"] = {"source": source, "runs": len(runs), "train_rows": len(train), "per_group": per_group,
+                            "max_nfev": max_nfev, "seed": seed, "method": "steady-state",
+                            "wall_s": time.perf_counter() - t0}
+    return report
+
+
+def calibrated_settings() -> RunSettings:
+    """The calibrated parameter set (:mod:`tokenfactory.plant_models.calibrated`, written by
+    ``tokenfactory calibrate fit FILE --write``)."""
+    from tokenfactory.plant_models.calibrated import CALIBRATED
+
+    return settings_from(CALIBRATED["params"], CALIBRATED["kv_precision"])
+
+
+def write_calibrated(report: Mapping[str, Any], path=None):
+    """Write the fitted set as :mod:`tokenfactory.plant_models.calibrated` (values, standard
+    errors, KV formats, the cross-validated errors and the provenance), deterministically.
+
+    Returns
+    -------
+    pathlib.Path
+        The module written.
+    """
+    import pprint
+    from pathlib import Path
+
+    if path is None:
+        path = Path(__file__).with_name("calibrated.py")
+    fit = report["fit"]
+    summary = {q: {k: round(float(v), 4) for k, v in report["after"][q].items() if not k.startswith("by_")}
+               for q in ("tpot", "ttft")}
+    cv = {by: {q: {k: round(float(v), 4) for k, v in m[q].items() if not k.startswith("by_")} for q in ("tpot", "ttft")}
+          for by, m in report.get("cv", {}).items()}
+    prov = {k: v for k, v in report["provenance"].items() if k != "wall_s"}
+    data = {"params": {k: float(f"{v:.4g}") for k, v in fit["params"].items()},
+            "std_error": {k: float(f"{v:.2g}") for k, v in fit["std_error"].items()},
+            "kv_precision": dict(sorted(fit["kv_precision"].items())),
+            "in_sample": summary, "cross_validated": cv, "provenance": prov}
+    text = ('"""The calibrated service-model parameters (issue 24), written by\n'
+            '``tokenfactory calibrate fit FILE --write`` - do not edit by hand; refit instead.\n\n'
+            'Fitted by robust least squares on the measured serving runs of NVIDIA AIConfigurator\'s silicon\n'
+            'sample (``measurements/aiconfigurator-silicon``, H100/H200/B200, trtllm/sglang/vllm), each run\n'
+            'predicted by the closed-loop steady-state solve of :mod:`tokenfactory.plant_models.calibration`.\n'
+            '``std_error`` is the Gauss-Newton standard error at the optimum; ``cross_validated`` the\n'
+            'held-out errors leaving one GPU / one engine out; ``in_sample`` the errors on every run.\n"""\n\n'
+            '__all__ = ["CALIBRATED"]\n\n'
+            f"CALIBRATED = {pprint.pformat(data, width=100, sort_dicts=False)}\n")
+    Path(path).write_text(text)
+    return Path(path)
