@@ -120,6 +120,13 @@ def run_service(run: MeasuredRun, settings: RunSettings = RunSettings()) -> Serv
     """The service model of ``run``: its model (checkpoint precisions, KV format from
     ``settings``), GPU, layouts and request shape (constant output length).
 
+    Parameters
+    ----------
+    run : MeasuredRun
+        The measured run.
+    settings : RunSettings
+        Efficiencies, KV formats and the benchmark's unstated settings.
+
     Raises
     ------
     ConfigError
@@ -156,6 +163,13 @@ def simulate_run(run: MeasuredRun, settings: RunSettings = RunSettings()) -> dic
     ``settings.requests_per_client`` requests of the run's ISL / OSL, through the request
     simulator on the run's layout.
 
+    Parameters
+    ----------
+    run : MeasuredRun
+        The measured run.
+    settings : RunSettings
+        Efficiencies, KV formats and the benchmark's unstated settings.
+
     Returns
     -------
     dict
@@ -184,11 +198,14 @@ def simulate_run(run: MeasuredRun, settings: RunSettings = RunSettings()) -> dic
 def _wave_position(n: int, per_step: float) -> float:
     """Mean over n prompts arriving at once of the fill step (1-based) that finishes each, when a
     step finishes ``per_step`` prompts (fractional: a prompt spans steps)."""
+    if per_step >= n:
+        return 1.0
     j = np.arange(1, n + 1)
     return float(np.mean(np.ceil(j / per_step - 1e-9)))
 
 
-def steady_state_run(run: MeasuredRun, settings: RunSettings = RunSettings(), iterations: int = 40) -> dict[str, float]:
+def steady_state_run(run: MeasuredRun, settings: RunSettings = RunSettings(), iterations: int = 40,
+                     tol: float = 1e-4) -> dict[str, float]:
     """Closed-loop steady state of the benchmark on the same service model (no simulation).
 
     N clients cycle through TTFT + (OSL - 1) TPOT; throughput X = N / cycle (Little's law). A
@@ -209,6 +226,17 @@ def steady_state_run(run: MeasuredRun, settings: RunSettings = RunSettings(), it
     steps) has its own TTFT, the mean finishing step of N prompts times the step; the prediction
     weights it by ``settings.first_wave_weight`` (the share of the benchmark's requests in the
     first wave, 1 / requests per client).
+
+    Parameters
+    ----------
+    run : MeasuredRun
+        The measured run.
+    settings : RunSettings
+        Efficiencies, KV formats and the benchmark's unstated settings.
+    iterations : int
+        Most fixed-point iterations (default 40).
+    tol : float
+        Relative change of TTFT and TPOT at which the iteration stops (default 1e-4).
 
     Returns
     -------
@@ -256,8 +284,8 @@ def steady_state_run(run: MeasuredRun, settings: RunSettings = RunSettings(), it
             f_new = fill_s + transfer + rho / (2.0 * (1.0 - rho)) * fill_s
         if n_w > cap:  # clients beyond the decode cap wait for a slot: their share of a cycle
             f_new += (n_w - cap) / n_w * (f_new + max(O - 1, 0) * t_new)
-        done = abs(t_new - tpot) <= 1e-5 * tpot and abs(f_new - ttft) <= 1e-5 * max(ttft, 1e-9)
-        ttft, tpot = 0.5 * ttft + 0.5 * f_new, 0.5 * tpot + 0.5 * t_new
+        done = abs(t_new - tpot) <= tol * tpot and abs(f_new - ttft) <= tol * max(ttft, 1e-9)
+        ttft, tpot = 0.3 * ttft + 0.7 * f_new, 0.3 * tpot + 0.7 * t_new
         if done:
             break
     w = settings.first_wave_weight
@@ -336,6 +364,13 @@ def error_metrics(table: pd.DataFrame, splits: Sequence[str] = SPLITS) -> dict[s
     """``median_abs_error``, ``p10_error``, ``p90_error`` and ``within_25pct`` (share of rows
     within +-25 %) of TTFT and TPOT, overall and split by each of ``splits``.
 
+    Parameters
+    ----------
+    table : pandas.DataFrame
+        :func:`predict_runs` rows (``tpot_error``, ``ttft_error`` and the split columns).
+    splits : sequence of str
+        Columns to split by (default :data:`SPLITS`).
+
     Returns
     -------
     dict
@@ -354,7 +389,15 @@ def error_metrics(table: pd.DataFrame, splits: Sequence[str] = SPLITS) -> dict[s
 
 def cross_check(runs: Sequence[MeasuredRun], settings: RunSettings = RunSettings()) -> pd.DataFrame:
     """Steady-state solve against the request simulator on ``runs`` (a sample): one row per run
-    with both predictions and their ratio (steady / simulated)."""
+    with both predictions and their ratio (steady / simulated).
+
+    Parameters
+    ----------
+    runs : sequence of MeasuredRun
+        The sample.
+    settings : RunSettings
+        Efficiencies, KV formats and the benchmark's unstated settings.
+    """
     rows = []
     for r in runs:
         try:
@@ -388,7 +431,17 @@ BASE_SETTINGS = RunSettings()
 
 def settings_from(params: Mapping[str, float], kv_precision: Mapping[str, str] | None = None,
                   base: RunSettings = BASE_SETTINGS) -> RunSettings:
-    """A :class:`RunSettings` with ``params`` (names of :data:`CALIBRATION_PARAMETERS`) replaced."""
+    """A :class:`RunSettings` with ``params`` (names of :data:`CALIBRATION_PARAMETERS`) replaced.
+
+    Parameters
+    ----------
+    params : mapping
+        Values by name.
+    kv_precision : mapping, optional
+        KV format per engine (default: ``base``'s).
+    base : RunSettings
+        What is not replaced.
+    """
     eff = dataclasses.replace(base.efficiency, **{k: float(v) for k, v in params.items()
                                                   if CALIBRATION_PARAMETERS[k][3] == "efficiency"})
     rest = {k: float(v) for k, v in params.items() if CALIBRATION_PARAMETERS[k][3] == "settings"}
@@ -397,14 +450,30 @@ def settings_from(params: Mapping[str, float], kv_precision: Mapping[str, str] |
 
 
 def params_of(settings: RunSettings) -> dict[str, float]:
-    """The :data:`CALIBRATION_PARAMETERS` values of ``settings``."""
+    """The :data:`CALIBRATION_PARAMETERS` values of ``settings``.
+
+    Parameters
+    ----------
+    settings : RunSettings
+        Efficiencies, KV formats and the benchmark's unstated settings.
+    """
     return {k: float(getattr(settings.efficiency if where == "efficiency" else settings, k))
             for k, (_, _, _, where) in CALIBRATION_PARAMETERS.items()}
 
 
 def training_sample(runs: Sequence[MeasuredRun], per_group: int = 6, seed: int = 0) -> list[MeasuredRun]:
     """A stratified sample: up to ``per_group`` runs of every (GPU, engine, model, mode, batch
-    band), drawn with a generator seeded by ``seed`` (the fit's cost is linear in its rows)."""
+    band), drawn with a generator seeded by ``seed`` (the fit's cost is linear in its rows).
+
+    Parameters
+    ----------
+    runs : sequence of MeasuredRun
+        All runs.
+    per_group : int
+        Runs per group (default 6).
+    seed : int
+        Seed of the draw.
+    """
     rng = np.random.default_rng(seed)
     groups: dict[tuple, list] = {}
     for r in runs:
@@ -552,6 +621,19 @@ def cross_validate_runs(runs: Sequence[MeasuredRun], by: str, *, full_fit: Calib
     """Leave one value of ``by`` (``"hardware"`` or ``"engine"``) out: fit on the other values'
     runs (a training sample, starting from ``full_fit``) and predict every run of the held-out one.
 
+    Parameters
+    ----------
+    runs : sequence of MeasuredRun
+        All runs.
+    by : {"hardware", "engine"}
+        What a fold leaves out.
+    full_fit : CalibrationFit
+        The fit on all runs (each fold's start and prior).
+    per_group, seed : int
+        The folds' training samples (:func:`training_sample`).
+    **kw
+        Passed to :func:`fit_calibration`.
+
     Returns
     -------
     (pandas.DataFrame, dict)
@@ -576,6 +658,21 @@ def calibrate(runs: Sequence[MeasuredRun], *, per_group: int = 3, max_nfev: int 
     """The whole calibration: the fit on a training sample of every run, the error tables before
     (:data:`BASE_SETTINGS`) and after it on every run (steady-state solve), and the
     leave-one-GPU-out and leave-one-engine-out cross-validation.
+
+    Parameters
+    ----------
+    runs : sequence of MeasuredRun
+        Every mapped run.
+    per_group : int
+        Training runs per group (:func:`training_sample`; default 3).
+    max_nfev : int
+        Residual evaluations of the full fit (the folds get half).
+    cv : bool
+        Run the cross-validation.
+    seed : int
+        Seed of the training samples.
+    source : str
+        The file, for the provenance.
 
     Returns
     -------
@@ -615,6 +712,13 @@ def calibrated_settings() -> RunSettings:
 def write_calibrated(report: Mapping[str, Any], path=None):
     """Write the fitted set as :mod:`tokenfactory.plant_models.calibrated` (values, standard
     errors, KV formats, the cross-validated errors and the provenance), deterministically.
+
+    Parameters
+    ----------
+    report : mapping
+        :func:`calibrate`'s result.
+    path : path-like, optional
+        Where (default: ``calibrated.py`` beside this module).
 
     Returns
     -------

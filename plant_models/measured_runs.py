@@ -48,6 +48,7 @@ __all__ = [
     "MeasuredRun",
     "MeasuredRuns",
     "read_measured_runs",
+    "default_measurements_file",
     "batch_band",
 ]
 
@@ -90,7 +91,17 @@ BATCH_BANDS = ((1, 8), (9, 32), (33, 128), (129, math.inf))
 
 
 def batch_band(batch: float) -> str:
-    """The band of a per-rank decode batch: ``"1-8"``, ``"9-32"``, ``"33-128"`` or ``">128"``."""
+    """The band of a per-rank decode batch: ``"1-8"``, ``"9-32"``, ``"33-128"`` or ``">128"``.
+
+    Parameters
+    ----------
+    batch : float
+        Sequences per attention rank.
+
+    Returns
+    -------
+    str
+    """
     for lo, hi in BATCH_BANDS:
         if batch <= hi:
             return f"{lo}-{hi}" if math.isfinite(hi) else f">{lo - 1}"
@@ -108,7 +119,9 @@ class MeasuredRun:
     engine, engine_version : str
         Serving engine (``trtllm``, ``sglang``, ``vllm``; ``published`` for published points).
     model : str
-        Model preset; ``model_overrides`` its checkpoint's precisions.
+        Model preset.
+    model_overrides : mapping
+        The checkpoint's precisions (``weight_precision``, ``expert_precision``).
     hardware : str
         Accelerator preset.
     precision : str
@@ -363,6 +376,17 @@ def _published(points, source: str) -> MeasuredRuns:
             concurrency=max(p.sequences, 1), parallelism=par, ttft_s=ttft, tpot_s=tpot,
             published_mode=p.mode))
     return MeasuredRuns(tuple(runs), dict(skipped), {}, len(points), source)
+
+
+def default_measurements_file() -> Path:
+    """The silicon sample: ``$TOKENFACTORY_MEASUREMENTS`` (a file, or a folder holding
+    ``aiconfigurator-silicon/silicon_calibration.csv``) if set, else
+    ``../shared/measurements/aiconfigurator-silicon/silicon_calibration.csv`` beside the checkout."""
+    import os
+
+    env = os.environ.get("TOKENFACTORY_MEASUREMENTS")
+    base = Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "measurements"
+    return base if base.is_file() else base / "aiconfigurator-silicon" / "silicon_calibration.csv"
 
 
 def read_measured_runs(path: str | Path) -> MeasuredRuns:
