@@ -116,3 +116,13 @@ def test_training_sample_is_stratified_and_seeded(runs):
     assert [r.key for r in a] == [r.key for r in b]
     groups = {(r.hardware, r.engine, r.model, r.mode, r.batch_band) for r in runs.runs}
     assert len(a) == len(groups)
+
+
+def test_engine_ttft_factor_scales_only_its_engine(runs):
+    r = runs.runs[1]
+    a = cal.steady_state_run(r)
+    b = cal.steady_state_run(r, cal.RunSettings(engine_ttft_factor={r.engine: 2.0}))
+    c = cal.steady_state_run(r, cal.RunSettings(engine_ttft_factor={"other": 2.0}))
+    assert b["ttft_s"] == pytest.approx(2.0 * a["ttft_s"]) and c["ttft_s"] == a["ttft_s"]
+    p = cal.params_of(cal.settings_from({"ttft_factor_vllm": 1.5}))
+    assert p["ttft_factor_vllm"] == 1.5 and p["ttft_factor_sglang"] == 1.0
