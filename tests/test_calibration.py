@@ -125,4 +125,4 @@ def test_engine_ttft_factor_scales_only_its_engine(runs):
     c = cal.steady_state_run(r, cal.RunSettings(engine_ttft_factor={"other": 2.0}))
     assert b["ttft_s"] == pytest.approx(2.0 * a["ttft_s"]) and c["ttft_s"] == a["ttft_s"]
     p = cal.params_of(cal.settings_from({"ttft_factor_vllm": 1.5}))
-    assert p["ttft_factor_vllm"] == 1.5 and p["ttft_factor_sglang"] == 1.0
+    assert p["ttft_factor_vllm"] == 1.5 and p["ttft_factor_sglang"] == 1.0 and "ttft_factor_trtllm" not in p
