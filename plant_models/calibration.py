@@ -426,6 +426,7 @@ CALIBRATION_PARAMETERS: dict[str, tuple[float, float, float, str]] = {
     "compute": (0.05, 1.0, 1.0, "efficiency"),
     "memory": (0.05, 1.0, 1.0, "efficiency"),
     "network": (0.05, 1.0, 1.0, "efficiency"),
+    "network_scale_out": (0.05, 1.0, 1.0, "efficiency"),
     "layer_overhead_s": (0.0, 300e-6, 1e-6, "efficiency"),
     "pass_overhead_s": (0.0, 20e-3, 1e-3, "efficiency"),
     "routing_locality": (0.02, 1.0, 1.0, "efficiency"),
@@ -477,6 +478,8 @@ def params_of(settings: RunSettings) -> dict[str, float]:
     for k, (_, _, _, where) in CALIBRATION_PARAMETERS.items():
         if where == "engine_ttft_factor":
             out[k] = float(settings.engine_ttft_factor.get(k.removeprefix("ttft_factor_"), 1.0))
+        elif k == "network_scale_out":
+            out[k] = float(settings.efficiency.scale_out_network)
         else:
             out[k] = float(getattr(settings.efficiency if where == "efficiency" else settings, k))
     return out

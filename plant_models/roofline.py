@@ -249,6 +249,10 @@ class Efficiency:
         assumed).
     pass_overhead_s : float
         Fixed cost per stage pass (s, in [0, 1]; default 0).
+    network_scale_out : float, optional
+        Fraction of the scale-out NIC bandwidth reached, in (0, 1]; ``None`` (default) is
+        ``network``, which then covers NVLink and the NICs alike. Single-node benchmarks bind the
+        NVLink figure (small TP all-reduces, latency-bound) and large-EP deployments the NIC one.
     routing_locality : float
         How independently a decode batch's tokens pick experts, in (0, 1] (default 1: uniform
         routing). A batch of B tokens reads the distinct experts of 1 + l (B - 1) independent
@@ -268,8 +272,17 @@ class Efficiency:
     scale_out_latency_s: float = 5e-6
     pass_overhead_s: float = 0.0
     routing_locality: float = 1.0
+    network_scale_out: float | None = None
+
+    @property
+    def scale_out_network(self) -> float:
+        """Fraction of the scale-out NIC bandwidth reached (``network_scale_out``, else ``network``)."""
+        return self.network if self.network_scale_out is None else self.network_scale_out
 
     def __post_init__(self) -> None:
+        if self.network_scale_out is not None:
+            check_number("efficiency.network_scale_out", self.network_scale_out, low=0.0, high=1.0,
+                         low_inclusive=False)
         for f in ("compute", "memory", "network"):
             check_number(f"efficiency.{f}", getattr(self, f), low=0.0, high=1.0, low_inclusive=False)
         for f in ("layer_overhead_s", "scale_up_latency_s", "scale_out_latency_s", "pass_overhead_s"):
@@ -739,7 +752,7 @@ class Worker:
         if span is not None and span > a.scale_up_domain:
             up_bytes, out_bytes = 0.0, up_bytes + out_bytes
         network_s = max(up_bytes / (gpus * a.scale_up_bandwidth * e.network),
-                        out_bytes / (gpus * a.scale_out_bandwidth * e.network))
+                        out_bytes / (gpus * a.scale_out_bandwidth * e.scale_out_network))
         return PhaseTime(name, flops + kv_flops, hbm_bytes, up_bytes + out_bytes, compute_s,
                          memory_s, network_s, gpus, out_bytes)
 
@@ -819,8 +832,9 @@ class Worker:
         if p.pp == 1:
             return 0.0
         bw, lat = self._link(p.pp * p.ep)
-        return lat + tokens * m.hidden_size * m.activation_bytes_per_element / (
-            p.ep * bw * self.efficiency.network)
+        e = self.efficiency
+        eff = e.network if p.pp * p.ep <= self.accelerator.scale_up_domain else e.scale_out_network
+        return lat + tokens * m.hidden_size * m.activation_bytes_per_element / (p.ep * bw * eff)
 
     def _stage_time(self, phases: tuple[PhaseTime, ...]) -> float:
         """Time one stage takes for its 1/pp share of the phases' work, plus its fixed costs."""
