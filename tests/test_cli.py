@@ -136,3 +136,12 @@ def test_calibrate_score_published_points(tmp_path):
 def test_calibrate_score_needs_out(capsys):
     assert main(["calibrate", "score", str(SILICON_SUBSET), "--method", "steady-state"]) == 2
     assert "--out" in capsys.readouterr().err
+
+
+def test_calibrate_fit_writes_its_report(tmp_path, capsys):
+    assert main(["calibrate", "fit", str(SILICON_SUBSET), "--per-group", "1", "--max-nfev", "2", "--no-cv",
+                 "--out", str(tmp_path)]) == 0
+    rep = json.loads((tmp_path / "fit.json").read_text())
+    assert set(rep) >= {"fit", "before", "after", "provenance"}
+    assert rep["provenance"]["runs"] == 8 and rep["fit"]["train_rows"] >= 1
+    assert "std_error" in json.loads(capsys.readouterr().out)
