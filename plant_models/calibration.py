@@ -31,15 +31,15 @@ import numpy as np
 import pandas as pd
 
 from tokenfactory.plant_models.des.config import ClusterConfig
-from tokenfactory.plant_models.des.core import simulate
+from tokenfactory.plant_models.des.simulator import simulate
 from tokenfactory.plant_models.des.params import DESParams
 from tokenfactory.plant_models.hardware import accelerator_preset
 from tokenfactory.plant_models.measured_runs import MeasuredRun, MeasuredRuns
 from tokenfactory.plant_models.roofline import Efficiency, Worker
 from tokenfactory.plant_models.service import KVLink, RequestShape, ServiceModel
-from tokenfactory.plant_models.validation import _model, predict_point, PUBLISHED_POINTS
+from tokenfactory.plant_models.published_points import _model, predict_point, PUBLISHED_POINTS
 from tokenfactory.traces.closed_loop import closed_loop_clients
-from tokenfactory.validation import ConfigError, check_choice, check_int, check_number
+from tokenfactory.core.validation import ConfigError, check_choice, check_int, check_number
 
 __all__ = [
     "AGG_TOKENS_PER_REPLICA",
@@ -575,7 +575,7 @@ def fit_calibration(runs: Sequence[MeasuredRun], *, x0: RunSettings = BASE_SETTI
     (the file does not state it) and the continuous parameters are refitted from there.
 
     The published points (``published``, the 13 of
-    :data:`~tokenfactory.plant_models.validation.PUBLISHED_POINTS` by default) enter as further
+    :data:`~tokenfactory.plant_models.published_points.PUBLISHED_POINTS` by default) enter as further
     log residuals weighted by ``published_weight``: the measured runs are single-node (NVLink)
     benchmarks and cannot bind the network efficiency of scale-out expert parallelism, which the
     published large-EP deployments do.

@@ -8,8 +8,8 @@ Two formats:
   engine with N closed-loop clients (``silicon_concurrency=N`` in ``silicon_data_source``), an
   ISL / OSL, GEMM and MoE quantisation, and an aggregated layout (TP, PP, attention DP, MoE TP x
   EP, max batch per rank) or a disaggregated one (prefill and decode layouts and worker counts);
-* the project's own published points (:mod:`tokenfactory.plant_models.validation`), a TOML file
-  of ``[[points]]`` tables with :class:`~tokenfactory.plant_models.validation.PublishedPoint`
+* the project's own published points (:mod:`tokenfactory.plant_models.published_points`), a TOML file
+  of ``[[points]]`` tables with :class:`~tokenfactory.plant_models.published_points.PublishedPoint`
   fields, or the word ``published`` for the built-in 13.
 
 Every row either maps to a :class:`MeasuredRun` or is counted under a skip reason
@@ -36,7 +36,7 @@ import pandas as pd
 from tokenfactory.plant_models.hardware import accelerator_preset
 from tokenfactory.plant_models.moe_model import MODEL_PRESETS
 from tokenfactory.plant_models.roofline import Parallelism
-from tokenfactory.validation import ConfigError
+from tokenfactory.core.validation import ConfigError
 
 __all__ = [
     "MODEL_PATHS",
@@ -339,7 +339,7 @@ def _silicon(df: pd.DataFrame, source: str) -> MeasuredRuns:
 @functools.lru_cache(maxsize=None)
 def _fits_cached(model: str, overrides: tuple, hw: str, par: Parallelism) -> bool:
     from tokenfactory.plant_models.roofline import Worker
-    from tokenfactory.plant_models.validation import _model
+    from tokenfactory.plant_models.published_points import _model
     try:
         Worker(_model(model, overrides), accelerator_preset(hw), par)
     except ConfigError:
@@ -396,7 +396,7 @@ def read_measured_runs(path: str | Path) -> MeasuredRuns:
     ----------
     path : str or pathlib.Path
         A silicon-format CSV, a TOML file of ``[[points]]`` (published-point fields), or
-        ``"published"`` for :data:`~tokenfactory.plant_models.validation.PUBLISHED_POINTS`.
+        ``"published"`` for :data:`~tokenfactory.plant_models.published_points.PUBLISHED_POINTS`.
 
     Returns
     -------
@@ -407,7 +407,7 @@ def read_measured_runs(path: str | Path) -> MeasuredRuns:
     ConfigError
         For a missing file or one in neither format (field ``file``).
     """
-    from tokenfactory.plant_models.validation import PUBLISHED_POINTS, PublishedPoint
+    from tokenfactory.plant_models.published_points import PUBLISHED_POINTS, PublishedPoint
     if str(path) == "published":
         return _published(PUBLISHED_POINTS, "published")
     path = Path(path)

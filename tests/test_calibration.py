@@ -13,7 +13,7 @@ import pytest
 from tokenfactory.plant_models import calibration as cal
 from tokenfactory.plant_models.measured_runs import read_measured_runs
 from tokenfactory.plant_models.roofline import Efficiency
-from tokenfactory.validation import ConfigError
+from tokenfactory.core.validation import ConfigError
 
 SUBSET = Path(__file__).parent / "data" / "silicon_subset.csv"
 

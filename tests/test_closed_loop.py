@@ -10,7 +10,7 @@ from tokenfactory.plant_models.hardware import accelerator_preset
 from tokenfactory.plant_models.moe_model import model_preset
 from tokenfactory.plant_models.roofline import Parallelism
 from tokenfactory.traces import closed_loop_clients
-from tokenfactory.validation import ConfigError
+from tokenfactory.core.validation import ConfigError
 
 
 def test_table_shape():

@@ -12,7 +12,7 @@ from tokenfactory.plant_models.measured_runs import (
     read_measured_runs,
 )
 from tokenfactory.plant_models.moe_model import model_preset
-from tokenfactory.validation import ConfigError
+from tokenfactory.core.validation import ConfigError
 
 SUBSET = Path(__file__).parent / "data" / "silicon_subset.csv"
 

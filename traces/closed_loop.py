@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tokenfactory.validation import check_int, check_number
+from tokenfactory.core.validation import check_int, check_number
 
 __all__ = ["closed_loop_clients"]
 
