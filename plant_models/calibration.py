@@ -54,6 +54,7 @@ __all__ = [
     "cross_check",
     "CALIBRATION_PARAMETERS",
     "BASE_SETTINGS",
+    "PRE_CALIBRATION_EFFICIENCY",
     "settings_from",
     "params_of",
     "training_sample",
@@ -438,9 +439,14 @@ CALIBRATION_PARAMETERS: dict[str, tuple[float, float, float, str]] = {
     "ttft_factor_sglang": (0.2, 5.0, 1.0, "engine_ttft_factor"),
     "ttft_factor_vllm": (0.2, 5.0, 1.0, "engine_ttft_factor"),
 }
-#: the pre-calibration values: today's efficiency defaults, no front-end TTFT, half the TTFT
-#: weight on the first wave
-BASE_SETTINGS = RunSettings()
+#: the efficiencies before the calibration: the fit to the 13 published points
+#: (:data:`~tokenfactory.plant_models.published_points.FITTED_EFFICIENCY`, rounded as the
+#: defaults were), uniform routing, one network efficiency
+PRE_CALIBRATION_EFFICIENCY = Efficiency(compute=0.52, memory=0.23, network=0.49, layer_overhead_s=84e-6,
+                                        pass_overhead_s=0.0, routing_locality=1.0, network_scale_out=None)
+#: the pre-calibration settings (the fit's start and prior, the "before" tables): those
+#: efficiencies, no front-end TTFT, half the TTFT weight on the first wave
+BASE_SETTINGS = RunSettings(efficiency=PRE_CALIBRATION_EFFICIENCY)
 
 
 def settings_from(params: Mapping[str, float], kv_precision: Mapping[str, str] | None = None,

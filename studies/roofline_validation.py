@@ -185,7 +185,8 @@ def _fmt(m: dict) -> str:
 
 def _measured_runs_section(report: StudyReport, cfg: dict, quick: bool, metrics: dict, lines: list) -> None:
     """The service model against the measured serving runs (issue 24): every mappable run of the
-    file predicted with today's defaults and with the calibrated set (closed-loop steady state),
+    file predicted with the pre-calibration efficiencies and with the calibrated set (closed-loop
+    steady state),
     the steady-state solve checked against the request simulator on a sample."""
     from tokenfactory.plant_models import calibration as cal
     from tokenfactory.plant_models.measured_runs import default_measurements_file, read_measured_runs
@@ -200,7 +201,7 @@ def _measured_runs_section(report: StudyReport, cfg: dict, quick: bool, metrics:
         return
     runs = read_measured_runs(path)
     items = cal.training_sample(runs.runs, per_group=1, seed=cfg["seed"]) if quick else list(runs.runs)
-    sets = {"defaults": cal.BASE_SETTINGS}
+    sets = {"pre-calibration": cal.BASE_SETTINGS}
     try:
         sets["calibrated"] = cal.calibrated_settings()
     except ImportError:
@@ -240,7 +241,7 @@ def _measured_runs_section(report: StudyReport, cfg: dict, quick: bool, metrics:
     except ImportError:
         pass
     metrics["measured_runs"] = out
-    best = "calibrated" if "calibrated" in sets else "defaults"
+    best = "calibrated" if "calibrated" in sets else "pre-calibration"
     report.headline("measured runs TPOT median error", 100 * out[best]["tpot"]["median_abs_error"], "%",
                     f"{best} parameters over {len(items)} runs of {path.name}")
     lines.append(f"{runs.rows_read} rows of `{path.name}`: {len(runs.runs)} mapped to a model, GPU, precision and "

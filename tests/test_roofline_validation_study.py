@@ -62,7 +62,7 @@ def test_measured_runs_section(report):
         assert "not present" in text
         return
     assert m["rows_mapped"] + sum(m["rows_skipped_by_reason"].values()) == m["rows_read"]
-    assert m["defaults"]["tpot"]["rows"] == m["rows_predicted"] > 0
+    assert m["pre-calibration"]["tpot"]["rows"] == m["rows_predicted"] > 0
     t = pd.read_csv(report / "measured_runs_errors.csv")
     assert set(t["split"]) >= {"all", "hardware", "engine", "precision", "mode", "batch_band"}
     if "cross_check" in m:

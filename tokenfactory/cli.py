@@ -312,9 +312,10 @@ def _write_json(path, data) -> None:
 
 
 def _calibrate_settings(which: str):
-    from tokenfactory.plant_models.calibration import BASE_SETTINGS, calibrated_settings
+    from tokenfactory.plant_models.calibration import BASE_SETTINGS, RunSettings, calibrated_settings
 
-    return calibrated_settings() if which == "calibrated" else BASE_SETTINGS
+    return {"calibrated": calibrated_settings, "pre-calibration": lambda: BASE_SETTINGS,
+            "defaults": RunSettings}[which]()
 
 
 def _cmd_calibrate(args) -> int:
@@ -594,8 +595,9 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--out", default=None, help="score: folder for metrics.json and rows.csv; fit: for fit.json")
     ca.add_argument("--method", choices=["des", "steady-state"], default="des",
                     help="score: the request simulator (default) or the closed-loop steady-state solve")
-    ca.add_argument("--params", choices=["defaults", "calibrated"], default="defaults",
-                    help="score: today's defaults or the calibrated set (plant_models/calibrated.py)")
+    ca.add_argument("--params", choices=["defaults", "pre-calibration", "calibrated"], default="defaults",
+                    help="score: Efficiency() defaults, the efficiencies before issue 24 (the 13-point fit), "
+                         "or the calibrated set with its TTFT terms (plant_models/calibrated.py)")
     ca.add_argument("--limit", type=int, default=None, help="only the first N mapped runs (a quick subset)")
     ca.add_argument("--stratified", action="store_true", help="--limit: one run per group first (GPU, engine, "
                                                                "model, mode, batch band)")
