@@ -93,3 +93,11 @@ def test_study_all_runs_every_study_and_writes_the_index(fake_studies, capsys, j
 def test_study_rejects_quick_with_full(fake_studies, capsys):
     assert main(["study", "fake-a", "--quick", "--full", "--out", str(fake_studies / "x")]) == 2
     assert "exclusive" in capsys.readouterr().err
+
+
+def test_the_default_suite_leaves_out_on_demand_studies():
+    from tokenfactory import studies
+
+    suite = studies.default_suite()
+    assert "live" in studies.STUDIES and "live" not in suite
+    assert [n for n in studies.STUDIES if n not in studies.ON_DEMAND] == suite

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import sys
+from pathlib import Path
 from collections.abc import Sequence
 
 from tokenfactory.core.validation import ConfigError
@@ -92,7 +93,7 @@ def _cmd_study(args) -> int:
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from pathlib import Path
 
-    from tokenfactory.studies import STUDIES, suite_order
+    from tokenfactory.studies import STUDIES, default_suite, suite_order
     from tokenfactory.studies.html import write_index
     from tokenfactory.sweep import SCHEDULER_ENV, WORKERS_ENV
     from tokenfactory.core.validation import ConfigError, check_int
@@ -105,7 +106,7 @@ def _cmd_study(args) -> int:
         os.environ[SCHEDULER_ENV] = args.scheduler
     suite = args.name == "all"
     root = Path(args.out or "reports")
-    names = suite_order(list(STUDIES), root) if suite else [args.name]
+    names = suite_order(default_suite(), root) if suite else [args.name]
     jobs = check_int("jobs", args.jobs if args.jobs is not None else min(2, os.cpu_count() or 1), low=1)
     jobs = min(jobs, len(names))
     outs = {n: (root / n if suite else (Path(args.out) if args.out else Path("reports") / n)) for n in names}
@@ -284,9 +285,20 @@ def _cmd_certify(args) -> int:
             w = d.get("worst")
             if w is None:
                 print(f"  {name:<16} " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                                  for k, v in d.items() if k != "meets_floors"))
+                                                  for k, v in d.items() if k != "meets_floors"
+                                                  and not isinstance(v, dict)))
+                for k, v in d.items():  # a sub-table (the planner's correction): one line, without its note
+                    if isinstance(v, dict):
+                        print(f"  {'':<16}   {k}: " + ", ".join(f"{kk}={vv}" for kk, vv in v.items() if kk != "note"))
                 continue
             pt = ", ".join(f"{k}={w[k]:g}" for k in w if k.endswith("factor"))
+            if "control_plane" in d:   # a control plane's own file, judged by its loop model
+                cyc = w["predicted_cycle_s"]
+                print(f"  {name:<16} {d['control_plane']} ({d['controller']}) worst point ({pt}): "
+                      + (f"predicted cycle {cyc:.0f} s" if cyc else "no predicted cycle")
+                      + f", start-up peak {w['cascade_peak_replicas']} workers for {w['workers_needed']:.2f} needed "
+                      f"-> {'ok' if d['meets_floors'] else 'FAILS'}")
+                continue
             print(f"  {name:<16} worst point ({pt}): GM {w['gain_margin']:.3g}, PM {w['phase_margin_deg']:.1f} deg, "
                   f"delay margin {w['delay_margin_s']:.3g} s -> {'ok' if d['meets_floors'] else 'FAILS'}")
         print("  separation (outer <- inner): ratio, PM loss")
@@ -455,18 +467,29 @@ def _cmd_simulate(args) -> int:
     trace = (generate_requests(SyntheticWorkload(seed=args.seed), _duration(args.duration))
              if args.trace == "synthetic" else load_trace(args.trace))
     setup = build_replay(trace, plant)
+    scalers = None
+    if args.control_plane:
+        from tokenfactory.controllers.formats import read_control_plane
+
+        if args.autoscaler:
+            raise ConfigError("control_plane", "give --control-plane or --autoscaler, not both")
+        scalers = [read_control_plane(args.control_plane).build(args.pool)]
     m, res = run_replay(trace, setup, admission, scale, cluster, autoscaler=args.autoscaler, load=load,
+                        autoscalers=scalers,
                         admission_params=params, batch_cap=None if batch_cap == "none" else batch_cap,
                         envelope=sc.envelope if sc else None, duration_s=sim.get("duration_s"),
-                        admission_where="controller")
-    tag = admission + (f"-{args.autoscaler}" if args.autoscaler else "")
+                        admission_where="controller", capacity=args.capacity, capacity_cache=args.capacity_cache)
+    tag = admission + (f"-{args.autoscaler}" if args.autoscaler else "") + (
+        f"-{Path(args.control_plane).stem}" if args.control_plane else "")
     out = Path(args.out or Path("reports") / "simulate" / f"{Path(args.trace).stem.replace(':', '-')}-{tag}")
     out.mkdir(parents=True, exist_ok=True)
-    slo_cap = setup.slo_capacity(res.config["cluster"]["slo_tpot_s"])
+    cap = m["capacity"]  # of the simulated cluster (its pools, SLOs, classes; events excluded)
     (out / "metrics.json").write_text(json.dumps(to_jsonable({
         **m, "config": res.config, "trace": args.trace, "scenario": sc.name if sc else None,
-        "bottleneck": setup.bottleneck, "capacity_rps": setup.capacity_rps,
-        "slo_capacity_rps": slo_cap[0], "slo_bottleneck": slo_cap[1], "slo_batch_cap": slo_cap[2]}), indent=2) + "\n")
+        "bottleneck": cap["bottleneck"], "capacity_rps": cap["kv_rps"],
+        "slo_capacity_rps": cap["rps"], "slo_capacity_source": cap["source"],
+        "model_capacity_rps": cap["model_rps"], "measured_capacity_rps": cap["measured_rps"],
+        "slo_bottleneck": cap["bottleneck"], "slo_batch_cap": cap["batch_cap"]}), indent=2) + "\n")
     res.records.to_csv(out / "requests.csv", index=False)
     res.series.to_csv(out / "series.csv", index=False)
     res.actions.to_csv(out / "actions.csv", index=False)
@@ -475,11 +498,43 @@ def _cmd_simulate(args) -> int:
             "prefix_hit_ratio", "oscillating", "gpu_hours", "actions_per_hour", "wall_seconds",
             "sim_requests_per_wall_s")
     _print_table({k: m[k] for k in keys if m.get(k) is not None})
+    print(f"capacity at the SLO of {cap['cluster']['fill_workers']} fill + {cap['cluster']['decode_workers']} decode: "
+          f"model {cap['model_rps']:.3f} req/s ({cap['bottleneck']}-bound, batch cap {cap['batch_cap']:.0f})"
+          + (f", measured {cap['measured_rps']:.3f} req/s (open admission at {cap['measured']['target_attainment']:.3f} "
+             f"SLO attainment)" if cap["measured_rps"] is not None else "")
+          + (f"; --load {m['load']:g} = {m['load'] * cap['rps']:.3f} req/s" if m["load"] is not None else ""))
     for name, cm in m["classes"].items():
         print(f"class {name}: {cm['requests']} requests, SLO attainment {cm['slo_attainment']:.3f} "
               f"(admitted {cm['slo_attainment_admitted'] if cm['slo_attainment_admitted'] is not None else float('nan'):.3f}), "
               f"{cm['rejected']} rejected, {cm['deferred']} deferred")
     print(f"wrote {out}/ (metrics.json, requests.csv, series.csv, actions.csv)")
+    return 0
+
+
+def _cmd_advise(args) -> int:
+    from pathlib import Path
+
+    from tokenfactory.advise import advise
+    from tokenfactory.replay import load_replay_scenario
+    from tokenfactory.studies.report import to_jsonable
+    from tokenfactory.traces import SyntheticWorkload, generate_requests, load_trace
+
+    sc = load_replay_scenario(args.scenario)
+    trace = (generate_requests(SyntheticWorkload(seed=args.seed), _duration(args.duration))
+             if args.trace in (None, "synthetic") else load_trace(args.trace))
+    adv = advise(args.control_plane, sc, trace, pool=args.pool, seed=args.seed, slo_target=args.slo_target,
+                 simulated_candidates=args.candidates)
+    src = Path(args.control_plane)
+    out = Path(args.out or Path("reports") / "advise" / src.stem)
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / f"recommended{src.suffix or '.yaml'}"
+    target.write_text(adv.recommended_text(src.read_text()))
+    (out / "metrics.json").write_text(json.dumps(to_jsonable(adv.to_dict()), indent=2) + "\n")
+    adv.candidates.to_csv(out / "candidates.csv", index=False)
+    (out / "summary.md").write_text("# Advice\n\n" + "\n\n".join(adv.summary()) + "\n")
+    for line in adv.summary():
+        print(line)
+    print(f"wrote {target} and {out}/ (metrics.json, candidates.csv, summary.md)")
     return 0
 
 
@@ -536,8 +591,16 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--trace", required=True, help="registered name, path, or 'synthetic'")
     sm.add_argument("--scale", type=float, default=None, help="replay x times faster (default 1)")
     sm.add_argument("--load", type=float, default=None,
-                    help="offered load as a multiple of the cluster's bottleneck capacity at the TPOT SLO at the "
-                         "trace's own request shape (instead of --scale; closed sessions need it)")
+                    help="offered load as a multiple of the simulated cluster's capacity at the SLO (instead of "
+                         "--scale; closed sessions need it): by default the capacity measured by bisection under "
+                         "open admission (cached in --capacity-cache), see --capacity")
+    sm.add_argument("--capacity", choices=["measured", "model"], default="measured",
+                    help="what --load multiplies: 'measured' (open admission at the knee, bisection in the request "
+                         "simulator on the cluster without its events) or 'model' (the model's estimate, no runs); "
+                         "both are recorded in metrics.json")
+    sm.add_argument("--capacity-cache", dest="capacity_cache", default=str(Path("reports") / "cache"),
+                    help="folder of the measured capacities (one JSON per trace, plant and cluster; default "
+                         "reports/cache)")
     sm.add_argument("--scenario", default=None,
                     help="TOML with [plant], [cluster], [classes], [controller], [envelope], [simulation]; every "
                          "field is used or rejected by name")
@@ -550,6 +613,11 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--autoscaler", default=None,
                     help="an autoscaler kind sizing both pools (tokenfactory describe kinds); start-up/warm-up "
                          "from the scenario's [cluster.dynamics]")
+    sm.add_argument("--control-plane", dest="control_plane", default=None,
+                    help="a control plane's own settings file (Kubernetes HPA, KEDA ScaledObject, Knative Service, "
+                         "Ray Serve config, AIBrix PodAutoscaler) sizing --pool with exactly its parameters")
+    sm.add_argument("--pool", choices=["decode", "fill"], default="decode",
+                    help="the pool --control-plane sizes (the other stays fixed)")
     sm.add_argument("--seed", type=int, default=0)
     sm.add_argument("--duration", default="1h", help="synthetic trace length")
     sm.add_argument("--out", default=None)
@@ -575,6 +643,22 @@ def build_parser() -> argparse.ArgumentParser:
     ce.add_argument("--json", action="store_true")
     ce.add_argument("--check", action="store_true", help="exit 1 if any floor fails")
     ce.set_defaults(func=_cmd_certify)
+
+    ad = sub.add_parser("advise", help="certify a control plane's own settings file (Kubernetes HPA, KEDA, Knative, "
+                                       "Ray Serve, AIBrix) on a scenario, search its knobs, simulate, and write the "
+                                       "recommended file in the same format")
+    ad.add_argument("--control-plane", dest="control_plane", required=True, help="the settings file (YAML)")
+    ad.add_argument("--scenario", required=True, help="the plant and cluster (the simulate scenario TOML)")
+    ad.add_argument("--trace", default=None, help="requests to replay: registered name, path, or 'synthetic' "
+                                                  "(default)")
+    ad.add_argument("--pool", choices=["decode", "fill"], default="decode", help="the pool the control plane sizes")
+    ad.add_argument("--slo-target", dest="slo_target", type=float, default=None,
+                    help="SLO attainment the recommendation must reach (default 0.99)")
+    ad.add_argument("--candidates", type=int, default=6, help="certified candidates replayed (default 6)")
+    ad.add_argument("--duration", default="1h", help="synthetic trace length")
+    ad.add_argument("--seed", type=int, default=0)
+    ad.add_argument("--out", default=None, help="output folder (default reports/advise/<file>)")
+    ad.set_defaults(func=_cmd_advise)
 
     t = sub.add_parser("traces", help="list, describe, fit or synthesise traces")
     t.add_argument("action", choices=["list", "info", "fit", "synth"])
@@ -625,10 +709,138 @@ def build_parser() -> argparse.ArgumentParser:
                         "tcp://10.0.0.5:8786; or set TOKENFACTORY_DASK_SCHEDULER)")
     s.set_defaults(func=_cmd_study)
 
+    em = sub.add_parser("emulate", help="serve an OpenAI-compatible engine emulator timed by the request simulator")
+    em.add_argument("--scenario", required=True, help="live scenario TOML (studies/scenarios/live_small.toml)")
+    em.add_argument("--port", type=int, default=8000)
+    em.add_argument("--host", default="127.0.0.1")
+    em.set_defaults(func=_cmd_emulate)
+
+    gw = sub.add_parser("gateway", help="an admission gateway (reverse proxy) running the scenario's controller")
+    gw.add_argument("--upstream", action="append", required=True, help="engine base URL (repeatable)")
+    gw.add_argument("--scenario", required=True, help="live scenario TOML")
+    gw.add_argument("--port", type=int, default=8080)
+    gw.add_argument("--host", default="127.0.0.1")
+    gw.add_argument("--request-log", default=None, help="append one JSON line per finished request to this file")
+    gw.add_argument("--open", action="store_true", help="admit everything (measure and log only: identification runs)")
+    gw.set_defaults(func=_cmd_gateway)
+
+    for name, helptext in (("diagnose", "oscillation diagnosis of a deployment's metrics (Prometheus or a file)"),
+                           ("identify", "fit delays, service rates and the admission gain from recorded metrics")):
+        q = sub.add_parser(name, help=helptext)
+        q.add_argument("--prometheus", default=None, help="Prometheus base URL")
+        q.add_argument("--start", type=float, default=None, help="unix seconds")
+        q.add_argument("--end", type=float, default=None, help="unix seconds")
+        q.add_argument("--step", type=float, default=1.0, help="query resolution (s)")
+        q.add_argument("--metrics", default=None, help="saved query_range JSON or CSV instead of --prometheus")
+        q.add_argument("--engine", default="vllm", choices=["vllm", "sglang", "dynamo"])
+        q.add_argument("--out", default=None, help="folder for the report / scenario files")
+        q.add_argument("--json", action="store_true")
+        if name == "diagnose":
+            q.add_argument("--skip", type=float, default=0.0, help="seconds of start-up transient to leave out")
+            q.set_defaults(func=_cmd_diagnose)
+        else:
+            q.add_argument("--scenario", default=None, help="the live scenario the data came from (modelled rates, "
+                           "the plant written into the identified scenario)")
+            q.add_argument("--requests", default=None, help="the gateway's request log (--request-log): the metric "
+                           "delay is fitted on its exact in-flight count")
+            q.set_defaults(func=_cmd_identify)
+
     r = sub.add_parser("report", help="(re)build the HTML report index.html over a folder of study reports")
     r.add_argument("dir", nargs="?", default="reports", help="folder with one sub-folder per study")
     r.set_defaults(func=_cmd_report)
     return p
+
+
+def _cmd_emulate(args) -> int:
+    from aiohttp import web
+
+    from tokenfactory.live.emulator import emulator_app
+    from tokenfactory.live.live_scenario import load_live_scenario
+
+    sc = load_live_scenario(args.scenario)
+    print(f"emulating {sc.name} ({sc.live['model_name']}) on http://{args.host}:{args.port}", flush=True)
+    web.run_app(emulator_app(sc), host=args.host, port=args.port, print=None, access_log=None)
+    return 0
+
+
+def _cmd_gateway(args) -> int:
+    from aiohttp import web
+
+    from tokenfactory.live.gateway import gateway_app
+    from tokenfactory.live.live_scenario import load_live_scenario
+
+    sc = load_live_scenario(args.scenario)
+    kind = sc.replay.admission or "open"
+    print(f"gateway {sc.name} ({kind}) on http://{args.host}:{args.port} -> {', '.join(args.upstream)}", flush=True)
+    web.run_app(gateway_app(sc, args.upstream, request_log=args.request_log, open_gate=args.open), host=args.host,
+                port=args.port,
+                print=None, access_log=None)
+    return 0
+
+
+def _live_signals(args, queries=None):
+    from tokenfactory.live.diagnose import read_metrics_file, read_prometheus
+
+    if (args.prometheus is None) == (args.metrics is None):
+        raise ConfigError("prometheus", "give --prometheus URL (with --start and --end) or --metrics FILE")
+    if args.metrics is not None:
+        return read_metrics_file(args.metrics, engine=args.engine)
+    if args.start is None or args.end is None:
+        raise ConfigError("start", "--prometheus needs --start and --end (unix seconds)")
+    return read_prometheus(args.prometheus, args.start, args.end, step=args.step, engine=args.engine, queries=queries)
+
+
+def _cmd_diagnose(args) -> int:
+    from pathlib import Path
+
+    from tokenfactory.live.diagnose import diagnose
+
+    d = diagnose(_live_signals(args), skip_start_s=args.skip)
+    text = d.to_markdown()
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "diagnosis.md").write_text(text)
+        (out / "diagnosis.json").write_text(json.dumps(d.to_dict(), indent=2, default=float))
+    print(json.dumps(d.to_dict(), indent=2, default=float) if args.json else text)
+    return 0
+
+
+def _cmd_identify(args) -> int:
+    from tokenfactory.live.diagnose import read_metrics_file
+    from tokenfactory.live.identify import identify, read_raw_prometheus, write_scenarios
+    from tokenfactory.live.live_scenario import load_live_scenario, saturated_rate
+
+    sc = load_live_scenario(args.scenario) if args.scenario else None
+    modelled = saturated_rate(sc) if sc is not None else None
+    if (args.prometheus is None) == (args.metrics is None):
+        raise ConfigError("prometheus", "give --prometheus URL (with --start and --end) or --metrics FILE")
+    if args.metrics is not None:
+        data = read_metrics_file(args.metrics, engine=args.engine)
+    elif args.start is None or args.end is None:
+        raise ConfigError("start", "--prometheus needs --start and --end (unix seconds)")
+    else:
+        data = read_raw_prometheus(args.prometheus, args.start, args.end)
+    log = None
+    if args.requests:
+        import pandas as pd
+
+        try:
+            log = pd.read_json(args.requests, lines=True)
+        except ValueError as e:
+            raise ConfigError("requests", f"{args.requests}: not a JSON-lines request log ({e})") from None
+        log = log[log["status"] == "completed"]
+    ident = identify(data, modelled_service_rate=modelled, request_log=log)
+    if args.out:
+        plant = dict(sc.replay.plant) if sc is not None else {"model": "deepseek-v3", "hardware": "h200"}
+        if sc is not None:
+            plant.update(fill_workers=sc.cluster.fill_workers, decode_workers=sc.cluster.decode_workers,
+                         prompt_tokens=sc.live["prompt_tokens"], output_tokens=sc.live["output_tokens"])
+        paths = write_scenarios(ident, plant, args.out, slo=(sc.cluster.slo_ttft_s, sc.cluster.slo_tpot_s) if sc
+                                else (2.0, 0.1))
+        print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
+    print(json.dumps(ident.to_dict(), indent=2, default=float) if args.json else ident.to_pandas().to_string(index=False))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
