@@ -207,13 +207,15 @@ def test_small_plant_holds(monkeypatch):
     """Issue 21's small plant: main b2c20fa's controller flapped 2 -> 1 -> 2 every 5 s (595
     reversals/h, SLO 0.71; its recorded run is judged in tests/test_oscillation.py). Now: decode
     1 -> 2 on the base load, up for the 5x burst and back down after it - one reversal, no
-    verdict - and the SLO of two static decode workers (0.883 measured) or better."""
+    verdict - and about the SLO of two static decode workers (with the fail-closed SLO-aware
+    admission of issue 21 item 4: two static workers 0.8795, this controller 0.8745 measured;
+    before that admission change 0.883 and 0.885)."""
     m, res = _small_plant(monkeypatch, "hysteretic")
     assert not m["oscillating"] and not m["churning"], m["oscillation"]["reason"]
     scale = res.actions[res.actions["kind"] == "scale"]
     assert set(scale["pool"]) == {"decode"} and m["oscillation"]["reversals"] <= 1, scale.to_string()
     assert scale["to"].iloc[0] == 2 and scale["time_s"].iloc[0] > 10.0  # not on the first, partial sample
-    assert m["slo_attainment"] >= 0.88 and m["slo_attainment_admitted"] >= 0.99
+    assert m["slo_attainment"] >= 0.87 and m["slo_attainment_admitted"] >= 0.99
 
 
 # --------------------------------------------------------------------------------------------
