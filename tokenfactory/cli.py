@@ -2,7 +2,7 @@
 
 Subcommands: ``describe`` (model, hardware, worker, controller kinds), ``margins`` (a scenario's stability
 margins), ``certify`` (a stack scenario's certificate), ``forecast`` (backtests and a capacity plan), ``simulate`` (request-level replay),
-``traces`` (list, info, fit, synth),
+``traces`` (list, info, fit, synth, fetch),
 ``study`` (runnable studies), ``report`` (the HTML report). Every error that
 comes from a bad value is a :class:`ConfigError` and is printed as one line, exit status 2.
 """
@@ -217,14 +217,23 @@ def _cmd_traces(args) -> int:
     from pathlib import Path
 
     from tokenfactory.studies.report import to_jsonable
-    from tokenfactory.traces import TRACES, data_dir, trace_available
+    from tokenfactory.traces import TRACES, trace_dirs, trace_path
 
     if args.action == "list":
-        print(f"data folder: {data_dir()} ({'found' if data_dir().is_dir() else 'absent'}; set TOKENFACTORY_TRACES)")
+        dirs = trace_dirs()
+        print("trace folders searched: " + "; ".join(f"{d} ({'found' if d.is_dir() else 'absent'})" for d in dirs)
+              + " (set TOKENFACTORY_TRACES to use another)")
+        missing = []
         for name, spec in TRACES.items():
-            print(f"  {name:24s} {spec.kind:8s} {'yes' if trace_available(name) else 'no ':3s}  {spec.description}")
-        print("  synthetic               (embedded; tokenfactory traces synth)")
+            here = trace_path(name)
+            missing += [name] if here is None else []
+            print(f"  {name:24s} {spec.kind:8s} {'yes' if here else 'no ':3s}  {spec.description}")
+        print("  synthetic                requests yes  embedded generator (tokenfactory traces synth)")
+        if missing:
+            print(f"{len(missing)} of {len(TRACES)} absent: `tokenfactory traces fetch all` downloads the public ones")
         return 0
+    if args.action == "fetch":
+        return _traces_fetch(args)
     if args.action == "info":
         from tokenfactory.traces import load_trace, trace_info
 
@@ -269,6 +278,42 @@ def _cmd_traces(args) -> int:
         df.to_csv(out, index=False)
     print(f"wrote {len(df)} rows to {out} ({args.kind}, {dur:g} s, seed {args.seed})")
     return 0
+
+
+def _traces_fetch(args) -> int:
+    from pathlib import Path
+
+    from tokenfactory.traces import TRACES
+    from tokenfactory.traces.fetch import TRACE_SOURCES, FetchError, fetch_dir, fetch_trace
+
+    if not args.name:
+        raise ConfigError("name", f"traces fetch needs a trace name or 'all' ({', '.join(TRACES)})")
+    names = list(TRACES) if args.name == "all" else [args.name]
+    if args.name != "all" and args.name not in TRACES:
+        raise ConfigError("name", f"{args.name!r} is not a registered trace ({', '.join(TRACES)}, or all)")
+    dest = Path(args.dir) if args.dir else fetch_dir()
+    failed = derived = 0
+    for name in names:
+        src, rel = TRACE_SOURCES[name], TRACES[name].relative_path
+        url = f"{args.mirror.rstrip('/')}/{Path(rel).name}" if args.mirror and src.url else None
+        try:
+            path, downloaded = fetch_trace(name, rel, dest, url=url)
+        except FetchError as exc:
+            if args.name != "all":
+                raise
+            if src.url is None:
+                derived += 1
+            else:
+                failed += 1
+            print(f"  {name}: not fetched - {str(exc).split(': ', 1)[1]}")
+            continue
+        print(f"  {name}: {'downloaded' if downloaded else 'already there'}, sha256 verified: {path}"
+              f" (licence {src.licence})")
+    if args.name == "all":
+        print(f"{len(names) - failed - derived} of {len(names)} traces in {dest}"
+              + (f"; {failed} failed to download (fetch them by hand, see above)" if failed else "")
+              + (f"; {derived} are derived files with no upstream copy (see above)" if derived else ""))
+    return 1 if failed else 0
 
 
 def _cmd_certify(args) -> int:
@@ -506,9 +551,13 @@ def build_parser() -> argparse.ArgumentParser:
     ce.add_argument("--check", action="store_true", help="exit 1 if any floor fails")
     ce.set_defaults(func=_cmd_certify)
 
-    t = sub.add_parser("traces", help="list, describe, fit or synthesise traces")
-    t.add_argument("action", choices=["list", "info", "fit", "synth"])
-    t.add_argument("name", nargs="?", help="info/fit: registered name or path")
+    t = sub.add_parser("traces", help="list, fetch, describe, fit or synthesise traces")
+    t.add_argument("action", choices=["list", "info", "fit", "synth", "fetch"])
+    t.add_argument("name", nargs="?", help="info/fit: registered name or path; fetch: registered name or all")
+    t.add_argument("--dir", default=None, help="fetch: trace folder to store into (default $TOKENFACTORY_TRACES, "
+                                               "else ~/.local/share/tokenfactory/traces)")
+    t.add_argument("--mirror", default=None, help="fetch: base URL holding the files under their upstream names, "
+                                                  "instead of the upstream URLs")
     t.add_argument("--json", action="store_true")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--kind", choices=["requests", "rates"], default="requests", help="synth: what to write")
