@@ -48,7 +48,7 @@ from tokenfactory.plant_models import (
 )
 from tokenfactory.registry import CONTROL_PLANES, TARGET_UTILIZATION, PlantContext, build_admission, control_plane
 from tokenfactory.replay import build_replay
-from tokenfactory.studies.report import StudyReport, markdown_table
+from tokenfactory.studies.report import StudyReport, human, markdown_table
 from tokenfactory.sweep import map_points
 from tokenfactory.traces import (
     SyntheticWorkload,
@@ -668,10 +668,22 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         report.headline("cascade peak", rp["cascade"]["baseline"]["peak_provisioned"], "workers",
                         f"hysteretic {rp['cascade']['fixed']['peak_provisioned']}, justified "
                         f"{rp['cascade']['demand_justified_workers']}")
+    if "reproductions" in metrics:
+        for case, d in metrics["reproductions"].items():
+            for v in ("baseline", "predictive", "fixed"):
+                if v in d:
+                    x = d[v]
+                    report.loop(f"{case}: {x['controller']}", x["oscillating"],
+                                detail=f"{human(x['reversals_per_hour'])} reversals/h, {human(x['actions_per_hour'])} "
+                                       f"actions/h" + (f", period {x['period_s']:.0f} s" if x["oscillating"]
+                                                       and x.get("period_s") else ""))
     for workload in dict.fromkeys(r["workload"] for r in comparison):
         ok = [r for r in comparison if r["workload"] == workload and r["slo_attainment"] >= 0.99]
         if ok:
             c = min(ok, key=lambda r: r["gpu_hours"])
+            report.answer("change", f"Size pools with {c['controller']}: on {workload} it is the cheapest control "
+                          f"plane holding SLO attainment >= 0.99 ({human(c['gpu_hours'])} GPU-hours, "
+                          f"{human(c['reversals_per_hour'])} reversals/h).")
             report.headline("cheapest at SLO >= 0.99", c["controller"],
                             note=f"{workload.split(' (')[0]}: {c['gpu_hours']:.3g} GPU-h")
     return report.finish(metrics, lines)
