@@ -650,6 +650,8 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
             report.save_figure(_reproduction_figure(f"{info['trace']}: a day through the pool model", show,
                                                     ["decode", "fill"]), "servegen_day.png",
                                "Pool sizes, rolling SLO attainment and queues over the day for three control planes.")
+    wanted = {"azure": "azure-conv-2023", "servegen": "servegen:m-large"}
+    metrics["absent_traces"] = [wanted[k] for k, info in infos.items() if info["trace"] == "synthetic"]
     if comparison:
         metrics["comparison"] = comparison
         metrics["comparison_workloads"] = infos

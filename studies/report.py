@@ -143,8 +143,18 @@ def human(v: Any, digits: int = 3) -> str:
 
 
 def vllm_batch_flag(batch_cap: float) -> str:
-    """The decode batch cap per worker as vLLM's flag: ``--max-num-seqs N`` (N rounded down: the cap
-    is the largest batch meeting the TPOT target)."""
+    """The decode batch cap per worker as vLLM's flag.
+
+    Parameters
+    ----------
+    batch_cap : float
+        Sequences per decode worker (the largest batch meeting the TPOT target).
+
+    Returns
+    -------
+    str
+        ``--max-num-seqs N``, N rounded down (at least 1).
+    """
     return f"--max-num-seqs {max(int(math.floor(batch_cap)), 1)}"
 
 
@@ -359,8 +369,15 @@ class StudyReport:
                            "delay_margin_s": delay_margin_s, "detail": detail})
 
     def answer(self, kind: str, text: str) -> None:
-        """An answer for the report's opening: ``kind`` ``"capacity"`` (what limits capacity) or
-        ``"change"`` (what to change), ``text`` one sentence generated from the run's numbers."""
+        """An answer for the report's opening.
+
+        Parameters
+        ----------
+        kind : str
+            ``"capacity"`` (what limits capacity) or ``"change"`` (what to change).
+        text : str
+            One sentence generated from the run's numbers.
+        """
         if kind not in ("capacity", "change"):
             raise ValueError(f"answer kind {kind!r} is not 'capacity' or 'change'")
         self.answers.append({"kind": kind, "text": text})

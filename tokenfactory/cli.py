@@ -98,7 +98,7 @@ def _study_answer_lines(rep: dict) -> list[str]:
         marg = ", ".join(f"{k} {human(lp[f])}{u}" for k, f, u in (("GM", "gain_margin", ""),
                                                                     ("PM", "phase_margin_deg", " deg"),
                                                                     ("DM", "delay_margin_s", " s"))
-                         if lp.get(f) is not None)
+                         if human(lp.get(f)) != "-")
         verdict = "oscillates" if lp["oscillates"] else "does not oscillate" if lp["oscillates"] is False else "-"
         lines.append(f"{lp['loop']}: {verdict}" + (f" ({marg})" if marg else "")
                      + (f" - {lp['detail']}" if lp.get("detail") else ""))

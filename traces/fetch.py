@@ -88,7 +88,15 @@ TRACE_SOURCES: dict[str, TraceSource] = {s.name: s for s in (
 
 class FetchError(ConfigError):
     """A trace could not be fetched (offline, wrong checksum, derived file); the message says what to
-    do by hand: the URL to download and the path to put it at."""
+    do by hand: the URL to download and the path to put it at.
+
+    Parameters
+    ----------
+    name : str
+        The registered trace (the field is ``traces fetch NAME``).
+    message : str
+        What failed and what to do instead.
+    """
 
     def __init__(self, name: str, message: str):
         super().__init__(f"traces fetch {name}", message)
@@ -111,7 +119,18 @@ def fetch_dir() -> Path:
 
 
 def sha256_of(path: str | Path) -> str:
-    """The hex sha256 of a file, read in 1 MiB blocks."""
+    """The hex sha256 of a file, read in 1 MiB blocks.
+
+    Parameters
+    ----------
+    path : str or Path
+        The file.
+
+    Returns
+    -------
+    str
+        64 hex digits.
+    """
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
