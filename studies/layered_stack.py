@@ -545,7 +545,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                   f"(1 + {n['fleet_headroom']:g}), needs at the reconfiguration layer's target utilisation "
                   f"{n['target_utilization']:g}; a static split holding both pools' peaks there would need "
                   f"{n['static_split_needs']}. GPU-hours are the fleet's for every policy "
-                  f"({mix_rows[0]['gpu_hours']:.4g}; the oracle's smallest fleet for the run: "
+                  f"({human(mix_rows[0]['gpu_hours'])}; the oracle's smallest fleet for the run: "
                   f"{mix_rows[0]['oracle_fleet_needed']:.0f} workers).", ""]
         lines += markdown_table([{k: v for k, v in r.items() if k not in ("utilization_ceiling", "per_worker_rps")} for r in mix_rows],
                                 ["startup_s", "stack", "slo_attainment", "rejected_fraction", "role_moves_per_hour",

@@ -535,11 +535,11 @@ def _winners(rows: list[dict]) -> list[str]:
                 continue
             best = pick(r[key] for r in pool)
             tied = [r["controller"] for r in pool if math.isclose(r[key], best, rel_tol=1e-3, abs_tol=1e-9)]
-            parts.append(f"{label}: {', '.join(tied)} ({best:.3g})")
+            parts.append(f"{label}: {', '.join(tied)} ({human(best)})")
         ok = [r for r in rs if r["slo_attainment"] >= 0.99]
         if ok:
             c = min(ok, key=lambda r: r["gpu_hours"])
-            parts.append(f"cheapest with SLO attainment >= 0.99: {c['controller']} ({c['gpu_hours']:.3g} GPU-h)")
+            parts.append(f"cheapest with SLO attainment >= 0.99: {c['controller']} ({human(c['gpu_hours'])} GPU-h)")
         calm = [r["controller"] for r in rs if not r["oscillating"]]
         osc = [r["controller"] for r in rs if r["oscillating"]]
         parts.append(f"not oscillating: {len(calm)} of {len(rs)}" + (f" (oscillating: {', '.join(osc)})" if osc else ""))
@@ -687,5 +687,5 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                           f"plane holding SLO attainment >= 0.99 ({human(c['gpu_hours'])} GPU-hours, "
                           f"{human(c['reversals_per_hour'])} reversals/h).")
             report.headline("cheapest at SLO >= 0.99", c["controller"],
-                            note=f"{workload.split(' (')[0]}: {c['gpu_hours']:.3g} GPU-h")
+                            note=f"{workload.split(' (')[0]}: {human(c['gpu_hours'])} GPU-h")
     return report.finish(metrics, lines)

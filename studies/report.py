@@ -99,8 +99,9 @@ def human(v: Any, digits: int = 3) -> str:
 
     ``True``/``False`` -> ``yes``/``no``; None or non-finite -> ``-``; integers and floats of 1,000
     or more with thousands separators and no decimals (``8,390,642``); from 100 to 1,000 no
-    decimals; smaller values to ``digits`` significant digits; a nonzero value under 0.001 in size
-    prints as ``< 0.001`` (``> -0.001``); a dict as ``key value, key value``; a list comma-joined.
+    decimals; smaller values to ``digits`` significant digits (``0.000643``); a nonzero value under
+    0.0001 in size prints as ``< 0.0001`` (``> -0.0001``); a dict as ``key value, key value``; a
+    list comma-joined.
 
     Parameters
     ----------
@@ -129,11 +130,11 @@ def human(v: Any, digits: int = 3) -> str:
             return f"{f:,.0f}"
         if a == 0:
             return "0"
-        if a < 1e-3:
-            return "< 0.001" if f > 0 else "> -0.001"
+        if a < 1e-4:   # numerically nothing next to the figures a report compares (3.24e-60)
+            return "< 0.0001" if f > 0 else "> -0.0001"
         text = f"{f:.{digits}g}"
-        if "e" in text:  # .3g of e.g. 0.0001234 - spell it out
-            text = f"{f:.{max(digits, 4)}f}".rstrip("0").rstrip(".")
+        if "e" in text:  # .3g of 0.000643 is 0.000643, but .2g of it is 6.4e-04: spell it out
+            text = f"{f:.{digits + 3}f}".rstrip("0").rstrip(".")
         return text
     if isinstance(v, dict):
         return ", ".join(f"{k} {human(x, digits)}" for k, x in v.items())
