@@ -146,8 +146,13 @@ th, td { border: 1px solid var(--line); padding: 3px 7px; text-align: right; }
 td { white-space: nowrap; }
 th { background: #f2f4f8; white-space: normal; min-width: 4em; max-width: 11em; vertical-align: bottom; }
 td:first-child, th:first-child { text-align: left; }
-table.loops td { white-space: normal; }
-table.loops td:nth-child(n+2):nth-child(-n+5) { white-space: nowrap; }
+table.loops { font-size: 12.5px; }
+table.loops td { white-space: normal; padding: 2px 7px; }
+table.loops td:nth-child(n+2):nth-child(-n+6) { white-space: nowrap; }
+table.loops td:nth-child(n+6), table.loops th:nth-child(n+6) { text-align: left; }
+table.loops td:nth-child(7) { font-size: 11.5px; color: var(--muted); }
+p.verdict { font-size: 15.5px; margin: 6px 0 4px; }
+footer { padding: 8px 28px 24px; color: var(--muted); font-size: 12px; }
 details { margin: 8px 0; }
 summary { cursor: pointer; color: var(--accent); }
 pre { background: #f5f7fa; border: 1px solid var(--line); padding: 10px; overflow-x: auto; font-size: 12px; }
@@ -325,8 +330,19 @@ def _answers_section(studies: list[tuple[str, dict]]) -> str:
                                                         for t, ls in absent.items())
                    + ". <code>tokenfactory traces fetch all</code> downloads the public traces.</p>")
     if loops:
-        n_osc = sum(1 for lp, _ in loops if lp["oscillates"])
-        out.append(f"<h3>Does each loop oscillate? ({n_osc} of {len(loops)} do)</h3>")
+        osc = [lp["loop"] for lp, _ in loops if lp["oscillates"]]
+        calm = [lp for lp, _ in loops if lp["oscillates"] is False]
+        worst_pm = min((lp for lp in calm if lp["phase_margin_deg"] is not None),
+                       key=lambda lp: lp["phase_margin_deg"], default=None)
+        out.append("<p class='verdict'>"
+                   + (f"<b>{len(osc)} of {len(loops)} loops oscillate</b>: {html.escape('; '.join(osc))}. "
+                      if osc else f"<b>None of the {len(loops)} loops oscillates.</b> ")
+                   + (f"Of the {len(calm)} that do not, the thinnest phase margin is "
+                      f"{_margin(worst_pm['phase_margin_deg'], ' deg')} ({html.escape(worst_pm['loop'])}, "
+                      f"gain margin {_margin(worst_pm['gain_margin'])}, delay margin "
+                      f"{_margin(worst_pm['delay_margin_s'], ' s')})." if worst_pm else "")
+                   + "</p>")
+        out.append("<h3>Does each loop oscillate? Its margins</h3>")
         rows = []
         for lp, link in loops:
             osc = lp["oscillates"]
@@ -405,11 +421,13 @@ def render_index(reports_dir: str | Path, order: list[str] | None = None) -> str
 <style>{_CSS}</style></head>
 <body>
 <header><h1>tokenfactory report</h1>
-<p>{len(sections)} studies; page built {stamp} from commit <code>{html.escape(prov['commit'])}</code>,
-tokenfactory {html.escape(prov['tokenfactory'])}, Python {html.escape(prov['python'])}; {html.escape(versions)}.</p>
+<p>{len(sections)} studies; page built {stamp} from commit <code>{html.escape(prov['commit'][:12])}</code>
+(tokenfactory {html.escape(prov['tokenfactory'])}; versions at the bottom).</p>
 </header>
 <div class="layout"><nav>{''.join(nav)}</nav>
 <main>{body}</main></div>
+<footer>Built from commit <code>{html.escape(prov['commit'])}</code>, tokenfactory {html.escape(prov['tokenfactory'])},
+Python {html.escape(prov['python'])}; {html.escape(versions)}.</footer>
 </body></html>
 """
 

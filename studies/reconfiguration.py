@@ -96,6 +96,10 @@ DF_EFFICIENCY = {"compute": 0.6, "memory": 0.8, "network": 0.7, "layer_overhead_
                  "scale_up_latency_s": 0.0, "scale_out_latency_s": 0.0}
 
 
+#: the reproductions' variants, as the report's loop table names them
+_VARIANT_WORDS = {"baseline": "today's rule", "predictive": "predictive variant", "fixed": "tokenfactory"}
+
+
 def _verdict(resp_series: pd.DataFrame, column: str, dt: float, start_s: float) -> dict:
     x = resp_series.loc[resp_series["time_s"] >= start_s, column].to_numpy(dtype=float)
     rep = assess(x, dt, min_amplitude=MIN_AMPLITUDE_WORKERS)
@@ -675,7 +679,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
             for v in ("baseline", "predictive", "fixed"):
                 if v in d:
                     x = d[v]
-                    report.loop(f"{case}: {x['controller']}", x["oscillating"],
+                    report.loop(f"{case}: {x['controller']} ({_VARIANT_WORDS[v]})", x["oscillating"],
                                 detail=f"{human(x['reversals_per_hour'])} reversals/h, {human(x['actions_per_hour'])} "
                                        f"actions/h" + (f", period {x['period_s']:.0f} s" if x["oscillating"]
                                                        and x.get("period_s") else ""))
