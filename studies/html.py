@@ -145,7 +145,7 @@ table { border-collapse: collapse; font-size: 12.5px; margin: 8px 0; display: bl
 th, td { border: 1px solid var(--line); padding: 3px 7px; text-align: right; }
 td { white-space: nowrap; }
 th { background: #f2f4f8; white-space: normal; min-width: 4em; max-width: 11em; vertical-align: bottom; }
-td:first-child, th:first-child { text-align: left; }
+td:first-child, th:first-child, td.t { text-align: left; }
 table.loops { font-size: 12.5px; }
 table.loops td { white-space: normal; padding: 2px 7px; }
 table.loops td:nth-child(n+2):nth-child(-n+6) { white-space: nowrap; }
@@ -243,6 +243,8 @@ def _summary_html(study_dir: Path) -> str:
     body = markdown.markdown("\n".join(lines), extensions=["tables"])
     # the summary's own headings sit under the study's <h2>
     body = body.replace("<h3>", "<h4>").replace("</h3>", "</h4>").replace("<h2>", "<h3>").replace("</h2>", "</h3>")
+    # words read from the left, numbers from the right
+    body = re.sub(r"<td>(?!\s*(?:[-+]|&lt;|&gt;)?\s*[\d.,]+\s*(?:[%x]|s|deg)?\s*</td>)(?!-</td>)", "<td class='t'>", body)
     return _link_terms(body)
 
 
