@@ -511,17 +511,17 @@ def _trace_or_standin(name: str) -> str:
 def _verdicts(metrics: dict, prefix: str = "") -> list[tuple[str, bool, str]]:
     """Every oscillation or churn verdict in a run's metrics, whatever produced it: a boolean
     ``*oscillating``/``*churning``/``*flapping`` key, or a dict holding one (a detector report)."""
+    kinds = ("oscillating", "churning", "flapping")
     found = []
     for k, v in metrics.items():
         if isinstance(v, dict):
-            flag = next((v[f] for f in ("oscillating", "churning", "flapping") if isinstance(v.get(f), bool)), None)
-            if flag is not None:
-                more = f"period {v['period_s']:.3g} s" if flag and isinstance(v.get("period_s"), float) else \
-                    str(v.get("reason") or "")
-                found.append((prefix + k, flag, more))
-            elif k not in ("config", "classes"):
+            flags = [f for f in kinds if isinstance(v.get(f), bool)]
+            for f in flags:
+                more = f"period {v['period_s']:.3g} s" if v[f] and isinstance(v.get("period_s"), float) else ""
+                found.append((prefix + k + ("" if f == "oscillating" else f" {f}"), v[f], more))
+            if not flags and k not in ("config", "classes"):
                 found += _verdicts(v, prefix + k + ".")
-        elif isinstance(v, bool) and k.endswith(("oscillating", "churning", "flapping")):
+        elif isinstance(v, bool) and k.endswith(kinds):
             found.append((prefix + k, v, ""))
     return found
 
