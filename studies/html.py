@@ -284,7 +284,7 @@ def _study_section(study_dir: Path, metrics: dict) -> str:
     out += [_figure(study_dir, f) for f in figures[:_FIGURES_SHOWN]]
     summary = _summary_html(study_dir)
     if summary:
-        out.append(f"<details><summary>Summary: every figure of the run, with the tables</summary>{summary}</details>")
+        out.append(f"<details><summary>Summary: what the run found, in numbers and tables</summary>{summary}</details>")
     if len(figures) > _FIGURES_SHOWN:
         out.append(f"<details><summary>{len(figures) - _FIGURES_SHOWN} more figures</summary>"
                    + "".join(_figure(study_dir, f) for f in figures[_FIGURES_SHOWN:]) + "</details>")
