@@ -464,7 +464,9 @@ def _cmd_simulate(args) -> int:
               f"running on the synthetic stand-in for it ({args.duration} of the embedded workload, seed {args.seed})",
               flush=True)
     if trace_name == "synthetic":
-        print(f"generating {args.duration} of synthetic requests (seed {args.seed}) ...", flush=True)
+        expected = SyntheticWorkload(seed=args.seed).mean_rate_rps * _duration(args.duration)
+        print(f"generating {args.duration} of synthetic requests (about {expected:,.0f}, seed {args.seed}) ...",
+              flush=True)
     trace = (generate_requests(SyntheticWorkload(seed=args.seed), _duration(args.duration))
              if trace_name == "synthetic" else load_trace(args.trace))
     print(f"building the replay: {len(trace):,} requests, service tables and per-request costs ...", flush=True)
