@@ -67,16 +67,24 @@ GLOSSARY: dict[str, tuple[str, str, str]] = {
                     "loop itself rather than by the demand.", r"\blimit[- ]cycles?\b"),
     "first harmonic": ("harmonic", "The sine wave at the oscillation's own period that best fits the signal; its "
                        "amplitude is what the describing function predicts.", r"\bfirst[- ]harmonic\b"),
-    "Thornhill r": ("thornhill", "Regularity of the zero crossings of the signal's autocorrelation (Thornhill et "
-                    "al.); r > 1 means a regular oscillation, not noise.", r"\bThornhill\b"),
-    "Miao-Seborg R": ("miao-seborg", "Decay ratio of the autocorrelation's successive peaks (Miao and Seborg); "
-                      "R > 0.5 means an oscillation that does not die out.", r"\bMiao-Seborg\b"),
-    "Forsman-Stattin h": ("forsman", "Share of half-periods of similar length and area (Forsman and Stattin); "
-                          "h > 0.4 flags a regular oscillation.", r"\bForsman-Stattin\b"),
-    "Hagglund detector": ("hagglund", "Counts large integrated errors between zero crossings (Hagglund's load "
-                          "disturbance detector); many in a window mean the loop oscillates.", r"\bH[aä]gglund\b"),
-    "spectral peak": ("spectral", "Share of the signal's power in its strongest frequency band; a sharp peak is "
-                      "an oscillation.", r"\bspectral peak\b"),
+    "Thornhill r": ("thornhill", "How regularly the zero crossings of the signal's autocorrelation are spaced "
+                    "(Thornhill, Huang and Zhang 2003: mean period over three standard deviations); r > 1 means a "
+                    "regular oscillation, not noise.", r"\bThornhill\b"),
+    "Miao-Seborg R": ("miao-seborg", "How strongly the signal's autocorrelation rebounds after its first dip "
+                      "(Miao and Seborg 1999); R > 0.5 flags an excessively oscillatory loop.", r"\bMiao-Seborg\b"),
+    "Forsman-Stattin h": ("forsman", "Share of consecutive half-waves of the signal with similar area and "
+                          "duration (Forsman and Stattin 1999); h > 0.4 indicates an oscillation, white noise "
+                          "gives about 0.1.", r"\bForsman-Stattin\b"),
+    "Hagglund detector": ("hagglund", "Counts load disturbances - stretches between zero crossings whose "
+                          "integrated error exceeds a limit set by the acceptable amplitude (Hagglund 1995); more "
+                          "than 10 in 50 periods raise a limit-cycle alarm.", r"\bH[aä]gglund\b"),
+    "spectral peak": ("spectral", "Share of the signal's power within +/-20 % of its strongest frequency; "
+                      "tokenfactory's own screening index, used only to corroborate the verdict.",
+                      r"\bspectral peak\b"),
+    "oscillation verdict": ("verdict", "A signal oscillates when its swing reaches the stated amplitude, "
+                            "Thornhill r > 1, and Miao-Seborg R > 0.5 or Forsman-Stattin h > 0.4 (regularity "
+                            "separates a cycle from noise, the second index a cycle from a decaying transient).",
+                            r"\boscillat(?:es|ing)\b"),
     "coherence": ("coherence", "How strongly two signals move together at one frequency: 0 unrelated, 1 locked.",
                   r"\bcoherence\b"),
     "envelope": ("envelope", "The set of plant errors a loop must tolerate (delays and service rates scaled up "
@@ -354,7 +362,7 @@ def _answers_section(studies: list[tuple[str, dict]]) -> str:
                         f"<td>{_margin(lp['gain_margin'])}</td><td>{_margin(lp['phase_margin_deg'], ' deg')}</td>"
                         f"<td>{_margin(lp['delay_margin_s'], ' s')}</td><td>{link}</td>"
                         f"<td>{_link_terms(html.escape(lp['detail']))}</td></tr>")
-        out.append("<table class='loops'><thead><tr><th>loop</th><th>oscillates?</th>"
+        out.append("<table class='loops'><thead><tr><th>loop</th><th><a class='term' href='#g-verdict'>oscillates?</a></th>"
                    "<th><a class='term' href='#g-gm'>gain margin</a></th>"
                    "<th><a class='term' href='#g-pm'>phase margin</a></th>"
                    "<th><a class='term' href='#g-dm'>delay margin</a></th><th>study</th><th>evidence</th></tr>"
