@@ -156,6 +156,7 @@ th { background: #f2f4f8; white-space: normal; min-width: 4em; max-width: 11em; 
 td:first-child, th:first-child, td.t { text-align: left; }
 table.loops { font-size: 12.5px; }
 table.loops td { white-space: normal; padding: 2px 7px; }
+table.loops td:first-child { min-width: 16em; }
 table.loops td:nth-child(n+2):nth-child(-n+6) { white-space: nowrap; }
 table.loops td:nth-child(n+6), table.loops th:nth-child(n+6) { text-align: left; }
 table.loops td:nth-child(7) { font-size: 11.5px; color: var(--muted); }

@@ -682,7 +682,10 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                     report.loop(f"{case}: {x['controller']} ({_VARIANT_WORDS[v]})", x["oscillating"],
                                 detail=f"{human(x['reversals_per_hour'])} reversals/h, {human(x['actions_per_hour'])} "
                                        f"actions/h" + (f", period {x['period_s']:.0f} s" if x["oscillating"]
-                                                       and x.get("period_s") else ""))
+                                                       and x.get("period_s") else "")
+                                       + (f", peak {x['peak_provisioned']} workers provisioned (demand justifies "
+                                          f"{d['demand_justified_workers']})" if "peak_provisioned" in x
+                                          and "demand_justified_workers" in d else ""))
     for workload in dict.fromkeys(r["workload"] for r in comparison):
         ok = [r for r in comparison if r["workload"] == workload and r["slo_attainment"] >= 0.99]
         if ok:

@@ -1,7 +1,7 @@
 """The README's Quick tour runs as written on a fresh clone with no trace data.
 
-Each command of the tour's shell block runs, in order, in one scratch folder (the repository's
-``studies/`` linked in, as in a checkout) with no trace folder and an empty user data folder; it
+Each command of the tour's shell block runs, in order, in one scratch folder (the checkout's files
+linked in, no reports) with no trace folder and an empty user data folder; it
 must exit 0 and print its answer. Commands that run a study or a replay take minutes on two cores,
 so they are marked slow (``make test`` deselects them; ``pytest -m slow tests/test_readme_tour.py``
 runs the whole tour); the fall-back of a command naming an absent trace is tested fast below.
@@ -27,9 +27,11 @@ HEAVY = ("study ", "simulate ")   # minutes on two cores
 
 @pytest.fixture(scope="module")
 def fresh_clone(tmp_path_factory):
-    """A working folder like a fresh clone's: studies/ present, no reports, no traces anywhere."""
+    """A working folder like a fresh clone's: the checkout's files (linked), no reports, no traces anywhere."""
     home = tmp_path_factory.mktemp("clone")
-    (home / "studies").symlink_to(ROOT / "studies")
+    for entry in ROOT.iterdir():
+        if entry.name not in (".git", ".venv") and not entry.name.startswith("reports"):
+            (home / entry.name).symlink_to(entry)
     env = {**os.environ, "TOKENFACTORY_TRACES": str(home / "no-traces"), "XDG_DATA_HOME": str(home / "xdg"),
            "MPLBACKEND": "Agg"}
     return home, env
