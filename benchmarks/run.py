@@ -153,7 +153,7 @@ def _overload(loads=(0.9, 1.3, 2.0), replay_s: float = 120.0) -> dict:
     as the overload study counts it), admitted SLO and wasted prefill per policy, the new gate's
     goodput as a ratio to the best baseline's at the same load, and the wall time of each run (the
     first run of a policy includes building and tuning its controller)."""
-    from tokenfactory.classes import DEFAULT_CLASSES
+    from tokenfactory.core.classes import DEFAULT_CLASSES
     from tokenfactory.registry import DEFAULT_TPOT_FRACTION, RECOMMENDED_ADMISSION
     from tokenfactory.replay import build_replay, run_replay
     from tokenfactory.traces import (

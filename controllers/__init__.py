@@ -35,8 +35,8 @@ from tokenfactory.controllers.planning import *  # noqa: F401,F403
 from tokenfactory.controllers.planning import __all__ as _pl
 from tokenfactory.controllers.separation import *  # noqa: F401,F403
 from tokenfactory.controllers.separation import __all__ as _sep
-from tokenfactory.controllers.stack import *  # noqa: F401,F403
-from tokenfactory.controllers.stack import __all__ as _stk
+from tokenfactory.controllers.control_stack import *  # noqa: F401,F403
+from tokenfactory.controllers.control_stack import __all__ as _stk
 from tokenfactory.controllers.batch_gate import *  # noqa: F401,F403
 from tokenfactory.controllers.batch_gate import __all__ as _bg
 from tokenfactory.controllers.slo_admission import *  # noqa: F401,F403

@@ -9,7 +9,7 @@
   shedding of backlog over a bound.
 
 All share the :mod:`tokenfactory.controllers.interface` protocol and return
-:class:`tokenfactory.signals.AdmissionAction`.
+:class:`tokenfactory.core.signals.AdmissionAction`.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import control
 
 from tokenfactory.controllers.interface import SampledController, lowpass
 from tokenfactory.controllers.tuning import PIGains
-from tokenfactory.signals import AdmissionAction, Measurement
-from tokenfactory.validation import check_choice, check_number
+from tokenfactory.core.signals import AdmissionAction, Measurement
+from tokenfactory.core.validation import check_choice, check_number
 
 __all__ = ["CompletionTriggeredAdmission", "ThresholdAdmission", "SmoothedAdmission"]
 
@@ -106,7 +106,7 @@ class ThresholdAdmission(SampledController):
         Width of the dead band below ``threshold``, in the same unit, in [0, ``threshold``]
         (default 0: re-open as soon as the signal drops under ``threshold``).
     signal : {"kv_occupancy", "decode_utilization", "ready"}
-        The busy signal read from the :class:`~tokenfactory.signals.Measurement` (default
+        The busy signal read from the :class:`~tokenfactory.core.signals.Measurement` (default
         ``"kv_occupancy"``).
     open_rate : float or None
         Admission rate while open (requests/s, >= 0); ``None`` (default) admits at the measured

@@ -3,7 +3,7 @@
 Each is a :class:`tokenfactory.controllers.interface.SampledController` whose ``update(t, measurement)``
 returns a :class:`ScaleAction` (desired workers of one pool); the decision core is a pure
 ``recommend`` method so it can be checked against hand-worked sequences from the documented
-algorithm. The metric is any function of the :class:`tokenfactory.signals.Measurement`.
+algorithm. The metric is any function of the :class:`tokenfactory.core.signals.Measurement`.
 
 * :class:`HorizontalPodAutoscaler` - Kubernetes HPA, autoscaling/v2 (kubernetes.io docs,
   "Horizontal Pod Autoscaling", algorithm details and default behavior): desired =
@@ -34,8 +34,8 @@ from collections import deque
 from collections.abc import Callable
 
 from tokenfactory.controllers.interface import SampledController
-from tokenfactory.signals import Measurement, ScaleAction
-from tokenfactory.validation import ConfigError, check_choice, check_int, check_number
+from tokenfactory.core.signals import Measurement, ScaleAction
+from tokenfactory.core.validation import ConfigError, check_choice, check_int, check_number
 
 __all__ = ["ScaleAction", "HorizontalPodAutoscaler", "KnativeAutoscaler", "DynamoThroughputPlanner",
            "DynamoLoadPlanner", "AIBrixAPA", "POOL_METRICS"]

@@ -22,7 +22,7 @@ from tokenfactory.controllers.stability import DelayedLoop, Margins, loop_transf
 from tokenfactory.controllers.stability_batch import DelayedLoopBatch, stability_margins_batch
 from tokenfactory.controllers.tuning import PIGains, effective_delay, simc_pi
 from tokenfactory.plant_models.fluid import FluidPlant
-from tokenfactory.validation import ConfigError, check_number
+from tokenfactory.core.validation import ConfigError, check_number
 
 __all__ = ["StabilityEnvelope", "TuningReport", "admission_loop", "tune_smoothed_admission",
            "envelope_loops", "envelope_margins"]

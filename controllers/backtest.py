@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from tokenfactory.controllers.forecasting import DAY_S, Forecaster, make_forecaster
-from tokenfactory.validation import ConfigError, check_number
+from tokenfactory.core.validation import ConfigError, check_number
 
 __all__ = ["BacktestResult", "backtest", "mase_scale", "pick_best_model"]
 

@@ -2,7 +2,7 @@
 system can observe its effect"; large-batch recovery "may make the loop worse by increasing KV
 memory pressure and response latency").
 
-The decode batch cap is a control input (:class:`tokenfactory.signals.BatchCapAction`).
+The decode batch cap is a control input (:class:`tokenfactory.core.signals.BatchCapAction`).
 :class:`BatchGate` sets it to the largest batch whose predicted pass time - the roofline pass
 time at the *live* context of the decoding sequences - meets a target share of the TPOT SLO,
 with an integral correction of the model from the measured pass time:
@@ -53,8 +53,8 @@ from tokenfactory.controllers.stability import (  # the phase crossovers: where 
     loop_transfer,
     stability_margins,
 )
-from tokenfactory.signals import BatchCapAction, Measurement
-from tokenfactory.validation import ConfigError, check_number
+from tokenfactory.core.signals import BatchCapAction, Measurement
+from tokenfactory.core.validation import ConfigError, check_number
 
 __all__ = ["BatchGate", "BatchGateTuning", "batch_gate_delay", "batch_gate_loop", "tune_batch_gate",
            "predict_batch_cycle", "largest_batch", "pass_target_s", "JOIN_WAIT_PASSES"]

@@ -12,6 +12,7 @@ had less capacity than the hour's actual peak, and the shortfall in worker-hours
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 
@@ -20,9 +21,9 @@ import pandas as pd
 
 from tokenfactory.plant_models.fluid import FluidParams
 from tokenfactory.plant_models.service import ServiceModel
-from tokenfactory.validation import ConfigError, check_int, check_number
+from tokenfactory.core.validation import ConfigError, check_int, check_number
 
-__all__ = ["PoolRates", "hourly_peak", "workers_needed", "plan_capacity", "score_plan", "oracle_plan",
+__all__ = ["PoolRates", "hourly_peak", "workers_needed", "plan_capacity", "score_plan", "oracle_plan", "utilization_ceiling",
            "static_split"]
 
 HOUR = 3600.0
@@ -313,6 +314,68 @@ def oracle_plan(demand_rps: pd.Series, per_worker_rps: dict[str, float], utiliza
     else:
         worker_s = float((out["fill_billed"] + out["decode_billed"]).max() * w.sum())
     return out, worker_s / 3600.0 * gpus_per_worker
+
+
+def utilization_ceiling(params: FluidParams, slo_ttft_s: float, slo_tpot_s: float, *,
+                        workers: int | dict[str, int] = 4,
+                        grid=(0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 0.995), duration_s: float = 1200.0,
+                        dt: float = 1.0, seed: int = 0) -> dict[str, float]:
+    """The highest utilisation of each pool at which the pool model still meets the SLO for 99 %
+    of requests (Poisson arrivals at a constant rate, the other pool ample), on ``grid``: the SLO's
+    utilisation ceiling, which the oracle provisions at.
+
+    Poisson noise is relatively smaller in a larger pool, so the ceiling depends on the pool size:
+    measure it at the sizes the workload runs at (``workers`` per pool).
+
+    Parameters
+    ----------
+    params : FluidParams
+        The plant (the batch gate applied).
+    slo_ttft_s, slo_tpot_s : float
+        The SLO.
+    workers : int or dict
+        Pool size the ceiling is measured at (``{"fill": .., "decode": ..}`` or one for both).
+    grid : sequence of float
+        Utilisations tried in increasing order; the first that misses the SLO ends the search.
+    duration_s, dt : float
+        Length and step of each measurement run (s).
+    seed : int
+        Seed of the Poisson arrivals.
+
+    Returns
+    -------
+    dict
+        ``{"fill": ceiling, "decode": ceiling}`` (the first grid point if even that misses).
+    """
+    return _ceiling(params, float(slo_ttft_s), float(slo_tpot_s),
+                    tuple(sorted((workers if isinstance(workers, dict) else
+                                  {"fill": workers, "decode": workers}).items())),
+                    tuple(grid), float(duration_s), float(dt), int(seed))
+
+
+@functools.lru_cache(maxsize=64)
+def _ceiling(params: FluidParams, slo_ttft_s: float, slo_tpot_s: float, workers: tuple, grid: tuple,
+             duration_s: float, dt: float, seed: int) -> dict[str, float]:
+    from tokenfactory.plant_models.pools import PoolScenario, simulate_pools
+
+    sizes = dict(workers)
+    out = {}
+    for pool in ("fill", "decode"):
+        n = max(1, int(sizes[pool]))
+        mu = params.fill_rate_per_worker if pool == "fill" else params.decode_capacity(1)
+        best = grid[0]
+        for rho in grid:
+            lam = rho * n * mu
+            nf = n if pool == "fill" else math.ceil(lam / (0.5 * params.fill_rate_per_worker))
+            nd = n if pool == "decode" else math.ceil(lam / (0.5 * params.decode_capacity(1)))
+            r = simulate_pools(params, nf, nd, PoolScenario(lam, duration_s, dt=dt, seed=seed, slo_ttft_s=slo_ttft_s,
+                                                            slo_tpot_s=slo_tpot_s))
+            if r.metrics["slo_attainment"] >= 0.99:
+                best = rho
+            else:
+                break
+        out[pool] = float(best)
+    return out
 
 
 def _held_on(f: float | pd.Series, t: np.ndarray, field: str) -> np.ndarray:

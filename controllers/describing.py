@@ -16,7 +16,7 @@ import numpy as np
 from scipy.optimize import brentq, least_squares
 
 from tokenfactory.controllers.stability import DelayedLoop, _grid, _phase_crossovers, pade_order_for
-from tokenfactory.validation import ConfigError, check_number
+from tokenfactory.core.validation import ConfigError, check_number
 
 __all__ = ["LimitCycle", "predict_limit_cycles", "relay_integrator_delay_cycle"]
 

@@ -17,7 +17,7 @@ prediction-based) and vLLM's watermark admission.
   the release of the backlog on the KV the admitted work will hold.
 
 All three are :class:`tokenfactory.controllers.interface.SampledController` objects returning
-:class:`tokenfactory.signals.AdmissionAction`, so they run in the fluid model, the pool model
+:class:`tokenfactory.core.signals.AdmissionAction`, so they run in the fluid model, the pool model
 and the request simulator unchanged. Rejection at arrival is ``backlog_bound=0`` with the reason.
 """
 
@@ -27,8 +27,8 @@ import math
 from collections.abc import Callable
 
 from tokenfactory.controllers.interface import SampledController
-from tokenfactory.signals import AdmissionAction, Measurement
-from tokenfactory.validation import check_number
+from tokenfactory.core.signals import AdmissionAction, Measurement
+from tokenfactory.core.validation import check_number
 
 __all__ = ["EarlyRejection", "WatermarkAdmission"]
 

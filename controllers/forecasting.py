@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from tokenfactory.validation import ConfigError
+from tokenfactory.core.validation import ConfigError
 
 __all__ = ["Forecast", "Forecaster", "FORECASTERS", "make_forecaster", "DAY_S", "WEEK_S"]
 

@@ -2,7 +2,7 @@
 
 A controller is an object with a ``sample_period`` (seconds), ``reset()`` and
 ``update(t, measurement) -> action``. The plant (fluid model or request-level simulator) samples it
-every ``sample_period`` with a :class:`tokenfactory.signals.Measurement` that is already as old as
+every ``sample_period`` with a :class:`tokenfactory.core.signals.Measurement` that is already as old as
 the plant's measurement delay, and holds the returned action until the next sample. Linear
 controllers also give their transfer function, so the same object is analysed in the frequency
 domain (``tokenfactory.controllers.stability``) and run in simulation.
@@ -15,8 +15,8 @@ from typing import Protocol, runtime_checkable
 
 import control
 
-from tokenfactory.signals import AdmissionAction, Measurement
-from tokenfactory.validation import check_number
+from tokenfactory.core.signals import AdmissionAction, Measurement
+from tokenfactory.core.validation import check_number
 
 __all__ = ["Controller", "LinearController", "SampledController", "lowpass"]
 

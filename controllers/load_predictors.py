@@ -28,7 +28,7 @@ import warnings
 
 import numpy as np
 
-from tokenfactory.validation import ConfigError, check_choice, check_int, check_number
+from tokenfactory.core.validation import ConfigError, check_choice, check_int, check_number
 
 __all__ = ["LoadPredictor", "ConstantPredictor", "StateSpaceStep", "ArimaPredictor", "KalmanPredictor",
            "LOAD_PREDICTORS", "make_load_predictor"]

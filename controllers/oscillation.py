@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from scipy import signal as sps
 
-from tokenfactory.validation import ConfigError, check_number
+from tokenfactory.core.validation import ConfigError, check_number
 
 __all__ = [
     "OscillationReport",

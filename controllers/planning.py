@@ -54,8 +54,8 @@ from scipy.ndimage import maximum_filter1d, median_filter
 from tokenfactory.controllers.autoscaling import _current
 from tokenfactory.controllers.interface import SampledController, lowpass
 from tokenfactory.controllers.reconfiguration import HystereticPoolController, need_noise_std
-from tokenfactory.signals import Measurement, ScaleAction
-from tokenfactory.validation import ConfigError, check_int, check_number
+from tokenfactory.core.signals import Measurement, ScaleAction
+from tokenfactory.core.validation import ConfigError, check_int, check_number
 
 __all__ = ["DemandPlanner", "PlannedPoolController", "rise_profile", "calibrate_headroom", "HEADROOM_GRID"]
 

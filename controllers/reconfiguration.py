@@ -49,8 +49,8 @@ from tokenfactory.controllers.autoscaling import ScaleAction, _current, _PoolAut
 from tokenfactory.controllers.describing import LimitCycle, predict_limit_cycles
 from tokenfactory.controllers.interface import lowpass
 from tokenfactory.controllers.stability import DelayedLoop
-from tokenfactory.signals import Measurement
-from tokenfactory.validation import ConfigError, check_int, check_number
+from tokenfactory.core.signals import Measurement
+from tokenfactory.core.validation import ConfigError, check_int, check_number
 
 __all__ = ["HystereticPoolController", "QueueRelayScaler", "pool_relay_loop", "predict_pool_flapping",
            "need_noise_std", "measured_need_noise", "pool_demand"]

@@ -32,7 +32,7 @@ import control
 import numpy as np
 
 from tokenfactory.controllers.stability import DelayedLoop, Margins, _grid, pade_order_for, stability_margins
-from tokenfactory.validation import ConfigError, check_number
+from tokenfactory.core.validation import ConfigError, check_number
 
 __all__ = ["CascadePair", "closed_loop", "closed_loop_bandwidth", "cascade_separation", "first_order_pm_loss",
            "required_ratio", "reconfiguration_loop", "simc_queue_clear_s", "first_order_lag"]

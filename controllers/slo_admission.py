@@ -3,7 +3,7 @@
 rate"; "reserve capacity for short interactive work").
 
 :class:`SLOAwareAdmission` regulates the whole path to the first token and into decode, for every
-request class (:mod:`tokenfactory.classes`):
+request class (:mod:`tokenfactory.core.classes`):
 
 * **TTFT prediction.** For an arriving request of class k (priority level l) the fill work ahead
   of it is the new prompt tokens (input minus the prefix-cache hit the orchestrator's index
@@ -61,13 +61,13 @@ from dataclasses import asdict, dataclass, field
 
 import control
 
-from tokenfactory.classes import DEFAULT_CLASSES, RequestClass, class_table
+from tokenfactory.core.classes import DEFAULT_CLASSES, RequestClass, class_table
 from tokenfactory.controllers.batch_gate import JOIN_WAIT_PASSES
 from tokenfactory.controllers.describing import predict_limit_cycles
 from tokenfactory.controllers.interface import SampledController, lowpass
 from tokenfactory.controllers.stability import DelayedLoop, Margins, stability_margins
-from tokenfactory.signals import ADMIT, AdmissionAction, Arrival, Decision, Measurement, ReserveAction
-from tokenfactory.validation import ConfigError, check_number
+from tokenfactory.core.signals import ADMIT, AdmissionAction, Arrival, Decision, Measurement, ReserveAction
+from tokenfactory.core.validation import ConfigError, check_number
 
 __all__ = ["DEFAULT_TTFT_FRACTION", "SLOAwareAdmission", "GateLoopTuning", "slo_gate_loop", "tune_slo_admission", "reserve_share"]
 
@@ -135,7 +135,7 @@ class SLOAwareAdmission(SampledController):
     output_tokens : mapping or float
         Expected output tokens per class name (or one number for every class; > 1).
     classes : iterable of RequestClass
-        The classes and their SLOs (default :data:`tokenfactory.classes.DEFAULT_CLASSES`); the top
+        The classes and their SLOs (default :data:`tokenfactory.core.classes.DEFAULT_CLASSES`); the top
         priority class is the protected one.
     short_output_tokens : mapping or float, optional
         Output tokens of a short request per class (its TPOT carries its ready wait over fewer
@@ -491,7 +491,7 @@ class SLOAwareAdmission(SampledController):
         -------
         list
             ``[AdmissionAction, ReserveAction]`` (and the batch gate's
-            :class:`~tokenfactory.signals.BatchCapAction` when there is one): the rate form of
+            :class:`~tokenfactory.core.signals.BatchCapAction` when there is one): the rate form of
             the gate (for plants without per-request arrivals; excess shed at arrival, reason
             ``predicted_slo_violation``) and the capacity held for the top class.
         """

@@ -76,7 +76,7 @@ import control
 import numpy as np
 import pandas as pd
 
-from tokenfactory.validation import ConfigError, check_int, check_number
+from tokenfactory.core.validation import ConfigError, check_int, check_number
 
 __all__ = [
     "DelayedLoop",

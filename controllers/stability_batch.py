@@ -68,7 +68,7 @@ from tokenfactory.controllers.stability import (
     PhaseCrossing,
     stability_margins,
 )
-from tokenfactory.validation import ConfigError, check_int
+from tokenfactory.core.validation import ConfigError, check_int
 
 __all__ = ["DelayedLoopBatch", "MarginsBatch", "stability_margins_batch", "gain_delay_margins"]
 

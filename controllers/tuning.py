@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from tokenfactory.validation import check_number
+from tokenfactory.core.validation import check_number
 
 __all__ = ["PIGains", "simc_pi", "effective_delay"]
 

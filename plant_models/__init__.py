@@ -13,10 +13,10 @@ from tokenfactory.plant_models.stage_memory import *  # noqa: F401,F403
 from tokenfactory.plant_models.stage_memory import __all__ as _sm
 from tokenfactory.plant_models.service import *  # noqa: F401,F403
 from tokenfactory.plant_models.service import __all__ as _sv
-from tokenfactory.events import *  # noqa: F401,F403  (re-exported: user code imports events from here)
-from tokenfactory.events import __all__ as _ev
-from tokenfactory.signals import *  # noqa: F401,F403  (re-exported: the plants' inputs and outputs)
-from tokenfactory.signals import __all__ as _sg
+from tokenfactory.core.events import *  # noqa: F401,F403  (re-exported: user code imports events from here)
+from tokenfactory.core.events import __all__ as _ev
+from tokenfactory.core.signals import *  # noqa: F401,F403  (re-exported: the plants' inputs and outputs)
+from tokenfactory.core.signals import __all__ as _sg
 from tokenfactory.plant_models.result import *  # noqa: F401,F403
 from tokenfactory.plant_models.result import __all__ as _res
 from tokenfactory.plant_models.fleet import *  # noqa: F401,F403

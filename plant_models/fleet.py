@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tokenfactory.validation import check_int, check_number
+from tokenfactory.core.validation import check_int, check_number
 
 __all__ = ["PoolDynamics", "ScalePlan", "scale_plan", "free_workers", "PoolFleet"]
 

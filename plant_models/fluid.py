@@ -37,14 +37,14 @@ import control
 import numpy as np
 import pandas as pd
 
-from tokenfactory.events import DecodeRateDip, DecodeWorkersLost, DemandStep, events_from_dicts
+from tokenfactory.core.events import DecodeRateDip, DecodeWorkersLost, DemandStep, events_from_dicts
 from tokenfactory.plant_models.delay import DelayLine
 from tokenfactory.plant_models.result import SERIES_COLUMNS, SimulationResult
 from tokenfactory.plant_models.roofline import Worker
 from tokenfactory.plant_models.service import DEFAULT_KV_SETUP_S, DEFAULT_KV_STRIPES, KVLink, RequestShape, ServiceModel
-from tokenfactory.signals import AdmissionAction, Measurement, sort_actions
-from tokenfactory.errors import ConservationError
-from tokenfactory.validation import ConfigError, check_int, check_number, reject_unknown_keys
+from tokenfactory.core.signals import AdmissionAction, Measurement, sort_actions
+from tokenfactory.core.errors import ConservationError
+from tokenfactory.core.validation import ConfigError, check_int, check_number, reject_unknown_keys
 
 __all__ = [
     "FluidParams",
@@ -108,8 +108,13 @@ class FluidParams:
     prompt_tokens : float
         New prompt tokens of the nominal request (>= 0; default 0: unknown): converts queued
         requests to queued prompt tokens in the plants' measurements (0 leaves them NaN).
+    decode_context_tokens : float, optional
+        The mean context an active decode holds at the shape (tokens, > 0): the context the
+        pass-time table is taken at, which the plants report to a batch gate. ``None``: unknown.
+        Compared (two plants at different contexts are different plants).
     provenance : mapping
-        Where the figures came from (models, hardware, shape, link); not compared.
+        Where the figures came from (models, hardware, shape, link); not compared and read by
+        nothing but reports.
 
     Raises
     ------
@@ -131,6 +136,7 @@ class FluidParams:
     shed_tau_s: float = 0.5
     evict_tau_s: float = 0.1
     prompt_tokens: float = 0.0
+    decode_context_tokens: float | None = None
     provenance: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -139,6 +145,8 @@ class FluidParams:
             check_number(f"plant.{f}", getattr(self, f), low=0.0, low_inclusive=False)
         for f in ("fill_latency_s", "kv_transfer_s", "measurement_delay_s", "prompt_tokens"):
             check_number(f"plant.{f}", getattr(self, f), low=0.0)
+        if self.decode_context_tokens is not None:
+            check_number("plant.decode_context_tokens", self.decode_context_tokens, low=0.0, low_inclusive=False)
         b, ts = tuple(map(float, self.decode_step_batches)), tuple(map(float, self.decode_step_times_s))
         if len(b) < 1 or len(b) != len(ts) or any(x >= y for x, y in zip(b, b[1:])):
             raise ConfigError("plant.decode_step_batches", "needs increasing batch sizes, one pass time each")
@@ -216,7 +224,7 @@ class FluidParams:
                 "shape": dataclasses.asdict(s.shape), "link": dataclasses.asdict(s.link),
                 "kv_blob_bytes": s.kv_blob_bytes, "decode_context_tokens": ctx}
         return cls(fill_rate_per_worker=s.fill_rate_rps, fill_latency_s=s.fill_latency_s,
-                   prompt_tokens=float(s.shape.prompt_tokens),
+                   prompt_tokens=float(s.shape.prompt_tokens), decode_context_tokens=float(ctx),
                    kv_transfer_s=s.kv_transfer_s(s.kv_blob_bytes), decode_slots_per_worker=float(slots),
                    decode_step_batches=tuple(map(float, batches)), decode_step_times_s=times,
                    output_tokens=float(s.shape.output_tokens), dispatch_s=float(dispatch),
@@ -355,7 +363,7 @@ class FluidPlant:
 # Scenarios and the closed-loop simulator
 
 
-#: the disturbances the admission-loop plant accepts (:mod:`tokenfactory.events`)
+#: the disturbances the admission-loop plant accepts (:mod:`tokenfactory.core.events`)
 DISTURBANCE_KINDS = (DemandStep.kind, DecodeRateDip.kind, DecodeWorkersLost.kind)
 
 
@@ -372,9 +380,9 @@ class LoopScenario:
     dt : float
         Integration step (s, in [1e-5, 1]; default 0.01); also the grid of the delay lines.
     disturbances : tuple of events
-        :class:`~tokenfactory.events.DemandStep` (demand x ``factor`` from ``at_s``),
-        :class:`~tokenfactory.events.DecodeRateDip` (decode rate x ``factor`` for ``duration_s``
-        from ``start_s``) and :class:`~tokenfactory.events.DecodeWorkersLost` (``fraction`` of the
+        :class:`~tokenfactory.core.events.DemandStep` (demand x ``factor`` from ``at_s``),
+        :class:`~tokenfactory.core.events.DecodeRateDip` (decode rate x ``factor`` for ``duration_s``
+        from ``start_s``) and :class:`~tokenfactory.core.events.DecodeWorkersLost` (``fraction`` of the
         decode workers gone from ``at_s``); dicts with a ``kind`` are accepted by
         :meth:`from_dict`. Default none.
     demand_noise_cv : float
@@ -459,7 +467,7 @@ def simulate_loop(plant: FluidPlant, controller, scenario: LoopScenario, *,
     measurement delay are exact delay lines on that grid. Each controller is sampled every
     ``sample_period`` seconds, sees a :class:`Measurement` ``measurement_delay_s`` old, and its
     action is held until the next sample (zero-order hold): an admission command, or a decode
-    batch cap (:class:`tokenfactory.signals.BatchCapAction`, per worker; joins stop above it and
+    batch cap (:class:`tokenfactory.core.signals.BatchCapAction`, per worker; joins stop above it and
     the batch shrinks as sequences complete). Raises :class:`ConservationError` if requests are
     lost or invented.
 
@@ -469,10 +477,10 @@ def simulate_loop(plant: FluidPlant, controller, scenario: LoopScenario, *,
         The plant and its pools.
     controller : Controller or sequence of Controller
         Sampled controllers, each with ``sample_period`` (s, >= ``scenario.dt``), ``reset()`` and
-        ``update(t, measurement)`` returning an :class:`~tokenfactory.signals.AdmissionAction`, a
-        :class:`~tokenfactory.signals.BatchCapAction`, a list of them or a bare admission rate
+        ``update(t, measurement)`` returning an :class:`~tokenfactory.core.signals.AdmissionAction`, a
+        :class:`~tokenfactory.core.signals.BatchCapAction`, a list of them or a bare admission rate
         (requests/s), e.g. an admission controller and a batch gate (actions sorted by type,
-        :func:`tokenfactory.signals.sort_actions`); reset before the run.
+        :func:`tokenfactory.core.signals.sort_actions`); reset before the run.
     scenario : LoopScenario
         Demand, duration, step, noise and disturbances.
     x0 : sequence of float, optional
@@ -523,7 +531,7 @@ def simulate_loop(plant: FluidPlant, controller, scenario: LoopScenario, *,
     action = AdmissionAction(0.0 if controllers else math.inf)
     admission_seen = False  # without an admission controller every arrival is admitted
     cap = math.inf
-    nominal_ctx = float((p.provenance or {}).get("decode_context_tokens", math.nan))
+    nominal_ctx = math.nan if p.decode_context_tokens is None else float(p.decode_context_tokens)
     outs = np.empty((n, len(OUTPUTS)))
     sts = np.empty((n, len(STATES)))
     demand = np.empty(n)

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tokenfactory.validation import ConfigError, check_int, check_number, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError, check_int, check_number, reject_unknown_keys
 
 __all__ = [
     "PRECISIONS",

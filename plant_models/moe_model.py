@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenfactory.plant_models.hardware import PRECISIONS
-from tokenfactory.validation import (
+from tokenfactory.core.validation import (
     ConfigError,
     check_choice,
     check_int,

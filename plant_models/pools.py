@@ -18,7 +18,7 @@ too fine to run a day of traffic. This model keeps the same flows and rates (one
   slots free; when the decode pool shrinks, sequences over the new slot count move back to the
   ready buffer with their KV (live migration, counted as ``preempted``).
 
-Pools are sized by autoscalers (:class:`tokenfactory.signals.ScaleAction`: desired workers of
+Pools are sized by autoscalers (:class:`tokenfactory.core.signals.ScaleAction`: desired workers of
 a pool, Kubernetes-deployment semantics, :mod:`tokenfactory.plant_models.fleet`): a new worker is billed from the decision, serves after
 ``startup_s`` and runs at ``warmup_factor`` of full speed for its first ``warmup_s``; a scale-down
 cancels workers still starting first, then drains serving ones (billed ``drain_s`` more).
@@ -54,13 +54,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from tokenfactory.errors import ConservationError
-from tokenfactory.events import DemandStep, events_from_dicts
+from tokenfactory.core.errors import ConservationError
+from tokenfactory.core.events import DemandStep, events_from_dicts
 from tokenfactory.plant_models.fleet import PoolDynamics, PoolFleet, free_workers
 from tokenfactory.plant_models.fluid import FluidParams
 from tokenfactory.plant_models.result import SERIES_COLUMNS, SimulationResult
-from tokenfactory.signals import POOLS, REJECT_REASONS, AdmissionAction, Measurement, count_reversals, sort_actions
-from tokenfactory.validation import ConfigError, check_choice, check_int, check_number
+from tokenfactory.core.signals import POOLS, REJECT_REASONS, AdmissionAction, Measurement, count_reversals, sort_actions
+from tokenfactory.core.validation import ConfigError, check_choice, check_int, check_number
 
 __all__ = ["PoolScenario", "PoolResponse", "simulate_pools"]
 
@@ -89,7 +89,7 @@ class PoolScenario:
         Step (s, in [0.01, 10]; default 0.5).
     disturbances : tuple of DemandStep
         Demand steps (demand x ``factor`` from ``at_s``; build them from tables with
-        :func:`tokenfactory.events.events_from_dicts`). Default none.
+        :func:`tokenfactory.core.events.events_from_dicts`). Default none.
     poisson : bool
         Draw Poisson arrival counts per step (default True); False uses the deterministic fluid.
     seed : int
@@ -106,7 +106,7 @@ class PoolScenario:
         is divided by it. Where the roofline fill pass is compute-bound its cost is about linear in
         the prompt's tokens and this is the prompt-length ratio; at short prompts a pass's fixed
         cost (weights read) is amortised over fewer tokens, so map lengths to work through the
-        service model (:func:`tokenfactory.stack.mixed_workload` does).
+        service model (:func:`tokenfactory.traces.rate_workloads.mixed_workload` does).
     output_factor : float or pandas.Series
         Mean output tokens relative to the plant's ``output_tokens`` (in (0, 100]; constant or series;
         default 1): a request decodes that many more passes (completions D / (L x factor x pass)).
@@ -215,7 +215,7 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
     fluid model.
 
     Without an admission controller every arrival is admitted at once. A
-    :class:`tokenfactory.signals.BatchCapAction` caps the decode batch per worker (joins stop
+    :class:`tokenfactory.core.signals.BatchCapAction` caps the decode batch per worker (joins stop
     above it; the batch shrinks as sequences complete). Raises
     :class:`tokenfactory.plant_models.fluid.ConservationError` if requests are lost or invented.
 
@@ -230,9 +230,9 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
     controllers : sequence
         Admission controllers, pool autoscalers and decode batch gates (each with
         ``sample_period`` >= ``dt``, ``reset()`` and ``update(t, measurement)`` returning an
-        :class:`~tokenfactory.signals.AdmissionAction`, a
-        :class:`~tokenfactory.signals.ScaleAction`, a
-        :class:`~tokenfactory.signals.BatchCapAction` or a list of them); default none.
+        :class:`~tokenfactory.core.signals.AdmissionAction`, a
+        :class:`~tokenfactory.core.signals.ScaleAction`, a
+        :class:`~tokenfactory.core.signals.BatchCapAction` or a list of them); default none.
     dynamics : PoolDynamics
         How workers join and leave pools: start-up, warm-up, drain, GPUs per worker, a fixed
         fleet size (default: :class:`~tokenfactory.plant_models.fleet.PoolDynamics` defaults).
@@ -287,7 +287,7 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
     action = AdmissionAction(math.inf)
     rate, bound, reason = action.rate, action.backlog_bound, action.reason
     cap = math.inf
-    nominal_ctx = float((p.provenance or {}).get("decode_context_tokens", math.nan))
+    nominal_ctx = math.nan if p.decode_context_tokens is None else float(p.decode_context_tokens)
     scale_rows: list[dict] = []
     L = p.output_tokens
     in_slo = 0.0

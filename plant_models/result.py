@@ -4,7 +4,7 @@ The admission-loop fluid plant (:func:`tokenfactory.plant_models.fluid.simulate_
 model (:func:`tokenfactory.plant_models.pools.simulate_pools`) and the request simulator
 (:func:`tokenfactory.plant_models.des.simulate`) all return a :class:`SimulationResult`, and their
 time series share the column names of :data:`SERIES_COLUMNS` (those of
-:class:`tokenfactory.signals.Measurement`, plus the admission command and cumulative counters), so
+:class:`tokenfactory.core.signals.Measurement`, plus the admission command and cumulative counters), so
 one analysis or figure runs on any of them. Each plant adds its own columns after these.
 """
 

@@ -60,7 +60,7 @@ import pandas as pd
 
 from tokenfactory.plant_models.hardware import PRECISIONS, Accelerator, load_accelerator
 from tokenfactory.plant_models.moe_model import MoEModel, load_model
-from tokenfactory.validation import ConfigError, check_int, check_number, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError, check_int, check_number, reject_unknown_keys
 
 __all__ = [
     "Efficiency",
@@ -220,7 +220,7 @@ class Efficiency:
     ``compute``, ``memory``, ``network`` and ``layer_overhead_s`` (launch and synchronisation
     cost per layer per stage pass) are fitted by least squares to 13 published DeepSeek-V3/R1
     deployments on H800, H100, H200, B200 and GB200 (study ``roofline-validation``;
-    :data:`tokenfactory.plant_models.validation.FITTED_EFFICIENCY` holds the fit these defaults
+    :data:`tokenfactory.plant_models.published_points.FITTED_EFFICIENCY` holds the fit these defaults
     are rounded from; leave-one-out median error 18 %). They are *system* efficiencies - kernel
     efficiency, expert imbalance, scheduling and runtime gaps lumped together - which is why
     memory is far below what a streaming kernel reaches. The assumptions they replace were

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from tokenfactory.plant_models.roofline import PassTime, Worker
-from tokenfactory.validation import ConfigError, check_int, check_number
+from tokenfactory.core.validation import ConfigError, check_int, check_number
 
 __all__ = ["DEFAULT_KV_STRIPES", "DEFAULT_KV_SETUP_S", "DEFAULT_FILL_TOKENS_PER_REPLICA", "RequestShape",
            "KVLink", "ServiceModel", "mean_active_context", "chunk_context_s", "chunked_fill_s"]
@@ -436,6 +436,31 @@ class ServiceModel:
     @functools.cached_property
     def _step_memo(self) -> dict:
         return {}
+
+    @functools.cached_property
+    def _derived(self) -> dict:
+        return {}
+
+    def derived(self, name: str, build):
+        """A table derived from this (frozen) model by a layer above it, built once and kept on the
+        model (the request simulator's pass tables: ``derived("des_params", DESParams.from_service)``),
+        so the cache lives and dies with the object it belongs to.
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+        build : callable
+            ``build(model)``, called the first time.
+
+        Returns
+        -------
+        object
+        """
+        memo = self._derived
+        if name not in memo:
+            memo[name] = build(self)
+        return memo[name]
 
     @property
     def fill_s_per_cached_token(self) -> float:

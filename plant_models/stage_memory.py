@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from tokenfactory.validation import ConfigError, check_int, check_number
+from tokenfactory.core.validation import ConfigError, check_int, check_number
 
 __all__ = ["StageMemory", "stage_memory", "kv_crossover_depth", "stage_memory_sweep"]
 

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from tokenfactory.validation import ConfigError, check_number
+from tokenfactory.core.validation import ConfigError, check_number
 
 __all__ = ["TokenValue", "batch_grid", "decode_value_sweep", "best_decode_batch"]
 
@@ -66,7 +66,7 @@ class TokenValue:
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "TokenValue":
-        from tokenfactory.validation import reject_unknown_keys
+        from tokenfactory.core.validation import reject_unknown_keys
 
         d = dict(d or {})
         reject_unknown_keys("token_value", d, set(asdict(cls())))

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tokenfactory.validation import ConfigError
+from tokenfactory.core.validation import ConfigError
 
 __all__ = ["STUDIES", "TYPICAL_SECONDS", "run_study", "has_full_variant", "suite_order"]
 

@@ -48,7 +48,7 @@ from tokenfactory.traces import (
     scale_trace,
     trace_available,
 )
-from tokenfactory.validation import ConfigError, check_int, check_number, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError, check_int, check_number, reject_unknown_keys
 
 __all__ = ["DEFAULT_CONFIG", "run", "goodput_at_slo", "cluster_configs"]
 

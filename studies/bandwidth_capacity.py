@@ -33,7 +33,7 @@ from tokenfactory.plant_models import (
 )
 from tokenfactory.plant_models.plots import capacity_curve_plot
 from tokenfactory.studies.report import StudyReport
-from tokenfactory.validation import ConfigError, check_int, check_number, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError, check_int, check_number, reject_unknown_keys
 
 __all__ = ["DEFAULT_CONFIG", "run", "capacity_sweep"]
 

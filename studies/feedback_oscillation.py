@@ -11,7 +11,6 @@ Run: ``tokenfactory study feedback-oscillation [--quick] [--out DIR]``.
 from __future__ import annotations
 
 import dataclasses
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from tokenfactory.controllers import (
     stability_margins,
     step_metrics,
 )
-from tokenfactory.controllers.plots import nyquist_plot, stability_map_plot
+from tokenfactory.controllers.analysis_plots import nyquist_plot, stability_map_plot
 from tokenfactory.plant_models import (
     DecodeRateDip,
     DecodeWorkersLost,
@@ -41,7 +40,7 @@ from tokenfactory.plant_models import (
 )
 from tokenfactory.plant_models.plots import loop_response_plot
 from tokenfactory.studies.report import StudyReport
-from tokenfactory.scenario import load_scenario, naive_limit_cycle
+from tokenfactory.scenario import load_scenario, naive_limit_cycle, scenario_dir
 
 __all__ = ["run", "scenario_path"]
 
@@ -52,7 +51,7 @@ MIN_AMPLITUDE = 1.0     # requests: ripple below one request is not an oscillati
 
 def scenario_path(kind: str) -> Path:
     """The shipped example scenario for ``kind`` ("naive" or "smoothed")."""
-    return Path(str(resources.files("tokenfactory.studies") / "scenarios" / f"feedback_oscillation_{kind}.toml"))
+    return scenario_dir() / f"feedback_oscillation_{kind}.toml"
 
 
 def _assess_ready(resp, start_s: float):

@@ -28,10 +28,10 @@ from tokenfactory.controllers import (
     plan_capacity,
     score_plan,
 )
-from tokenfactory.controllers.plots import capacity_plan_plot, forecast_plot
+from tokenfactory.controllers.analysis_plots import capacity_plan_plot, forecast_plot
 from tokenfactory.plant_models import RequestShape, ServiceModel, Worker
 from tokenfactory.studies.report import StudyReport
-from tokenfactory.validation import ConfigError
+from tokenfactory.core.validation import ConfigError
 from tokenfactory.traces import load_rate_series, trace_available
 
 __all__ = ["run", "run_forecast_job", "HORIZONS", "QUICK_MODELS", "rate_series_and_shape"]

@@ -30,7 +30,7 @@ from matplotlib.figure import Figure
 from tokenfactory.plant_models import Parallelism, Worker, accelerator_preset, batch_grid, model_preset
 from tokenfactory.plant_models.plots import pareto_plot
 from tokenfactory.studies.report import StudyReport
-from tokenfactory.validation import ConfigError, check_choice, check_int, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError, check_choice, check_int, reject_unknown_keys
 
 __all__ = ["DEFAULT_CONFIG", "WORKLOADS", "run", "pareto_front", "sweep_layouts", "check_claims"]
 

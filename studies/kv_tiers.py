@@ -41,7 +41,7 @@ from tokenfactory.plant_models import ClusterConfig, KVTier, TieredKVStore, kv_t
 from tokenfactory.replay import build_replay
 from tokenfactory.studies.report import StudyReport
 from tokenfactory.traces import generate_requests, long_context_workload
-from tokenfactory.validation import ConfigError, check_int, check_number, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError, check_int, check_number, reject_unknown_keys
 
 __all__ = ["DEFAULT_CONFIG", "run", "rebuild_seconds", "split_warm_up"]
 

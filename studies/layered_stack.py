@@ -9,7 +9,7 @@
     planning layer, today's deployments (:data:`tokenfactory.registry.BASELINE_STACKS`) and the
     oracle (the least GPU-hours any plan could use with perfect knowledge of the demand, the same
     start-up and SLO), with a figure of each layer's activity on one time axis;
-(d) the mixed week on a fixed fleet (:func:`tokenfactory.stack.mixed_workload`: chat by day,
+(d) the mixed week on a fixed fleet (:func:`tokenfactory.stack.mixed_workload_for`: chat by day,
     long-prompt batch by night, so the fill:decode need ratio swings ~15 x a day): the stack (role
     moves between the pools), the best static split for the run (no moves, chosen by the oracle)
     and the stack without planning; GPU-hours are the fleet's whatever the policy, so the rows
@@ -17,7 +17,7 @@
     Dynamo, APA) run in the full variant with the fleet as their replica limit: the fleet is a
     cluster's node quota, each pool's deployment takes free workers from it and a worker one pool
     releases is placed in the other (the plant's fixed-fleet rule), so they move roles too, blindly.
-(e) the same stack on requests (:mod:`tokenfactory.stack_requests`): a morning ramp through the
+(e) the same stack on requests (:mod:`tokenfactory.stack.on_requests`): a morning ramp through the
     request simulator with every layer sampled - the gated batch cap every 0.25 s on the live
     context - next to the same arrivals in the pool model, for the shipped stack (smoothed
     admission) and ``stack_slo_aware`` (SLO-aware admission).
@@ -52,16 +52,17 @@ from tokenfactory.stack import (
     build_stack,
     certify,
     load_stack_scenario,
-    mixed_workload,
+    mixed_workload_for,
+    morning_ramp,
     plant_for,
-    rate_workload,
     run_on_rates,
+    run_stack_on_both_plants,
     stack_scenario_from_dict,
 )
-from tokenfactory.stack_requests import morning_ramp, run_stack_on_both_plants
 from tokenfactory.studies.report import StudyReport, human, markdown_table
 from tokenfactory.traces import trace_available
-from tokenfactory.validation import ConfigError, reject_unknown_keys
+from tokenfactory.traces.rate_workloads import rate_workload
+from tokenfactory.core.validation import ConfigError, reject_unknown_keys
 
 __all__ = ["run", "separation_in_simulation", "MISTUNED"]
 
@@ -382,7 +383,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     # (d) the mixed week on a fixed fleet
     t0 = time.perf_counter()
     mix_rows, mix_shown = [], None
-    mwl = mixed_workload(sc, days=mixed_days, seed=mixed_seed, hours=mixed_hours) if mixed_stacks else None
+    mwl = mixed_workload_for(sc, days=mixed_days, seed=mixed_seed, hours=mixed_hours) if mixed_stacks else None
     for su in mixed_startups if mwl is not None else []:
         runs = {}
         for st in mixed_stacks:
@@ -485,15 +486,15 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                             r["gpu_hours_over_oracle"], "x", f"SLO attainment {r['slo_attainment']:.4f}")
     # -- summary
     budget = build_stack(sc)[0].layer("planning").controllers[0].excess_budget  # as the scenario resolves it
-    gate_l = sc.layers.get("batch_gate", {})
-    gate_txt = (f"the gated decode batch cap every {gate_l.get('sample_period_s', 0.25):g} s (static at its "
+    gate_l = sc.layers.get("batch_gate")
+    gate_txt = (f"the gated decode batch cap every {gate_l.sample_period_s:g} s (static at its "
                 "nominal-context cap in the pool model, whose step averages over many passes)"
-                if gate_l.get("kind") == "gated" else "the decode slot limit")
-    lines = ["The layered stack (`studies/scenarios/stack_default.toml`): " + gate_txt + ", smoothed admission every "
-             f"{sc.layers['admission'].get('sample_period_s', 1.0):g} s, planned hysteretic pools every "
-             f"{sc.layers['reconfiguration'].get('sample_period_s', 10.0):g} s, and a planning layer refit every "
-             f"{sc.layers['planning'].get('refit_s', 86400.0) / 3600:g} h on the last "
-             f"{sc.layers['planning'].get('days', 3)} days (the median daily rise over the next lead and the "
+                if getattr(gate_l, "samples_live_pass", False) else "the decode slot limit")
+    lines = ["The layered stack (`tokenfactory/scenarios/stack_default.toml`): " + gate_txt + ", smoothed admission every "
+             f"{sc.layers['admission'].sample_period_s:g} s, planned hysteretic pools every "
+             f"{sc.layers['reconfiguration'].sample_period_s:g} s, and a planning layer refit every "
+             f"{sc.layers['planning'].refit_s / 3600:g} h on the last "
+             f"{sc.layers['planning'].days} days (the median daily rise over the next lead and the "
              f"headroom whose replay leaves at most {budget * 100:.2g} % of the demand above capacity), fed forward "
              "into the "
              "pools' target one lead (start-up + warm-up + a sample + the rate filter) ahead.", "",

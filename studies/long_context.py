@@ -33,7 +33,7 @@ from tokenfactory.plant_models import RequestShape, ServiceModel
 from tokenfactory.replay import build_replay, run_replay
 from tokenfactory.studies.report import StudyReport
 from tokenfactory.traces import generate_requests, long_context_workload
-from tokenfactory.validation import ConfigError, check_number, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError, check_number, reject_unknown_keys
 
 __all__ = ["DEFAULT_CONFIG", "run", "workload_statistics"]
 

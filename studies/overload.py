@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from tokenfactory.classes import BATCH, DEFAULT_CLASSES, INTERACTIVE
+from tokenfactory.core.classes import BATCH, DEFAULT_CLASSES, INTERACTIVE
 from tokenfactory.controllers import assess, batch_gate_loop, predict_batch_cycle
 from tokenfactory.plant_models import ClusterConfig, FluidParams, FluidPlant, LoopScenario, simulate, simulate_loop
 from tokenfactory.registry import (
@@ -73,7 +73,7 @@ from tokenfactory.traces import (
     spread_quantized_arrivals,
     trace_available,
 )
-from tokenfactory.validation import ConfigError, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError, reject_unknown_keys
 
 __all__ = ["run", "POLICIES", "TRACES", "goodput_in_window", "surge_trace", "gate_before_after_fluid",
            "gate_before_after_des", "targets", "miss_causes"]

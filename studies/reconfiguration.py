@@ -58,7 +58,7 @@ from tokenfactory.traces import (
     superpose_trace,
     trace_available,
 )
-from tokenfactory.validation import ConfigError, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError, reject_unknown_keys
 
 __all__ = ["run", "DEFAULT_PLANES", "fluid_params", "reproduce_flapping", "reproduce_cascade", "reproduce_seesaw",
            "describing_function_check", "compare_servegen_day", "compare_azure_replay", "SHAPE", "SEESAW_SHAPE"]

@@ -3,7 +3,7 @@
 
 Thirteen published DeepSeek-V3/R1 measurements (DeepSeek's inference profile on H800, SGLang's
 large-scale EP on H100 and GB200, TensorRT-LLM on B200 and H200; sources and conversions in
-:data:`tokenfactory.plant_models.validation.PUBLISHED_POINTS`) are predicted by the roofline;
+:data:`tokenfactory.plant_models.published_points.PUBLISHED_POINTS`) are predicted by the roofline;
 the compute, memory and network efficiencies and the per-layer overhead are fitted by robust
 least squares, and every point's held-out error comes from the leave-one-out fit without it.
 
@@ -20,7 +20,7 @@ import pandas as pd
 
 from tokenfactory.plant_models import Efficiency
 from tokenfactory.plant_models.plots import validation_plot
-from tokenfactory.plant_models.validation import (
+from tokenfactory.plant_models.published_points import (
     ASSUMED_EFFICIENCY,
     EXCLUDED_SOURCES,
     FIT_PARAMETERS,
@@ -30,7 +30,7 @@ from tokenfactory.plant_models.validation import (
     fit_efficiency,
 )
 from tokenfactory.studies.report import StudyReport
-from tokenfactory.validation import check_int, check_number, reject_unknown_keys
+from tokenfactory.core.validation import check_int, check_number, reject_unknown_keys
 
 __all__ = ["DEFAULT_CONFIG", "run"]
 

@@ -48,7 +48,7 @@ class ConstantAdmission:
         self.seen = []
 
     def update(self, t, m):
-        from tokenfactory.signals import AdmissionAction
+        from tokenfactory.core.signals import AdmissionAction
 
         self.seen.append((t, m))
         return AdmissionAction(self.rate, self.bound)

@@ -47,7 +47,7 @@ def prefit():
     import dataclasses
     import tomllib
 
-    from tokenfactory.plant_models.validation import PRE_FIT_EFFICIENCY
+    from tokenfactory.plant_models.published_points import PRE_FIT_EFFICIENCY
     from tokenfactory.scenario import scenario_from_dict
     from tokenfactory.studies.feedback_oscillation import scenario_path
 

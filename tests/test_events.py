@@ -3,7 +3,7 @@
 import pytest
 
 from tokenfactory import ConfigError
-from tokenfactory.events import (
+from tokenfactory.core.events import (
     EVENT_KINDS,
     DecodeRateDip,
     DemandStep,

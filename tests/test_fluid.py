@@ -167,3 +167,31 @@ def test_sample_period_shorter_than_step_is_an_error(plant):
     ctrl.sample_period = 0.001
     with pytest.raises(ConfigError, match="sample_period"):
         simulate_loop(plant, ctrl, LoopScenario(demand=1.0, duration_s=1.0, dt=0.01))
+
+
+def test_the_decode_context_the_plants_read_is_a_compared_field(fp):
+    # the plants report the pass table's context to a batch gate: it is a compared field (not provenance), so two
+    # plants at different contexts are different keys to every cache over FluidParams
+    from tokenfactory.plant_models import PoolScenario, simulate_pools
+
+    assert fp.decode_context_tokens == fp.provenance["decode_context_tokens"] > 0
+    other = dataclasses.replace(fp, decode_context_tokens=2 * fp.decode_context_tokens)
+    assert other != fp and hash(other) != hash(fp)
+    # what the model reads is the field: the pool model's measurements carry it
+    seen = []
+
+    class Recorder:
+        sample_period = 1.0
+
+        def reset(self):
+            pass
+
+        def update(self, t, m):
+            seen.append(m.decode_context_tokens)
+            return None
+
+    simulate_pools(other, 2, 2, PoolScenario(1.0, 5.0, dt=1.0), controllers=[Recorder()])
+    # (the first sample precedes any decode: no context yet)
+    assert seen[-1] == other.decode_context_tokens != fp.decode_context_tokens
+    with pytest.raises(ConfigError, match="decode_context_tokens"):
+        dataclasses.replace(fp, decode_context_tokens=0.0)

@@ -13,20 +13,19 @@ from pathlib import Path
 
 import pytest
 
-#: (layer, module prefixes), bottom first; the first matching prefix wins, longest prefixes first
+#: (layer, modules or packages), bottom first; the longest matching entry wins. Every entry names a
+#: module or package that exists (test_every_listed_module_exists), every module is in a layer.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("core", ("tokenfactory.errors", "tokenfactory.validation", "tokenfactory.signals", "tokenfactory.events",
-              "tokenfactory.classes")),
+    ("core", ("tokenfactory.core",)),
     ("service", ("tokenfactory.plant_models.hardware", "tokenfactory.plant_models.moe_model",
                  "tokenfactory.plant_models.roofline", "tokenfactory.plant_models.stage_memory",
-                 "tokenfactory.plant_models.service", "tokenfactory.plant_models.published")),
+                 "tokenfactory.plant_models.service", "tokenfactory.plant_models.published_points")),
     ("plants and traces", ("tokenfactory.plant_models", "tokenfactory.traces")),
     ("controllers and analysis", ("tokenfactory.controllers",)),
     ("registry", ("tokenfactory.registry", "tokenfactory.scenario", "tokenfactory.replay", "tokenfactory.stack",
-                  "tokenfactory.stack_requests",
                   "tokenfactory.testing", "tokenfactory.sweep")),
     ("studies", ("tokenfactory.studies",)),
-    ("cli", ("tokenfactory.cli", "tokenfactory.__main__")),
+    ("cli", ("tokenfactory.cli",)),
 ]
 ROOT_PACKAGE = "tokenfactory"  # its __init__ is part of the core: it may import only core modules
 
@@ -82,10 +81,34 @@ def _imports(path: Path, module: str) -> list[tuple[int, str]]:
             for a in node.names:
                 if f"{name}.{a.name}" in MODULES:
                     out.append((node.lineno, f"{name}.{a.name}"))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in MODULES:
+            # a module named in a string (importlib.import_module, find_spec, resources.files) is an import
+            out.append((node.lineno, node.value))
     return out
 
 
 MODULES = _package_modules()
+
+
+def test_every_listed_module_exists():
+    # a stale entry (a module moved or removed) would silently place nothing
+    listed = [p for _, prefixes in LAYERS for p in prefixes]
+    missing = [p for p in listed if p not in MODULES]
+    assert not missing, f"tests/test_layers.py LAYERS lists modules that do not exist: {missing}"
+
+
+def test_no_module_name_occurs_twice():
+    # one name, one idea: outside the studies (named after themselves) no two modules share a last name
+    seen: dict[str, str] = {}
+    twice = []
+    for name in MODULES:
+        if name.startswith("tokenfactory.studies.") or MODULES[name].name == "__init__.py":
+            continue
+        last = name.rsplit(".", 1)[-1]
+        if last in seen:
+            twice.append(f"{seen[last]} and {name}")
+        seen[last] = name
+    assert not twice, "module names occurring twice: " + "; ".join(twice)
 
 
 def test_every_module_is_in_a_layer():
@@ -123,8 +146,17 @@ def test_the_layer_check_catches_an_upward_import(tmp_path):
     # the checker itself: a core module importing a controller is reported
     f = tmp_path / "signals.py"
     f.write_text("from tokenfactory.controllers import SmoothedAdmission\n")
-    imported = _imports(f, "tokenfactory.signals")
-    assert [(_layer_of(m) > _layer_of("tokenfactory.signals")) for _, m in imported] == [True]
+    imported = _imports(f, "tokenfactory.core.signals")
+    assert [(_layer_of(m) > _layer_of("tokenfactory.core.signals")) for _, m in imported] == [True]
+
+
+def test_the_layer_check_sees_a_module_named_in_a_string(tmp_path):
+    # find_spec / import_module / resources.files by name are imports too
+    f = tmp_path / "registry.py"
+    f.write_text("import importlib.util\nspec = importlib.util.find_spec('tokenfactory.studies')\n")
+    imported = [m for _, m in _imports(f, "tokenfactory.registry")]
+    assert "tokenfactory.studies" in imported
+    assert _layer_of("tokenfactory.studies") > _layer_of("tokenfactory.registry")
 
 
 def test_the_mapped_folders_are_subpackages():

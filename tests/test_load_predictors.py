@@ -9,7 +9,7 @@ import pytest
 
 from tokenfactory.controllers.autoscaling import DynamoThroughputPlanner
 from tokenfactory.controllers.load_predictors import ArimaPredictor, KalmanPredictor, make_load_predictor
-from tokenfactory.validation import ConfigError
+from tokenfactory.core.validation import ConfigError
 
 
 @pytest.mark.filterwarnings("ignore::statsmodels.tools.sm_exceptions.EstimationWarning")

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import poisson_trace, run_study_without_traces
 from tokenfactory import ConfigError
-from tokenfactory.classes import DEFAULT_CLASSES
+from tokenfactory.core.classes import DEFAULT_CLASSES
 from tokenfactory.controllers import (
     BatchGate,
     SLOAwareAdmission,
@@ -24,7 +24,7 @@ from tokenfactory.controllers import (
 from tokenfactory.plant_models import ClusterConfig, simulate
 from tokenfactory.registry import build_admission
 from tokenfactory.replay import build_replay, class_outputs, replay_scenario_from_dict, run_replay
-from tokenfactory.signals import ADMIT, DEFER_REASONS, REJECT_REASONS, Arrival, Measurement, ReserveAction
+from tokenfactory.core.signals import ADMIT, DEFER_REASONS, REJECT_REASONS, Arrival, Measurement, ReserveAction
 
 
 def classed_trace(rate_interactive, rate_batch, duration, seed=5, inp=3000, out_mean=150):

@@ -7,7 +7,7 @@ import pytest
 
 from tokenfactory import ConfigError
 from tokenfactory.controllers.planning import PlannedPoolController
-from tokenfactory.signals import Measurement
+from tokenfactory.core.signals import Measurement
 
 
 def _m(t, *, decoding, completions, pass_s, rate=100.0, workers=10):

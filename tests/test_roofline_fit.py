@@ -7,7 +7,7 @@ import pytest
 
 from tokenfactory import ConfigError
 from tokenfactory.plant_models import Efficiency
-from tokenfactory.plant_models.validation import (
+from tokenfactory.plant_models.published_points import (
     ASSUMED_EFFICIENCY,
     EXCLUDED_SOURCES,
     FIT_PARAMETERS,

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from tokenfactory.plant_models import Efficiency
-from tokenfactory.plant_models.validation import FIT_PARAMETERS, FITTED_EFFICIENCY, PUBLISHED_POINTS
+from tokenfactory.plant_models.published_points import FIT_PARAMETERS, FITTED_EFFICIENCY, PUBLISHED_POINTS
 from tokenfactory.studies import run_study
 
 

@@ -24,9 +24,10 @@ from tokenfactory.controllers import (
     reconfiguration_loop,
     required_ratio,
 )
-from tokenfactory.signals import AdmissionAction, BatchCapAction, Measurement, ScaleAction, sort_actions, split_action
-from tokenfactory.stack import build_stack, certify, load_stack_scenario, scenario_dir, stack_scenario_from_dict
-from tokenfactory.validation import ConfigError
+from tokenfactory.core.signals import AdmissionAction, BatchCapAction, Measurement, ScaleAction, sort_actions, split_action
+from tokenfactory.scenario import scenario_dir
+from tokenfactory.stack import build_stack, certify, load_stack_scenario, stack_scenario_from_dict
+from tokenfactory.core.validation import ConfigError
 
 
 def _m(t: float, arrival: float = 100.0, fill: float = 2, decode: float = 2) -> Measurement:
@@ -167,7 +168,7 @@ def test_certificate_passes_default_and_names_the_layer_when_mistuned():
 
 def test_certificate_checks_the_gated_batch_cap():
     sc = load_stack_scenario("stack_default")
-    assert sc.layers["batch_gate"]["kind"] == "gated"
+    assert sc.layers["batch_gate"].kind == "gated"
     cert = certify(sc)
     gate = cert.layers["batch_gate"]
     # the gate's integral loop over delay x pass-time slope meets the floors; its cap saturation
@@ -192,7 +193,7 @@ def test_certificate_checks_the_gated_batch_cap():
 
 def test_slo_aware_admission_layer_is_certified_and_checked_by_kind():
     sc = load_stack_scenario("stack_slo_aware")
-    assert sc.layers["admission"]["kind"] == "slo-aware"
+    assert sc.layers["admission"].kind == "slo-aware"
     cert = certify(sc)
     assert cert.passed, cert.failures
     adm = cert.layers["admission"]

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from tokenfactory import ConfigError
-from tokenfactory.stack import STATIC_SPLIT, load_stack_scenario, mixed_workload, run_on_rates
+from tokenfactory.stack import STATIC_SPLIT, load_stack_scenario, mixed_workload_for, run_on_rates
 
 
 @pytest.fixture(scope="module")
@@ -15,12 +15,12 @@ def sc():
 
 
 def test_the_mixed_week_is_deterministic_and_its_mix_swings(sc):
-    a, b = mixed_workload(sc, days=3, seed=4), mixed_workload(sc, days=3, seed=4)
+    a, b = mixed_workload_for(sc, days=3, seed=4), mixed_workload_for(sc, days=3, seed=4)
     pd.testing.assert_series_equal(a.demand, b.demand)
     pd.testing.assert_series_equal(a.prompt_factor, b.prompt_factor)
     pd.testing.assert_series_equal(a.history, b.history)
     assert a.fleet_size == b.fleet_size and a.notes == b.notes
-    c = mixed_workload(sc, days=3, seed=5)
+    c = mixed_workload_for(sc, days=3, seed=5)
     assert not np.allclose(a.demand.to_numpy(), c.demand.to_numpy())
     n = a.notes
     # the fill:decode worker-need ratio swings by at least 2 x within every whole day
@@ -42,17 +42,17 @@ def test_the_mixed_week_is_deterministic_and_its_mix_swings(sc):
 
 def test_bad_mixed_workload_arguments_name_the_field(sc):
     with pytest.raises(ConfigError, match="mixed.days"):
-        mixed_workload(sc, days=0)
+        mixed_workload_for(sc, days=0)
     with pytest.raises(ConfigError, match="mixed.fleet_headroom"):
-        mixed_workload(sc, days=1, fleet_headroom=-0.1)
+        mixed_workload_for(sc, days=1, fleet_headroom=-0.1)
     with pytest.raises(ConfigError, match="mixed.history_days"):
-        mixed_workload(sc, days=1, history_days=1)
+        mixed_workload_for(sc, days=1, history_days=1)
     with pytest.raises(ConfigError, match="mixed.hours"):
-        mixed_workload(sc, days=1, hours=30)
+        mixed_workload_for(sc, days=1, hours=30)
 
 
 def test_static_split_needs_a_fixed_fleet(sc):
-    from tokenfactory.stack import rate_workload
+    from tokenfactory.traces.rate_workloads import rate_workload
 
     wl = rate_workload("synthetic", scale=3.0, last_days=1.0, hours=1.0)
     with pytest.raises(ConfigError, match="stack"):
@@ -61,7 +61,7 @@ def test_static_split_needs_a_fixed_fleet(sc):
 
 def test_role_moves_beat_the_static_split_on_a_mixed_day(sc):
     # one seeded day at a 10-minute start-up: the fleet cannot hold both pools' peaks, the stack moves roles
-    wl = mixed_workload(sc, days=1, seed=0)
+    wl = mixed_workload_for(sc, days=1, seed=0)
     st, r_st, _ = run_on_rates(sc, wl, startup_s=600.0, stack="stack", dt=2.0)
     ss, r_ss, _ = run_on_rates(sc, wl, startup_s=600.0, stack=STATIC_SPLIT, dt=2.0)
     for row in (st, ss):

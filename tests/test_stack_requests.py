@@ -1,4 +1,4 @@
-"""The layered stack in the request simulator (tokenfactory.stack_requests)."""
+"""The layered stack in the request simulator (tokenfactory.stack.on_requests)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from tokenfactory.stack import load_stack_scenario
-from tokenfactory.stack_requests import morning_ramp, requests_as_rates, run_stack_on_requests
-from tokenfactory.validation import ConfigError
+from tokenfactory.stack.on_requests import morning_ramp, requests_as_rates, run_stack_on_requests
+from tokenfactory.core.validation import ConfigError
 
 
 def test_morning_ramp_has_the_requested_shape_and_rises():

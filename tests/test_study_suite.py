@@ -10,7 +10,7 @@ import pytest
 from tokenfactory import studies
 from tokenfactory.cli import main
 from tokenfactory.studies import has_full_variant, run_study, suite_order
-from tokenfactory.validation import ConfigError
+from tokenfactory.core.validation import ConfigError
 
 FAKE = textwrap.dedent('''
     from pathlib import Path

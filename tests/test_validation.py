@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from tokenfactory.validation import ConfigError, check_choice, check_int, check_number, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError, check_choice, check_int, check_number, reject_unknown_keys
 
 
 @pytest.mark.parametrize("value,kw,ok", [
@@ -37,7 +37,7 @@ def test_check_int_rejects_nan_and_inf_with_the_field_name():
 
     import pytest
 
-    from tokenfactory.validation import ConfigError, check_int
+    from tokenfactory.core.validation import ConfigError, check_int
 
     for bad in (math.nan, math.inf, -math.inf):
         with pytest.raises(ConfigError, match="pool.replicas: expected an integer"):
@@ -71,7 +71,7 @@ def test_a_file_path_in_a_toml_file_resolves_beside_that_file(tmp_path, monkeypa
     from tokenfactory.plant_models import load_model
     from tokenfactory.scenario import load_scenario
     from tokenfactory.studies.feedback_oscillation import scenario_path
-    from tokenfactory.validation import load_toml
+    from tokenfactory.core.validation import load_toml
 
     sub = tmp_path / "plants"
     sub.mkdir()

@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from tokenfactory.validation import ConfigError
+from tokenfactory.core.validation import ConfigError
 
 __all__ = ["main", "build_parser"]
 
@@ -117,7 +117,7 @@ def _cmd_study(args) -> int:
     from tokenfactory.studies import STUDIES, suite_order
     from tokenfactory.studies.html import write_index
     from tokenfactory.sweep import SCHEDULER_ENV, WORKERS_ENV
-    from tokenfactory.validation import ConfigError, check_int
+    from tokenfactory.core.validation import ConfigError, check_int
 
     if args.quick and args.full:
         raise ConfigError("study", "--quick and --full are exclusive: pick one variant")
@@ -384,7 +384,9 @@ def _cmd_certify(args) -> int:
 def _cmd_simulate_pools(args) -> int:
     from pathlib import Path
 
-    from tokenfactory.stack import load_stack_scenario, rate_workload, run_on_rates, scenario_dir
+    from tokenfactory.scenario import scenario_dir
+    from tokenfactory.stack import load_stack_scenario, run_on_rates
+    from tokenfactory.traces.rate_workloads import rate_workload
     from tokenfactory.studies.report import to_jsonable
 
     from tokenfactory.registry import BASELINE_STACKS
@@ -425,12 +427,12 @@ def _cmd_simulate(args) -> int:
             raise ConfigError(flag, "needs --plant pools")
     from pathlib import Path
 
-    from tokenfactory.classes import DEFAULT_CLASSES, INTERACTIVE, RequestClass
+    from tokenfactory.core.classes import DEFAULT_CLASSES, INTERACTIVE, RequestClass
     from tokenfactory.registry import ADMISSION_KINDS, AUTOSCALER_KINDS, RECOMMENDED_ADMISSION
     from tokenfactory.replay import build_replay, load_replay_scenario, run_replay
     from tokenfactory.studies.report import to_jsonable
     from tokenfactory.traces import SyntheticWorkload, generate_requests, load_trace
-    from tokenfactory.validation import check_choice, check_number
+    from tokenfactory.core.validation import check_choice, check_number
 
     sc = load_replay_scenario(args.scenario) if args.scenario else None
     plant = dict(sc.plant) if sc else {}
@@ -597,7 +599,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_cmd_describe)
 
     m = sub.add_parser("margins", help="stability margins (or predicted limit cycles) of a scenario file")
-    m.add_argument("scenario", help="scenario TOML (see studies/scenarios/)")
+    m.add_argument("scenario", help="scenario TOML (see tokenfactory/scenarios/)")
     m.add_argument("--json", action="store_true")
     m.add_argument("--check", action="store_true",
                    help="exit 1 if any envelope point is unstable (Nyquist count) or misses the floors")
@@ -643,7 +645,7 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--plant", choices=["des", "pools"], default="des",
                     help="des: request simulator on a request trace; pools: the pool model on a rate series "
                          "(ServeGen aggregate format included) run by a control stack")
-    sm.add_argument("--stack", default=None, help="pools: stack scenario TOML (default studies/scenarios/"
+    sm.add_argument("--stack", default=None, help="pools: stack scenario TOML (default tokenfactory/scenarios/"
                                                   "stack_default.toml)")
     sm.add_argument("--startup", type=float, default=None, help="pools: worker start-up (s), overrides the scenario")
     sm.add_argument("--last-days", type=float, default=None, help="pools: run the last N days (the days before "

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tokenfactory.classes import DEFAULT_CLASSES, class_table
+from tokenfactory.core.classes import DEFAULT_CLASSES, class_table
 from tokenfactory.controllers.oscillation import assess
 from tokenfactory.plant_models.des import ClusterConfig, DESParams, simulate
 from tokenfactory.plant_models.fluid import FluidParams, FluidPlant
@@ -31,7 +31,7 @@ from tokenfactory.plant_models.service import (
 )
 from tokenfactory.registry import DEFAULT_TPOT_FRACTION, PlantContext, build_admission, build_autoscalers, static_batch_cap
 from tokenfactory.traces.transforms import place_sessions, scale_trace
-from tokenfactory.validation import ConfigError, check_number, load_toml, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError, check_number, load_toml, reject_unknown_keys
 
 __all__ = ["DEFAULT_PLANT", "ReplaySetup", "request_shape_of", "build_replay", "run_replay", "class_outputs",
            "request_costs", "service_capacity", "infeasible",
@@ -142,7 +142,7 @@ class ReplaySetup:
         Parameters
         ----------
         classes : iterable of RequestClass, optional
-            The SLOs (default :data:`tokenfactory.classes.DEFAULT_CLASSES`).
+            The SLOs (default :data:`tokenfactory.core.classes.DEFAULT_CLASSES`).
 
         Returns
         -------
@@ -236,7 +236,7 @@ def infeasible(costs: pd.DataFrame, classes=None) -> pd.DataFrame:
     costs : DataFrame
         :func:`request_costs`.
     classes : iterable of RequestClass, optional
-        The SLOs (default :data:`tokenfactory.classes.DEFAULT_CLASSES`; a request of a class not
+        The SLOs (default :data:`tokenfactory.core.classes.DEFAULT_CLASSES`; a request of a class not
         among them gets the first class's).
 
     Returns
@@ -525,7 +525,7 @@ def replay_scenario_from_dict(d: dict, name: str = "scenario") -> ReplayScenario
 
     Sections: ``plant`` (:data:`DEFAULT_PLANT` keys, ``parallelism``, ``efficiency``,
     ``decode_model``, ``decode_hardware``), ``cluster`` (:class:`ClusterConfig` fields),
-    ``classes`` (request classes, :func:`tokenfactory.classes.classes_from_dict`), ``controller``
+    ``classes`` (request classes, :func:`tokenfactory.core.classes.classes_from_dict`), ``controller``
     (``kind`` and that kind's parameters), ``envelope`` (:class:`StabilityEnvelope` fields) and
     ``simulation`` (``load``, ``scale``, ``duration_s``, ``batch_cap``); ``name`` and
     ``description``.
@@ -547,7 +547,7 @@ def replay_scenario_from_dict(d: dict, name: str = "scenario") -> ReplayScenario
         Naming the first field that is unknown, out of range, or meaningless in a replay (a
         margins scenario's ``plant.prompt_tokens``, ``simulation.demand_factor``, ...).
     """
-    from tokenfactory.classes import classes_from_dict
+    from tokenfactory.core.classes import classes_from_dict
     from tokenfactory.controllers.autotune import StabilityEnvelope
     from tokenfactory.registry import ADMISSION_KINDS
 

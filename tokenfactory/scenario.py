@@ -46,11 +46,18 @@ from tokenfactory.controllers.stability_batch import stability_margins_batch
 from tokenfactory.plant_models.fluid import FluidParams, FluidPlant, LoopScenario
 from tokenfactory.plant_models.roofline import Worker
 from tokenfactory.plant_models.service import DEFAULT_KV_SETUP_S, DEFAULT_KV_STRIPES, KVLink, RequestShape, ServiceModel
-from tokenfactory.registry import ADMISSION_KINDS, PlantContext, admission_kinds, build_admission, smoothed_admission
-from tokenfactory.validation import ConfigError, check_choice, check_number, load_toml, reject_unknown_keys
+from tokenfactory.registry import ADMISSION_KINDS, PlantContext, admission_kinds, build_admission
+from tokenfactory.core.validation import ConfigError, check_choice, check_number, load_toml, reject_unknown_keys
 
 __all__ = ["Scenario", "load_scenario", "scenario_from_dict", "build_plant", "build_controller",
-           "margins_table", "naive_limit_cycle"]
+           "margins_table", "naive_limit_cycle", "scenario_dir"]
+
+def scenario_dir() -> Path:
+    """The folder of the shipped scenario files (``tokenfactory/scenarios``: loop scenarios read by
+    :func:`load_scenario`, stack scenarios read by :func:`tokenfactory.stack.load_stack_scenario`),
+    package data of this layer."""
+    return Path(__file__).resolve().parent / "scenarios"
+
 
 _PLANT_KEYS = {"model", "hardware", "parallelism", "efficiency", "decode_model", "decode_hardware",
                "decode_parallelism", "fill_workers", "decode_workers", "prompt_tokens", "output_tokens",
@@ -182,8 +189,10 @@ def build_controller(d: Mapping[str, Any], plant: FluidPlant, envelope: Stabilit
     params = {k: v for k, v in d.items() if k != "kind"}
     reject_unknown_keys(where, params, ADMISSION_KINDS[kind].keys)
     ctx = PlantContext(plant.params, plant.fill_workers, plant.decode_workers, envelope=envelope)
-    if kind == "smoothed":
-        return smoothed_admission(ctx, {"backlog_bound_s": 30.0, **params}, where=where)
+    rec = ADMISSION_KINDS[kind]
+    params = {**rec.scenario_defaults, **params}
+    if rec.build_tuned is not None:
+        return rec.build_tuned(ctx, params, where=where)
     return build_admission(kind, ctx, params, where=where), None
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import pandas as pd
 
-from tokenfactory.validation import ConfigError, check_choice, check_int
+from tokenfactory.core.validation import ConfigError, check_choice, check_int
 
 __all__ = ["Sweep", "run_sweep", "map_points", "default_backend", "set_dotted", "SCHEDULER_ENV", "WORKERS_ENV"]
 

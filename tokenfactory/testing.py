@@ -75,7 +75,7 @@ def assert_no_oscillation(series, dt: float, *, min_amplitude: float = 0.0, name
             f"(first harmonic {rep.harmonic_amplitude:.4g}), Thornhill r = {rep.thornhill_r:.3g}, "
             f"decay ratio R = {rep.decay_ratio:.3g}, Forsman-Stattin h = {rep.forsman_h:.3g}; {rep.reason}")
     if max_reversals is not None:
-        from tokenfactory.signals import count_reversals
+        from tokenfactory.core.signals import count_reversals
 
         n = count_reversals(list(actions or []))
         if n > max_reversals:

@@ -14,7 +14,9 @@ from tokenfactory.traces.transforms import *  # noqa: F401,F403
 from tokenfactory.traces.transforms import __all__ as _tf
 from tokenfactory.traces.rates import *  # noqa: F401,F403
 from tokenfactory.traces.rates import __all__ as _rt
-from tokenfactory.traces.classes import *  # noqa: F401,F403
-from tokenfactory.traces.classes import __all__ as _cl
+from tokenfactory.traces.class_assignment import *  # noqa: F401,F403
+from tokenfactory.traces.class_assignment import __all__ as _cl
+from tokenfactory.traces.rate_workloads import *  # noqa: F401,F403
+from tokenfactory.traces.rate_workloads import __all__ as _rw
 
-__all__ = [*_ld, *_sc, *_st, *_sy, *_tf, *_rt, *_cl]
+__all__ = [*_ld, *_sc, *_st, *_sy, *_tf, *_rt, *_cl, *_rw]

@@ -20,7 +20,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenfactory.validation import ConfigError
+from tokenfactory.core.validation import ConfigError
 
 __all__ = ["TraceSource", "TRACE_SOURCES", "FetchError", "fetch_dir", "fetch_trace", "sha256_of"]
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from tokenfactory.validation import ConfigError
-from tokenfactory.traces.classes import assign_classes, class_seed
+from tokenfactory.core.validation import ConfigError
+from tokenfactory.traces.class_assignment import assign_classes, class_seed
 from tokenfactory.traces.schema import REQUEST_COLUMNS
 
 __all__ = ["TraceError", "TraceSpec", "TRACES", "data_dir", "trace_dirs", "trace_path", "load_trace", "trace_available",

@@ -11,7 +11,7 @@
 | ``session_id`` | str | conversation/session ("" when the trace has none) |
 | ``turn`` | int | index of the call within its session (0 when the trace has none) |
 | ``think_time_s`` | float | gap before this call in its session (NaN when unknown) |
-| ``request_class`` | str | the request's class (:mod:`tokenfactory.classes`): from the data where the trace has one, else drawn from the documented mix (:mod:`tokenfactory.traces.classes`) |
+| ``request_class`` | str | the request's class (:mod:`tokenfactory.core.classes`): from the data where the trace has one, else drawn from the documented mix (:mod:`tokenfactory.traces.class_assignment`) |
 
 Extra columns a loader may add: ``hash_ids`` (Mooncake's chained 512-token prefix-block ids).
 

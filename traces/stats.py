@@ -225,7 +225,7 @@ def rates_from_requests(df: pd.DataFrame, interval_s: float = 60.0) -> pd.DataFr
         For a trace with per-session clocks (it has no cluster arrival rate).
     """
     if df.attrs.get("per_session_clock"):
-        from tokenfactory.validation import ConfigError
+        from tokenfactory.core.validation import ConfigError
 
         raise ConfigError("trace", "this trace has per-session clocks: it has no cluster arrival rate")
     c = counts(df["arrival_s"].to_numpy(), interval_s)

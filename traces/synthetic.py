@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from tokenfactory.validation import ConfigError, check_int, check_number, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError, check_int, check_number, reject_unknown_keys
 from tokenfactory.traces.stats import counts
-from tokenfactory.traces.classes import assign_classes
+from tokenfactory.traces.class_assignment import assign_classes
 
 __all__ = ["SyntheticWorkload", "rate_at", "generate_requests", "generate_rates", "fit_workload",
            "compare_to_trace", "long_context_workload", "LONG_CONTEXT"]

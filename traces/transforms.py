@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tokenfactory.validation import ConfigError, check_number
+from tokenfactory.core.validation import ConfigError, check_number
 
 __all__ = ["scale_trace", "superpose_trace", "place_sessions", "spread_quantized_arrivals"]
 

@@ -14,7 +14,7 @@ pass time of each pass; a ready arrival, a rate change or a fault cuts the leap 
 boundary. Records are flat preallocated arrays, one row per request.
 
 Nothing is lost: every arrival ends completed, rejected with a reason, or in flight, and
-:func:`simulate` raises :class:`tokenfactory.errors.ConservationError` otherwise. Worker crashes
+:func:`simulate` raises :class:`tokenfactory.core.errors.ConservationError` otherwise. Worker crashes
 re-queue their requests (counted) - their KV is gone and must be rebuilt by a new fill.
 
 Modules, one concern each:
@@ -29,17 +29,17 @@ Modules, one concern each:
 * :mod:`~tokenfactory.plant_models.des.tiers` - the tiered KV store (HBM, host DRAM, SSD;
   retention; rebuild from text), a prefix-cache policy;
 * :mod:`~tokenfactory.plant_models.des.work` - FLOPs and bytes per pass, utilisation;
-* :mod:`~tokenfactory.plant_models.des.fleet` - autoscaling, moves, crashes, slowdowns (the pool
+* :mod:`~tokenfactory.plant_models.des.pool_changes` - autoscaling, moves, crashes, slowdowns (the pool
   model's fleet rules);
 * :mod:`~tokenfactory.plant_models.des.measure` - snapshots, measurements, the control loop;
 * :mod:`~tokenfactory.plant_models.des.records` - :class:`Stage`, :class:`Snapshot`, per-request records;
 * :mod:`~tokenfactory.plant_models.des.workers` - what every worker has, and idle workers woken
   together once per instant;
-* :mod:`~tokenfactory.plant_models.des.core` - :class:`Simulator` and :func:`simulate`.
+* :mod:`~tokenfactory.plant_models.des.simulator` - :class:`Simulator` and :func:`simulate`.
 """
 
 # events and reject reasons were importable from here before they moved to the core layer
-from tokenfactory.events import DecodeRateDip, LinkSlowdown, Reconfiguration, WorkerCrash  # noqa: F401
+from tokenfactory.core.events import DecodeRateDip, LinkSlowdown, Reconfiguration, WorkerCrash  # noqa: F401
 from tokenfactory.plant_models.des.cache import (
     LRUPrefixCache,
     NoPrefixCache,
@@ -49,13 +49,13 @@ from tokenfactory.plant_models.des.cache import (
 )
 from tokenfactory.plant_models.des.aggregated import AggregatedStage, AggregatedWorker
 from tokenfactory.plant_models.des.config import ClusterConfig
-from tokenfactory.plant_models.des.core import OpenAdmission, Simulator, simulate
+from tokenfactory.plant_models.des.simulator import OpenAdmission, Simulator, simulate
 from tokenfactory.plant_models.des.params import DESParams
 from tokenfactory.plant_models.des.records import Snapshot, Stage
 from tokenfactory.plant_models.des.tiers import TIER_SOURCES, KVTier, TieredKVStore, kv_tiers, replay_store, session_chains
 from tokenfactory.plant_models.des.work import PassWork, WorkLedger
 from tokenfactory.plant_models.result import SimulationResult
-from tokenfactory.signals import REJECT_REASONS  # noqa: F401
+from tokenfactory.core.signals import REJECT_REASONS  # noqa: F401
 
 #: the former name of the request simulator's result (now every plant's)
 DESResult = SimulationResult

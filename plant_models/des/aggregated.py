@@ -63,7 +63,7 @@ class AggregatedWorker(DecodeWorker):
 
 
 class AggregatedStage:
-    """The aggregated pool of :class:`tokenfactory.plant_models.des.core.Simulator` (a mixin)."""
+    """The aggregated pool of :class:`tokenfactory.plant_models.des.simulator.Simulator` (a mixin)."""
 
     aggregated_workers: list
     idle_agg: IdleWorkers

@@ -7,14 +7,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tokenfactory.classes import RequestClass, class_table, classes_from_dict
-from tokenfactory.events import DecodeRateDip, LinkSlowdown, Reconfiguration, WorkerCrash, events_from_dicts
+from tokenfactory.core.classes import RequestClass, class_table, classes_from_dict
+from tokenfactory.core.events import DecodeRateDip, LinkSlowdown, Reconfiguration, WorkerCrash, events_from_dicts
 from tokenfactory.plant_models.fleet import PoolDynamics
-from tokenfactory.validation import ConfigError, check_int, check_number, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError, check_int, check_number, reject_unknown_keys
 
 __all__ = ["ClusterConfig", "EVENT_KINDS"]
 
-#: the events the request simulator accepts (:mod:`tokenfactory.events`)
+#: the events the request simulator accepts (:mod:`tokenfactory.core.events`)
 EVENT_KINDS = (WorkerCrash.kind, LinkSlowdown.kind, DecodeRateDip.kind, Reconfiguration.kind)
 
 
@@ -68,10 +68,10 @@ class ClusterConfig:
         names them); empty (default): every request is judged by ``slo_ttft_s``/``slo_tpot_s``
         and served first come first served, whatever its class (per-class metrics are still
         reported). Given as objects, or (``from_dict``) as a table ``{name: {fields}}`` applied
-        to :data:`tokenfactory.classes.DEFAULT_CLASSES`.
+        to :data:`tokenfactory.core.classes.DEFAULT_CLASSES`.
     batch_cap : float or None
         Largest decode batch per worker at the start (sequences, >= 1); None (default): the
-        service tables' ``decode_max_batch``. A :class:`tokenfactory.signals.BatchCapAction`
+        service tables' ``decode_max_batch``. A :class:`tokenfactory.core.signals.BatchCapAction`
         changes it during the run.
     """
 
@@ -143,7 +143,7 @@ class ClusterConfig:
     def from_dict(cls, d: Mapping[str, Any], where: str = "cluster") -> "ClusterConfig":
         """From a mapping (a scenario file's ``[cluster]``); ``dynamics`` is a table of
         :class:`PoolDynamics` fields, ``events`` a list of tables with a ``kind``, ``classes`` a
-        table of classes (:func:`tokenfactory.classes.classes_from_dict`).
+        table of classes (:func:`tokenfactory.core.classes.classes_from_dict`).
 
         Parameters
         ----------

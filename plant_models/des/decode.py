@@ -78,7 +78,7 @@ def _passes_within(t0: float, tk: float, B: int, elapsed: float) -> int:
 
 
 class DecodeStage:
-    """The decode pool of :class:`tokenfactory.plant_models.des.core.Simulator` (a mixin)."""
+    """The decode pool of :class:`tokenfactory.plant_models.des.simulator.Simulator` (a mixin)."""
 
     decode_workers: list
     ready: deque
@@ -88,7 +88,7 @@ class DecodeStage:
     def can_join(self, w: DecodeWorker, i: int) -> bool:
         """May ready request ``i`` join ``w``'s batch now? The KV of the batch after the join,
         plus one pass of growth, must stay under the watermark, and the batch under the cap
-        (``batch_cap``, set by :class:`tokenfactory.signals.BatchCapAction`); an empty worker
+        (``batch_cap``, set by :class:`tokenfactory.core.signals.BatchCapAction`); an empty worker
         always takes one sequence. Override to try another batching rule."""
         B = len(w.members)
         if not B:
@@ -360,7 +360,7 @@ class DecodeStage:
                     return
 
     def set_batch_cap(self, cap: float) -> None:
-        """The decode batch cap per worker changes (:class:`tokenfactory.signals.BatchCapAction`).
+        """The decode batch cap per worker changes (:class:`tokenfactory.core.signals.BatchCapAction`).
         A lower cap takes effect as sequences complete; a higher one lets ready sequences join at
         the next pass boundary."""
         cap = float(min(cap, self.p.decode_max_batch))

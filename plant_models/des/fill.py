@@ -49,7 +49,7 @@ class FillWorker(PoolWorker):
 
 
 class FillStage:
-    """The fill pool of :class:`tokenfactory.plant_models.des.core.Simulator` (a mixin: the
+    """The fill pool of :class:`tokenfactory.plant_models.des.simulator.Simulator` (a mixin: the
     simulator's queues, records and clock are its attributes)."""
 
     fill_workers: list

@@ -4,9 +4,9 @@ Every ``snapshot_dt`` the simulator records a :class:`~tokenfactory.plant_models
 (a scheduled call; through a stretch in which no event is pending the row is held by one table
 write instead of one call per sample, which is what makes sparse long runs cheap).
 A controller sampled at t sees the row of t - ``measurement_delay_s`` (rates averaged over its
-sample period, as a scrape of counters gives) as a :class:`tokenfactory.signals.Measurement`;
+sample period, as a scrape of counters gives) as a :class:`tokenfactory.core.signals.Measurement`;
 its admission action holds until its next sample. Pool autoscalers see the same measurements
-(:mod:`tokenfactory.plant_models.des.fleet`).
+(:mod:`tokenfactory.plant_models.des.pool_changes`).
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import sys
 import time
 
 from tokenfactory.plant_models.des.records import ClassSnapshotTable, Snapshot, SnapshotTable
-from tokenfactory.signals import ClassLoad, Measurement, sort_actions
+from tokenfactory.core.signals import ClassLoad, Measurement, sort_actions
 
 __all__ = ["Monitor"]
 
 
 class Monitor:
     """Snapshots, measurements and the admission control loop of
-    :class:`tokenfactory.plant_models.des.core.Simulator` (a mixin)."""
+    :class:`tokenfactory.plant_models.des.simulator.Simulator` (a mixin)."""
 
     def start_snapshots(self, duration: float) -> None:
         """Allocate the time series and record its first row now."""

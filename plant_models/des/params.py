@@ -21,7 +21,7 @@ from tokenfactory.plant_models.service import (
     chunk_context_s,
     chunked_fill_s,
 )
-from tokenfactory.validation import ConfigError, check_int, check_number
+from tokenfactory.core.validation import ConfigError, check_int, check_number
 
 __all__ = ["DESParams"]
 

@@ -140,7 +140,7 @@ class SnapshotTable:
 
 class ClassSnapshotTable:
     """Per-class rows of the time series: one preallocated (rows x classes x fields) array whose
-    fields are those of :class:`tokenfactory.signals.ClassLoad`, held like
+    fields are those of :class:`tokenfactory.core.signals.ClassLoad`, held like
     :class:`SnapshotTable` (rates zeroed in held rows).
 
     Parameters

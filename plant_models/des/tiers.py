@@ -45,7 +45,7 @@ import pandas as pd
 
 from tokenfactory.plant_models.des.cache import PrefixCache
 from tokenfactory.plant_models.roofline import Worker
-from tokenfactory.validation import ConfigError, check_int, check_number
+from tokenfactory.core.validation import ConfigError, check_int, check_number
 
 __all__ = ["KVTier", "TieredKVStore", "kv_tiers", "session_chains", "replay_store", "TIER_SOURCES"]
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
 
-from tokenfactory.errors import ConfigError
+from tokenfactory.core.errors import ConfigError
 
 __all__ = ["Measurement", "ClassLoad", "AdmissionAction", "ScaleAction", "BatchCapAction", "ReserveAction",
            "Arrival", "Decision", "ADMIT", "REJECT_REASONS", "DEFER_REASONS", "VERDICTS", "POOLS", "Actions",

@@ -6,10 +6,10 @@ a plant runs it like any other; inside, it dispatches each layer at the layer's 
 
 * ``batch_gate`` (sub-second) - the decode batch cap: the gated batch controller
   (:class:`tokenfactory.controllers.batch_gate.BatchGate`, a
-  :class:`tokenfactory.signals.BatchCapAction`), or the slot limit, a static cap applied to the
+  :class:`tokenfactory.core.signals.BatchCapAction`), or the slot limit, a static cap applied to the
   plant's parameters (a :class:`StackLayer` with no controllers documents it);
-* ``admission`` (seconds) - an admission controller (:class:`tokenfactory.signals.AdmissionAction`);
-* ``reconfiguration`` (minutes) - pool controllers (:class:`tokenfactory.signals.ScaleAction`),
+* ``admission`` (seconds) - an admission controller (:class:`tokenfactory.core.signals.AdmissionAction`);
+* ``reconfiguration`` (minutes) - pool controllers (:class:`tokenfactory.core.signals.ScaleAction`),
   optionally a :class:`RoleBalancer` that moves workers between roles in a fixed fleet;
 * ``planning`` (hours) - a :class:`tokenfactory.controllers.planning.DemandPlanner` whose plan
   is read by the reconfiguration layer as a feed-forward floor (it returns no action itself).
@@ -34,8 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tokenfactory.controllers.interface import SampledController
-from tokenfactory.signals import AdmissionAction, Measurement, ScaleAction, sort_actions, split_action
-from tokenfactory.validation import ConfigError, check_number
+from tokenfactory.core.signals import AdmissionAction, Measurement, ScaleAction, sort_actions, split_action
+from tokenfactory.core.validation import ConfigError, check_number
 
 __all__ = ["StackLayer", "ControlStack", "RoleBalancer", "CapacityScaledBound", "LAYER_ORDER"]
 

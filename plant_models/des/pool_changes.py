@@ -12,13 +12,13 @@ These are simpy processes: they run a few times per simulated minute, not per re
 
 from __future__ import annotations
 
-from tokenfactory.events import DecodeRateDip, LinkSlowdown, Reconfiguration, WorkerCrash
+from tokenfactory.core.events import DecodeRateDip, LinkSlowdown, Reconfiguration, WorkerCrash
 from tokenfactory.plant_models.des.aggregated import AggregatedWorker
 from tokenfactory.plant_models.des.decode import DecodeWorker
 from tokenfactory.plant_models.des.fill import FillWorker
 from tokenfactory.plant_models.fleet import free_workers, scale_plan
-from tokenfactory.signals import POOLS, sort_actions
-from tokenfactory.validation import ConfigError
+from tokenfactory.core.signals import POOLS, sort_actions
+from tokenfactory.core.validation import ConfigError
 
 __all__ = ["StartTicket", "FleetControl"]
 
@@ -41,7 +41,7 @@ class StartTicket:
 
 
 class FleetControl:
-    """Pools, autoscalers and events of :class:`tokenfactory.plant_models.des.core.Simulator` (a mixin)."""
+    """Pools, autoscalers and events of :class:`tokenfactory.plant_models.des.simulator.Simulator` (a mixin)."""
 
     # -- workers --------------------------------------------------------------------------
     def pool(self, name: str) -> list:

@@ -27,7 +27,7 @@ import pandas as pd
 from tokenfactory.plant_models.hardware import accelerator_preset
 from tokenfactory.plant_models.moe_model import model_from_dict
 from tokenfactory.plant_models.roofline import Efficiency, Parallelism, Worker
-from tokenfactory.validation import ConfigError, check_choice
+from tokenfactory.core.validation import ConfigError, check_choice
 
 __all__ = [
     "PublishedPoint",

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenfactory.classes import DEFAULT_CLASSES, INTERACTIVE, RequestClass, class_table
+from tokenfactory.core.classes import DEFAULT_CLASSES, INTERACTIVE, RequestClass, class_table
 from tokenfactory.controllers.admission import CompletionTriggeredAdmission, SmoothedAdmission, ThresholdAdmission
 from tokenfactory.controllers.autoscaling import (
     AIBrixAPA,
@@ -43,12 +43,12 @@ from tokenfactory.controllers.batch_gate import BatchGate, largest_batch, pass_t
 from tokenfactory.controllers.early_rejection import EarlyRejection, WatermarkAdmission
 from tokenfactory.controllers.slo_admission import DEFAULT_TTFT_FRACTION, SLOAwareAdmission, tune_slo_admission
 from tokenfactory.controllers.reconfiguration import HystereticPoolController, measured_need_noise
-from tokenfactory.controllers.stack import ControlStack, StackLayer
+from tokenfactory.controllers.control_stack import ControlStack, StackLayer
 from tokenfactory.controllers.tuning import PIGains, simc_pi
 from tokenfactory.plant_models.des import DESParams
 from tokenfactory.plant_models.fluid import FluidParams, FluidPlant
 from tokenfactory.plant_models.fleet import PoolDynamics
-from tokenfactory.validation import ConfigError, check_choice, check_number, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError, check_choice, check_number, reject_unknown_keys
 
 __all__ = ["PlantContext", "ControllerKind", "register", "ADMISSION_KINDS", "AUTOSCALER_KINDS",
            "CONTROL_PLANES", "build_admission", "build_autoscalers", "control_plane", "admission_kinds",
@@ -161,6 +161,11 @@ class ControllerKind:
         Parameters the builder accepts; anything else is rejected.
     baseline : bool
         True for today's systems, False for tokenfactory's own controllers.
+    build_tuned : callable, optional
+        ``build_tuned(ctx, params, where=...) -> (controller, tuning report)`` for a kind tuned
+        from the plant (scenario files report the tuning).
+    scenario_defaults : mapping
+        Parameters a scenario file's ``[controller]`` table gets unless it sets them.
     """
 
     name: str
@@ -169,6 +174,8 @@ class ControllerKind:
     build: Callable[[PlantContext, dict], Any]
     keys: tuple[str, ...] = ()
     baseline: bool = False
+    build_tuned: Callable[..., tuple[Any, Any]] | None = None
+    scenario_defaults: Mapping[str, Any] = field(default_factory=dict)
 
 
 ADMISSION_KINDS: dict[str, ControllerKind] = {}
@@ -348,18 +355,10 @@ def smoothed_admission(ctx: PlantContext, p: Mapping[str, Any] | None = None,
     return ctrl, report
 
 
-_PASS_TABLES: dict[int, tuple[Any, DESParams]] = {}
-
-
 def _pass_table(svc) -> DESParams:
     """The service model's pass times sampled over (batch, context) (the request simulator's own
-    tables), built once per service model."""
-    hit = _PASS_TABLES.get(id(svc))
-    if hit is None or hit[0] is not svc:
-        if len(_PASS_TABLES) > 32:
-            _PASS_TABLES.clear()
-        hit = _PASS_TABLES[id(svc)] = (svc, DESParams.from_service(svc))
-    return hit[1]
+    tables), built once per service model and kept on it (not in a table keyed by its id)."""
+    return svc.derived("des_params", DESParams.from_service)
 
 
 def _pass_model(ctx: PlantContext) -> tuple[Callable[[float, float], float], float, float]:
@@ -371,7 +370,7 @@ def _pass_model(ctx: PlantContext) -> tuple[Callable[[float, float], float], flo
         table = _pass_table(svc)
         return (lambda b, c: table.decode_pass(b, c)[0], float(svc.decode_slots), float(svc.decode_context_tokens))
     fp = ctx.params
-    ctx_tokens = float(fp.provenance.get("decode_context_tokens", 1.0)) if fp.provenance else 1.0
+    ctx_tokens = 1.0 if fp.decode_context_tokens is None else float(fp.decode_context_tokens)
     return (lambda b, c: fp.decode_step_s(b)), float(fp.decode_slots_per_worker), max(ctx_tokens, 1.0)
 
 
@@ -627,7 +626,10 @@ register(ControllerKind("threshold", "admission", "on/off admission on a busy si
                         ("sample_period_s", "threshold", "hysteresis", "signal", "open_rate"), baseline=True))
 register(ControllerKind("smoothed", "admission", "tokenfactory: feed-forward + PI on the filtered ready buffer, "
                         "SIMC-tuned over a stability envelope",
-                        lambda ctx, p: smoothed_admission(ctx, p)[0], _SMOOTHED_KEYS))
+                        lambda ctx, p: smoothed_admission(ctx, p)[0], _SMOOTHED_KEYS,
+                        build_tuned=smoothed_admission,
+                        # a scenario's loop sheds above 30 s of backlog (the feedback-oscillation study's bound)
+                        scenario_defaults={"backlog_bound_s": 30.0}))
 register(ControllerKind("slo-aware", "admission", "tokenfactory (recommended): admit, defer or reject each request "
                         "on its predicted TTFT and decode wait, per class, interactive capacity reserved, gated "
                         "decode batch cap", lambda ctx, p: slo_aware_admission(ctx, p), _SLO_KEYS))

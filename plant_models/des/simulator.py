@@ -2,7 +2,7 @@
 
 :class:`Simulator` composes the stages (:class:`~tokenfactory.plant_models.des.fill.FillStage`,
 :class:`~tokenfactory.plant_models.des.decode.DecodeStage`,
-:class:`~tokenfactory.plant_models.des.fleet.FleetControl`,
+:class:`~tokenfactory.plant_models.des.pool_changes.FleetControl`,
 :class:`~tokenfactory.plant_models.des.measure.Monitor`) around one simpy ``Environment``.
 Hot paths - arrivals, admissions, fill steps, KV transfers, decode leaps - are scheduled calls
 (:meth:`Simulator.call_in`: one heap entry, no generator, no exception); control loops, pool
@@ -16,14 +16,14 @@ Request classes (``ClusterConfig.classes``): each request's class sets its SLO a
 with more than one priority the three queues become
 :class:`~tokenfactory.plant_models.des.queues.PriorityQueues` (higher priority served first),
 lower-priority work may take at most ``1 - reserve`` of each fill step's token budget (a
-:class:`tokenfactory.signals.ReserveAction` sets the share) and a higher-priority ready sequence
+:class:`tokenfactory.core.signals.ReserveAction` sets the share) and a higher-priority ready sequence
 preempts the newest lower-priority one when its worker is at the batch cap or out of KV.
 
 Admission: a controller with a ``decide(t, arrival)`` method is an *arrival gate*: each arrival
 is admitted into fill at once, deferred (held in the holding queue, offered again at every
 controller sample until its class's ``max_defer_s``, then rejected with ``deferral_expired``)
 or rejected with the gate's reason. Other controllers release the backlog at their commanded
-rate. A :class:`tokenfactory.signals.BatchCapAction` from any controller sets the decode batch cap.
+rate. A :class:`tokenfactory.core.signals.BatchCapAction` from any controller sets the decode batch cap.
 """
 
 from __future__ import annotations
@@ -38,13 +38,13 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from tokenfactory.errors import ConservationError
+from tokenfactory.core.errors import ConservationError
 from tokenfactory.plant_models.des.aggregated import AggregatedStage, AggregatedWorker
 from tokenfactory.plant_models.des.cache import PrefixCache, prefix_cache_for
 from tokenfactory.plant_models.des.config import ClusterConfig
 from tokenfactory.plant_models.des.decode import DecodeStage, DecodeWorker
 from tokenfactory.plant_models.des.fill import FillStage, FillWorker
-from tokenfactory.plant_models.des.fleet import FleetControl
+from tokenfactory.plant_models.des.pool_changes import FleetControl
 from tokenfactory.plant_models.des.workers import IdleWorkers
 from tokenfactory.plant_models.des.measure import Monitor
 from tokenfactory.plant_models.des.params import DESParams
@@ -53,8 +53,8 @@ from tokenfactory.plant_models.des.records import RequestRecords, Stage
 from tokenfactory.plant_models.des.work import WorkLedger
 from tokenfactory.plant_models.result import SimulationResult
 from tokenfactory.plant_models.service import mean_active_context
-from tokenfactory.signals import DEFER_REASONS, REJECT_REASONS, AdmissionAction, Arrival, count_reversals
-from tokenfactory.validation import ConfigError
+from tokenfactory.core.signals import DEFER_REASONS, REJECT_REASONS, AdmissionAction, Arrival, count_reversals
+from tokenfactory.core.validation import ConfigError
 
 __all__ = ["Simulator", "OpenAdmission", "simulate"]
 
@@ -106,7 +106,7 @@ class Simulator(FillStage, DecodeStage, AggregatedStage, FleetControl, Monitor):
     controller : object, optional
         Admission controller (``sample_period``, ``reset()``, ``update(t, m)``); None admits all.
     autoscalers : sequence, optional
-        Pool autoscalers returning :class:`tokenfactory.signals.ScaleAction`.
+        Pool autoscalers returning :class:`tokenfactory.core.signals.ScaleAction`.
     prefix_cache : PrefixCache, optional
         Replaces the policy ``cluster.prefix_cache_blocks`` names.
     """
@@ -601,7 +601,7 @@ def simulate(trace: pd.DataFrame, params: DESParams, cluster: ClusterConfig = Cl
     controller : object, optional
         Admission controller; None admits everything at once.
     autoscalers : sequence, optional
-        Pool autoscalers (each returns :class:`tokenfactory.signals.ScaleAction`; workers start,
+        Pool autoscalers (each returns :class:`tokenfactory.core.signals.ScaleAction`; workers start,
         warm up and drain as ``cluster.dynamics`` says).
     prefix_cache : PrefixCache, optional
         A prefix-cache policy replacing the one ``cluster.prefix_cache_blocks`` names.

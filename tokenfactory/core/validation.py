@@ -7,11 +7,12 @@ capacity engineer can act on, never as a traceback from deep inside numpy.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tokenfactory.errors import ConfigError
+from tokenfactory.core.errors import ConfigError
 
 __all__ = [
     "ConfigError",
@@ -20,6 +21,9 @@ __all__ = [
     "check_int",
     "check_choice",
     "reject_unknown_keys",
+    "setting",
+    "resolve_config",
+    "config_schema",
 ]
 
 
@@ -217,3 +221,111 @@ def load_toml(path, field: str = "scenario") -> dict:
             return _resolve_file_paths(tomllib.load(fh), path.resolve().parent)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(path.name, f"not valid TOML: {exc}") from None
+
+
+def setting(default: Any = None, *, kind: type = float, meaning: str, unit: str = "", low: float | None = None,
+            high: float | None = None, low_inclusive: bool = True, high_inclusive: bool = True,
+            also: tuple[str, ...] = (), choices: tuple[str, ...] = ()) -> Any:
+    """A field of a typed config (a frozen dataclass): its default and, as field metadata, its type,
+    unit, allowed range and one-line meaning, so the config validates itself
+    (:func:`resolve_config`) and describes itself (:func:`config_schema`).
+
+    Parameters
+    ----------
+    default : object
+        The value when the key is absent (``None``: the builder's own default, named in ``meaning``).
+    kind : type
+        ``float``, ``int``, ``bool`` or ``str``.
+    meaning : str
+        One line: what the setting is.
+    unit : str
+        The unit (``"s"``, ``"requests/s"``, ``""`` for a ratio).
+    low, high : float, optional
+        The allowed range.
+    low_inclusive, high_inclusive : bool
+        Whether the range's ends are allowed.
+    also : tuple of str
+        Strings allowed besides a number (``("auto",)``).
+    choices : tuple of str
+        The allowed values of a ``str`` setting.
+
+    Returns
+    -------
+    dataclasses.Field
+    """
+    meta = {"kind": kind, "meaning": meaning, "unit": unit, "low": low, "high": high, "low_inclusive": low_inclusive,
+            "high_inclusive": high_inclusive, "also": tuple(also), "choices": tuple(choices)}
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _resolve_value(where: str, value: Any, meta: Mapping[str, Any]) -> Any:
+    if isinstance(value, str) and value in meta["also"]:
+        return value
+    kind = meta["kind"]
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(where, f"expected true or false, got {value!r}")
+        return value
+    if kind is str:
+        return check_choice(where, value, meta["choices"]) if meta["choices"] else str(value)
+    if kind is int:
+        return check_int(where, value, low=meta["low"], high=meta["high"])
+    if isinstance(value, str) and meta["also"]:
+        raise ConfigError(where, f"expected a number or one of {', '.join(map(repr, meta['also']))}, got {value!r}")
+    number = check_number(where, value, low=meta["low"], high=meta["high"], low_inclusive=meta["low_inclusive"],
+                          high_inclusive=meta["high_inclusive"])
+    # keep an integer the user wrote as one (reports show what was configured)
+    return value if isinstance(value, int) else number
+
+
+def resolve_config(cls: type, mapping: Mapping[str, Any], where: str) -> Any:
+    """Fill and validate a typed config once: unknown keys rejected by name, every given value
+    checked against its field's type and range (:func:`setting`), absent ones at their defaults.
+
+    Parameters
+    ----------
+    cls : type
+        A frozen dataclass whose fields are :func:`setting` s.
+    mapping : mapping
+        The parsed table (TOML, JSON, keyword arguments).
+    where : str
+        The table's dotted name for error messages (``"layers.admission"``).
+
+    Returns
+    -------
+    object
+        An instance of ``cls``.
+
+    Raises
+    ------
+    ConfigError
+        Naming the field and its allowed range or the allowed keys.
+    """
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    reject_unknown_keys(where, mapping, fields)
+    values = {k: _resolve_value(f"{where}.{k}" if where else k, v, fields[k].metadata) for k, v in mapping.items()}
+    return cls(**values)
+
+
+def config_schema(cls: type) -> list[dict[str, Any]]:
+    """One row per setting of a typed config: name, type, unit, allowed range, default, meaning
+    (what a ``describe schema`` prints).
+
+    Parameters
+    ----------
+    cls : type
+        A frozen dataclass whose fields are :func:`setting` s.
+
+    Returns
+    -------
+    list of dict
+    """
+    rows = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        m = f.metadata
+        rows.append({"name": f.name, "type": m["kind"].__name__, "unit": m["unit"], "low": m["low"], "high": m["high"],
+                     "also": list(m["also"]), "choices": list(m["choices"]), "default": f.default,
+                     "meaning": m["meaning"]})
+    return rows

@@ -2,7 +2,7 @@
 
 Loaders keep a class the data gives (the agentic-coding trace: streaming calls are interactive,
 non-streaming ones batch) and otherwise draw one per request from the documented mix
-(:data:`tokenfactory.classes.DEFAULT_CLASS_MIX`) with a generator seeded from the trace's name,
+(:data:`tokenfactory.core.classes.DEFAULT_CLASS_MIX`) with a generator seeded from the trace's name,
 so a trace always gets the same classes.
 """
 
@@ -14,8 +14,8 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from tokenfactory.classes import DEFAULT_CLASS_MIX
-from tokenfactory.validation import ConfigError, check_number
+from tokenfactory.core.classes import DEFAULT_CLASS_MIX
+from tokenfactory.core.validation import ConfigError, check_number
 
 __all__ = ["assign_classes", "class_seed", "class_counts"]
 
@@ -47,7 +47,7 @@ def assign_classes(trace: pd.DataFrame, mix: Mapping[str, float] | None = None, 
         ``overwrite``.
     mix : mapping, optional
         Class name -> share (> 0; normalised to sum 1). Default
-        :data:`tokenfactory.classes.DEFAULT_CLASS_MIX`.
+        :data:`tokenfactory.core.classes.DEFAULT_CLASS_MIX`.
     seed : int
         Seed of the draw (default 0).
     overwrite : bool

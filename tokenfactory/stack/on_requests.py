@@ -7,7 +7,7 @@ batch gate every 0.25 s on the live context of the decoding sequences, admission
 seconds, the planned pool controllers every 10 s with workers that start, warm up and drain
 (:class:`tokenfactory.plant_models.fleet.PoolDynamics`). The simulator samples admission and
 autoscalers separately, so the stack is split into two views of the same layers
-(:meth:`tokenfactory.controllers.stack.ControlStack.split`).
+(:meth:`tokenfactory.controllers.control_stack.ControlStack.split`).
 
 :func:`morning_ramp` is the workload: the embedded synthetic generator's daily cycle from early
 morning (demand rising towards its afternoon peak), requests drawn around the scenario's mean
@@ -24,10 +24,13 @@ import pandas as pd
 
 from tokenfactory.plant_models.des import ClusterConfig, simulate
 from tokenfactory.replay import build_replay, class_outputs
-from tokenfactory.stack import RateWorkload, StackScenario, build_stack, run_on_rates
-from tokenfactory.stack import _feedback_utilization, _pools_at  # the runner's own pool sizing
+from tokenfactory.stack.build import build_stack
+from tokenfactory.stack.on_rates import run_on_rates
+from tokenfactory.stack.plant import pools_at, target_utilization  # the runner's own pool sizing
+from tokenfactory.stack.stack_scenario import StackScenario
+from tokenfactory.traces.rate_workloads import RateWorkload
 from tokenfactory.traces.synthetic import SyntheticWorkload, generate_requests
-from tokenfactory.validation import ConfigError, check_number
+from tokenfactory.core.validation import ConfigError, check_number
 
 __all__ = ["morning_ramp", "run_stack_on_requests", "requests_as_rates", "run_stack_on_both_plants"]
 
@@ -136,7 +139,7 @@ def run_stack_on_requests(sc: StackScenario, trace: pd.DataFrame, *, startup_s: 
     ctrl, plant = build_stack(s, service=setup.service, class_outputs=class_outputs(trace), name=name)
     run_params = plant.params  # the gated plant the stack was built for
     # pools for the first ten minutes at the reconfiguration layer's target, as run_on_rates starts them
-    nf, nd = _pools_at(run_params, first, _feedback_utilization(s))
+    nf, nd = pools_at(run_params, first, target_utilization(s))
     cluster = ClusterConfig(fill_workers=nf, decode_workers=nd, measurement_delay_s=run_params.measurement_delay_s,
                             slo_ttft_s=s.slo_ttft_s, slo_tpot_s=s.slo_tpot_s, dynamics=dyn,
                             autoscale_start_s=control_start_s, batch_cap=run_params.decode_slots_per_worker,

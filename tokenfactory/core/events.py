@@ -19,9 +19,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from tokenfactory.errors import ConfigError
-from tokenfactory.signals import POOLS
-from tokenfactory.validation import check_choice, check_int, check_number, reject_unknown_keys
+from tokenfactory.core.errors import ConfigError
+from tokenfactory.core.signals import POOLS
+from tokenfactory.core.validation import check_choice, check_int, check_number, reject_unknown_keys
 
 __all__ = ["DemandStep", "DecodeRateDip", "DecodeWorkersLost", "WorkerCrash", "LinkSlowdown", "Reconfiguration",
            "EVENT_KINDS", "events_from_dicts"]

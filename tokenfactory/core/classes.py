@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tokenfactory.validation import ConfigError, check_number, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError, check_number, reject_unknown_keys
 
 __all__ = ["RequestClass", "DEFAULT_CLASSES", "DEFAULT_CLASS_MIX", "INTERACTIVE", "BATCH", "class_table",
            "classes_from_dict"]

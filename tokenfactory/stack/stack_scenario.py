@@ -1,0 +1,195 @@
+"""The stack scenario: one TOML naming the plant, the SLO, the nominal demand, the worker dynamics,
+each layer and the envelope, validated once into a :class:`StackScenario` (the layout is in
+:mod:`tokenfactory.stack`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokenfactory.controllers.autotune import StabilityEnvelope
+from tokenfactory.core.validation import (
+    ConfigError,
+    check_number,
+    load_toml,
+    reject_unknown_keys,
+)
+from tokenfactory.plant_models.fluid import FluidParams
+from tokenfactory.plant_models.pools import PoolDynamics
+from tokenfactory.registry.stack_layers import STACK_LAYERS, StackLayerConfig, stack_layer_config
+from tokenfactory.scenario import build_plant, scenario_dir
+
+__all__ = ["StackScenario", "load_stack_scenario", "stack_scenario_from_dict"]
+
+_TOP = {"name", "description", "plant", "slo", "workload", "dynamics", "layers", "envelope", "certificate"}
+
+
+_PLANT = {"model", "hardware", "parallelism", "efficiency", "decode_model", "decode_hardware", "decode_parallelism",
+          "prompt_tokens", "output_tokens", "cached_tokens", "measurement_delay_s", "kv_stripes", "kv_setup_s"}
+
+
+_ENVELOPE = {"delay_factors", "service_rate_factors", "demand_factors", "startup_factors", "gm_floor", "pm_floor_deg"}
+
+
+_CERT = {"min_separation", "max_pm_loss_deg"}
+
+
+@dataclass
+class StackScenario:
+    """A resolved stack scenario (validated; built lazily by :func:`build_stack`).
+
+    Parameters
+    ----------
+    name : str
+        The scenario's name.
+    params : FluidParams
+        Roofline rates at the scenario's request shape (no slot limit yet).
+    slo_ttft_s, slo_tpot_s : float
+        The SLO (s, s per output token).
+    rate_rps : float
+        Nominal demand the stack is tuned at (requests/s).
+    dynamics : PoolDynamics
+        Worker start-up, warm-up and drain.
+    layers : dict
+        Each layer's typed config (``batch_gate``, ``admission``, ``reconfiguration``, ``planning``;
+        :mod:`tokenfactory.registry.stack_layers`), resolved and validated at load.
+    envelope : StabilityEnvelope
+        Delay and service-rate factors and the margin floors.
+    demand_factors, startup_factors : tuple of float
+        The rest of the envelope.
+    min_separation, max_pm_loss_deg : float
+        The certificate's separation floors.
+    config : dict
+        The parsed TOML (reported, and re-read for another request shape).
+    slo_attainment : float
+        Share of requests that must meet the SLO.
+    """
+
+    name: str
+    params: FluidParams              # roofline rates at the scenario's request shape (no slot limit yet)
+    slo_ttft_s: float
+    slo_tpot_s: float
+    rate_rps: float
+    dynamics: PoolDynamics
+    layers: dict[str, StackLayerConfig]
+    envelope: StabilityEnvelope
+    demand_factors: tuple[float, ...]
+    startup_factors: tuple[float, ...]
+    min_separation: float = 5.0
+    max_pm_loss_deg: float = 5.0
+    config: dict = field(default_factory=dict)
+    slo_attainment: float = 0.99
+
+    def with_overrides(self, *, params: FluidParams | None = None, rate_rps: float | None = None,
+                       dynamics: PoolDynamics | None = None, planning: bool | None = None,
+                       slo: tuple[float, float] | None = None) -> "StackScenario":
+        """A copy for another plant, demand or start-up (the study and ``simulate`` reuse one file)."""
+        layers = dict(self.layers)  # the configs are frozen
+        if planning is False:
+            layers.pop("planning", None)
+        s = dataclasses.replace(self, layers=layers)
+        if params is not None:
+            s.params = params
+        if rate_rps is not None:
+            s.rate_rps = check_number("workload.rate_rps", rate_rps, low=0.0, low_inclusive=False)
+        if dynamics is not None:
+            s.dynamics = dynamics
+        if slo is not None:
+            s.slo_ttft_s, s.slo_tpot_s = slo
+        return s
+
+
+def _factors(d: Mapping, key: str, default: tuple[float, ...]) -> tuple[float, ...]:
+    v = d.get(key, default)
+    if not isinstance(v, (list, tuple)) or not v:
+        raise ConfigError(f"envelope.{key}", f"expected a non-empty list of factors, got {v!r}")
+    return tuple(check_number(f"envelope.{key}[{i}]", x, low=0.0, low_inclusive=False) for i, x in enumerate(v))
+
+
+def stack_scenario_from_dict(d: Mapping[str, Any], name: str = "stack") -> StackScenario:
+    """Validate and resolve a stack scenario (see the module docstring for the layout).
+
+    Parameters
+    ----------
+    d : mapping
+        The parsed TOML.
+    name : str
+        Default name.
+
+    Returns
+    -------
+    StackScenario
+    """
+    d = dict(d)
+    reject_unknown_keys("", d, _TOP)
+    for req in ("plant", "workload", "layers"):
+        if req not in d:
+            raise ConfigError(req, "missing section")
+    plant_d = dict(d["plant"])
+    reject_unknown_keys("plant", plant_d, _PLANT)
+    params = build_plant({**plant_d, "fill_workers": 1, "decode_workers": 1}).params
+    slo = dict(d.get("slo", {}))
+    reject_unknown_keys("slo", slo, {"ttft_s", "tpot_s", "attainment"})
+    ttft = check_number("slo.ttft_s", slo.get("ttft_s", 2.0), low=0.0, low_inclusive=False)
+    tpot = check_number("slo.tpot_s", slo.get("tpot_s", 0.1), low=0.0, low_inclusive=False)
+    attainment = check_number("slo.attainment", slo.get("attainment", 0.99), low=0.5, high=1.0, high_inclusive=False)
+    wl = dict(d["workload"])
+    reject_unknown_keys("workload", wl, {"rate_rps"})
+    if "rate_rps" not in wl:
+        raise ConfigError("workload.rate_rps", "missing")
+    rate = check_number("workload.rate_rps", wl["rate_rps"], low=0.0, low_inclusive=False)
+    dyn_d = dict(d.get("dynamics", {}))
+    reject_unknown_keys("dynamics", dyn_d, {f.name for f in dataclasses.fields(PoolDynamics)})
+    dynamics = PoolDynamics(**dyn_d)
+    layers_d = d["layers"]
+    if not isinstance(layers_d, Mapping):
+        raise ConfigError("layers", "expected a table of layers")
+    reject_unknown_keys("layers", layers_d, STACK_LAYERS)
+    # each layer's table resolved once into its kind's typed config (the registry's schema)
+    layers: dict[str, StackLayerConfig] = {}
+    for lname in STACK_LAYERS:
+        if lname in layers_d:
+            cfg = stack_layer_config(lname, layers_d[lname])
+            if cfg is not None:
+                layers[lname] = cfg
+    if "reconfiguration" not in layers:
+        raise ConfigError("layers.reconfiguration", "a stack needs a reconfiguration layer")
+    env = dict(d.get("envelope", {}))
+    reject_unknown_keys("envelope", env, _ENVELOPE)
+    envelope = StabilityEnvelope(_factors(env, "delay_factors", (0.5, 1.0, 2.0)),
+                                 _factors(env, "service_rate_factors", (0.7, 1.0, 1.3)),
+                                 gm_floor=env.get("gm_floor", 2.0), pm_floor_deg=env.get("pm_floor_deg", 45.0))
+    cert = dict(d.get("certificate", {}))
+    reject_unknown_keys("certificate", cert, _CERT)
+    return StackScenario(
+        d.get("name", name), params, ttft, tpot, rate, dynamics, layers, envelope,
+        _factors(env, "demand_factors", (0.5, 1.0, 1.5)), _factors(env, "startup_factors", (0.75, 1.0, 1.5)),
+        check_number("certificate.min_separation", cert.get("min_separation", 5.0), low=1.0),
+        check_number("certificate.max_pm_loss_deg", cert.get("max_pm_loss_deg", 5.0), low=0.0, high=90.0), dict(d),
+        attainment)
+
+
+def load_stack_scenario(path: str | Path) -> StackScenario:
+    """Read and validate a stack scenario TOML (a path, or a shipped scenario's name).
+
+    Parameters
+    ----------
+    path : str or Path
+        A TOML file, or the name of one in :func:`scenario_dir` (``"stack_default"``).
+
+    Returns
+    -------
+    StackScenario
+
+    Raises
+    ------
+    ConfigError
+        When the file does not exist, is not TOML, or a field is invalid (named).
+    """
+    path = Path(path)
+    if not path.is_file() and (scenario_dir() / f"{path.name}.toml").is_file():
+        path = scenario_dir() / f"{path.name}.toml"
+    return stack_scenario_from_dict(load_toml(path), name=path.stem)
