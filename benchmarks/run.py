@@ -3,7 +3,7 @@
 Not tests: numbers depend on the machine. Each entry records what was measured and how often.
 ``python -m benchmarks.run des`` runs only the request simulator's entry and prints it (nothing
 written), for before/after comparisons of a change; ``python -m benchmarks.run margins envelope
-sweeps overload`` runs only those sections and merges them into the existing results.
+sweeps overload gateway`` runs only those sections and merges them into the existing results.
 """
 
 from __future__ import annotations
@@ -431,7 +431,15 @@ def _sweeps(sizes=(10_000, 100_000)) -> dict:
     return out
 
 
-SECTIONS = ("margins", "envelope", "sweeps", "overload")
+SECTIONS = ("margins", "envelope", "sweeps", "overload", "gateway")
+
+
+def _gateway_overhead() -> dict:
+    """The admission gateway's added latency and CPU per request next to a bare aiohttp proxy
+    (:mod:`benchmarks.gateway`)."""
+    from benchmarks.gateway import gateway_overhead
+
+    return gateway_overhead()
 
 
 def _run_sections(names: list[str]) -> dict:
@@ -444,9 +452,11 @@ def _run_sections(names: list[str]) -> dict:
     for name in names:
         # the machine is shared: the 1-minute load average before and after says how contended the run was
         load_before = os.getloadavg()[0]
-        entry = {"margins": _margins, "envelope": _envelope, "sweeps": _sweeps, "overload": _overload}[name]()
+        entry = {"margins": _margins, "envelope": _envelope, "sweeps": _sweeps, "overload": _overload,
+                 "gateway": _gateway_overhead}[name]()
         entry["load_average_1min_before_after"] = [load_before, os.getloadavg()[0]]
-        key = {"margins": "batched_margins", "overload": "overload"}.get(name, f"margins_{name}")
+        key = {"margins": "batched_margins", "overload": "overload", "gateway": "gateway_overhead"}.get(
+            name, f"margins_{name}")
         results[key] = entry
     return results
 
@@ -501,6 +511,8 @@ def main(argv: list[str] | None = None) -> int:
     results["forecasting"] = _forecasting()
     results["overload"] = _overload()
     print(f"  overload: {results['overload']['loads']}", file=sys.stderr)
+    results["gateway_overhead"] = _gateway_overhead()
+    print(f"  gateway: {results['gateway_overhead']['gateway']}", file=sys.stderr)
     results["_meta"] = {"python": platform.python_version(), "machine": platform.machine(),
                         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                         "time": time.strftime("%Y-%m-%dT%H:%M:%S")}

@@ -485,7 +485,8 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
             report.headline(f"stack GPU-hours / oracle ({r['workload']}, start-up {r['startup_s']:.0f} s)",
                             r["gpu_hours_over_oracle"], "x", f"SLO attainment {r['slo_attainment']:.4f}")
     # -- summary
-    budget = build_stack(sc)[0].layer("planning").controllers[0].excess_budget  # as the scenario resolves it
+    planner = build_stack(sc)[0].layer("planning").controllers[0]  # as the scenario resolves it
+    budget, vol_w = planner.excess_budget, planner.volatility_window_s
     gate_l = sc.layers.get("batch_gate")
     gate_txt = (f"the gated decode batch cap every {gate_l.sample_period_s:g} s (static at its "
                 "nominal-context cap in the pool model, whose step averages over many passes)"
@@ -495,9 +496,11 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
              f"{sc.layers['reconfiguration'].sample_period_s:g} s, and a planning layer refit every "
              f"{sc.layers['planning'].refit_s / 3600:g} h on the last "
              f"{sc.layers['planning'].days} days (the median daily rise over the next lead and the "
-             f"headroom whose replay leaves at most {budget * 100:.2g} % of the demand above capacity), fed forward "
-             "into the "
-             "pools' target one lead (start-up + warm-up + a sample + the rate filter) ahead.", "",
+             f"headroom whose replay leaves at most {budget * 100:.2g} % of the demand above capacity"
+             + (f", scaled by the offered rate's volatility over the last hours (EWMA of the 10-minute log changes, "
+                f"time constant {vol_w / 60:g} min, relative to its mean over the replayed days)" if vol_w else "")
+             + "), fed forward into the pools' target one lead (start-up + warm-up + a sample + the rate filter) "
+             "ahead.", "",
              "## Certificate", "",
              f"Default scenario: **{'passed' if cert.passed else 'FAILED'}**; binding point: layer "
              f"{cert.binding['layer']} at " + ", ".join(f"{k}={v}" for k, v in cert.binding.items()

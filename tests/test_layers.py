@@ -23,7 +23,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("plants and traces", ("tokenfactory.plant_models", "tokenfactory.traces")),
     ("controllers and analysis", ("tokenfactory.controllers",)),
     ("registry", ("tokenfactory.registry", "tokenfactory.scenario", "tokenfactory.replay", "tokenfactory.stack",
+                  "tokenfactory.advise",
                   "tokenfactory.testing", "tokenfactory.sweep")),
+    ("live", ("tokenfactory.live",)),
     ("studies", ("tokenfactory.studies",)),
     ("cli", ("tokenfactory.cli",)),
 ]

@@ -55,6 +55,9 @@ def test_min_headroom_floors_the_planners_headroom():
         def rise(self, t):
             return 1.0
 
+        def headroom_at(self, t):  # the headroom in force (no volatility correction here)
+            return self.headroom
+
     c = PlannedPoolController("fill", 10.0, planner=Plan(), headroom=0.15, min_headroom=0.15)
     assert c.headroom == pytest.approx(0.15)
     assert PlannedPoolController("fill", 10.0, planner=Plan(), headroom=0.15).headroom == pytest.approx(0.02)

@@ -107,3 +107,11 @@ def test_quick_writes_beside_the_default_report_and_prints_the_answer(fake_studi
     assert main(["study", "fake-a"]) == 0
     assert _variant(fake_studies / "reports" / "fake-a") == "default"
     assert _variant(fake_studies / "reports-quick" / "fake-a") == "quick"
+
+
+def test_the_default_suite_leaves_out_on_demand_studies():
+    from tokenfactory import studies
+
+    suite = studies.default_suite()
+    assert "live" in studies.STUDIES and "live" not in suite
+    assert [n for n in studies.STUDIES if n not in studies.ON_DEMAND] == suite

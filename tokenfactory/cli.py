@@ -114,7 +114,7 @@ def _cmd_study(args) -> int:
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from pathlib import Path
 
-    from tokenfactory.studies import STUDIES, suite_order
+    from tokenfactory.studies import STUDIES, default_suite, suite_order
     from tokenfactory.studies.html import write_index
     from tokenfactory.sweep import SCHEDULER_ENV, WORKERS_ENV
     from tokenfactory.core.validation import ConfigError, check_int
@@ -129,7 +129,7 @@ def _cmd_study(args) -> int:
     # the quick variant writes beside the default report, never over it (unless --out says so)
     default_root = Path("reports-quick" if args.quick else "reports")
     root = Path(args.out) if args.out else default_root
-    names = suite_order(list(STUDIES), root) if suite else [args.name]
+    names = suite_order(default_suite(), root) if suite else [args.name]
     jobs = check_int("jobs", args.jobs if args.jobs is not None else min(2, os.cpu_count() or 1), low=1)
     jobs = min(jobs, len(names))
     outs = {n: (root / n if suite else (Path(args.out) if args.out else default_root / n)) for n in names}
@@ -360,9 +360,20 @@ def _cmd_certify(args) -> int:
             w = d.get("worst")
             if w is None:
                 print(f"  {name:<16} " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                                  for k, v in d.items() if k != "meets_floors"))
+                                                  for k, v in d.items() if k != "meets_floors"
+                                                  and not isinstance(v, dict)))
+                for k, v in d.items():  # a sub-table (the planner's correction): one line, without its note
+                    if isinstance(v, dict):
+                        print(f"  {'':<16}   {k}: " + ", ".join(f"{kk}={vv}" for kk, vv in v.items() if kk != "note"))
                 continue
             pt = ", ".join(f"{k}={w[k]:g}" for k in w if k.endswith("factor"))
+            if "control_plane" in d:   # a control plane's own file, judged by its loop model
+                cyc = w["predicted_cycle_s"]
+                print(f"  {name:<16} {d['control_plane']} ({d['controller']}) worst point ({pt}): "
+                      + (f"predicted cycle {cyc:.0f} s" if cyc else "no predicted cycle")
+                      + f", start-up peak {w['cascade_peak_replicas']} workers for {w['workers_needed']:.2f} needed "
+                      f"-> {'ok' if d['meets_floors'] else 'FAILS'}")
+                continue
             print(f"  {name:<16} worst point ({pt}): GM {w['gain_margin']:.3g}, PM {w['phase_margin_deg']:.1f} deg, "
                   f"delay margin {w['delay_margin_s']:.3g} s -> {'ok' if d['meets_floors'] else 'FAILS'}")
         print("  separation (outer <- inner): ratio, PM loss")
@@ -473,11 +484,20 @@ def _cmd_simulate(args) -> int:
              if trace_name == "synthetic" else load_trace(args.trace))
     print(f"building the replay: {len(trace):,} requests, service tables and per-request costs ...", flush=True)
     setup = build_replay(trace, plant)
+    scalers = None
+    if args.control_plane:
+        from tokenfactory.controllers.formats import read_control_plane
+
+        if args.autoscaler:
+            raise ConfigError("control_plane", "give --control-plane or --autoscaler, not both")
+        scalers = [read_control_plane(args.control_plane).build(args.pool)]
     m, res = run_replay(trace, setup, admission, scale, cluster, autoscaler=args.autoscaler, load=load,
+                        autoscalers=scalers,
                         admission_params=params, batch_cap=None if batch_cap == "none" else batch_cap,
                         envelope=sc.envelope if sc else None, duration_s=sim.get("duration_s"),
                         admission_where="controller")
-    tag = admission + (f"-{args.autoscaler}" if args.autoscaler else "")
+    tag = admission + (f"-{args.autoscaler}" if args.autoscaler else "") + (
+        f"-{Path(args.control_plane).stem}" if args.control_plane else "")
     stem = Path(args.trace).stem.replace(':', '-') + ("-synthetic-standin" if trace_name != args.trace else "")
     out = Path(args.out or Path("reports") / "simulate" / f"{stem}-{tag}")
     out.mkdir(parents=True, exist_ok=True)
@@ -570,6 +590,33 @@ def _simulate_answer(setup, m: dict, res, slo_cap: tuple, trace_label: str) -> N
                                           + (f" ({more})" if v and more else "") for k, v, more in verdicts))
 
 
+def _cmd_advise(args) -> int:
+    from pathlib import Path
+
+    from tokenfactory.advise import advise
+    from tokenfactory.replay import load_replay_scenario
+    from tokenfactory.studies.report import to_jsonable
+    from tokenfactory.traces import SyntheticWorkload, generate_requests, load_trace
+
+    sc = load_replay_scenario(args.scenario)
+    trace = (generate_requests(SyntheticWorkload(seed=args.seed), _duration(args.duration))
+             if args.trace in (None, "synthetic") else load_trace(args.trace))
+    adv = advise(args.control_plane, sc, trace, pool=args.pool, seed=args.seed, slo_target=args.slo_target,
+                 simulated_candidates=args.candidates)
+    src = Path(args.control_plane)
+    out = Path(args.out or Path("reports") / "advise" / src.stem)
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / f"recommended{src.suffix or '.yaml'}"
+    target.write_text(adv.recommended_text(src.read_text()))
+    (out / "metrics.json").write_text(json.dumps(to_jsonable(adv.to_dict()), indent=2) + "\n")
+    adv.candidates.to_csv(out / "candidates.csv", index=False)
+    (out / "summary.md").write_text("# Advice\n\n" + "\n\n".join(adv.summary()) + "\n")
+    for line in adv.summary():
+        print(line)
+    print(f"wrote {target} and {out}/ (metrics.json, candidates.csv, summary.md)")
+    return 0
+
+
 def _duration(text: str) -> float:
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     try:
@@ -637,6 +684,11 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--autoscaler", default=None,
                     help="an autoscaler kind sizing both pools (tokenfactory describe kinds); start-up/warm-up "
                          "from the scenario's [cluster.dynamics]")
+    sm.add_argument("--control-plane", dest="control_plane", default=None,
+                    help="a control plane's own settings file (Kubernetes HPA, KEDA ScaledObject, Knative Service, "
+                         "Ray Serve config, AIBrix PodAutoscaler) sizing --pool with exactly its parameters")
+    sm.add_argument("--pool", choices=["decode", "fill"], default="decode",
+                    help="the pool --control-plane sizes (the other stays fixed)")
     sm.add_argument("--seed", type=int, default=0)
     sm.add_argument("--duration", default="1h", help="synthetic trace length")
     sm.add_argument("--out", default=None)
@@ -662,6 +714,22 @@ def build_parser() -> argparse.ArgumentParser:
     ce.add_argument("--json", action="store_true")
     ce.add_argument("--check", action="store_true", help="exit 1 if any floor fails")
     ce.set_defaults(func=_cmd_certify)
+
+    ad = sub.add_parser("advise", help="certify a control plane's own settings file (Kubernetes HPA, KEDA, Knative, "
+                                       "Ray Serve, AIBrix) on a scenario, search its knobs, simulate, and write the "
+                                       "recommended file in the same format")
+    ad.add_argument("--control-plane", dest="control_plane", required=True, help="the settings file (YAML)")
+    ad.add_argument("--scenario", required=True, help="the plant and cluster (the simulate scenario TOML)")
+    ad.add_argument("--trace", default=None, help="requests to replay: registered name, path, or 'synthetic' "
+                                                  "(default)")
+    ad.add_argument("--pool", choices=["decode", "fill"], default="decode", help="the pool the control plane sizes")
+    ad.add_argument("--slo-target", dest="slo_target", type=float, default=None,
+                    help="SLO attainment the recommendation must reach (default 0.99)")
+    ad.add_argument("--candidates", type=int, default=6, help="certified candidates replayed (default 6)")
+    ad.add_argument("--duration", default="1h", help="synthetic trace length")
+    ad.add_argument("--seed", type=int, default=0)
+    ad.add_argument("--out", default=None, help="output folder (default reports/advise/<file>)")
+    ad.set_defaults(func=_cmd_advise)
 
     t = sub.add_parser("traces", help="list, fetch, describe, fit or synthesise traces")
     t.add_argument("action", choices=["list", "info", "fit", "synth", "fetch"])
@@ -698,10 +766,138 @@ def build_parser() -> argparse.ArgumentParser:
                         "tcp://10.0.0.5:8786; or set TOKENFACTORY_DASK_SCHEDULER)")
     s.set_defaults(func=_cmd_study)
 
+    em = sub.add_parser("emulate", help="serve an OpenAI-compatible engine emulator timed by the request simulator")
+    em.add_argument("--scenario", required=True, help="live scenario TOML (studies/scenarios/live_small.toml)")
+    em.add_argument("--port", type=int, default=8000)
+    em.add_argument("--host", default="127.0.0.1")
+    em.set_defaults(func=_cmd_emulate)
+
+    gw = sub.add_parser("gateway", help="an admission gateway (reverse proxy) running the scenario's controller")
+    gw.add_argument("--upstream", action="append", required=True, help="engine base URL (repeatable)")
+    gw.add_argument("--scenario", required=True, help="live scenario TOML")
+    gw.add_argument("--port", type=int, default=8080)
+    gw.add_argument("--host", default="127.0.0.1")
+    gw.add_argument("--request-log", default=None, help="append one JSON line per finished request to this file")
+    gw.add_argument("--open", action="store_true", help="admit everything (measure and log only: identification runs)")
+    gw.set_defaults(func=_cmd_gateway)
+
+    for name, helptext in (("diagnose", "oscillation diagnosis of a deployment's metrics (Prometheus or a file)"),
+                           ("identify", "fit delays, service rates and the admission gain from recorded metrics")):
+        q = sub.add_parser(name, help=helptext)
+        q.add_argument("--prometheus", default=None, help="Prometheus base URL")
+        q.add_argument("--start", type=float, default=None, help="unix seconds")
+        q.add_argument("--end", type=float, default=None, help="unix seconds")
+        q.add_argument("--step", type=float, default=1.0, help="query resolution (s)")
+        q.add_argument("--metrics", default=None, help="saved query_range JSON or CSV instead of --prometheus")
+        q.add_argument("--engine", default="vllm", choices=["vllm", "sglang", "dynamo"])
+        q.add_argument("--out", default=None, help="folder for the report / scenario files")
+        q.add_argument("--json", action="store_true")
+        if name == "diagnose":
+            q.add_argument("--skip", type=float, default=0.0, help="seconds of start-up transient to leave out")
+            q.set_defaults(func=_cmd_diagnose)
+        else:
+            q.add_argument("--scenario", default=None, help="the live scenario the data came from (modelled rates, "
+                           "the plant written into the identified scenario)")
+            q.add_argument("--requests", default=None, help="the gateway's request log (--request-log): the metric "
+                           "delay is fitted on its exact in-flight count")
+            q.set_defaults(func=_cmd_identify)
+
     r = sub.add_parser("report", help="(re)build the HTML report index.html over a folder of study reports")
     r.add_argument("dir", nargs="?", default="reports", help="folder with one sub-folder per study")
     r.set_defaults(func=_cmd_report)
     return p
+
+
+def _cmd_emulate(args) -> int:
+    from aiohttp import web
+
+    from tokenfactory.live.emulator import emulator_app
+    from tokenfactory.live.live_scenario import load_live_scenario
+
+    sc = load_live_scenario(args.scenario)
+    print(f"emulating {sc.name} ({sc.live['model_name']}) on http://{args.host}:{args.port}", flush=True)
+    web.run_app(emulator_app(sc), host=args.host, port=args.port, print=None, access_log=None)
+    return 0
+
+
+def _cmd_gateway(args) -> int:
+    from aiohttp import web
+
+    from tokenfactory.live.gateway import gateway_app
+    from tokenfactory.live.live_scenario import load_live_scenario
+
+    sc = load_live_scenario(args.scenario)
+    kind = sc.replay.admission or "open"
+    print(f"gateway {sc.name} ({kind}) on http://{args.host}:{args.port} -> {', '.join(args.upstream)}", flush=True)
+    web.run_app(gateway_app(sc, args.upstream, request_log=args.request_log, open_gate=args.open), host=args.host,
+                port=args.port,
+                print=None, access_log=None)
+    return 0
+
+
+def _live_signals(args, queries=None):
+    from tokenfactory.live.diagnose import read_metrics_file, read_prometheus
+
+    if (args.prometheus is None) == (args.metrics is None):
+        raise ConfigError("prometheus", "give --prometheus URL (with --start and --end) or --metrics FILE")
+    if args.metrics is not None:
+        return read_metrics_file(args.metrics, engine=args.engine)
+    if args.start is None or args.end is None:
+        raise ConfigError("start", "--prometheus needs --start and --end (unix seconds)")
+    return read_prometheus(args.prometheus, args.start, args.end, step=args.step, engine=args.engine, queries=queries)
+
+
+def _cmd_diagnose(args) -> int:
+    from pathlib import Path
+
+    from tokenfactory.live.diagnose import diagnose
+
+    d = diagnose(_live_signals(args), skip_start_s=args.skip)
+    text = d.to_markdown()
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "diagnosis.md").write_text(text)
+        (out / "diagnosis.json").write_text(json.dumps(d.to_dict(), indent=2, default=float))
+    print(json.dumps(d.to_dict(), indent=2, default=float) if args.json else text)
+    return 0
+
+
+def _cmd_identify(args) -> int:
+    from tokenfactory.live.diagnose import read_metrics_file
+    from tokenfactory.live.identify import identify, read_raw_prometheus, write_scenarios
+    from tokenfactory.live.live_scenario import load_live_scenario, saturated_rate
+
+    sc = load_live_scenario(args.scenario) if args.scenario else None
+    modelled = saturated_rate(sc) if sc is not None else None
+    if (args.prometheus is None) == (args.metrics is None):
+        raise ConfigError("prometheus", "give --prometheus URL (with --start and --end) or --metrics FILE")
+    if args.metrics is not None:
+        data = read_metrics_file(args.metrics, engine=args.engine)
+    elif args.start is None or args.end is None:
+        raise ConfigError("start", "--prometheus needs --start and --end (unix seconds)")
+    else:
+        data = read_raw_prometheus(args.prometheus, args.start, args.end)
+    log = None
+    if args.requests:
+        import pandas as pd
+
+        try:
+            log = pd.read_json(args.requests, lines=True)
+        except ValueError as e:
+            raise ConfigError("requests", f"{args.requests}: not a JSON-lines request log ({e})") from None
+        log = log[log["status"] == "completed"]
+    ident = identify(data, modelled_service_rate=modelled, request_log=log)
+    if args.out:
+        plant = dict(sc.replay.plant) if sc is not None else {"model": "deepseek-v3", "hardware": "h200"}
+        if sc is not None:
+            plant.update(fill_workers=sc.cluster.fill_workers, decode_workers=sc.cluster.decode_workers,
+                         prompt_tokens=sc.live["prompt_tokens"], output_tokens=sc.live["output_tokens"])
+        paths = write_scenarios(ident, plant, args.out, slo=(sc.cluster.slo_ttft_s, sc.cluster.slo_tpot_s) if sc
+                                else (2.0, 0.1))
+        print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
+    print(json.dumps(ident.to_dict(), indent=2, default=float) if args.json else ident.to_pandas().to_string(index=False))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

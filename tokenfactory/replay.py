@@ -33,7 +33,7 @@ from tokenfactory.registry import DEFAULT_TPOT_FRACTION, PlantContext, build_adm
 from tokenfactory.traces.transforms import place_sessions, scale_trace
 from tokenfactory.core.validation import ConfigError, check_number, load_toml, reject_unknown_keys
 
-__all__ = ["DEFAULT_PLANT", "ReplaySetup", "request_shape_of", "build_replay", "run_replay", "class_outputs",
+__all__ = ["scenario_cluster", "DEFAULT_PLANT", "ReplaySetup", "request_shape_of", "build_replay", "run_replay", "class_outputs",
            "request_costs", "service_capacity", "infeasible",
            "replay_trace", "ReplayScenario", "replay_scenario_from_dict", "load_replay_scenario"]
 
@@ -385,7 +385,7 @@ def run_replay(trace: pd.DataFrame, setup: ReplaySetup, admission: str, scale: f
                cluster: dict | None = None, autoscaler: str | None = None, *, load: float | None = None,
                admission_params: dict | None = None, batch_cap: str | float | None = None,
                envelope=None, duration_s: float | None = None,
-               admission_where: str = "admission") -> tuple[dict, Any]:
+               admission_where: str = "admission", autoscalers=None) -> tuple[dict, Any]:
     """One replay through the request simulator.
 
     The controllers are built for the replayed stream: its mean rate (requests over the last
@@ -429,6 +429,9 @@ def run_replay(trace: pd.DataFrame, setup: ReplaySetup, admission: str, scale: f
         Window for closed sessions (default 3600 s; the run lasts this plus ``drain_s``).
     admission_where : str
         Field path of the admission parameters in error messages (default ``"admission"``).
+    autoscalers : sequence, optional
+        Pool autoscaler objects to run instead of a registered ``autoscaler`` kind (e.g. a
+        control plane built from its own settings file, :mod:`tokenfactory.controllers.formats`).
 
     Returns
     -------
@@ -454,7 +457,10 @@ def run_replay(trace: pd.DataFrame, setup: ReplaySetup, admission: str, scale: f
         cl = dataclasses.replace(cl, batch_cap=static_batch_cap(ctx))
     elif batch_cap is not None:
         cl = dataclasses.replace(cl, batch_cap=float(check_number("batch_cap", batch_cap, low=1.0)))
-    scalers = build_autoscalers(autoscaler, ctx) if autoscaler else []
+    if autoscalers is not None and autoscaler:
+        raise ConfigError("autoscaler", "give a registered kind or autoscaler objects, not both")
+    scalers = list(autoscalers) if autoscalers is not None else (build_autoscalers(autoscaler, ctx) if autoscaler
+                                                                  else [])
     res = simulate(replay, setup.params, cl, build_admission(admission, ctx, admission_params, where=admission_where),
                    scalers)
     s = res.series
@@ -468,6 +474,34 @@ def run_replay(trace: pd.DataFrame, setup: ReplaySetup, admission: str, scale: f
          "fill_oscillation": frep.to_dict() if frep else None,
          "oscillating": bool((rep and rep.oscillating) or (frep and frep.oscillating))}
     return m, res
+
+
+def scenario_cluster(scenario: "ReplayScenario | None", seed: int = 0) -> dict:
+    """The cluster fields a replay of ``scenario`` runs with: its ``[cluster]`` table, the seed,
+    and - unless it lists classes - the interactive class at the cluster's SLO with the default
+    batch class (what ``tokenfactory simulate`` runs).
+
+    Parameters
+    ----------
+    scenario : ReplayScenario or None
+        The resolved scenario (:func:`load_replay_scenario`); None: an empty ``[cluster]`` table.
+    seed : int
+        Seed of the replay, used when the ``[cluster]`` table sets none (default 0).
+
+    Returns
+    -------
+    dict
+        A copy of the cluster fields with ``seed`` and ``classes`` filled in.
+    """
+    from tokenfactory.core.classes import DEFAULT_CLASSES, INTERACTIVE, RequestClass
+
+    cluster = dict(scenario.cluster) if scenario else {}
+    cluster.setdefault("seed", seed)
+    if "classes" not in cluster:
+        ttft, tpot = cluster.get("slo_ttft_s", 2.0), cluster.get("slo_tpot_s", 0.1)
+        cluster["classes"] = (RequestClass(INTERACTIVE, ttft, tpot, 0),
+                              *(c for c in DEFAULT_CLASSES if c.name != INTERACTIVE))
+    return cluster
 
 
 _SIMULATION_KEYS = ("load", "scale", "duration_s", "batch_cap")

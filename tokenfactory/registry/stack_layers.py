@@ -23,7 +23,7 @@ from tokenfactory.controllers.planning import HEADROOM_GRID
 from tokenfactory.core.validation import ConfigError, check_choice, config_schema, resolve_config, setting
 
 __all__ = ["StackLayerConfig", "SlotLimitGate", "GatedBatchCap", "SmoothedAdmissionLayer", "SLOAwareAdmissionLayer",
-           "PlannedHystereticLayer", "SeasonalRiseLayer", "STACK_LAYER_KINDS", "STACK_LAYERS", "NO_LAYER",
+           "PlannedHystereticLayer", "ControlPlaneLayer", "SeasonalRiseLayer", "STACK_LAYER_KINDS", "STACK_LAYERS", "NO_LAYER",
            "stack_layer_config", "layer_schema"]
 
 #: the kind that leaves an optional layer out of the stack
@@ -214,6 +214,7 @@ class PlannedHystereticLayer(StackLayerConfig):
 
     layer: ClassVar[str] = "reconfiguration"
     kind: ClassVar[str] = "planned-hysteretic"
+    own_settings: ClassVar[bool] = False  # tokenfactory's own rule, tuned from the plant
     sample_period_s: float = setting(10.0, unit="s", low=0.1, high=3600.0, meaning="the layer's sample period")
     target_utilization: float = setting(0.85, low=0.1, high=1.0, meaning="utilisation the pools are sized for")
     queue_clear_s: float | None = setting(None, unit="s", low=0.0, low_inclusive=False,
@@ -235,6 +236,51 @@ class PlannedHystereticLayer(StackLayerConfig):
 
 
 @dataclass(frozen=True)
+class ControlPlaneLayer(StackLayerConfig):
+    """``control-plane``: the control plane a user runs, from its own settings file (a Kubernetes
+    HPA, KEDA ScaledObject, Knative Service, Ray Serve config or AIBrix PodAutoscaler;
+    :mod:`tokenfactory.controllers.formats`), sizing one pool with exactly the file's parameters;
+    the other pool stays at the scenario's size. Certified with its loop model
+    (:mod:`tokenfactory.controllers.autoscaler_loops`).
+
+    Parameters
+    ----------
+    file : str
+        The settings file (a path relative to the scenario file).
+    pool : str
+        The pool it sizes: ``"decode"`` or ``"fill"``.
+    target_utilization : float
+        Utilisation the other layers' certificates size the pools at.
+    """
+
+    layer: ClassVar[str] = "reconfiguration"
+    kind: ClassVar[str] = "control-plane"
+    own_settings: ClassVar[bool] = True   # the user's file decides; the certificate judges it as it is
+    file: str = setting("", kind=str, meaning="the control plane's own settings file (relative to the scenario)")
+    pool: str = setting("decode", kind=str, choices=("decode", "fill"), meaning="the pool it sizes")
+    target_utilization: float = setting(0.85, low=0.1, high=1.0, meaning="utilisation the other layers' "
+                                        "certificates size the pools at")
+
+    def read(self):
+        """The parsed settings file."""
+        from tokenfactory.controllers.formats import read_control_plane
+
+        if not self.file:
+            raise ConfigError("layers.reconfiguration.file", "the control-plane layer needs its settings file")
+        return read_control_plane(self.file)
+
+    @property
+    def sample_period_s(self) -> float:
+        """The control plane's own decision period (its sync period, tick or control loop)."""
+        return float(self.read().build(self.pool).sample_period)
+
+    @property
+    def filter_s(self) -> float:
+        """No rate filter of tokenfactory's: the control plane's own windows are in its loop model."""
+        return 0.0
+
+
+@dataclass(frozen=True)
 class SeasonalRiseLayer(StackLayerConfig):
     """``seasonal-rise``: :class:`tokenfactory.controllers.planning.DemandPlanner` (rise profile
     and headroom replayed on the last days, refit daily).
@@ -244,7 +290,8 @@ class SeasonalRiseLayer(StackLayerConfig):
     days : int
         Days of history the plan is fitted on.
     excess_budget : float, optional
-        Share of the demand allowed above capacity (default 0.75 x (1 - slo.attainment)).
+        Share of the demand allowed above capacity (default ``EXCESS_BUDGET_SHARE`` (0.5) x (1 -
+        slo.attainment)).
     interval_s : float
         The plan's grid (s).
     refit_s : float
@@ -255,25 +302,36 @@ class SeasonalRiseLayer(StackLayerConfig):
         Largest headroom tried.
     use_profile : bool
         Use the daily rise profile (else headroom only).
+    volatility_window_s : float
+        Time constant of the headroom's volatility scale, the short-horizon correction (s; 0 = a
+        constant headroom).
+    profile_smooth_s : float, optional
+        Width of the rise profile's running median (s; default the plan's grid).
     """
 
     layer: ClassVar[str] = "planning"
     kind: ClassVar[str] = "seasonal-rise"
     days: int = setting(3, kind=int, unit="days", low=1, high=14, meaning="days of history the plan is fitted on")
     excess_budget: float | None = setting(None, low=0.0, high=0.5, low_inclusive=False, high_inclusive=False,
-                                          meaning="share of demand allowed above capacity (default 0.75 x (1 - "
-                                                  "slo.attainment))")
+                                          meaning="share of demand allowed above capacity (default 0.5 x (1 - "
+                                                  "slo.attainment): controllers.planning.EXCESS_BUDGET_SHARE)")
     interval_s: float = setting(600.0, unit="s", low=0.0, meaning="the plan's grid")
     refit_s: float = setting(86400.0, unit="s", low=0.0, meaning="refit period")
     fine_s: float = setting(60.0, unit="s", low=0.0, meaning="grid of the rise profile")
     max_headroom: float = setting(HEADROOM_GRID[-1], low=0.0, meaning="largest headroom tried")
     use_profile: bool = setting(True, kind=bool, meaning="use the daily rise profile (else headroom only)")
+    volatility_window_s: float = setting(3600.0, unit="s", low=0.0, high=86400.0,
+                                         meaning="time constant of the headroom's volatility scale (0: a constant "
+                                                 "headroom)")
+    profile_smooth_s: float | None = setting(None, unit="s", low=0.0, high=21600.0,
+                                             meaning="width of the rise profile's running median (default the "
+                                                     "plan's grid)")
 
 
 #: the stack's layers, bottom (fastest) first, and each layer's kinds by name (the first is the default)
 STACK_LAYER_KINDS: dict[str, dict[str, type[StackLayerConfig]]] = {}
 for _cls in (SlotLimitGate, GatedBatchCap, SmoothedAdmissionLayer, SLOAwareAdmissionLayer, PlannedHystereticLayer,
-             SeasonalRiseLayer):
+             ControlPlaneLayer, SeasonalRiseLayer):
     STACK_LAYER_KINDS.setdefault(_cls.layer, {})[_cls.kind] = _cls
 STACK_LAYERS = tuple(STACK_LAYER_KINDS)
 #: the layers a stack may leave out (``kind = "none"``)

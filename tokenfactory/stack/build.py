@@ -9,8 +9,9 @@ from collections.abc import Mapping
 import pandas as pd
 
 from tokenfactory.controllers.control_stack import CapacityScaledBound, ControlStack, RoleBalancer, StackLayer
-from tokenfactory.controllers.planning import DemandPlanner, PlannedPoolController
+from tokenfactory.controllers.planning import EXCESS_BUDGET_SHARE, DemandPlanner, PlannedPoolController
 from tokenfactory.registry import PlantContext, batch_gate_for, slo_aware_admission, smoothed_admission
+from tokenfactory.core.errors import ConfigError
 from tokenfactory.stack.plant import (
     StackPlant,
     gate_fraction,
@@ -153,6 +154,13 @@ def build_stack(sc: StackScenario, *, history: pd.Series | None = None, time_off
             ctrl = CapacityScaledBound(ctrl, p.decode_slots(plant.decode_workers))
         layers.append(StackLayer("admission", [ctrl], ctrl.sample_period))
     rc = sc.layers["reconfiguration"]
+    if rc.own_settings:   # the user's control plane from its own file, exactly as configured
+        ctl = rc.read().build(rc.pool)
+        layers.append(StackLayer("reconfiguration", [ctl], ctl.sample_period))
+        if "planning" in sc.layers:
+            raise ConfigError("layers.planning", "the planning layer drives tokenfactory's planned-hysteretic pools; "
+                              "with a control plane's own file as the reconfiguration layer, set kind = \"none\"")
+        return ControlStack(layers, name or sc.name), plant
     T = rc.sample_period_s
     u = target_utilization(sc)
     dyn = sc.dynamics
@@ -163,11 +171,12 @@ def build_stack(sc: StackScenario, *, history: pd.Series | None = None, time_off
     planner = None
     if "planning" in sc.layers:
         pl = sc.layers["planning"]
-        budget = pl.excess_budget if pl.excess_budget is not None else 0.75 * (1.0 - sc.slo_attainment)
+        budget = pl.excess_budget if pl.excess_budget is not None else EXCESS_BUDGET_SHARE * (1.0 - sc.slo_attainment)
         planner = DemandPlanner(lead_s=planning_lead_s(sc), excess_budget=budget, days=pl.days,
                                 interval_s=pl.interval_s, refit_s=pl.refit_s, fine_s=pl.fine_s,
                                 max_headroom=pl.max_headroom, history=history, time_offset_s=time_offset_s,
-                                utilization=u, hold_s=dwell_s, use_profile=pl.use_profile)
+                                utilization=u, hold_s=dwell_s, use_profile=pl.use_profile,
+                                volatility_window_s=pl.volatility_window_s, profile_smooth_s=pl.profile_smooth_s)
     qc, _ = queue_clear(sc, plant)
     fleet = fleet_size if fleet_size is not None else rc.fleet_size
     pools = []

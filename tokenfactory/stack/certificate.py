@@ -8,6 +8,7 @@ relay); a verdict: passed when every floor holds."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ import pandas as pd
 from tokenfactory.controllers.autotune import StabilityEnvelope, admission_loop
 from tokenfactory.controllers.batch_gate import batch_gate_loop, pass_target_s, predict_batch_cycle
 from tokenfactory.controllers.describing import predict_limit_cycles
+from tokenfactory.controllers.planning import correction_certificate
 from tokenfactory.controllers.reconfiguration import need_noise_std
 from tokenfactory.controllers.separation import (
     CascadePair,
@@ -114,6 +116,105 @@ def _score(m, env: StabilityEnvelope) -> float:
 def _margin_row(m, **point) -> dict:
     return {**point, "gain_margin": m.gain_margin, "phase_margin_deg": m.phase_margin_deg,
             "delay_margin_s": m.delay_margin_s, "ms": m.ms, "crossover_rad_s": m.crossover_rad_s}
+
+
+def _control_plane_layer(sc: StackScenario, plant, rc, adm_rec_loop, layers, failures, dfs, separation):
+    """The certificate of a control plane run from its own settings file: its loop model at every
+    envelope point (demand x start-up x service rate), the cycle and start-up overshoot its rule
+    predicts, the separation of its linear part from admission, and - when it fails - the knob of
+    the same control plane and the value that passes (:func:`tokenfactory.advise.search_settings`
+    on the loop model alone)."""
+    from tokenfactory.controllers.autoscaler_loops import PoolOperatingPoint, certify_autoscaler
+
+    p = plant.params
+    setting = rc.read()
+    ctl = setting.build(rc.pool)
+    mu0 = p.decode_capacity(1) if rc.pool == "decode" else p.fill_rate_per_worker
+    startup0 = sc.dynamics.startup_s + sc.dynamics.warmup_s * (1.0 - sc.dynamics.warmup_factor)
+
+    def points(s):
+        out = {}
+        c = s.build(rc.pool)
+        for dem in sc.demand_factors:
+            for sf in sc.startup_factors:
+                for rfac in sc.envelope.service_rate_factors:
+                    pt = PoolOperatingPoint(mu0 * rfac, sc.rate_rps * dem, p.measurement_delay_s, startup0 * sf,
+                                            p.decode_slots_per_worker, p.decode_slots_per_worker / p.decode_capacity(1))
+                    out[(dem, sf, rfac)] = certify_autoscaler(c, pt, gm_floor=sc.envelope.gm_floor,
+                                                             pm_floor_deg=sc.envelope.pm_floor_deg)
+        return out
+
+    certs = points(setting)
+    rows = []
+    for (dem, sf, rfac), c in certs.items():
+        d = c.to_dict()
+        cyc = d["predicted_cycle"]
+        rows.append({"demand_factor": dem, "startup_factor": sf, "service_rate_factor": rfac,
+                     "gain_margin": math.inf if d["gain_margin"] is None else d["gain_margin"],
+                     "phase_margin_deg": math.nan if d["phase_margin_deg"] is None else d["phase_margin_deg"],
+                     "delay_margin_s": d["delay_margin_s"], "loop_delay_s": d["loop_delay_s"],
+                     "predicted_cycle_s": cyc["period_s"] if cyc else None,
+                     "cascade_peak_replicas": d["cascade_peak_replicas"], "workers_needed": d["workers_needed"],
+                     "score": 1.0 if c.passed else 0.0, "meets_floors": c.passed})
+    worst = min(rows, key=lambda r: (r["meets_floors"], -(r["predicted_cycle_s"] or 0.0)))
+    layers["reconfiguration"] = {"points": rows, "worst": worst, "meets_floors": all(r["meets_floors"] for r in rows),
+                                 "control_plane": setting.format, "controller": type(ctl).__name__,
+                                 "params": ctl.params(), "pool": rc.pool, "sample_period_s": ctl.sample_period}
+    if not layers["reconfiguration"]["meets_floors"]:
+        c = certs[(worst["demand_factor"], worst["startup_factor"], worst["service_rate_factor"])]
+        why = (f"predicts a {worst['predicted_cycle_s']:.0f} s cycle between {c.predicted_cycle.low_replicas} and "
+               f"{c.predicted_cycle.high_replicas} workers" if c.predicted_cycle else
+               f"its ceiling of {c.loop.max_replicas} workers cannot carry the {c.workers_needed:.2f} needed"
+               if not c.ceiling_carries else
+               f"a start-up asks for {c.cascade_peak} workers where {c.workers_needed:.2f} are needed")
+        need = max(math.ceil(cc.workers_needed - 1e-9) for cc in certs.values())
+        fix = _passing_knob(setting, points, rc.pool, need)
+        failures.append({"layer": "reconfiguration", "check": "loop model",
+                         "detail": f"{setting.format} on {rc.pool}: {why} at demand x{worst['demand_factor']:g}, "
+                                   f"start-up x{worst['startup_factor']:g}, service rate x{worst['service_rate_factor']:g}"
+                                   + (f"; {fix} passes" if fix else "; no single knob of its grid passes")})
+    for (dem, sf, rfac), c in certs.items():
+        if (dem, sf, rfac) == (1.0, 1.0, 1.0) or len(certs) == 1:
+            cyc = c.predicted_cycle
+            dfs.append({"layer": "reconfiguration", "element": f"{rc.pool} pool: the rule's thresholds and whole "
+                        "replicas (relay)", "loop": c.to_dict()["loop"], "limit_cycle": cyc is not None,
+                        "period_s": cyc.period_s if cyc else None,
+                        "reason": "piecewise relay cycle of the loop model" if cyc else
+                        "the rule holds a pool at the nominal demand"})
+    nominal = certs.get((1.0, 1.0, 1.0), certs[next(iter(certs))])
+    theta = nominal.loop.delay_s
+    # a replica change reaches the queue one loop delay after the metric moved (metric age, half a
+    # sample, its window, the start-up): the control plane acts at most once per delay, so its loop
+    # is read as an integrator crossing over at 1 / delay behind that delay
+    acting = DelayedLoop(control.tf([1.0 / theta], [1.0, 0.0]), theta, f"{setting.format} (one action per loop delay)")
+    if adm_rec_loop is not None:
+        pair = cascade_separation("reconfiguration", acting, "admission", closed_loop(adm_rec_loop))
+        # the ratio is the check; a phase-margin loss of this stand-in loop says nothing about a relay
+        separation.append(dataclasses.replace(
+            pair, pm_loss_deg=math.nan,
+            note=f"the control plane acts once per loop delay ({theta:.0f} s: metric age, half a sample, its window, "
+                 f"the start-up) over admission's closed loop; the ratio is checked, the phase-margin loss of this "
+                 f"stand-in for a relay is not (it would read {pair.pm_loss_deg:.1f} deg)"))
+    return acting
+
+
+def _passing_knob(setting, points, pool, need: int) -> str | None:
+    """The first single-knob change of the control plane's grid whose every envelope point passes
+    (``need``: the workers the highest envelope demand needs)."""
+    from tokenfactory.advise import KNOB_GRID, current_knobs
+
+    knobs0 = current_knobs(setting, setting.build(pool))
+    for key, values in KNOB_GRID.get(setting.format, {}).items():
+        for v in list(values(knobs0[key], need)) + ([need + 1] if key == "max_replicas" else []):
+            if v == knobs0[key]:
+                continue
+            try:
+                cand = setting.with_params(**{key: v})
+                if all(c.passed for c in points(cand).values()):
+                    return f"{key} {knobs0[key]:g} -> {v:g}"
+            except ConfigError:
+                continue
+    return None
 
 
 def certify(sc: StackScenario) -> Certificate:
@@ -267,48 +368,56 @@ def certify(sc: StackScenario) -> Certificate:
             separation.append(cascade_separation(
                 "admission", adm_loop, "batch_gate", first_order_lag(gate_tau),
                 note="decode batch responds to a freed or filled slot within one pass (first-order lag)"))
-    # -- reconfiguration over start-up x service rate
-    qc, tau_c_f = queue_clear(sc, plant)
-    rows = []
-    theta0 = reconfiguration_delay_s(p, sc.dynamics, T_rc)
-    for sf in sc.startup_factors:
-        for rfac in env.service_rate_factors:
-            theta = reconfiguration_delay_s(p, sc.dynamics, T_rc, sf)
-            m = stability_margins(reconfiguration_loop(qc, u, theta, service_rate_factor=rfac))
-            rows.append(_margin_row(m, startup_factor=sf, service_rate_factor=rfac, loop_delay_s=theta))
-    judge("reconfiguration", rows)
-    layers["reconfiguration"].update({"queue_clear_s": qc, "tau_c_over_theta": tau_c_f, "delay_s": theta0,
-                                      "sample_period_s": T_rc, "target_utilization": u})
-    rec_loop = reconfiguration_loop(qc, u, theta0)
-    if adm_rec_loop is not None:
-        separation.append(cascade_separation(
-            "reconfiguration", rec_loop, "admission", closed_loop(adm_rec_loop),
-            note="a worker's capacity reaches the queue through admission's closed loop (complementary sensitivity)"))
-    # describing function of the whole-worker hysteresis relay
-    nf, nd = plant.fill_workers, plant.decode_workers
-    for pool, mu, n in (("fill", p.fill_rate_per_worker, nf), ("decode", p.decode_capacity(1), nd)):
-        sigma = need_noise_std(sc.rate_rps, mu, u, rc.filter_s)
-        db = max(rc.min_dead_band, 3.0 * sigma)
-        # the relay switches n-1 <-> n at need n-1 (up) and n-1-db (down); the pool at n-1 then runs
-        # at utilisation u (up) or less: the queue the loop feeds back is empty unless u (+3 sigma) >= 1
-        u_switch = u * (1.0 + 3.0 * sigma / max(n - 1, 1))
-        gain = 1.0 if u_switch >= 1.0 else 0.0
-        relay = control.relay_hysteresis_nonlinearity(b=0.5, c=(1.0 + db) / 2.0)
-        cyc = predict_limit_cycles(rec_loop.scaled(gain), relay, amplitude_bounds=((1.0 + db) / 2.0 * 1.0001, 1e6)) \
-            if gain > 0 else []
-        dfs.append({"layer": "reconfiguration", "element": f"{pool} pool: whole-worker relay, hysteresis 1 + "
-                    f"dead band {db:.2f} workers", "loop": "backlog feedback", "limit_cycle": bool(cyc),
-                    "period_s": cyc[0].period_s if cyc else None, "switch_utilization": u_switch,
-                    "reason": (f"at the switching points the smaller pool runs at utilisation {u_switch:.2f} < 1: "
-                               "the queue is empty on both sides, the loop gain the relay sees is zero")
-                    if gain == 0 else "utilisation at the switching point >= 1: the relay sees the integrating queue"})
+    # -- reconfiguration: a control plane's own settings file, judged by its loop model, or
+    # tokenfactory's hysteretic pools over start-up x service rate
+    rec_loop = None
+    if rc.own_settings:
+        rec_loop = _control_plane_layer(sc, plant, rc, adm_rec_loop, layers, failures, dfs, separation)
+    else:
+        # -- reconfiguration over start-up x service rate
+        qc, tau_c_f = queue_clear(sc, plant)
+        rows = []
+        theta0 = reconfiguration_delay_s(p, sc.dynamics, T_rc)
+        for sf in sc.startup_factors:
+            for rfac in env.service_rate_factors:
+                theta = reconfiguration_delay_s(p, sc.dynamics, T_rc, sf)
+                m = stability_margins(reconfiguration_loop(qc, u, theta, service_rate_factor=rfac))
+                rows.append(_margin_row(m, startup_factor=sf, service_rate_factor=rfac, loop_delay_s=theta))
+        judge("reconfiguration", rows)
+        layers["reconfiguration"].update({"queue_clear_s": qc, "tau_c_over_theta": tau_c_f, "delay_s": theta0,
+                                          "sample_period_s": T_rc, "target_utilization": u})
+        rec_loop = reconfiguration_loop(qc, u, theta0)
+        if adm_rec_loop is not None:
+            separation.append(cascade_separation(
+                "reconfiguration", rec_loop, "admission", closed_loop(adm_rec_loop),
+                note="a worker's capacity reaches the queue through admission's closed loop (complementary sensitivity)"))
+        # describing function of the whole-worker hysteresis relay
+        nf, nd = plant.fill_workers, plant.decode_workers
+        for pool, mu, n in (("fill", p.fill_rate_per_worker, nf), ("decode", p.decode_capacity(1), nd)):
+            sigma = need_noise_std(sc.rate_rps, mu, u, rc.filter_s)
+            db = max(rc.min_dead_band, 3.0 * sigma)
+            # the relay switches n-1 <-> n at need n-1 (up) and n-1-db (down); the pool at n-1 then runs
+            # at utilisation u (up) or less: the queue the loop feeds back is empty unless u (+3 sigma) >= 1
+            u_switch = u * (1.0 + 3.0 * sigma / max(n - 1, 1))
+            gain = 1.0 if u_switch >= 1.0 else 0.0
+            relay = control.relay_hysteresis_nonlinearity(b=0.5, c=(1.0 + db) / 2.0)
+            cyc = predict_limit_cycles(rec_loop.scaled(gain), relay, amplitude_bounds=((1.0 + db) / 2.0 * 1.0001, 1e6)) \
+                if gain > 0 else []
+            dfs.append({"layer": "reconfiguration", "element": f"{pool} pool: whole-worker relay, hysteresis 1 + "
+                        f"dead band {db:.2f} workers", "loop": "backlog feedback", "limit_cycle": bool(cyc),
+                        "period_s": cyc[0].period_s if cyc else None, "switch_utilization": u_switch,
+                        "reason": (f"at the switching points the smaller pool runs at utilisation {u_switch:.2f} < 1: "
+                                   "the queue is empty on both sides, the loop gain the relay sees is zero")
+                        if gain == 0 else "utilisation at the switching point >= 1: the relay sees the integrating queue"})
     # -- planning: feed-forward (the offered rate is exogenous; no loop through the plant)
-    if "planning" in sc.layers:
+    if "planning" in sc.layers and rec_loop is not None:
         lead = planning_lead_s(sc)
         needed = sc.dynamics.startup_s + sc.dynamics.warmup_s * (1.0 - sc.dynamics.warmup_factor)
         refit_s = sc.layers["planning"].refit_s
         layers["planning"] = {"feed_forward": True, "lead_s": lead, "refit_s": refit_s, "scale_up_delay_s": needed,
-                              "meets_floors": lead >= needed}
+                              "meets_floors": lead >= needed,
+                              "correction": correction_certificate(sc.layers["planning"].volatility_window_s,
+                                                                   sc.layers["planning"].interval_s)}
         separation.append(CascadePair("planning", "reconfiguration", closed_loop_bandwidth(rec_loop), math.nan,
                                       math.nan, None, None, math.nan, math.nan,
                                       note="feed-forward: the planner reads the offered demand, which no layer "

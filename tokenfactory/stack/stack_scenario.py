@@ -192,4 +192,8 @@ def load_stack_scenario(path: str | Path) -> StackScenario:
     path = Path(path)
     if not path.is_file() and (scenario_dir() / f"{path.name}.toml").is_file():
         path = scenario_dir() / f"{path.name}.toml"
-    return stack_scenario_from_dict(load_toml(path), name=path.stem)
+    d = load_toml(path)
+    rc = d.get("layers", {}).get("reconfiguration", {})
+    if isinstance(rc, dict) and isinstance(rc.get("file"), str) and not Path(rc["file"]).is_absolute():
+        rc["file"] = str(path.parent / rc["file"])   # a control plane's settings file sits beside the scenario
+    return stack_scenario_from_dict(d, name=path.stem)

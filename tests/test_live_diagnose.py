@@ -1,0 +1,144 @@
+"""Diagnosis and identification on saved metrics: known oscillations, delays and rates recovered."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tokenfactory.core.errors import ConfigError
+from tokenfactory.live.diagnose import anti_phase, diagnose, read_metrics_file
+from tokenfactory.live.identify import (
+    fit_delay,
+    fit_delay_exact,
+    fit_pass_law,
+    fit_startup_delay,
+    identify,
+    in_flight_from_log,
+    write_scenarios,
+)
+from tokenfactory.scenario import load_scenario
+from tokenfactory.stack import load_stack_scenario
+
+
+def _query_range(t, y, metric):
+    return {"status": "success", "data": {"resultType": "matrix", "result": [
+        {"metric": metric, "values": [[float(a), str(float(b))] for a, b in zip(t, y)]}]}}
+
+
+def test_seesaw_of_prefill_and_decode_replicas_is_found(tmp_path):
+    rng = np.random.default_rng(0)
+    t = np.arange(0, 600, 2.0) + 1.7e9
+    prefill = 6 + np.round(2 * np.sin(2 * np.pi * t / 60))
+    decode = 6 - np.round(2 * np.sin(2 * np.pi * t / 60))
+    waiting = np.abs(rng.normal(0, 0.3, len(t)))
+    doc = {"prefill_replicas": _query_range(t, prefill, {}), "decode_replicas": _query_range(t, decode, {}),
+           "waiting": _query_range(t, waiting, {})}
+    f = tmp_path / "saved.json"
+    f.write_text(json.dumps(doc))
+    d = diagnose(read_metrics_file(f))
+    assert d.signals["prefill_replicas"]["oscillating"] and d.signals["decode_replicas"]["oscillating"]
+    assert d.signals["prefill_replicas"]["period_s"] == pytest.approx(60, rel=0.1)
+    assert not d.signals["waiting"]["oscillating"]
+    assert d.pd_check["pair"] == ["prefill_replicas", "decode_replicas"] and d.pd_check["anti_phase"]
+    assert "2 of 3 signals oscillate" in d.to_markdown() and "anti-phase" in d.to_markdown()
+    # in phase: no anti-phase
+    x = np.sin(np.arange(200) / 5.0)
+    assert not anti_phase(x, x, 1.0, 31.4)["anti_phase"]
+
+
+def test_a_csv_and_a_raw_query_range_are_read(tmp_path):
+    t = np.arange(0, 100, 1.0)
+    pd.DataFrame({"time_s": t, "running": 10 + np.sin(t), "waiting": np.zeros_like(t)}).to_csv(tmp_path / "m.csv",
+                                                                                              index=False)
+    s = read_metrics_file(tmp_path / "m.csv")
+    assert list(s.frame.columns) == ["running", "waiting"] and s.dt == 1.0
+    one = _query_range(t, t, {"__name__": "vllm:num_requests_running", "engine": "0"})
+    (tmp_path / "q.json").write_text(json.dumps(one))
+    assert list(read_metrics_file(tmp_path / "q.json").frame.columns) == ["running"]
+    (tmp_path / "bad.json").write_text(json.dumps({"status": "error"}))
+    with pytest.raises(ConfigError, match="query_range"):
+        read_metrics_file(tmp_path / "bad.json")
+    with pytest.raises(ConfigError, match="no such file"):
+        read_metrics_file(tmp_path / "none.csv")
+
+
+@pytest.mark.parametrize("delay", [0.25, 1.0, 2.5])
+def test_delay_below_the_scrape_interval_from_a_request_log(delay):
+    # Poisson requests (a load step from 5 to 20 /s) of random length; the engine's count is the
+    # in-flight count `delay` late, scraped once a second: recovered to 10 % from the log
+    rng = np.random.default_rng(1)
+    sent = np.concatenate([np.cumsum(rng.exponential(1 / 5, 200)), 40 + np.cumsum(rng.exponential(1 / 20, 800))])
+    sent = sent[sent < 80]
+    end = sent + rng.uniform(1.0, 6.0, len(sent))
+    f = in_flight_from_log(sent, end)
+    te = np.arange(0.71, 90, 1.0)
+    e = fit_delay_exact(te, f(te - delay), f, max_delay_s=5.0, resamples=50)
+    assert e.value == pytest.approx(delay, rel=0.1)
+    assert e.lo <= delay + 0.1 * delay and e.hi >= delay - 0.1 * delay
+
+
+def test_delay_from_two_smooth_scraped_series():
+    # without the log: both series scraped (1 s, different phases), the source interpolated
+    t_fine = np.arange(0, 200, 0.01)
+    x = 10 * np.sin(t_fine / 9) + 5 * np.sin(t_fine / 23)
+    ts, te = np.arange(0.13, 200, 1.0), np.arange(0.71, 200, 1.0)
+    e = fit_delay(te, np.interp(te - 1.5, t_fine, x), np.interp(ts, t_fine, x), source_t=ts, max_delay_s=5.0,
+                  resamples=50)
+    assert e.value == pytest.approx(1.5, rel=0.1)
+
+
+def test_pass_law_startup_and_scenario_files(tmp_path):
+    b = np.linspace(4, 40, 30)
+    tpot = 0.02 + 0.001 * b + np.random.default_rng(2).normal(0, 1e-4, len(b))
+    law = fit_pass_law(b, tpot)
+    assert law["a_s"].value == pytest.approx(0.02, rel=0.05) and law["b_s_per_seq"].value == pytest.approx(0.001,
+                                                                                                           rel=0.05)
+    t = np.arange(0, 100.0)
+    spec = np.where(t >= 20, 3, 2)
+    ready = np.where(t >= 50, 3, 2)
+    assert fit_startup_delay(t, spec, ready).value == 30
+    assert fit_startup_delay(t, np.full(100, 2), np.full(100, 2)) is None
+    # identify on raw series: delay, per-worker rate at saturation, gain; scenario files that
+    # margins and certify read
+    rng = np.random.default_rng(3)
+    tt = np.arange(0, 200, 1.0)
+    in_flight = np.clip(np.cumsum(rng.normal(0.2, 2, len(tt))), 0, 60)
+    eng = np.interp(tt - 1.0, tt, in_flight)
+    running = np.minimum(eng, 48)
+    series = {"in_flight": pd.Series(in_flight, tt), "running": pd.Series(running, tt),
+              "waiting": pd.Series(eng - running, tt), "decode_workers": pd.Series(np.ones_like(tt), tt),
+              "success_total": pd.Series(np.cumsum(running / 48 * 9.0), tt)}
+    ident = identify(series, modelled_service_rate=10.0)
+    assert ident.metric_delay_s.value == pytest.approx(1.0, rel=0.1)
+    assert ident.service_rate_per_worker.value == pytest.approx(9.0, rel=0.1)
+    assert ident.admission_gain.value == pytest.approx(0.9, rel=0.1)
+    assert any("start-up" in n for n in ident.notes)
+    paths = write_scenarios(ident, {"model": "deepseek-v3", "hardware": "h200", "fill_workers": 1,
+                                    "decode_workers": 1, "prompt_tokens": 1000, "output_tokens": 64}, tmp_path)
+    m = load_scenario(paths["margins"])
+    assert m.plant.params.measurement_delay_s == pytest.approx(ident.metric_delay_s.value, rel=1e-3)
+    st = load_stack_scenario(paths["stack"])
+    assert st.params.measurement_delay_s == pytest.approx(ident.metric_delay_s.value, rel=1e-3)
+    assert min(st.envelope.service_rate_factors) <= ident.admission_gain.value <= max(st.envelope.service_rate_factors)
+
+
+def test_cli_diagnose_and_identify_on_a_saved_file(tmp_path, capsys):
+    from tokenfactory.cli import main
+
+    tt = np.arange(0, 200, 1.0)
+    rng = np.random.default_rng(4)
+    in_flight = np.clip(np.cumsum(rng.normal(0.2, 2, len(tt))), 0, 60)
+    eng = np.interp(tt - 2.0, tt, in_flight)
+    running = np.minimum(eng, 48)
+    pd.DataFrame({"time_s": tt, "in_flight": in_flight, "running": running, "waiting": eng - running,
+                  "decode_workers": 1.0, "success_total": np.cumsum(running / 48 * 9.0)}).to_csv(tmp_path / "m.csv",
+                                                                                              index=False)
+    assert main(["diagnose", "--metrics", str(tmp_path / "m.csv"), "--out", str(tmp_path / "d")]) == 0
+    assert "signals oscillate" in (tmp_path / "d" / "diagnosis.md").read_text()
+    assert main(["identify", "--metrics", str(tmp_path / "m.csv"), "--scenario", "live_small", "--json",
+                 "--out", str(tmp_path / "i")]) == 0
+    out = json.loads((tmp_path / "i" / "identified.json").read_text())
+    assert out["metric_delay_s"]["value"] == pytest.approx(2.0, rel=0.1)
+    assert (tmp_path / "i" / "margins.toml").is_file() and (tmp_path / "i" / "stack.toml").is_file()
+    assert main(["diagnose"]) == 2  # neither --prometheus nor --metrics: a ConfigError, exit 2

@@ -1,0 +1,127 @@
+"""The admission gateway over real HTTP in front of the emulator: streams pass through, the
+registry's controller decides, rejections carry a reason, every request is accounted for."""
+
+import asyncio
+import math
+
+import aiohttp
+import pytest
+
+from tokenfactory.live.exposition import parse_text, sample_value
+from tokenfactory.live.gateway import GATEWAY_KEY, REASON_HEADER, gateway_app
+from tokenfactory.live.prometheus_server import free_port
+from tokenfactory.live.live_scenario import load_live_scenario
+from tokenfactory.core.signals import AdmissionAction, Decision
+from tokenfactory.controllers.slo_admission import SLOAwareAdmission
+
+from live_servers import emulator_and_gateway, serving
+
+
+@pytest.fixture(scope="module")
+def sc():
+    return load_live_scenario("live_small")
+
+
+async def _tokens(s, url, body, headers=None):
+    n = 0
+    async with s.post(url, json=body, headers=headers or {}) as r:
+        if r.status != 200:
+            return r.status, dict(r.headers), await r.json()
+        async for line in r.content:
+            n += line.startswith(b"data: {")
+    return 200, {}, n
+
+
+def test_streams_pass_through_and_overload_is_shed(sc):
+    async def main():
+        async with emulator_and_gateway(sc) as (eu, gu, em, gw):
+            assert isinstance(gw.ctrl, SLOAwareAdmission)  # the scenario's kind, built by the registry
+            async with aiohttp.ClientSession() as s:
+                body = {"prompt_token_ids": list(range(1000)), "max_tokens": 12, "stream": True}
+                assert await _tokens(s, gu + "/v1/completions", body) == (200, {}, 12)
+                # a burst far above what decode serves within the TPOT SLO
+                burst = await asyncio.gather(*(_tokens(s, gu + "/v1/completions", {**body, "max_tokens": 32})
+                                               for _ in range(120)))
+                async with s.get(gu + "/metrics") as r:
+                    text = await r.text()
+                return burst, gw.accounting(), text, em.engine.arrived
+
+    burst, acc, text, engine_arrived = asyncio.run(main())
+    ok = [b for b in burst if b[0] == 200]
+    rejected = [b for b in burst if b[0] == 429]
+    assert ok and rejected and len(ok) + len(rejected) == 120
+    assert all(b[2] == 32 for b in ok)
+    assert all(int(b[1]["Retry-After"]) >= 1 and b[1][REASON_HEADER] == b[2]["reason"] for b in rejected)
+    assert acc["balanced"] and acc["received"] == 121 and acc["completed"] == len(ok) + 1
+    assert acc["rejected"] == len(rejected) and acc["in_flight"] == 0
+    assert engine_arrived == len(ok) + 1  # a rejected request never reaches the engine
+    s = parse_text(text)
+    assert sample_value(s, "tokenfactory:gateway_rejected_total") == len(rejected)
+    assert sample_value(s, "tokenfactory:gateway_admitted_total") == len(ok) + 1
+    assert sample_value(s, "tokenfactory:gateway_completed_total") == len(ok) + 1
+
+
+def test_fails_closed_when_the_upstream_is_down(sc):
+    async def main():
+        dead = f"http://127.0.0.1:{free_port()}"
+        async with serving(gateway_app(sc, [dead])) as (gu, app):
+            async with aiohttp.ClientSession() as s:
+                async with s.post(gu + "/v1/completions", json={"prompt": "hi", "max_tokens": 3}) as r:
+                    status, reason = r.status, r.headers.get(REASON_HEADER)
+                async with s.get(gu + "/health") as r:
+                    health = r.status
+                async with s.post(gu + "/v1/completions", json={"prompt": "hi", "max_tokens": -2}) as r:
+                    bad = (r.status, (await r.json())["reason"])
+            return status, reason, health, bad, app[GATEWAY_KEY].accounting()
+
+    status, reason, health, bad, acc = asyncio.run(main())
+    assert (status, reason, health) == (503, "upstream_unavailable", 503)
+    assert bad == (400, "bad_request")  # named before any upstream is asked
+    assert acc["balanced"] and acc["rejected"] == 2
+
+
+class _Scripted:
+    """A controller that defers every request (decide) or commands a rate (update)."""
+
+    def __init__(self, gate: bool, rate: float = 2.0, bound: float = 1.0):
+        self.sample_period = 0.1
+        self.rate, self.bound = rate, bound
+        if gate:
+            self.decide = lambda t, a: Decision("defer", "decode_overloaded")
+
+    def reset(self):
+        pass
+
+    def update(self, t, m):
+        return AdmissionAction(self.rate, self.bound)
+
+
+def test_deferral_ends_at_the_class_deadline(sc):
+    async def main():
+        async with emulator_and_gateway(sc, controller=_Scripted(gate=True)) as (eu, gu, em, gw):
+            gw.max_defer[gw.top] = 0.4
+            async with aiohttp.ClientSession() as s:
+                t0 = asyncio.get_running_loop().time()
+                async with s.post(gu + "/v1/completions", json={"prompt": "hi", "max_tokens": 3}) as r:
+                    out = (r.status, r.headers[REASON_HEADER], asyncio.get_running_loop().time() - t0)
+            return out, gw.accounting(), sample_value(parse_text(gw.metrics.render()), "tokenfactory:gateway_deferred_total")
+
+    (status, reason, waited), acc, deferred = asyncio.run(main())
+    assert (status, reason) == (429, "deferral_expired")
+    assert 0.35 <= waited <= 1.0 and deferred == 1 and acc["balanced"]
+
+
+def test_a_rate_controller_queues_within_its_bound(sc):
+    async def main():
+        async with emulator_and_gateway(sc, controller=_Scripted(gate=False, rate=4.0, bound=2.0)) as (eu, gu, em, gw):
+            await asyncio.sleep(0.25)  # one sample: the commanded rate is in force
+            async with aiohttp.ClientSession() as s:
+                res = await asyncio.gather(*(_tokens(s, gu + "/v1/completions", {"prompt": "hi", "max_tokens": 2,
+                                                                                  "stream": True}) for _ in range(8)))
+            return res, gw.accounting()
+
+    res, acc = asyncio.run(main())
+    codes = sorted(r[0] for r in res)
+    assert codes.count(200) >= 2 and codes.count(429) >= 1
+    assert all(r[2]["reason"] == "backlog_over_bound" for r in res if r[0] == 429)
+    assert acc["balanced"] and acc["completed"] + acc["rejected"] == 8

@@ -1,0 +1,141 @@
+"""A control plane's own settings file as the stack's reconfiguration layer: certified by its
+loop model, built exactly as configured, and a failed certificate names the knob that passes."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenfactory.core.errors import ConfigError
+from tokenfactory.stack import build_stack, certify, load_stack_scenario
+from tokenfactory.stack.plant import stack_plant
+
+MODEL = """\
+name = "moe-30b-a3b"
+num_layers = 48
+num_dense_layers = 0
+hidden_size = 2048
+vocab_size = 151936
+dense_intermediate_size = 6144
+expert_intermediate_size = 768
+routed_experts = 128
+active_experts = 8
+shared_experts = 0
+weight_precision = "bf16"
+kv_precision = "bf16"
+
+[attention]
+kind = "gqa"
+num_heads = 32
+head_dim = 128
+kv_heads = 4
+"""
+
+STACK = """\
+name = "user_stack"
+[plant]
+model = "{model}"
+hardware = "h100-sxm"
+parallelism = {{ tp = 2, pp = 1, ep = 2 }}
+prompt_tokens = 2000
+output_tokens = 300
+measurement_delay_s = 5.0
+
+[slo]
+ttft_s = 2.0
+tpot_s = 0.1
+attainment = 0.99
+
+[workload]
+rate_rps = {rate}
+
+[dynamics]
+startup_s = 90.0
+warmup_s = 30.0
+warmup_factor = 0.5
+drain_s = 30.0
+
+[layers.batch_gate]
+kind = "slot-limit"
+
+[layers.admission]
+kind = "smoothed"
+sample_period_s = 5.0
+
+[layers.reconfiguration]
+kind = "control-plane"
+file = "hpa.yaml"
+pool = "decode"
+
+[layers.planning]
+kind = "none"
+
+[envelope]
+delay_factors = [1.0]
+service_rate_factors = [1.0]
+demand_factors = [1.0]
+startup_factors = [1.0]
+gm_floor = 2.0
+pm_floor_deg = 45.0
+"""
+
+HPA = """\
+apiVersion: autoscaling/v2
+kind: HorizontalPodAutoscaler
+metadata:
+  name: decode
+spec:
+  scaleTargetRef:
+    apiVersion: apps/v1
+    kind: Deployment
+    name: decode
+  minReplicas: 1
+  maxReplicas: 4
+  metrics:
+    - type: Pods
+      pods:
+        metric:
+          name: vllm:num_requests_waiting
+        target:
+          type: AverageValue
+          averageValue: "2"
+"""
+
+
+def _scenario(tmp_path, workers_of_demand: float):
+    (tmp_path / "model.toml").write_text(MODEL)
+    (tmp_path / "hpa.yaml").write_text(HPA)
+    path = tmp_path / "stack.toml"
+    path.write_text(STACK.format(model=(tmp_path / "model.toml").as_posix(), rate=1.0))
+    mu = stack_plant(load_stack_scenario(path)).params.decode_capacity(1)
+    path.write_text(STACK.format(model=(tmp_path / "model.toml").as_posix(), rate=workers_of_demand * mu))
+    return load_stack_scenario(path)
+
+
+def test_queue_length_hpa_between_two_pool_sizes_fails_and_names_the_fix(tmp_path):
+    cert = certify(_scenario(tmp_path, 1.45))
+    rec = cert.layers["reconfiguration"]
+    assert rec["control_plane"] == "kubernetes-hpa" and rec["controller"] == "HorizontalPodAutoscaler"
+    assert not rec["meets_floors"] and rec["worst"]["predicted_cycle_s"] > 0
+    fail = next(f for f in cert.failures if f["layer"] == "reconfiguration")
+    assert "cycle between 1 and 4 workers" in fail["detail"]
+    assert "min_replicas 1 -> 2 passes" in fail["detail"]
+    assert any(d["layer"] == "reconfiguration" and d["limit_cycle"] for d in cert.describing_function)
+
+
+def test_a_floor_that_carries_the_demand_passes(tmp_path):
+    sc = _scenario(tmp_path, 0.6)
+    cert = certify(sc)
+    assert cert.layers["reconfiguration"]["meets_floors"]
+    assert not any(f["layer"] == "reconfiguration" for f in cert.failures)
+    stack, _ = build_stack(sc)
+    (layer,) = [la for la in stack.layers if la.name == "reconfiguration"]
+    (hpa,) = layer.controllers
+    assert hpa.params()["target"] == 2.0 and hpa.params()["metric"] == "decode_waiting"
+    assert layer.sample_period == 15.0
+
+
+def test_the_file_is_required(tmp_path):
+    sc = _scenario(tmp_path, 0.6)
+    (tmp_path / "hpa.yaml").unlink()
+    with pytest.raises(ConfigError, match="does not exist"):
+        certify(sc)
