@@ -2,7 +2,9 @@
 
 Not tests: numbers depend on the machine. Each entry records what was measured and how often.
 ``python -m benchmarks.run des`` runs only the request simulator's entry and prints it (nothing
-written), for before/after comparisons of a change; ``python -m benchmarks.run margins envelope
+written), for before/after comparisons of a change; ``python -m benchmarks.run whole-trace
+[--traces ...] [--loads ...] [--policies ...]`` runs issue 21's whole-trace grid (or a piece of it)
+into ``results/whole_trace.json``; ``python -m benchmarks.run margins envelope
 sweeps overload gateway`` runs only those sections and merges them into the existing results.
 """
 
@@ -431,6 +433,95 @@ def _sweeps(sizes=(10_000, 100_000)) -> dict:
     return out
 
 
+#: issue 21's whole-trace grid: traces (``synthetic``: the CLI's default workload, one hour), loads
+#: (multiples of the measured capacity at the SLO) and policies (registry kinds: every baseline
+#: the overload study compares and the recommended gate)
+WHOLE_TRACES = ("azure-conv-2023", "azure-code-2023", "mooncake-conversation", "agentic-coding", "synthetic")
+WHOLE_LOADS = (0.9, 1.1, 1.3, 2.0)
+WHOLE_POLICIES = ("open", "vllm-watermark", "mooncake", "mooncake-predictive", "slo-aware")
+
+
+def _whole_trace(argv: list[str]) -> dict:
+    """Issue 21's whole-trace targets: ``tokenfactory simulate --trace T --load X --admission P
+    --seed 0`` (the CLI's cluster: 2 fill + 1 decode DeepSeek-V3 on 8xH200, interactive 2 s /
+    0.1 s and batch classes, KV-only batch cap, ``--load`` a multiple of the measured capacity)
+    over the grid, one row per run. Pieces: ``--traces a,b --loads 0.9,1.3 --policies open,...``
+    (defaults: the whole grid); rows already in ``results/whole_trace.json`` are kept and not run
+    again unless ``--force``. Each trace's capacity (model and measured, cached under
+    ``results/capacity-cache``) is recorded; every run checks conservation (the simulator raises
+    otherwise) and records goodput (the CLI's, over the run, and over the arrival window), SLO
+    attainment over all and admitted requests per class, rejections and wall time."""
+    import argparse
+
+    from tokenfactory.core.classes import DEFAULT_CLASSES
+    from tokenfactory.replay import build_replay, run_replay
+    from tokenfactory.traces import SyntheticWorkload, generate_requests, load_trace
+
+    ap = argparse.ArgumentParser(prog="benchmarks.run whole-trace")
+    ap.add_argument("--traces", default=",".join(WHOLE_TRACES))
+    ap.add_argument("--loads", default=",".join(map(str, WHOLE_LOADS)))
+    ap.add_argument("--policies", default=",".join(WHOLE_POLICIES))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--force", action="store_true")
+    ap.add_argument("--out", default="whole_trace.json", help="file under results/ (pieces run in parallel write "
+                    "their own and are merged with --merge)")
+    ap.add_argument("--merge", default=None, help="comma-separated files under results/ to merge into --out")
+    a = ap.parse_args(argv)
+    path = OUT / a.out
+    if a.merge:
+        data = json.loads(path.read_text()) if path.exists() else {"rows": [], "capacity": {}}
+        for f in a.merge.split(","):
+            part = json.loads((OUT / f).read_text())
+            keys = {(r["trace"], r["policy"], r["load"]) for r in part["rows"]}
+            data["rows"] = [r for r in data["rows"] if (r["trace"], r["policy"], r["load"]) not in keys] + part["rows"]
+            data["capacity"].update(part["capacity"])
+        path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+        return data
+    data = json.loads(path.read_text()) if path.exists() else {"rows": [], "capacity": {}}
+    have = {(r["trace"], r["policy"], r["load"]) for r in data["rows"]}
+    for name in a.traces.split(","):
+        trace = generate_requests(SyntheticWorkload(seed=a.seed), 3600.0) if name == "synthetic" else load_trace(name)
+        setup = build_replay(trace)
+        cluster = {"seed": a.seed, "classes": DEFAULT_CLASSES, "progress": False}
+        t0 = time.perf_counter()
+        cap = setup.capacity(cluster, measure=True, cache_dir=OUT / "capacity-cache")
+        data["capacity"][name] = {**cap.to_dict(), "bisection_wall_s": time.perf_counter() - t0}
+        print(f"  {name}: capacity model {cap.model_rps:.3f}, measured {cap.measured_rps:.3f} req/s", file=sys.stderr)
+        for load in (float(x) for x in a.loads.split(",")):
+            for pol in a.policies.split(","):
+                if (name, pol, load) in have and not a.force:
+                    continue
+                t0 = time.perf_counter()
+                m, res = run_replay(trace, setup, pol, cluster=cluster, load=load, capacity="measured",
+                                    capacity_cache=OUT / "capacity-cache")
+                arr = res.records["arrival_s"].dropna()
+                span = max(float(arr.max() - arr.min()), 1.0)
+                row = {"trace": name, "policy": pol, "load": load, "offered_rps": load * cap.rps,
+                       "requests": m["requests"], "completed": m["completed"], "rejected": m["rejected"],
+                       "deferred": m["deferred"], "in_flight_end": m["in_flight_end"],
+                       "conserved": m["requests"] == m["completed"] + m["rejected"] + m["in_flight_end"],
+                       "goodput_tokens_per_s": m["goodput_tokens_per_s"],
+                       "goodput_window_tokens_per_s": m["goodput_tokens_per_s"] * m["duration_s"] / span,
+                       "slo_attainment": m["slo_attainment"], "slo_attainment_admitted": m["slo_attainment_admitted"],
+                       "rejected_share": m["rejected"] / max(m["requests"], 1),
+                       "rejected_by_reason": m["rejected_by_reason"], "preempted": m.get("preempted"),
+                       "classes": {c: {k: cm[k] for k in ("requests", "slo_attainment", "slo_attainment_admitted",
+                                                          "rejected", "deferred")} for c, cm in m["classes"].items()},
+                       "wall_seconds": time.perf_counter() - t0}
+                data["rows"] = [r for r in data["rows"] if (r["trace"], r["policy"], r["load"]) != (name, pol, load)]
+                data["rows"].append(row)
+                have.add((name, pol, load))
+                OUT.mkdir(exist_ok=True)
+                path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+                print(f"  {name} {load:g}x {pol}: goodput {row['goodput_tokens_per_s']:.0f} tok/s, SLO "
+                      f"{row['slo_attainment']:.3f} (admitted {row['slo_attainment_admitted']}), rejected "
+                      f"{row['rejected']}, {row['wall_seconds']:.0f} s", file=sys.stderr)
+    data["_meta"] = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": platform.platform(),
+                     "load_average_1min": os.getloadavg()[0]}
+    path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    return data
+
+
 SECTIONS = ("margins", "envelope", "sweeps", "overload", "gateway")
 
 
@@ -466,6 +557,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv == ["des"]:
         json.dump(_des(), sys.stdout, indent=2)
         print()
+        return 0
+    if argv and argv[0] == "whole-trace":  # issue 21's grid, resumable in pieces (its own JSON file)
+        _whole_trace(argv[1:])
+        print(f"wrote the whole-trace results under {OUT}")
         return 0
     if argv:
         results = _run_sections(argv)

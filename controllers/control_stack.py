@@ -124,6 +124,11 @@ class ControlStack(SampledController):
         gates = [c.decide for la in sampled if la.name == "admission" for c in la.controllers if hasattr(c, "decide")]
         if gates:
             self.decide = gates[0]
+        # and its outer loop hears the admitted requests' outcomes
+        observers = [c.observe for la in sampled if la.name == "admission" for c in la.controllers
+                     if hasattr(c, "observe")]
+        if observers:
+            self.observe = observers[0]
         self.reset()
 
     def layer(self, name: str) -> StackLayer | None:

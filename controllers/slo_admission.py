@@ -38,6 +38,34 @@ request class (:mod:`tokenfactory.core.classes`):
   plan on the slots the top level's expected occupancy leaves; they may borrow idle slots in the plant and are
   preempted when the top level needs them).
 
+* **No fail-open.** Before its first measurement the gate predicts from a prior sample: the
+  plant empty at t = 0 with the pools it was built for (:attr:`SLOAdmissionConfig.fill_workers`,
+  ``decode_slots``), everything admitted since in the ledger - so it decides every arrival from
+  t = 0, and a flood before the first sample is refused with its reason like any other.
+* **Outer loop on outcomes** (:class:`MarginLoopConfig`; issue 21). The model above stays the
+  feed-forward; a slow loop on what admitted requests measurably get corrects its margin. Per
+  class, each completed admitted request's slack s = min(1 - TTFT / SLO_ttft, 1 - TPOT /
+  SLO_tpot) (negative: a miss; the plant reports completions through :meth:`observe`) is kept
+  over the last ``window`` completions; every ``sample_period_s`` the ``quantile`` (default 1 %)
+  of that slack is compared with ``slack_target`` and integrated into the class's margin r in
+  [-1, 1]: r += ki T (y - y*). The margin moves the gate between tighter than the model (r = -1:
+  half the TTFT share, twice the completions kept in hand, more decode completions in hand) and
+  the model's expectation (r = +1: the whole TTFT SLO, no completions kept in hand, the decode
+  wait a mean-length request tolerates, no preemption quantile). It relaxes only while the gate
+  refused requests of the class in the period and the measured slack is above target
+  (conditional integration: no windup while everything is admitted), and tightens whenever the
+  admitted requests' slack quantile falls below target - i.e. as they start to miss. Its linear
+  model (:func:`margin_loop`) is an integrator on a static gain K (slack quantile per unit of
+  margin at the knee) behind the delay from admission to outcome; :func:`tune_margin_loop`
+  SIMC-tunes ki over a delay x gain envelope and :func:`margin_separation` measures its
+  separation from the fast gate (the fill-limit loop's closed-loop bandwidth over the outer
+  crossover) with :func:`tokenfactory.controllers.separation.cascade_separation`.
+* **Preemption the reservation causes.** A lower-priority request borrows slots the top level
+  may take back (preemption). It plans on the slots left by the top level's occupancy quantile
+  over its own decode time (``preempt_z`` standard deviations above the mean, relaxed by the
+  outer margin), so batch admission counts on the room that will still be there while it
+  decodes, not only on the mean.
+
 Plants without individual requests (the fluid plant, the pool model) use the rate this
 controller returns: the fill room and decode room over ``gate_time_s`` plus the predicted
 service rates, with the excess shed at arrival (``backlog_bound`` = one sample of it).
@@ -67,9 +95,11 @@ from tokenfactory.controllers.describing import predict_limit_cycles
 from tokenfactory.controllers.interface import SampledController, lowpass
 from tokenfactory.controllers.stability import DelayedLoop, Margins, stability_margins
 from tokenfactory.core.signals import ADMIT, AdmissionAction, Arrival, Decision, Measurement, ReserveAction
-from tokenfactory.core.validation import ConfigError, check_number
+from tokenfactory.core.validation import ConfigError, check_int, check_number
 
-__all__ = ["DEFAULT_TTFT_FRACTION", "SLOAwareAdmission", "GateLoopTuning", "slo_gate_loop", "tune_slo_admission", "reserve_share"]
+__all__ = ["DEFAULT_TTFT_FRACTION", "SLOAdmissionConfig", "MarginLoopConfig", "SLOAwareAdmission", "GateLoopTuning",
+           "MarginLoopTuning", "slo_gate_loop", "tune_slo_admission", "margin_loop", "tune_margin_loop",
+           "margin_separation", "reserve_share"]
 
 
 #: share of the TTFT slack (the SLO less the request's own fill alone) its predicted TTFT may
@@ -78,6 +108,161 @@ __all__ = ["DEFAULT_TTFT_FRACTION", "SLOAwareAdmission", "GateLoopTuning", "slo_
 #: study (mooncake-conversation, SLO attainment at 0.6x / 0.9x): 0.8 gave 0.474 / 0.488, 0.9
 #: 0.535 / 0.579, admitted requests meeting their SLO 1.000 in both; the Azure traces unchanged
 DEFAULT_TTFT_FRACTION = 0.9
+
+
+@dataclass(frozen=True)
+class MarginLoopConfig:
+    """The outer loop on outcomes (module notes): per class, the ``quantile`` of the admitted
+    requests' slack over the last ``window`` completions, held at ``slack_target`` by an
+    integral correction of the class's admission margin.
+
+    Parameters
+    ----------
+    sample_period_s : float
+        Seconds between corrections (> 0; default 5: slow next to the gate's 0.25 s).
+    ki : float
+        Integral gain (margin per second per unit of slack error, >= 0; default 0.01, what
+        :func:`tune_margin_loop` gives the default azure-conv setup - the registry tunes it per plant).
+    quantile : float
+        The slack quantile held at target ((0, 0.5]; default 0.01: 99 % of the admitted requests
+        meet their SLO when it is >= 0).
+    slack_target : float
+        y*, the slack share that quantile keeps (default 0.02 of the SLO).
+    window : int
+        Completions per class the quantile is taken over (>= 20; default 400).
+    min_samples : int
+        Completions a class needs before its margin moves (>= 1; default 50).
+    initial_margin : float
+        r at the start, in [-1, 1] (default 0: the gate's own margins).
+    enabled : bool
+        False: the margin stays at ``initial_margin`` (default True).
+    """
+
+    sample_period_s: float = 5.0
+    ki: float = 0.01
+    quantile: float = 0.01
+    slack_target: float = 0.0
+    window: int = 400
+    min_samples: int = 50
+    initial_margin: float = 0.0
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        w = "slo_aware.outer"
+        check_number(f"{w}.sample_period_s", self.sample_period_s, low=0.0, low_inclusive=False)
+        check_number(f"{w}.ki", self.ki, low=0.0)
+        check_number(f"{w}.quantile", self.quantile, low=0.0, high=0.5, low_inclusive=False)
+        check_number(f"{w}.slack_target", self.slack_target, low=-1.0, high=1.0)
+        check_int(f"{w}.window", self.window, low=20)
+        check_int(f"{w}.min_samples", self.min_samples, low=1)
+        check_number(f"{w}.initial_margin", self.initial_margin, low=-1.0, high=1.0)
+
+
+@dataclass(frozen=True)
+class SLOAdmissionConfig:
+    """Everything :class:`SLOAwareAdmission` is built from (validated by the controller; the
+    registry's :func:`tokenfactory.registry.slo_aware_admission` resolves it from a plant).
+
+    Parameters
+    ----------
+    fill_token_rate : float
+        New prompt tokens/s one fill worker fills (roofline, full steps; > 0); the measured
+        ``fill_token_capacity`` replaces it when the plant reports one.
+    fill_step_s : float
+        One full fill step (s, >= 0): the wait for the step in progress.
+    kv_transfer_s : float
+        KV transfer of the nominal request (s, >= 0).
+    decode_pass_s : float
+        Decode pass time the batch cap aims at (s, > 0): the per-token time of a decoding sequence
+        (:func:`tokenfactory.controllers.batch_gate.pass_target_s`).
+    prompt_tokens : float
+        Nominal new prompt tokens of a request (> 0; converts the rate for fluid plants).
+    output_tokens : mapping or float
+        Expected output tokens per class name (or one number for every class; > 1).
+    classes : tuple of RequestClass, optional
+        The classes and their SLOs (default :data:`tokenfactory.core.classes.DEFAULT_CLASSES`); the top
+        priority class is the protected one.
+    short_output_tokens : mapping or float, optional
+        Output tokens of a short request per class (its TPOT carries its ready wait over fewer
+        tokens): sets the decode-wait limit; default a quarter of ``output_tokens``.
+    ttft_fraction : float
+        Share of what a class's TTFT SLO leaves after the request's own fill alone that its
+        predicted TTFT may use ((0, 1]; default :data:`DEFAULT_TTFT_FRACTION`).
+    wait_target_fraction : float
+        Setpoint of the top class's fill wait and decode wait as a share of their limits
+        ((0, 1]; default 0.5).
+    fill_ki, decode_ki : float
+        Integral gains of the two limit corrections (1/s, >= 0; :func:`tune_slo_admission`).
+    filter_tau_s : float
+        Low-pass time constant of the measured waits (s, >= 0; default 0.5).
+    cached_token_cost : float
+        Fill cost of a cached prefix token relative to a new token (>= 0; default 0).
+    reserve_horizon_s : float
+        H, the time constant the reservation's demand estimate is filtered with (s, > 0; default
+        150 = start-up 120 s + warm-up 30 s of :class:`tokenfactory.plant_models.fleet.PoolDynamics`).
+    reserve_z : float
+        Quantile of the fill reservation (>= 0; default 2.33, 99 %; at most half of each step).
+    decode_reserve_z : float
+        Standard deviations above its mean of the top level's decode occupancy held for it
+        (>= 0; default 0, the mean).
+    preempt_z : float
+        Standard deviations above its mean of the top level's occupancy over a lower-priority
+        request's decode time that the request plans around (>= 0; default 1: the slots it
+        borrows stay free for it with about 84 % probability, so it is rarely preempted).
+    completion_z : float
+        Standard deviations of the Poisson completions over the prediction horizon kept in hand
+        in the decode prediction (>= 0; default 2).
+    decode_reserve_s : float
+        How far below zero the decode-wait limit may be corrected (s of completions in hand,
+        >= 0; default 2).
+    gate_time_s : float, optional
+        h: the time the rate form (fluid plants) takes to fill the room (s; default the sample period).
+    sample_period : float
+        Seconds between updates (> 0; default 0.25).
+    fill_chunk_tokens : float
+        New tokens of one request a fill step takes at most (default inf).
+    fill_workers : float
+        Fill workers the plant starts with (>= 1; default 1): the prior sample's fill capacity.
+    decode_slots : float
+        Decode slots the plant starts with (>= 0; default 0: the gate then admits nothing into
+        decode until measured - closed, not open).
+    outer : MarginLoopConfig
+        The outer loop on outcomes.
+    """
+
+    fill_token_rate: float
+    fill_step_s: float
+    kv_transfer_s: float
+    decode_pass_s: float
+    prompt_tokens: float
+    output_tokens: Mapping[str, float] | float
+    classes: tuple | None = None
+    short_output_tokens: Mapping[str, float] | float | None = None
+    ttft_fraction: float = DEFAULT_TTFT_FRACTION
+    wait_target_fraction: float = 0.5
+    fill_ki: float = 0.5
+    decode_ki: float = 0.2
+    filter_tau_s: float = 0.5
+    cached_token_cost: float = 0.0
+    reserve_horizon_s: float = 150.0
+    reserve_z: float = 2.33
+    decode_reserve_z: float = 0.0
+    preempt_z: float = 1.0
+    completion_z: float = 2.0
+    decode_reserve_s: float = 2.0
+    gate_time_s: float | None = None
+    sample_period: float = 0.25
+    fill_chunk_tokens: float = math.inf
+    fill_workers: float = 1.0
+    decode_slots: float = 0.0
+    outer: MarginLoopConfig = field(default_factory=MarginLoopConfig)
+
+    def to_dict(self) -> dict:
+        """Plain fields."""
+        d = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        d["classes"] = [asdict(c) for c in self.classes] if self.classes else None
+        d["outer"] = asdict(self.outer)
+        return d
 
 
 def reserve_share(rate_rps: float, window_s: float, z: float, unit_cost: float, capacity: float,
@@ -117,90 +302,45 @@ class SLOAwareAdmission(SampledController):
 
     Parameters
     ----------
-    fill_token_rate : float
-        New prompt tokens/s one fill worker fills (roofline, full steps; > 0); the measured
-        ``fill_token_capacity`` replaces it when the plant reports one.
-    fill_step_s : float
-        One full fill step (s, >= 0): the wait for the step in progress.
-    fill_chunk_tokens : float
-        New tokens of one request a fill step takes at most (its attention replica's share of the
-        step's token budget; default inf): a longer prompt needs ceil(tokens / chunk) steps.
-    kv_transfer_s : float
-        KV transfer of the nominal request (s, >= 0).
-    decode_pass_s : float
-        Decode pass time the batch cap aims at (s, > 0): the per-token time of a decoding sequence
-        (:func:`tokenfactory.controllers.batch_gate.pass_target_s`).
-    prompt_tokens : float
-        Nominal new prompt tokens of a request (> 0; converts the rate for fluid plants).
-    output_tokens : mapping or float
-        Expected output tokens per class name (or one number for every class; > 1).
-    classes : iterable of RequestClass
-        The classes and their SLOs (default :data:`tokenfactory.core.classes.DEFAULT_CLASSES`); the top
-        priority class is the protected one.
-    short_output_tokens : mapping or float, optional
-        Output tokens of a short request per class (its TPOT carries its ready wait over fewer
-        tokens): sets the decode-wait limit; default a quarter of ``output_tokens``.
-    ttft_fraction : float
-        Share of what a class's TTFT SLO leaves after the request's own fill alone that its
-        predicted TTFT may use ((0, 1]; default :data:`DEFAULT_TTFT_FRACTION`).
-    wait_target_fraction : float
-        Setpoint of the top class's fill wait and decode wait as a share of their limits
-        ((0, 1]; default 0.5).
-    fill_ki, decode_ki : float
-        Integral gains of the two limit corrections (1/s, >= 0; :func:`tune_slo_admission`).
-    filter_tau_s : float
-        Low-pass time constant of the measured waits (s, >= 0; default 0.5).
-    cached_token_cost : float
-        Fill cost of a cached prefix token relative to a new token (>= 0; default 0).
-    reserve_horizon_s : float
-        H, the time constant the reservation's demand estimate is filtered with (s, > 0; default
-        150 = start-up 120 s + warm-up 30 s of :class:`tokenfactory.plant_models.fleet.PoolDynamics`,
-        the pools' reconfiguration delay).
-    reserve_z : float
-        Quantile of the fill reservation (>= 0; default 2.33, 99 %; at most half of each step).
-    decode_reserve_z : float
-        Standard deviations above its mean of the top level's decode occupancy held for it
-        (>= 0; default 0, the mean: borrowed slots are taken back by preemption, so more only
-        turns lower-priority work away when there is room).
-    completion_z : float
-        Standard deviations of the Poisson completions over the prediction horizon kept in hand
-        in the decode prediction (>= 0; default 2: a request counts only on the completions that
-        come with 98 % probability - a TPOT SLO within 5 % of the pass time leaves a short
-        request almost no ready wait).
-    decode_reserve_s : float
-        How far below zero the decode-wait limit may be corrected (s of completions in hand,
-        >= 0; default 2).
-    gate_time_s : float, optional
-        h: the time the rate form (fluid plants) takes to fill the room (s; default the sample period).
-    fill_time_s : callable, optional
-        The request's own fill from the service model,
-        ``fill_time_s(new_tokens, cached_tokens, step_floor_s=0.0, step_tokens=None) -> s``
-        (:meth:`tokenfactory.plant_models.service.ServiceModel.request_fill_s`: its chunks, each
-        chunk's step including its attention over the context before it). With it the own fill
-        is the request's chunked fill alone on an idle fill pool, and in steps of the full budget
-        lasting at least the busy step on a busy one; a request whose fill alone already misses
-        its class's TTFT SLO is rejected at arrival (``infeasible_slo``, never deferred). None
-        (default): one full step per chunk.
+    config : SLOAdmissionConfig, optional
+        The gate's parameters (every field validated here, named ``slo_aware.FIELD``).
     batch_gate : BatchGate, optional
         A decode batch gate run at this controller's samples (its cap is returned with the
         admission actions); None (default): no batch control.
-    sample_period : float
-        Seconds between updates (> 0; default 0.25).
+    fill_time_s : callable, optional
+        The request's own fill from the service model,
+        ``fill_time_s(new_tokens, cached_tokens, step_floor_s=0.0, step_tokens=None) -> s``
+        (:meth:`tokenfactory.plant_models.service.ServiceModel.request_fill_s`). With it the own
+        fill is the request's chunked fill alone on an idle fill pool, and in steps of the full
+        budget lasting at least the busy step on a busy one; a request whose fill alone already
+        misses its class's TTFT SLO is rejected at arrival (``infeasible_slo``). None (default):
+        one full step per chunk.
+    **fields
+        :class:`SLOAdmissionConfig` fields, when no ``config`` is given.
     """
 
     name = "slo-aware"
 
-    def __init__(self, *, fill_token_rate: float, fill_step_s: float, kv_transfer_s: float, decode_pass_s: float,
-                 prompt_tokens: float, output_tokens: Mapping[str, float] | float,
-                 classes: Iterable[RequestClass] | None = None,
-                 short_output_tokens: Mapping[str, float] | float | None = None,
-                 ttft_fraction: float = DEFAULT_TTFT_FRACTION, wait_target_fraction: float = 0.5, fill_ki: float = 0.5,
-                 decode_ki: float = 0.2, filter_tau_s: float = 0.5, cached_token_cost: float = 0.0,
-                 reserve_horizon_s: float = 150.0, reserve_z: float = 2.33, decode_reserve_z: float = 0.0,
-                 completion_z: float = 2.0,
-                 decode_reserve_s: float = 2.0, gate_time_s: float | None = None,
-                 batch_gate=None, sample_period: float = 0.25, fill_chunk_tokens: float = math.inf,
-                 fill_time_s: Callable[..., float] | None = None):
+    def __init__(self, config: SLOAdmissionConfig | None = None, *, batch_gate=None,
+                 fill_time_s: Callable[..., float] | None = None, **fields):
+        if config is None:
+            config = SLOAdmissionConfig(**fields)
+        elif fields:
+            raise ConfigError(f"slo_aware.{next(iter(fields))}", "give a config or its fields, not both")
+        if not isinstance(config, SLOAdmissionConfig):
+            raise ConfigError("slo_aware.config", "must be an SLOAdmissionConfig")
+        if not isinstance(config.outer, MarginLoopConfig):
+            raise ConfigError("slo_aware.outer", "must be a MarginLoopConfig")
+        self.config = c = config
+        (fill_token_rate, fill_step_s, kv_transfer_s, decode_pass_s, prompt_tokens, output_tokens, classes,
+         short_output_tokens, ttft_fraction, wait_target_fraction, fill_ki, decode_ki, filter_tau_s,
+         cached_token_cost, reserve_horizon_s, reserve_z, decode_reserve_z, completion_z, decode_reserve_s,
+         gate_time_s, sample_period, fill_chunk_tokens) = (
+            c.fill_token_rate, c.fill_step_s, c.kv_transfer_s, c.decode_pass_s, c.prompt_tokens, c.output_tokens,
+            c.classes, c.short_output_tokens, c.ttft_fraction, c.wait_target_fraction, c.fill_ki, c.decode_ki,
+            c.filter_tau_s, c.cached_token_cost, c.reserve_horizon_s, c.reserve_z, c.decode_reserve_z,
+            c.completion_z, c.decode_reserve_s, c.gate_time_s, c.sample_period, c.fill_chunk_tokens)
+        check_number("slo_aware.sample_period", sample_period, low=0.0, low_inclusive=False)
         super().__init__(sample_period)
         w = "slo_aware"
         if fill_time_s is not None and not callable(fill_time_s):
@@ -238,6 +378,10 @@ class SLOAwareAdmission(SampledController):
         self.gate_time_s = sample_period if gate_time_s is None else check_number(
             f"{w}.gate_time_s", gate_time_s, low=0.0, low_inclusive=False)
         self.batch_gate = batch_gate
+        self.preempt_z = check_number(f"{w}.preempt_z", c.preempt_z, low=0.0)
+        self.prior_fill_workers = check_number(f"{w}.fill_workers", c.fill_workers, low=1.0)
+        self.prior_decode_slots = check_number(f"{w}.decode_slots", c.decode_slots, low=0.0)
+        self.outer = c.outer
         # limits of the top class: the fill wait may use its TTFT share less one step; the decode
         # wait what its TPOT leaves a short request of k tokens after its transfer, the wait to
         # join (up to JOIN_WAIT_PASSES passes) and k - 1 passes: (SLO - pass) (k - 1) - transfer - pass
@@ -248,6 +392,9 @@ class SLOAwareAdmission(SampledController):
                                         - self.kv_transfer_s - JOIN_WAIT_PASSES * p, 0.0) for n in names}
         self.fill_target = self.wait_target_fraction * self.fill_limit_max
         self.decode_target = self.wait_target_fraction * self.decode_limit_max[self.top]
+        # the decode wait a mean-length request tolerates: the outer margin's loosest decode limit
+        self.decode_limit_mean = {n: max((self.classes[n].slo_tpot_s - p) * (self.out[n] - 1.0)
+                                         - self.kv_transfer_s - JOIN_WAIT_PASSES * p, 0.0) for n in names}
         self.reset()
 
     def _per_class(self, field_name: str, v, low: float) -> dict[str, float]:
@@ -263,8 +410,10 @@ class SLOAwareAdmission(SampledController):
 
     # -- state ----------------------------------------------------------------------------
     def reset(self) -> None:
-        """Forget the plant: no measurement, empty ledger, no bias, nothing reserved."""
-        self.m: Measurement | None = None
+        """Forget the plant: the prior sample (empty plant at t = 0), empty ledger, no bias,
+        nothing reserved, the outer margins at their initial value."""
+        self.m: Measurement = self.prior()
+        self.measured = False
         self.ledger: deque = deque()     # (time, class, tokens) admitted and not yet in a measurement
         self.led_tokens = {n: 0.0 for n in self.classes}
         self.led_count = {n: 0 for n in self.classes}
@@ -280,8 +429,82 @@ class SLOAwareAdmission(SampledController):
         self.refused = {"fill": 0, "decode": 0}
         self.decisions = {"admit": 0, "defer": 0, "reject": 0}
         self.last_fill_wait = 0.0
+        self.margin = {n: float(self.outer.initial_margin) for n in self.classes}
+        self.slack = {n: deque(maxlen=self.outer.window) for n in self.classes}
+        self.refused_class = {n: 0 for n in self.classes}
+        self.outer_last_s = 0.0
+        self.outer_log: list = []
+        self._gate_target = None
         if self.batch_gate is not None:
             self.batch_gate.reset()
+
+    def prior(self) -> Measurement:
+        """The sample the gate predicts from before the plant's first: empty at t = 0, the pools it
+        was built for (no fail-open: the ledger counts everything admitted since)."""
+        mu = self.fill_token_rate * self.prior_fill_workers
+        return Measurement(time_s=0.0, backlog=0.0, fill_in_progress=0.0, ready=0.0, active_decodes=0.0,
+                           completion_rate=0.0, admitted_rate=0.0, decode_slots=self.prior_decode_slots,
+                           fill_capacity=mu / self.prompt_tokens, fill_workers=self.prior_fill_workers,
+                           fill_queued_tokens=0.0, fill_token_capacity=mu)
+
+    # -- the outer loop ---------------------------------------------------------------------
+    @property
+    def outcome_delay_s(self) -> float:
+        """Admission to outcome of the top class's mean request: its TTFT SLO plus its decode
+        time at the target pass (s) - the outer loop's delay."""
+        return self.classes[self.top].slo_ttft_s + self.out[self.top] * self.decode_pass_s
+
+    def observe(self, t: float, outcomes) -> None:
+        """Outcomes of admitted requests as they complete (the orchestrator streams their tokens):
+        ``(class, ttft_s, tpot_s)`` each. Their slack feeds the outer loop (module notes).
+
+        Parameters
+        ----------
+        t : float
+            Now (s).
+        outcomes : iterable of tuple
+            ``(class name, TTFT s, TPOT s)``.
+        """
+        for name, ttft, tpot in outcomes:
+            c = self.classes.get(name)
+            if c is None:
+                continue
+            self.slack[name].append(min(1.0 - ttft / c.slo_ttft_s, 1.0 - tpot / c.slo_tpot_s))
+
+    def _outer_update(self, t: float) -> None:
+        o = self.outer
+        if not o.enabled or t - self.outer_last_s < o.sample_period_s - 1e-9:
+            return
+        T = t - self.outer_last_s
+        self.outer_last_s = t
+        row = {"time_s": t}
+        for n in self.classes:
+            buf = self.slack[n]
+            if len(buf) >= o.min_samples:
+                y = _quantile(buf, o.quantile)
+                e = y - o.slack_target
+                if e < 0 or self.refused_class[n] > 0:  # relax only while it refuses (no windup)
+                    self.margin[n] = min(max(self.margin[n] + o.ki * T * e, -1.0), 1.0)
+                row[f"{n}:slack_q"] = y
+            row[f"{n}:margin"] = self.margin[n]
+            self.refused_class[n] = 0
+        self.outer_log.append(row)
+
+    def _knobs(self, name: str) -> tuple[float, float, float]:
+        """(TTFT share, completion z, preemption z) of class ``name`` at its margin."""
+        r = self.margin.get(name, 0.0)
+        f = self.ttft_fraction
+        if r >= 0:
+            return f + r * (1.0 - f), self.completion_z * (1.0 - r), self.preempt_z * (1.0 - r)
+        return f * (1.0 + 0.5 * r), self.completion_z * (1.0 - r), self.preempt_z * (1.0 - r)
+
+    def _decode_margin(self, name: str, limit: float) -> float:
+        """The decode-wait limit of class ``name`` moved by its margin: toward what a mean-length
+        request tolerates (r > 0) or further into completions in hand (r < 0)."""
+        r = self.margin.get(name, 0.0)
+        if r >= 0:
+            return limit + r * max(self.decode_limit_mean[name] - limit, 0.0)
+        return limit + r * self.decode_reserve_s
 
     # -- what the plant looks like now ----------------------------------------------------
     def _mu(self) -> float:
@@ -302,6 +525,19 @@ class SLOAwareAdmission(SampledController):
         tok = m.fill_queued_tokens if m.fill_queued_tokens == m.fill_queued_tokens else \
             m.fill_in_progress * self.prompt_tokens
         return tok, m.active_decodes, m.ready, m.fill_in_progress
+
+    def _slots(self) -> float:
+        """Decode slots as measured, at most the workers x the cap this gate's own batch gate has
+        commanded (a cap it set is in force before a measurement shows it)."""
+        m = self.m
+        slots = m.decode_slots
+        if self.batch_gate is not None and math.isfinite(self.batch_gate.cap):
+            workers = m.decode_workers if m.decode_workers == m.decode_workers else None
+            if workers is None and math.isfinite(m.decode_batch_cap) and m.decode_batch_cap > 0:
+                workers = slots / m.decode_batch_cap
+            if workers is not None:
+                slots = min(slots, workers * self.batch_gate.cap)
+        return slots
 
     def _pass_s(self) -> float:
         m = self.m
@@ -393,20 +629,26 @@ class SLOAwareAdmission(SampledController):
         horizon = ttft + self.kv_transfer_s
         # decode: the top level may take every slot (lower levels are preempted for it); a lower
         # level gets the slots the top level neither holds nor has reserved
-        slots = m.decode_slots
+        slots = self._slots()
         seq_top = pass_s * self.out[self.top]
         free_top = min(active[0], slots) / seq_top if seq_top > 0 else math.inf
         occ_top = max(occ[0] - free_top * age, 0.0)
+        name = a.request_class if a.request_class in self.classes else self.top
+        _, completion_z, preempt_z = self._knobs(name)
         if lvl == 0:
             occ_j, free_j, avail, seq_s = occ_top, free_top, slots, seq_top
         else:
             seq_s = pass_s * self.out.get(a.request_class, self.out[self.top])
-            avail = slots - max(occ_top, self.decode_reserve)
+            # the top level's occupancy over this request's decode time at the preempt_z quantile:
+            # the slots it borrows that the top level will take back are not counted on
+            n_top = max(self.top_rate_f or 0.0, 0.0) * seq_top
+            held = self.decode_reserve + preempt_z * math.sqrt(n_top) if n_top > 0 else self.decode_reserve
+            avail = slots - max(occ_top, held)
             free_j = min(active[1], max(avail, 0.0)) / seq_s if seq_s > 0 else math.inf
             occ_j = max(occ[1] - free_j * age, 0.0)
         ahead = occ_j + 1.0 - avail - free_j * horizon
         # completions are a Poisson stream: keep z standard deviations of them over the horizon in hand
-        ahead += self.completion_z * math.sqrt(free_j * (age + horizon)) if free_j < math.inf else 0.0
+        ahead += completion_z * math.sqrt(free_j * (age + horizon)) if free_j < math.inf else 0.0
         # the rate its wait drains at: every slot's completions for the top level; for a lower level
         # only the slots the top level leaves (what completes on the others goes to the top level
         # first - measured on azure-conv-2023 at 0.9x: with every slot's rate, admitted batch
@@ -432,9 +674,6 @@ class SLOAwareAdmission(SampledController):
             ``admit``; else ``defer`` (a deferrable class) or ``reject`` with
             ``predicted_slo_violation`` (TTFT) or ``decode_overloaded`` (ready wait).
         """
-        if self.m is None:  # no measurement yet: the plant is empty
-            self._admitted(t, a)
-            return ADMIT
         name = a.request_class if a.request_class in self.classes else self.top
         c = self.classes[name]
         solo = self.solo_fill_s(a)
@@ -445,16 +684,19 @@ class SLOAwareAdmission(SampledController):
         elapsed = max(t - a.arrived_s, 0.0)
         # the ttft_fraction margin covers the queue's uncertainty, not the request's own fill (known
         # from the service model): the SLO less (1 - fraction) of what its own fill leaves
-        ttft_ok = elapsed + ttft <= c.slo_ttft_s - (1.0 - self.ttft_fraction) * (c.slo_ttft_s - solo)
+        share = self._knobs(name)[0]
+        ttft_ok = elapsed + ttft <= c.slo_ttft_s - (1.0 - share) * (c.slo_ttft_s - solo)
         decode_limit = self.decode_limit_max[name]
         if name == self.top:
             ttft_ok = ttft_ok and self.last_fill_wait <= self.fill_limit()
             decode_limit = self.decode_limit()
+        decode_limit = self._decode_margin(name, decode_limit)
         if ttft_ok and wait <= decode_limit:
             self._admitted(t, a)
             return ADMIT
         reason = "predicted_slo_violation" if not ttft_ok else "decode_overloaded"
         self.refused["fill" if not ttft_ok else "decode"] += name == self.top
+        self.refused_class[name] += 1
         verdict = "defer" if c.deferrable and elapsed < c.max_defer_s else "reject"
         self.decisions[verdict] += 1
         return Decision(verdict, reason)
@@ -497,6 +739,8 @@ class SLOAwareAdmission(SampledController):
         """
         T = self.sample_period
         self.m = m
+        self.measured = True
+        self._outer_update(t)
         while self.ledger and self.ledger[0][0] <= m.time_s:  # now part of the measurement
             _, n, x = self.ledger.popleft()
             self.led_tokens[n] -= x
@@ -507,7 +751,7 @@ class SLOAwareAdmission(SampledController):
         cl = m.classes.get(self.top) if m.classes else None
         fill_wait = cl.predicted_wait_s if cl is not None else tok / mu
         seq_s = self._pass_s() * self.out[self.top]
-        slots = m.decode_slots
+        slots = self._slots()
         # the measured counterpart of the predicted decode wait, signed: sequences beyond the slots
         # (waiting) or short of them (spare, negative) over the slots' completion rate
         ready_wait = (act + rdy - slots) / (slots / seq_s) if slots > 0 and seq_s > 0 else 0.0
@@ -540,7 +784,16 @@ class SLOAwareAdmission(SampledController):
             self.decode_share = min(self.decode_reserve / slots, 1.0) if slots > 0 else 0.0
         out = [self.rate_action(t), ReserveAction(self.fill_share, self.decode_share, self.top)]
         if self.batch_gate is not None:
-            out.append(self.batch_gate.update(t, m))
+            g = self.batch_gate
+            if self._gate_target is None:
+                lo = g.initial_cap()
+                self._gate_target = (g.target_s, lo, max(g.max_batch, lo))
+            # the top class's margin moves the cap's target between the short-request bound (r <= 0)
+            # and a full KV batch (r = 1: memory only, as open admission), geometrically in the batch
+            t0, lo, hi = self._gate_target
+            r = max(self.margin[self.top], 0.0)
+            g.target_s = t0 if r == 0 else max(g.pass_time_s(lo * (hi / lo) ** r, g.nominal_context_tokens), t0)
+            out.append(g.update(t, m))
         return out
 
     def rate_action(self, t: float) -> AdmissionAction:
@@ -563,14 +816,14 @@ class SLOAwareAdmission(SampledController):
         ttft, wait = self.predict(t, nominal)
         mu = self._mu() / self.prompt_tokens
         seq_s = self._pass_s() * self.out[self.top]
-        full = m.decode_slots / seq_s if seq_s > 0 else math.inf
+        full = self._slots() / seq_s if seq_s > 0 else math.inf
         room_fill = (self.fill_limit() - self.last_fill_wait) * mu
         room_decode = (self.decode_limit() - wait) * full
         rate = max(min(mu + room_fill / h, full + room_decode / h), 0.0)
         return AdmissionAction(rate, rate * self.sample_period, "predicted_slo_violation")
 
     def params(self) -> dict:
-        return {"fill_token_rate": self.fill_token_rate, "fill_step_s": self.fill_step_s,
+        return {"config": self.config.to_dict(), "fill_token_rate": self.fill_token_rate, "fill_step_s": self.fill_step_s,
                 "fill_chunk_tokens": self.fill_chunk_tokens,
                 "kv_transfer_s": self.kv_transfer_s, "decode_pass_s": self.decode_pass_s,
                 "prompt_tokens": self.prompt_tokens, "output_tokens": self.out, "short_output_tokens": self.short_out,
@@ -723,3 +976,171 @@ def tune_slo_admission(theta_fill_s: float, theta_decode_s: float, gate_time_s: 
             raise ConfigError(f"tuning.{loop}", f"no tau_c up to {tau_c_factors[-1]} x theta meets GM >= "
                               f"{gm_floor} and PM >= {pm_floor_deg} deg over the envelope")
     return out
+
+
+def _quantile(values, q: float) -> float:
+    """The q-quantile of a small collection (linear between order statistics)."""
+    x = sorted(values)
+    if not x:
+        return math.nan
+    pos = q * (len(x) - 1)
+    i = int(math.floor(pos))
+    j = min(i + 1, len(x) - 1)
+    return x[i] + (pos - i) * (x[j] - x[i])
+
+
+# ------------------------------------------------------------------------------------------
+# the outer loop's linear model, tuning and separation
+
+#: slack quantile per unit of margin at the knee (the outer loop's plant gain K): moving the
+#: margin over its range [-1, 1] moves the admitted requests' 1 % slack quantile by about one SLO
+#: share where requests start to miss (an assumption the envelope's gain factors 0.25-4 cover;
+#: below the knee the gain is lower - nothing misses - and the loop only slows)
+MARGIN_GAIN = 0.5
+
+
+def margin_loop(ki: float, theta_s: float, window_s: float, *, gain: float = MARGIN_GAIN,
+                name: str = "outer margin") -> DelayedLoop:
+    """L(s) = ki K e^{-theta s} / (s (tau_w s + 1)): the integral correction of the margin, the
+    slack quantile responding with gain K after theta (admission to outcome plus half an outer
+    sample) and lagging by tau_w, half the span of the completions the quantile is taken over.
+
+    Parameters
+    ----------
+    ki : float
+        Integral gain (1/s).
+    theta_s : float
+        Delay from a margin change to its first outcomes (s).
+    window_s : float
+        Span of the quantile's window (s); tau_w = window_s / 2.
+    gain : float
+        K (default :data:`MARGIN_GAIN`).
+    name : str
+        The loop's name.
+
+    Returns
+    -------
+    DelayedLoop
+    """
+    return DelayedLoop(control.tf([ki * gain], [0.5 * window_s, 1.0, 0.0]), theta_s, name)
+
+
+@dataclass
+class MarginLoopTuning:
+    """The outer loop's tuning: delay, window, gain, ki, margins over the envelope.
+
+    Attributes
+    ----------
+    theta_s, window_s, gain, tau_c_s, ki : float
+        Delay, window span, plant gain, SIMC closed-loop time constant, integral gain.
+    nominal : Margins
+        Margins at the nominal point.
+    envelope : list of dict
+        Rows ``delay_factor``, ``gain_factor``, the verdict, margins, ``meets_floors``.
+    """
+
+    theta_s: float
+    window_s: float
+    gain: float
+    tau_c_s: float
+    ki: float
+    nominal: Margins
+    envelope: list = field(default_factory=list)
+
+    @property
+    def envelope_ok(self) -> bool:
+        """Every envelope point stable and meeting the floors."""
+        return all(r["meets_floors"] for r in self.envelope)
+
+    def loop(self) -> DelayedLoop:
+        """The nominal loop."""
+        return margin_loop(self.ki, self.theta_s, self.window_s, gain=self.gain)
+
+    def to_dict(self) -> dict:
+        """Plain figures (worst-case margins over the envelope included)."""
+        d = asdict(self)
+        d["nominal"] = self.nominal.to_dict()
+        d["envelope_ok"] = self.envelope_ok
+        d["worst_gm"] = min(r["gain_margin"] for r in self.envelope)
+        d["worst_pm_deg"] = min(abs(r["phase_margin_deg"]) for r in self.envelope)
+        d["worst_dm_s"] = min(r["delay_margin_s"] for r in self.envelope)
+        return d
+
+
+def tune_margin_loop(theta_s: float, window_s: float, *, gain: float = MARGIN_GAIN,
+                     delay_factors=(0.5, 1.0, 2.0), gain_factors=(0.25, 1.0, 4.0), gm_floor: float = 2.0,
+                     pm_floor_deg: float = 45.0,
+                     tau_c_factors=(1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)) -> MarginLoopTuning:
+    """SIMC for the outer loop: an integral controller on K e^{-theta s} / (tau_w s + 1), the lag
+    counted as delay (an I controller cannot cancel it; Skogestad 2003, the half rule's limit),
+    theta_eff = theta + tau_w, and ki = 1 / (K (tau_c + theta_eff)) (Table 1, integrating form),
+    tau_c the first multiple of theta_eff whose loop is stable with GM >= ``gm_floor`` and
+    |PM| >= ``pm_floor_deg`` at every (delay factor, gain factor) point of the envelope.
+
+    Parameters
+    ----------
+    theta_s : float
+        Delay from a margin change to its first outcomes (s, > 0).
+    window_s : float
+        Span of the quantile's window (s, >= 0).
+    gain : float
+        Nominal plant gain K.
+    delay_factors, gain_factors : sequence of float
+        The envelope.
+    gm_floor, pm_floor_deg : float
+        Margin floors.
+    tau_c_factors : sequence of float
+        Candidates (multiples of theta).
+
+    Returns
+    -------
+    MarginLoopTuning
+
+    Raises
+    ------
+    ConfigError
+        When no candidate meets the floors.
+    """
+    check_number("outer.theta_s", theta_s, low=0.0, low_inclusive=False)
+    check_number("outer.window_s", window_s, low=0.0)
+    check_number("outer.gain", gain, low=0.0, low_inclusive=False)
+    eff = theta_s + 0.5 * window_s
+    for f in tau_c_factors:
+        ki = 1.0 / (gain * (f * eff + eff))
+        rows = []
+        for d in delay_factors:
+            for k in gain_factors:
+                mg = stability_margins(margin_loop(ki, theta_s * d, window_s, gain=gain * k))
+                rows.append({"delay_factor": d, "gain_factor": k, **mg.to_dict(),
+                             "meets_floors": mg.meets(gm_floor, pm_floor_deg)})
+        if all(r["meets_floors"] for r in rows):
+            return MarginLoopTuning(theta_s, window_s, gain, f * eff, ki,
+                                    stability_margins(margin_loop(ki, theta_s, window_s, gain=gain)), rows)
+    raise ConfigError("outer.ki", f"no tau_c up to {tau_c_factors[-1]} x theta meets GM >= {gm_floor} and PM >= "
+                      f"{pm_floor_deg} deg over the envelope")
+
+
+def margin_separation(outer: MarginLoopTuning, fast: GateLoopTuning):
+    """Separation of the outer margin loop from the fast gate's fill-limit loop: the fast loop's
+    closed-loop bandwidth over the outer crossover, and the outer loop's margins with the fast
+    closed loop (Pade model of its delay) in series
+    (:func:`tokenfactory.controllers.separation.cascade_separation`).
+
+    Parameters
+    ----------
+    outer : MarginLoopTuning
+        The outer loop.
+    fast : GateLoopTuning
+        The fast gate's loop (``tune_slo_admission(...)["fill"]``).
+
+    Returns
+    -------
+    CascadePair
+    """
+    from tokenfactory.controllers.separation import cascade_separation, closed_loop, closed_loop_bandwidth
+
+    inner = slo_gate_loop(fast.ki, fast.theta_s, fast.gate_time_s, name="fast gate")
+    return cascade_separation("outer margin", outer.loop(), "fast gate", closed_loop(inner),
+                              inner_bandwidth_rad_s=closed_loop_bandwidth(inner),
+                              note="the margin acts on the gate's limits; the gate's fill-limit loop closes within "
+                                   "its bandwidth")

@@ -17,13 +17,18 @@ surge, and the gated decode batch cap.
     (ungated) against the same rule gated until its effect is observed, in the fluid plant and
     the request simulator: oscillation verdicts and margins before and after.
 (d) **Margins** of the SLO-aware admission's loops over their envelope and the describing-function
-    check of their saturations.
+    check of their saturations, and of its outer loop on outcomes with its separation from the
+    fast gate.
+(e) **Faults under overload** (issue 27): the load sweep's first trace at 1.3x and 2x with a fill
+    worker crash, a decode worker crash and a KV-link slowdown inside the replayed window, every
+    policy: conservation (completed + rejected + in flight = arrivals) and goodput per policy.
 
 Capacity. With the fitted roofline a DeepSeek-V3 decode worker on 8xH200 runs its full KV batch
-slower than a 0.1 s TPOT, so the capacity loads are multiples of is the bottleneck capacity at
-the SLO (:meth:`tokenfactory.replay.ReplaySetup.slo_capacity`: the decode pool at the batch whose
-pass time meets the SLO for the trace's short requests); the KV capacity the trace-replay study
-uses is reported next to it. Every policy runs with that batch cap (what an operator would
+slower than a 0.1 s TPOT, so the capacity loads are multiples of is the model's bottleneck
+capacity at the SLO of the simulated cluster (:meth:`tokenfactory.replay.ReplaySetup.capacity`:
+the decode pool at the batch whose pass time meets the SLO for the trace's short requests; the
+one place ``simulate --load`` takes it from too, which by default measures it); the KV capacity
+the trace-replay study uses is reported next to it. Every policy runs with that batch cap (what an operator would
 configure; the SLO-aware admission's gate then moves it with the live context). The Mooncake
 trace's 3 s arrival slots are spread uniformly over the slot (the recording hides what is below).
 
@@ -44,7 +49,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from tokenfactory.core.classes import BATCH, DEFAULT_CLASSES, INTERACTIVE
-from tokenfactory.controllers import assess, batch_gate_loop, predict_batch_cycle
+from tokenfactory.controllers import assess, batch_gate_loop, margin_separation, predict_batch_cycle
 from tokenfactory.plant_models import ClusterConfig, FluidParams, FluidPlant, LoopScenario, simulate, simulate_loop
 from tokenfactory.registry import (
     RECOMMENDED_ADMISSION,
@@ -52,6 +57,7 @@ from tokenfactory.registry import (
     batch_gate_for,
     batch_gate_tuning,
     build_admission,
+    margin_tuning,
     slo_admission_tuning,
     static_batch_cap,
 )
@@ -75,7 +81,7 @@ from tokenfactory.traces import (
 )
 from tokenfactory.core.validation import ConfigError, reject_unknown_keys
 
-__all__ = ["run", "POLICIES", "TRACES", "goodput_in_window", "surge_trace", "gate_before_after_fluid",
+__all__ = ["run", "POLICIES", "TRACES", "goodput_in_window", "surge_trace", "fault_events", "gate_before_after_fluid",
            "gate_before_after_des", "targets", "miss_causes"]
 
 #: admission policies compared (registry kinds), baselines first
@@ -87,7 +93,8 @@ COLLAPSE_TRACES = ("mooncake-conversation", "azure-conv-2023", "azure-code-2023"
 _LABEL = {"open": "open", "vllm-watermark": "vLLM watermark", "mooncake": "Mooncake early rejection",
           "mooncake-predictive": "Mooncake predictive rejection", "smoothed": "smoothed (previous)",
           RECOMMENDED_ADMISSION: "SLO-aware (new)"}
-_CONFIG_KEYS = {"full", "traces", "loads", "policies", "replay_s", "plant", "cluster", "surge", "gate", "seed"}
+_CONFIG_KEYS = {"full", "traces", "loads", "policies", "replay_s", "plant", "cluster", "surge", "gate", "faults",
+                "seed"}
 
 
 def _defaults(quick: bool, full: bool) -> dict[str, Any]:
@@ -104,6 +111,10 @@ def _defaults(quick: bool, full: bool) -> dict[str, Any]:
                   "after_s": 60.0 if quick else 120.0, "policies": ["open", "mooncake", RECOMMENDED_ADMISSION]},
         "gate": {"trace": "mooncake-conversation", "load": 1.6, "fluid_s": 300.0 if quick else 600.0,
                  "des_replay_s": 120.0 if quick else 240.0},
+        # (e) faults inside the replayed window, at these shares of it: a fill crash, a decode crash
+        # (back after restart_share of the window), a KV-link slowdown to link_factor x bandwidth
+        "faults": {"loads": [1.3, 2.0], "fill_crash_at": 0.2, "decode_crash_at": 0.5, "restart_share": 0.1,
+                   "link_at": 0.6, "link_share": 0.2, "link_factor": 0.5},
         "seed": 0,
     }
 
@@ -196,13 +207,20 @@ def _window(tr: pd.DataFrame, start_s: float, end_s: float) -> pd.DataFrame:
     return out
 
 
-def _for_load(tr: pd.DataFrame, setup, load: float, replay_s: float | None, slo_tpot_s: float) -> pd.DataFrame:
+def _capacity(setup, cluster: dict) -> tuple[float, str, float]:
+    """(capacity, bottleneck, batch cap) of the cluster the study simulates
+    (:meth:`tokenfactory.replay.ReplaySetup.capacity`: its pools, SLOs and classes)."""
+    c = setup.capacity(cluster)
+    return c.model_rps, c.bottleneck, c.batch_cap
+
+
+def _for_load(tr: pd.DataFrame, setup, load: float, replay_s: float | None, cluster: dict) -> pd.DataFrame:
     """The part of the trace that replays for about ``replay_s`` seconds at ``load`` (the whole trace
     for ``None`` or when shorter)."""
     if replay_s is None or tr.attrs.get("per_session_clock"):
         return tr
     rate = len(tr) / max(float(tr["arrival_s"].max()), 1e-9)
-    scale = load * setup.slo_capacity(slo_tpot_s)[0] / rate
+    scale = load * _capacity(setup, cluster)[0] / rate
     return _window(tr, 0.0, replay_s * scale)
 
 
@@ -366,9 +384,9 @@ def _surge(cfg: dict, quick: bool, report: StudyReport) -> dict:
     if tr.attrs.get("per_session_clock"):
         raise ConfigError("overload.surge.trace", "the surge needs a trace on one clock")
     setup = build_replay(tr, cfg["plant"])
-    cap = setup.slo_capacity(cfg["cluster"]["slo_tpot_s"])
-    runs, rows = {}, []
     cluster = {**cfg["cluster"], "classes": classes}
+    cap = _capacity(setup, cluster)
+    runs, rows = {}, []
     for surge in (False, True):
         st = surge_trace(tr, sc["interactive_load"] * cap[0], sc["batch_load"] * cap[0], sc["before_s"], sc["surge_s"],
                          sc["after_s"], surge=surge, seed=cfg["seed"])
@@ -532,9 +550,10 @@ def gate_before_after_des(tr: pd.DataFrame, setup, load: float, cluster: dict, r
     dict
         Per variant: series, verdicts, pass time, TPOT p99 and goodput.
     """
-    part = _for_load(tr, setup, load, replay_s, slo_tpot_s)
+    cl = {"slo_tpot_s": slo_tpot_s, **cluster}
+    part = _for_load(tr, setup, load, replay_s, cl)
     rate = len(part) / max(float(part["arrival_s"].max()), 1e-9)
-    scale = load * setup.slo_capacity(slo_tpot_s)[0] / rate
+    scale = load * _capacity(setup, cl)[0] / rate
     replay = scale_trace(part, scale)
     ctx = setup.context(slo_tpot_s=slo_tpot_s, class_outputs=class_outputs(replay))
     out = {}
@@ -630,7 +649,97 @@ def _margins(setup, cfg: dict, report: StudyReport) -> dict:
     # the gated loop's saturation check (the ungated one's cycle is in ungated_cycle)
     cyc = predict_batch_cycle(batch_gate_loop(gt.gain, gt.hold_s, gt.theta_s), 1.0)
     out["batch_gate"]["gated_cycle"] = cyc.to_dict() if cyc else None
+    # the outer loop on outcomes and its separation from the fast gate (fill-limit loop)
+    ot = margin_tuning(ctx, ctrl.outer, ctrl.outcome_delay_s)
+    sep = margin_separation(ot, tuning["fill"])
+    d = ot.to_dict()
+    out["outer"] = {"sample_period_s": ctrl.outer.sample_period_s, "ki": ot.ki, "tau_c_s": ot.tau_c_s, "theta_s": ot.theta_s, "window_s": ot.window_s,
+                    "gain": ot.gain, "envelope_ok": ot.envelope_ok, "nominal_gm": ot.nominal.gain_margin,
+                    "nominal_pm_deg": ot.nominal.phase_margin_deg, "nominal_dm_s": ot.nominal.delay_margin_s,
+                    "worst_gm": d["worst_gm"], "worst_pm_deg": d["worst_pm_deg"], "worst_dm_s": d["worst_dm_s"],
+                    "limit_cycle": None, "separation_ratio": sep.ratio, "pm_loss_deg": sep.pm_loss_deg,
+                    "inner_bandwidth_rad_s": sep.inner_bandwidth_rad_s,
+                    "outer_crossover_rad_s": sep.outer_crossover_rad_s, "with_fast_gate_stable": sep.real.stable}
     return out
+
+
+# ------------------------------------------------------------------------------------------
+# (e) faults under overload
+
+
+def fault_events(span_s: float, fc: dict) -> list[dict]:
+    """The fault case's events inside a replayed window of ``span_s`` seconds: fill worker 1 and
+    decode worker 0 crash (each back after ``restart_share`` of the window), then the KV links
+    slow down to ``link_factor`` x bandwidth.
+
+    Parameters
+    ----------
+    span_s : float
+        The replayed window (s).
+    fc : dict
+        ``fill_crash_at``, ``decode_crash_at``, ``restart_share``, ``link_at``, ``link_share``,
+        ``link_factor`` (shares of the window, and the bandwidth factor).
+
+    Returns
+    -------
+    list of dict
+        ``cluster.events`` tables.
+    """
+    restart = fc["restart_share"] * span_s
+    return [{"kind": "worker_crash", "at_s": fc["fill_crash_at"] * span_s, "pool": "fill", "index": 1,
+             "restart_s": restart},
+            {"kind": "worker_crash", "at_s": fc["decode_crash_at"] * span_s, "pool": "decode", "index": 0,
+             "restart_s": restart},
+            {"kind": "link_slowdown", "start_s": fc["link_at"] * span_s, "duration_s": fc["link_share"] * span_s,
+             "factor": fc["link_factor"]}]
+
+
+def _faults(cfg: dict, tr: pd.DataFrame, setup, name: str, synthetic: bool) -> dict:
+    """Every policy at the fault loads with :func:`fault_events` inside the replayed window."""
+    fc = cfg["faults"]
+    classes = DEFAULT_CLASSES
+    cluster = {**cfg["cluster"], "classes": classes}
+    cap = _capacity(setup, cluster)
+    rows = []
+    for load in fc["loads"]:
+        part = _for_load(tr, setup, load, cfg["replay_s"], cluster)
+        closed = bool(part.attrs.get("per_session_clock"))
+        rate = len(part) / max(float(part["arrival_s"].max()), 1e-9)
+        span = (cfg["replay_s"] or 1800.0) if closed else float(part["arrival_s"].max()) * rate / (load * cap[0])
+        events = fault_events(span, fc)
+        for policy in cfg["policies"]:
+            m, res = run_replay(part, setup, policy, cluster={**cluster, "events": events}, load=load,
+                                batch_cap="static", duration_s=(cfg["replay_s"] or 1800.0) if closed else None)
+            arr = res.records["arrival_s"]
+            window = float(arr.max() - arr.min()) if arr.notna().any() else 1.0
+            row = _row(name, load, policy, m, res, setup, cap, classes, window, synthetic)
+            row["conserved"] = m["requests"] == m["completed"] + m["rejected"] + m["in_flight_end"]
+            row["requeued"] = m.get("requeued")
+            row["events"] = len(events)
+            rows.append(row)
+    return {"rows": rows, "events": fault_events(1.0, fc)}
+
+
+def _fault_lines(f: dict) -> list[str]:
+    t = pd.DataFrame(f["rows"])
+    if not len(t):
+        return []
+    ok = bool(t["conserved"].all())
+    lines = [f"A fill worker crash, a decode worker crash and a KV-link slowdown inside each replayed window "
+             f"({t['trace'].iloc[0]}): every request ended completed, rejected with a reason or in flight in "
+             f"{int(t['conserved'].sum())} of {len(t)} runs" + ("." if ok else " - CONSERVATION FAILED."), "",
+             "| load | policy | goodput (tok/s) | SLO attainment | admitted | rejected | requeued | in flight |",
+             "|---|---|---|---|---|---|---|---|"]
+    for _, r in t.sort_values(["load", "policy"]).iterrows():
+        lines.append(f"| {r['load']:g}x | {_LABEL.get(r['policy'], r['policy'])} | {r['goodput_tokens_per_s']:.0f} | "
+                     f"{r['slo_attainment']:.3f} | {_fmt(r['slo_attainment_admitted'])} | {int(r['rejected'])} | "
+                     f"{int(r['requeued'] or 0)} | {int(r['in_flight_end'])} |")
+    for load, g in t.groupby("load"):
+        best = g.loc[g["goodput_tokens_per_s"].idxmax()]
+        lines.append("")
+        lines.append(f"At {load:g}x with faults the most goodput is {_LABEL.get(best['policy'], best['policy'])}'s "
+                     f"({best['goodput_tokens_per_s']:.0f} tokens/s).")
+    return lines
 
 
 # ------------------------------------------------------------------------------------------
@@ -840,9 +949,9 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         labels.append(name)
         setup = build_replay(tr, cfg["plant"])
         setups[name] = setup
-        cap = setup.slo_capacity(cfg["cluster"]["slo_tpot_s"])
+        cap = _capacity(setup, cluster)
         for load in cfg["loads"]:
-            part = _for_load(tr, setup, load, cfg["replay_s"], cfg["cluster"]["slo_tpot_s"])
+            part = _for_load(tr, setup, load, cfg["replay_s"], cluster)
             closed = bool(part.attrs.get("per_session_clock"))
             for policy in cfg["policies"]:
                 m, res = run_replay(part, setup, policy, cluster=cluster, load=load, batch_cap="static",
@@ -881,12 +990,20 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     # (d) margins of the new loops
     margin_setup = setups.get(COLLAPSE_TRACES[0]) or next(iter(setups.values()))
     margins = _margins(margin_setup, cfg, report)
+    # (e) faults under overload, on the sweep's first trace
+    fname = cfg["traces"][0]
+    ftr, fsyn = _load(fname, 1800.0 if not quick else 600.0, cfg["seed"])
+    faults = _faults(cfg, ftr, setups[fname], fname, fsyn)
+    report.save_table(pd.DataFrame(faults["rows"]), "faults_table.csv", "Faults under overload: every policy at the "
+                      "fault loads with a fill and a decode worker crash and a KV-link slowdown in the window.")
     tg = targets(table, surge["rows"], margins)
     metrics = {"rows": rows, "absent_traces": absent, "surge": surge["rows"], "margins": margins, "targets": tg,
+               "faults": faults,
                "gate": {k: {v: {x: y for x, y in d.items() if x != "series"} for v, d in g.items()}
                         for k, g in (("fluid", fluid), ("des", des))},
                "sweep_wall_seconds": sweep_wall}
     lines = _summary_lines(cfg, table, surge, fluid, des, margins, tg, absent, setups)
+    lines += ["", "## Faults under overload", "", *_fault_lines(faults)]
     mine = table[table["policy"] == RECOMMENDED_ADMISSION]
     for trace in labels:
         t = mine[mine["trace"] == trace]
@@ -943,7 +1060,7 @@ def _summary_lines(cfg, table, surge, fluid, des, margins, tg, absent, setups) -
               "(req/s, fill / decode) | KV capacity (req/s) | infeasible: TTFT / TPOT / any |",
               "|---|---|---|---|---|---|---|---|"]
     for name, s in setups.items():
-        cap = s.slo_capacity(c["slo_tpot_s"])
+        cap = _capacity(s, {**c, "classes": DEFAULT_CLASSES})
         own = service_capacity(s.costs, s.params, int(s.plant.fill_workers), int(s.plant.decode_workers), cap[2])
         svc = s.service
         mean_dec = s.plant.decode_workers * cap[2] / (svc.shape.output_tokens * svc.decode_pass_s(cap[2], svc.decode_context_tokens))
@@ -991,14 +1108,21 @@ def _summary_lines(cfg, table, surge, fluid, des, margins, tg, absent, setups) -
               "", "## Margins of the new loops", "",
               "| loop | envelope ok | worst GM | worst PM (deg) | worst DM (s) | nominal GM / PM / DM | DF limit cycle |",
               "|---|---|---|---|---|---|---|"]
-    for k in ("fill", "decode", "batch_gate"):
+    for k in ("fill", "decode", "batch_gate", "outer"):
         mg = margins[k]
         cyc = mg.get("limit_cycle") if k != "batch_gate" else mg.get("gated_cycle")
         lines.append(f"| {k} | {mg['envelope_ok']} | {mg['worst_gm']:.2f} | {mg['worst_pm_deg']:.0f} | {mg['worst_dm_s']:.2f} | "
                      f"{mg['nominal_gm']:.2f} / {mg['nominal_pm_deg']:.0f} / {mg['nominal_dm_s']:.2f} | "
                      f"{'none' if not cyc else 'period %.1f s' % cyc['period_s']} |")
     bg = margins["batch_gate"]
+    og = margins["outer"]
     lines.append("")
+    lines.append(f"The outer loop on outcomes (margin, every {og['sample_period_s']:g} s; ki {og['ki']:.4f}/s, theta "
+                 f"{og['theta_s']:.0f} s, window {og['window_s']:.0f} s) crosses over at {og['outer_crossover_rad_s']:.4f} "
+                 f"rad/s, {og['separation_ratio']:.0f} x below the fast gate's closed-loop bandwidth "
+                 f"({og['inner_bandwidth_rad_s']:.2f} rad/s); the fast gate in series costs it "
+                 f"{og['pm_loss_deg']:.1f} deg of phase margin and it stays "
+                 f"{'stable' if og['with_fast_gate_stable'] else 'UNSTABLE'}.")
     lines.append(f"The ungated batch rule (gain 1 every sample) is {'stable' if bg['ungated_stable'] else 'unstable'} by the "
                  "Nyquist count" + (f"; the describing function of the cap's saturation predicts a cycle of period "
                                     f"{bg['ungated_cycle']['period_s']:.1f} s" if bg["ungated_cycle"] else "") + ".")

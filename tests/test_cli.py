@@ -85,20 +85,23 @@ def test_simulate_with_an_autoscaler_and_a_baseline_admission(tmp_path, capsys):
 
 
 def test_simulate_load_is_a_multiple_of_the_capacity_from_each_requests_cost(tmp_path):
-    """``simulate --load X`` replays at X times the capacity at the SLO that the overload study
-    uses: the pools' capacity from the mean of each request's own service cost."""
+    """``simulate --load X --capacity model`` replays at X times the model's capacity at the SLO
+    that the overload study uses: the pools' capacity from the mean of each request's own service
+    cost, for the simulated cluster (recorded in metrics.json)."""
     import pandas as pd
 
     from tokenfactory.replay import build_replay, request_costs, service_capacity
     from tokenfactory.traces import SyntheticWorkload, generate_requests
 
     assert main(["simulate", "--trace", "synthetic", "--duration", "5m", "--load", "0.5", "--admission", "open",
-                 "--no-progress", "--out", str(tmp_path)]) == 0
+                 "--capacity", "model", "--no-progress", "--out", str(tmp_path)]) == 0
     m = json.loads((tmp_path / "metrics.json").read_text())
     trace = generate_requests(SyntheticWorkload(seed=0), 300.0)
     setup = build_replay(trace)
     own = service_capacity(request_costs(trace, setup.params), setup.params, 2, 1, m["slo_batch_cap"])
+    assert m["slo_capacity_source"] == "model" and m["measured_capacity_rps"] is None
     assert m["slo_capacity_rps"] == pytest.approx(min(own.values()), rel=1e-9)
+    assert m["capacity"]["cluster"]["fill_workers"] == 2 and m["capacity"]["cluster"]["decode_workers"] == 1
     rec = pd.read_csv(tmp_path / "requests.csv")
     rate = len(rec) / rec["arrival_s"].max()
     assert rate == pytest.approx(0.5 * m["slo_capacity_rps"], rel=0.02)
@@ -128,3 +131,24 @@ def test_simulate_prints_every_verdict_the_metrics_hold():
     assert _verdicts(m) == [("ready_oscillation", False, ""), ("oscillating", False, ""),
                             ("pools.decode", True, "period 40 s"), ("pools.decode churning", True, "period 40 s"),
                             ("pools.fill flapping", False, "")]
+
+
+def test_simulate_load_one_is_the_knee_of_the_scenarios_own_cluster(tmp_path):
+    """Issue 27: ``--load`` multiplies the capacity of the cluster the scenario simulates (4 + 4
+    workers here, not the default 2 + 1), measured by bisection under open admission and cached
+    on disk: at ``--load 1`` open admission sits at the knee (SLO attainment 0.95-0.995), and a
+    second run reads the cache."""
+    sc = tmp_path / "s.toml"
+    sc.write_text("[cluster]\nfill_workers = 4\ndecode_workers = 4\n")
+    argv = ["simulate", "--scenario", str(sc), "--trace", "synthetic", "--duration", "3m", "--load", "1",
+            "--admission", "open", "--no-progress", "--capacity-cache", str(tmp_path / "cache")]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0
+    m = json.loads((tmp_path / "a" / "metrics.json").read_text())
+    cap = m["capacity"]
+    assert cap["cluster"]["fill_workers"] == 4 and cap["cluster"]["decode_workers"] == 4
+    assert m["slo_capacity_source"] == "measured" and not cap["measured"]["cached"]
+    assert 0.95 <= m["slo_attainment"] <= 0.995
+    assert m["requests"] == m["completed"] + m["rejected"] + m["in_flight_end"]
+    assert main([*argv, "--out", str(tmp_path / "b")]) == 0
+    again = json.loads((tmp_path / "b" / "metrics.json").read_text())["capacity"]
+    assert again["measured"]["cached"] and again["measured_rps"] == cap["measured_rps"]

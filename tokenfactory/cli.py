@@ -14,6 +14,7 @@ import json
 import math
 import os
 import sys
+from pathlib import Path
 from collections.abc import Sequence
 
 from tokenfactory.core.validation import ConfigError
@@ -495,18 +496,20 @@ def _cmd_simulate(args) -> int:
                         autoscalers=scalers,
                         admission_params=params, batch_cap=None if batch_cap == "none" else batch_cap,
                         envelope=sc.envelope if sc else None, duration_s=sim.get("duration_s"),
-                        admission_where="controller")
+                        admission_where="controller", capacity=args.capacity, capacity_cache=args.capacity_cache)
     tag = admission + (f"-{args.autoscaler}" if args.autoscaler else "") + (
         f"-{Path(args.control_plane).stem}" if args.control_plane else "")
     stem = Path(args.trace).stem.replace(':', '-') + ("-synthetic-standin" if trace_name != args.trace else "")
     out = Path(args.out or Path("reports") / "simulate" / f"{stem}-{tag}")
     out.mkdir(parents=True, exist_ok=True)
-    slo_cap = setup.slo_capacity(res.config["cluster"]["slo_tpot_s"])
+    cap = m["capacity"]  # of the simulated cluster (its pools, SLOs, classes; events excluded)
     (out / "metrics.json").write_text(json.dumps(to_jsonable({
         **m, "config": res.config, "trace": args.trace if trace_name == args.trace else
         f"synthetic stand-in for {args.trace}", "scenario": sc.name if sc else None,
-        "bottleneck": setup.bottleneck, "capacity_rps": setup.capacity_rps,
-        "slo_capacity_rps": slo_cap[0], "slo_bottleneck": slo_cap[1], "slo_batch_cap": slo_cap[2]}), indent=2) + "\n")
+        "bottleneck": cap["bottleneck"], "capacity_rps": cap["kv_rps"],
+        "slo_capacity_rps": cap["rps"], "slo_capacity_source": cap["source"],
+        "model_capacity_rps": cap["model_rps"], "measured_capacity_rps": cap["measured_rps"],
+        "slo_bottleneck": cap["bottleneck"], "slo_batch_cap": cap["batch_cap"]}), indent=2) + "\n")
     res.records.to_csv(out / "requests.csv", index=False)
     res.series.to_csv(out / "series.csv", index=False)
     res.actions.to_csv(out / "actions.csv", index=False)
@@ -515,11 +518,16 @@ def _cmd_simulate(args) -> int:
             "prefix_hit_ratio", "gpu_hours", "actions_per_hour", "wall_seconds",
             "sim_requests_per_wall_s")
     _print_table({k: m[k] for k in keys if m.get(k) is not None})
+    print(f"capacity at the SLO of {cap['cluster']['fill_workers']} fill + {cap['cluster']['decode_workers']} decode: "
+          f"model {cap['model_rps']:.3f} req/s ({cap['bottleneck']}-bound, batch cap {cap['batch_cap']:.0f})"
+          + (f", measured {cap['measured_rps']:.3f} req/s (open admission at {cap['measured']['target_attainment']:.3f} "
+             f"SLO attainment)" if cap["measured_rps"] is not None else "")
+          + (f"; --load {m['load']:g} = {m['load'] * cap['rps']:.3f} req/s" if m["load"] is not None else ""))
     for name, cm in m["classes"].items():
         print(f"class {name}: {cm['requests']} requests, SLO attainment {cm['slo_attainment']:.3f} "
               f"(admitted {cm['slo_attainment_admitted'] if cm['slo_attainment_admitted'] is not None else float('nan'):.3f}), "
               f"{cm['rejected']} rejected, {cm['deferred']} deferred")
-    _simulate_answer(setup, m, res, slo_cap, args.trace if trace_name == args.trace
+    _simulate_answer(setup, m, res, args.trace if trace_name == args.trace
                      else f"synthetic stand-in for {args.trace}")
     print(f"wrote {out}/ (metrics.json, requests.csv, series.csv, actions.csv)")
     return 0
@@ -550,15 +558,17 @@ def _verdicts(metrics: dict, prefix: str = "") -> list[tuple[str, bool, str]]:
     return found
 
 
-def _simulate_answer(setup, m: dict, res, slo_cap: tuple, trace_label: str) -> None:
-    """The plain answer of a replay: the cluster that ran, capacity at the SLO, the workers the
-    trace's peak needs, the batch cap as a vLLM flag, and every oscillation or churn verdict."""
-    from tokenfactory.replay import service_capacity
+def _simulate_answer(setup, m: dict, res, trace_label: str) -> None:
+    """The plain answer of a replay: the cluster that ran, capacity at the SLO (``m["capacity"]``, of
+    the simulated cluster), the workers the trace's peak needs, the batch cap as a vLLM flag, and
+    every oscillation or churn verdict."""
     from tokenfactory.studies.report import human, vllm_batch_flag
 
     cl = res.config["cluster"]
+    cap = m["capacity"]
     fw, dw = setup.service.fill_worker, setup.service.decode_worker
-    nf, nd = int(setup.plant.fill_workers), int(setup.plant.decode_workers)
+    nf = int(cap["cluster"].get("fill_workers", cl["fill_workers"]))
+    nd = int(cap["cluster"].get("decode_workers", cl["decode_workers"]))
 
     def worker(w) -> str:
         p = w.parallelism
@@ -570,10 +580,10 @@ def _simulate_answer(setup, m: dict, res, slo_cap: tuple, trace_label: str) -> N
                      for c in classes if isinstance(c, dict)) or \
         f"TTFT <= {human(cl['slo_ttft_s'])} s, TPOT <= {human(cl['slo_tpot_s'])} s"
     print(f"cluster: {pools}; SLOs {slos}")
-    cap_rps, neck, batch = slo_cap
-    print(f"capacity at the SLO: {human(cap_rps)} req/s ({neck}-bound) with the decode batch cap at {batch:.0f} "
-          f"sequences per worker - vLLM {vllm_batch_flag(batch)}")
-    per = service_capacity(setup.costs, setup.params, nf, nd, batch)
+    batch = float(cap["batch_cap"])
+    print(f"capacity at the SLO: {human(cap['rps'])} req/s ({cap['bottleneck']}-bound, {cap['source']}) with the "
+          f"decode batch cap at {batch:.0f} sequences per worker - vLLM {vllm_batch_flag(batch)}")
+    per = {"fill": cap["fill_rps"], "decode": cap["decode_rps"]}
     arr = res.records["arrival_s"].dropna().to_numpy()
     if len(arr):
         window = 60.0 if arr.max() - arr.min() >= 600 else max((arr.max() - arr.min()) / 10, 1.0)
@@ -670,8 +680,16 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--trace", required=True, help="registered name, path, or 'synthetic'")
     sm.add_argument("--scale", type=float, default=None, help="replay x times faster (default 1)")
     sm.add_argument("--load", type=float, default=None,
-                    help="offered load as a multiple of the cluster's bottleneck capacity at the TPOT SLO at the "
-                         "trace's own request shape (instead of --scale; closed sessions need it)")
+                    help="offered load as a multiple of the simulated cluster's capacity at the SLO (instead of "
+                         "--scale; closed sessions need it): by default the capacity measured by bisection under "
+                         "open admission (cached in --capacity-cache), see --capacity")
+    sm.add_argument("--capacity", choices=["measured", "model"], default="measured",
+                    help="what --load multiplies: 'measured' (open admission at the knee, bisection in the request "
+                         "simulator on the cluster without its events) or 'model' (the model's estimate, no runs); "
+                         "both are recorded in metrics.json")
+    sm.add_argument("--capacity-cache", dest="capacity_cache", default=str(Path("reports") / "cache"),
+                    help="folder of the measured capacities (one JSON per trace, plant and cluster; default "
+                         "reports/cache)")
     sm.add_argument("--scenario", default=None,
                     help="TOML with [plant], [cluster], [classes], [controller], [envelope], [simulation]; every "
                          "field is used or rejected by name")

@@ -157,6 +157,10 @@ class DecodeStage:
             rec.completion_s[i] = now
             rec.stage[i] = Stage.COMPLETED
             c_dec[cls[i]] -= 1
+        if self.observer is not None:
+            arr, first, names, out = rec.arrival_s, rec.first_token_s, self.class_names, self.out
+            self.observer(now, [(names[cls[i]], first[i] - arr[i], (now - first[i]) / max(out[i] - 1, 1))
+                                for i in done])
         k = len(done)
         self.completed += k
         self.completed_since += k

@@ -156,6 +156,9 @@ class Simulator(FillStage, DecodeStage, AggregatedStage, FleetControl, Monitor):
         self.held: deque = deque()  # deferred requests (stale entries skipped: stage tells)
         self.fill_reserve = 0.0     # share of each fill step held for the top priority level
         self.gate = getattr(controller, "decide", None) if controller is not None else None
+        # an arrival gate may also hear the outcomes of the requests it admitted (the orchestrator
+        # streams their tokens): ``observe(t, [(class, ttft_s, tpot_s), ...])`` at completion
+        self.observer = getattr(controller, "observe", None) if controller is not None else None
         self.idle_fill = IdleWorkers()
         self.idle_decode = IdleWorkers()
         self.idle_agg = IdleWorkers()

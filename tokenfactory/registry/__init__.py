@@ -21,6 +21,7 @@ are rejected with their name.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Mapping
@@ -41,7 +42,15 @@ from tokenfactory.controllers.autoscaling import (
 from tokenfactory.controllers.autotune import StabilityEnvelope, TuningReport, tune_smoothed_admission
 from tokenfactory.controllers.batch_gate import BatchGate, largest_batch, pass_target_s, tune_batch_gate
 from tokenfactory.controllers.early_rejection import EarlyRejection, WatermarkAdmission
-from tokenfactory.controllers.slo_admission import DEFAULT_TTFT_FRACTION, SLOAwareAdmission, tune_slo_admission
+from tokenfactory.controllers.slo_admission import (
+    DEFAULT_TTFT_FRACTION,
+    MarginLoopConfig,
+    MarginLoopTuning,
+    SLOAdmissionConfig,
+    SLOAwareAdmission,
+    tune_margin_loop,
+    tune_slo_admission,
+)
 from tokenfactory.controllers.reconfiguration import HystereticPoolController, measured_need_noise
 from tokenfactory.controllers.control_stack import ControlStack, StackLayer
 from tokenfactory.controllers.tuning import PIGains, simc_pi
@@ -53,7 +62,7 @@ from tokenfactory.core.validation import ConfigError, check_choice, check_number
 __all__ = ["PlantContext", "ControllerKind", "register", "ADMISSION_KINDS", "AUTOSCALER_KINDS",
            "CONTROL_PLANES", "build_admission", "build_autoscalers", "control_plane", "admission_kinds",
            "autoscaler_kinds", "smoothed_admission", "TARGET_UTILIZATION", "BASELINE_STACKS", "baseline_stack",
-           "slo_aware_admission", "slo_admission_tuning", "batch_gate_for", "static_batch_cap", "batch_gate_tuning",
+           "slo_aware_admission", "slo_admission_tuning", "margin_tuning", "batch_gate_for", "static_batch_cap", "batch_gate_tuning",
            "RECOMMENDED_ADMISSION", "DEFAULT_TPOT_FRACTION"]
 
 #: the admission kind tokenfactory recommends (``simulate`` uses it when ``--admission`` is omitted)
@@ -539,8 +548,11 @@ def slo_aware_admission(ctx: PlantContext, p: Mapping[str, Any] | None = None,
         ``sample_period_s`` (0.25), ``ttft_fraction`` (0.9), ``wait_target_fraction`` (0.5),
         ``tpot_fraction`` (:data:`DEFAULT_TPOT_FRACTION`), ``filter_tau_s`` (0.5),
         ``reserve_horizon_s`` (start-up + warm-up of ``ctx.dynamics``), ``reserve_z`` (2.33),
-        ``completion_z`` (2), ``decode_reserve_z`` (0),
-        ``batch_gate`` (True), ``fill_ki``, ``decode_ki`` (default: tuned).
+        ``completion_z`` (2), ``decode_reserve_z`` (0), ``preempt_z`` (1),
+        ``batch_gate`` (True), ``fill_ki``, ``decode_ki`` (default: tuned), ``outer`` (a table of
+        :class:`~tokenfactory.controllers.slo_admission.MarginLoopConfig` fields; its ``ki``
+        default: :func:`margin_tuning`). The prior sample (no fail-open) has ``ctx.fill_workers``
+        and ``ctx.decode_workers`` x the static cap's slots.
     where : str
         Field path for error messages.
 
@@ -579,7 +591,12 @@ def slo_aware_admission(ctx: PlantContext, p: Mapping[str, Any] | None = None,
         ttft_fraction * top.slo_ttft_s - step, 0.0), step, transfer)
     tuning = _slo_tuning(round(theta_fill, 6), round(theta_decode, 6), round(T, 6))
     gate = batch_gate_for(ctx, {"tpot_fraction": frac, "sample_period_s": T}) if p.get("batch_gate", True) else None
-    return SLOAwareAdmission(
+    # no fail-open: the prior sample's pools (decode slots at the static cap of the nominal context)
+    kv_slots = float(svc.decode_slots) if svc is not None else float(fp.decode_slots_per_worker)
+    slots = ctx.decode_workers * min(kv_slots, static_batch_cap(ctx, frac))
+    outer = _margin_config(ctx, p.get("outer"), mean_out[top.name] * _pass_target(ctx, frac) + top.slo_ttft_s,
+                           f"{where}.outer")
+    cfg = SLOAdmissionConfig(
         fill_token_rate=token_rate, fill_step_s=step, kv_transfer_s=transfer, decode_pass_s=_pass_target(ctx, frac),
         prompt_tokens=prompt, output_tokens=mean_out, short_output_tokens=short_out, classes=tuple(classes.values()),
         ttft_fraction=ttft_fraction, wait_target_fraction=wait_fraction,
@@ -587,8 +604,55 @@ def slo_aware_admission(ctx: PlantContext, p: Mapping[str, Any] | None = None,
         filter_tau_s=filt, cached_token_cost=cached_cost, fill_chunk_tokens=chunk,
         reserve_horizon_s=p.get("reserve_horizon_s", ctx.dynamics.startup_s + ctx.dynamics.warmup_s),
         reserve_z=p.get("reserve_z", 2.33), completion_z=p.get("completion_z", 2.0),
-        decode_reserve_z=p.get("decode_reserve_z", 0.0), batch_gate=gate,
-        sample_period=T, fill_time_s=svc.request_fill_s if svc is not None else None)
+        decode_reserve_z=p.get("decode_reserve_z", 0.0), preempt_z=p.get("preempt_z", 1.0), sample_period=T,
+        fill_workers=float(max(ctx.fill_workers, 1)), decode_slots=float(slots), outer=outer)
+    return SLOAwareAdmission(cfg, batch_gate=gate, fill_time_s=svc.request_fill_s if svc is not None else None)
+
+
+_MARGIN_KEYS = ("sample_period_s", "ki", "quantile", "slack_target", "window", "min_samples", "initial_margin",
+                "enabled")
+
+
+def _margin_window_s(ctx: PlantContext, window: int) -> float:
+    """Span of the outer loop's window: ``window`` completions at the plant's demand (or its
+    fill capacity when the demand is unknown)."""
+    rate = ctx.rate_rps if ctx.rate_rps else ctx.plant.fill_capacity
+    return window / max(float(rate), 1e-3)
+
+
+def margin_tuning(ctx: PlantContext, outer: MarginLoopConfig, outcome_delay_s: float) -> MarginLoopTuning:
+    """The outer loop's SIMC tuning and margins (:func:`tokenfactory.controllers.slo_admission.tune_margin_loop`)
+    for a plant: theta = half an outer sample + the top class's TTFT SLO and decode time of its
+    mean request (admission to outcome), the window's span at the plant's demand.
+
+    Parameters
+    ----------
+    ctx : PlantContext
+        The plant.
+    outer : MarginLoopConfig
+        The loop's configuration.
+    outcome_delay_s : float
+        Admission to outcome of the top class's mean request (s).
+
+    Returns
+    -------
+    MarginLoopTuning
+    """
+    return _margin_tuning(round(0.5 * outer.sample_period_s + outcome_delay_s, 3),
+                          round(_margin_window_s(ctx, outer.window), 3))
+
+
+@functools.lru_cache(maxsize=64)
+def _margin_tuning(theta: float, window_s: float) -> MarginLoopTuning:
+    return tune_margin_loop(theta, window_s)
+
+
+def _margin_config(ctx: PlantContext, p, outcome_delay_s: float, where: str) -> MarginLoopConfig:
+    p = dict(p or {})
+    reject_unknown_keys(where, p, _MARGIN_KEYS)
+    base = MarginLoopConfig(**{k: v for k, v in p.items() if k != "ki"})
+    ki = p.get("ki", margin_tuning(ctx, base, outcome_delay_s).ki)
+    return dataclasses.replace(base, ki=ki)
 
 
 def _watermark(ctx: PlantContext, p: dict) -> WatermarkAdmission:
@@ -616,7 +680,8 @@ def _mooncake(predictive: bool) -> Callable[[PlantContext, dict], EarlyRejection
 _SMOOTHED_KEYS = ("sample_period_s", "filter_tau_s", "service_filter_tau_s", "safety_z", "backlog_bound_s",
                   "kc", "ti", "target_ready")
 _SLO_KEYS = ("sample_period_s", "ttft_fraction", "wait_target_fraction", "tpot_fraction", "filter_tau_s",
-             "reserve_horizon_s", "reserve_z", "completion_z", "decode_reserve_z", "batch_gate", "fill_ki", "decode_ki")
+             "reserve_horizon_s", "reserve_z", "completion_z", "decode_reserve_z", "preempt_z", "batch_gate", "fill_ki",
+             "decode_ki", "outer")
 register(ControllerKind("open", "admission", "no admission control: every arrival enters the fill queue",
                         _open, baseline=True))
 register(ControllerKind("naive", "admission", "completion-triggered admission (section 18's naive loop)", _naive,
