@@ -21,7 +21,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 TOUR = re.search(r"## Quick tour\n.*?```sh\n(.*?)```", README, re.S).group(1)
-COMMANDS = [line.split("  #")[0].strip() for line in TOUR.splitlines() if line.strip()]
+COMMANDS = [line.split("  #")[0].strip() for line in TOUR.splitlines()
+            if line.strip() and not line.strip().startswith("#")]   # a comment line continues the one above
 HEAVY = ("study ", "simulate ")   # minutes on two cores
 
 
