@@ -991,8 +991,10 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     margin_setup = setups.get(COLLAPSE_TRACES[0]) or next(iter(setups.values()))
     margins = _margins(margin_setup, cfg, report)
     # (e) faults under overload, on the sweep's first trace
-    fname = cfg["traces"][0]
-    ftr, fsyn = _load(fname, 1800.0 if not quick else 600.0, cfg["seed"])
+    fname = labels[0]   # the sweep's first trace, or the stand-in run for it
+    ftr, fsyn = _load(cfg["traces"][0], 1800.0 if not quick else 600.0, cfg["seed"])
+    if fsyn:
+        ftr.attrs["name"] = fname
     faults = _faults(cfg, ftr, setups[fname], fname, fsyn)
     report.save_table(pd.DataFrame(faults["rows"]), "faults_table.csv", "Faults under overload: every policy at the "
                       "fault loads with a fill and a decode worker crash and a KV-link slowdown in the window.")
