@@ -26,6 +26,16 @@ Indices and their published thresholds:
 Verdict (documented rule): ``oscillating`` when the amplitude is at least ``min_amplitude`` and
 r > 1 and at least one of (R > 0.5, h > 0.4). Regularity alone (r) separates oscillation from
 noise; the second index guards against a regular but decaying transient.
+
+One verdict for a whole run (:func:`judge_actuators`, what every plant's result reports as
+``oscillating``): the detectors on every actuator the controllers move - the provisioned size of
+each pool, the decode batch cap, the fill reservation, the admission rate - and on the buffers
+(ready requests, queued prefill tokens), plus a **churn** verdict on the pool-scale actions:
+more than :data:`CHURN_REVERSALS_PER_HOUR` reversals (a move undoing the previous move's
+direction on the same pool, by at least :data:`CHURN_MIN_STEP` of the pool) per hour of one pool,
+and more than :data:`CHURN_MIN_REVERSALS` in all, beyond the turns of the demand itself (its
+10-minute mean moving back by a tenth: a pool that follows its demand reverses where it turns). The
+regular-cycle detectors need a period; churn needs none, so it catches irregular flapping.
 """
 
 from __future__ import annotations
@@ -48,6 +58,13 @@ __all__ = [
     "hagglund_detections",
     "first_harmonic_amplitude",
     "assess",
+    "ActuatorVerdict",
+    "judge_actuators",
+    "CHURN_REVERSALS_PER_HOUR",
+    "CHURN_MIN_REVERSALS",
+    "CHURN_MIN_STEP",
+    "POOL_MIN_AMPLITUDE",
+    "RELATIVE_MIN_AMPLITUDE",
 ]
 
 THORNHILL_R = 1.0
@@ -55,6 +72,27 @@ DECAY_RATIO = 0.5
 FORSMAN_H = 0.4
 SPECTRAL_FRACTION = 0.5
 HAGGLUND_N_LIM = 10
+
+#: Churn bound on pool moves (reversals per hour). Why 2: a pool that follows its demand
+#: reverses where the demand turns - twice a day for a daily cycle, twice per burst it follows up
+#: and back down - and every reversal costs a start-up (GPU time billed without service). One
+#: burst followed per hour is two reversals; a controller that reverses more often than that is
+#: answering noise or its own delayed measurements, not the demand. This is also issue 21's
+#: target for the pool controller (reversals/h <= 2).
+CHURN_REVERSALS_PER_HOUR = 2.0
+#: ... and at least this many reversals before a run is called churning: one up-and-down-and-up
+#: (two reversals) in a short run is one followed burst, not churn.
+CHURN_MIN_REVERSALS = 2
+#: a reversing move counts toward churn when it moves at least this share of the pool (and one
+#: worker): the same ripple threshold as :data:`RELATIVE_MIN_AMPLITUDE`
+CHURN_MIN_STEP = 0.1
+#: a pool follows its demand's mean over this window (s): what is faster, no start-up can follow
+DEMAND_SMOOTHING_S = 600.0
+#: pool-size swings below a quarter worker are not flapping (workers)
+POOL_MIN_AMPLITUDE = 0.25
+#: swings of a continuous actuator (batch cap, reservation, admission rate) below this share of
+#: its mean level are ripple, not a cycle
+RELATIVE_MIN_AMPLITUDE = 0.1
 
 
 def _prepare(x, dt: float) -> np.ndarray:
@@ -425,3 +463,236 @@ def assess(signal, dt: float, *, min_amplitude: float = 0.0,
         verdict, why = False, f"regular but decaying (R = {R:.2f}, h = {h:.2f})"
     return OscillationReport(verdict, r, R, h, frac, n_det, n_det > HAGGLUND_N_LIM, period, amplitude,
                              first_harmonic_amplitude(x, dt, period), len(x), why)
+
+
+@dataclass(frozen=True)
+class ActuatorVerdict:
+    """The verdict on one run: every actuator and buffer through :func:`assess`, pool moves
+    through the churn bound.
+
+    Attributes
+    ----------
+    oscillating : bool
+        Any judged signal oscillates, or the pool moves churn.
+    churning : bool
+        One pool reverses (by at least :data:`CHURN_MIN_STEP` of it) more than
+        :data:`CHURN_MIN_REVERSALS` times and more than :data:`CHURN_REVERSALS_PER_HOUR` times per
+        hour of the judged window.
+    reversals : int
+        Pool-scale reversals in the judged window (:func:`tokenfactory.signals.count_reversals`).
+    reversals_per_hour : float
+        ``reversals`` over the window's length.
+    pool_reversals : dict
+        Reversals per pool (the churn bound applies to the worst pool: each follows its own demand).
+    signals : dict
+        Per signal (``fill_pool``, ``decode_pool``, ``batch_cap``, ``reservation``,
+        ``admission_rate``, ``ready``, ``fill_queue``, as present): the
+        :class:`OscillationReport` as a dict, or ``{"oscillating": False, "reason": ...}`` when
+        the signal was not judged (constant, too short, absent).
+    reason : str
+        Which signals decided, in words.
+    """
+
+    oscillating: bool
+    churning: bool
+    reversals: int
+    reversals_per_hour: float
+    pool_reversals: dict
+    signals: dict
+    reason: str
+
+    def to_dict(self) -> dict:
+        """The fields as a plain dict (for ``metrics.json``)."""
+        return asdict(self)
+
+    @property
+    def oscillating_signals(self) -> list[str]:
+        """Names of the signals the detectors flag."""
+        return [k for k, v in self.signals.items() if v.get("oscillating")]
+
+
+def _churn_reversals(actions: list[dict]) -> int:
+    """Reversals of one pool's moves (:func:`tokenfactory.signals.count_reversals`) whose
+    reversing move is at least :data:`CHURN_MIN_STEP` of the pool (and one worker): in a pool
+    of ten workers or fewer every reversal; in a pool of 190, a one-worker correction moves its
+    capacity by 0.5 %, under the ripple the detectors ignore on every continuous actuator."""
+    last = 0
+    n = 0
+    for a in actions:
+        d = (a["to"] > a["from"]) - (a["to"] < a["from"])
+        if d == 0:
+            continue
+        if last and d != last and abs(a["to"] - a["from"]) >= max(1.0, CHURN_MIN_STEP * a["from"]) - 1e-9:
+            n += 1
+        last = d
+    return n
+
+
+def _demand_turns(s) -> int:
+    """Turns of the run's demand (``demand``, else ``arrival_rate``) a pool could follow: the
+    demand averaged over :data:`DEMAND_SMOOTHING_S`, a turn counted when it moves back by at
+    least :data:`CHURN_MIN_STEP` of its last extreme (a zigzag); 0 without a demand column."""
+    col = "demand" if "demand" in s else "arrival_rate" if "arrival_rate" in s else None
+    if col is None or len(s) < 2:
+        return 0
+    t = s["time_s"].to_numpy(dtype=float)
+    x = s[col].to_numpy(dtype=float)
+    grid = np.arange(t[0], t[-1] + 1e-9, DEMAND_SMOOTHING_S / 10.0)
+    if len(grid) < 2 or not np.all(np.isfinite(x)):
+        return 0
+    y = np.interp(grid, t, np.cumsum(np.concatenate([[0.0], x[1:] * np.diff(t)])))  # integral of the demand
+    w = 10  # samples per smoothing window: the mean rate over DEMAND_SMOOTHING_S
+    r = (y[w:] - y[:-w]) / DEMAND_SMOOTHING_S if len(y) > w else np.array([])
+    if not len(r):
+        return 0
+    turns, direction, extreme = 0, 0, float(r[0])
+    for v in r:
+        moved = abs(v - extreme) >= CHURN_MIN_STEP * max(abs(extreme), 1e-12)
+        if direction == 0:
+            if moved:
+                direction, extreme = (1 if v > extreme else -1), v
+        elif (v - extreme) * direction > 0:
+            extreme = v
+        elif moved:
+            turns, direction, extreme = turns + 1, -direction, v
+    return turns
+
+
+def _step_signal(times, at, values, start_value) -> "np.ndarray":
+    """A piecewise-constant actuator rebuilt from its change log: ``values[i]`` from ``at[i]``."""
+    idx = np.searchsorted(np.asarray(at, dtype=float), np.asarray(times, dtype=float), side="right") - 1
+    vals = np.asarray(values, dtype=float)
+    return np.where(idx >= 0, vals[np.maximum(idx, 0)], start_value)
+
+
+def judge_actuators(series, actions=None, *, start_s: float = 0.0, end_s: float | None = None,
+                    step_s: float | None = None, buffer_amplitudes: dict | None = None,
+                    references: dict | None = None, highpass_s: float | None = None) -> ActuatorVerdict:
+    """The oscillation and churn verdict of a run, from its series and action log (any plant).
+
+    Signals judged (those the series or the actions carry): ``fill_pool`` and ``decode_pool``
+    (serving + starting workers; minimum amplitude :data:`POOL_MIN_AMPLITUDE`), ``batch_cap``
+    (``decode_batch_cap``), ``reservation`` (the fill share of ``reserve`` actions) and
+    ``admission_rate`` (an open command, inf, counts as twice the largest finite command of the
+    window, so switching between open and closed is a full swing),
+    each with a minimum amplitude of :data:`RELATIVE_MIN_AMPLITUDE` x its mean; and the buffers
+    named in ``buffer_amplitudes`` (column -> minimum amplitude). An actuator that never moves in
+    the window is not judged (what the detectors would see in it is the plant's noise).
+
+    Parameters
+    ----------
+    series : DataFrame
+        The result's series (``time_s`` and the plant's columns).
+    actions : DataFrame or list of dict, optional
+        The result's action log (``kind``, ``time_s``, and ``pool``/``from``/``to`` for scale
+        actions, ``fill_share`` for reservations).
+    start_s : float
+        Judge from this time on (drop the start-up transient; default 0).
+    end_s : float, optional
+        ... up to this time (default the series' end).
+    step_s : float, optional
+        Resample the series every ``step_s`` seconds (default: as sampled).
+    buffer_amplitudes : dict, optional
+        Buffer columns to judge and their minimum amplitudes, e.g. ``{"ready": 1.0,
+        "fill_queued_tokens": 8192}`` (a column ``fill_queued_tokens`` is reported as
+        ``fill_queue``).
+    references : dict, optional
+        Per pool signal (``fill_pool``, ``decode_pool``) an array over the judged samples
+        subtracted before the detectors (e.g. the demand-justified count, so a pool that follows
+        its demand is judged on its deviation from it).
+    highpass_s : float, optional
+        Remove a centred running mean of this width from the pool signals (what is slower is the
+        demand's cycle, not a loop's).
+
+    Returns
+    -------
+    ActuatorVerdict
+        The verdict, the churn figures and every signal's report.
+    """
+    import pandas as pd
+
+    from tokenfactory.core.signals import count_reversals
+
+    t_all = series["time_s"].to_numpy(dtype=float)
+    end = float(t_all[-1]) if end_s is None else float(end_s)
+    keep = (t_all >= start_s) & (t_all <= end)
+    s = series[keep]
+    if step_s is not None and len(s) > 1:
+        native = float(np.median(np.diff(s["time_s"].to_numpy(dtype=float))))
+        stride = max(1, int(round(step_s / native))) if native > 0 else 1
+        s = s.iloc[::stride]
+    t = s["time_s"].to_numpy(dtype=float)
+    dt = float(np.median(np.diff(t))) if len(t) > 1 else math.nan
+    acts = pd.DataFrame(actions if actions is not None else [])
+    kind = acts["kind"] if "kind" in acts else pd.Series([], dtype=object)
+    scale_rows = acts[kind == "scale"] if len(acts) else acts
+    per_pool: dict[str, int] = {}
+    churn_pool: dict[str, int] = {}
+    if len(scale_rows):
+        in_window = scale_rows[(scale_rows["time_s"] >= start_s) & (scale_rows["time_s"] <= end)]
+        for pool, rows in in_window.sort_values("time_s", kind="stable").groupby("pool", sort=True):
+            recs = rows.to_dict("records")
+            per_pool[str(pool)] = count_reversals(recs)
+            churn_pool[str(pool)] = _churn_reversals(recs)
+    reversals = sum(per_pool.values())
+    worst = max(churn_pool.values(), default=0)
+    hours = max(end - start_s, 0.0) / 3600.0
+    rph = reversals / hours if hours > 0 else 0.0
+    # the bound is a pool's (each pool follows its own demand): the worst pool decides, on the
+    # reversals its demand's own turns do not explain
+    turns = _demand_turns(s)
+    excess = worst - turns
+    churning = excess > CHURN_MIN_REVERSALS and (excess / hours if hours > 0 else 0.0) > CHURN_REVERSALS_PER_HOUR
+    candidates: dict[str, tuple] = {}
+    for pool in ("fill", "decode"):
+        if f"{pool}_workers" in s:
+            x = s[f"{pool}_workers"].to_numpy(dtype=float)
+            if f"{pool}_workers_starting" in s:
+                x = x + s[f"{pool}_workers_starting"].to_numpy(dtype=float)
+            candidates[f"{pool}_pool"] = (x, POOL_MIN_AMPLITUDE, True)
+    if "decode_batch_cap" in s:
+        candidates["batch_cap"] = (s["decode_batch_cap"].to_numpy(dtype=float), None, False)
+    if len(acts) and (kind == "reserve").any():
+        r = acts[kind == "reserve"].sort_values("time_s", kind="stable")
+        candidates["reservation"] = (_step_signal(t, r["time_s"], r["fill_share"], 0.0), None, False)
+    if "admission_rate" in s:
+        x = s["admission_rate"].to_numpy(dtype=float)
+        finite = np.isfinite(x)
+        if finite.any():
+            # open (inf) above every finite command: a switch between open and closed is a full swing
+            top = float(np.max(x[finite]))
+            candidates["admission_rate"] = (np.where(finite, x, 2.0 * top if top > 0 else 1.0), None, False)
+    for col, amp in (buffer_amplitudes or {}).items():
+        if col in s:
+            candidates["fill_queue" if col == "fill_queued_tokens" else col] = (
+                s[col].to_numpy(dtype=float), float(amp), False)
+    signals: dict[str, dict] = {}
+    for name, (x, amp, is_pool) in candidates.items():
+        if len(x) < 16 or not np.all(np.isfinite(x)):
+            signals[name] = {"oscillating": False, "reason": "too short or not finite to judge"}
+            continue
+        actuator = name not in ("ready", "fill_queue")
+        if actuator and np.ptp(x) == 0:
+            signals[name] = {"oscillating": False, "reason": "never moved in the window"}
+            continue
+        if amp is None:
+            amp = RELATIVE_MIN_AMPLITUDE * max(abs(float(np.mean(x))), 1e-12)
+        if is_pool and references and name in references:
+            x = x - np.asarray(references[name], dtype=float)[: len(x)]
+        if is_pool and highpass_s and math.isfinite(dt):
+            w = int(round(highpass_s / dt))
+            if len(x) > 2 * w > 0:
+                x = x - pd.Series(x).rolling(w, center=True, min_periods=1).mean().to_numpy()
+        signals[name] = assess(x, dt, min_amplitude=amp).to_dict()
+    flagged = [k for k, v in signals.items() if v.get("oscillating")]
+    parts = []
+    if flagged:
+        parts.append("cycles on " + ", ".join(flagged))
+    if churning:
+        pool = max(churn_pool, key=churn_pool.get)
+        parts.append(f"churn: {worst} reversals of the {pool} pool in {hours * 60:.0f} min, {excess} more than the "
+                     f"demand's {turns} turns ({excess / hours:.1f}/h > {CHURN_REVERSALS_PER_HOUR:g}/h)")
+    reason = "; ".join(parts) if parts else (f"no cycle on {len(signals)} signals; {reversals} pool reversals "
+                                             f"({rph:.1f}/h)")
+    return ActuatorVerdict(bool(flagged) or churning, churning, int(reversals), float(rph),
+                           {k: int(v) for k, v in per_pool.items()}, signals, reason)

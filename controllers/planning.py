@@ -750,7 +750,7 @@ class PlannedPoolController(HystereticPoolController):
             if self.measured_fill_rate and m.fill_workers > 0 and m.fill_capacity > 0:
                 self.per_worker_rps = m.fill_capacity / m.fill_workers
         rise = self.planner.rise(t) if self.planner is not None else math.nan
-        return ScaleAction(self.pool, self.recommend(t, _current(m, self.pool, provisioned=True), rate, queue, rise))
+        return ScaleAction(self.pool, self.decide(t, m, rate, queue, rise))
 
     def params(self) -> dict:
         """The configuration (reported with results)."""

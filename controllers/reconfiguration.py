@@ -14,12 +14,21 @@ cascade (each sync sees the same unmet demand and adds again).
 
 :class:`HystereticPoolController` removes that loop at the operating point instead of detuning it:
 
-* it sizes the pool from the pool's *demand rate* (arrivals into the pool, smoothed by a
-  first-order filter ``filter_s``) divided by per-worker capacity at ``target_utilization``, plus
-  a one-sided backlog term (queue / ``queue_clear_s``) capped at ``queue_headroom`` x demand;
+* it sizes the pool from the pool's *demand rate* (arrivals at the orchestrator, smoothed by a
+  first-order filter ``filter_s`` that starts as a running mean) divided by per-worker capacity
+  at ``target_utilization``, plus a one-sided backlog term (queue / ``queue_clear_s``) capped at
+  ``queue_headroom`` x demand;
 * it counts workers still starting as capacity in transit (pending-aware), so it never asks twice
   for the same deficit and never exceeds ceil(demand x (1 + queue_headroom) / (per-worker rate x
-  target_utilization)) - the demand-justified count;
+  target_utilization)) - the demand-justified count. In transit means three things: workers the
+  measurement shows starting; workers it commanded that a measurement older than the command
+  cannot show yet (with a measurement delay of a sample period or more, re-asserting the stale
+  count undoes every move - issue 21's small plant flapped 2 -> 1 -> 2 every 5 s); and the queue
+  that builds while ordered workers start and warm up at reduced speed (the backlog term waits
+  for the cooldown after a scale-up, then counts only a queue the spare capacity cannot clear
+  within the start-up + warm-up: a worker ordered for less arrives after the queue is gone);
+* dwell, cooldown and filter run on the measurement's own clock, so a dwell is confirmed by newer
+  samples, not by the same delayed one read twice;
 * it scales down from n to n - k only when the need is below n - k - ``dead_band``: the pool
   left after a scale-down still carries the demand with ``dead_band`` workers to spare, so no
   queue forms and nothing drives the relay back up. In describing-function terms the loop gain
@@ -47,7 +56,6 @@ import control
 
 from tokenfactory.controllers.autoscaling import ScaleAction, _current, _PoolAutoscaler
 from tokenfactory.controllers.describing import LimitCycle, predict_limit_cycles
-from tokenfactory.controllers.interface import lowpass
 from tokenfactory.controllers.stability import DelayedLoop
 from tokenfactory.core.signals import Measurement
 from tokenfactory.core.validation import ConfigError, check_int, check_number
@@ -59,9 +67,12 @@ __all__ = ["HystereticPoolController", "QueueRelayScaler", "pool_relay_loop", "p
 def pool_demand(m: Measurement, pool: str) -> tuple[float, float]:
     """(demand rate into ``pool``, requests queued for it) as a controller can measure them.
 
-    Fill: the arrival rate at the orchestrator (the admitted rate if the plant does not report
-    arrivals) and the backlog plus fill work in progress. Decode: the admitted rate (every admitted
-    request will need a decode slot) and the ready buffer (requests waiting for a slot).
+    Both pools: the arrival rate at the orchestrator (the admitted rate if the plant does not
+    report arrivals) - every arrival would need a fill and a decode slot, and behind an admission
+    layer that rejects or defers the admitted rate saturates at what the pools carry now and
+    would hide the demand the pools should grow for (the planned controller's rule too). Queue:
+    fill, the backlog plus fill work in progress; decode, the ready buffer (requests waiting for
+    a slot).
 
     Parameters
     ----------
@@ -78,10 +89,10 @@ def pool_demand(m: Measurement, pool: str) -> tuple[float, float]:
     queue : float
         Requests waiting for the pool (requests).
     """
+    rate = m.arrival_rate if math.isfinite(m.arrival_rate) else m.admitted_rate
     if pool == "fill":
-        rate = m.arrival_rate if math.isfinite(m.arrival_rate) else m.admitted_rate
         return rate, m.backlog + m.fill_in_progress
-    return m.admitted_rate, m.ready
+    return rate, m.ready
 
 
 def _check_worker_rate(per_worker_rps: float, target_utilization: float) -> None:
@@ -322,10 +333,12 @@ class HystereticPoolController(_PoolAutoscaler):
     def reset(self) -> None:
         self._rate: float | None = None
         self._t_prev: float | None = None
+        self._t_first: float | None = None
         self._up_since: float | None = None
         self._down_since: float | None = None
         self._last_up = -math.inf
         self._last_down = -math.inf
+        self._commanded: tuple[float, int] | None = None  # (plant time, workers) of the last move
         self.last_need = math.nan
 
     def need(self, rate: float, queue: float) -> float:
@@ -366,9 +379,18 @@ class HystereticPoolController(_PoolAutoscaler):
         int
             Desired workers.
         """
-        self._rate = lowpass(self._rate, rate, self.filter_s, t - (self._t_prev or 0.0))
-        self._t_prev = t
-        need = self.need(self.hold(t, max(self._rate, 0.0)), queue)
+        self._filter(t, rate)
+        # the queue that builds while ordered workers start and warm up (at reduced speed) is the
+        # deficit they were ordered for: counting it again would ask twice (the overshoot-and-
+        # return of a pool that starts short); the backlog term waits for the last scale-up to
+        # take full effect (start-up + warm-up, the cooldown). After that a queue the pool's spare
+        # capacity clears within that dead time needs no worker: one ordered now would arrive
+        # after the queue is gone, and leave again - a reversal that served nothing.
+        hold = self.hold(t, max(self._rate, 0.0))
+        spare = provisioned * self.per_worker_rps - hold
+        if t - self._last_up < self.cooldown_s - 1e-9 or (spare > 0 and queue <= spare * self.cooldown_s):
+            queue = 0.0
+        need = self.need(hold, queue)
         self.last_need = need
         n = provisioned
         want = n
@@ -394,9 +416,42 @@ class HystereticPoolController(_PoolAutoscaler):
             self._up_since = self._down_since = None
         return want
 
+    def _filter(self, t: float, rate: float) -> None:
+        """The first-order rate filter, started as a running mean: the first sample only seeds it
+        (it may cover a fraction of a sample period: one arrival in the plant's first 0.1 s reads
+        as 10 req/s), and until ``filter_s`` has passed each later sample weighs at least its share
+        of the time since the first, dt / (t - t_first)."""
+        if self._rate is None or self.filter_s <= 0:
+            self._rate, self._t_first = rate, t
+        elif t > self._t_prev:
+            dt = t - self._t_prev
+            a = max(1.0 - math.exp(-dt / self.filter_s), dt / (t - self._t_first))
+            self._rate += a * (rate - self._rate)
+        self._t_prev = t
+
+    def provisioned(self, m: Measurement) -> int:
+        """Serving + starting workers as this controller knows them: the measured count, or its own
+        last command while the measurement predates it (a deployment's replica count is known at
+        once; a measurement taken before the command cannot show it). Re-asserting a count from a
+        sample older than the last move would undo that move: the 2 -> 1 -> 2 flapping of issue
+        21's small plant, whose 5 s measurement delay equals the sample period."""
+        n = _current(m, self.pool, provisioned=True)
+        if self._commanded is not None and m.time_s < self._commanded[0] - 1e-9:
+            return self._commanded[1]
+        return n
+
+    def decide(self, t: float, m: Measurement, rate: float, queue: float, *args) -> int:
+        """:meth:`recommend` on the sample ``m`` (dwell and filter in measurement time), with the
+        provisioned count of :meth:`provisioned`; records the command."""
+        n = self.provisioned(m)
+        want = self.recommend(m.time_s if math.isfinite(m.time_s) else t, n, rate, queue, *args)
+        if want != n:
+            self._commanded = (t, want)
+        return want
+
     def update(self, t: float, m: Measurement) -> ScaleAction:
         rate, queue = pool_demand(m, self.pool)
-        return ScaleAction(self.pool, self.recommend(t, _current(m, self.pool, provisioned=True), rate, queue))
+        return ScaleAction(self.pool, self.decide(t, m, rate, queue))
 
     def params(self) -> dict:
         return {k: getattr(self, k) for k in (

@@ -75,6 +75,7 @@ PRECISIONS: dict[str, float] = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5}
 
 GB = 1e9
 TB = 1e12
+_BY_WIDTH = sorted(PRECISIONS, key=PRECISIONS.get)  # narrowest format first
 #: fields a hardware description may leave out (the KV tiers below HBM)
 OPTIONAL_FIELDS = ("host_memory_bytes", "host_memory_bandwidth", "ssd_bytes", "ssd_bandwidth")
 
@@ -137,7 +138,7 @@ class Accelerator:
         if precision not in PRECISIONS:
             raise ConfigError("precision", f"{precision!r} is not one of {', '.join(PRECISIONS)}")
         # Hopper has no FP4 tensor cores: FP4 weights are upcast and run at FP8 rate.
-        for p in sorted(PRECISIONS, key=PRECISIONS.get):
+        for p in _BY_WIDTH:
             if PRECISIONS[p] >= PRECISIONS[precision] and p in self.dense_flops:
                 return self.dense_flops[p]
         raise ConfigError(f"accelerator[{self.name}].dense_flops",

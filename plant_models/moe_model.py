@@ -402,6 +402,17 @@ class MoEModel:
         }
 
 
+def _dense(name: str, layers: int, hidden: int, ffn: int, heads: int, kv_heads: int, head_dim: int,
+           vocab: int, source: str) -> "MoEModel":
+    """A dense transformer as a model whose every layer has a dense FFN (no MoE layers: one nominal
+    routed expert that no layer holds, so expert bytes and traffic are zero)."""
+    return MoEModel(name=name, num_layers=layers, num_dense_layers=layers, hidden_size=hidden,
+                    vocab_size=vocab, dense_intermediate_size=ffn, expert_intermediate_size=1,
+                    routed_experts=1, active_experts=1, shared_experts=0,
+                    attention=AttentionSpec(kind="gqa", num_heads=heads, head_dim=head_dim, kv_heads=kv_heads),
+                    weight_precision="bf16", kv_precision="bf16", source=source + "; dense")
+
+
 _MLA_DSV3 = dict(kind="mla", q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
                  qk_rope_head_dim=64, v_head_dim=128)
 
@@ -426,6 +437,73 @@ MODEL_PRESETS: dict[str, MoEModel] = {
             source="moonshotai/Kimi-K2-Instruct config.json; Kimi K2 model card: 1.04T total, "
                    "32B activated",
         ),
+        # -- the models of the measured serving runs (study roofline-validation, issue 24) ----------
+        MoEModel(
+            name="qwen3-235b-a22b", num_layers=94, num_dense_layers=0, hidden_size=4096,
+            vocab_size=151936, dense_intermediate_size=0, expert_intermediate_size=1536,
+            routed_experts=128, active_experts=8, shared_experts=0,
+            attention=AttentionSpec(kind="gqa", num_heads=64, head_dim=128, kv_heads=4),
+            weight_precision="bf16", kv_precision="bf16",
+            source="Qwen/Qwen3-235B-A22B config.json (94 layers, hidden 4096, 64 heads / 4 KV heads x "
+                   "128, 128 experts of 1536, 8 active, vocab 151,936, untied); model card: 235B total, "
+                   "22B activated",
+        ),
+        MoEModel(
+            name="qwen3.5-397b-a17b", num_layers=60, num_dense_layers=0, hidden_size=4096,
+            vocab_size=248320, dense_intermediate_size=0, expert_intermediate_size=1024,
+            routed_experts=512, active_experts=10, shared_experts=1,
+            attention=AttentionSpec(kind="gqa", num_heads=32, head_dim=256, kv_heads=2,
+                                    full_attention_layers=15, efficient_kind="linear",
+                                    linear_state_bytes_per_layer=64 * 128 * 128 * 2),
+            weight_precision="bf16", kv_precision="bf16",
+            source="Qwen/Qwen3.5-397B-A17B model card and config.json: 60 layers in 15 groups of 3 Gated "
+                   "DeltaNet + 1 gated full-attention layer (32 Q heads, 2 KV heads x 256), DeltaNet with "
+                   "64 value heads x 128 (state 64 x 128 x 128 per layer, BF16 here), 512 experts of 1024, "
+                   "10 routed + 1 shared, hidden 4096, vocab 248,320; 397B total, 17B activated. The "
+                   "DeltaNet projections are counted as a full-attention layer's (an approximation)",
+        ),
+        MoEModel(
+            name="gpt-oss-120b", num_layers=36, num_dense_layers=0, hidden_size=2880,
+            vocab_size=201088, dense_intermediate_size=0, expert_intermediate_size=2880,
+            routed_experts=128, active_experts=4, shared_experts=0,
+            attention=AttentionSpec(kind="gqa", num_heads=64, head_dim=64, kv_heads=8,
+                                    full_attention_layers=18, efficient_kind="local", local_window=128),
+            weight_precision="bf16", expert_precision="fp4", kv_precision="bf16",
+            source="openai/gpt-oss-120b config.json (36 layers alternating full and 128-token sliding "
+                   "attention, 64 Q heads / 8 KV heads x 64, 128 experts of 2880, 4 active, hidden 2880, "
+                   "vocab 201,088); model card: MXFP4 experts, the rest BF16; 117B total, 5.1B active",
+        ),
+        MoEModel(
+            name="minimax-m2.5", num_layers=62, num_dense_layers=0, hidden_size=3072,
+            vocab_size=200064, dense_intermediate_size=0, expert_intermediate_size=1536,
+            routed_experts=256, active_experts=8, shared_experts=0,
+            attention=AttentionSpec(kind="gqa", num_heads=48, head_dim=128, kv_heads=8),
+            weight_precision="fp8", kv_precision="bf16",
+            source="MiniMaxAI/MiniMax-M2.5 config.json (MiniMax-M2 architecture: 62 layers, hidden 3072, "
+                   "48 Q heads / 8 KV heads x 128, 256 experts of 1536, 8 active, no shared expert, vocab "
+                   "200,064); FP8 checkpoint; 230B total, 10B active",
+        ),
+        MoEModel(
+            name="glm-5", num_layers=78, num_dense_layers=3, hidden_size=6144,
+            vocab_size=154880, dense_intermediate_size=12288, expert_intermediate_size=2048,
+            routed_experts=256, active_experts=8, shared_experts=1,
+            attention=AttentionSpec(kind="mla", num_heads=64, q_lora_rank=2048, kv_lora_rank=512,
+                                    qk_nope_head_dim=192, qk_rope_head_dim=64, v_head_dim=256),
+            weight_precision="bf16", kv_precision="bf16",
+            source="zai-org/GLM-5 config.json (GlmMoeDsaForCausalLM: 78 layers, first 3 dense, 256 experts "
+                   "of 2048, 8 active + 1 shared, hidden 6144, MLA with kv_lora_rank 512, rope 64, 64 "
+                   "heads); GLM-5 README: 744B total, 40B active. The DSA sparse-attention indexer is not "
+                   "modelled (full MLA attention)",
+        ),
+        _dense("llama-3.1-70b", 80, 8192, 28672, 64, 8, 128, 128256,
+               "meta-llama/Llama-3.1-70B config.json (80 layers, hidden 8192, FFN 28,672, 64 Q heads / "
+               "8 KV heads x 128, vocab 128,256, untied)"),
+        _dense("llama-3.1-8b", 32, 4096, 14336, 32, 8, 128, 128256,
+               "meta-llama/Llama-3.1-8B-Instruct config.json (32 layers, hidden 4096, FFN 14,336, 32 Q "
+               "heads / 8 KV heads x 128, vocab 128,256, untied)"),
+        _dense("qwen3-32b", 64, 5120, 25600, 64, 8, 128, 151936,
+               "Qwen/Qwen3-32B config.json (64 layers, hidden 5120, FFN 25,600, 64 Q heads / 8 KV heads "
+               "x 128, vocab 151,936, untied)"),
         MoEModel(
             name="hybrid-25k", num_layers=48, num_dense_layers=1, hidden_size=7168,
             vocab_size=163840, dense_intermediate_size=18432, expert_intermediate_size=2048,
@@ -463,7 +541,10 @@ def model_preset(name: str) -> MoEModel:
     Parameters
     ----------
     name : str
-        One of :data:`MODEL_PRESETS`: ``deepseek-v3``, ``kimi-k2``, ``hybrid-25k``, ``k3-like``.
+        One of :data:`MODEL_PRESETS`: ``deepseek-v3``, ``kimi-k2``, ``hybrid-25k``, ``k3-like`` and
+        the models of the measured serving runs (``qwen3-235b-a22b``, ``qwen3.5-397b-a17b``,
+        ``gpt-oss-120b``, ``minimax-m2.5``, ``glm-5``, dense ``llama-3.1-70b``, ``llama-3.1-8b``,
+        ``qwen3-32b``).
 
     Returns
     -------

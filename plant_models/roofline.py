@@ -249,6 +249,14 @@ class Efficiency:
         assumed).
     pass_overhead_s : float
         Fixed cost per stage pass (s, in [0, 1]; default 0).
+    network_scale_out : float, optional
+        Fraction of the scale-out NIC bandwidth reached, in (0, 1]; ``None`` (default) is
+        ``network``, which then covers NVLink and the NICs alike. Single-node benchmarks bind the
+        NVLink figure (small TP all-reduces, latency-bound) and large-EP deployments the NIC one.
+    routing_locality : float
+        How independently a decode batch's tokens pick experts, in (0, 1] (default 1: uniform
+        routing). A batch of B tokens reads the distinct experts of 1 + l (B - 1) independent
+        tokens; correlated routing (tokens of similar text choosing the same experts) is l < 1.
 
     Raises
     ------
@@ -263,12 +271,23 @@ class Efficiency:
     scale_up_latency_s: float = 2e-6
     scale_out_latency_s: float = 5e-6
     pass_overhead_s: float = 0.0
+    routing_locality: float = 1.0
+    network_scale_out: float | None = None
+
+    @property
+    def scale_out_network(self) -> float:
+        """Fraction of the scale-out NIC bandwidth reached (``network_scale_out``, else ``network``)."""
+        return self.network if self.network_scale_out is None else self.network_scale_out
 
     def __post_init__(self) -> None:
+        if self.network_scale_out is not None:
+            check_number("efficiency.network_scale_out", self.network_scale_out, low=0.0, high=1.0,
+                         low_inclusive=False)
         for f in ("compute", "memory", "network"):
             check_number(f"efficiency.{f}", getattr(self, f), low=0.0, high=1.0, low_inclusive=False)
         for f in ("layer_overhead_s", "scale_up_latency_s", "scale_out_latency_s", "pass_overhead_s"):
             check_number(f"efficiency.{f}", getattr(self, f), low=0.0, high=1.0)
+        check_number("efficiency.routing_locality", self.routing_locality, low=0.0, high=1.0, low_inclusive=False)
 
 
 @dataclass(frozen=True)
@@ -554,7 +573,7 @@ class Worker:
         if par.pp > m.num_layers:
             raise ConfigError("parallelism.pp", f"{par.pp} stages exceed the model's "
                               f"{m.num_layers} layers; allowed range is [1, {m.num_layers}]")
-        if par.ep > m.routed_experts:
+        if par.ep > m.routed_experts and m.moe_layers:
             raise ConfigError("parallelism.ep", f"{par.ep} GPUs per stage exceed the "
                               f"{m.routed_experts} routed experts")
         self.check_fits()
@@ -737,7 +756,7 @@ class Worker:
         if span is not None and span > a.scale_up_domain:
             up_bytes, out_bytes = 0.0, up_bytes + out_bytes
         network_s = max(up_bytes / (gpus * a.scale_up_bandwidth * e.network),
-                        out_bytes / (gpus * a.scale_out_bandwidth * e.network))
+                        out_bytes / (gpus * a.scale_out_bandwidth * e.scale_out_network))
         return PhaseTime(name, flops + kv_flops, hbm_bytes, up_bytes + out_bytes, compute_s,
                          memory_s, network_s, gpus, out_bytes)
 
@@ -767,7 +786,10 @@ class Worker:
     def _expert_phase(self, tokens: float, per_node_dedup: bool = False) -> PhaseTime:
         """Routed + shared experts for ``tokens`` tokens of one micro-batch over a stage's GPUs."""
         m, p = self.model, self.parallelism
-        per_layer_distinct = distinct_experts(m.routed_experts, m.active_experts, tokens)
+        # routing locality l: B tokens read the distinct experts of 1 + l (B - 1) independent ones
+        loc = self.efficiency.routing_locality
+        eff_tokens = min(tokens, 1.0 + loc * (tokens - 1.0)) if tokens > 1 else tokens
+        per_layer_distinct = distinct_experts(m.routed_experts, m.active_experts, eff_tokens)
         # Balanced placement, but the busiest GPU holds at least one active expert per layer.
         per_gpu_experts = max(per_layer_distinct / p.ep, min(per_layer_distinct, 1.0))
         act = m.activation_bytes_per_element * m.hidden_size
@@ -814,8 +836,9 @@ class Worker:
         if p.pp == 1:
             return 0.0
         bw, lat = self._link(p.pp * p.ep)
-        return lat + tokens * m.hidden_size * m.activation_bytes_per_element / (
-            p.ep * bw * self.efficiency.network)
+        e = self.efficiency
+        eff = e.network if p.pp * p.ep <= self.accelerator.scale_up_domain else e.scale_out_network
+        return lat + tokens * m.hidden_size * m.activation_bytes_per_element / (p.ep * bw * eff)
 
     def _stage_time(self, phases: tuple[PhaseTime, ...]) -> float:
         """Time one stage takes for its 1/pp share of the phases' work, plus its fixed costs."""

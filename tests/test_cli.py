@@ -133,6 +133,49 @@ def test_simulate_prints_every_verdict_the_metrics_hold():
                             ("pools.fill flapping", False, "")]
 
 
+SILICON_SUBSET = __import__("pathlib").Path(__file__).parent / "data" / "silicon_subset.csv"
+
+
+@pytest.mark.parametrize("method, extra", [("steady-state", []), ("des", ["--limit", "2"])])
+def test_calibrate_score_writes_metrics_and_rows(tmp_path, capsys, method, extra):
+    import pandas as pd
+
+    out = tmp_path / method
+    assert main(["calibrate", "score", str(SILICON_SUBSET), "--out", str(out), "--method", method, *extra]) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    rows = pd.read_csv(out / "rows.csv")
+    assert m["rows_scored"] == len(rows) == (2 if extra else 8)
+    assert m["rows_skipped_by_reason"]["duplicate run (same TTFT and TPOT to 1e-4 ms)"] == 1
+    assert m["rows_read"] == 11 and m["rows_mapped"] == 8
+    for q in ("tpot", "ttft"):
+        for k in ("median_abs_error", "p10_error", "p90_error", "within_25pct"):
+            assert k in m[q]
+        for split in ("hardware", "engine", "precision", "mode", "batch_band"):
+            assert m[q][f"by_{split}"]
+    assert {"predicted_tpot_s", "measured_tpot_s", "tpot_error", "ttft_error"} <= set(rows.columns)
+    assert "rows scored" in capsys.readouterr().out
+
+
+def test_calibrate_score_published_points(tmp_path):
+    assert main(["calibrate", "score", "published", "--out", str(tmp_path)]) == 0
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert m["rows_scored"] + sum(m["rows_skipped_by_reason"].values()) == 13
+
+
+def test_calibrate_score_needs_out(capsys):
+    assert main(["calibrate", "score", str(SILICON_SUBSET), "--method", "steady-state"]) == 2
+    assert "--out" in capsys.readouterr().err
+
+
+def test_calibrate_fit_writes_its_report(tmp_path, capsys):
+    assert main(["calibrate", "fit", str(SILICON_SUBSET), "--per-group", "1", "--max-nfev", "2", "--no-cv",
+                 "--out", str(tmp_path)]) == 0
+    rep = json.loads((tmp_path / "fit.json").read_text())
+    assert set(rep) >= {"fit", "before", "after", "provenance"}
+    assert rep["provenance"]["runs"] == 8 and rep["fit"]["train_rows"] >= 1
+    assert "std_error" in json.loads(capsys.readouterr().out)
+
+
 def test_simulate_load_one_is_the_knee_of_the_scenarios_own_cluster(tmp_path):
     """Issue 27: ``--load`` multiplies the capacity of the cluster the scenario simulates (4 + 4
     workers here, not the default 2 + 1), measured by bisection under open admission and cached

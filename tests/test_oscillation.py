@@ -82,3 +82,134 @@ def test_small_ripple_is_ignored_and_bad_input_rejected():
         assess(np.zeros(5), DT)
     with pytest.raises(ConfigError, match="dt"):
         assess(np.zeros(100), 0.0)
+
+
+# --------------------------------------------------------------------------------------------
+# judge_actuators: the verdict every result reports
+
+from pathlib import Path  # noqa: E402
+
+import pandas as pd  # noqa: E402
+
+from tokenfactory.controllers import (  # noqa: E402
+    CHURN_MIN_REVERSALS,
+    CHURN_REVERSALS_PER_HOUR,
+    judge_actuators,
+)
+
+SMALL_PLANT = Path(__file__).parent / "data" / "small_plant"
+
+
+def _pools_series(t, decode, fill=None, **cols):
+    n = len(t)
+    return pd.DataFrame({"time_s": t, "fill_workers": np.ones(n) if fill is None else fill,
+                         "fill_workers_starting": np.zeros(n), "decode_workers": decode,
+                         "decode_workers_starting": np.zeros(n), **cols})
+
+
+def _scale_log(t, x, pool="decode"):
+    """Scale actions wherever the pool size changes."""
+    k = np.nonzero(np.diff(x))[0] + 1
+    return [{"time_s": t[i], "kind": "scale", "pool": pool, "from": x[i - 1], "to": x[i]} for i in k]
+
+
+def test_recorded_small_plant_flapping_is_judged_oscillating_and_churning():
+    """Issue 21's small plant as main b2c20fa's hysteretic controller ran it (decode 2 -> 1 -> 2
+    every 5 s from t = 125 s; metrics.json then said oscillating: false): the verdict on its
+    recorded series and actions flags the decode pool's cycle and the churn."""
+    s = pd.read_csv(SMALL_PLANT / "unfixed_hysteretic_series.csv")
+    a = pd.read_csv(SMALL_PLANT / "unfixed_hysteretic_actions.csv")
+    v = judge_actuators(s, a, start_s=0.1 * s["time_s"].iloc[-1],
+                        buffer_amplitudes={"ready": 1.0, "fill_queued_tokens": 2048.0})
+    assert v.oscillating and v.churning, v.reason
+    assert "decode_pool" in v.oscillating_signals
+    assert v.signals["decode_pool"]["period_s"] == pytest.approx(10.0, rel=0.1)  # 2 -> 1 -> 2 every 5 s
+    assert v.reversals > 100 and v.reversals_per_hour > 100 * CHURN_REVERSALS_PER_HOUR
+    assert v.signals["fill_pool"]["reason"] == "never moved in the window"  # the fill pool never moved
+    assert set(v.signals) >= {"fill_pool", "decode_pool", "batch_cap", "reservation", "admission_rate", "ready",
+                              "fill_queue"}
+
+
+def test_irregular_flapping_is_churn_not_a_cycle():
+    """A pool that moves up and down at random intervals has no period for the regular-cycle
+    detectors; the churn bound catches it."""
+    rng = np.random.default_rng(3)
+    t = np.arange(0.0, 7200.0, 1.0)
+    x = np.ones_like(t)
+    edges = np.sort(rng.choice(len(t), 40, replace=False))
+    for i, e in enumerate(edges):
+        x[e:] = 2.0 if i % 2 == 0 else 1.0
+    v = judge_actuators(_pools_series(t, x), _scale_log(t, x))
+    assert v.churning and v.oscillating, v.reason
+    assert v.reversals == 39 and v.reversals_per_hour == pytest.approx(39 / (t[-1] / 3600.0))
+    assert not v.signals["decode_pool"]["oscillating"]  # no regular cycle: only churn says it
+
+
+@pytest.mark.parametrize("reversals", [0, 1, CHURN_MIN_REVERSALS])
+def test_a_few_followed_bursts_are_not_churn(reversals):
+    """Following a burst up and back down is a reversal or two, not churn, even in a short run."""
+    t = np.arange(0.0, 720.0, 0.5)
+    x = np.ones_like(t)
+    for i in range(reversals + 1):
+        x[t >= 100.0 + 150.0 * i] = 2.0 if i % 2 == 0 else 1.0
+    v = judge_actuators(_pools_series(t, x), _scale_log(t, x))
+    assert not v.oscillating and v.reversals == reversals, v.reason
+
+
+def test_every_actuator_is_judged():
+    """A cycling batch cap or admission rate is caught even when the pools and buffers hold; an
+    open admission (inf) counts as its largest finite command."""
+    t = np.arange(0.0, 1200.0, 0.5)
+    cap = 64 + 16 * np.sign(np.sin(2 * np.pi * t / 30.0))
+    rate = np.where(np.sin(2 * np.pi * t / 40.0) > 0, np.inf, 2.0)
+    s = _pools_series(t, np.full_like(t, 2.0), decode_batch_cap=cap, admission_rate=rate)
+    v = judge_actuators(s, [])
+    assert v.oscillating and not v.churning
+    assert set(v.oscillating_signals) == {"batch_cap", "admission_rate"}
+    assert v.signals["decode_pool"]["reason"] == "never moved in the window"
+    # a quiet run: a ripple below 10 % of the cap's level is not a cycle
+    quiet = _pools_series(t, np.full_like(t, 2.0), decode_batch_cap=64 + 2 * np.sin(2 * np.pi * t / 30.0))
+    assert not judge_actuators(quiet, []).oscillating
+
+
+def test_a_reservation_is_rebuilt_from_its_actions():
+    t = np.arange(0.0, 1200.0, 0.5)
+    acts = [{"time_s": float(k * 15.0), "kind": "reserve", "fill_share": 0.4 if k % 2 else 0.1}
+            for k in range(80)]
+    v = judge_actuators(_pools_series(t, np.full_like(t, 2.0)), acts)
+    assert v.oscillating_signals == ["reservation"]
+    assert v.signals["reservation"]["period_s"] == pytest.approx(30.0, rel=0.1)
+
+
+def test_small_corrections_of_a_large_pool_are_not_churn():
+    """A pool of ~190 workers following its demand reverses by a worker or two many times an hour
+    (0.5-1 % of its capacity, the stack's mixed day); a reversal of a tenth of the pool is churn."""
+    t = np.arange(0.0, 7200.0, 2.0)
+    rng = np.random.default_rng(5)
+    flips = np.sort(rng.choice(len(t), 60, replace=False))  # +1 / -1 at irregular times: 59 reversals
+    step = np.zeros_like(t)
+    for i, k in enumerate(flips):
+        step[k:] = 1.0 if i % 2 == 0 else 0.0
+    v = judge_actuators(_pools_series(t, 190 + step), _scale_log(t, 190 + step))
+    assert v.reversals == 59 and not v.churning and not v.oscillating, v.reason
+    big = 190 + 30 * step  # the same moves, 30 workers each
+    v = judge_actuators(_pools_series(t, big), _scale_log(t, big))
+    assert v.churning and v.pool_reversals == {"decode": 59}, v.reason
+
+
+def test_a_pool_that_follows_its_demands_turns_is_not_churning():
+    """Reversals where the demand itself turns (its 10-minute mean moving back by a tenth) are
+    following, not churn; the same moves without such a demand are churn."""
+    t = np.arange(0.0, 4 * 3600.0, 10.0)
+    # the demand steps between two levels at irregular times, 12-24 minutes apart
+    edges = np.cumsum(np.random.default_rng(2).uniform(720.0, 1440.0, 40))
+    high = np.searchsorted(edges, t) % 2 == 1
+    demand = np.where(high, 130.0, 100.0)
+    pool = np.where(np.roll(high, 30), 14.0, 11.0)  # the pool follows five minutes later
+    pool[:30] = 11.0
+    acts = _scale_log(t, pool)
+    v = judge_actuators(_pools_series(t, pool, demand=demand), acts, start_s=0.0)
+    assert v.pool_reversals["decode"] / 4.0 > CHURN_REVERSALS_PER_HOUR  # above the bound by itself
+    assert not v.churning, v.reason
+    v = judge_actuators(_pools_series(t, pool), acts, start_s=0.0)
+    assert v.churning, v.reason

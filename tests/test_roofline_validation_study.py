@@ -52,3 +52,18 @@ def test_error_table_values(report):
     for p in m["held_out_over_target_max"]:
         line = next(x for x in summary.splitlines() if f"`{p}`" in x)
         assert "no stated reason" not in line
+
+
+def test_measured_runs_section(report):
+    m = json.loads((report / "metrics.json").read_text())["measured_runs"]
+    text = (report / "summary.md").read_text()
+    assert "## Measured serving runs" in text
+    if not m["present"]:  # a checkout without the shared measurements says so
+        assert "not present" in text
+        return
+    assert m["rows_mapped"] + sum(m["rows_skipped_by_reason"].values()) == m["rows_read"]
+    assert m["pre-calibration"]["tpot"]["rows"] == m["rows_predicted"] > 0
+    t = pd.read_csv(report / "measured_runs_errors.csv")
+    assert set(t["split"]) >= {"all", "hardware", "engine", "precision", "mode", "batch_band"}
+    if "cross_check" in m:
+        assert 0.5 < m["cross_check"]["tpot_ratio_median"] < 2.0

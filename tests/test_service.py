@@ -87,11 +87,14 @@ def test_pass_times_agree(plants):
     full = s.decode_pass_s(slots, ctx)
     assert fluid.decode_step_s(slots) == pytest.approx(full, rel=1e-12)
     assert des.decode_pass(slots, ctx)[0] == pytest.approx(full, rel=1e-12)
-    # between table points the two plants interpolate different grids of the same function
+    # between table points the two plants interpolate different grids of the same function; a
+    # dense model's FFN turns compute-bound inside the batch range (a kink of the roofline's max
+    # between two grid points), so its linear interpolation is looser
+    tol = 0.05 if s.decode_worker.model.moe_layers else 0.10
     for b in fluid.decode_step_batches:
         exact = s.decode_pass_s(b, ctx)
         assert fluid.decode_step_s(b) == pytest.approx(exact, rel=1e-12)
-        assert des.decode_pass(b, ctx)[0] == pytest.approx(exact, rel=0.05)
+        assert des.decode_pass(b, ctx)[0] == pytest.approx(exact, rel=tol)
     # fill: the nominal pass (one prompt per attention replica) is a step of the simulator's table
     dp = s.dp_attention
     assert fluid.fill_latency_s == pytest.approx(s.fill_latency_s, rel=1e-12)

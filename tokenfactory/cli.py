@@ -2,7 +2,7 @@
 
 Subcommands: ``describe`` (model, hardware, worker, controller kinds), ``margins`` (a scenario's stability
 margins), ``certify`` (a stack scenario's certificate), ``forecast`` (backtests and a capacity plan), ``simulate`` (request-level replay),
-``traces`` (list, info, fit, synth, fetch),
+``traces`` (list, info, fit, synth, fetch), ``calibrate`` (score or fit the service model against measured runs),
 ``study`` (runnable studies), ``report`` (the HTML report). Every error that
 comes from a bad value is a :class:`ConfigError` and is printed as one line, exit status 2.
 """
@@ -393,6 +393,74 @@ def _cmd_certify(args) -> int:
     return 0 if cert.passed or not args.check else 1
 
 
+def _write_json(path, data) -> None:
+    from tokenfactory.studies.report import to_jsonable
+
+    path.write_text(json.dumps(to_jsonable(data), indent=2) + "\n")
+
+
+def _calibrate_settings(which: str):
+    from tokenfactory.plant_models.calibration import BASE_SETTINGS, RunSettings, calibrated_settings
+
+    return {"calibrated": calibrated_settings, "pre-calibration": lambda: BASE_SETTINGS,
+            "defaults": RunSettings}[which]()
+
+
+def _cmd_calibrate(args) -> int:
+    """``calibrate score`` / ``calibrate fit``: the service model against a file of measured runs."""
+    import time
+    from pathlib import Path
+
+    from tokenfactory.plant_models import calibration as cal
+    from tokenfactory.plant_models.measured_runs import read_measured_runs
+    from tokenfactory.core.validation import check_int
+
+    t0 = time.perf_counter()
+    runs = read_measured_runs(args.file)
+    items = list(runs.runs)
+    if args.limit is not None:
+        check_int("--limit", args.limit, low=1)
+        items = cal.training_sample(items, per_group=1, seed=args.seed)[: args.limit] if args.stratified \
+            else items[: args.limit]
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+    if args.action == "score":
+        settings = _calibrate_settings(args.params)
+        table, failed = cal.predict_runs(items, settings, method=args.method)
+        skipped = {**runs.skipped, **failed}
+        metrics = {"file": str(args.file), "method": args.method, "params": args.params,
+                   "rows_read": runs.rows_read, "rows_mapped": len(runs.runs), "rows_scored": int(len(table)),
+                   "rows_not_scored_by_limit": len(runs.runs) - len(items),
+                   "rows_skipped_by_reason": skipped, "layout_notes": runs.notes,
+                   **cal.error_metrics(table), "settings": cal.params_of(settings),
+                   "kv_precision": dict(settings.kv_precision), "wall_s": time.perf_counter() - t0}
+        if out is None:
+            raise ConfigError("--out", "calibrate score needs --out DIR")
+        table.to_csv(out / "rows.csv", index=False)
+        _write_json(out / "metrics.json", metrics)
+        for q in ("tpot", "ttft"):
+            m = metrics[q]
+            if m.get("rows"):
+                print(f"{q}: {m['rows']} rows, median |error| {m['median_abs_error']:.1%}, p10 "
+                      f"{m['p10_error']:+.1%}, p90 {m['p90_error']:+.1%}, within 25 % {m['within_25pct']:.1%}")
+        print(f"{len(table)} rows scored, skipped {sum(skipped.values())} ({', '.join(f'{k}: {v}' for k, v in skipped.items())}); "
+              f"{metrics['wall_s']:.1f} s -> {out}")
+        return 0
+    report = cal.calibrate(items, per_group=args.per_group, max_nfev=args.max_nfev, cv=not args.no_cv,
+                           seed=args.seed, source=str(args.file))
+    if out is not None:
+        _write_json(out / "fit.json", report)
+    if args.write:
+        path = cal.write_calibrated(report)
+        print(f"wrote {path}")
+    print(json.dumps({"params": report["fit"]["params"], "std_error": report["fit"]["std_error"],
+                      "kv_precision": report["fit"]["kv_precision"],
+                      "cv": {k: {q: {m: v[q][m] for m in ("median_abs_error", "within_25pct")} for q in ("tpot", "ttft")}
+                             for k, v in report.get("cv", {}).items()}}, indent=2, default=float))
+    return 0
+
+
 def _cmd_simulate_pools(args) -> int:
     from pathlib import Path
 
@@ -515,7 +583,7 @@ def _cmd_simulate(args) -> int:
     res.actions.to_csv(out / "actions.csv", index=False)
     keys = ("requests", "completed", "rejected", "deferred", "in_flight_end", "ttft_p50", "ttft_p99", "tpot_p50",
             "tpot_p99", "slo_attainment", "slo_attainment_admitted", "goodput_tokens_per_s", "wasted_prefill_tokens",
-            "prefix_hit_ratio", "gpu_hours", "actions_per_hour", "wall_seconds",
+            "prefix_hit_ratio", "gpu_hours", "actions_per_hour", "reversals_per_hour", "wall_seconds",
             "sim_requests_per_wall_s")
     _print_table({k: m[k] for k in keys if m.get(k) is not None})
     print(f"capacity at the SLO of {cap['cluster']['fill_workers']} fill + {cap['cluster']['decode_workers']} decode: "
@@ -765,6 +833,25 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--agentic", type=float, default=None, help="synth: fraction of traffic in agentic sessions")
     t.add_argument("--out", default="synthetic.csv", help="synth: output CSV")
     t.set_defaults(func=_cmd_traces)
+
+    ca = sub.add_parser("calibrate", help="score the service model against measured serving runs, or fit it to them")
+    ca.add_argument("action", choices=["score", "fit"])
+    ca.add_argument("file", help="silicon-format CSV, a TOML of [[points]], or `published`")
+    ca.add_argument("--out", default=None, help="score: folder for metrics.json and rows.csv; fit: for fit.json")
+    ca.add_argument("--method", choices=["des", "steady-state"], default="des",
+                    help="score: the request simulator (default) or the closed-loop steady-state solve")
+    ca.add_argument("--params", choices=["defaults", "pre-calibration", "calibrated"], default="defaults",
+                    help="score: Efficiency() defaults, the efficiencies before issue 24 (the 13-point fit), "
+                         "or the calibrated set with its TTFT terms (plant_models/calibrated.py)")
+    ca.add_argument("--limit", type=int, default=None, help="only the first N mapped runs (a quick subset)")
+    ca.add_argument("--stratified", action="store_true", help="--limit: one run per group first (GPU, engine, "
+                                                               "model, mode, batch band)")
+    ca.add_argument("--seed", type=int, default=0)
+    ca.add_argument("--per-group", type=int, default=3, help="fit: training runs per group")
+    ca.add_argument("--max-nfev", type=int, default=40, help="fit: residual evaluations per optimisation")
+    ca.add_argument("--no-cv", action="store_true", help="fit: skip the cross-validation")
+    ca.add_argument("--write", action="store_true", help="fit: write the calibrated set (plant_models/calibrated.py)")
+    ca.set_defaults(func=_cmd_calibrate)
 
     from tokenfactory.studies import STUDIES
 

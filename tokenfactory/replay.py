@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from tokenfactory.core.classes import DEFAULT_CLASSES, class_table
-from tokenfactory.controllers.oscillation import assess
+from tokenfactory.controllers.oscillation import judge_actuators
 from tokenfactory.plant_models.des import ClusterConfig, DESParams, simulate
 from tokenfactory.plant_models.fluid import FluidParams, FluidPlant
 from tokenfactory.plant_models.roofline import Worker
@@ -38,8 +38,8 @@ from tokenfactory.traces.transforms import place_sessions, scale_trace
 from tokenfactory.core.validation import ConfigError, check_choice, check_number, load_toml, reject_unknown_keys
 
 __all__ = ["scenario_cluster", "DEFAULT_PLANT", "ReplaySetup", "ClusterCapacity", "KNEE_ATTAINMENT",
-           "request_shape_of", "build_replay", "run_replay", "class_outputs", "request_costs", "service_capacity",
-           "infeasible",
+           "request_shape_of", "build_replay", "run_replay", "result_verdict", "class_outputs", "request_costs",
+           "service_capacity", "infeasible",
            "replay_trace", "ReplayScenario", "replay_scenario_from_dict", "load_replay_scenario"]
 
 #: the preset disaggregated cluster: DeepSeek-V3 on 8xH200 workers, 2 fill + 1 decode
@@ -663,6 +663,30 @@ def replay_trace(trace: pd.DataFrame, setup: ReplaySetup, *, scale: float = 1.0,
     return (scale_trace(trace, scale) if scale != 1 else trace), scale
 
 
+def result_verdict(res, fill_token_budget: float):
+    """The request simulator's verdict (:func:`~tokenfactory.controllers.oscillation.judge_actuators`)
+    on a run: every pool, the batch cap, the reservation, the admission rate, the ready buffer (1
+    request) and the fill queue (one fill step's token budget), after the first 10 % of the run
+    (the start-up transient); a window of fewer than 16 snapshots judges no cycle, only churn.
+
+    Parameters
+    ----------
+    res : SimulationResult
+        A request-simulator run.
+    fill_token_budget : float
+        Tokens one fill step takes (the fill queue's minimum amplitude).
+
+    Returns
+    -------
+    ActuatorVerdict
+        The verdict.
+    """
+    s = res.series
+    end = float(s["time_s"].iloc[-1]) if len(s) else 0.0
+    return judge_actuators(s, res.actions, start_s=0.1 * end,
+                           buffer_amplitudes={"ready": 1.0, "fill_queued_tokens": fill_token_budget})
+
+
 def run_replay(trace: pd.DataFrame, setup: ReplaySetup, admission: str, scale: float = 1.0,
                cluster: dict | None = None, autoscaler: str | None = None, *, load: float | None = None,
                admission_params: dict | None = None, batch_cap: str | float | None = None,
@@ -674,11 +698,8 @@ def run_replay(trace: pd.DataFrame, setup: ReplaySetup, admission: str, scale: f
     The controllers are built for the replayed stream: its mean rate (requests over the last
     arrival time, after ``scale``) and its arrival times go into the :class:`PlantContext`, with
     the service model, the cluster's request classes and the classes' output tokens
-    (:func:`class_outputs`). Oscillation verdicts are
-    :func:`~tokenfactory.controllers.oscillation.assess` on the ready buffer's and the fill
-    queue's (queued prompt tokens) snapshots after the first 10 % of the run (the start-up
-    transient), with minimum amplitudes of 1 request and one fill step's token budget; with
-    fewer than 16 snapshots there is no verdict.
+    (:func:`class_outputs`). The oscillation verdict is :func:`result_verdict`: every actuator
+    (pool sizes, batch cap, reservation, admission rate) and buffer, and the pools' churn.
 
     Parameters
     ----------
@@ -728,8 +749,9 @@ def run_replay(trace: pd.DataFrame, setup: ReplaySetup, admission: str, scale: f
         ``(metrics, SimulationResult)``. ``metrics`` is the simulator's metrics plus ``admission``,
         ``autoscaler``, ``scale``, ``load``, ``capacity`` (:meth:`ClusterCapacity.to_dict` of the
         simulated cluster), ``batch_cap``, ``ready_oscillation`` and
-        ``fill_oscillation`` (:class:`~tokenfactory.controllers.oscillation.OscillationReport` as
-        dicts, or None) and ``oscillating`` (either verdict; False without one).
+        ``fill_oscillation`` (the buffers' :class:`~tokenfactory.controllers.oscillation.OscillationReport`
+        as dicts, or None), ``oscillation`` (the whole :class:`~tokenfactory.controllers.oscillation.ActuatorVerdict`),
+        ``oscillating`` (its verdict: any signal cycling, or churn) and ``churning``.
     """
     check_choice("capacity", capacity, ("model", "measured"))
     cl = setup.cluster_config(cluster)
@@ -755,16 +777,12 @@ def run_replay(trace: pd.DataFrame, setup: ReplaySetup, admission: str, scale: f
                                                                   else [])
     res = simulate(replay, setup.params, cl, build_admission(admission, ctx, admission_params, where=admission_where),
                    scalers)
-    s = res.series
-    after = s[s["time_s"] > 0.1 * s["time_s"].iloc[-1]]
-    enough = len(after) >= 16
-    rep = assess(after["ready"].to_numpy(), cl.snapshot_dt, min_amplitude=1.0) if enough else None
-    frep = assess(after["fill_queued_tokens"].to_numpy(), cl.snapshot_dt,
-                  min_amplitude=float(setup.params.fill_token_budget)) if enough else None
+    verdict = result_verdict(res, float(setup.params.fill_token_budget))
+    sig = verdict.signals
     m = {**res.metrics, "admission": admission, "autoscaler": autoscaler, "scale": scale, "load": load,
-         "capacity": cap.to_dict(), "batch_cap": cl.batch_cap, "ready_oscillation": rep.to_dict() if rep else None,
-         "fill_oscillation": frep.to_dict() if frep else None,
-         "oscillating": bool((rep and rep.oscillating) or (frep and frep.oscillating))}
+         "capacity": cap.to_dict(), "batch_cap": cl.batch_cap, "ready_oscillation": sig.get("ready"),
+         "fill_oscillation": sig.get("fill_queue"), "oscillating": verdict.oscillating, "churning": verdict.churning,
+         "oscillation": verdict.to_dict()}
     return m, res
 
 

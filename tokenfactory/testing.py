@@ -13,6 +13,10 @@ cycle, eats a margin or loses requests fails a test, with the figures in the mes
         assert_no_oscillation(r.sampled("ready", 0.05, 60), 0.05, min_amplitude=1.0)
         assert_conserved(r)
 
+    def test_no_actuator_flaps():
+        r = simulate(trace, params, cluster, admission, autoscalers)
+        assert_no_actuator_oscillation(r, start_s=120.0)
+
 Each helper raises ``AssertionError`` (pytest shows the message) and returns what it measured, so a
 test can log or pin more.
 """
@@ -27,11 +31,11 @@ from typing import Any
 import numpy as np
 
 from tokenfactory.controllers.autotune import admission_loop
-from tokenfactory.controllers.oscillation import OscillationReport, assess
+from tokenfactory.controllers.oscillation import ActuatorVerdict, OscillationReport, assess, judge_actuators
 from tokenfactory.controllers.stability import DelayedLoop, Margins, stability_margins
 from tokenfactory.scenario import Scenario, load_scenario
 
-__all__ = ["assert_no_oscillation", "assert_margins", "assert_conserved"]
+__all__ = ["assert_no_oscillation", "assert_no_actuator_oscillation", "assert_margins", "assert_conserved"]
 
 
 def assert_no_oscillation(series, dt: float, *, min_amplitude: float = 0.0, name: str = "signal",
@@ -81,6 +85,38 @@ def assert_no_oscillation(series, dt: float, *, min_amplitude: float = 0.0, name
         if n > max_reversals:
             raise AssertionError(f"{name}: {n} scale reversals (up after down or down after up) > {max_reversals}")
     return rep
+
+
+def assert_no_actuator_oscillation(result, *, start_s: float = 0.0, **kw) -> ActuatorVerdict:
+    """Fail if any actuator of a simulation result cycles or its pools churn: the verdict every
+    result reports (:func:`tokenfactory.controllers.oscillation.judge_actuators`).
+
+    Parameters
+    ----------
+    result : SimulationResult
+        From any plant (its ``series`` and ``actions`` are judged).
+    start_s : float
+        Judge from this time on (default 0).
+    **kw
+        Further :func:`~tokenfactory.controllers.oscillation.judge_actuators` arguments
+        (``buffer_amplitudes``, ``step_s``, ...).
+
+    Returns
+    -------
+    ActuatorVerdict
+        The verdict, when it passes.
+
+    Raises
+    ------
+    AssertionError
+        Naming the cycling signals (with period and amplitude) and the churn figures.
+    """
+    v = judge_actuators(result.series, result.actions, start_s=start_s, **kw)
+    if v.oscillating:
+        detail = "; ".join(f"{k}: period {d['period_s']:.4g} s, amplitude {d['amplitude']:.4g}, r = "
+                           f"{d['thornhill_r']:.3g}" for k, d in v.signals.items() if d.get("oscillating"))
+        raise AssertionError(f"{v.reason}" + (f" ({detail})" if detail else ""))
+    return v
 
 
 def _loops(target: Any) -> list[tuple[str, DelayedLoop]]:

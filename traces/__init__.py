@@ -19,4 +19,7 @@ from tokenfactory.traces.class_assignment import __all__ as _cl
 from tokenfactory.traces.rate_workloads import *  # noqa: F401,F403
 from tokenfactory.traces.rate_workloads import __all__ as _rw
 
-__all__ = [*_ld, *_sc, *_st, *_sy, *_tf, *_rt, *_cl, *_rw]
+from tokenfactory.traces.closed_loop import *  # noqa: F401,F403
+from tokenfactory.traces.closed_loop import __all__ as _clc
+
+__all__ = [*_ld, *_sc, *_st, *_sy, *_tf, *_rt, *_cl, *_rw, *_clc]

@@ -766,6 +766,10 @@ def _hysteretic(ctx: PlantContext, p: dict) -> list:
         raise ConfigError("autoscaler", "the hysteretic controller needs the mean demand (PlantContext.rate_rps) "
                           "to derive its dead band")
     mu_f, mu_d = _rates(ctx)
+    # a decode worker carries what its batch at the TPOT SLO completes, not its full KV batch
+    # (the small plant of issue 21: 41 of 328 slots at a 50 ms TPOT, 2.7 instead of 11 req/s)
+    p = ctx.params
+    mu_d = min(mu_d, p.completion_rate(min(static_batch_cap(ctx), p.decode_slots_per_worker), 1))
     kw = dict(startup_s=ctx.dynamics.startup_s, warmup_s=ctx.dynamics.warmup_s,
               target_utilization=TARGET_UTILIZATION, **_bounds(ctx))
     arr = ctx.arrival_times_s

@@ -38,10 +38,6 @@ def _first(v: float | pd.Series) -> float:
     return float(v.iloc[0]) if isinstance(v, pd.Series) else float(v)
 
 
-def _provisioned(series: pd.DataFrame, pool: str) -> pd.Series:
-    return series[f"{pool}_workers"] + series[f"{pool}_workers_starting"]
-
-
 def run_on_rates(sc: StackScenario, wl: RateWorkload, *, startup_s: float | None = None, stack: str = "stack",
                  dt: float = 2.0, seed: int = 0, control_start_s: float = 300.0,
                  ceiling: dict[str, float] | None = None) -> tuple[dict, Any, Any]:
@@ -89,7 +85,7 @@ def run_on_rates(sc: StackScenario, wl: RateWorkload, *, startup_s: float | None
         ``(metrics row, SimulationResult, ControlStack)``.
     """
     from tokenfactory.controllers.capacity import oracle_plan, static_split
-    from tokenfactory.controllers.oscillation import assess
+    from tokenfactory.controllers.oscillation import judge_actuators
     from tokenfactory.plant_models.pools import PoolScenario, simulate_pools
     from tokenfactory.registry import BASELINE_STACKS, baseline_stack
 
@@ -135,22 +131,15 @@ def run_on_rates(sc: StackScenario, wl: RateWorkload, *, startup_s: float | None
                        output_factor=wl.output_factor)
     r = simulate_pools(run_params, nf, nd, psc, controllers=[ctrl], dynamics=dyn)
     step = max(1, int(round(10.0 / dt)))  # the detectors on 10-s samples
-    after = r.series[r.series["time_s"] >= control_start_s + 600.0]
-    osc = {}
-    for pool in ("fill", "decode"):
-        # the pool's load in nominal requests/s: the demand x the pool's work factor at each step
-        load = after["demand"] * after["prompt_factor" if pool == "fill" else "output_factor"]
-        justified = load / (mu[pool] * ceil_[pool])
-        x = (_provisioned(after, pool) - justified).to_numpy(dtype=float)[::step]
-        # what is slower than OSCILLATION_HIGHPASS_S is the demand's cycle against the pool's headroom
-        # (or a static pool), not a loop's limit cycle: remove it with a centred running mean
-        w = int(round(OSCILLATION_HIGHPASS_S / (dt * step)))
-        if len(x) > 2 * w:
-            x = x - pd.Series(x).rolling(w, center=True, min_periods=1).mean().to_numpy()
-        osc[pool] = assess(x, dt * step, min_amplitude=0.5).to_dict()
-        if np.ptp(_provisioned(after, pool).to_numpy(dtype=float)) == 0:
-            # a pool no one resized cannot oscillate: what the detectors see is the demand's own noise
-            osc[pool].update(oscillating=False, reason="no scale action on this pool")
+    after = r.series[r.series["time_s"] >= control_start_s + 600.0].iloc[::step]
+    # each pool judged on its deviation from the demand-justified count (its load in nominal
+    # requests/s, demand x the pool's work factor, over the pool's rate at its ceiling); what is
+    # slower than OSCILLATION_HIGHPASS_S is the demand's cycle against the pool's headroom
+    justified = {f"{pool}_pool": (after["demand"] * after["prompt_factor" if pool == "fill" else "output_factor"]
+                                  / (mu[pool] * ceil_[pool])).to_numpy(dtype=float) for pool in ("fill", "decode")}
+    verdict = judge_actuators(after, r.actions, start_s=control_start_s + 600.0, references=justified,
+                              highpass_s=OSCILLATION_HIGHPASS_S)
+    osc = {pool: verdict.signals.get(f"{pool}_pool", {}) for pool in ("fill", "decode")}
     m = r.metrics
     row = {"stack": stack, "workload": wl.name, "startup_s": dyn.startup_s, "gpu_hours": m["gpu_hours"],
            "busy_gpu_hours": m["busy_gpu_hours"], "oracle_gpu_hours": oracle_gpu_h,
@@ -158,8 +147,9 @@ def run_on_rates(sc: StackScenario, wl: RateWorkload, *, startup_s: float | None
            "slo_attainment": m["slo_attainment"], "rejected": m["rejected"],
            "rejected_fraction": m["rejected"] / m["requests"] if m["requests"] else 0.0,
            "actions_per_hour": m["actions_per_hour"], "reversals_per_hour": m["reversals_per_hour"],
-           "oscillating": any(v["oscillating"] for v in osc.values()),
-           "fill_thornhill_r": osc["fill"]["thornhill_r"], "decode_thornhill_r": osc["decode"]["thornhill_r"],
+           "oscillating": verdict.oscillating, "churning": verdict.churning, "oscillation": verdict.to_dict(),
+           "fill_thornhill_r": osc["fill"].get("thornhill_r", math.nan),
+           "decode_thornhill_r": osc["decode"].get("thornhill_r", math.nan),
            "requests": m["requests"], "completed": m["completed"], "in_flight_end": m["in_flight_end"],
            "utilization_ceiling": ceil_, "per_worker_rps": mu, "fleet_size": wl.fleet_size, "role_moves": m["role_moves"],
            "role_moves_per_hour": m["role_moves_per_hour"],

@@ -22,6 +22,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from tokenfactory.controllers.oscillation import judge_actuators
 from tokenfactory.plant_models.des import ClusterConfig, simulate
 from tokenfactory.replay import build_replay, class_outputs
 from tokenfactory.stack.build import build_stack
@@ -148,11 +149,15 @@ def run_stack_on_requests(sc: StackScenario, trace: pd.DataFrame, *, startup_s: 
     r = simulate(trace, setup.params, cluster, adm, scalers)
     m = r.metrics
     gate = ctrl.layer("batch_gate")
+    # the verdict every result reports: every actuator and buffer after the first control sample
+    verdict = judge_actuators(r.series, r.actions, start_s=control_start_s,
+                              buffer_amplitudes={"ready": 1.0, "fill_queued_tokens": float(setup.params.fill_token_budget)})
     caps = r.series["decode_batch_cap"].to_numpy(dtype=float) if "decode_batch_cap" in r.series else np.array([])
     row = {"stack": name, "requests": m["requests"], "completed": m["completed"], "rejected": m["rejected"],
            "in_flight_end": m["in_flight_end"], "slo_attainment": m["slo_attainment"],
            "goodput_tokens_per_s": m.get("goodput_tokens_per_s"), "gpu_hours": m["gpu_hours"],
            "actions_per_hour": m["actions_per_hour"], "reversals_per_hour": m["reversals_per_hour"],
+           "oscillating": verdict.oscillating, "churning": verdict.churning, "oscillation": verdict.to_dict(),
            "batch_cap_changes": m["batch_cap_changes"],
            "batch_cap_range": [float(np.nanmin(caps)), float(np.nanmax(caps))] if caps.size else None,
            "gate_sampled": bool(gate is not None and gate.sampled), "initial_pools": [nf, nd],
@@ -214,10 +219,10 @@ def run_stack_on_both_plants(sc: StackScenario, trace: pd.DataFrame, *, startup_
     row, r, ctrl = run_stack_on_requests(sc, trace, startup_s=startup_s, seed=seed)
     wl = requests_as_rates(trace, name="requests")
     prow, _, _ = run_on_rates(sc, wl, startup_s=startup_s, stack="stack-no-planning", dt=dt, seed=seed)
-    keys = ("slo_attainment", "gpu_hours", "actions_per_hour", "reversals_per_hour", "requests", "rejected")
+    keys = ("slo_attainment", "gpu_hours", "actions_per_hour", "reversals_per_hour", "requests", "rejected",
+            "oscillating")
     rows = [{"plant": "request simulator", **{k: row[k] for k in keys}, "batch_cap_changes": row["batch_cap_changes"],
              "gate": "sampled every %g s" % ctrl.layer("batch_gate").sample_period if row["gate_sampled"] else "static"},
             {"plant": "pool model", **{k: prow[k] for k in keys}, "batch_cap_changes": 0,
-             "gate": "static (nominal-context cap)", "oracle_gpu_hours": prow["oracle_gpu_hours"],
-             "oscillating": prow["oscillating"]}]
+             "gate": "static (nominal-context cap)", "oracle_gpu_hours": prow["oracle_gpu_hours"]}]
     return rows, r, ctrl

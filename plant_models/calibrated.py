@@ -1,0 +1,78 @@
+"""The calibrated service-model parameters (issue 24), written by
+``tokenfactory calibrate fit FILE --write`` - do not edit by hand; refit instead.
+
+Fitted by robust least squares on the measured serving runs of NVIDIA AIConfigurator's silicon
+sample (``measurements/aiconfigurator-silicon``, H100/H200/B200, trtllm/sglang/vllm), each run
+predicted by the closed-loop steady-state solve of :mod:`tokenfactory.plant_models.calibration`,
+together with the 13 published DeepSeek-V3/R1 deployments (which bind the scale-out network).
+``std_error`` is the Gauss-Newton standard error at the optimum; ``cross_validated`` the
+held-out errors leaving one GPU / one engine out; ``in_sample`` the errors on every run.
+"""
+
+__all__ = ["CALIBRATED"]
+
+CALIBRATED = {'params': {'compute': 0.6558,
+            'memory': 0.5253,
+            'network': 0.1348,
+            'network_scale_out': 0.5205,
+            'layer_overhead_s': 7.963e-05,
+            'pass_overhead_s': 7.384e-14,
+            'routing_locality': 0.8487,
+            'first_wave_weight': 0.3398,
+            'ttft_overhead_s': 0.06344,
+            'ttft_s_per_input_token': 1.609e-05,
+            'ttft_factor_sglang': 1.342,
+            'ttft_factor_vllm': 0.594},
+ 'std_error': {'compute': 0.31,
+               'memory': 0.2,
+               'network': 0.024,
+               'network_scale_out': 0.14,
+               'layer_overhead_s': 0.0001,
+               'pass_overhead_s': 0.0047,
+               'routing_locality': 0.78,
+               'first_wave_weight': 0.16,
+               'ttft_overhead_s': 0.055,
+               'ttft_s_per_input_token': 3.7e-05,
+               'ttft_factor_sglang': 0.56,
+               'ttft_factor_vllm': 0.22},
+ 'kv_precision': {'sglang': 'fp8', 'trtllm': 'fp8', 'vllm': 'fp8'},
+ 'in_sample': {'tpot': {'rows': 2545.0,
+                        'median_abs_error': 0.1931,
+                        'p10_error': -0.2442,
+                        'p90_error': 0.4845,
+                        'within_25pct': 0.6208},
+               'ttft': {'rows': 2545.0,
+                        'median_abs_error': 0.3426,
+                        'p10_error': -0.4996,
+                        'p90_error': 1.0567,
+                        'within_25pct': 0.3843}},
+ 'cross_validated': {'hardware': {'tpot': {'rows': 2545.0,
+                                           'median_abs_error': 0.2051,
+                                           'p10_error': -0.25,
+                                           'p90_error': 0.5377,
+                                           'within_25pct': 0.569},
+                                  'ttft': {'rows': 2545.0,
+                                           'median_abs_error': 0.3691,
+                                           'p10_error': -0.5443,
+                                           'p90_error': 1.1787,
+                                           'within_25pct': 0.3615}},
+                     'engine': {'tpot': {'rows': 2545.0,
+                                         'median_abs_error': 0.2852,
+                                         'p10_error': -0.2072,
+                                         'p90_error': 0.7739,
+                                         'within_25pct': 0.4542},
+                                'ttft': {'rows': 2545.0,
+                                         'median_abs_error': 0.5971,
+                                         'p10_error': -0.5755,
+                                         'p90_error': 1.906,
+                                         'within_25pct': 0.2008}}},
+ 'provenance': {'source': 'measurements/aiconfigurator-silicon/silicon_calibration.csv '
+                          '(ai-dynamo/aiconfigurator 095f58a51c4c)',
+                'runs': 2545,
+                'train_rows': 111,
+                'per_group': 1,
+                'max_nfev': 30,
+                'cv_max_nfev': 15,
+                'seed': 0,
+                'method': 'steady-state',
+                'command': 'tokenfactory calibrate fit FILE --per-group 1 --max-nfev 30 --write'}}

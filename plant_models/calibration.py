@@ -1,0 +1,812 @@
+"""Score the service model against measured serving runs and calibrate it on them (issue 24).
+
+Each run (:mod:`tokenfactory.plant_models.measured_runs`) is simulated as it was benchmarked:
+``concurrency`` closed-loop clients (:func:`tokenfactory.traces.closed_loop_clients`) with the
+run's ISL / OSL through the request simulator on the run's layout - an aggregated worker
+(:mod:`tokenfactory.plant_models.des.aggregated`: chunked prefill inside the decode passes) for
+aggregated runs, prefill and decode pools with the run's worker counts for disaggregated ones -
+and its mean TTFT and TPOT compared with the measured ones (:func:`simulate_run`).
+
+The fit needs each row's prediction many times, so it uses :func:`steady_state_run`, a
+closed-loop steady-state solve of the same service model (Little's law over the N clients, the
+decode batch and the prefill work per pass, iterated to a fixed point), cross-checked against the
+simulator on a sample (:func:`cross_check`; the study and ``calibrate score --method`` report the
+agreement). Both run on the same :class:`~tokenfactory.plant_models.service.ServiceModel`.
+
+Errors are signed (predicted - measured) / measured, for TTFT and TPOT apart; the tables split
+them by GPU, engine, precision, mode and batch band (:func:`error_metrics`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tokenfactory.plant_models.des.config import ClusterConfig
+from tokenfactory.plant_models.des.simulator import simulate
+from tokenfactory.plant_models.des.params import DESParams
+from tokenfactory.plant_models.hardware import accelerator_preset
+from tokenfactory.plant_models.measured_runs import MeasuredRun, MeasuredRuns
+from tokenfactory.plant_models.roofline import Efficiency, Worker
+from tokenfactory.plant_models.service import KVLink, RequestShape, ServiceModel
+from tokenfactory.plant_models.published_points import _model, predict_point, PUBLISHED_POINTS
+from tokenfactory.traces.closed_loop import closed_loop_clients
+from tokenfactory.core.validation import ConfigError, check_choice, check_int, check_number
+
+__all__ = [
+    "AGG_TOKENS_PER_REPLICA",
+    "METHODS",
+    "SPLITS",
+    "RunSettings",
+    "run_service",
+    "simulate_run",
+    "steady_state_run",
+    "predict_runs",
+    "error_metrics",
+    "cross_check",
+    "CALIBRATION_PARAMETERS",
+    "BASE_SETTINGS",
+    "PRE_CALIBRATION_EFFICIENCY",
+    "settings_from",
+    "params_of",
+    "training_sample",
+    "CalibrationFit",
+    "fit_calibration",
+    "cross_validate_runs",
+    "calibrate",
+    "calibrated_settings",
+    "write_calibrated",
+]
+
+#: chunked-prefill token budget per attention replica of an aggregated engine: vLLM's
+#: ``max_num_batched_tokens``, SGLang's ``chunked_prefill_size`` and TensorRT-LLM's
+#: ``max_num_tokens`` are all 8,192 in the engines' serving defaults (ASSUMPTION: the file does
+#: not state the engines' settings)
+AGG_TOKENS_PER_REPLICA = 8192
+#: how a run is predicted: the request simulator, or the closed-loop steady-state solve
+METHODS = ("des", "steady-state")
+#: the columns the error tables are split by
+SPLITS = ("hardware", "engine", "precision", "mode", "batch_band")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What a run is predicted with besides its own configuration.
+
+    Parameters
+    ----------
+    efficiency : Efficiency
+        The service model's efficiencies and overheads (default ``Efficiency()``).
+    kv_precision : mapping
+        KV-cache number format per engine (the file does not state it); engines not named use
+        the model preset's (BF16).
+    requests_per_client : int
+        Requests each simulated client sends (>= 2; default 3).
+    first_wave_weight : float
+        Weight of the first wave's TTFT (every client's first request, all sent at once) in the
+        predicted mean TTFT, in [0, 1] (default 0.5); the rest is the later requests'. The share
+        of a benchmark's requests that are first requests is 1 / its requests per client, which
+        the file does not state: fitted (:func:`fit_calibration`).
+    ttft_overhead_s, ttft_s_per_input_token : float
+        What a request's TTFT carries besides the passes: the serving front end (HTTP, detokenised
+        streaming, scheduler admission) per request and tokenisation per input token (s, >= 0;
+        default 0; fitted).
+    engine_ttft_factor : mapping
+        TTFT multiplier per engine (default: none, 1): the engines schedule prefill differently
+        (chunk sizes, prefill priority, DP-attention balancing) in ways the file does not state;
+        fitted, and 1 for an engine the fit has not seen.
+    """
+
+    efficiency: Efficiency = field(default_factory=Efficiency)
+    kv_precision: Mapping[str, str] = field(default_factory=dict)
+    requests_per_client: int = 3
+    first_wave_weight: float = 0.5
+    ttft_overhead_s: float = 0.0
+    ttft_s_per_input_token: float = 0.0
+    engine_ttft_factor: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for eng, v in self.engine_ttft_factor.items():
+            check_number(f"settings.engine_ttft_factor.{eng}", v, low=0.0, low_inclusive=False)
+        check_number("settings.ttft_overhead_s", self.ttft_overhead_s, low=0.0, high=10.0)
+        check_number("settings.ttft_s_per_input_token", self.ttft_s_per_input_token, low=0.0, high=1e-3)
+        check_int("settings.requests_per_client", self.requests_per_client, low=2)
+        check_number("settings.first_wave_weight", self.first_wave_weight, low=0.0, high=1.0)
+        for eng, p in self.kv_precision.items():
+            check_choice(f"settings.kv_precision.{eng}", p, ("bf16", "fp8"))
+
+
+def run_service(run: MeasuredRun, settings: RunSettings = RunSettings()) -> ServiceModel:
+    """The service model of ``run``: its model (checkpoint precisions, KV format from
+    ``settings``), GPU, layouts and request shape (constant output length).
+
+    Parameters
+    ----------
+    run : MeasuredRun
+        The measured run.
+    settings : RunSettings
+        Efficiencies, KV formats and the benchmark's unstated settings.
+
+    Raises
+    ------
+    ConfigError
+        When the layout does not hold the model or one request's KV (field ``parallelism`` or
+        ``shape``).
+    """
+    over = dict(run.model_overrides)
+    kv = settings.kv_precision.get(run.engine)
+    if kv is not None:
+        over["kv_precision"] = kv
+    model = _model(run.model, tuple(sorted(over.items())))
+    acc = accelerator_preset(run.hardware)
+    dec = Worker(model, acc, run.parallelism, settings.efficiency)
+    if run.fill_parallelism is not None:
+        fill = Worker(model, acc, run.fill_parallelism, settings.efficiency)
+        per_replica = max(run.fill_batch, 1) * run.input_tokens
+    else:
+        fill, per_replica = dec, AGG_TOKENS_PER_REPLICA
+    shape = RequestShape(prompt_tokens=run.input_tokens, output_tokens=run.output_tokens, output_cv=0.0)
+    return ServiceModel(fill, dec, shape, KVLink(), fill_tokens_per_replica=per_replica)
+
+
+def _cluster(run: MeasuredRun) -> ClusterConfig:
+    cap = float(run.max_batch) if run.max_batch > 0 else None
+    if run.fill_parallelism is None:
+        return ClusterConfig(fill_workers=0, decode_workers=0, aggregated_workers=run.workers,
+                             prefix_cache_blocks=0, progress=False, batch_cap=cap, drain_s=3600.0)
+    return ClusterConfig(fill_workers=run.fill_workers, decode_workers=run.workers, prefix_cache_blocks=0,
+                         progress=False, batch_cap=cap, drain_s=3600.0)
+
+
+def simulate_run(run: MeasuredRun, settings: RunSettings = RunSettings()) -> dict[str, float]:
+    """Simulate the benchmark: ``run.concurrency`` closed-loop clients, each sending
+    ``settings.requests_per_client`` requests of the run's ISL / OSL, through the request
+    simulator on the run's layout.
+
+    Parameters
+    ----------
+    run : MeasuredRun
+        The measured run.
+    settings : RunSettings
+        Efficiencies, KV formats and the benchmark's unstated settings.
+
+    Returns
+    -------
+    dict
+        ``ttft_s`` (the first requests' mean TTFT and the later ones' weighted by
+        ``settings.first_wave_weight``), ``tpot_s`` (mean over every completed request),
+        ``ttft_wave_s``, ``ttft_steady_s``, ``requests``, ``completed``, ``sim_wall_s``.
+    """
+    t0 = time.perf_counter()
+    service = run_service(run, settings)
+    params = DESParams.from_service(service)
+    trace = closed_loop_clients(run.concurrency, run.input_tokens, run.output_tokens,
+                                settings.requests_per_client)
+    res = simulate(trace, params, _cluster(run))
+    rec = res.records
+    done = rec[rec["completion_s"].notna()]
+    turn = trace["turn"].to_numpy()[done["request"].to_numpy()]
+    first, later = done[turn == 0], done[turn >= 1]
+    w = settings.first_wave_weight
+    front = settings.ttft_overhead_s + settings.ttft_s_per_input_token * run.input_tokens
+    ttft = settings.engine_ttft_factor.get(run.engine, 1.0) * (
+        w * first["ttft_s"].mean() + (1.0 - w) * later["ttft_s"].mean() + front)
+    return {"ttft_s": float(ttft), "tpot_s": float(done["tpot_s"].mean()), "ttft_wave_s": float(first["ttft_s"].mean()),
+            "ttft_steady_s": float(later["ttft_s"].mean()), "requests": int(len(done)),
+            "completed": int(res.metrics["completed"]), "sim_wall_s": time.perf_counter() - t0}
+
+
+def _wave_position(n: int, per_step: float) -> float:
+    """Mean over n prompts arriving at once of the fill step (1-based) that finishes each, when a
+    step finishes ``per_step`` prompts (fractional: a prompt spans steps)."""
+    if per_step >= n:
+        return 1.0
+    j = np.arange(1, n + 1)
+    return float(np.mean(np.ceil(j / per_step - 1e-9)))
+
+
+def steady_state_run(run: MeasuredRun, settings: RunSettings = RunSettings(), iterations: int = 40,
+                     tol: float = 1e-4) -> dict[str, float]:
+    """Closed-loop steady state of the benchmark on the same service model (no simulation).
+
+    N clients cycle through TTFT + (OSL - 1) TPOT; throughput X = N / cycle (Little's law). A
+    worker (aggregated, or a decode worker) holds B = min(cap, N_w (OSL - 1) TPOT / cycle)
+    decoding sequences at the mean context ISL + OSL / 2, N_w the clients per worker.
+
+    * aggregated: a prompt enters a pass whole (up to the budget, c tokens; more prompts per pass
+      when more than one arrives per pass), so a share f = X_w ISL TPOT / c of the passes are
+      mixed passes at (B, c) and TPOT = (1 - f) decode pass + f mixed pass; TTFT = the prompt's
+      chunks (ceil(ISL / replica budget) mixed passes) plus half a pass of waiting, plus the
+      M/D/1 queueing of prompts for mixed passes, f / (2 (1 - f)) x mixed pass;
+    * disaggregated: TPOT = the decode pass at B; TTFT = the prefill of one step (one prompt per
+      attention replica x prefill batch) plus the KV transfer, plus the M/D/1 wait of the prefill
+      pool at utilisation X x fill seconds per request / prefill workers; clients beyond the
+      decode slots wait for a slot.
+
+    The benchmark's first wave (all N clients start together, their prompts queue for prefill
+    steps) has its own TTFT, the mean finishing step of N prompts times the step; the prediction
+    weights it by ``settings.first_wave_weight`` (the share of the benchmark's requests in the
+    first wave, 1 / requests per client).
+
+    Parameters
+    ----------
+    run : MeasuredRun
+        The measured run.
+    settings : RunSettings
+        Efficiencies, KV formats and the benchmark's unstated settings.
+    iterations : int
+        Most fixed-point iterations (default 40).
+    tol : float
+        Relative change of TTFT and TPOT at which the iteration stops (default 1e-4).
+
+    Returns
+    -------
+    dict
+        ``ttft_s``, ``tpot_s``, ``batch`` (decodes per worker), ``ttft_wave_s``, ``ttft_steady_s``.
+    """
+    s = run_service(run, settings)
+    dec = s.decode_worker
+    N, I, O = run.concurrency, run.input_tokens, run.output_tokens
+    ctx = I + O / 2.0
+    n_w = N / max(run.workers, 1)
+    cap = run.max_batch if run.max_batch > 0 else math.inf
+    cap = min(cap, max(s.slots(I + O), 1))
+    agg = run.fill_parallelism is None
+    if agg:
+        budget = s.fill_token_budget
+        chunks = math.ceil(I / s.replica_chunk_tokens)
+        step = s.fill_step_s(min(budget, n_w * I))
+        wave = step * _wave_position(int(math.ceil(n_w)), budget / I)
+    else:
+        fill_s = s.request_fill_s(I)                 # one prompt alone on a prefill worker
+        per_fill = s.fill_worker.parallelism.dp_attention * max(run.fill_batch, 1)
+        transfer = s.kv_transfer_s(s.kv_bytes(I))
+        step = s.fill_step_s(min(per_fill, N / run.fill_workers) * I)
+        wave = step * _wave_position(N, per_fill * run.fill_workers) + transfer
+    ttft, tpot = 0.0, dec.decode(max(1.0, min(n_w, cap)), ctx, check_memory=False).time_s
+    B = 1.0
+    for _ in range(iterations):
+        cycle = ttft + max(O - 1, 0) * tpot + 1e-9
+        x_w = n_w / cycle
+        B = max(1.0, min(cap, n_w * max(O - 1, 0) * tpot / cycle))
+        if agg:
+            # a prompt enters whole (up to the budget) into the next pass: a share f of the passes
+            # are mixed passes carrying c tokens, the rest decode only
+            c = min(budget, max(min(I, budget), x_w * I * tpot))
+            f = min(1.0, x_w * I * tpot / c)
+            t_dec = dec.decode(B, ctx, check_memory=False).time_s
+            t_mix = s.mixed_step_s(B, ctx, c)
+            t_new = (1.0 - f) * t_dec + f * t_mix
+            rho = min(f, 0.95)
+            f_new = chunks * t_mix + 0.5 * t_new + rho / (2.0 * (1.0 - rho)) * t_mix
+        else:
+            t_new = dec.decode(B, ctx, check_memory=False).time_s
+            rho = min(n_w * run.workers / cycle * fill_s / (run.fill_workers * per_fill), 0.95)
+            f_new = fill_s + transfer + rho / (2.0 * (1.0 - rho)) * fill_s
+        if n_w > cap:  # clients beyond the decode cap wait for a slot: their share of a cycle
+            f_new += (n_w - cap) / n_w * (f_new + max(O - 1, 0) * t_new)
+        done = abs(t_new - tpot) <= tol * tpot and abs(f_new - ttft) <= tol * max(ttft, 1e-9)
+        ttft, tpot = 0.3 * ttft + 0.7 * f_new, 0.3 * tpot + 0.7 * t_new
+        if done:
+            break
+    w = settings.first_wave_weight
+    front = settings.ttft_overhead_s + settings.ttft_s_per_input_token * I
+    k = settings.engine_ttft_factor.get(run.engine, 1.0)
+    return {"ttft_s": k * (w * max(wave, ttft) + (1.0 - w) * ttft + front), "tpot_s": tpot, "batch": B,
+            "ttft_wave_s": wave, "ttft_steady_s": ttft}
+
+
+def _single_pass(run: MeasuredRun, settings: RunSettings) -> dict[str, float]:
+    """A published point: the roofline's single-pass prediction (what the point measured)."""
+    point = next(p for p in PUBLISHED_POINTS if p.key == run.key) if run.engine == "published" else None
+    if point is None:
+        raise ConfigError("run", f"{run.key} is not a published point")
+    pred = predict_point(point, settings.efficiency)
+    if point.mode == "decode":
+        pred = point.sequences / (pred * run.parallelism.num_gpus)
+    key = "ttft_s" if point.mode == "ttft" else "tpot_s"
+    return {"ttft_s": pred if key == "ttft_s" else math.nan, "tpot_s": pred if key == "tpot_s" else math.nan}
+
+
+def predict_runs(runs: MeasuredRuns | Sequence[MeasuredRun], settings: RunSettings = RunSettings(),
+                 method: str = "des") -> tuple[pd.DataFrame, dict[str, int]]:
+    """Predicted vs measured TTFT and TPOT of every run.
+
+    Parameters
+    ----------
+    runs : MeasuredRuns or sequence of MeasuredRun
+        The mapped runs.
+    settings : RunSettings
+        Efficiencies and KV formats.
+    method : {"des", "steady-state"}
+        The request simulator (:func:`simulate_run`) or the steady-state solve.
+
+    Returns
+    -------
+    (pandas.DataFrame, dict)
+        One row per predicted run (the run's fields, ``predicted_ttft_s``, ``predicted_tpot_s``,
+        ``ttft_error``, ``tpot_error`` signed relative errors) and the runs that could not be
+        predicted, by reason.
+    """
+    check_choice("method", method, METHODS)
+    items = runs.runs if isinstance(runs, MeasuredRuns) else tuple(runs)
+    rows, skipped = [], {}
+    for r in items:
+        try:
+            if r.engine == "published":
+                pred = _single_pass(r, settings)
+            elif method == "des":
+                pred = simulate_run(r, settings)
+            else:
+                pred = steady_state_run(r, settings)
+        except ConfigError as exc:
+            reason = f"does not fit at prediction ({exc.field})"
+            skipped[reason] = skipped.get(reason, 0) + 1
+            continue
+        d = r.to_dict()
+        d["predicted_ttft_s"], d["predicted_tpot_s"] = pred["ttft_s"], pred["tpot_s"]
+        d["ttft_error"] = pred["ttft_s"] / r.ttft_s - 1.0 if r.ttft_s == r.ttft_s else math.nan
+        d["tpot_error"] = pred["tpot_s"] / r.tpot_s - 1.0 if r.tpot_s == r.tpot_s else math.nan
+        if "sim_wall_s" in pred:
+            d["sim_wall_s"] = pred["sim_wall_s"]
+        rows.append(d)
+    return pd.DataFrame(rows), skipped
+
+
+def _summary(err: pd.Series) -> dict[str, float]:
+    e = err.dropna().to_numpy(dtype=float)
+    if not e.size:
+        return {"rows": 0}
+    return {"rows": int(e.size), "median_abs_error": float(np.median(np.abs(e))),
+            "p10_error": float(np.percentile(e, 10)), "p90_error": float(np.percentile(e, 90)),
+            "within_25pct": float(np.mean(np.abs(e) <= 0.25))}
+
+
+def error_metrics(table: pd.DataFrame, splits: Sequence[str] = SPLITS) -> dict[str, Any]:
+    """``median_abs_error``, ``p10_error``, ``p90_error`` and ``within_25pct`` (share of rows
+    within +-25 %) of TTFT and TPOT, overall and split by each of ``splits``.
+
+    Parameters
+    ----------
+    table : pandas.DataFrame
+        :func:`predict_runs` rows (``tpot_error``, ``ttft_error`` and the split columns).
+    splits : sequence of str
+        Columns to split by (default :data:`SPLITS`).
+
+    Returns
+    -------
+    dict
+        ``{"tpot": {...,"by_hardware": {value: {...}}, ...}, "ttft": {...}}``.
+    """
+    out: dict[str, Any] = {}
+    for q in ("tpot", "ttft"):
+        col = f"{q}_error"
+        m = _summary(table[col]) if len(table) else {"rows": 0}
+        for s in splits:
+            if len(table) and s in table:
+                m[f"by_{s}"] = {str(k): _summary(g[col]) for k, g in table.groupby(s)}
+        out[q] = m
+    return out
+
+
+def cross_check(runs: Sequence[MeasuredRun], settings: RunSettings = RunSettings()) -> pd.DataFrame:
+    """Steady-state solve against the request simulator on ``runs`` (a sample): one row per run
+    with both predictions and their ratio (steady / simulated).
+
+    Parameters
+    ----------
+    runs : sequence of MeasuredRun
+        The sample.
+    settings : RunSettings
+        Efficiencies, KV formats and the benchmark's unstated settings.
+    """
+    rows = []
+    for r in runs:
+        try:
+            a, b = steady_state_run(r, settings), simulate_run(r, settings)
+        except ConfigError:
+            continue
+        rows.append({"key": r.key, "mode": r.mode, "concurrency": r.concurrency, "steady_ttft_s": a["ttft_s"],
+                     "des_ttft_s": b["ttft_s"], "steady_tpot_s": a["tpot_s"], "des_tpot_s": b["tpot_s"],
+                     "ttft_ratio": a["ttft_s"] / b["ttft_s"], "tpot_ratio": a["tpot_s"] / b["tpot_s"],
+                     "sim_wall_s": b["sim_wall_s"]})
+    return pd.DataFrame(rows)
+
+
+# -- the fit ---------------------------------------------------------------------------------
+#: free parameters of the fit: (lower, upper, scale to the optimiser's units, where it lives)
+CALIBRATION_PARAMETERS: dict[str, tuple[float, float, float, str]] = {
+    "compute": (0.05, 1.0, 1.0, "efficiency"),
+    "memory": (0.05, 1.0, 1.0, "efficiency"),
+    "network": (0.05, 1.0, 1.0, "efficiency"),
+    "network_scale_out": (0.05, 1.0, 1.0, "efficiency"),
+    "layer_overhead_s": (0.0, 300e-6, 1e-6, "efficiency"),
+    "pass_overhead_s": (0.0, 20e-3, 1e-3, "efficiency"),
+    "routing_locality": (0.02, 1.0, 1.0, "efficiency"),
+    "first_wave_weight": (0.0, 1.0, 1.0, "settings"),
+    "ttft_overhead_s": (0.0, 1.0, 1e-3, "settings"),
+    "ttft_s_per_input_token": (0.0, 1e-4, 1e-6, "settings"),
+    # relative to TensorRT-LLM's (1: the reference, so the factors do not trade against the
+    # front-end terms and the first-wave weight)
+    "ttft_factor_sglang": (0.2, 5.0, 1.0, "engine_ttft_factor"),
+    "ttft_factor_vllm": (0.2, 5.0, 1.0, "engine_ttft_factor"),
+}
+#: the efficiencies before the calibration: the fit to the 13 published points
+#: (:data:`~tokenfactory.plant_models.published_points.FITTED_EFFICIENCY`, rounded as the
+#: defaults were), uniform routing, one network efficiency
+PRE_CALIBRATION_EFFICIENCY = Efficiency(compute=0.52, memory=0.23, network=0.49, layer_overhead_s=84e-6,
+                                        pass_overhead_s=0.0, routing_locality=1.0, network_scale_out=None)
+#: the pre-calibration settings (the fit's start and prior, the "before" tables): those
+#: efficiencies, no front-end TTFT, half the TTFT weight on the first wave
+BASE_SETTINGS = RunSettings(efficiency=PRE_CALIBRATION_EFFICIENCY)
+
+
+def settings_from(params: Mapping[str, float], kv_precision: Mapping[str, str] | None = None,
+                  base: RunSettings = BASE_SETTINGS) -> RunSettings:
+    """A :class:`RunSettings` with ``params`` (names of :data:`CALIBRATION_PARAMETERS`) replaced.
+
+    Parameters
+    ----------
+    params : mapping
+        Values by name.
+    kv_precision : mapping, optional
+        KV format per engine (default: ``base``'s).
+    base : RunSettings
+        What is not replaced.
+    """
+    eff = dataclasses.replace(base.efficiency, **{k: float(v) for k, v in params.items()
+                                                  if CALIBRATION_PARAMETERS[k][3] == "efficiency"})
+    rest = {k: float(v) for k, v in params.items() if CALIBRATION_PARAMETERS[k][3] == "settings"}
+    factors = {**base.engine_ttft_factor, **{k.removeprefix("ttft_factor_"): float(v) for k, v in params.items()
+                                             if CALIBRATION_PARAMETERS[k][3] == "engine_ttft_factor"}}
+    return dataclasses.replace(base, efficiency=eff, kv_precision=dict(kv_precision if kv_precision is not None
+                                                                        else base.kv_precision),
+                               engine_ttft_factor=factors, **rest)
+
+
+def params_of(settings: RunSettings) -> dict[str, float]:
+    """The :data:`CALIBRATION_PARAMETERS` values of ``settings``.
+
+    Parameters
+    ----------
+    settings : RunSettings
+        Efficiencies, KV formats and the benchmark's unstated settings.
+    """
+    out = {}
+    for k, (_, _, _, where) in CALIBRATION_PARAMETERS.items():
+        if where == "engine_ttft_factor":
+            out[k] = float(settings.engine_ttft_factor.get(k.removeprefix("ttft_factor_"), 1.0))
+        elif k == "network_scale_out":
+            out[k] = float(settings.efficiency.scale_out_network)
+        else:
+            out[k] = float(getattr(settings.efficiency if where == "efficiency" else settings, k))
+    return out
+
+
+def training_sample(runs: Sequence[MeasuredRun], per_group: int = 6, seed: int = 0) -> list[MeasuredRun]:
+    """A stratified sample: up to ``per_group`` runs of every (GPU, engine, model, mode, batch
+    band), drawn with a generator seeded by ``seed`` (the fit's cost is linear in its rows).
+
+    Parameters
+    ----------
+    runs : sequence of MeasuredRun
+        All runs.
+    per_group : int
+        Runs per group (default 6).
+    seed : int
+        Seed of the draw.
+    """
+    rng = np.random.default_rng(seed)
+    groups: dict[tuple, list] = {}
+    for r in runs:
+        groups.setdefault((r.hardware, r.engine, r.model, r.mode, r.batch_band), []).append(r)
+    out = []
+    for key in sorted(groups):
+        g = groups[key]
+        idx = rng.choice(len(g), size=min(per_group, len(g)), replace=False)
+        out += [g[i] for i in sorted(idx)]
+    return out
+
+
+def _log_residuals(runs: Sequence[MeasuredRun], settings: RunSettings) -> np.ndarray:
+    res = []
+    for r in runs:
+        try:
+            p = steady_state_run(r, settings, tol=1e-3)  # well inside the fit's 5 % difference steps
+            a, b = math.log(p["tpot_s"] / r.tpot_s), math.log(p["ttft_s"] / r.ttft_s)
+        except (ConfigError, ValueError, ZeroDivisionError):
+            a = b = 3.0  # a run the parameters cannot serve counts as far off
+        res += [a, b]
+    return np.nan_to_num(np.asarray(res), nan=3.0, posinf=3.0, neginf=-3.0)
+
+
+@dataclass(frozen=True)
+class CalibrationFit:
+    """Fitted parameters, their uncertainty and the fit's bookkeeping.
+
+    Parameters
+    ----------
+    params : dict
+        Fitted values of :data:`CALIBRATION_PARAMETERS`.
+    std_error : dict
+        Their standard errors (Gauss-Newton, from the Jacobian of the log residuals at the optimum).
+    kv_precision : dict
+        KV format chosen per engine.
+    cost : float
+        Robust cost at the optimum.
+    train_rows : int
+        Runs fitted.
+    evaluations : int
+        Residual evaluations spent.
+    """
+
+    params: dict
+    std_error: dict
+    kv_precision: dict
+    cost: float
+    train_rows: int
+    evaluations: int
+
+    @property
+    def settings(self) -> RunSettings:
+        return settings_from(self.params, self.kv_precision)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"params": self.params, "std_error": self.std_error, "kv_precision": self.kv_precision,
+                "cost": self.cost, "train_rows": self.train_rows, "evaluations": self.evaluations}
+
+
+def _published_residuals(points, settings: RunSettings) -> np.ndarray:
+    return np.array([math.log(predict_point(p, settings.efficiency) / p.published) for p in points])
+
+
+def fit_calibration(runs: Sequence[MeasuredRun], *, x0: RunSettings = BASE_SETTINGS, robust_scale: float = 0.2,
+                    prior_weight: float = 0.01, max_nfev: int = 60, choose_kv: bool = True,
+                    engines: Sequence[str] | None = None, published: Sequence = PUBLISHED_POINTS,
+                    published_weight: float = 3.0) -> CalibrationFit:
+    """Robust least squares of :data:`CALIBRATION_PARAMETERS` on the runs' TTFT and TPOT.
+
+    Residuals are log(predicted / measured) of TPOT and TTFT per run (the steady-state solve,
+    :func:`steady_state_run`) under a soft-L1 loss of scale ``robust_scale``, plus a weak prior
+    ``prior_weight`` x (x - x0) in the optimiser's units. Bounded trust-region reflective; then,
+    with ``choose_kv``, each engine's KV format is switched to FP8 where that lowers the cost
+    (the file does not state it) and the continuous parameters are refitted from there.
+
+    The published points (``published``, the 13 of
+    :data:`~tokenfactory.plant_models.published_points.PUBLISHED_POINTS` by default) enter as further
+    log residuals weighted by ``published_weight``: the measured runs are single-node (NVLink)
+    benchmarks and cannot bind the network efficiency of scale-out expert parallelism, which the
+    published large-EP deployments do.
+
+    Parameters
+    ----------
+    runs : sequence of MeasuredRun
+        The training runs (a :func:`training_sample`).
+    x0 : RunSettings
+        Start and prior.
+    robust_scale, prior_weight : float
+        Loss scale and prior weight.
+    max_nfev : int
+        Residual evaluations per optimisation (>= 1).
+    choose_kv : bool
+        Choose the KV format per engine.
+    engines : sequence of str, optional
+        Engines whose KV format may be chosen (default: those in ``runs``).
+    published : sequence of PublishedPoint
+        Published points fitted with the runs (empty: none).
+    published_weight : float
+        Weight of each published point's residual (default 3).
+
+    Returns
+    -------
+    CalibrationFit
+    """
+    from scipy.optimize import least_squares
+
+    check_int("max_nfev", max_nfev, low=1)
+    runs = list(runs)
+    if 2 * len(runs) < len(CALIBRATION_PARAMETERS):  # a TTFT and a TPOT residual per run
+        raise ConfigError("runs", f"{len(runs)} runs cannot fit {len(CALIBRATION_PARAMETERS)} parameters")
+    names = list(CALIBRATION_PARAMETERS)
+    scale = np.array([CALIBRATION_PARAMETERS[n][2] for n in names])
+    lo = np.array([CALIBRATION_PARAMETERS[n][0] for n in names]) / scale
+    hi = np.array([CALIBRATION_PARAMETERS[n][1] for n in names]) / scale
+    start = np.clip(np.array([params_of(x0)[n] for n in names]) / scale, lo, hi)
+    prior = start.copy()
+    nfev = [0]
+
+    def run_fit(x_init, kv):
+        def residuals(x):
+            nfev[0] += 1
+            st = settings_from(dict(zip(names, x * scale)), kv, x0)
+            r = _log_residuals(runs, st)
+            pub = published_weight * _published_residuals(published, st) if len(published) else np.empty(0)
+            return np.concatenate([r, pub, prior_weight * (x - prior)])
+        return least_squares(residuals, x_init, bounds=(lo, hi), loss="soft_l1", f_scale=robust_scale,
+                             diff_step=0.05, max_nfev=max_nfev, x_scale="jac")
+
+    def cost_of(x, kv) -> float:
+        r = _log_residuals(runs, settings_from(dict(zip(names, x * scale)), kv, x0))
+        z = (r / robust_scale) ** 2
+        return float(np.sum(robust_scale ** 2 * 2.0 * (np.sqrt(1.0 + z) - 1.0)))
+
+    kv = dict(x0.kv_precision)
+    best = run_fit(start, kv)
+    if choose_kv:
+        c0 = cost_of(best.x, kv)
+        for eng in sorted(set(engines or [r.engine for r in runs])):
+            trial = {**kv, eng: "fp8" if kv.get(eng, "bf16") == "bf16" else "bf16"}
+            c = cost_of(best.x, trial)
+            if c < c0:
+                kv, c0 = trial, c
+        best = run_fit(best.x, kv)
+    # standard errors: Gauss-Newton covariance of the data residuals at the optimum
+    n_data = 2 * len(runs) + len(published)
+    J = best.jac[:n_data]
+    r = best.fun[:n_data]
+    dof = max(J.shape[0] - J.shape[1], 1)
+    s2 = float(np.sum(r ** 2) / dof)
+    try:
+        cov = np.linalg.pinv(J.T @ J) * s2
+        se = np.sqrt(np.clip(np.diag(cov), 0.0, None)) * scale
+    except np.linalg.LinAlgError:
+        se = np.full(len(names), math.nan)
+    params = {n: float(v) for n, v in zip(names, best.x * scale)}
+    return CalibrationFit(params, {n: float(v) for n, v in zip(names, se)}, kv, float(best.cost), len(runs), nfev[0])
+
+
+def cross_validate_runs(runs: Sequence[MeasuredRun], by: str, *, full_fit: CalibrationFit,
+                        per_group: int = 6, seed: int = 0, **kw) -> tuple[pd.DataFrame, dict[str, dict]]:
+    """Leave one value of ``by`` (``"hardware"`` or ``"engine"``) out: fit on the other values'
+    runs (a training sample, starting from ``full_fit``) and predict every run of the held-out one.
+
+    Parameters
+    ----------
+    runs : sequence of MeasuredRun
+        All runs.
+    by : {"hardware", "engine"}
+        What a fold leaves out.
+    full_fit : CalibrationFit
+        The fit on all runs (each fold's start and prior).
+    per_group, seed : int
+        The folds' training samples (:func:`training_sample`).
+    **kw
+        Passed to :func:`fit_calibration`.
+
+    Returns
+    -------
+    (pandas.DataFrame, dict)
+        The held-out predictions (as :func:`predict_runs`, plus ``held_out``) and each fold's
+        fitted parameters.
+    """
+    check_choice("by", by, ("hardware", "engine"))
+    values = sorted({getattr(r, by) for r in runs})
+    tables, folds = [], {}
+    for v in values:
+        train = training_sample([r for r in runs if getattr(r, by) != v], per_group, seed)
+        start = full_fit.settings
+        if by == "engine":  # the held-out engine is one the fit has not seen: its own factor is 1
+            start = dataclasses.replace(start, engine_ttft_factor={**start.engine_ttft_factor, v: 1.0},
+                                        kv_precision={k: p for k, p in start.kv_precision.items() if k != v})
+        fold_kw = dict(kw)
+        if by == "hardware":  # nor do the published points of the held-out GPU enter the fold's fit
+            fold_kw["published"] = [p for p in kw.get("published", PUBLISHED_POINTS) if p.hardware != v]
+        fit = fit_calibration(train, x0=start, **fold_kw)
+        held = fit.settings
+        if by == "engine":
+            held = dataclasses.replace(held, engine_ttft_factor={**held.engine_ttft_factor, v: 1.0},
+                                       kv_precision={k: p for k, p in held.kv_precision.items() if k != v})
+        tab, _ = predict_runs([r for r in runs if getattr(r, by) == v], held, method="steady-state")
+        tab["held_out"] = v
+        tables.append(tab)
+        folds[v] = fit.to_dict()
+    return pd.concat(tables, ignore_index=True), folds
+
+
+def calibrate(runs: Sequence[MeasuredRun], *, per_group: int = 3, max_nfev: int = 40, cv: bool = True,
+              seed: int = 0, source: str = "") -> dict[str, Any]:
+    """The whole calibration: the fit on a training sample of every run, the error tables before
+    (:data:`BASE_SETTINGS`) and after it on every run (steady-state solve), and the
+    leave-one-GPU-out and leave-one-engine-out cross-validation.
+
+    Parameters
+    ----------
+    runs : sequence of MeasuredRun
+        Every mapped run.
+    per_group : int
+        Training runs per group (:func:`training_sample`; default 3).
+    max_nfev : int
+        Residual evaluations of the full fit (the folds get half).
+    cv : bool
+        Run the cross-validation.
+    seed : int
+        Seed of the training samples.
+    source : str
+        The file, for the provenance.
+
+    Returns
+    -------
+    dict
+        ``fit`` (:meth:`CalibrationFit.to_dict`), ``before`` and ``after`` (:func:`error_metrics`),
+        ``cv`` (``{"hardware": metrics, "engine": metrics}`` of the held-out predictions),
+        ``cv_folds`` (each fold's parameters), ``provenance``.
+    """
+    t0 = time.perf_counter()
+    runs = list(runs)
+    train = training_sample(runs, per_group, seed)
+    fit = fit_calibration(train, max_nfev=max_nfev)
+    before, _ = predict_runs(runs, BASE_SETTINGS, method="steady-state")
+    after, _ = predict_runs(runs, fit.settings, method="steady-state")
+    report: dict[str, Any] = {"fit": fit.to_dict(), "before": error_metrics(before), "after": error_metrics(after)}
+    if cv:
+        report["cv"], report["cv_folds"] = {}, {}
+        for by in ("hardware", "engine"):
+            tab, folds = cross_validate_runs(runs, by, full_fit=fit, per_group=per_group, seed=seed,
+                                             max_nfev=max(max_nfev // 2, 1))
+            report["cv"][by] = error_metrics(tab)
+            report["cv_folds"][by] = folds
+    report["provenance"] = {"source": source, "runs": len(runs), "train_rows": len(train), "per_group": per_group,
+                            "max_nfev": max_nfev, "seed": seed, "method": "steady-state",
+                            "wall_s": time.perf_counter() - t0}
+    return report
+
+
+def calibrated_settings() -> RunSettings:
+    """The calibrated parameter set (:mod:`tokenfactory.plant_models.calibrated`, written by
+    ``tokenfactory calibrate fit FILE --write``)."""
+    from tokenfactory.plant_models.calibrated import CALIBRATED
+
+    return settings_from(CALIBRATED["params"], CALIBRATED["kv_precision"])
+
+
+def write_calibrated(report: Mapping[str, Any], path=None):
+    """Write the fitted set as :mod:`tokenfactory.plant_models.calibrated` (values, standard
+    errors, KV formats, the cross-validated errors and the provenance), deterministically.
+
+    Parameters
+    ----------
+    report : mapping
+        :func:`calibrate`'s result.
+    path : path-like, optional
+        Where (default: ``calibrated.py`` beside this module).
+
+    Returns
+    -------
+    pathlib.Path
+        The module written.
+    """
+    import pprint
+    from pathlib import Path
+
+    if path is None:
+        path = Path(__file__).with_name("calibrated.py")
+    fit = report["fit"]
+    summary = {q: {k: round(float(v), 4) for k, v in report["after"][q].items() if not k.startswith("by_")}
+               for q in ("tpot", "ttft")}
+    cv = {by: {q: {k: round(float(v), 4) for k, v in m[q].items() if not k.startswith("by_")} for q in ("tpot", "ttft")}
+          for by, m in report.get("cv", {}).items()}
+    prov = {k: v for k, v in report["provenance"].items() if k != "wall_s"}
+    data = {"params": {k: float(f"{v:.4g}") for k, v in fit["params"].items()},
+            "std_error": {k: float(f"{v:.2g}") for k, v in fit["std_error"].items()},
+            "kv_precision": dict(sorted(fit["kv_precision"].items())),
+            "in_sample": summary, "cross_validated": cv, "provenance": prov}
+    text = ('"""The calibrated service-model parameters (issue 24), written by\n'
+            '``tokenfactory calibrate fit FILE --write`` - do not edit by hand; refit instead.\n\n'
+            'Fitted by robust least squares on the measured serving runs of NVIDIA AIConfigurator\'s silicon\n'
+            'sample (``measurements/aiconfigurator-silicon``, H100/H200/B200, trtllm/sglang/vllm), each run\n'
+            'predicted by the closed-loop steady-state solve of :mod:`tokenfactory.plant_models.calibration`,\n'
+            'together with the 13 published DeepSeek-V3/R1 deployments (which bind the scale-out network).\n'
+            '``std_error`` is the Gauss-Newton standard error at the optimum; ``cross_validated`` the\n'
+            'held-out errors leaving one GPU / one engine out; ``in_sample`` the errors on every run.\n"""\n\n'
+            '__all__ = ["CALIBRATED"]\n\n'
+            f"CALIBRATED = {pprint.pformat(data, width=100, sort_dicts=False)}\n")
+    Path(path).write_text(text)
+    return Path(path)

@@ -1,0 +1,128 @@
+"""Scoring and calibrating the service model on measured runs (plant_models/calibration.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tokenfactory.plant_models import calibration as cal
+from tokenfactory.plant_models.measured_runs import read_measured_runs
+from tokenfactory.plant_models.roofline import Efficiency
+from tokenfactory.core.validation import ConfigError
+
+SUBSET = Path(__file__).parent / "data" / "silicon_subset.csv"
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return read_measured_runs(SUBSET)
+
+
+def test_error_metrics_reference_values():
+    t = pd.DataFrame({"tpot_error": [-0.5, -0.1, 0.0, 0.2, 0.3], "ttft_error": [0.0] * 5,
+                      "hardware": ["a", "a", "b", "b", "b"]})
+    m = cal.error_metrics(t, splits=("hardware",))
+    assert m["tpot"]["median_abs_error"] == pytest.approx(0.2)
+    assert m["tpot"]["within_25pct"] == pytest.approx(0.6)
+    assert m["tpot"]["p10_error"] == pytest.approx(np.percentile([-0.5, -0.1, 0, 0.2, 0.3], 10))
+    assert m["tpot"]["by_hardware"]["a"]["rows"] == 2
+    assert m["ttft"]["within_25pct"] == 1.0
+
+
+def test_simulated_benchmark_is_finite_and_conserves(runs):
+    r = next(x for x in runs.runs if x.model == "llama-3.1-70b")
+    out = cal.simulate_run(r)
+    assert out["completed"] == r.concurrency * 3 == out["requests"]
+    assert 0 < out["tpot_s"] < 1 and 0 < out["ttft_s"] < 60
+    # the first wave queues behind every client's prompt: its TTFT is at least the later ones'
+    assert out["ttft_wave_s"] >= out["ttft_steady_s"] * 0.99
+
+
+@pytest.mark.parametrize("model", ["llama-3.1-70b", "qwen3-32b", "deepseek-v3"])
+def test_steady_state_tracks_the_simulator(runs, model):
+    r = next(x for x in runs.runs if x.model == model)
+    row = cal.cross_check([r]).iloc[0]
+    assert row["tpot_ratio"] == pytest.approx(1.0, abs=0.3)
+    assert row["ttft_ratio"] == pytest.approx(1.0, abs=0.6)
+
+
+def test_faster_memory_means_faster_decode(runs):
+    r = next(x for x in runs.runs if x.model == "llama-3.1-70b")
+    slow = cal.steady_state_run(r, cal.RunSettings(efficiency=Efficiency(memory=0.2)))
+    fast = cal.steady_state_run(r, cal.RunSettings(efficiency=Efficiency(memory=0.6)))
+    assert fast["tpot_s"] < 0.5 * slow["tpot_s"]
+
+
+def test_front_end_overhead_adds_to_ttft(runs):
+    r = runs.runs[1]
+    a = cal.steady_state_run(r)
+    b = cal.steady_state_run(r, cal.RunSettings(ttft_overhead_s=0.1, ttft_s_per_input_token=1e-6))
+    assert b["ttft_s"] - a["ttft_s"] == pytest.approx(0.1 + 1e-6 * r.input_tokens, rel=1e-9)
+    assert b["tpot_s"] == a["tpot_s"]
+
+
+def test_predict_runs_reports_every_run(runs):
+    table, failed = cal.predict_runs(runs, method="steady-state")
+    assert len(table) + sum(failed.values()) == len(runs.runs)
+    assert np.isfinite(table[["predicted_tpot_s", "predicted_ttft_s", "tpot_error", "ttft_error"]]).all().all()
+    np.testing.assert_allclose(table["tpot_error"], table["predicted_tpot_s"] / table["measured_tpot_s"] - 1)
+
+
+def test_published_points_score_single_pass():
+    runs = read_measured_runs("published")
+    table, failed = cal.predict_runs(runs)
+    assert not failed and len(table) == len(runs.runs)
+    assert table["tpot_error"].notna().sum() + table["ttft_error"].notna().sum() == len(table)
+
+
+def test_fit_recovers_a_known_plant(runs):
+    """Runs whose 'measurements' are the model's own predictions at known parameters: the fit,
+    started from the defaults, brings the predictions to them (median within 5 %)."""
+    truth = cal.settings_from({**cal.params_of(cal.BASE_SETTINGS), "memory": 0.55, "compute": 0.7,
+                               "layer_overhead_s": 30e-6, "ttft_overhead_s": 0.05})
+    synth = []
+    for r in runs.runs[:6]:
+        p = cal.steady_state_run(r, truth)
+        synth.append(dataclasses.replace(r, tpot_s=p["tpot_s"], ttft_s=p["ttft_s"]))
+    before = cal._log_residuals(synth, cal.BASE_SETTINGS)
+    fit = cal.fit_calibration(synth, max_nfev=20, choose_kv=False, published=())
+    after = cal._log_residuals(synth, fit.settings)
+    assert np.median(np.abs(after)) < 0.05 < np.median(np.abs(before))
+    assert np.max(np.abs(after)) < np.max(np.abs(before)) / 3
+    assert fit.params["memory"] == pytest.approx(0.55, rel=0.3)
+    assert set(fit.std_error) == set(cal.CALIBRATION_PARAMETERS)
+
+
+def test_fit_needs_enough_runs(runs):
+    with pytest.raises(ConfigError, match="cannot fit"):
+        cal.fit_calibration(runs.runs[:2])
+
+
+def test_settings_validate():
+    with pytest.raises(ConfigError, match="first_wave_weight"):
+        cal.RunSettings(first_wave_weight=1.5)
+    with pytest.raises(ConfigError, match="kv_precision"):
+        cal.RunSettings(kv_precision={"vllm": "fp4"})
+
+
+def test_training_sample_is_stratified_and_seeded(runs):
+    a = cal.training_sample(runs.runs, per_group=1, seed=1)
+    b = cal.training_sample(runs.runs, per_group=1, seed=1)
+    assert [r.key for r in a] == [r.key for r in b]
+    groups = {(r.hardware, r.engine, r.model, r.mode, r.batch_band) for r in runs.runs}
+    assert len(a) == len(groups)
+
+
+def test_engine_ttft_factor_scales_only_its_engine(runs):
+    r = runs.runs[1]
+    a = cal.steady_state_run(r)
+    b = cal.steady_state_run(r, cal.RunSettings(engine_ttft_factor={r.engine: 2.0}))
+    c = cal.steady_state_run(r, cal.RunSettings(engine_ttft_factor={"other": 2.0}))
+    assert b["ttft_s"] == pytest.approx(2.0 * a["ttft_s"]) and c["ttft_s"] == a["ttft_s"]
+    p = cal.params_of(cal.settings_from({"ttft_factor_vllm": 1.5}))
+    assert p["ttft_factor_vllm"] == 1.5 and p["ttft_factor_sglang"] == 1.0 and "ttft_factor_trtllm" not in p
