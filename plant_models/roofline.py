@@ -323,8 +323,12 @@ class Parallelism:
         check_int("parallelism.pp", self.pp, low=1)
         check_int("parallelism.ep", self.ep, low=1)
         if self.ep % self.tp:
-            raise ConfigError("parallelism.tp", f"tp = {self.tp} must divide ep = {self.ep} "
-                              "(attention replicas of tp GPUs tile the stage)")
+            ep = -(-self.ep // self.tp) * self.tp   # the smallest stage that tp GPUs per replica tile
+            raise ConfigError("parallelism.tp", f"tp = {self.tp} with ep = {self.ep} (pp = {self.pp}) is not a "
+                              f"layout: ep is the number of GPUs in a stage (the experts are spread over all of "
+                              f"them) and attention runs as ep/tp replicas of tp GPUs, so tp must divide ep. "
+                              f"Tensor parallelism over {self.tp} GPUs with no further expert parallelism is "
+                              f"tp = {self.tp}, ep = {ep} (--tp {self.tp} --ep {ep}); one GPU is tp = 1, ep = 1")
         if self.num_gpus is None:
             object.__setattr__(self, "num_gpus", self.pp * self.ep)
         elif self.num_gpus != self.pp * self.ep:

@@ -437,7 +437,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     report.save_figure(fig, "stranded.png", "Compute and HBM bandwidth left unused at each workload's highest load "
                        "(blue: aggregated workers), against the roofline's attainable rates.")
     return report.finish({"rows": rows, "goodput_at_slo": best_rows, "verdicts": verdicts, "references": refs,
-                          "substituted_traces": substituted}, lines)
+                          "substituted_traces": substituted, "absent_traces": substituted}, lines)
 
 
 def _article_line(verdicts: dict, table: pd.DataFrame) -> str:

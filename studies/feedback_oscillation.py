@@ -320,6 +320,21 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                     note=f"period {n['period_s'] or float('nan'):.2f} s vs {lc.period_s:.2f} s predicted")
     report.headline("smoothed loop", "oscillates" if s["oscillating"] else "quiet",
                     note=f"ready swing +/-{s['amplitude']:.1f} requests")
+    report.loop("admission, naive (completion-triggered)", n["oscillating"],
+                detail=f"limit cycle of period {n['period_s'] or float('nan'):.2f} s simulated, {lc.period_s:.2f} s "
+                       "predicted by the describing function" if n["oscillating"] else "no oscillation detected")
+    report.loop("admission, threshold on/off", threshold_m["oscillating"],
+                detail=(f"period {threshold_m['period_s']:.2f} s" if threshold_m["oscillating"] and threshold_m["period_s"]
+                        else "oscillating" if threshold_m["oscillating"] else "no oscillation detected"))
+    report.loop("admission, smoothed (SIMC-tuned)", s["oscillating"], gain_margin=s["gain_margin"],
+                phase_margin_deg=s["phase_margin_deg"], delay_margin_s=s["delay_margin_s"],
+                detail=f"{'stable' if s['stable'] else 'UNSTABLE'} by the Nyquist count on the exact delay; ready "
+                       f"swing +/-{s['amplitude']:.1f} requests")
+    report.answer("change", f"Replace completion-triggered admission by the SIMC-tuned smoothed admission: the naive "
+                  f"loop {'cycles with period %.2f s' % n['period_s'] if n['oscillating'] and n['period_s'] else 'does not settle'}"
+                  f", the smoothed one {'oscillates too' if s['oscillating'] else 'holds the ready buffer'} with GM "
+                  f"{s['gain_margin']:.2f}, PM {s['phase_margin_deg']:.0f} deg and a {s['delay_margin_s']:.2f} s delay "
+                  f"margin.")
     report.headline("phase margin", s["phase_margin_deg"], "deg", f"gain margin {s['gain_margin']:.2f}")
     report.headline("delay margin", s["delay_margin_s"], "s", f"loop delay {naive_loop.delay:.2f} s")
     lines = [

@@ -213,5 +213,6 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         for h, r in per_h.items():
             report.headline(f"{n}, {h} ahead", r["best_model"],
                             note=f"MASE {r['models'][r['best_model']]['mase']:.3f}")
-    metrics = {"traces": results, "best_models": picks, "synthetic_fallback": bool(absent) and "synthetic" in loaded}
+    metrics = {"traces": results, "best_models": picks, "synthetic_fallback": bool(absent) and "synthetic" in loaded,
+               "absent_traces": absent}
     return report.finish(metrics, lines)

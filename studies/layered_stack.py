@@ -59,7 +59,7 @@ from tokenfactory.stack import (
     run_stack_on_both_plants,
     stack_scenario_from_dict,
 )
-from tokenfactory.studies.report import StudyReport, markdown_table
+from tokenfactory.studies.report import StudyReport, human, markdown_table
 from tokenfactory.traces import trace_available
 from tokenfactory.traces.rate_workloads import rate_workload
 from tokenfactory.core.validation import ConfigError, reject_unknown_keys
@@ -138,7 +138,10 @@ def _layer_figure(r, ctrl, title: str) -> Figure:
         a.step(th, s[f"{pool}_workers"], where="post", lw=0.8, ls="--", label=f"{pool} serving")
         a.set_ylabel("workers")
     ax[3].plot(th, np.minimum(s["admission_rate"], s["demand"].max() * 3), lw=0.6, label="admission: rate")
-    ax[3].plot(th, s["rejected"] / max(r.config["scenario"]["dt"], 1e-9), lw=0.6, label="rejected (req/s)")
+    # `rejected` is the cumulative count (a shared series column): its rate is the step difference over dt
+    dt = max(float(r.config["scenario"]["dt"]), 1e-9)
+    rejected_rps = np.diff(s["rejected"].to_numpy(), prepend=float(s["rejected"].iloc[0])) / dt
+    ax[3].plot(th, rejected_rps, lw=0.6, label="rejected (req/s)")
     ax[3].set_ylabel("req/s")
     ax[3].set_xlabel("time (h)")
     for a in ax:
@@ -439,6 +442,30 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                            f"stack_{name.replace(':', '-').replace(' ', '_')}.png",
                            "Each layer on one time axis: demand and the planner's forecast; provisioned and serving "
                            "workers of each pool; admission rate and rejections.")
+    # -- the report's opening answers: each certified layer's verdict and worst margins
+    for layer, d in cert.layers.items():
+        w = d.get("worst")
+        if w is None:
+            continue
+        cycles = [x for x in cert.describing_function if x["layer"] == layer]
+        pt = ", ".join(f"{k.replace('_factor', '')} x{w[k]:g}" for k in w if k.endswith("factor"))
+        report.loop(f"stack layer: {layer.replace('_', ' ')}", any(x["limit_cycle"] for x in cycles),
+                    gain_margin=w["gain_margin"], phase_margin_deg=w["phase_margin_deg"],
+                    delay_margin_s=w["delay_margin_s"],
+                    detail=f"worst envelope point ({pt}); {'meets' if d['meets_floors'] else 'MISSES'} the floors; "
+                           + (f"describing function: {'a limit cycle' if any(x['limit_cycle'] for x in cycles) else 'no limit cycle'}"
+                              if cycles else "no relay or saturation to check"))
+    stack_runs = [r for r in rows if r["stack"] == "stack"]
+    if stack_runs:
+        osc = sum(bool(r["oscillating"]) for r in stack_runs)
+        report.loop("stack: pool sizes in the pool model", osc > 0,
+                    detail=f"{osc} of {len(stack_runs)} runs oscillating (detectors on the provisioned pool sizes)")
+    for r in rows:
+        if r["stack"] == "stack" and r.get("fleet_size") is None:
+            report.answer("change", f"Run the layered stack (planning ahead of the daily rise): on {r['workload']} "
+                          f"(start-up {r['startup_s']:.0f} s) it uses {human(r['gpu_hours_over_oracle'])} x the "
+                          f"oracle's GPU-hours at SLO attainment {r['slo_attainment']:.4f}.")
+            break
     # -- headline figures
     report.headline("certificate (default scenario)", "passed" if cert.passed else "failed", "",
                     f"binding layer {cert.binding['layer']}")
@@ -500,7 +527,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     lines += ["", f"In simulation, a +-{sim['depth'] * 100:.0f} % demand oscillation of period {sim['period_s']:g} s "
                   f"(admission band): reconfiguration took {d['scale_actions']} actions vs {q['scale_actions']} without "
                   f"it; coherence of pool sizes with the admission rate at that period "
-                  f"{d['coherence_at_disturbance'] if math.isfinite(d['coherence_at_disturbance']) else 0:.3g} - the "
+                  f"{human(d['coherence_at_disturbance'] if math.isfinite(d['coherence_at_disturbance']) else 0.0)} (0: unrelated, 1: locked) - the "
                   f"outer layer {'ACTED' if sim['outer_acted_on_inner_band'] else 'did not act'} on the inner band.", ""]
     elastic = [r for r in rows if r.get("fleet_size") is None]
     lines += ["## Comparison (pool model)", ""]
@@ -522,7 +549,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                   f"(1 + {n['fleet_headroom']:g}), needs at the reconfiguration layer's target utilisation "
                   f"{n['target_utilization']:g}; a static split holding both pools' peaks there would need "
                   f"{n['static_split_needs']}. GPU-hours are the fleet's for every policy "
-                  f"({mix_rows[0]['gpu_hours']:.4g}; the oracle's smallest fleet for the run: "
+                  f"({human(mix_rows[0]['gpu_hours'])}; the oracle's smallest fleet for the run: "
                   f"{mix_rows[0]['oracle_fleet_needed']:.0f} workers).", ""]
         lines += markdown_table([{k: v for k, v in r.items() if k not in ("utilization_ceiling", "per_worker_rps")} for r in mix_rows],
                                 ["startup_s", "stack", "slo_attainment", "rejected_fraction", "role_moves_per_hour",
@@ -562,7 +589,8 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
               f"{sum(r['oscillating'] for r in rows)} of {len(rows)} runs oscillating"
               + (f" ({sum(r['oscillating'] for r in mix_rows)} of {len(mix_rows)} on the mixed week)." if mix_rows
                  else "."),
-              f"Utilisation ceilings at the SLO (pool model, Poisson): {metrics['utilization_ceiling']}.",
+              "Utilisation ceilings at the SLO (pool model, Poisson): "
+              + "; ".join(f"{k} {human(v)}" for k, v in metrics["utilization_ceiling"].items()) + ".",
               "Dynamo's throughput planner runs its ARIMA (default) or Kalman load predictor "
               "(`tokenfactory.controllers.load_predictors`), warmed up on the days before the run.",
               "", f"Timings: {', '.join(f'{k} {v:.1f}' for k, v in timings.items())}."]

@@ -307,6 +307,11 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
             + (f"the price of speed lowers it below the throughput optimum in {moved} of {len(long_ctx)} cases"
                if moved else "the price of speed never moves it below the throughput optimum")
             + f", and KV capacity caps it in {capped} of {len(long_ctx)}.")
+    d_short, d_long = dec[hw0][short], dec[hw0][long_]
+    report.answer("capacity", f"Decode on {hw0} is limited by memory: at {int(short) // 1024}k context batching "
+                  f"buys {d_short['batching_gain']:.0f}x the throughput of batch 1, at {int(long_) // 1024}k only "
+                  f"{d_long['batching_gain']:.1f}x, because KV caps the batch at {d_long['decode_slots']} sequences "
+                  f"and attention takes {100 * d_long['attention_share_at_best']:.0f} % of the pass.")
     return report.finish(metrics, lines)
 
 

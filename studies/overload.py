@@ -39,6 +39,7 @@ Run: ``tokenfactory study overload [--quick | --full] [--out DIR]``; ``--full`` 
 from __future__ import annotations
 
 import math
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,7 @@ from tokenfactory.replay import (
     run_replay,
     service_capacity,
 )
-from tokenfactory.studies.report import StudyReport
+from tokenfactory.studies.report import StudyReport, human, vllm_batch_flag
 from tokenfactory.traces import (
     SyntheticWorkload,
     generate_requests,
@@ -128,7 +129,7 @@ def _synthetic(name: str, span_s: float, seed: int) -> pd.DataFrame:
     w = SyntheticWorkload(mean_rate_rps=5.0, idc=4.0, daily_amplitude=0.0, daily_second_harmonic=0.0,
                           weekend_factor=1.0, agentic_fraction=0.5 if "agentic" in name else 0.0, seed=seed)
     tr = generate_requests(w, span_s)
-    tr.attrs["name"] = f"synthetic ({name})"
+    tr.attrs["name"] = f"synthetic stand-in for {name}"
     return tr
 
 
@@ -137,6 +138,66 @@ def _load(name: str, span_s: float, seed: int) -> tuple[pd.DataFrame, bool]:
     if trace_available(name):
         return spread_quantized_arrivals(load_trace(name), seed=seed), False
     return _synthetic(name, span_s, seed), True
+
+
+def _standin_labels(names: list[str]) -> dict[str, str]:
+    """Each trace's label should it be absent: ``synthetic stand-in for A, B`` over the absent
+    traces that share a stand-in (the agentic one has its own: sessions)."""
+    absent = [n for n in names if not trace_available(n)]
+    groups = {kind: [n for n in absent if ("agentic" in n) == kind] for kind in (False, True)}
+    return {n: f"synthetic stand-in for {', '.join(groups['agentic' in n])}" for n in absent}
+
+
+def _answers(report, table: pd.DataFrame, margins: dict, setups: dict, cfg: dict) -> None:
+    """The report's opening answers from this run: the new loops' verdicts and margins, what limits
+    capacity on each trace, and what the recommended admission changes at the highest load."""
+    words = {"fill": "SLO-aware admission: fill-wait limit", "decode": "SLO-aware admission: decode-wait limit",
+             "batch_gate": "decode batch cap (gated)"}
+    for k, label in words.items():
+        mg = margins[k]
+        cyc = mg.get("limit_cycle") if k != "batch_gate" else mg.get("gated_cycle")
+        report.loop(label, bool(cyc), gain_margin=mg["worst_gm"], phase_margin_deg=mg["worst_pm_deg"],
+                    delay_margin_s=mg["worst_dm_s"],
+                    detail=f"worst over the delay x gain envelope ({'meets' if mg['envelope_ok'] else 'MISSES'} the "
+                           f"floors); describing function: {'a limit cycle' if cyc else 'no limit cycle'}")
+    bg = margins["batch_gate"]
+    if bg.get("ungated_stable") is not None:
+        report.loop("decode batch cap, ungated (gain 1 every sample)", bool(bg["ungated_cycle"]) or not bg["ungated_stable"],
+                    gain_margin=bg.get("ungated_gm"),
+                    detail=("unstable by the Nyquist count" if not bg["ungated_stable"] else "stable")
+                           + (f"; a cycle of period {bg['ungated_cycle']['period_s']:.1f} s predicted"
+                              if bg["ungated_cycle"] else ""))
+    for name, s in setups.items():
+        cap, bottleneck, batch = s.slo_capacity(cfg["cluster"]["slo_tpot_s"])
+        p = cfg["plant"]
+        report.answer("capacity", f"{name}: {p['fill_workers']} fill + {p['decode_workers']} decode workers serve "
+                      f"{human(cap)} req/s at the TPOT SLO of {cfg['cluster']['slo_tpot_s']:g} s; the {bottleneck} "
+                      f"pool limits it, at a decode batch cap of {batch:.0f} per worker (vLLM "
+                      f"{vllm_batch_flag(batch)}).")
+    hi = table["load"].max()
+    top = table[np.isclose(table["load"], hi)]
+    inter = f"{INTERACTIVE}:slo_attainment"
+    for trace, t in top.groupby("trace", sort=False):
+        mine = t[t["policy"] == RECOMMENDED_ADMISSION]
+        others = t[t["policy"] != RECOMMENDED_ADMISSION]
+        if not len(mine) or not len(others):
+            continue
+        me = mine.iloc[0]
+        best = others.loc[others["goodput_tokens_per_s"].idxmax()]
+        worst = others.loc[others["goodput_tokens_per_s"].idxmin()]
+
+        def said(r) -> str:
+            return (f"{human(float(r['goodput_tokens_per_s']))} tokens/s, SLO attainment {float(r['slo_attainment']):.2f}"
+                    f", interactive {float(r[inter]):.2f}")
+
+        leads_goodput = me["goodput_tokens_per_s"] >= best["goodput_tokens_per_s"]
+        leads_interactive = me[inter] >= others[inter].max()
+        head = ("Admit with the SLO-aware gate" if leads_goodput else
+                "To protect interactive traffic, admit with the SLO-aware gate" if leads_interactive else
+                "The SLO-aware gate does not lead here")
+        report.answer("change", f"{head}: on {trace} at {hi:g}x capacity it gives {said(me)}; the most goodput of "
+                      f"the other policies is {_LABEL.get(best['policy'], best['policy'])}'s ({said(best)}), the least "
+                      f"{_LABEL.get(worst['policy'], worst['policy'])}'s ({said(worst)}).")
 
 
 def _window(tr: pd.DataFrame, start_s: float, end_s: float) -> pd.DataFrame:
@@ -336,7 +397,8 @@ def _surge(cfg: dict, quick: bool, report: StudyReport) -> dict:
             inter = rec[rec["request_class"] == INTERACTIVE]
             during = inter[(inter["arrival_s"] >= sc["before_s"]) & (inter["arrival_s"] < sc["before_s"] + sc["surge_s"])]
             met = _slo_met(during, classes) if len(during) else np.zeros(0, bool)
-            rows.append({"surge": surge, "policy": policy, "trace": sc["trace"], "synthetic": synthetic,
+            rows.append({"surge": surge, "policy": policy,
+                         "trace": tr.attrs["name"] if synthetic else sc["trace"], "synthetic": synthetic,
                          "interactive_requests": ci.get("requests", 0),
                          "interactive_slo_attainment": ci.get("slo_attainment"),
                          "interactive_slo_attainment_admitted": ci.get("slo_attainment_admitted"),
@@ -794,7 +856,7 @@ def _collapse_figure(table: pd.DataFrame, policies: list, traces: list) -> Figur
             ax[0, j].plot(tp["load"], tp["goodput_tokens_per_s"], marker="o", ms=3, lw=lw, ls=ls, color=f"C{i}",
                           label=_LABEL.get(p, p))
             ax[1, j].plot(tp["load"], tp["slo_attainment"], marker="o", ms=3, lw=lw, ls=ls, color=f"C{i}")
-        ax[0, j].set_title(trace, fontsize=9)
+        ax[0, j].set_title("\n".join(textwrap.wrap(trace, 42)), fontsize=9)
         ax[1, j].set_xlabel("offered load (x capacity at the SLO)")
         ax[1, j].set_ylim(-0.02, 1.02)
         for a in ax[:, j]:
@@ -820,7 +882,7 @@ def _cdf_figure(cdfs: dict, traces: list, policies: list, load: float) -> Figure
                 if len(x):
                     ax[k, j].plot(x, np.arange(1, len(x) + 1) / len(x), color=f"C{i}",
                                   lw=2.0 if p == RECOMMENDED_ADMISSION else 1.0, label=_LABEL.get(p, p))
-        ax[0, j].set_title(f"{trace} at {load:g}x", fontsize=9)
+        ax[0, j].set_title("\n".join(textwrap.wrap(f"{trace} at {load:g}x", 42)), fontsize=9)
         ax[0, j].set_xscale("log")
         ax[1, j].set_xscale("log")
         ax[0, j].set_xlabel("TTFT (s)")
@@ -872,10 +934,19 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     rows, cdfs, absent, setups = [], {}, [], {}
     t0 = time.perf_counter()
     cdf_load = 1.3 if 1.3 in cfg["loads"] else max(cfg["loads"])
+    # an absent trace is replaced by the synthetic workload; the absent traces of one kind share one
+    # stand-in, run once and labelled with every trace it stands in for (never under a real name)
+    standins = _standin_labels(cfg["traces"])
+    labels = []
     for name in cfg["traces"]:
         tr, synthetic = _load(name, 1800.0 if not quick else 600.0, cfg["seed"])
         if synthetic:
             absent.append(name)
+            name = standins[name]
+            if name in labels:
+                continue
+            tr.attrs["name"] = name
+        labels.append(name)
         setup = build_replay(tr, cfg["plant"])
         setups[name] = setup
         cap = _capacity(setup, cluster)
@@ -896,10 +967,10 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     report.save_table(table, "overload_table.csv", "One row per trace, load and admission policy: goodput, SLO "
                       "attainment (all arrivals, admitted, per class), latency percentiles, rejections and deferrals by "
                       "reason, wasted prefill, oscillation verdicts.")
-    report.save_figure(_collapse_figure(table, cfg["policies"], cfg["traces"]), "goodput_vs_load.png",
+    report.save_figure(_collapse_figure(table, cfg["policies"], labels), "goodput_vs_load.png",
                        "Goodput and SLO attainment against offered load for every admission policy (the collapse "
                        "curve). " + _collapse_sentence(table))
-    report.save_figure(_cdf_figure(cdfs, cfg["traces"], cfg["policies"], cdf_load), "latency_cdfs.png",
+    report.save_figure(_cdf_figure(cdfs, labels, cfg["policies"], cdf_load), "latency_cdfs.png",
                        f"TTFT and TPOT of completed requests at {cdf_load:g}x capacity (red: the interactive SLO).")
     surge = _surge(cfg, quick, report)
     # (c) the gate before/after
@@ -920,8 +991,10 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     margin_setup = setups.get(COLLAPSE_TRACES[0]) or next(iter(setups.values()))
     margins = _margins(margin_setup, cfg, report)
     # (e) faults under overload, on the sweep's first trace
-    fname = cfg["traces"][0]
-    ftr, fsyn = _load(fname, 1800.0 if not quick else 600.0, cfg["seed"])
+    fname = labels[0]   # the sweep's first trace, or the stand-in run for it
+    ftr, fsyn = _load(cfg["traces"][0], 1800.0 if not quick else 600.0, cfg["seed"])
+    if fsyn:
+        ftr.attrs["name"] = fname
     faults = _faults(cfg, ftr, setups[fname], fname, fsyn)
     report.save_table(pd.DataFrame(faults["rows"]), "faults_table.csv", "Faults under overload: every policy at the "
                       "fault loads with a fill and a decode worker crash and a KV-link slowdown in the window.")
@@ -934,12 +1007,13 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     lines = _summary_lines(cfg, table, surge, fluid, des, margins, tg, absent, setups)
     lines += ["", "## Faults under overload", "", *_fault_lines(faults)]
     mine = table[table["policy"] == RECOMMENDED_ADMISSION]
-    for trace in cfg["traces"]:
+    for trace in labels:
         t = mine[mine["trace"] == trace]
         if len(t):
             top = t.loc[t["load"].idxmax()]
             report.headline(f"SLO-aware goodput at {top['load']:g}x, {trace}", float(top["goodput_tokens_per_s"]),
                             "tokens/s", note="output tokens/s of requests meeting their SLO")
+    _answers(report, table, margins, setups, cfg)
     report.headline("targets met", f"{sum(1 for t in tg if t['met'])} of {len(tg)}",
                     note="see the targets table in the summary")
     return report.finish(metrics, lines)
@@ -974,7 +1048,8 @@ def _summary_lines(cfg, table, surge, fluid, des, margins, tg, absent, setups) -
              f"classes: interactive (TTFT <= {c['slo_ttft_s']} s, TPOT <= {c['slo_tpot_s']} s, priority 0) and batch "
              "(TTFT <= 30 s, TPOT <= 0.2 s, deferrable 20 s); traces without classes get 80 % interactive, 20 % batch. "
              f"Replayed {replayed}."
-             + (f" Absent traces (synthetic used instead): {', '.join(absent)}." if absent else ""), ""]
+             + (f" Absent traces, replaced by the synthetic workload (rows labelled `synthetic stand-in for ...`; "
+                f"`tokenfactory traces fetch all` gets the real ones): {', '.join(absent)}." if absent else ""), ""]
     lines += ["## Capacity at the SLO", "",
               "Each pool's capacity is its workers over the mean of each request's own service cost as the request "
               "simulator computes it (fill: the request's chunked-prefill share of full steps, its chunks' attention "

@@ -52,7 +52,7 @@ from tokenfactory.plant_models import (
 from tokenfactory.registry import CONTROL_PLANES, TARGET_UTILIZATION, PlantContext, build_admission, control_plane
 from tokenfactory.core.classes import INTERACTIVE, RequestClass
 from tokenfactory.replay import build_replay
-from tokenfactory.studies.report import StudyReport, markdown_table
+from tokenfactory.studies.report import StudyReport, human, markdown_table
 from tokenfactory.sweep import map_points
 from tokenfactory.traces import (
     SyntheticWorkload,
@@ -99,6 +99,10 @@ def fluid_params(shape: RequestShape, measurement_delay_s: float = 0.5,
 #: restructuring (issue 13 parts 3-5).
 DF_EFFICIENCY = {"compute": 0.6, "memory": 0.8, "network": 0.7, "layer_overhead_s": 0.0,
                  "scale_up_latency_s": 0.0, "scale_out_latency_s": 0.0}
+
+
+#: the reproductions' variants, as the report's loop table names them
+_VARIANT_WORDS = {"baseline": "today's rule", "predictive": "predictive variant", "fixed": "tokenfactory"}
 
 
 def _verdict(resp_series: pd.DataFrame, column: str, dt: float, start_s: float) -> dict:
@@ -598,11 +602,11 @@ def _winners(rows: list[dict], infos: dict | None = None) -> list[str]:
                 continue
             best = pick(r[key] for r in pool)
             tied = [r["controller"] for r in pool if math.isclose(r[key], best, rel_tol=1e-3, abs_tol=1e-9)]
-            parts.append(f"{label}: {', '.join(tied)} ({best:.3g})")
+            parts.append(f"{label}: {', '.join(tied)} ({human(best)})")
         ok = [r for r in rs if r["slo_attainment"] >= 0.99]
         if ok:
             c = min(ok, key=lambda r: r["gpu_hours"])
-            parts.append(f"cheapest with SLO attainment >= 0.99: {c['controller']} ({c['gpu_hours']:.3g} GPU-h)")
+            parts.append(f"cheapest with SLO attainment >= 0.99: {c['controller']} ({human(c['gpu_hours'])} GPU-h)")
         else:
             parts.append(_none_meets(rs, (infos or {}).get(workload)))
         calm = [r["controller"] for r in rs if not r["oscillating"]]
@@ -715,6 +719,8 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
             report.save_figure(_reproduction_figure(f"{info['trace']}: a day through the pool model", show,
                                                     ["decode", "fill"]), "servegen_day.png",
                                "Pool sizes, rolling SLO attainment and queues over the day for three control planes.")
+    wanted = {"azure": "azure-conv-2023", "servegen": "servegen:m-large"}
+    metrics["absent_traces"] = [wanted[k] for k, info in infos.items() if info["trace"] == "synthetic"]
     if comparison:
         metrics["comparison"] = comparison
         metrics["comparison_workloads"] = infos
@@ -735,10 +741,25 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         report.headline("cascade peak", rp["cascade"]["baseline"]["peak_provisioned"], "workers",
                         f"hysteretic {rp['cascade']['fixed']['peak_provisioned']}, justified "
                         f"{rp['cascade']['demand_justified_workers']}")
+    if "reproductions" in metrics:
+        for case, d in metrics["reproductions"].items():
+            for v in ("baseline", "predictive", "fixed"):
+                if v in d:
+                    x = d[v]
+                    report.loop(f"{case}: {x['controller']} ({_VARIANT_WORDS[v]})", x["oscillating"],
+                                detail=f"{human(x['reversals_per_hour'])} reversals/h, {human(x['actions_per_hour'])} "
+                                       f"actions/h" + (f", period {x['period_s']:.0f} s" if x["oscillating"]
+                                                       and x.get("period_s") else "")
+                                       + (f", peak {x['peak_provisioned']} workers provisioned (demand justifies "
+                                          f"{d['demand_justified_workers']})" if "peak_provisioned" in x
+                                          and "demand_justified_workers" in d else ""))
     for workload in dict.fromkeys(r["workload"] for r in comparison):
         ok = [r for r in comparison if r["workload"] == workload and r["slo_attainment"] >= 0.99]
         if ok:
             c = min(ok, key=lambda r: r["gpu_hours"])
+            report.answer("change", f"Size pools with {c['controller']}: on {workload} it is the cheapest control "
+                          f"plane holding SLO attainment >= 0.99 ({human(c['gpu_hours'])} GPU-hours, "
+                          f"{human(c['reversals_per_hour'])} reversals/h).")
             report.headline("cheapest at SLO >= 0.99", c["controller"],
-                            note=f"{workload.split(' (')[0]}: {c['gpu_hours']:.3g} GPU-h")
+                            note=f"{workload.split(' (')[0]}: {human(c['gpu_hours'])} GPU-h")
     return report.finish(metrics, lines)

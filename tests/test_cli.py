@@ -107,6 +107,32 @@ def test_simulate_load_is_a_multiple_of_the_capacity_from_each_requests_cost(tmp
     assert rate == pytest.approx(0.5 * m["slo_capacity_rps"], rel=0.02)
 
 
+def test_simulate_shows_progress_from_the_start(tmp_path, capsys):
+    assert main(["simulate", "--trace", "synthetic", "--duration", "3m", "--progress", "--out", str(tmp_path)]) == 0
+    cap = capsys.readouterr()
+    assert cap.out.splitlines()[0].startswith("generating 3m of synthetic requests")
+    frames = cap.err.split("\r")
+    import re
+
+    # the first frame at once, before any simulated time has passed (the horizon adds the drain)
+    assert re.match(r"simulating:   0\.0 % of [\d,]+ s simulated, 0 arrivals", frames[1]), frames[1]
+    assert re.search(r"100\.0 % of [\d,]+ s simulated", cap.err)
+    assert "cluster: 2 fill x deepseek-v3" in cap.out and "--max-num-seqs" in cap.out
+
+
+def test_simulate_prints_every_verdict_the_metrics_hold():
+    # whatever a plant or detector adds: boolean *oscillating/churning/flapping keys, at any depth,
+    # or detector reports holding one; the run's config is not a verdict
+    from tokenfactory.cli import _verdicts
+
+    m = {"ready_oscillation": {"oscillating": False, "reason": "amplitude"}, "oscillating": False,
+         "pools": {"decode": {"oscillating": True, "churning": True, "period_s": 40.0},
+                   "fill": {"flapping": False}}, "config": {"x_oscillating": True}, "requests": 3}
+    assert _verdicts(m) == [("ready_oscillation", False, ""), ("oscillating", False, ""),
+                            ("pools.decode", True, "period 40 s"), ("pools.decode churning", True, "period 40 s"),
+                            ("pools.fill flapping", False, "")]
+
+
 SILICON_SUBSET = __import__("pathlib").Path(__file__).parent / "data" / "silicon_subset.csv"
 
 

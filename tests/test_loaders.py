@@ -56,7 +56,7 @@ def test_data_dir_from_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("TOKENFACTORY_TRACES", str(tmp_path))
     assert data_dir() == tmp_path
     assert not trace_available("servegen:m-large")
-    with pytest.raises(TraceError, match="not in the data folder"):
+    with pytest.raises(TraceError, match="not on this machine.*traces fetch servegen:m-large"):
         load_trace("servegen:m-large")
 
 

@@ -95,6 +95,20 @@ def test_study_rejects_quick_with_full(fake_studies, capsys):
     assert "exclusive" in capsys.readouterr().err
 
 
+def test_quick_writes_beside_the_default_report_and_prints_the_answer(fake_studies, capsys, monkeypatch):
+    monkeypatch.chdir(fake_studies)
+    assert main(["study", "fake-a", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert _variant(fake_studies / "reports-quick" / "fake-a") == "quick"
+    assert not (fake_studies / "reports").exists()          # the make-run report is untouched
+    assert "fake-a (quick variant) -> reports-quick/fake-a/" in out.splitlines()[0]
+    assert "    variant: quick" in out                        # the study's headline, printed
+    assert (fake_studies / "reports-quick" / "index.html").is_file()
+    assert main(["study", "fake-a"]) == 0
+    assert _variant(fake_studies / "reports" / "fake-a") == "default"
+    assert _variant(fake_studies / "reports-quick" / "fake-a") == "quick"
+
+
 def test_the_default_suite_leaves_out_on_demand_studies():
     from tokenfactory import studies
 

@@ -65,3 +65,30 @@ def test_public_helpers_name_the_bad_field(module, func, args, kwargs, field):
     with pytest.raises(ConfigError) as e:
         getattr(importlib.import_module(module), func)(*args, **kwargs)
     assert e.value.field == field
+
+
+def test_a_file_path_in_a_toml_file_resolves_beside_that_file(tmp_path, monkeypatch):
+    from tokenfactory.plant_models import load_model
+    from tokenfactory.scenario import load_scenario
+    from tokenfactory.studies.feedback_oscillation import scenario_path
+    from tokenfactory.core.validation import load_toml
+
+    sub = tmp_path / "plants"
+    sub.mkdir()
+    (sub / "my_model.toml").write_text('base = "deepseek-v3"\nname = "dsv3-mine"\n')
+    text = scenario_path("smoothed").read_text().replace('model = "deepseek-v3"', 'model = "my_model.toml"', 1)
+    assert 'model = "my_model.toml"' in text
+    (sub / "scenario.toml").write_text(text)
+    monkeypatch.chdir(tmp_path)                 # the shell is elsewhere: the path still names plants/my_model.toml
+    doc = load_toml("plants/scenario.toml")
+    assert doc["plant"]["model"] == str(sub / "my_model.toml")
+    assert load_model(doc["plant"]["model"]).name == "dsv3-mine"
+    assert load_scenario(sub / "scenario.toml").plant is not None
+    assert load_toml(sub / "scenario.toml")["plant"]["hardware"] == "h200"     # a preset stays a preset
+
+
+def test_a_parallelism_error_says_which_layout_was_meant():
+    from tokenfactory.plant_models import Parallelism
+
+    with pytest.raises(ConfigError, match=r"^parallelism\.tp: tp = 2 with ep = 1 .*tp = 2, ep = 2 \(--tp 2 --ep 2\)"):
+        Parallelism(tp=2, ep=1)

@@ -22,7 +22,7 @@ from tokenfactory.core.validation import ConfigError
 from tokenfactory.traces.class_assignment import assign_classes, class_seed
 from tokenfactory.traces.schema import REQUEST_COLUMNS
 
-__all__ = ["TraceError", "TraceSpec", "TRACES", "data_dir", "load_trace", "trace_available",
+__all__ = ["TraceError", "TraceSpec", "TRACES", "data_dir", "trace_dirs", "trace_path", "load_trace", "trace_available",
            "load_azure_2023", "load_mooncake", "load_agentic", "load_servegen_aggregate",
            "load_servegen_per_client", "load_request_csv", "load_rate_csv"]
 
@@ -549,7 +549,48 @@ def trace_available(name: str) -> bool:
         False for an unregistered name or a missing file (tests and studies fall back to the
         synthetic workload).
     """
-    return name in TRACES and (data_dir() / TRACES[name].relative_path).is_file()
+    return name in TRACES and trace_path(name) is not None
+
+
+def trace_dirs() -> list[Path]:
+    """The folders searched for registered traces, in order: :func:`data_dir`, then the folder
+    ``tokenfactory traces fetch`` stores into (:func:`tokenfactory.traces.fetch.fetch_dir`; the same
+    folder when ``$TOKENFACTORY_TRACES`` is set).
+
+    Returns
+    -------
+    list of Path
+        Distinct folders (they need not exist).
+    """
+    from tokenfactory.traces.fetch import fetch_dir
+
+    out: list[Path] = []
+    for d in (data_dir(), fetch_dir()):
+        if d not in out:
+            out.append(d)
+    return out
+
+
+def trace_path(name: str) -> Path | None:
+    """The file of registered trace ``name`` in the first of :func:`trace_dirs` that has it.
+
+    Parameters
+    ----------
+    name : str
+        A key of :data:`TRACES`.
+
+    Returns
+    -------
+    Path or None
+        The file, or None when no folder has it (or the name is not registered).
+    """
+    if name not in TRACES:
+        return None
+    for d in trace_dirs():
+        p = d / TRACES[name].relative_path
+        if p.is_file():
+            return p
+    return None
 
 
 def load_trace(spec: str | Path) -> pd.DataFrame:
@@ -579,10 +620,12 @@ def load_trace(spec: str | Path) -> pd.DataFrame:
     s = str(spec)
     if s in TRACES:
         t = TRACES[s]
-        path = data_dir() / t.relative_path
-        if not path.is_file():
-            raise TraceError(path, f"trace {s!r} is not in the data folder {data_dir()} (set "
-                             "TOKENFACTORY_TRACES, or use the synthetic workload)")
+        path = trace_path(s)
+        if path is None:
+            raise TraceError(data_dir() / t.relative_path,
+                             f"trace {s!r} is not on this machine (searched {', '.join(map(str, trace_dirs()))}): "
+                             f"`tokenfactory traces fetch {s}` downloads it, TOKENFACTORY_TRACES points at a folder "
+                             "that has it, or use the synthetic workload (--trace synthetic)")
         return t.loader(path, name=s)
     path = Path(s)
     if not path.exists():

@@ -174,10 +174,23 @@ class Monitor:
             yield env.timeout(ctrl.sample_period)
 
     def progress(self, horizon: float):
+        # a line at once, then at every 5 % or at most a wall second apart (200 simulated steps),
+        # with the time left at the current pace, so a long run shows progress from its start
         env = self.env
-        t0 = time.perf_counter()
-        for k in range(1, 21):
-            yield env.timeout(horizon / 20)
-            print(f"\rsimulating: {5 * k:3d} % of {horizon:.0f} s simulated, {self.arrived} arrivals, "
-                  f"{time.perf_counter() - t0:.1f} s wall", end="", file=sys.stderr, flush=True)
+        t0 = last = time.perf_counter()
+        steps = 200
+
+        def show(k: int) -> None:
+            wall = time.perf_counter() - t0
+            left = f", ~{wall * (steps - k) / k:.0f} s left" if 0 < k < steps and wall > 1 else ""
+            print(f"\rsimulating: {100 * k / steps:5.1f} % of {horizon:,.0f} s simulated, {self.arrived:,} arrivals, "
+                  f"{wall:.1f} s wall{left}   ", end="", file=sys.stderr, flush=True)
+
+        show(0)
+        for k in range(1, steps + 1):
+            yield env.timeout(horizon / steps)
+            now = time.perf_counter()
+            if k % 10 == 0 or now - last >= 1.0:
+                show(k)
+                last = now
         print(file=sys.stderr)

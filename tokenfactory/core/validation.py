@@ -168,6 +168,25 @@ def reject_unknown_keys(where: str, mapping: Mapping[str, Any], allowed: Iterabl
                               f"unknown key; allowed keys are {', '.join(sorted(allowed))}")
 
 
+#: keys whose string value may name another file (a model or hardware TOML, a trace)
+_PATH_KEYS = frozenset({"model", "hardware", "trace"})
+_PATH_SUFFIXES = (".toml", ".csv", ".jsonl", ".json")
+
+
+def _resolve_file_paths(doc, base):
+    """A relative file path under a path key (``model = "my_model.toml"``) names a file beside the
+    document, not one in the shell's folder: rewrite it against ``base`` (presets and absolute
+    paths are kept)."""
+    from pathlib import Path
+
+    if isinstance(doc, dict):
+        return {k: (str(base / v) if k in _PATH_KEYS and isinstance(v, str) and v.endswith(_PATH_SUFFIXES)
+                    and not Path(v).is_absolute() else _resolve_file_paths(v, base)) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_resolve_file_paths(v, base) for v in doc]
+    return doc
+
+
 def load_toml(path, field: str = "scenario") -> dict:
     """Read a TOML configuration file, turning a missing file or bad TOML into a clear error.
 
@@ -181,7 +200,9 @@ def load_toml(path, field: str = "scenario") -> dict:
     Returns
     -------
     dict
-        The parsed document.
+        The parsed document; a relative file path under a ``model``, ``hardware`` or ``trace`` key
+        (ending in ``.toml``, ``.csv``, ``.jsonl`` or ``.json``) is made relative to the file's
+        folder, so a scenario names its model file the same way from any working directory.
 
     Raises
     ------
@@ -197,7 +218,7 @@ def load_toml(path, field: str = "scenario") -> dict:
         raise ConfigError(field, f"file {str(path)!r} does not exist")
     try:
         with path.open("rb") as fh:
-            return tomllib.load(fh)
+            return _resolve_file_paths(tomllib.load(fh), path.resolve().parent)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(path.name, f"not valid TOML: {exc}") from None
 
