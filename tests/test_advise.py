@@ -4,6 +4,7 @@ simulated no worse than the user's setting, and written back in the user's forma
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,26 +15,8 @@ from tokenfactory.controllers.formats import parse_control_plane
 from tokenfactory.replay import load_replay_scenario
 from tokenfactory.traces import load_trace
 
-MODEL = """\
-name = "moe-30b-a3b"
-num_layers = 48
-num_dense_layers = 0
-hidden_size = 2048
-vocab_size = 151936
-dense_intermediate_size = 6144
-expert_intermediate_size = 768
-routed_experts = 128
-active_experts = 8
-shared_experts = 0
-weight_precision = "bf16"
-kv_precision = "bf16"
-
-[attention]
-kind = "gqa"
-num_heads = 32
-head_dim = 128
-kv_heads = 4
-"""
+DATA = Path(__file__).parent / "data" / "small_plant"
+MODEL = (DATA / "model.toml").read_text()   # the small-plant case's own files
 
 SCENARIO = """\
 [plant]
@@ -54,28 +37,7 @@ warmup_s = 30.0
 gpus_per_worker = 2
 """
 
-HPA = """\
-# what the user runs today
-apiVersion: autoscaling/v2
-kind: HorizontalPodAutoscaler
-metadata:
-  name: decode
-spec:
-  scaleTargetRef:
-    apiVersion: apps/v1
-    kind: Deployment
-    name: decode
-  minReplicas: 1
-  maxReplicas: 4
-  metrics:
-    - type: Pods
-      pods:
-        metric:
-          name: vllm:num_requests_waiting
-        target:
-          type: AverageValue
-          averageValue: "2"
-"""
+HPA = (DATA / "hpa.yaml").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +72,7 @@ def test_advice_is_certified_simulated_and_no_worse(case):
     # only the listed knobs changed, and the file written back reads as the recommendation
     text = adv.recommended_text((case / "hpa.yaml").read_text())
     assert parse_control_plane(text) == adv.recommended
-    assert "# what the user runs today" in text
+    assert "# The HPA this user runs on the decode deployment" in text
     for knob, change in adv.changes.items():
         assert change["from"] != change["to"]
         assert f"{change['from']} -> {change['to']}" in text

@@ -5,30 +5,14 @@ from __future__ import annotations
 
 import pytest
 
+from pathlib import Path
+
 from tokenfactory.core.errors import ConfigError
 from tokenfactory.stack import build_stack, certify, load_stack_scenario
 from tokenfactory.stack.plant import stack_plant
 
-MODEL = """\
-name = "moe-30b-a3b"
-num_layers = 48
-num_dense_layers = 0
-hidden_size = 2048
-vocab_size = 151936
-dense_intermediate_size = 6144
-expert_intermediate_size = 768
-routed_experts = 128
-active_experts = 8
-shared_experts = 0
-weight_precision = "bf16"
-kv_precision = "bf16"
-
-[attention]
-kind = "gqa"
-num_heads = 32
-head_dim = 128
-kv_heads = 4
-"""
+DATA = Path(__file__).parent / "data" / "small_plant"
+MODEL = (DATA / "model.toml").read_text()   # the small-plant case's own files
 
 STACK = """\
 name = "user_stack"
@@ -78,27 +62,7 @@ gm_floor = 2.0
 pm_floor_deg = 45.0
 """
 
-HPA = """\
-apiVersion: autoscaling/v2
-kind: HorizontalPodAutoscaler
-metadata:
-  name: decode
-spec:
-  scaleTargetRef:
-    apiVersion: apps/v1
-    kind: Deployment
-    name: decode
-  minReplicas: 1
-  maxReplicas: 4
-  metrics:
-    - type: Pods
-      pods:
-        metric:
-          name: vllm:num_requests_waiting
-        target:
-          type: AverageValue
-          averageValue: "2"
-"""
+HPA = (DATA / "hpa.yaml").read_text()
 
 
 def _scenario(tmp_path, workers_of_demand: float):

@@ -24,6 +24,7 @@ from tokenfactory.controllers.formats.common import (
     parse_duration_s,
     parse_name,
     parse_number_string,
+    read_target_ref,
 )
 from tokenfactory.core.errors import ConfigError
 from tokenfactory.core.validation import check_choice, check_int
@@ -238,12 +239,7 @@ def read_aibrix(docs: list[dict], where: str = "aibrix") -> AIBrixSetting:
     meta.ignore("uid", "resourceVersion", "creationTimestamp", "generation")
     meta.close()
     spec = top.section("spec")
-    ref = spec.section("scaleTargetRef")
-    api = ref.get("apiVersion", "apps/v1")
-    kind = ref.get("kind", parse=parse_name)
-    target = ref.get("name", parse=parse_name)
-    ref.ignore("namespace")
-    ref.close()
+    api, kind, target = read_target_ref(spec, kept=("namespace",))
     if spec.get("subTargetSelector", None) is not None:
         raise NotModelled(spec.path("subTargetSelector"), "scaling one role of a StormService")
     for key in ("schedules", "predictive", "observeWindowSeconds", "panicWindowSeconds"):

@@ -16,7 +16,7 @@ from typing import Any
 
 from tokenfactory.core.errors import ConfigError
 
-__all__ = ["Section", "parse_name", "parse_duration_s", "format_duration", "parse_quantity", "format_quantity",
+__all__ = ["Section", "read_object_name", "read_target_ref", "OBJECT_METADATA_KEPT", "parse_name", "parse_duration_s", "format_duration", "parse_quantity", "format_quantity",
            "parse_number_string", "EngineMetric", "ENGINE_METRICS", "engine_metric", "NotModelled"]
 
 
@@ -126,6 +126,59 @@ def parse_name(field: str, value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(field, f"expected a non-empty name, got {value!r}")
     return value
+
+
+#: object metadata that carries nothing a control loop uses (kept as written, not modelled)
+OBJECT_METADATA_KEPT = ("labels", "annotations", "uid", "resourceVersion", "creationTimestamp", "generation",
+                        "managedFields")
+
+
+def read_object_name(top: Section) -> tuple[str, str | None]:
+    """A Kubernetes object's ``metadata.name`` and ``metadata.namespace`` (the rest of its
+    metadata is kept, :data:`OBJECT_METADATA_KEPT`; anything else is an unknown field).
+
+    Parameters
+    ----------
+    top : Section
+        The object.
+
+    Returns
+    -------
+    tuple
+        ``(name, namespace or None)``.
+    """
+    meta = top.section("metadata")
+    name = meta.get("name", parse=parse_name)
+    namespace = meta.get("namespace", None)
+    meta.ignore(*OBJECT_METADATA_KEPT)
+    meta.close()
+    return name, namespace
+
+
+def read_target_ref(spec: Section, *, default_kind: str | None = None, kept: tuple[str, ...] = ()) -> tuple[str, str, str]:
+    """``spec.scaleTargetRef`` of an autoscaler object.
+
+    Parameters
+    ----------
+    spec : Section
+        The object's spec.
+    default_kind : str, optional
+        The target's kind when the file omits it (KEDA: ``Deployment``); None makes it required.
+    kept : tuple of str
+        Further fields of the reference that are kept, not modelled.
+
+    Returns
+    -------
+    tuple
+        ``(apiVersion, kind, name)``.
+    """
+    ref = spec.section("scaleTargetRef")
+    api = ref.get("apiVersion", "apps/v1")
+    kind = ref.get("kind", default_kind) if default_kind is not None else ref.get("kind", parse=parse_name)
+    name = ref.get("name", parse=parse_name)
+    ref.ignore(*kept)
+    ref.close()
+    return api, kind, name
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")

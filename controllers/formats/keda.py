@@ -26,6 +26,8 @@ from tokenfactory.controllers.formats.common import (
     format_quantity,
     parse_name,
     parse_quantity,
+    read_object_name,
+    read_target_ref,
 )
 from tokenfactory.controllers.formats.kubernetes_hpa import (
     DEFAULT_SCALE_DOWN,
@@ -238,18 +240,9 @@ def read_keda(docs: list[dict], where: str = "keda") -> KEDASetting:
     top = Section(docs[0], where)
     top.get("apiVersion", parse=lambda f, v: check_choice(f, v, (API_VERSION,)))
     top.ignore("kind", "status")
-    meta = top.section("metadata")
-    name = meta.get("name", parse=parse_name)
-    namespace = meta.get("namespace", None)
-    meta.ignore("labels", "annotations", "uid", "resourceVersion", "creationTimestamp", "generation")
-    meta.close()
+    name, namespace = read_object_name(top)
     spec = top.section("spec")
-    ref = spec.section("scaleTargetRef")
-    api = ref.get("apiVersion", "apps/v1")
-    kind = ref.get("kind", "Deployment")
-    target = ref.get("name", parse=parse_name)
-    ref.ignore("envSourceContainerName")
-    ref.close()
+    api, kind, target = read_target_ref(spec, default_kind="Deployment", kept=("envSourceContainerName",))
     polling = spec.get("pollingInterval", 30, lambda f, v: check_int(f, v, low=1))
     cooldown = spec.get("cooldownPeriod", 300, lambda f, v: check_int(f, v, low=0))
     initial = spec.get("initialCooldownPeriod", 0, lambda f, v: check_int(f, v, low=0))

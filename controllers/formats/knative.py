@@ -23,6 +23,7 @@ from tokenfactory.controllers.formats.common import (
     parse_duration_s,
     parse_name,
     parse_number_string,
+    read_object_name,
 )
 from tokenfactory.core.errors import ConfigError
 from tokenfactory.core.validation import check_choice
@@ -223,11 +224,7 @@ def read_knative(docs: list[dict], where: str = "knative") -> KnativeSetting:
     top = Section(services[0], where)
     top.get("apiVersion", parse=lambda f, v: check_choice(f, v, ("serving.knative.dev/v1",)))
     top.ignore("kind", "status")
-    meta = top.section("metadata")
-    name = meta.get("name", parse=parse_name)
-    namespace = meta.get("namespace", None)
-    meta.ignore("labels", "annotations")
-    meta.close()
+    name, namespace = read_object_name(top)
     spec = top.section("spec")
     spec.ignore("traffic")
     template = spec.section("template")

@@ -27,6 +27,8 @@ from tokenfactory.controllers.formats.common import (
     parse_name,
     parse_number_string,
     parse_quantity,
+    read_object_name,
+    read_target_ref,
 )
 from tokenfactory.core.errors import ConfigError
 from tokenfactory.core.validation import check_choice, check_int
@@ -381,18 +383,9 @@ def read_hpa(docs: list[dict], where: str = "hpa") -> HPASetting:
     api = top.get("apiVersion", parse=lambda f, v: check_choice(f, v, (API_VERSION,)))
     top.ignore("kind", "status")
     del api
-    meta = top.section("metadata")
-    name = meta.get("name", parse=parse_name)
-    namespace = meta.get("namespace", None)
-    meta.ignore("labels", "annotations", "uid", "resourceVersion", "creationTimestamp", "generation",
-                "managedFields")
-    meta.close()
+    name, namespace = read_object_name(top)
     spec = top.section("spec")
-    ref = spec.section("scaleTargetRef")
-    target_api = ref.get("apiVersion", "apps/v1")
-    target_kind = ref.get("kind", parse=parse_name)
-    target_name = ref.get("name", parse=parse_name)
-    ref.close()
+    target_api, target_kind, target_name = read_target_ref(spec)
     min_r = spec.get("minReplicas", 1, lambda f, v: check_int(f, v, low=0))
     max_r = spec.get("maxReplicas", parse=lambda f, v: check_int(f, v, low=max(1, min_r)))
     metrics = tuple(_read_metric(m) for m in spec.sections("metrics"))
