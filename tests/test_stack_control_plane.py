@@ -3,9 +3,9 @@ loop model, built exactly as configured, and a failed certificate names the knob
 
 from __future__ import annotations
 
-import pytest
-
 from pathlib import Path
+
+import pytest
 
 from tokenfactory.core.errors import ConfigError
 from tokenfactory.stack import build_stack, certify, load_stack_scenario
