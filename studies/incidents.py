@@ -76,50 +76,18 @@ spec:
     name: decode
 """
 
-HPA_CASCADE = """\
-apiVersion: autoscaling/v2
-kind: HorizontalPodAutoscaler
-metadata:
-  name: decode
-spec:
-  scaleTargetRef:
-    apiVersion: apps/v1
-    kind: Deployment
-    name: decode
-  minReplicas: 1
-  maxReplicas: 32
-  metrics:
-    - type: Pods
-      pods:
-        metric:
-          name: vllm:kv_cache_usage_perc
-        target:
-          type: AverageValue
-          averageValue: "0.7"
-"""
+def _decode_hpa(metric: str, average_value: str, max_replicas: int, comment: str = "") -> str:
+    """An autoscaling/v2 HPA on the decode deployment: one Pods metric, Kubernetes' default behavior."""
+    return (f"{comment}apiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata:\n  name: decode\nspec:\n"
+            "  scaleTargetRef:\n    apiVersion: apps/v1\n    kind: Deployment\n    name: decode\n"
+            f"  minReplicas: 1\n  maxReplicas: {max_replicas}\n  metrics:\n    - type: Pods\n      pods:\n"
+            f"        metric:\n          name: {metric}\n        target:\n          type: AverageValue\n"
+            f'          averageValue: "{average_value}"\n')
 
-QUEUE_HPA = """\
-# the small-plant user's HPA: queued requests per pod, Kubernetes' default behavior
-apiVersion: autoscaling/v2
-kind: HorizontalPodAutoscaler
-metadata:
-  name: decode
-spec:
-  scaleTargetRef:
-    apiVersion: apps/v1
-    kind: Deployment
-    name: decode
-  minReplicas: 1
-  maxReplicas: 4
-  metrics:
-    - type: Pods
-      pods:
-        metric:
-          name: vllm:num_requests_waiting
-        target:
-          type: AverageValue
-          averageValue: "2"
-"""
+
+HPA_CASCADE = _decode_hpa("vllm:kv_cache_usage_perc", "0.7", 32)
+QUEUE_HPA = _decode_hpa("vllm:num_requests_waiting", "2", 4, "# the small-plant user's HPA: queued requests per pod, "
+                        "Kubernetes' default behavior\n")
 
 #: name -> the report: its settings file, the plant's start-up, the demand before and after a step
 #: (in workers of one decode worker's capacity), when the step comes, and what the report says
