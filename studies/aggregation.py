@@ -48,9 +48,10 @@ from tokenfactory.traces import (
     scale_trace,
     trace_available,
 )
-from tokenfactory.core.validation import ConfigError, check_int, check_number, reject_unknown_keys
+from tokenfactory.studies.study_config import StudyVariants, resolve_study_config
+from tokenfactory.core.validation import ConfigError, check_int, check_number
 
-__all__ = ["DEFAULT_CONFIG", "run", "goodput_at_slo", "cluster_configs"]
+__all__ = ["CONFIG", "DEFAULT_CONFIG", "run", "goodput_at_slo", "cluster_configs"]
 
 #: plants, SLOs and load grids (x the reference capacity) per workload. DeepSeek-V3 on 8 x H200
 #: with the reconfiguration study's SLOs (TPOT 0.155 s: the fitted roofline runs a full KV batch at
@@ -89,13 +90,8 @@ QUICK: dict[str, Any] = {"traces": ["azure-conv-2023", "long-context"], "fill_sh
 FULL: dict[str, Any] = {"replay_s": 120.0}
 
 
-def _config(config: dict[str, Any] | None, quick: bool) -> dict[str, Any]:
-    cfg = {**DEFAULT_CONFIG, **(config or {})}
-    reject_unknown_keys("aggregation", cfg, set(DEFAULT_CONFIG))
-    if cfg["full"]:
-        cfg.update({k: v for k, v in FULL.items() if k not in (config or {})})
-    if quick:
-        cfg.update({k: v for k, v in QUICK.items() if k not in (config or {})})
+def _check(cfg: dict[str, Any]) -> None:
+    """The ranges of the resolved settings."""
     for i, t in enumerate(cfg["traces"]):
         if t not in WORKLOADS:
             raise ConfigError(f"aggregation.traces[{i}]", f"{t!r} is not one of {', '.join(WORKLOADS)}")
@@ -113,7 +109,10 @@ def _config(config: dict[str, Any] | None, quick: bool) -> dict[str, Any]:
     check_number("aggregation.attainment_target", cfg["attainment_target"], low=0.0, high=1.0, low_inclusive=False)
     check_number("aggregation.tie_fraction", cfg["tie_fraction"], low=0.0, high=1.0)
     check_number("aggregation.relaxed_tpot", cfg["relaxed_tpot"], low=1.0)
-    return cfg
+
+
+#: the study's settings: the defaults and its quick and full variants (:mod:`tokenfactory.studies.study_config`)
+CONFIG = StudyVariants("aggregation", DEFAULT_CONFIG, quick=QUICK, full=FULL, check=_check)
 
 
 def cluster_configs(workers: int, fill_shares) -> list[tuple[str, int, int, int]]:
@@ -289,7 +288,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         full: bool = False) -> dict[str, Any]:
     """Run the study into ``out_dir`` (``quick``: the test variant; ``full``, or ``config={"full": True}``:
     the heavier grid; ``config``: overrides of :data:`DEFAULT_CONFIG`); returns its metrics."""
-    cfg = _config({**(config or {}), "full": True} if full else config, quick)
+    cfg = resolve_study_config(CONFIG, config, quick=quick, full=full)
     report = StudyReport("aggregation", Path(out_dir), cfg)
     configs = cluster_configs(cfg["workers"], cfg["fill_shares"])
     rows, substituted = [], []

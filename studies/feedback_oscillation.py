@@ -39,10 +39,11 @@ from tokenfactory.plant_models import (
     simulate_loop,
 )
 from tokenfactory.plant_models.plots import loop_response_plot
+from tokenfactory.studies.study_config import StudyVariants, resolve_study_config
 from tokenfactory.studies.report import StudyReport
 from tokenfactory.scenario import load_scenario, naive_limit_cycle, scenario_dir
 
-__all__ = ["run", "scenario_path"]
+__all__ = ["CONFIG", "run", "scenario_path"]
 
 SETTLE_BAND = 0.05      # settle within +/-5 % of the ready target
 ASSESS_DT = 0.05        # detectors see the ready buffer sampled every 50 ms
@@ -52,6 +53,17 @@ MIN_AMPLITUDE = 1.0     # requests: ripple below one request is not an oscillati
 def scenario_path(kind: str) -> Path:
     """The shipped example scenario for ``kind`` ("naive" or "smoothed")."""
     return scenario_dir() / f"feedback_oscillation_{kind}.toml"
+
+
+#: the study's settings: the defaults and its quick variant (:mod:`tokenfactory.studies.study_config`)
+CONFIG = StudyVariants("feedback-oscillation", {
+    "naive_scenario": str(scenario_path("naive")), "smoothed_scenario": str(scenario_path("smoothed")),
+    "duration_s": 300.0, "assess_from_s": 60.0,
+    "delay_factors": [0.5, 1.0, 2.0], "step": {"from": 0.7, "to": 1.05, "at_s": 60.0},
+    "dip": {"factor": 0.7, "start_s": 60.0, "duration_s": 60.0}, "lost_fraction": 0.125,
+    "map_delays_s": list(np.geomspace(0.1, 8.0, 15)), "map_gain_factors": list(np.geomspace(0.25, 16.0, 15))},
+    quick={"duration_s": 200.0, "map_delays_s": list(np.geomspace(0.1, 8.0, 9)),
+           "map_gain_factors": list(np.geomspace(0.25, 16.0, 9))})
 
 
 def _assess_ready(resp, start_s: float):
@@ -114,12 +126,7 @@ def _simulate(plant: FluidPlant, controller, sim: LoopScenario, ready0: float, b
 
 
 def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None) -> dict[str, Any]:
-    cfg = {"naive_scenario": str(scenario_path("naive")), "smoothed_scenario": str(scenario_path("smoothed")),
-           "duration_s": 200.0 if quick else 300.0, "assess_from_s": 60.0,
-           "delay_factors": [0.5, 1.0, 2.0], "step": {"from": 0.7, "to": 1.05, "at_s": 60.0},
-           "dip": {"factor": 0.7, "start_s": 60.0, "duration_s": 60.0}, "lost_fraction": 0.125,
-           "map_delays_s": list(np.geomspace(0.1, 8.0, 9 if quick else 15)),
-           "map_gain_factors": list(np.geomspace(0.25, 16.0, 9 if quick else 15)), **(config or {})}
+    cfg = resolve_study_config(CONFIG, config, quick=quick)
     report = StudyReport("feedback-oscillation", Path(out_dir), cfg)
     naive_sc, smooth_sc = load_scenario(cfg["naive_scenario"]), load_scenario(cfg["smoothed_scenario"])
     plant = smooth_sc.plant

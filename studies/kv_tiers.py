@@ -41,9 +41,10 @@ from tokenfactory.plant_models import ClusterConfig, KVTier, TieredKVStore, kv_t
 from tokenfactory.replay import build_replay
 from tokenfactory.studies.report import StudyReport
 from tokenfactory.traces import generate_requests, long_context_workload
-from tokenfactory.core.validation import ConfigError, check_int, check_number, reject_unknown_keys
+from tokenfactory.studies.study_config import StudyVariants, resolve_study_config
+from tokenfactory.core.validation import ConfigError, check_int, check_number
 
-__all__ = ["DEFAULT_CONFIG", "run", "rebuild_seconds", "split_warm_up"]
+__all__ = ["CONFIG", "DEFAULT_CONFIG", "run", "rebuild_seconds", "split_warm_up"]
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "plant": {"model": "k3-like", "hardware": "b300"},
@@ -68,13 +69,8 @@ FULL: dict[str, Any] = {"store_hours": 24.0, "warm_up_s": 7200.0,
                         "ssd_retention_s": [600.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0], "des_window_s": 600.0}
 
 
-def _config(config: dict[str, Any] | None, quick: bool) -> dict[str, Any]:
-    cfg = {**DEFAULT_CONFIG, **(config or {})}
-    reject_unknown_keys("kv-tiers", cfg, set(DEFAULT_CONFIG))
-    if cfg["full"]:
-        cfg.update({k: v for k, v in FULL.items() if k not in (config or {})})
-    if quick:
-        cfg.update({k: v for k, v in QUICK.items() if k not in (config or {})})
+def _check(cfg: dict[str, Any]) -> None:
+    """The ranges of the resolved settings."""
     check_int("kv-tiers.nodes", cfg["nodes"], low=2)
     check_int("kv-tiers.fill_workers", cfg["fill_workers"], low=1, high=cfg["nodes"] - 1)
     for k in ("rate_rps", "store_hours", "des_window_s"):
@@ -86,7 +82,10 @@ def _config(config: dict[str, Any] | None, quick: bool) -> dict[str, Any]:
         for i, v in enumerate(cfg[k]):
             check_number(f"kv-tiers.{k}[{i}]", v, low=0.0, low_inclusive=False, allow_inf=True)
     check_number("kv-tiers.dram_retention_s", cfg["dram_retention_s"], low=0.0, low_inclusive=False, allow_inf=True)
-    return cfg
+
+
+#: the study's settings: the defaults and its quick and full variants (:mod:`tokenfactory.studies.study_config`)
+CONFIG = StudyVariants("kv-tiers", DEFAULT_CONFIG, quick=QUICK, full=FULL, check=_check)
 
 
 def split_warm_up(table: pd.DataFrame, warm_up_s: float) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -174,7 +173,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         full: bool = False) -> dict[str, Any]:
     """Run the study into ``out_dir`` (``quick``: the test variant; ``full``, or ``config={"full": True}``:
     the heavier grid; ``config``: overrides of :data:`DEFAULT_CONFIG`); returns its metrics."""
-    cfg = _config({**(config or {}), "full": True} if full else config, quick)
+    cfg = resolve_study_config(CONFIG, config, quick=quick, full=full)
     report = StudyReport("kv-tiers", Path(out_dir), cfg)
     plant = {**cfg["plant"], "fill_workers": cfg["fill_workers"], "decode_workers": cfg["nodes"] - cfg["fill_workers"]}
     workload = long_context_workload(mean_rate_rps=cfg["rate_rps"], seed=cfg["seed"])

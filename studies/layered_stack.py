@@ -59,12 +59,13 @@ from tokenfactory.stack import (
     run_stack_on_both_plants,
     stack_scenario_from_dict,
 )
+from tokenfactory.studies.study_config import StudyVariants, resolve_study_config
 from tokenfactory.studies.report import StudyReport, human, markdown_table
 from tokenfactory.traces import trace_available
 from tokenfactory.traces.rate_workloads import rate_workload
 from tokenfactory.core.validation import ConfigError, reject_unknown_keys
 
-__all__ = ["run", "separation_in_simulation", "MISTUNED"]
+__all__ = ["CONFIG", "run", "separation_in_simulation", "MISTUNED"]
 
 #: the mis-tuned variant: reconfiguration faster than admission (a 10 s start-up, a 10 s backlog
 #: clearance and a slow 20 s admission) - the certificate must fail and name the layer
@@ -279,6 +280,40 @@ def _verdicts(rows: list[dict]) -> list[str]:
     return lines
 
 
+#: the request-level runs (e) of each variant; a ``requests`` table given in ``config`` is merged
+#: over its variant's key by key
+_REQUESTS = {"default": {"rate_rps": 12.0, "hours": 0.4, "startups_s": [120.0]},
+             "quick": {"rate_rps": 8.0, "hours": 0.35, "startups_s": [120.0]},
+             "full": {"rate_rps": 20.0, "hours": 2.0, "startups_s": [120.0, 600.0]}}
+
+
+def _check(cfg: dict[str, Any]) -> None:
+    """The resolved settings name known stacks and known request-run keys."""
+    for s in cfg["stacks"]:
+        if s not in ("stack", "stack-no-planning", *BASELINE_STACKS):
+            raise ConfigError("layered-stack.stacks", f"unknown stack {s!r}")
+    for s in cfg["mixed_stacks"]:
+        if s not in ("stack", "stack-no-planning", STATIC_SPLIT, *BASELINE_STACKS):
+            raise ConfigError("layered-stack.mixed_stacks", f"unknown stack {s!r}")
+    reject_unknown_keys("layered-stack.requests", cfg["requests"], _REQUESTS["default"])
+
+
+#: the study's settings: the defaults and its quick and full variants (:mod:`tokenfactory.studies.study_config`)
+CONFIG = StudyVariants("layered-stack", {
+    "full": False, "workloads": [["servegen:m-large", 5.0]], "startups_s": [120.0, 600.0],
+    "stacks": ["stack", "stack-no-planning", "dynamo-throughput (kalman) + mooncake", "hpa + vllm-watermark"],
+    "last_days": 4.0, "hours": 12.0, "dt": 2.0, "mixed_days": 1.0, "mixed_hours": None, "mixed_startups_s": [600.0],
+    "mixed_stacks": ["stack", STATIC_SPLIT, "stack-no-planning"], "mixed_seed": 0, "requests": _REQUESTS["default"]},
+    quick={"startups_s": [600.0], "hours": 3.0, "mixed_hours": 6.0, "mixed_stacks": ["stack", STATIC_SPLIT],
+           "requests": _REQUESTS["quick"]},
+    full={"workloads": [["servegen:m-large", 5.0], ["servegen:m-small", 1.0]], "startups_s": [120.0, 300.0, 600.0],
+          "stacks": ["stack", "stack-no-planning", *BASELINE_STACKS], "hours": None, "mixed_days": 7.0,
+          "mixed_startups_s": [120.0, 300.0, 600.0],
+          "mixed_stacks": ["stack", STATIC_SPLIT, "stack-no-planning", *BASELINE_STACKS],
+          "requests": _REQUESTS["full"]},
+    check=_check, merge_tables=("requests",))
+
+
 def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None,
         full: bool = False) -> dict[str, Any]:
     """Run the study (see the module docstring).
@@ -300,45 +335,14 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     dict
         The metrics written to ``metrics.json``.
     """
-    cfg = {"full": bool(full), **(config or {})}
-    reject_unknown_keys("layered-stack", cfg, {"full", "workloads", "startups_s", "stacks", "last_days", "hours",
-                                               "dt", "mixed_days", "mixed_hours", "mixed_startups_s",
-                                               "mixed_stacks", "mixed_seed", "requests"})
-    full = bool(cfg["full"])
-    if full:
-        workloads = cfg.get("workloads", [["servegen:m-large", 5.0], ["servegen:m-small", 1.0]])
-        startups = cfg.get("startups_s", [120.0, 300.0, 600.0])
-        stacks = cfg.get("stacks", ["stack", "stack-no-planning", *BASELINE_STACKS])
-        last_days, hours = cfg.get("last_days", 4.0), cfg.get("hours")
-        mixed_days, mixed_hours = cfg.get("mixed_days", 7.0), cfg.get("mixed_hours")
-        mixed_startups = cfg.get("mixed_startups_s", [120.0, 300.0, 600.0])
-        mixed_stacks = cfg.get("mixed_stacks", ["stack", STATIC_SPLIT, "stack-no-planning", *BASELINE_STACKS])
-    else:
-        workloads = cfg.get("workloads", [["servegen:m-large", 5.0]])
-        startups = cfg.get("startups_s", [600.0] if quick else [120.0, 600.0])
-        stacks = cfg.get("stacks", ["stack", "stack-no-planning", "dynamo-throughput (kalman) + mooncake",
-                                    "hpa + vllm-watermark"])
-        last_days, hours = cfg.get("last_days", 4.0), cfg.get("hours", 3.0 if quick else 12.0)
-        mixed_days, mixed_hours = cfg.get("mixed_days", 1.0), cfg.get("mixed_hours", 6.0 if quick else None)
-        mixed_startups = cfg.get("mixed_startups_s", [600.0])
-        mixed_stacks = cfg.get("mixed_stacks", ["stack", STATIC_SPLIT] if quick else
-                               ["stack", STATIC_SPLIT, "stack-no-planning"])
-    mixed_seed = cfg.get("mixed_seed", 0)
-    dt = cfg.get("dt", 2.0)
-    for s in stacks:
-        if s not in ("stack", "stack-no-planning", *BASELINE_STACKS):
-            raise ConfigError("layered-stack.stacks", f"unknown stack {s!r}")
-    for s in mixed_stacks:
-        if s not in ("stack", "stack-no-planning", STATIC_SPLIT, *BASELINE_STACKS):
-            raise ConfigError("layered-stack.mixed_stacks", f"unknown stack {s!r}")
+    cfg = resolve_study_config(CONFIG, config, quick=quick, full=full)
+    full = cfg["full"]
+    workloads, startups, stacks = cfg["workloads"], cfg["startups_s"], cfg["stacks"]
+    last_days, hours, dt = cfg["last_days"], cfg["hours"], cfg["dt"]
+    mixed_days, mixed_hours, mixed_startups = cfg["mixed_days"], cfg["mixed_hours"], cfg["mixed_startups_s"]
+    mixed_stacks, mixed_seed = cfg["mixed_stacks"], cfg["mixed_seed"]
     sc = load_stack_scenario("stack_default")
-    report = StudyReport("layered-stack", Path(out_dir), {**cfg, "quick": quick, "scenario": sc.config,
-                                                          "workloads": workloads, "startups_s": startups,
-                                                          "stacks": stacks, "last_days": last_days, "hours": hours,
-                                                          "dt": dt, "mixed_days": mixed_days,
-                                                          "mixed_hours": mixed_hours,
-                                                          "mixed_startups_s": mixed_startups,
-                                                          "mixed_stacks": mixed_stacks, "mixed_seed": mixed_seed})
+    report = StudyReport("layered-stack", Path(out_dir), {**cfg, "quick": quick, "scenario": sc.config})
     metrics: dict[str, Any] = {}
     timings: dict[str, float] = {}
     # (a) the certificate
@@ -402,11 +406,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     metrics["comparison"] = [{k: v for k, v in r.items() if k not in ("utilization_ceiling", "per_worker_rps")} for r in rows]
     # (e) the same stack on requests: every layer sampled (the gated cap on the live context)
     t0 = time.perf_counter()
-    rq = {"rate_rps": 20.0, "hours": 2.0, "startups_s": [120.0, 600.0]} if full else \
-        {"rate_rps": 8.0, "hours": 0.35, "startups_s": [120.0]} if quick else \
-        {"rate_rps": 12.0, "hours": 0.4, "startups_s": [120.0]}
-    rq.update(cfg.get("requests", {}))
-    reject_unknown_keys("layered-stack.requests", rq, {"rate_rps", "hours", "startups_s"})
+    rq = cfg["requests"]
     # a +60 % step a third of the way in: the pools must grow through a start-up while admission
     # and the gate hold the SLO
     trace = morning_ramp(float(rq["rate_rps"]), float(rq["hours"]), prompt_tokens=sc.params.prompt_tokens,

@@ -62,9 +62,10 @@ from tokenfactory.traces import (
     superpose_trace,
     trace_available,
 )
-from tokenfactory.core.validation import ConfigError, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError
+from tokenfactory.studies.study_config import StudyVariants, resolve_study_config
 
-__all__ = ["run", "DEFAULT_PLANES", "fluid_params", "reproduce_flapping", "reproduce_cascade", "reproduce_seesaw",
+__all__ = ["CONFIG", "run", "DEFAULT_PLANES", "fluid_params", "reproduce_flapping", "reproduce_cascade", "reproduce_seesaw",
            "describing_function_check", "compare_servegen_day", "compare_azure_replay", "measured_worker_rps", "SHAPE",
            "SEESAW_SHAPE"]
 
@@ -625,18 +626,27 @@ DEFAULT_PLANES = ("static + mooncake-early-rejection", "static + tokenfactory-sm
                   "tokenfactory-hysteretic + smoothed")
 
 
+def _check(cfg: dict[str, Any]) -> None:
+    """The resolved settings' control planes are known ones."""
+    for p in cfg["planes"]:
+        if p not in CONTROL_PLANES:
+            raise ConfigError("reconfiguration.planes", f"unknown control plane {p!r}; known: {', '.join(CONTROL_PLANES)}")
+
+
+#: the study's settings: the defaults and its full variant (:mod:`tokenfactory.studies.study_config`);
+#: ``servegen_hours`` None replays the whole ServeGen day
+CONFIG = StudyVariants("reconfiguration", {"reproductions": True, "describing_function": True,
+                                           "comparison": ["azure", "servegen"], "azure_minutes": 10.0,
+                                           "planes": list(DEFAULT_PLANES), "servegen_hours": None},
+                       full={"azure_minutes": 20.0, "planes": list(CONTROL_PLANES)}, check=_check)
+
+
 def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None,
         full: bool = False) -> dict[str, Any]:
     # the Azure replay is the request simulator's: 10 minutes of it in the default and quick
     # variants (each control plane replays it), the 20-minute replay with --full
-    cfg = {"reproductions": True, "describing_function": True, "comparison": ["azure", "servegen"],
-           "azure_minutes": 20.0 if full else 10.0, **(config or {})}
-    reject_unknown_keys("reconfiguration", cfg, {"reproductions", "describing_function", "comparison", "planes",
-                                                  "azure_minutes", "servegen_hours"})
-    planes = tuple(cfg.get("planes", CONTROL_PLANES if full else DEFAULT_PLANES))
-    for p in planes:
-        if p not in CONTROL_PLANES:
-            raise ConfigError("reconfiguration.planes", f"unknown control plane {p!r}; known: {', '.join(CONTROL_PLANES)}")
+    cfg = resolve_study_config(CONFIG, config, quick=quick, full=full)
+    planes = tuple(cfg["planes"])
     report = StudyReport("reconfiguration", Path(out_dir), {**cfg, "quick": quick, "full": full, "plant": PLANT,
                                                             "dynamics": PoolDynamics().__dict__,
                                                             "slo": {"ttft_s": SLO_TTFT_S, "tpot_s": SLO_TPOT_S}})
@@ -706,11 +716,11 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     comparison: list[dict] = []
     infos = {}
     if "azure" in cfg["comparison"]:
-        rows, _, info = compare_azure_replay(quick, planes, minutes=cfg.get("azure_minutes"))
+        rows, _, info = compare_azure_replay(quick, planes, minutes=cfg["azure_minutes"])
         comparison += rows
         infos["azure"] = info
     if "servegen" in cfg["comparison"]:
-        rows, resps, info = compare_servegen_day(quick, planes, hours=cfg.get("servegen_hours"))
+        rows, resps, info = compare_servegen_day(quick, planes, hours=cfg["servegen_hours"])
         comparison += rows
         infos["servegen"] = info
         ours = "tokenfactory-hysteretic" if "tokenfactory-hysteretic" in resps else "tokenfactory-hysteretic + smoothed"
