@@ -1,6 +1,8 @@
 """Runnable studies. Each module has ``run(out_dir, quick=False, config=None) -> dict`` writing
 figures, ``metrics.json`` and ``summary.md``; studies whose grids have a heavier variant also take
-``full=False``. ``tokenfactory study NAME`` runs one, ``study all`` the suite.
+``full=False``. ``tokenfactory study NAME`` runs one, ``study all`` the suite. Each declares its
+settings as ``CONFIG`` (a :class:`~tokenfactory.studies.study_config.StudyVariants`) and resolves
+them once with :func:`~tokenfactory.studies.study_config.resolve_study_config`.
 
 Three sizes of every study:
 
