@@ -19,11 +19,11 @@ import numpy as np
 
 from tokenfactory.controllers.admission import SmoothedAdmission
 from tokenfactory.controllers.envelope_tuner import SIMC_TAU_C_FACTORS, simc_search
-from tokenfactory.controllers.stability import DelayedLoop, Margins, loop_transfer, stability_margins
+from tokenfactory.controllers.stability import DelayedLoop, Margins, loop_transfer
 from tokenfactory.controllers.stability_batch import DelayedLoopBatch, stability_margins_batch
 from tokenfactory.controllers.tuning import PIGains, effective_delay, simc_pi
 from tokenfactory.plant_models.fluid import FluidPlant
-from tokenfactory.core.validation import ConfigError, check_number
+from tokenfactory.core.validation import check_number
 
 __all__ = ["StabilityEnvelope", "TuningReport", "admission_loop", "tune_smoothed_admission",
            "envelope_loops", "envelope_margins"]

@@ -55,7 +55,7 @@ from tokenfactory.controllers.stability import (  # the phase crossovers: where 
     stability_margins,
 )
 from tokenfactory.core.signals import BatchCapAction, Measurement
-from tokenfactory.core.validation import ConfigError, check_number
+from tokenfactory.core.validation import check_number
 
 __all__ = ["BatchGate", "BatchGateTuning", "batch_gate_delay", "batch_gate_loop", "tune_batch_gate",
            "predict_batch_cycle", "largest_batch", "pass_target_s", "JOIN_WAIT_PASSES"]
