@@ -53,7 +53,7 @@ from tokenfactory.registry import CONTROL_PLANES, TARGET_UTILIZATION, PlantConte
 from tokenfactory.core.classes import INTERACTIVE, RequestClass
 from tokenfactory.replay import build_replay
 from tokenfactory.studies.report import StudyReport, human, markdown_table
-from tokenfactory.sweep import map_points
+from tokenfactory.sweep import SweepBackend, map_points
 from tokenfactory.traces import (
     SyntheticWorkload,
     generate_requests,
@@ -393,7 +393,8 @@ def _servegen_plane(pt: dict):
 
 
 def compare_servegen_day(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: PoolDynamics = PoolDynamics(),
-                         scale: float = 5.0, hours: float | None = None, dt: float = 0.25):
+                         scale: float = 5.0, hours: float | None = None, dt: float = 0.25,
+                         sweep: SweepBackend | None = None):
     """A day of ServeGen m-large rates x ``scale`` (a tenant population ``scale`` times larger, so
     pools hold several workers) through the pool model; synthetic rates without the trace data."""
     spec = "servegen:m-large" if trace_available("servegen:m-large") else "synthetic"
@@ -414,7 +415,8 @@ def compare_servegen_day(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: Po
     mean_rate, peak_rate = float(demand.mean()), float(demand.max())
     workload = f"{spec} day 7 x{scale:g} (pool model)"
     # one point per control plane: serial, or on a Dask cluster (tokenfactory study --workers/--scheduler)
-    runs = map_points(_servegen_plane, [{"plane": name, "fp": fp, "scenario": sc, "dynamics": dynamics,
+    mapper = sweep.map if sweep is not None else map_points  # the backend is an argument
+    runs = mapper(_servegen_plane, [{"plane": name, "fp": fp, "scenario": sc, "dynamics": dynamics,
                                          "mean_rate": mean_rate, "first_rate": float(demand.iloc[0]),
                                          "workload": workload} for name in planes])
     rows = [row for row, _ in runs]
@@ -439,7 +441,7 @@ def _azure_plane(pt: dict):
 
 
 def compare_azure_replay(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: PoolDynamics = PoolDynamics(),
-                         load: float = 2.0, minutes: float | None = None):
+                         load: float = 2.0, minutes: float | None = None, sweep: SweepBackend | None = None):
     """Azure conversation through the request simulator at a load multiplier: superposed, randomly
     shifted copies of the hour (:func:`tokenfactory.traces.superpose_trace`) so the mean demand is
     ``load`` workers' capacity of the bottleneck pool, as a worker of it delivers in the request
@@ -468,7 +470,8 @@ def compare_azure_replay(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: Po
     mean_rate = len(replay) / (minutes * 60.0)
     workload = f"{name} x{multiplier:.0f} ({minutes:.0f} min, request simulator)"
     arrivals = full_hour["arrival_s"].to_numpy()
-    runs = map_points(_azure_plane, [{"plane": plane, "fp": fp, "params": setup.params, "replay": replay,
+    mapper = sweep.map if sweep is not None else map_points
+    runs = mapper(_azure_plane, [{"plane": plane, "fp": fp, "params": setup.params, "replay": replay,
                                       "arrivals": arrivals, "dynamics": dynamics, "mean_rate": mean_rate,
                                       "measured": measured, "workload": workload} for plane in planes])
     rows = [row for row, _ in runs]
@@ -642,7 +645,7 @@ CONFIG = StudyVariants("reconfiguration", {"reproductions": True, "describing_fu
 
 
 def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None,
-        full: bool = False) -> dict[str, Any]:
+        full: bool = False, sweep: SweepBackend | None = None) -> dict[str, Any]:
     # the Azure replay is the request simulator's: 10 minutes of it in the default and quick
     # variants (each control plane replays it), the 20-minute replay with --full
     cfg = resolve_study_config(CONFIG, config, quick=quick, full=full)
@@ -716,11 +719,11 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     comparison: list[dict] = []
     infos = {}
     if "azure" in cfg["comparison"]:
-        rows, _, info = compare_azure_replay(quick, planes, minutes=cfg["azure_minutes"])
+        rows, _, info = compare_azure_replay(quick, planes, minutes=cfg["azure_minutes"], sweep=sweep)
         comparison += rows
         infos["azure"] = info
     if "servegen" in cfg["comparison"]:
-        rows, resps, info = compare_servegen_day(quick, planes, hours=cfg["servegen_hours"])
+        rows, resps, info = compare_servegen_day(quick, planes, hours=cfg["servegen_hours"], sweep=sweep)
         comparison += rows
         infos["servegen"] = info
         ours = "tokenfactory-hysteretic" if "tokenfactory-hysteretic" in resps else "tokenfactory-hysteretic + smoothed"
