@@ -71,6 +71,10 @@ class StudyConfig(dict):
 
     __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = _read_only
 
+    def __reduce__(self):
+        # pickled and copied as its study, variant and values (the item setters refuse)
+        return (StudyConfig, (self.study, self.variant, dict(self)))
+
     def to_dict(self) -> dict[str, Any]:
         """A plain (mutable) copy."""
         return dict(self)

@@ -94,6 +94,19 @@ def test_precedence_defaults_then_variant_then_config():
     assert e.value.field == "demo.quick"
 
 
+def test_a_resolved_config_pickles_and_copies():
+    import copy
+    import json
+    import pickle
+
+    from tokenfactory.studies.layered_stack import CONFIG
+
+    cfg = resolve_study_config(CONFIG, quick=True)
+    for other in (pickle.loads(pickle.dumps(cfg)), copy.deepcopy(cfg), copy.copy(cfg)):
+        assert isinstance(other, StudyConfig) and other == cfg and other.variant == "quick"
+    assert json.loads(json.dumps(cfg)) == json.loads(json.dumps(cfg.to_dict()))
+
+
 def test_unknown_key_error_without_a_near_key():
     e = unknown_key_error("demo", "zzzz", ["alpha", "beta"])
     assert e.field == "demo.zzzz" and "did you mean" not in str(e) and "alpha, beta" in str(e)
