@@ -184,6 +184,23 @@ def simc_search(theta_s: float, controller_at: Callable[[float], Any],
     -------
     SIMCTuning
 
+    Examples
+    --------
+    I control on a pure delay theta = 2 s, checked at 0.5x, 1x and 2x the delay: the doubled delay
+    needs tau_c >= (8/pi - 1) theta, so the search stops at 2 theta.
+
+    >>> import control
+    >>> from tokenfactory.controllers.stability import DelayedLoop
+    >>> theta = 2.0
+    >>> points = [{"delay_factor": d} for d in (0.5, 1.0, 2.0)]
+    >>> t = simc_search(theta, lambda f: 1.0 / (f * theta + theta),
+    ...                 lambda ki: [DelayedLoop(control.tf([ki], [1.0, 0.0]), theta * p["delay_factor"])
+    ...                             for p in points], points)
+    >>> t.tau_c_over_theta, t.envelope_ok, t.worst["delay_factor"]
+    (2.0, True, 2.0)
+    >>> round(t.worst["gain_margin"], 3)
+    2.356
+
     Raises
     ------
     ConfigError
