@@ -40,6 +40,7 @@ __all__ = [
     "EfficiencyFit",
     "point_worker",
     "predict_point",
+    "signed_error",
     "fit_efficiency",
     "cross_validate",
     "error_table",
@@ -342,9 +343,22 @@ def predict_point(point: PublishedPoint, efficiency: Efficiency | None = None) -
     return point.output_tokens / seconds_per_request / w.num_gpus
 
 
-def _signed_error(point: PublishedPoint, predicted: float) -> float:
+def signed_error(point: PublishedPoint, predicted: float) -> float:
     """(predicted - published) / published, in the direction of throughput (a latency that is
-    predicted too short is an over-prediction of speed)."""
+    predicted too short is an over-prediction of speed).
+
+    Parameters
+    ----------
+    point : PublishedPoint
+        The measurement.
+    predicted : float
+        The roofline's value of ``point.mode``'s quantity (:func:`predict_point`).
+
+    Returns
+    -------
+    float
+        The signed relative error (positive: the roofline is too fast).
+    """
     if point.unit == "s":
         return point.published / predicted - 1.0
     return predicted / point.published - 1.0
@@ -407,7 +421,7 @@ def error_table(points: Sequence[PublishedPoint], efficiency: Efficiency,
     rows = []
     for p in points:
         pred = predict_point(p, efficiency)
-        err = _signed_error(p, pred)
+        err = signed_error(p, pred)
         held = train_keys is not None and p.key not in train_keys
         row = {"point": p.key, "system": p.system, "source": p.source, "date": p.date,
                "model": p.model, "hardware": p.hardware,
@@ -416,7 +430,7 @@ def error_table(points: Sequence[PublishedPoint], efficiency: Efficiency,
                "error": err, "abs_error": abs(err), "held_out": held,
                "conversion": p.conversion, "caveat": p.caveat}
         if reference is not None:
-            row["error_old_assumptions"] = _signed_error(p, predict_point(p, reference))
+            row["error_old_assumptions"] = signed_error(p, predict_point(p, reference))
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -564,7 +578,7 @@ def cross_validate(points: Sequence[PublishedPoint] = PUBLISHED_POINTS, *,
         f = fit_efficiency(points, train_keys=[k for k in keys if k != p.key], base=base,
                            x0=full_fit.efficiency, **kw)
         pred = predict_point(p, f.efficiency)
-        err = _signed_error(p, pred)
+        err = signed_error(p, pred)
         rows.append({"point": p.key, "hardware": p.hardware, "mode": p.mode,
                      "published": p.published, "predicted": pred, "error": err,
                      "abs_error": abs(err), **{f"fit_{k}": v for k, v in f.params.items()},
