@@ -295,6 +295,22 @@ def test_small_plant_misses_are_the_burst_no_ordered_worker_can_reach(small_plan
     assert m["slo_attainment"] == pytest.approx(len(done) / len(rec), abs=1e-9)
 
 
+def test_simulate_answer_says_why_the_small_plant_misses(small_plant_hysteretic, capsys):
+    """`simulate`'s plain answer states the diagnosis from the run's own records."""
+    from tokenfactory.cli import _misses_answer
+
+    m, res = small_plant_hysteretic
+    miss = res.slo_misses()
+    onset, _ = _burst(res.records["arrival_s"].to_numpy())
+    _misses_answer(res, onset, BURST_S)
+    out = capsys.readouterr().out
+    assert miss["met"] == round(m["slo_attainment"] * m["requests"])
+    assert (f"SLO missed by {m['requests'] - miss['met']:,} of {m['requests']:,} requests: "
+            f"{m['rejected']:,} rejected (decode_overloaded {m['rejected_by_reason']['decode_overloaded']:,}, "
+            f"deferral_expired {m['rejected_by_reason']['deferral_expired']:,}), 0 completed past their TTFT SLO") in out
+    assert "serves 95 s later" in out and "only workers serving before it can carry it" in out
+
+
 #: static decode pools on the small plant (no autoscaler; same admission, trace, seed), measured
 #: on main 9ab8ea5: what holding n workers through the burst buys, and costs
 STATIC_DECODE = [(2, 0.8795, 1.20), (3, 0.976, 1.60), (4, 0.999, 2.00)]
