@@ -17,7 +17,7 @@ from tokenfactory.controllers.separation import simc_queue_clear_s
 from tokenfactory.core.validation import ConfigError
 from tokenfactory.plant_models.fluid import FluidParams
 from tokenfactory.plant_models.pools import PoolDynamics
-from tokenfactory.registry import _gate_tuning  # the registry's cached tune_batch_gate
+from tokenfactory.registry import cached_gate_tuning
 from tokenfactory.registry import DEFAULT_TPOT_FRACTION, PlantContext, smoothed_admission
 from tokenfactory.registry.stack_layers import GatedBatchCap
 from tokenfactory.scenario import build_plant
@@ -286,7 +286,7 @@ def gate_tuning(sc: StackScenario, snapshot_s: float = 0.1) -> BatchGateTuning:
     """
     env = sc.envelope
     target = pass_target_s(sc.slo_tpot_s, gate_fraction(sc))
-    return _gate_tuning(sc.params.measurement_delay_s, target, snapshot_s, gate_sample_period_s(sc), True,
+    return cached_gate_tuning(sc.params.measurement_delay_s, target, snapshot_s, gate_sample_period_s(sc), True,
                         tuple(env.delay_factors), tuple(env.service_rate_factors), env.gm_floor, env.pm_floor_deg)
 
 
