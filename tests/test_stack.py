@@ -176,6 +176,21 @@ def test_certificate_passes_default_and_names_the_layer_when_mistuned():
     assert "no single change of layers.reconfiguration's sample_period_s" in fails["separation"]["detail"]
 
 
+def test_passing_value_search_rechecks_one_layer_as_the_whole_certificate_would():
+    # a candidate that does not reach the layers below re-runs only its own layer's loops: the
+    # failed checks must be those of re-running every layer up to it
+    from tokenfactory.registry.stack_layers import STACK_LAYERS
+    from tokenfactory.stack.certificate import _check_layers, _recheck
+
+    sc = load_stack_scenario(scenario_dir() / "stack_mistuned.toml")
+    base = _check_layers(sc, STACK_LAYERS)
+    cfg = sc.layers["reconfiguration"]
+    for knob, v in (("sample_period_s", 80.0), ("queue_clear_s", 60.0), ("target_utilization", 0.68)):
+        cand = dataclasses.replace(sc, layers={**sc.layers, "reconfiguration": dataclasses.replace(cfg, **{knob: v})})
+        full = {(f["layer"], f["check"]) for f in _check_layers(cand, STACK_LAYERS[:3]).failures}
+        assert _recheck(cand, "reconfiguration", base) == full, knob
+
+
 def test_certificate_names_the_passing_value_of_its_own_layer_on_the_small_plant(monkeypatch):
     # issue 23: the small plant's stack (tests/data/small_plant/stack.toml, the case's own file) fails
     # admission's separation from the gated cap; the certificate names the setting of that layer and
