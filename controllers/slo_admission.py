@@ -50,7 +50,7 @@ request class (:mod:`tokenfactory.core.classes`):
   ``slack_target`` (the misses) is compared with ``miss_setpoint`` x the miss budget q
   (``quantile``, default 1 %: admitted attainment >= 0.99) and integrated into the class's margin
   r in [-1, 1]: r += ki T (setpoint q - y) / q - in units of the budget, so a class at 0.999
-  relaxes at half the rate a class at 0.985 tightens, and a flood of misses tightens at once.
+  relaxes at 0.7 budget units and one at 0.985 tightens at 0.7, and a flood of misses tightens at once.
   The margin moves the gate between tighter than the model (r = -1: half the TTFT share, twice
   the completions kept in hand, more decode completions in hand) and the model's expectation
   (r = +1: the whole TTFT SLO, no completions kept in hand, the decode wait a mean-length
@@ -140,8 +140,10 @@ class MarginLoopConfig:
         A completion counts as a miss when its slack is below this share of its SLO ([-1, 1];
         default 0: it missed).
     miss_setpoint : float
-        The share of the budget the misses are held at ((0, 1]; default 0.5: admitted attainment
-        0.995, half the budget kept for the window's noise and drift between corrections).
+        The share of the budget the misses are held at ((0, 1]; default 0.8: admitted attainment
+        0.992, a fifth of the budget kept for the window's noise and drift between corrections.
+        Measured on azure-code-2023 (whole trace, 2x): 0.5 tightened the gate to 3,129 rejections
+        and 242 tok/s where the old quantile rule held 2,119 and 287 tok/s).
     window : int
         Completions per class the miss share is taken over (>= 20; default 200: its lag, half its
         span, is most of the loop's delay, and 200 still resolves the 0.5 % setpoint as one miss).
@@ -157,7 +159,7 @@ class MarginLoopConfig:
     ki: float = 0.004
     quantile: float = 0.01
     slack_target: float = 0.0
-    miss_setpoint: float = 0.5
+    miss_setpoint: float = 0.8
     window: int = 200
     min_samples: int = 50
     initial_margin: float = 0.0
