@@ -1033,7 +1033,7 @@ MARGIN_GAIN = 2.5
 def margin_loop(ki: float, theta_s: float, window_s: float, *, gain: float = MARGIN_GAIN,
                 name: str = "outer margin") -> DelayedLoop:
     """L(s) = ki K e^{-theta s} / (s (tau_w s + 1)): the integral correction of the margin, the
-    slack quantile responding with gain K after theta (admission to outcome plus half an outer
+    miss share (in budget units) responding with gain K after theta (admission to outcome plus half an outer
     sample) and lagging by tau_w, half the span of the completions the quantile is taken over.
 
     Parameters

@@ -437,8 +437,8 @@ def test_outer_loop_integrates_the_miss_share_in_budget_units():
     ctrl.update(51.0, m)
     assert ctrl.margin["interactive"] == pytest.approx(2 * step, rel=1e-9)
     # 3 % of the window missed: y = 0.03, e = (0.8 x 0.01 - 0.03) / 0.01 = -2.2 budget units
-    ctrl.observe(52.0, [("interactive", 3.0, 0.05)] * 6 + [("interactive", 1.0, 0.05)] * 194)
-    ctrl.update(52.0 + 1.0, m)
+    ctrl.observe(51.5, [("interactive", 3.0, 0.05)] * 6 + [("interactive", 1.0, 0.05)] * 194)
+    ctrl.update(52.0, m)
     assert ctrl.margin["interactive"] == pytest.approx(2 * step - o.ki * 2.2, rel=1e-6)
     assert ctrl.outer_log[-1]["interactive:miss_share"] == pytest.approx(0.03)
     summary = ctrl.params()["outer_margin"]["interactive"]
@@ -450,21 +450,25 @@ def test_outer_loop_integrates_the_miss_share_in_budget_units():
 def test_gate_rejects_little_below_the_measured_capacity():
     """Issue 21: at 0.9 x the capacity measured under open admission the gate should reject
     (almost) nothing and keep its admitted requests within their SLO. Seeded Poisson classes
-    (4 + 1 req/s scaled to the load, 3,000-token prompts, outputs 31 + geometric, mean 150), 300 s:
-    the old outer loop (slack quantile) rejected 3.61 % (57 of 1,578) here; the miss-share loop
-    2.03 % (32), the interactive class admitted at 1.000 and batch 0.986 (1 % short of 0.99 - the
-    batch class's 73 completions allow one miss). Bound 2.5 %: the loop starts at r = 0 and
-    relaxes over the run (r = 0.05 after 300 s), so a longer run rejects less."""
-    rng = np.random.default_rng(11)
-    tr = classed_trace(4.0, 1.0, 300.0)
-    tr["output_tokens"] = 30 + rng.geometric(1 / 120, len(tr))
+    (interactive 4 : batch 1, 3,000-token prompts, outputs 30 + geometric of mean 120), 300 s at
+    0.9 x the measured capacity (9.36 req/s): the old outer loop (1 % slack quantile held at 0)
+    rejected 3.61 % (57 of 1,578) with batch admitted at 0.985; the miss-share loop REJECTED_NEW.
+    Bound 2.5 %: the loop starts at r = 0 and relaxes over the run, so a longer run rejects less."""
+    parts = []
+    for k, (name, rate) in enumerate((("interactive", 4.0), ("batch", 1.0))):
+        rng = np.random.default_rng(5 + k)
+        t = np.cumsum(rng.exponential(1 / rate, int(rate * 300.0 * 1.2) + 10))
+        t = t[t < 300.0]
+        parts.append(pd.DataFrame({"arrival_s": t, "input_tokens": 3000, "cached_tokens": 0,
+                                   "output_tokens": 30 + rng.geometric(1 / 120, len(t)), "request_class": name}))
+    tr = pd.concat(parts).sort_values("arrival_s", kind="stable").reset_index(drop=True)
     s = build_replay(tr)
     cl = {"seed": 0, "classes": DEFAULT_CLASSES, "progress": False, "drain_s": 60.0}
     m, _ = run_replay(tr, s, "slo-aware", cluster=cl, load=0.9, capacity="measured")
     assert m["requests"] == m["completed"] + m["rejected"] + m["in_flight_end"]
     assert m["rejected"] <= 0.025 * m["requests"]
     assert m["classes"]["interactive"]["slo_attainment_admitted"] >= 0.99
-    assert m["classes"]["batch"]["slo_attainment_admitted"] >= 0.97
+    assert m["classes"]["batch"]["slo_attainment_admitted"] >= 0.98
 
 
 def test_outer_loop_is_certified_and_separated_from_the_fast_gate(setup):
