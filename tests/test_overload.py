@@ -23,6 +23,7 @@ from tokenfactory.controllers import (
     tune_batch_gate,
     tune_slo_admission,
 )
+from tokenfactory.controllers.slo_admission import MISS_ERROR_FLOOR
 from tokenfactory.plant_models import ClusterConfig, simulate
 from tokenfactory.registry import build_admission
 from tokenfactory.replay import build_replay, class_outputs, replay_scenario_from_dict, run_replay
@@ -436,11 +437,16 @@ def test_outer_loop_integrates_the_miss_share_in_budget_units():
     ctrl.observe(50.0, [("interactive", 1.0, 0.05)] * 200)
     ctrl.update(51.0, m)
     assert ctrl.margin["interactive"] == pytest.approx(2 * step, rel=1e-9)
-    # 3 % of the window missed: y = 0.03, e = (0.8 x 0.01 - 0.03) / 0.01 = -2.2 budget units
-    ctrl.observe(51.5, [("interactive", 3.0, 0.05)] * 6 + [("interactive", 1.0, 0.05)] * 194)
+    # 2.5 % of the window missed: y = 0.025, e = (0.8 x 0.01 - 0.025) / 0.01 = -1.7 budget units
+    ctrl.observe(51.5, [("interactive", 3.0, 0.05)] * 5 + [("interactive", 1.0, 0.05)] * 195)
     ctrl.update(52.0, m)
-    assert ctrl.margin["interactive"] == pytest.approx(2 * step - o.ki * 2.2, rel=1e-6)
-    assert ctrl.outer_log[-1]["interactive:miss_share"] == pytest.approx(0.03)
+    r = 2 * step - o.ki * 1.7
+    assert ctrl.margin["interactive"] == pytest.approx(r, rel=1e-6)
+    assert ctrl.outer_log[-1]["interactive:miss_share"] == pytest.approx(0.025)
+    # a burst: 20 % missed is -19.2 budgets, clipped at the floor (a saturation only slows the loop)
+    ctrl.observe(52.5, [("interactive", 3.0, 0.05)] * 40 + [("interactive", 1.0, 0.05)] * 160)
+    ctrl.update(53.0, m)
+    assert ctrl.margin["interactive"] == pytest.approx(r + o.ki * MISS_ERROR_FLOOR, rel=1e-6)
     summary = ctrl.params()["outer_margin"]["interactive"]
     assert summary["final"] == ctrl.margin["interactive"] and summary["max"] == pytest.approx(2 * step)
     with pytest.raises(ConfigError, match="slo_aware.outer.miss_setpoint"):
