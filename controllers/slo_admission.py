@@ -50,7 +50,8 @@ request class (:mod:`tokenfactory.core.classes`):
   ``slack_target`` (the misses) is compared with ``miss_setpoint`` x the miss budget q
   (``quantile``, default 1 %: admitted attainment >= 0.99) and integrated into the class's margin
   r in [-1, 1]: r += ki T (setpoint q - y) / q - in units of the budget, so a class at 0.999
-  relaxes at 0.7 budget units and one at 0.985 tightens at 0.7, and a flood of misses tightens at once.
+  relaxes at 0.7 budget units and one at 0.985 tightens at 0.7; one window's excess counts at
+  most two budgets (:data:`MISS_ERROR_FLOOR`: a burst of misses does not close the gate for the run).
   The margin moves the gate between tighter than the model (r = -1: half the TTFT share, twice
   the completions kept in hand, more decode completions in hand) and the model's expectation
   (r = +1: the whole TTFT SLO, no completions kept in hand, the decode wait a mean-length
@@ -58,12 +59,11 @@ request class (:mod:`tokenfactory.core.classes`):
   relaxes only while the gate refused requests of the class - in the period, or since the oldest
   completion in the window was admitted, so the misses measured describe a binding gate - and
   the misses are below the setpoint (conditional integration: no windup while everything is
-  admitted), and
-  tightens whenever they are above it - the loop seeks goodput: it admits while the measured
+  admitted), and tightens whenever they are above it - the loop seeks goodput: it admits while the measured
   misses leave room in the budget. (Before, the signal was the 1 % quantile of the slack held
   at 0: at an admitted attainment of 0.991-0.999 that quantile sits within a few hundredths of 0
-  and the margin barely moved - 17 % of azure-code-2023 rejected at 0.9x its capacity with 0.999
-  of the admitted meeting the SLO.) Its linear model (:func:`margin_loop`) is an integrator on
+  and the margin barely moved - azure-code-2023 at 0.9x its capacity, whole trace: 8.9 %
+  rejected with 0.999 of the admitted interactive requests meeting the SLO.) Its linear model (:func:`margin_loop`) is an integrator on
   a static gain K (budget units of misses per unit of margin at the knee, :data:`MARGIN_GAIN`)
   behind the delay from admission to outcome; :func:`tune_margin_loop` SIMC-tunes ki over a
   delay x gain envelope and :func:`margin_separation` measures its separation from the fast gate
