@@ -458,7 +458,8 @@ def test_gate_rejects_little_below_the_measured_capacity():
     (almost) nothing and keep its admitted requests within their SLO. Seeded Poisson classes
     (interactive 4 : batch 1, 3,000-token prompts, outputs 30 + geometric of mean 120), 300 s at
     0.9 x the measured capacity (9.36 req/s): the old outer loop (1 % slack quantile held at 0)
-    rejected 3.61 % (57 of 1,578) with batch admitted at 0.985; the miss-share loop REJECTED_NEW.
+    rejected 3.61 % (57 of 1,578) with batch admitted at 0.985; the miss-share loop 2.03 % (32),
+    interactive admitted at 1.000 (r = 0.05 after 300 s), batch 0.986 (73 completions: one miss is 1.4 %).
     Bound 2.5 %: the loop starts at r = 0 and relaxes over the run, so a longer run rejects less."""
     parts = []
     for k, (name, rate) in enumerate((("interactive", 4.0), ("batch", 1.0))):
