@@ -176,7 +176,8 @@ def build_stack(sc: StackScenario, *, history: pd.Series | None = None, time_off
                                 interval_s=pl.interval_s, refit_s=pl.refit_s, fine_s=pl.fine_s,
                                 max_headroom=pl.max_headroom, history=history, time_offset_s=time_offset_s,
                                 utilization=u, hold_s=dwell_s, use_profile=pl.use_profile,
-                                volatility_window_s=pl.volatility_window_s, profile_smooth_s=pl.profile_smooth_s)
+                                volatility_window_s=pl.volatility_window_s, profile_smooth_s=pl.profile_smooth_s,
+                                residual_ar1=pl.residual_ar1)
     qc, _ = queue_clear(sc, plant)
     fleet = fleet_size if fleet_size is not None else rc.fleet_size
     pools = []
