@@ -49,9 +49,11 @@ from tokenfactory.plant_models import FluidParams, RequestShape, Worker
 from tokenfactory.plant_models.fleet import PoolDynamics
 from tokenfactory.plant_models.pools import PoolScenario, simulate_pools
 from tokenfactory.studies.report import StudyReport, markdown_table
-from tokenfactory.core.validation import check_number, reject_unknown_keys
+from tokenfactory.core.errors import ConfigError
+from tokenfactory.core.validation import check_number
+from tokenfactory.studies.study_config import StudyVariants, resolve_study_config
 
-__all__ = ["INCIDENTS", "DEFAULT_CONFIG", "run", "measured_cycle"]
+__all__ = ["CONFIG", "INCIDENTS", "DEFAULT_CONFIG", "run", "measured_cycle"]
 
 AIBRIX_2670 = """\
 # AIBrix RFC #2670: APA on KV-cache usage; pending pods count in the current replicas
@@ -112,6 +114,18 @@ DEFAULT_CONFIG: dict[str, Any] = {"incidents": list(INCIDENTS), "duration_s": 3 
 QUICK = {"duration_s": 3600.0, "candidates": 2}
 
 
+def _check(cfg: dict[str, Any]) -> None:
+    """The ranges of the resolved settings."""
+    for name in cfg["incidents"]:
+        if name not in INCIDENTS:
+            raise ConfigError("incidents.incidents", f"{name!r} is not one of {', '.join(INCIDENTS)}")
+    check_number("incidents.duration_s", cfg["duration_s"], low=600.0)
+
+
+#: the study's settings: the defaults and its quick variant (:mod:`tokenfactory.studies.study_config`)
+CONFIG = StudyVariants("incidents", DEFAULT_CONFIG, quick=QUICK, check=_check)
+
+
 def _plant() -> FluidParams:
     w = Worker.from_dict({"model": "deepseek-v3", "hardware": "h200"})
     return FluidParams.from_workers(w, w, RequestShape(2048, 512))
@@ -166,15 +180,7 @@ def _point(inc: dict, params: FluidParams, cfg: dict) -> PoolOperatingPoint:
 
 def run(out_dir, quick: bool = False, config: dict | None = None) -> dict:
     """Run the study; returns what ``metrics.json`` holds."""
-    config = dict(config or {})
-    reject_unknown_keys("incidents", config, DEFAULT_CONFIG)
-    cfg = {**DEFAULT_CONFIG, **(QUICK if quick else {}), **config}
-    for name in cfg["incidents"]:
-        if name not in INCIDENTS:
-            from tokenfactory.core.errors import ConfigError
-
-            raise ConfigError("incidents.incidents", f"{name!r} is not one of {', '.join(INCIDENTS)}")
-    check_number("incidents.duration_s", cfg["duration_s"], low=600.0)
+    cfg = resolve_study_config(CONFIG, config, quick=quick)
     rep = StudyReport("incidents", Path(out_dir), cfg)
     params = _plant()
     rows, results, series = [], {}, {}

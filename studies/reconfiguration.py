@@ -53,7 +53,7 @@ from tokenfactory.registry import CONTROL_PLANES, TARGET_UTILIZATION, PlantConte
 from tokenfactory.core.classes import INTERACTIVE, RequestClass
 from tokenfactory.replay import build_replay
 from tokenfactory.studies.report import StudyReport, human, markdown_table
-from tokenfactory.sweep import map_points
+from tokenfactory.sweep import SweepBackend, map_points
 from tokenfactory.traces import (
     SyntheticWorkload,
     generate_requests,
@@ -62,9 +62,10 @@ from tokenfactory.traces import (
     superpose_trace,
     trace_available,
 )
-from tokenfactory.core.validation import ConfigError, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError
+from tokenfactory.studies.study_config import StudyVariants, resolve_study_config
 
-__all__ = ["run", "DEFAULT_PLANES", "fluid_params", "reproduce_flapping", "reproduce_cascade", "reproduce_seesaw",
+__all__ = ["CONFIG", "run", "DEFAULT_PLANES", "fluid_params", "reproduce_flapping", "reproduce_cascade", "reproduce_seesaw",
            "describing_function_check", "compare_servegen_day", "compare_azure_replay", "measured_worker_rps", "SHAPE",
            "SEESAW_SHAPE"]
 
@@ -392,7 +393,8 @@ def _servegen_plane(pt: dict):
 
 
 def compare_servegen_day(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: PoolDynamics = PoolDynamics(),
-                         scale: float = 5.0, hours: float | None = None, dt: float = 0.25):
+                         scale: float = 5.0, hours: float | None = None, dt: float = 0.25,
+                         sweep: SweepBackend | None = None):
     """A day of ServeGen m-large rates x ``scale`` (a tenant population ``scale`` times larger, so
     pools hold several workers) through the pool model; synthetic rates without the trace data."""
     spec = "servegen:m-large" if trace_available("servegen:m-large") else "synthetic"
@@ -413,7 +415,8 @@ def compare_servegen_day(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: Po
     mean_rate, peak_rate = float(demand.mean()), float(demand.max())
     workload = f"{spec} day 7 x{scale:g} (pool model)"
     # one point per control plane: serial, or on a Dask cluster (tokenfactory study --workers/--scheduler)
-    runs = map_points(_servegen_plane, [{"plane": name, "fp": fp, "scenario": sc, "dynamics": dynamics,
+    mapper = sweep.map if sweep is not None else map_points  # the backend is an argument
+    runs = mapper(_servegen_plane, [{"plane": name, "fp": fp, "scenario": sc, "dynamics": dynamics,
                                          "mean_rate": mean_rate, "first_rate": float(demand.iloc[0]),
                                          "workload": workload} for name in planes])
     rows = [row for row, _ in runs]
@@ -438,7 +441,7 @@ def _azure_plane(pt: dict):
 
 
 def compare_azure_replay(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: PoolDynamics = PoolDynamics(),
-                         load: float = 2.0, minutes: float | None = None):
+                         load: float = 2.0, minutes: float | None = None, sweep: SweepBackend | None = None):
     """Azure conversation through the request simulator at a load multiplier: superposed, randomly
     shifted copies of the hour (:func:`tokenfactory.traces.superpose_trace`) so the mean demand is
     ``load`` workers' capacity of the bottleneck pool, as a worker of it delivers in the request
@@ -467,7 +470,8 @@ def compare_azure_replay(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: Po
     mean_rate = len(replay) / (minutes * 60.0)
     workload = f"{name} x{multiplier:.0f} ({minutes:.0f} min, request simulator)"
     arrivals = full_hour["arrival_s"].to_numpy()
-    runs = map_points(_azure_plane, [{"plane": plane, "fp": fp, "params": setup.params, "replay": replay,
+    mapper = sweep.map if sweep is not None else map_points
+    runs = mapper(_azure_plane, [{"plane": plane, "fp": fp, "params": setup.params, "replay": replay,
                                       "arrivals": arrivals, "dynamics": dynamics, "mean_rate": mean_rate,
                                       "measured": measured, "workload": workload} for plane in planes])
     rows = [row for row, _ in runs]
@@ -625,18 +629,27 @@ DEFAULT_PLANES = ("static + mooncake-early-rejection", "static + tokenfactory-sm
                   "tokenfactory-hysteretic + smoothed")
 
 
-def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None,
-        full: bool = False) -> dict[str, Any]:
-    # the Azure replay is the request simulator's: 10 minutes of it in the default and quick
-    # variants (each control plane replays it), the 20-minute replay with --full
-    cfg = {"reproductions": True, "describing_function": True, "comparison": ["azure", "servegen"],
-           "azure_minutes": 20.0 if full else 10.0, **(config or {})}
-    reject_unknown_keys("reconfiguration", cfg, {"reproductions", "describing_function", "comparison", "planes",
-                                                  "azure_minutes", "servegen_hours"})
-    planes = tuple(cfg.get("planes", CONTROL_PLANES if full else DEFAULT_PLANES))
-    for p in planes:
+def _check(cfg: dict[str, Any]) -> None:
+    """The resolved settings' control planes are known ones."""
+    for p in cfg["planes"]:
         if p not in CONTROL_PLANES:
             raise ConfigError("reconfiguration.planes", f"unknown control plane {p!r}; known: {', '.join(CONTROL_PLANES)}")
+
+
+#: the study's settings: the defaults and its full variant (:mod:`tokenfactory.studies.study_config`);
+#: ``servegen_hours`` None replays the whole ServeGen day
+CONFIG = StudyVariants("reconfiguration", {"reproductions": True, "describing_function": True,
+                                           "comparison": ["azure", "servegen"], "azure_minutes": 10.0,
+                                           "planes": list(DEFAULT_PLANES), "servegen_hours": None},
+                       full={"azure_minutes": 20.0, "planes": list(CONTROL_PLANES)}, check=_check)
+
+
+def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None,
+        full: bool = False, sweep: SweepBackend | None = None) -> dict[str, Any]:
+    # the Azure replay is the request simulator's: 10 minutes of it in the default and quick
+    # variants (each control plane replays it), the 20-minute replay with --full
+    cfg = resolve_study_config(CONFIG, config, quick=quick, full=full)
+    planes = tuple(cfg["planes"])
     report = StudyReport("reconfiguration", Path(out_dir), {**cfg, "quick": quick, "full": full, "plant": PLANT,
                                                             "dynamics": PoolDynamics().__dict__,
                                                             "slo": {"ttft_s": SLO_TTFT_S, "tpot_s": SLO_TPOT_S}})
@@ -706,11 +719,11 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     comparison: list[dict] = []
     infos = {}
     if "azure" in cfg["comparison"]:
-        rows, _, info = compare_azure_replay(quick, planes, minutes=cfg.get("azure_minutes"))
+        rows, _, info = compare_azure_replay(quick, planes, minutes=cfg["azure_minutes"], sweep=sweep)
         comparison += rows
         infos["azure"] = info
     if "servegen" in cfg["comparison"]:
-        rows, resps, info = compare_servegen_day(quick, planes, hours=cfg.get("servegen_hours"))
+        rows, resps, info = compare_servegen_day(quick, planes, hours=cfg["servegen_hours"], sweep=sweep)
         comparison += rows
         infos["servegen"] = info
         ours = "tokenfactory-hysteretic" if "tokenfactory-hysteretic" in resps else "tokenfactory-hysteretic + smoothed"

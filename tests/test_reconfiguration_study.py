@@ -110,15 +110,15 @@ def test_comparison_runs_on_synthetic_without_trace_data(tmp_path, monkeypatch):
 
 
 def test_comparison_on_dask_equals_serial(tmp_path, monkeypatch):
-    """The comparison grid runs through the sweep engine: the same rows on a 2-worker LocalCluster."""
+    """The comparison grid runs through the sweep engine: the same rows on a 2-worker LocalCluster,
+    the backend passed as an argument."""
     from tokenfactory.studies.reconfiguration import compare_servegen_day
-    from tokenfactory.sweep import WORKERS_ENV
+    from tokenfactory.sweep import SweepBackend
 
     monkeypatch.setenv("TOKENFACTORY_TRACES", str(tmp_path))
     planes = ("dynamo-load", "tokenfactory-hysteretic")
     serial, _, _ = compare_servegen_day(True, planes, hours=1.0)
-    monkeypatch.setenv(WORKERS_ENV, "2")
-    dask, resps, _ = compare_servegen_day(True, planes, hours=1.0)
+    dask, resps, _ = compare_servegen_day(True, planes, hours=1.0, sweep=SweepBackend("dask", workers=2))
     import pandas as pd
 
     pd.testing.assert_frame_equal(pd.DataFrame(dask), pd.DataFrame(serial))  # NaN == NaN here
