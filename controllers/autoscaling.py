@@ -43,7 +43,8 @@ from tokenfactory.core.signals import Measurement, ScaleAction
 from tokenfactory.core.validation import ConfigError, check_choice, check_int, check_number
 
 __all__ = ["ScaleAction", "HorizontalPodAutoscaler", "KnativeAutoscaler", "DynamoThroughputPlanner",
-           "DynamoLoadPlanner", "AIBrixAPA", "POOL_METRICS", "DYNAMO_THROUGHPUT_TARGET", "dynamo_load_thresholds"]
+           "DynamoLoadPlanner", "AIBrixAPA", "POOL_METRICS", "DYNAMO_THROUGHPUT_TARGET", "dynamo_load_thresholds",
+           "hpa_policy_limit"]
 
 
 
@@ -239,26 +240,9 @@ class HorizontalPodAutoscaler(_PoolAutoscaler):
         return rec
 
     def _limit(self, t: float, current: int, up: bool) -> int:
-        policies = self.scale_up_policies if up else self.scale_down_policies
-        select = self.scale_up_select if up else self.scale_down_select
-        if select == "disabled":
-            return current
-        best = None
-        for kind, value, period in policies:
-            added = sum(c for ts, c in self._up_events if ts > t - period)
-            deleted = sum(c for ts, c in self._down_events if ts > t - period)
-            start = current - added + deleted
-            if up:
-                prop = start + value if kind == "pods" else math.ceil(start * (1 + value / 100.0))
-            else:  # Go's int32() truncates toward zero
-                prop = start - value if kind == "pods" else int(start * (1 - value / 100.0))
-            if best is None:
-                best = prop
-            elif up:
-                best = max(best, prop) if select == "max" else min(best, prop)
-            else:
-                best = min(best, prop) if select == "max" else max(best, prop)
-        return current if best is None else int(best)
+        return hpa_policy_limit(self.scale_up_policies if up else self.scale_down_policies,
+                                self.scale_up_select if up else self.scale_down_select,
+                                self._up_events, self._down_events, t, current, up)
 
     def rate_limit(self, t: float, current: int, desired: int) -> tuple[int, str]:
         """Upstream ``convertDesiredReplicasWithBehaviorRate``: the policies' limits (never past the
@@ -338,6 +322,53 @@ class HorizontalPodAutoscaler(_PoolAutoscaler):
                                               "scale_up_percent", "scale_down_percent",
                                               "scale_up_policies", "scale_down_policies", "scale_up_select",
                                               "scale_down_select", "starting_unready", "sample_period")}
+
+
+def hpa_policy_limit(policies, select: str, up_events, down_events, t: float, current: int, up: bool) -> int:
+    """The replica count HPA's scaling policies allow at ``t`` (upstream
+    ``calculateScaleUpLimitWithScalingRules`` / ``calculateScaleDownLimitWithBehaviors``): each
+    policy ``(kind, value, period_s)`` allows ``value`` pods or percent of the count at the start of
+    its period (the current count with the scale events of the period taken back); ``select``
+    picks the largest change (``"max"``), the smallest (``"min"``) or none (``"disabled"``).
+
+    Parameters
+    ----------
+    policies : sequence of (str, float, float)
+        ``("pods" | "percent", value, period_s)``.
+    select : str
+        ``"max"``, ``"min"`` or ``"disabled"``.
+    up_events, down_events : sequence of (float, int)
+        Past scale events: (time, replicas added) and (time, replicas removed).
+    t : float
+        Now (s).
+    current : int
+        Replicas now.
+    up : bool
+        The direction: scale-up (True) or scale-down.
+
+    Returns
+    -------
+    int
+        The limit (``current`` when the direction is disabled).
+    """
+    if select == "disabled":
+        return current
+    best = None
+    for kind, value, period in policies:
+        added = sum(c for ts, c in up_events if ts > t - period)
+        deleted = sum(c for ts, c in down_events if ts > t - period)
+        start = current - added + deleted
+        if up:
+            prop = start + value if kind == "pods" else math.ceil(start * (1 + value / 100.0))
+        else:  # Go's int32() truncates toward zero
+            prop = start - value if kind == "pods" else int(start * (1 - value / 100.0))
+        if best is None:
+            best = prop
+        elif up:
+            best = max(best, prop) if select == "max" else min(best, prop)
+        else:
+            best = min(best, prop) if select == "max" else max(best, prop)
+    return current if best is None else int(best)
 
 
 def _policies(field: str, policies) -> tuple:
