@@ -234,7 +234,7 @@ def autoscaler_loop(controller, point: PoolOperatingPoint) -> AutoscalerLoop:
     su = point.startup_s
     if isinstance(controller, HorizontalPodAutoscaler):
         tol = p["tolerance"]
-        unready = bool(p.get("starting_unready", False))
+        unready = bool(p.get("starting_unready", True))
         return AutoscalerLoop("hpa", p["metric"], p["target"], _queue_units(p["metric"], point),
                               _served_total(p["metric"], point), 1.0 + tol, 1.0 - tol, p["sample_period"], 0.0,
                               su, p["downscale_stabilization_s"], not unready, p["scale_up_pods"],
@@ -421,7 +421,7 @@ def predict_startup_cascade(loop: AutoscalerLoop, from_replicas: int, demand_rps
     # the first new worker serves a start-up after the first scale-up, which the scale-up
     # stabilisation delays by its window
     samples = max(1, math.ceil((loop.up_delay_s + loop.up_window_s) / loop.sample_s))
-    recs: list[tuple[float, int]] = []      # (time, unstabilised recommendation)
+    recs: list[tuple[float, int]] = [(0.0, n)]   # (time, unstabilised recommendation); the step's own at 0
     events: list[tuple[float, int]] = []    # (time, replicas added)
     for k in range(1, samples + 1):
         t = k * loop.sample_s

@@ -98,8 +98,10 @@ class HorizontalPodAutoscaler(_PoolAutoscaler):
     ``tests/test_autoscaling_upstream.py`` ports upstream's unit-test cases.
 
     The current replica count is the deployment's (serving plus starting workers), the metric the
-    serving workers' average; with ``starting_unready`` the starting workers are unready pods,
-    counted at 0 on a scale-up as upstream does (a start-up alone then does not cascade).
+    serving workers' average; the starting workers are unready pods, counted at 0 on a scale-up as
+    upstream's replica calculator does (``calcPlainMetricReplicas``: pending and metric-less pods
+    at 0 when the ratio is above 1), so a start-up alone does not compound; the rule still grows
+    with a queue-bearing metric while the queue does.
 
     Parameters
     ----------
@@ -131,9 +133,10 @@ class HorizontalPodAutoscaler(_PoolAutoscaler):
         ``"max"`` (default), ``"min"`` or ``"disabled"``.
     starting_unready : bool
         Treat starting workers as unready pods, as upstream's replica calculator does (counted at 0
-        on a scale-up, sized from the ready ones on a scale-down). Default False: every provisioned
-        worker at the serving workers' average, the reading the cascade studies were built on
-        (upstream's rule cuts their start-up cascade from 32 to 9 workers; see the issue-22 note).
+        on a scale-up, sized from the ready ones on a scale-down; kubernetes
+        ``pkg/controller/podautoscaler/replica_calculator.go``, read at commits 0006726 and
+        19e8ce7). Default True. False: every provisioned worker at the serving workers' average
+        (an HPA whose starting pods report the metric; the compounding start-up cascade).
     sample_period : float
         Sync period (s, > 0; default 15).
     """
@@ -144,7 +147,7 @@ class HorizontalPodAutoscaler(_PoolAutoscaler):
                  max_replicas: int = 1000, tolerance: float = 0.1, downscale_stabilization_s: float = 300.0,
                  upscale_stabilization_s: float = 0.0, scale_up_pods: int = 4, scale_up_percent: float = 100.0,
                  scale_down_percent: float = 100.0, scale_up_policies=None, scale_down_policies=None,
-                 scale_up_select: str = "max", scale_down_select: str = "max", starting_unready: bool = False,
+                 scale_up_select: str = "max", scale_down_select: str = "max", starting_unready: bool = True,
                  sample_period: float = 15.0):
         super().__init__(sample_period)
         self._init_pool("hpa", pool, min_replicas, max_replicas)
@@ -310,7 +313,7 @@ class HorizontalPodAutoscaler(_PoolAutoscaler):
         # average over pods that report it (serving ones); starting pods are unready: on a
         # scale-up upstream counts them at 0, on a scale-down it sizes from the ready ones
         provisioned = _current(m, self.pool, provisioned=True)
-        if not self.starting_unready:  # the model's historical reading: every provisioned pod at the average
+        if not self.starting_unready:  # starting pods that report the metric: every provisioned pod at the average
             return ScaleAction(self.pool, self.recommend(t, provisioned, POOL_METRICS[self.metric](m)))
         serving = _current(m, self.pool)
         return ScaleAction(self.pool, self.recommend(t, provisioned, POOL_METRICS[self.metric](m), serving,

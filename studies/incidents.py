@@ -43,7 +43,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from tokenfactory.advise import scale_churn, search_settings
-from tokenfactory.controllers.autoscaler_loops import PoolOperatingPoint, certify_autoscaler
+from tokenfactory.controllers.autoscaler_loops import PoolOperatingPoint, certify_autoscaler, predict_startup_cascade
 from tokenfactory.controllers.formats import parse_control_plane
 from tokenfactory.plant_models import FluidParams, RequestShape, Worker
 from tokenfactory.plant_models.fleet import PoolDynamics
@@ -198,12 +198,16 @@ def run(out_dir, quick: bool = False, config: dict | None = None) -> dict:
         series[name]["advised"] = adv_sim.pop("_series")
         pred = cert.predicted_cycle
         apred = adv_cert.predicted_cycle
-        results[name] = {"source": inc["source"], "reported": inc["reported"], "predicted": cert.to_dict(),
+        # the start-up peak from the pool the report starts at (the certificate's is from the floor)
+        peak = predict_startup_cascade(cert.loop, inc["start_workers"])
+        results[name] = {"source": inc["source"], "reported": inc["reported"],
+                         "predicted": {**cert.to_dict(), "cascade_peak_replicas": peak,
+                                       "cascade_from_replicas": inc["start_workers"]},
                          "simulated": sim, "advice": adv.to_dict(), "advised_predicted": adv_cert.to_dict(),
                          "advised_simulated": adv_sim}
         rows.append({"incident": name, "reported": inc["reported"].get("sequence", "-"),
                      "predicted": (f"cycle {pred.period_s:.0f} s, {pred.low_replicas}<->{pred.high_replicas}"
-                                   if pred else "no cycle") + f"; start-up peak {cert.cascade_peak}",
+                                   if pred else "no cycle") + f"; start-up peak {peak}",
                      "simulated": (f"cycle {sim['period_s']:.0f} s" if sim["period_s"] else "no cycle")
                                   + f"; {sim['sequence']}; peak {sim['peak_replicas']}, "
                                     f"{sim['reversals_per_hour']:.1f} rev/h",

@@ -3,8 +3,10 @@ seesaw; tokenfactory's pending-aware hysteretic controller and smoothed admissio
 
 (a) flapping: Kubernetes HPA on vLLM's waiting-request count (a common KEDA/HPA set-up) under a
     constant demand between one and two decode workers alternates 2 -> 1 -> 2 forever;
-(b) cascade: HPA on KV occupancy (starting pods counted in the replica count, the metric
-    averaged over serving ones) over-scales 2 -> 5 -> 10 -> 20 -> ... during a 5-minute start-up;
+(b) cascade: HPA on KV occupancy (waiting sequences counted, so the metric grows with the queue;
+    starting pods at 0 on a scale-up, as upstream's replica calculator counts them) keeps asking
+    for more while the queue grows during a 5-minute start-up, about twice the workers the demand
+    needs (the loop model's start-up peak predicts it);
 (c) seesaw: Mooncake's early rejection on the current decode load makes prefill and decode load
     swing in anti-phase; the prediction-based variant is shown too;
 (d) describing function of the reconfiguration loop (queue relay with hysteresis, whole-worker
@@ -216,6 +218,12 @@ def reproduce_cascade(quick: bool = False, startup_s: float = 300.0) -> tuple[di
         resps[key] = r
     out["demand_justified_workers"] = justified
     out["startup_s"] = startup_s
+    # the loop model's start-up peak, before simulating: from the 2 workers at the step to the demand after it
+    from tokenfactory.controllers.autoscaler_loops import PoolOperatingPoint, autoscaler_loop, predict_startup_cascade
+
+    point = PoolOperatingPoint(mu, 2 * lam0, fp.measurement_delay_s, dyn.startup_s + dyn.warmup_s / 2.0,
+                               fp.decode_slots_per_worker, fp.decode_slots_per_worker / mu)
+    out["baseline"]["predicted_peak_during_startup"] = predict_startup_cascade(autoscaler_loop(runs["baseline"], point), 2)
     return out, resps
 
 
