@@ -68,7 +68,7 @@ from tokenfactory.core.validation import ConfigError, reject_unknown_keys
 
 __all__ = ["run", "DEFAULT_PLANES", "fluid_params", "reproduce_flapping", "reproduce_cascade", "reproduce_seesaw",
            "describing_function_check", "compare_servegen_day", "compare_azure_replay", "measured_worker_rps", "SHAPE",
-           "SEESAW_SHAPE"]
+           "SEESAW_SHAPE", "SEESAW_DECODE_WORKERS", "SEESAW_DEMAND_FACTOR"]
 
 PLANT = {"model": "deepseek-v3", "hardware": "h200"}
 #: the nominal request of the flapping and cascade reproductions (tokens)
@@ -252,21 +252,29 @@ def _smoothed_for(fp: FluidParams, fill_workers: int, decode_workers: int, slo_t
     return build_admission("smoothed", PlantContext(fp, fill_workers, decode_workers, slo_ttft_s=slo_ttft_s))
 
 
-def reproduce_seesaw(quick: bool = False) -> tuple[dict, dict]:
+#: the seesaw's plant: 2 decode workers, demand 1.3 x their capacity, prefill sized to carry it
+SEESAW_DECODE_WORKERS, SEESAW_DEMAND_FACTOR = 2, 1.3
+
+
+def reproduce_seesaw(quick: bool = False, runs_for=None) -> tuple[dict, dict]:
     """Long prompts, demand 1.3 x decode capacity, prefill sized to carry it: Mooncake early
-    rejection on the current decode load vs tokenfactory's smoothed admission."""
+    rejection on the current decode load vs tokenfactory's smoothed admission.
+
+    ``runs_for(fp, slo_ttft_s) -> {label: admission controller}`` replaces the three default runs
+    (the incidents study runs a settings file's early rejection on the same plant)."""
     fp = fluid_params(SEESAW_SHAPE)
-    nd = 2
+    nd = SEESAW_DECODE_WORKERS
     mu_d, mu_f = fp.decode_capacity(nd), fp.fill_rate_per_worker
-    lam = 1.3 * mu_d
+    lam = SEESAW_DEMAND_FACTOR * mu_d
     nf = math.ceil(lam / mu_f)
     dt = 0.1
     slo = SEESAW_SLO_TTFT_S
     sc = PoolScenario(lam, 600.0 if quick else 1800.0, dt=dt, control_start_s=10.0, seed=3,
                       slo_ttft_s=slo, slo_tpot_s=SLO_TPOT_S)
-    runs = {"baseline": EarlyRejection(fill_latency_s=fp.fill_latency_s, slo_ttft_s=slo),
-            "predictive": EarlyRejection(fill_latency_s=fp.fill_latency_s, slo_ttft_s=slo, predictive=True),
-            "fixed": _smoothed_for(fp, nf, nd, slo)}
+    runs = runs_for(fp, slo) if runs_for is not None else {
+        "baseline": EarlyRejection(fill_latency_s=fp.fill_latency_s, slo_ttft_s=slo),
+        "predictive": EarlyRejection(fill_latency_s=fp.fill_latency_s, slo_ttft_s=slo, predictive=True),
+        "fixed": _smoothed_for(fp, nf, nd, slo)}
     out, resps = {}, {}
     for key, ctrl in runs.items():
         r = simulate_pools(fp, nf, nd, sc, controllers=[ctrl])
