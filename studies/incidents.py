@@ -41,7 +41,7 @@ Incidents:
   shipped (ai-dynamo 1.4.2). No period reported.
 * ``mooncake-seesaw`` - Mooncake (arXiv 2407.00079, sec. 7.3): early rejection on the decode load
   measured now makes prefill and decode load swing in anti-phase; the reconfiguration study's
-  seesaw plant (:func:`tokenfactory.studies.reconfiguration.reproduce_seesaw`) with the settings
+  seesaw plant (:func:`tokenfactory.reproduction.run_seesaw`) with the settings
   file's rejection; predicted by :func:`~tokenfactory.controllers.early_rejection.predict_rejection_seesaw`;
   advised to the paper's prediction-based rejection (sec. 7.4). No period reported.
 
@@ -181,8 +181,12 @@ DEFAULT_CONFIG: dict[str, Any] = {"incidents": list(INCIDENTS), "duration_s": 3 
 QUICK = {"duration_s": 3600.0, "candidates": 2}
 
 
+#: every incident's workers: DeepSeek-V3 on 8 x H200
+PLANT = {"model": "deepseek-v3", "hardware": "h200"}
+
+
 def _plant() -> FluidParams:
-    w = Worker.from_dict({"model": "deepseek-v3", "hardware": "h200"})
+    w = Worker.from_dict(PLANT)
     return FluidParams.from_workers(w, w, RequestShape(2048, 512))
 
 
@@ -276,22 +280,17 @@ def _autoscaler_incident(name: str, inc: dict, params: FluidParams, cfg: dict, q
 
 
 def _admission_incident(name: str, inc: dict, params: FluidParams, cfg: dict, quick: bool):
-    """Mooncake's seesaw: the settings file's early rejection on the reconfiguration study's seesaw
-    plant (:func:`tokenfactory.studies.reconfiguration.reproduce_seesaw`); predicted by the relay
+    """Mooncake's seesaw: the settings file's early rejection on the seesaw plant the reconfiguration
+    study uses (:func:`tokenfactory.reproduction.run_seesaw`); predicted by the relay
     with the prefill's delay (:func:`predict_rejection_seesaw`), advised to the same control
     plane's prediction-based rejection (sec. 7.4)."""
     from tokenfactory.controllers.early_rejection import EarlyRejection, predict_rejection_seesaw
-    from tokenfactory.studies.reconfiguration import (
-        SEESAW_DECODE_WORKERS,
-        SEESAW_DEMAND_FACTOR,
-        SEESAW_SHAPE,
-        fluid_params,
-        reproduce_seesaw,
-    )
+    from tokenfactory.reproduction import SEESAW_DECODE_WORKERS, SEESAW_DEMAND_FACTOR, SEESAW_SHAPE, run_seesaw
 
     current = read_early_rejection(inc["file"], name)
     advised = {**current, "predictive": True}
-    fp = fluid_params(SEESAW_SHAPE)
+    w = Worker.from_dict(PLANT)
+    fp = FluidParams.from_workers(w, w, SEESAW_SHAPE, measurement_delay_s=params.measurement_delay_s)
     nd = SEESAW_DECODE_WORKERS
     mu, slots = fp.decode_capacity(nd), nd * fp.decode_slots_per_worker
     lam = SEESAW_DEMAND_FACTOR * mu
@@ -300,9 +299,10 @@ def _admission_incident(name: str, inc: dict, params: FluidParams, cfg: dict, qu
     # on top); the predictive rule sees the load the admitted work will meet, so only the age remains
     pred = predict_rejection_seesaw(lam, mu, slots, fp.fill_latency_s + age)
     adv_pred = predict_rejection_seesaw(lam, mu, slots, age)
-    out, _ = reproduce_seesaw(quick, runs_for=lambda fp, slo: {
+    out, _ = run_seesaw(fp, lambda fp, slo, nf, nd: {
         "current": EarlyRejection(fill_latency_s=fp.fill_latency_s, **current),
-        "advised": EarlyRejection(fill_latency_s=fp.fill_latency_s, **advised)})
+        "advised": EarlyRejection(fill_latency_s=fp.fill_latency_s, **advised)},
+        quick=quick, slo_tpot_s=cfg["slo_tpot_s"])
     sim, adv = out["current"], out["advised"]
 
     def said(x: dict) -> str:

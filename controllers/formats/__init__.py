@@ -35,7 +35,7 @@ from typing import Any
 
 from tokenfactory.controllers.formats.aibrix import AIBrixSetting, read_aibrix
 from tokenfactory.controllers.formats.common import ENGINE_METRICS, NotModelled
-from tokenfactory.controllers.formats.dynamo_planner import (
+from tokenfactory.controllers.formats.dynamo_planner_config import (
     DynamoPlannerSetting,
     looks_like_planner_config,
     read_dynamo_planner,

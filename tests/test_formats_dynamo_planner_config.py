@@ -1,4 +1,4 @@
-"""Dynamo planner config files (``controllers/formats/dynamo_planner.py``): the field table is
+"""Dynamo planner config files (``controllers/formats/dynamo_planner_config.py``): the field table is
 ai-dynamo 1.4.2's ``PlannerConfig``; reading is strict, writing reads back equal, a valid value the
 simulated planner cannot honour says why, and the setting builds the real planner."""
 
@@ -13,7 +13,7 @@ from tokenfactory.controllers.formats import (
     parse_control_plane,
     rewrite_control_plane,
 )
-from tokenfactory.controllers.formats.dynamo_planner import PLANNER_ALIASES, PLANNER_FIELDS, SCHEDULING_FIELDS
+from tokenfactory.controllers.formats.dynamo_planner_config import PLANNER_ALIASES, PLANNER_FIELDS, SCHEDULING_FIELDS
 from tokenfactory.core.errors import ConfigError
 
 #: a load-target planner as Dynamo's docs configure one (thresholds on prefill queue tokens and

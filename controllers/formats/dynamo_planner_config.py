@@ -4,7 +4,7 @@ reads): read, write, build the real planner.
 The fields, types, defaults and ranges are those of ``ai-dynamo`` 1.4.2
 (``dynamo/planner/config/planner_config.py``: ``PlannerConfig`` and ``SchedulingConfig``; the
 defaults from ``dynamo/planner/config/defaults.py``, ``SLAPlannerDefaults``);
-``tests/test_formats_dynamo_planner.py`` checks this table against the installed package. Dynamo's
+``tests/test_formats_dynamo_planner_config.py`` checks this table against the installed package. Dynamo's
 own model ignores a key it does not know (pydantic's default ``extra = "ignore"``); here an unknown
 key is an error naming its path. Aliases Dynamo accepts (``ttft``, ``itl``,
 ``load_adjustment_interval``, ``throughput_adjustment_interval``) are read and written under the
