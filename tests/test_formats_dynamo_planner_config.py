@@ -201,3 +201,10 @@ def test_stack_layer_and_advise_say_what_the_planner_lacks(tmp_path):
     with pytest.raises(ConfigError, match="loop model") as err:
         ControlPlaneLayer(file=str(f)).read()
     assert err.value.field == "layers.reconfiguration.file"
+
+
+def test_rewrite_edits_a_field_the_file_spells_by_its_alias():
+    new = parse_control_plane(LOAD).with_params(load_adjustment_interval_seconds=15)
+    out = rewrite_control_plane(LOAD, new, comment=lambda p, o, v: f"tokenfactory: was {o}")
+    assert parse_control_plane(out) == new
+    assert "load_adjustment_interval: 15" in out and "load_adjustment_interval_seconds" not in out

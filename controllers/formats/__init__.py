@@ -274,6 +274,9 @@ def rewrite_control_plane(text: str, new: ControlPlaneSetting, *,
                     node[step] = CommentedMap()
                 node = node[step]
             last = path[-1]
+            alias = getattr(new, "field_aliases", {}).get(last)
+            if alias is not None and last not in node and alias in node:
+                last = alias   # the file spells the field by an alias its format accepts: edit it there
             if isinstance(last, str) and last.startswith("name=") and isinstance(node, list):
                 node.append(after)
                 continue

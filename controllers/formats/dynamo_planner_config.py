@@ -8,7 +8,8 @@ defaults from ``dynamo/planner/config/defaults.py``, ``SLAPlannerDefaults``);
 own model ignores a key it does not know (pydantic's default ``extra = "ignore"``); here an unknown
 key is an error naming its path. Aliases Dynamo accepts (``ttft``, ``itl``,
 ``load_adjustment_interval``, ``throughput_adjustment_interval``) are read and written under the
-field's own name.
+field's own name; an unwritten ``scheduling.scale_interval_seconds`` stays unwritten (Dynamo derives
+it from the adjustment intervals, :meth:`DynamoPlannerSetting.scale_interval_s`).
 
 Each field is one of three things:
 
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from tokenfactory.controllers.formats.common import NotModelled, Section
 from tokenfactory.core.errors import ConfigError
@@ -105,7 +106,7 @@ PLANNER_FIELDS: dict[str, tuple[Any, Any, str, tuple]] = {
     "plugin_registration": ("?any", None, "decides", ()),
 }
 #: SchedulingConfig (extra = "forbid" in Dynamo too): name -> (type, default, role, allowed);
-#: ``scale_interval_seconds`` None = Dynamo's rule (the gcd of the adjustment intervals)
+#: ``scale_interval_seconds`` None = not written: Dynamo's rule (the gcd of the adjustment intervals)
 SCHEDULING_FIELDS: dict[str, tuple[Any, Any, str, tuple]] = {
     "tick_max_duration_seconds": ("float", 30.0, "kept", (0.0, _INF)),
     "external_plugins": ("?any", None, "decides", ()),
@@ -191,12 +192,29 @@ class DynamoPlannerSetting:
     values: tuple[tuple[str, Any], ...]
     scheduling: tuple[tuple[str, Any], ...]
     format: str = field(default="dynamo-planner", init=False)
+    #: field -> the alias a user's file may spell it by (``rewrite_control_plane`` edits it in place)
+    field_aliases: ClassVar[dict[str, str]] = {name: alias for alias, name in PLANNER_ALIASES.items()}
 
     def __getitem__(self, name: str) -> Any:
+        if name == "scale_interval_seconds":
+            return self.scale_interval_s()
         for k, v in self.values + self.scheduling:
             if k == name:
                 return _thawed(v)
         raise KeyError(name)
+
+    def scale_interval_s(self) -> float:
+        """The pipeline cadence: ``scheduling.scale_interval_seconds`` as written, else Dynamo's rule
+        (``PlannerConfig._default_scale_interval_from_builtin_intervals``): the gcd, in ms, of the
+        load and - with sla throughput scaling on - the throughput adjustment intervals."""
+        given = dict(self.scheduling)["scale_interval_seconds"]
+        if given is not None:
+            return float(given)
+        d = dict(self.values)
+        ivs = [d["load_adjustment_interval_seconds"]]
+        if d["enable_throughput_scaling"] and d["optimization_target"] == "sla":
+            ivs.append(d["throughput_adjustment_interval_seconds"])
+        return math.gcd(*(round(1000 * v) for v in ivs)) / 1000.0
 
     # ---- writing ----------------------------------------------------------------------------
     def to_documents(self) -> list[dict]:
@@ -343,16 +361,6 @@ def read_dynamo_planner(docs: list[dict], where: str = "planner") -> DynamoPlann
         sched.append((name, _frozen(sec.get(name, default, lambda f, v, k=kind, a=allowed: _parse(f, k, v, a)))))
     sec.close()
     top.close()
-    d = dict(values)
-    sd = dict(sched)
-    if sd["scale_interval_seconds"] is None:
-        # Dynamo's rule (PlannerConfig._default_scale_interval_from_builtin_intervals): the gcd of
-        # the load and, with sla throughput scaling on, the throughput adjustment intervals, in ms
-        ivs = [d["load_adjustment_interval_seconds"]]
-        if d["enable_throughput_scaling"] and d["optimization_target"] == "sla":
-            ivs.append(d["throughput_adjustment_interval_seconds"])
-        sd["scale_interval_seconds"] = math.gcd(*(round(1000 * v) for v in ivs)) / 1000.0
-        sched = list(sd.items())
     setting = DynamoPlannerSetting(tuple(values), tuple(sched))
     try:
         setting.validate()
