@@ -35,7 +35,10 @@ def test_flapping_is_flagged_and_the_fix_is_not(flapping):
 
 def test_cascade_overscales_and_the_pending_aware_fix_does_not(cascade):
     b, f = cascade["baseline"], cascade["fixed"]
-    assert b["peak_provisioned_during_startup"] >= 4 * cascade["demand_justified_workers"]
+    # upstream's HPA (starting pods at 0 on a scale-up) still over-scales on a metric that counts the
+    # queue, by as much as the loop model predicts before simulating
+    assert b["peak_provisioned_during_startup"] >= 1.5 * cascade["demand_justified_workers"]
+    assert b["peak_provisioned_during_startup"] == pytest.approx(b["predicted_peak_during_startup"], abs=1)
     assert f["peak_provisioned"] <= cascade["demand_justified_workers"]
     assert not f["oscillating"]
     assert f["gpu_hours"] < b["gpu_hours"]

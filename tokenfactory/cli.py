@@ -571,7 +571,11 @@ def _cmd_simulate(args) -> int:
 
         if args.autoscaler:
             raise ConfigError("control_plane", "give --control-plane or --autoscaler, not both")
-        scalers = [read_control_plane(args.control_plane).build(args.pool)]
+        setting = read_control_plane(args.control_plane)
+        if hasattr(setting, "registered_autoscaler"):   # Dynamo's real planner: both pools, the plant's engines
+            args.autoscaler, scaler_params = setting.registered_autoscaler()
+        else:
+            scalers = [setting.build(args.pool)]
     m, res = run_replay(trace, setup, admission, scale, cluster, autoscaler=args.autoscaler, load=load,
                         autoscalers=scalers, autoscaler_params=scaler_params,
                         admission_params=params, batch_cap=None if batch_cap == "none" else batch_cap,
@@ -843,7 +847,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "own PlannerConfig fields: optimization_target, load_predictor, ttft_ms, ...)")
     sm.add_argument("--control-plane", dest="control_plane", default=None,
                     help="a control plane's own settings file (Kubernetes HPA, KEDA ScaledObject, Knative Service, "
-                         "Ray Serve config, AIBrix PodAutoscaler) sizing --pool with exactly its parameters")
+                         "Ray Serve config, AIBrix PodAutoscaler) sizing --pool with exactly its parameters, or a "
+                         "Dynamo planner config (the real planner, sizing both pools)")
     sm.add_argument("--pool", choices=["decode", "fill"], default="decode",
                     help="the pool --control-plane sizes (the other stays fixed)")
     sm.add_argument("--seed", type=int, default=0)
