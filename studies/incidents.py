@@ -66,7 +66,7 @@ from tokenfactory.plant_models.fleet import PoolDynamics
 from tokenfactory.plant_models.pools import PoolScenario, simulate_pools
 from tokenfactory.studies.report import StudyReport, markdown_table
 from tokenfactory.core.errors import ConfigError
-from tokenfactory.core.validation import check_number
+from tokenfactory.core.validation import check_number, reject_unknown_keys
 from tokenfactory.studies.study_config import StudyVariants, resolve_study_config
 
 __all__ = ["CONFIG", "INCIDENTS", "DEFAULT_CONFIG", "run", "measured_cycle"]
