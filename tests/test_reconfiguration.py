@@ -284,12 +284,19 @@ def test_small_plant_misses_are_the_burst_no_ordered_worker_can_reach(small_plan
     scale = res.actions[(res.actions["kind"] == "scale") & (res.actions["to"] > res.actions["from"])]
     assert (scale.loc[scale["time_s"] >= onset, "time_s"] + cl["dynamics"]["startup_s"]
             >= onset + BURST_S + longest_ttft).all()
-    miss = res.slo_misses()  # measured: 0 completed late, 251 rejected
-    assert miss["late_ttft"] + miss["late_tpot"] + miss["unfinished"] <= 0.01 * (miss["requests"] - miss["met"])
-    rejected = rec[rec["state"] == "rejected"]
+    # measured: 237 rejected and 17 completed past their TPOT SLO (on 9ab8ea5's admission: 251 and
+    # 0; the outer loop that relaxes faster admits a few burst requests that then run late)
+    miss = res.slo_misses()
+    late = miss["late_ttft"] + miss["late_tpot"] + miss["unfinished"]
+    assert late <= 0.10 * (miss["requests"] - miss["met"])
     assert {r for r, n in m["rejected_by_reason"].items() if n} == {"decode_overloaded", "deferral_expired"}
-    in_burst = rejected["arrival_s"].between(onset, onset + BURST_S)
-    assert in_burst.sum() >= 0.95 * len(rejected), rejected["arrival_s"].describe()
+    slo = {c["name"]: (c["slo_ttft_s"], c["slo_tpot_s"]) for c in cl["classes"]}
+    ttft_slo = rec["request_class"].map(lambda c: slo[c][0])
+    tpot_slo = rec["request_class"].map(lambda c: slo[c][1])
+    missed = rec[(rec["state"] != "completed") | (rec["ttft_s"] > ttft_slo) | (rec["tpot_s"] > tpot_slo)]
+    assert len(missed) == miss["requests"] - miss["met"]
+    in_burst = missed["arrival_s"].between(onset, onset + BURST_S)
+    assert in_burst.sum() >= 0.95 * len(missed), missed["arrival_s"].describe()
     assert m["slo_attainment"] == pytest.approx(miss["met"] / miss["requests"], abs=1e-9)
 
 
@@ -326,21 +333,22 @@ def test_small_plant_static_decode_pools(workers, slo, gpu_hours):
 def test_small_plant_hpa_meets_the_burst_with_the_workers_serving(small_plant_hysteretic):
     """With upstream's readiness rule (starting pods at 0 on a scale-up, HPA's default since issue
     22's decision) HPA does not cascade on the small plant: like the hysteretic controller it meets
-    the burst at 300 s with the 2 decode workers the base demand justifies and gets the same
-    attainment (0.8725 against 0.8745 measured, 1.36 against 1.41 GPU-h), and the same with the
-    burst at 600 s (0.906 against 0.909; 2.08 against 1.91 GPU-h). Counting starting pods at the
+    the burst at 300 s with the 2 decode workers the base demand justifies and gets no more
+    attainment (issue 21's target: the hysteretic controller's SLO >= HPA's; HPA 0.8535 against
+    0.873 measured on merged main with the faster outer loop, 0.8725 against 0.8745 before it),
+    and the same with the burst at 600 s (0.906 against 0.909 before). Counting starting pods at the
     serving average (``starting_unready=False``), its start-up cascade still held 4 workers at
     300 s (0.994, measured before the default changed)."""
     m_hyst, _ = small_plant_hysteretic
     m, res = _small_plant("hpa")
     onset, _ = _burst(res.records["arrival_s"].to_numpy())
     assert _serving_at(res, onset) == 2
-    assert m["slo_attainment"] == pytest.approx(m_hyst["slo_attainment"], abs=0.01)
+    assert m_hyst["slo_attainment"] >= m["slo_attainment"] - 0.005
     late = _late_burst_trace()
     (m_h, res_h), (m_a, res_a) = (_small_plant(a, trace=late) for a in ("hysteretic", "hpa"))
     onset, _ = _burst(late["arrival_s"].to_numpy())
     assert _serving_at(res_h, onset) == _serving_at(res_a, onset) == 2
-    assert m_a["slo_attainment"] == pytest.approx(m_h["slo_attainment"], abs=0.01)
+    assert m_h["slo_attainment"] >= m_a["slo_attainment"] - 0.005
     assert not m_h["oscillating"] and not m_h["churning"]
 
 
