@@ -112,3 +112,77 @@ def test_vllm_config_gets_the_batch_cap_for_the_slo(case, tmp_path):
     assert adv.blocks["recommended"]["vllm_flags"].startswith(f"--max-num-seqs {cap}")
     # the cap keeps passes within the SLO where 512 sequences per batch do not
     assert adv.blocks["recommended"]["simulated"]["tpot_p99_s"] <= adv.blocks["current"]["simulated"]["tpot_p99_s"]
+
+
+# --------------------------------------------------------------------------------------------
+# the floor search (issue 23): holding workers is the one lever for a burst shorter than
+# measurement delay + start-up, so the search bisects the floor on the replayed SLO attainment
+
+#: replayed attainment by floor: the small plant's static decode pools as measured on main 9ab8ea5
+#: (tests/test_reconfiguration.py STATIC_DECODE; floor 1 is the user's HPA, 0.756)
+FLOOR_SLO = {1: 0.756, 2: 0.8795, 3: 0.976, 4: 0.999}
+
+
+def _floor_search(slo_target, candidates=6):
+    from tokenfactory import advise as advise_module
+    from tokenfactory.advise import search_settings
+    from tokenfactory.controllers.autoscaler_loops import PoolOperatingPoint, certify_autoscaler
+
+    setting = parse_control_plane(HPA)
+    points = {k: PoolOperatingPoint(2.7, rate, 5.0, 105.0, 41.0, 15.0) for k, rate in (("median", 2.3), ("p90", 2.6))}
+    replayed = []
+
+    def certify(s):
+        ctl = s.build("decode")
+        return {k: certify_autoscaler(ctl, pt) for k, pt in points.items()}
+
+    def simulate(s):   # attainment rises with the floor; GPU-hours with the floor and the ceiling
+        ctl = s.build("decode")
+        replayed.append((ctl.min_replicas, ctl.max_replicas))
+        return {"slo_attainment": FLOOR_SLO[ctl.min_replicas], "gpu_hours": 0.4 * (1 + ctl.min_replicas)
+                + 0.01 * ctl.max_replicas, "reversals_per_hour": 0.0, "oscillating": False, "scale_actions": 0}
+
+    # the format's grid cut to two targets (the floor and ceiling axes as they are): a light test
+    full = advise_module.KNOB_GRID["kubernetes-hpa"]
+    grid = {"target": lambda v, need: [v, v / 2], "min_replicas": full["min_replicas"],
+            "max_replicas": full["max_replicas"]}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(advise_module.KNOB_GRID, "kubernetes-hpa", grid)
+        adv = search_settings(setting, certify, simulate, slo_target=slo_target, simulated_candidates=candidates)
+    return adv, replayed
+
+
+def test_floor_search_bisects_to_the_lowest_floor_meeting_the_slo():
+    adv, replayed = _floor_search(0.99)
+    floors = [f["min_replicas"] for f in adv.floor_search]
+    # the floors from the user's 1 up to the ceiling 4 are certified ...
+    assert set(adv.candidates["min_replicas"]) == {1, 2, 3, 4}
+    assert (adv.candidates["min_replicas"] <= adv.candidates["max_replicas"]).all()
+    # ... and bisected: the top, then halving (floor 1 is known only from the user's own replay)
+    assert floors == sorted(floors) and floors[-1] == 4 and 1 not in {f for f, _ in replayed[1:4]}
+    assert adv.met_target and adv.recommended.build("decode").min_replicas == 4
+    assert adv.changes["min_replicas"] == {"from": 1, "to": 4}
+    assert adv.blocks["recommended"]["simulated"]["slo_attainment"] == FLOOR_SLO[4]
+    assert len(replayed) <= 6 + 1 and adv.to_dict()["shortfall"] is None
+    assert any(line.startswith("Floors replayed") and "min_replicas 4 -> 0.999" in line for line in adv.summary())
+
+
+def test_floor_search_ranks_meeting_the_slo_then_gpu_hours():
+    adv, _ = _floor_search(0.97)
+    # floor 3 meets 0.97 (0.976) at fewer GPU-hours than 4; among floor-3 candidates the least GPU-hours
+    sims = adv.candidates[adv.candidates["simulated"]]
+    meeting = sims[sims["sim_slo_attainment"] >= 0.97]
+    assert adv.blocks["recommended"]["simulated"]["gpu_hours"] == pytest.approx(meeting["sim_gpu_hours"].min())
+    assert adv.recommended.build("decode").min_replicas == 3
+
+
+def test_floor_search_says_when_no_floor_meets_the_slo():
+    adv, replayed = _floor_search(0.9995)
+    assert not adv.met_target
+    # the top floor falls short: no bisection below it (the rest of the budget goes to the floors
+    # 4 and 3), the best reached is recommended and said
+    assert replayed[1][0] == 4 and {f["min_replicas"] for f in adv.floor_search} <= {3, 4}
+    d = adv.to_dict()
+    assert d["shortfall"]["best_slo_attainment"] == FLOOR_SLO[4] and d["shortfall"]["slo_target"] == 0.9995
+    assert adv.summary()[-1].startswith("No candidate reached the SLO attainment target 0.9995; the best reached "
+                                        "is 0.999 (the recommendation)")

@@ -58,13 +58,14 @@ from tokenfactory.controllers.tuning import PIGains, simc_pi
 from tokenfactory.plant_models.des import DESParams
 from tokenfactory.plant_models.fluid import FluidParams, FluidPlant
 from tokenfactory.plant_models.fleet import PoolDynamics
-from tokenfactory.core.validation import ConfigError, check_choice, check_number, reject_unknown_keys
+from tokenfactory.core.validation import (ConfigError, check_choice, check_int, check_number, reject_unknown_keys,
+                                          resolve_config, setting)
 
 __all__ = ["PlantContext", "ControllerKind", "register", "ADMISSION_KINDS", "AUTOSCALER_KINDS",
            "CONTROL_PLANES", "build_admission", "build_autoscalers", "control_plane", "admission_kinds",
            "autoscaler_kinds", "smoothed_admission", "TARGET_UTILIZATION", "BASELINE_STACKS", "baseline_stack",
            "slo_aware_admission", "slo_admission_tuning", "margin_tuning", "batch_gate_for", "static_batch_cap", "batch_gate_tuning",
-           "RECOMMENDED_ADMISSION", "DEFAULT_TPOT_FRACTION"]
+           "RECOMMENDED_ADMISSION", "DEFAULT_TPOT_FRACTION", "HystereticParams"]
 
 #: the admission kind tokenfactory recommends (``simulate`` uses it when ``--admission`` is omitted)
 RECOMMENDED_ADMISSION = "slo-aware"
@@ -783,24 +784,40 @@ def _apa(ctx: PlantContext, p: dict) -> list:
             AIBrixAPA("decode", 0.8, "kv_occupancy", **_bounds(ctx))]
 
 
+@dataclass(frozen=True)
+class HystereticParams:
+    """Parameters of the ``hysteretic`` autoscaler kind (``--autoscaler-param KEY=VALUE``): a
+    floor per pool. Holding workers beforehand is the one lever for a burst shorter than
+    measurement delay + start-up, which no measurement-driven rule can serve with new workers
+    (issue 21's small plant); the rule's dead band, dwell and cooldown stay tuned from the plant."""
+
+    fill_min_replicas: int = setting(1, kind=int, low=1, meaning="fewest fill workers the controller keeps "
+                                     "(at most the plant's max_replicas)")
+    decode_min_replicas: int = setting(1, kind=int, low=1, meaning="fewest decode workers the controller keeps "
+                                       "(at most the plant's max_replicas)")
+
+
 def _hysteretic(ctx: PlantContext, p: dict) -> list:
     if ctx.rate_rps is None:
         raise ConfigError("autoscaler", "the hysteretic controller needs the mean demand (PlantContext.rate_rps) "
                           "to derive its dead band")
+    cfg = resolve_config(HystereticParams, p, "autoscaler")
     mu_f, mu_d = _rates(ctx)
     # a decode worker carries what its batch at the TPOT SLO completes, not its full KV batch
     # (the small plant of issue 21: 41 of 328 slots at a 50 ms TPOT, 2.7 instead of 11 req/s)
     p = ctx.params
     mu_d = min(mu_d, p.completion_rate(min(static_batch_cap(ctx), p.decode_slots_per_worker), 1))
     kw = dict(startup_s=ctx.dynamics.startup_s, warmup_s=ctx.dynamics.warmup_s,
-              target_utilization=TARGET_UTILIZATION, **_bounds(ctx))
+              target_utilization=TARGET_UTILIZATION, max_replicas=ctx.max_replicas)
     arr = ctx.arrival_times_s
     out = []
     for pool, mu in (("fill", mu_f), ("decode", mu_d)):
+        floor = check_int(f"autoscaler.{pool}_min_replicas", getattr(cfg, f"{pool}_min_replicas"), low=1,
+                          high=ctx.max_replicas)
         noise = None
         if arr is not None and len(arr) > 1 and float(np.max(arr) - np.min(arr)) >= 2700.0:
             noise = measured_need_noise(arr, mu, TARGET_UTILIZATION, 30.0)
-        out.append(HystereticPoolController.tuned(pool, mu, ctx.rate_rps, noise_std=noise, **kw))
+        out.append(HystereticPoolController.tuned(pool, mu, ctx.rate_rps, noise_std=noise, min_replicas=floor, **kw))
     return out
 
 
@@ -821,7 +838,9 @@ register(ControllerKind("dynamo-planner", "reconfiguration", "NVIDIA Dynamo's ow
 register(ControllerKind("apa", "reconfiguration", "AIBrix APA (fluctuation tolerances, 60 s window)", _apa,
                         baseline=True))
 register(ControllerKind("hysteretic", "reconfiguration", "tokenfactory: pending-aware hysteretic pool "
-                        "controller with a noise-derived dead band, dwell and cooldown", _hysteretic))
+                        "controller with a noise-derived dead band, dwell and cooldown (a floor per pool: fill_min_replicas, "
+                        "decode_min_replicas)", _hysteretic,
+                        tuple(f.name for f in dataclasses.fields(HystereticParams))))
 
 
 #: every control plane of the comparisons: (autoscaler kind or None, admission kind or None)
