@@ -187,9 +187,10 @@ SMALL_PLANT = Path(__file__).parent / "data" / "small_plant"
 BURST_S = 60.0  # the case's burst: 60 s at 5x (its README)
 
 
-def _small_plant(autoscaler, *, decode_workers=None, trace=None):
+def _small_plant(autoscaler, *, decode_workers=None, trace=None, autoscaler_params=None):
     """`tokenfactory simulate --scenario sim.toml --trace requests.csv --autoscaler A --seed 1`
-    (``decode_workers`` overrides the scenario's initial decode pool; ``trace`` its requests)."""
+    (``decode_workers`` overrides the scenario's initial decode pool; ``trace`` its requests;
+    ``autoscaler_params`` are ``--autoscaler-param`` s)."""
     from tokenfactory.core.classes import DEFAULT_CLASSES, INTERACTIVE, RequestClass
     from tokenfactory.replay import build_replay, load_replay_scenario, run_replay
     from tokenfactory.traces import load_trace
@@ -206,7 +207,7 @@ def _small_plant(autoscaler, *, decode_workers=None, trace=None):
         if decode_workers is not None:
             cluster["decode_workers"] = decode_workers
         return run_replay(trace, build_replay(trace, dict(sc.plant)), "slo-aware", 1.0, cluster,
-                          autoscaler=autoscaler)
+                          autoscaler=autoscaler, autoscaler_params=autoscaler_params)
 
 
 def _burst(arrivals: np.ndarray) -> tuple[float, float]:
@@ -344,6 +345,46 @@ def test_small_plant_hpa_lead_is_its_start_up_cascade(small_plant_hysteretic):
     assert m_a["slo_attainment"] == pytest.approx(m_h["slo_attainment"], abs=0.01)
     assert m_a["gpu_hours"] > 1.5 * m_h["gpu_hours"]
     assert not m_h["oscillating"] and not m_h["churning"]
+
+
+def _hysteretic_ctx():
+    from tokenfactory.studies.reconfiguration import SHAPE, fluid_params
+
+    return PlantContext(fluid_params(SHAPE, measurement_delay_s=5.0), 1, 1, slo_ttft_s=2.0, slo_tpot_s=0.155,
+                        rate_rps=1.0, dynamics=PoolDynamics(startup_s=90.0, warmup_s=30.0, warmup_factor=0.5))
+
+
+def test_hysteretic_floor_per_pool_is_a_kind_parameter():
+    """The hysteretic kind takes a floor per pool (``--autoscaler-param decode_min_replicas=4``):
+    the lever for a burst shorter than measurement delay + start-up; the rest stays tuned."""
+    ctx = _hysteretic_ctx()
+    default = {c.pool: c for c in build_autoscalers("hysteretic", ctx)}
+    held = {c.pool: c for c in build_autoscalers("hysteretic", ctx, {"decode_min_replicas": 4})}
+    assert (default["decode"].min_replicas, held["decode"].min_replicas, held["fill"].min_replicas) == (1, 4, 1)
+    assert held["decode"].params() == {**default["decode"].params(), "min_replicas": 4}
+
+
+@pytest.mark.parametrize("params, field, says", [
+    ({"decode_min_replicas": 0}, "autoscaler.decode_min_replicas", "[1, 64]"),
+    ({"fill_min_replicas": 65}, "autoscaler.fill_min_replicas", "[1, 64]"),
+    ({"decode_min_replicas": 2.5}, "autoscaler.decode_min_replicas", "integer"),
+    ({"decode_floor": 4}, "autoscaler.decode_floor", "allowed keys are decode_min_replicas, fill_min_replicas"),
+])
+def test_hysteretic_floor_is_validated(params, field, says):
+    from tokenfactory.core.validation import ConfigError
+
+    with pytest.raises(ConfigError) as exc:
+        build_autoscalers("hysteretic", _hysteretic_ctx(), params)
+    assert exc.value.field == field and says in str(exc.value)
+
+
+def test_hysteretic_floor_metadata_is_documented():
+    from tokenfactory.core.validation import config_schema
+    from tokenfactory.registry import AUTOSCALER_KINDS, HystereticParams
+
+    rows = {r["name"]: r for r in config_schema(HystereticParams)}
+    assert set(rows) == set(AUTOSCALER_KINDS["hysteretic"].keys) == {"fill_min_replicas", "decode_min_replicas"}
+    assert rows["decode_min_replicas"]["low"] == 1 and "decode workers" in rows["decode_min_replicas"]["meaning"]
 
 
 # --------------------------------------------------------------------------------------------

@@ -215,6 +215,12 @@ class Advice:
             why = "no predicted cycle" if rec["predicted_cycle"] is None else "a shorter cycle"
             was = (f"was a {cur['predicted_cycle']['period_s']:.0f} s cycle" if cur["predicted_cycle"] else
                    f"start-up peak {cur['cascade_peak_replicas']} -> {rec['cascade_peak_replicas']} workers")
+            floor = self.changes.get("min_replicas")
+            miss = cur["simulated"].get("misses") or {}
+            if floor and (old, new) == (floor["from"], floor["to"]) and miss.get("reach_s") is not None:
+                # a floor buys what no rule can: workers serving before a burst that outruns the start-up
+                was = (f"{new} workers held before a burst: one ordered when it shows serves "
+                       f"{miss['reach_s']:.0f} s later")
             return (f"tokenfactory advise: {old} -> {new}; {why} ({was}); simulated SLO "
                     f"{cur['simulated']['slo_attainment']:.3f} -> {rec['simulated']['slo_attainment']:.3f}")
 
@@ -356,13 +362,16 @@ def search_settings(setting, certify: Callable[[Any], dict], simulate: Callable[
     table = pd.DataFrame(rows)
     current_sim = simulate(setting)
     sims: dict[Any, dict] = {}
+    replays = 0
 
     def meets(sim):
         return (sim["slo_attainment"] >= slo_target and not sim["oscillating"]
                 and sim["reversals_per_hour"] <= MAX_REVERSALS_PER_HOUR)
 
     def replay(idx) -> dict:
+        nonlocal replays
         if idx not in sims:
+            replays += bool(table.at[idx, "changes"])
             sims[idx] = current_sim if not table.at[idx, "changes"] else simulate(table.at[idx, "setting"])
             table.loc[idx, "simulated"] = True
             for k, v in sims[idx].items():
@@ -374,6 +383,8 @@ def search_settings(setting, certify: Callable[[Any], dict], simulate: Callable[
         else table
     floors = sorted(int(f) for f in passing["held_workers"].unique()) if len(passing) else []
     nearest = {f: passing.index[passing["held_workers"] == f][0] for f in floors}
+    if len(passing) and not passing["changes"].iloc[0]:   # the user's setting passes: its replay is known
+        replay(passing.index[0])
     # bisection on the floor: the top first (if it falls short, no floor of the grid meets the
     # target), then halving towards the lowest floor that meets it
     floor_found = None
@@ -388,7 +399,7 @@ def search_settings(setting, certify: Callable[[Any], dict], simulate: Callable[
                     lo = mid + 1
             floor_found = floors[hi]
     # the rest of the budget: other passing candidates at the floor found (or the top) and the one below
-    budget = int(simulated_candidates) - len(sims)
+    budget = int(simulated_candidates) - replays
     if floors and budget > 0:
         at = floor_found if floor_found is not None else floors[-1]
         near = [f for f in floors if f in (at, floors[max(floors.index(at) - 1, 0)])]

@@ -801,6 +801,9 @@ def _hysteretic(ctx: PlantContext, p: dict) -> list:
     if ctx.rate_rps is None:
         raise ConfigError("autoscaler", "the hysteretic controller needs the mean demand (PlantContext.rate_rps) "
                           "to derive its dead band")
+    for key in ("fill_min_replicas", "decode_min_replicas"):   # the range is the plant's: [1, max_replicas]
+        if key in p:
+            check_int(f"autoscaler.{key}", p[key], low=1, high=ctx.max_replicas)
     cfg = resolve_config(HystereticParams, p, "autoscaler")
     mu_f, mu_d = _rates(ctx)
     # a decode worker carries what its batch at the TPOT SLO completes, not its full KV batch
@@ -812,8 +815,7 @@ def _hysteretic(ctx: PlantContext, p: dict) -> list:
     arr = ctx.arrival_times_s
     out = []
     for pool, mu in (("fill", mu_f), ("decode", mu_d)):
-        floor = check_int(f"autoscaler.{pool}_min_replicas", getattr(cfg, f"{pool}_min_replicas"), low=1,
-                          high=ctx.max_replicas)
+        floor = getattr(cfg, f"{pool}_min_replicas")
         noise = None
         if arr is not None and len(arr) > 1 and float(np.max(arr) - np.min(arr)) >= 2700.0:
             noise = measured_need_noise(arr, mu, TARGET_UTILIZATION, 30.0)
