@@ -310,6 +310,24 @@ def test_simulate_answer_says_why_the_small_plant_misses(small_plant_hysteretic,
     assert "serves 95 s later" in out and "only workers serving before it can carry it" in out
 
 
+#: `simulate ... --autoscaler hysteretic --autoscaler-param decode_min_replicas=4 --seed 1` on the
+#: small plant, measured on branch advise2 (HPA on the same plant: 0.994 at 1.90 GPU-hours, the
+#: slow test below; static 4: 0.999 at 2.00)
+SMALL_PLANT_HYSTERETIC_FLOOR_4 = {"slo_attainment": (0.9955, 0.005), "gpu_hours": (2.00, 0.05)}
+
+
+def test_small_plant_hysteretic_with_a_decode_floor_meets_the_slo(small_plant_hysteretic):
+    """The floor is the lever for the burst no ordered worker reaches: held at 4 decode workers
+    the hysteretic controller meets 0.99 where it reached 0.87 with the floor at 1, and holds."""
+    m, res = _small_plant("hysteretic", autoscaler_params={"decode_min_replicas": 4})
+    assert not m["oscillating"] and not m["churning"], m["oscillation"]["reason"]
+    assert m["slo_attainment"] >= 0.99 > small_plant_hysteretic[0]["slo_attainment"]
+    onset, _ = _burst(res.records["arrival_s"].to_numpy())
+    assert _serving_at(res, onset) == 4
+    for key, (value, tol) in SMALL_PLANT_HYSTERETIC_FLOOR_4.items():
+        assert m[key] == pytest.approx(value, abs=tol), key
+
+
 #: static decode pools on the small plant (no autoscaler; same admission, trace, seed), measured
 #: on main 9ab8ea5: what holding n workers through the burst buys, and costs
 STATIC_DECODE = [(2, 0.8795, 1.20), (3, 0.976, 1.60), (4, 0.999, 2.00)]

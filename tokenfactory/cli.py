@@ -526,6 +526,9 @@ def _cmd_simulate(args) -> int:
     check_choice("admission", admission, ADMISSION_KINDS)
     if args.autoscaler is not None:
         check_choice("autoscaler", args.autoscaler, AUTOSCALER_KINDS)
+    scaler_params = _autoscaler_params(args.autoscaler_param) or None
+    if scaler_params and args.autoscaler is None:
+        raise ConfigError("autoscaler_param", "needs --autoscaler (the kind whose parameter it is)")
     if args.load is not None and args.scale is not None:
         raise ConfigError("load", "give --load or --scale, not both")
     load = args.load if args.load is not None else (None if args.scale is not None else sim.get("load"))
@@ -556,9 +559,6 @@ def _cmd_simulate(args) -> int:
              if trace_name == "synthetic" else load_trace(args.trace))
     print(f"building the replay: {len(trace):,} requests, service tables and per-request costs ...", flush=True)
     setup = build_replay(trace, plant)
-    scaler_params = _autoscaler_params(args.autoscaler_param) or None
-    if scaler_params and args.autoscaler is None:
-        raise ConfigError("autoscaler_param", "needs --autoscaler (the kind whose parameter it is)")
     if args.planner_config is not None:
         if args.autoscaler is None:
             raise ConfigError("planner_config", "needs --autoscaler dynamo-planner")
@@ -905,7 +905,8 @@ def build_parser() -> argparse.ArgumentParser:
     ad.add_argument("--pool", choices=["decode", "fill"], default="decode", help="the pool the control plane sizes")
     ad.add_argument("--slo-target", dest="slo_target", type=float, default=None,
                     help="SLO attainment the recommendation must reach (default 0.99)")
-    ad.add_argument("--candidates", type=int, default=6, help="certified candidates replayed (default 6)")
+    ad.add_argument("--candidates", type=int, default=6, help="certified candidates replayed (default 6; the floor bisection takes at least "
+                         "log2(floors) + 1 of them)")
     ad.add_argument("--duration", default="1h", help="synthetic trace length")
     ad.add_argument("--seed", type=int, default=0)
     ad.add_argument("--out", default=None, help="output folder (default reports/advise/<file>)")
