@@ -449,7 +449,9 @@ def _cmd_calibrate(args) -> int:
               f"{metrics['wall_s']:.1f} s -> {out}")
         return 0
     report = cal.calibrate(items, per_group=args.per_group, max_nfev=args.max_nfev, cv=not args.no_cv,
-                           seed=args.seed, source=str(args.file))
+                           seed=args.seed, source=str(args.file), jobs=args.jobs)
+    report["provenance"]["command"] = (f"tokenfactory calibrate fit FILE --per-group {args.per_group} --max-nfev "
+                                       f"{args.max_nfev}" + (" --no-cv" if args.no_cv else "") + " --write")
     if out is not None:
         _write_json(out / "fit.json", report)
     if args.write:
@@ -945,6 +947,7 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--per-group", type=int, default=3, help="fit: training runs per group")
     ca.add_argument("--max-nfev", type=int, default=40, help="fit: residual evaluations per optimisation")
     ca.add_argument("--no-cv", action="store_true", help="fit: skip the cross-validation")
+    ca.add_argument("--jobs", type=int, default=1, help="fit: the full fit and the folds in up to N processes")
     ca.add_argument("--write", action="store_true", help="fit: write the calibrated set (plant_models/calibrated.py)")
     ca.set_defaults(func=_cmd_calibrate)
 
