@@ -10,8 +10,10 @@ The search is two-stage, because the loop model is cheap and the simulator is th
    transients, not operating points) - a candidate passes when no cycle is predicted at any
    level and its start-up overshoot stays within one worker of what the level needs;
 2. the floor (``min_replicas``, the format's minScale / min replicas) is searched from the user's
-   floor up to the ceiling: holding workers beforehand is the one knob that serves a burst shorter
-   than measurement delay + start-up, and no other knob of a measurement-driven rule can. The
+   floor up to the ceiling (a floor above the grid's with the user's other knobs and the few
+   nearest combinations passing at the grid's top floor, :data:`EXTRA_FLOOR_COMBOS`): holding
+   workers beforehand is the one knob that serves a burst shorter than measurement delay +
+   start-up, and no other knob of a measurement-driven rule can. The
    nearest passing candidate of each floor (fewest knobs changed) is replayed through the request
    simulator with the scenario's admission in a bisection on the replayed SLO attainment (which
    rises with the floor, near enough): the highest floor first, then halving, to the lowest floor
@@ -43,7 +45,7 @@ from tokenfactory.core.signals import count_reversals
 from tokenfactory.core.validation import check_choice, check_number
 
 __all__ = ["advise", "search_settings", "current_knobs", "scale_churn", "Advice", "KNOB_GRID", "MAX_REVERSALS_PER_HOUR", "operating_points", "DEFAULT_ATTAINMENT",
-           "slo_shortfall", "MAX_FLOORS"]
+           "slo_shortfall", "MAX_FLOORS", "EXTRA_FLOOR_COMBOS"]
 
 #: reversals per hour above which a pool is churning (issue 21's bound for a pool that holds)
 MAX_REVERSALS_PER_HOUR = 2.0
@@ -54,6 +56,8 @@ SIMULATED_CANDIDATES = 6
 #: most floors the search certifies and bisects over (evenly spaced between the user's floor and
 #: the ceiling when there are more)
 MAX_FLOORS = 16
+#: other-knob combinations certified at each floor above the grid's own (besides the user's)
+EXTRA_FLOOR_COMBOS = 4
 
 
 def _times(*factors):
@@ -342,23 +346,44 @@ def search_settings(setting, certify: Callable[[Any], dict], simulate: Callable[
     current_certs = certify(setting)
     need = max(math.ceil(c.workers_needed - 1e-9) for c in current_certs.values())
     axes = {k: grid[k](knobs0[k], need) for k in grid}
-    if "min_replicas" in axes:
-        axes["min_replicas"] = _floor_axis(axes["min_replicas"], axes.get("max_replicas", [knobs0["min_replicas"]]))
     rows = []
-    for values in itertools.product(*axes.values()):
-        knobs = dict(zip(axes, values))
+
+    def add(knobs):
         if knobs.get("min_replicas", 0) > knobs.get("max_replicas", math.inf):
-            continue   # a floor above the ceiling is no setting
+            return   # a floor above the ceiling is no setting
         changed = {k: v for k, v in knobs.items() if v != knobs0[k]}
         try:
             cand = setting.with_params(**changed) if changed else setting
             certs = certify(cand)
         except ConfigError as exc:   # a knob combination the format or model refuses
             rows.append({**knobs, "changed": len(changed), "passed": False, "simulated": False, "error": str(exc)})
-            continue
+            return
         rows.append({**knobs, "changed": len(changed), "passed": all(c.passed for c in certs.values()),
                      "held_workers": knobs.get("min_replicas", 1), "simulated": False, "setting": cand,
                      "certs": certs, "changes": changed})
+
+    for values in itertools.product(*axes.values()):
+        add(dict(zip(axes, values)))
+    if "min_replicas" in axes:
+        # the floors above the grid's, up to the ceiling, each with the user's other knobs and the
+        # nearest other-knob combinations that passed at the grid's top floor (a bounded cost: the
+        # bisection replays each floor's nearest candidate, the budget's rest a few more)
+        top = max(axes["min_replicas"])
+        others = [k for k in axes if k not in ("min_replicas", "max_replicas")]
+        at_top = sorted((r for r in rows if r["min_replicas"] == top and r["passed"]), key=lambda r: r["changed"])
+        combos = [{k: knobs0[k] for k in others}]
+        for r in at_top:
+            combo = {k: r[k] for k in others}
+            if combo not in combos and len(combos) <= EXTRA_FLOOR_COMBOS:
+                combos.append(combo)
+        ceilings = axes.get("max_replicas", [knobs0.get("max_replicas", top)])
+        for floor in _floor_axis(axes["min_replicas"], ceilings):
+            if floor in axes["min_replicas"]:
+                continue
+            for ceiling in ceilings:
+                for combo in combos:
+                    add({**combo, "min_replicas": floor, "max_replicas": ceiling} if "max_replicas" in axes
+                        else {**combo, "min_replicas": floor})
     table = pd.DataFrame(rows)
     current_sim = simulate(setting)
     sims: dict[Any, dict] = {}
