@@ -195,6 +195,13 @@ def test_advise_on_the_small_plant_finds_the_floor_that_meets_the_slo(tmp_path, 
     assert rec["slo_attainment"] >= 0.99 and rec["reversals_per_hour"] <= 2.0 and not rec["oscillating"]
     assert rec["gpu_hours"] == pytest.approx(2.00, abs=0.05)
     assert m["current"]["simulated"]["slo_attainment"] < 0.9
+    # where the user's setting misses (slo_shortfall): the burst at 300 s, which a worker ordered when it
+    # shows (5 s delay + 90 s start-up) cannot reach; the misses add up to the attainment
+    miss = m["current"]["simulated"]["misses"]
+    assert miss["reach_s"] == 95.0 and miss["burst_outruns_startup"] and miss["peak_start_s"] == 300.0
+    assert miss["in_peak"] >= 0.9 * miss["missed"]
+    assert miss["missed"] == miss["rejected"] + miss["late_ttft"] + miss["late_tpot"] + miss["unfinished"]
+    assert 1.0 - miss["missed"] / 2000 == pytest.approx(m["current"]["simulated"]["slo_attainment"], abs=1e-9)
     by_floor = {f["min_replicas"]: f for f in m["floor_search"]}
     assert set(by_floor) == {1, 2, 3, 4} and not by_floor[3]["meets_target"] and by_floor[4]["meets_target"]
     assert printed.startswith("Current setting: certificate")
