@@ -371,6 +371,9 @@ class SeasonalRiseLayer(StackLayerConfig):
         constant headroom).
     profile_smooth_s : float, optional
         Width of the rise profile's running median (s; default the plan's grid).
+    residual_ar1 : bool
+        The AR(1) lead correction of the plan (the residual from the median daily level decays
+        over the lead; off by default: it did not lower the cost on ServeGen).
     """
 
     layer: ClassVar[str] = "planning"
@@ -392,6 +395,8 @@ class SeasonalRiseLayer(StackLayerConfig):
     profile_smooth_s: float | None = setting(None, unit="s", low=0.0, high=21600.0,
                                              meaning="width of the rise profile's running median (default the "
                                                      "plan's grid)")
+    residual_ar1: bool = setting(False, kind=bool, meaning="AR(1) lead correction: the residual from the median "
+                                                           "daily level decays over the lead (phi fitted daily)")
 
 
 #: the stack's layers, bottom (fastest) first, and each layer's kinds by name (the first is the default)
