@@ -331,7 +331,12 @@ class ControlPlaneLayer(StackLayerConfig):
 
         if not self.file:
             raise ConfigError("layers.reconfiguration.file", "the control-plane layer needs its settings file")
-        return read_control_plane(self.file)
+        setting = read_control_plane(self.file)
+        if hasattr(setting, "registered_autoscaler"):
+            raise ConfigError("layers.reconfiguration.file", "a Dynamo planner config: the real planner sizes both "
+                              "pools from its own perf model, and the layer's certificate needs a one-pool loop "
+                              "model, which it does not have yet; run it with `simulate --control-plane FILE`")
+        return setting
 
     @property
     def sample_period_s(self) -> float:
