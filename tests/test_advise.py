@@ -182,7 +182,8 @@ def test_advise_on_the_small_plant_finds_the_floor_that_meets_the_slo(tmp_path, 
     """Issue 23's target on the small-plant case (tests/data/small_plant, its HPA file): the 60 s 5x
     burst comes faster than 5 s delay + 90 s start-up, so the floor is the lever. The bisection
     replays floors 4, 2, 3 after the user's 1 and recommends the lowest that meets 0.99 - 4
-    (measured on this branch: 0.873 -> 0.996 at 1.52 -> 2.00 GPU-hours; floor 3 reaches 0.978)."""
+    (measured on branch advise2 after merging main bda1c79: 0.854 -> 0.996 at 1.46 -> 2.00 GPU-hours;
+    floor 2 reaches 0.885, floor 3 0.979)."""
     out = tmp_path / "advice"
     monkeypatch.chdir(DATA)   # the scenario's paths resolve from the working folder
     assert main(["advise", "--control-plane", "hpa.yaml", "--scenario", "sim.toml", "--trace", "requests.csv",
