@@ -500,8 +500,10 @@ class AutoscalerCertificate:
 
     @property
     def overshoot_bounded(self) -> bool:
-        """A start-up from the floor asks for at most one worker more than the demand needs."""
-        return self.cascade_peak <= math.ceil(self.workers_needed - 1e-9) + 1
+        """A start-up from the floor asks for at most one worker more than the demand needs, or
+        than the floor holds: workers held on purpose (for a burst shorter than the start-up) are
+        the setting, not an overshoot of the rule."""
+        return self.cascade_peak <= max(math.ceil(self.workers_needed - 1e-9) + 1, self.loop.min_replicas)
 
     @property
     def ceiling_carries(self) -> bool:

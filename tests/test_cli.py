@@ -25,6 +25,9 @@ def test_describe_hardware_and_worker(capsys):
     (["describe", "worker", "deepseek-v3", "--tp", "3"], "parallelism.tp"),
     (["simulate", "--trace", "synthetic", "--autoscaler", "hpa2"], "autoscaler"),
     (["simulate", "--trace", "synthetic", "--admission", "early"], "admission"),
+    (["simulate", "--trace", "synthetic", "--autoscaler-param", "decode_min_replicas=4"], "needs --autoscaler"),
+    (["simulate", "--trace", "synthetic", "--autoscaler", "hysteretic", "--autoscaler-param", "decode_min_replicas"],
+     "is not KEY=VALUE"),
 ])
 def test_errors_are_one_line_exit_2(capsys, argv, needle):
     assert main(argv) == 2

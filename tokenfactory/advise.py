@@ -9,11 +9,21 @@ The search is two-stage, because the loop model is cheap and the simulator is th
    trace sustains (the median and the 90th percentile of its 5-minute rates; shorter bursts are
    transients, not operating points) - a candidate passes when no cycle is predicted at any
    level and its start-up overshoot stays within one worker of what the level needs;
-2. the passing candidates nearest the user's setting (fewest knobs changed, then fewest
-   workers held) are replayed through the request simulator with the scenario's admission, and
-   the one meeting the SLO attainment target with the fewest GPU-hours, no oscillation and at
-   most :data:`MAX_REVERSALS_PER_HOUR` reversals is recommended. If none meets the target, the one
-   with the best attainment is, and the result says so.
+2. the floor (``min_replicas``, the format's minScale / min replicas) is searched from the user's
+   floor up to the ceiling (a floor above the grid's with the user's other knobs and the few
+   nearest combinations passing at the grid's top floor, :data:`EXTRA_FLOOR_COMBOS`): holding
+   workers beforehand is the one knob that serves a burst shorter than measurement delay +
+   start-up, and no other knob of a measurement-driven rule can. The
+   nearest passing candidate of each floor (fewest knobs changed) is replayed through the request
+   simulator with the scenario's admission in a bisection on the replayed SLO attainment (which
+   rises with the floor, near enough): the highest floor first, then halving, to the lowest floor
+   that meets the target; the rest of the replay budget goes to other passing candidates at that
+   floor and the one below (fewest knobs changed first);
+3. candidates are ranked: meeting the SLO attainment target with a passing certificate, no
+   oscillation and at most :data:`MAX_REVERSALS_PER_HOUR` reversals first, then the fewest
+   GPU-hours. If none meets the target, the best attainment is recommended and the result says
+   so, with where its requests missed (:meth:`SimulationResult.slo_misses` over the whole run and
+   the trace's peak window, against measurement delay + start-up).
 """
 
 from __future__ import annotations
@@ -34,14 +44,20 @@ from tokenfactory.core.errors import ConfigError
 from tokenfactory.core.signals import count_reversals
 from tokenfactory.core.validation import check_choice, check_number
 
-__all__ = ["advise", "search_settings", "current_knobs", "scale_churn", "Advice", "KNOB_GRID", "MAX_REVERSALS_PER_HOUR", "operating_points", "DEFAULT_ATTAINMENT"]
+__all__ = ["advise", "search_settings", "current_knobs", "scale_churn", "Advice", "KNOB_GRID", "MAX_REVERSALS_PER_HOUR", "operating_points", "DEFAULT_ATTAINMENT",
+           "slo_shortfall", "MAX_FLOORS", "EXTRA_FLOOR_COMBOS"]
 
 #: reversals per hour above which a pool is churning (issue 21's bound for a pool that holds)
 MAX_REVERSALS_PER_HOUR = 2.0
 #: SLO attainment a recommendation must reach when the scenario states none
 DEFAULT_ATTAINMENT = 0.99
-#: candidates replayed through the request simulator
+#: candidates replayed through the request simulator (the floor bisection takes what it needs)
 SIMULATED_CANDIDATES = 6
+#: most floors the search certifies and bisects over (evenly spaced between the user's floor and
+#: the ceiling when there are more)
+MAX_FLOORS = 16
+#: other-knob combinations certified at each floor above the grid's own (besides the user's)
+EXTRA_FLOOR_COMBOS = 4
 
 
 def _times(*factors):
@@ -165,6 +181,9 @@ class Advice:
     met_target : bool
         Whether the recommendation meets the SLO attainment target (for a pool autoscaler also
         without oscillation and within :data:`MAX_REVERSALS_PER_HOUR`).
+    floor_search : list of dict
+        The floors the bisection replayed, lowest first: ``min_replicas``, ``slo_attainment``,
+        ``gpu_hours``, ``meets_target`` of each floor's nearest passing candidate.
     """
 
     current: Any
@@ -173,10 +192,15 @@ class Advice:
     blocks: dict          # "current" / "recommended" -> the metrics block
     candidates: pd.DataFrame
     met_target: bool
+    floor_search: list = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"current": self.blocks["current"], "recommended": self.blocks["recommended"],
-                "changes": self.changes, "met_slo_target": self.met_target,
+        rec = self.blocks["recommended"]
+        return {"current": self.blocks["current"], "recommended": rec,
+                "changes": self.changes, "met_slo_target": self.met_target, "floor_search": self.floor_search,
+                "shortfall": None if self.met_target else {
+                    "slo_target": rec["slo_target"], "best_slo_attainment": rec["simulated"]["slo_attainment"],
+                    "why": self.shortfall_text(), "misses": rec["simulated"].get("misses")},
                 "candidates_certified": int(len(self.candidates)),
                 "candidates_passing": int(self.candidates["passed"].sum()) if len(self.candidates) else 0,
                 "candidates_simulated": int(self.candidates["simulated"].sum()) if len(self.candidates) else 0}
@@ -195,10 +219,47 @@ class Advice:
             why = "no predicted cycle" if rec["predicted_cycle"] is None else "a shorter cycle"
             was = (f"was a {cur['predicted_cycle']['period_s']:.0f} s cycle" if cur["predicted_cycle"] else
                    f"start-up peak {cur['cascade_peak_replicas']} -> {rec['cascade_peak_replicas']} workers")
+            floor = self.changes.get("min_replicas")
+            miss = cur["simulated"].get("misses") or {}
+            if floor and (old, new) == (floor["from"], floor["to"]) and miss.get("reach_s") is not None:
+                # a floor buys what no rule can: workers serving before a burst that outruns the start-up
+                was = (f"{new} workers held before a burst: one ordered when it shows serves "
+                       f"{miss['reach_s']:.0f} s later")
             return (f"tokenfactory advise: {old} -> {new}; {why} ({was}); simulated SLO "
                     f"{cur['simulated']['slo_attainment']:.3f} -> {rec['simulated']['slo_attainment']:.3f}")
 
         return rewrite_control_plane(original, self.recommended, comment=note)
+
+    def shortfall_text(self) -> str:
+        """Why no candidate met the target, from the recommended replay's misses (empty when one did)."""
+        if self.met_target:
+            return ""
+        r = self.blocks["recommended"]
+        rs = r["simulated"]
+        text = (f"No candidate reached the SLO attainment target {r['slo_target']:g}; the best reached is "
+                f"{rs['slo_attainment']:.3f} (the recommendation)")
+        if rs["slo_attainment"] >= r["slo_target"]:
+            text += (f", which reaches the target but {'oscillates' if rs['oscillating'] else 'churns'} "
+                     f"({rs['reversals_per_hour']:.1f} reversals/h)")
+        miss = rs.get("misses")
+        if not miss or not miss["missed"]:
+            return text + "."
+        text += (f". Of its {miss['missed']:,} misses, {miss['rejected']:,} were rejected, {miss['late_ttft']:,} "
+                 f"completed past their TTFT SLO, {miss['late_tpot']:,} past their TPOT SLO only, "
+                 f"{miss['unfinished']:,} unfinished; {miss['in_peak']:,} arrived in the peak "
+                 f"{miss['peak_window_s']:.0f} s window (from {miss['peak_start_s']:.0f} s)")
+        if miss.get("reach_s") is not None:
+            if miss["burst_outruns_startup"]:
+                text += (f", which ends with its TTFT deadlines before a worker ordered when it shows can serve "
+                         f"({miss['reach_s']:.0f} s: measurement delay + start-up): only workers held before it "
+                         f"serve it")
+                if self.floor_search:
+                    top = self.floor_search[-1]
+                    text += (f", and the highest floor searched (min_replicas {top['min_replicas']}, the ceiling) "
+                             f"reaches {top['slo_attainment']:.3f}")
+            else:
+                text += f"; a worker ordered when it shows serves {miss['reach_s']:.0f} s later, within the window"
+        return text + "."
 
     def summary(self) -> list[str]:
         """Sentences from the numbers."""
@@ -222,9 +283,12 @@ class Advice:
             lines.append(f"Recommended ({ch}): certificate {cert(r)}; simulated SLO attainment "
                          f"{rs['slo_attainment']:.3f}, {rs['gpu_hours']:.2f} GPU-hours, "
                          f"{rs['reversals_per_hour']:.1f} reversals/h.")
+        if self.floor_search:
+            lines.append("Floors replayed (bisection on the SLO attainment): " + ", ".join(
+                f"min_replicas {f['min_replicas']} -> {f['slo_attainment']:.3f} at {f['gpu_hours']:.2f} GPU-hours"
+                for f in self.floor_search) + ".")
         if not self.met_target:
-            lines.append(f"No candidate reached the SLO attainment target {r['slo_target']:.3f}; the recommendation "
-                         "is the best attainment found.")
+            lines.append(self.shortfall_text())
         return lines
 
 
@@ -242,10 +306,22 @@ def _block(cert_by_level: Mapping[str, Any], sim: dict | None, slo_target: float
             "slo_target": slo_target, "simulated": sim}
 
 
+def _floor_axis(floors: list, ceilings: list) -> list:
+    """Every floor from the lowest of ``floors`` up to the highest ceiling, at most
+    :data:`MAX_FLOORS` of them (evenly spaced, always keeping the grid's own floors and the top)."""
+    lo, hi = int(min(floors)), int(max(max(ceilings), max(floors)))
+    every = list(range(lo, hi + 1))
+    if len(every) > MAX_FLOORS:
+        picks = {every[round(i * (len(every) - 1) / (MAX_FLOORS - 1))] for i in range(MAX_FLOORS)}
+        every = sorted(picks | {int(f) for f in floors})
+    return every
+
+
 def search_settings(setting, certify: Callable[[Any], dict], simulate: Callable[[Any], dict], *,
                     slo_target: float = DEFAULT_ATTAINMENT, simulated_candidates: int = SIMULATED_CANDIDATES,
                     pool: str = "decode") -> Advice:
-    """The two-stage search of the module docstring on any plant.
+    """The search of the module docstring on any plant: certify the grid, bisect the floor on the
+    replayed SLO attainment, spend the rest of the replays near the floor found, rank.
 
     Parameters
     ----------
@@ -254,11 +330,13 @@ def search_settings(setting, certify: Callable[[Any], dict], simulate: Callable[
     certify : callable
         setting -> {level name: AutoscalerCertificate}.
     simulate : callable
-        setting -> {"slo_attainment", "gpu_hours", "reversals_per_hour", "oscillating", ...}.
+        setting -> {"slo_attainment", "gpu_hours", "reversals_per_hour", "oscillating", ...}; a
+        ``"misses"`` entry (a dict, :func:`slo_shortfall`) is kept in the blocks, not the table.
     slo_target : float
         SLO attainment the recommendation must reach.
     simulated_candidates : int
-        How many passing candidates are simulated (>= 1).
+        Replays of candidates (>= 1): the floor bisection takes what it needs (about log2 of
+        the floors searched + 1), the rest go to candidates near the floor it finds.
     pool : str
         The pool the setting sizes (to read its knobs off the built controller).
     """
@@ -269,47 +347,108 @@ def search_settings(setting, certify: Callable[[Any], dict], simulate: Callable[
     need = max(math.ceil(c.workers_needed - 1e-9) for c in current_certs.values())
     axes = {k: grid[k](knobs0[k], need) for k in grid}
     rows = []
-    for values in itertools.product(*axes.values()):
-        knobs = dict(zip(axes, values))
+
+    def add(knobs):
+        if knobs.get("min_replicas", 0) > knobs.get("max_replicas", math.inf):
+            return   # a floor above the ceiling is no setting
         changed = {k: v for k, v in knobs.items() if v != knobs0[k]}
         try:
             cand = setting.with_params(**changed) if changed else setting
             certs = certify(cand)
         except ConfigError as exc:   # a knob combination the format or model refuses
             rows.append({**knobs, "changed": len(changed), "passed": False, "simulated": False, "error": str(exc)})
-            continue
+            return
         rows.append({**knobs, "changed": len(changed), "passed": all(c.passed for c in certs.values()),
                      "held_workers": knobs.get("min_replicas", 1), "simulated": False, "setting": cand,
                      "certs": certs, "changes": changed})
+
+    for values in itertools.product(*axes.values()):
+        add(dict(zip(axes, values)))
+    if "min_replicas" in axes:
+        # the floors above the grid's, up to the ceiling, each with the user's other knobs and the
+        # nearest other-knob combinations that passed at the grid's top floor (a bounded cost: the
+        # bisection replays each floor's nearest candidate, the budget's rest a few more)
+        top = max(axes["min_replicas"])
+        others = [k for k in axes if k not in ("min_replicas", "max_replicas")]
+        at_top = sorted((r for r in rows if r["min_replicas"] == top and r["passed"]), key=lambda r: r["changed"])
+        combos = [{k: knobs0[k] for k in others}]
+        for r in at_top:
+            combo = {k: r[k] for k in others}
+            if combo not in combos and len(combos) <= EXTRA_FLOOR_COMBOS:
+                combos.append(combo)
+        ceilings = axes.get("max_replicas", [knobs0.get("max_replicas", top)])
+        for floor in _floor_axis(axes["min_replicas"], ceilings):
+            if floor in axes["min_replicas"]:
+                continue
+            for ceiling in ceilings:
+                for combo in combos:
+                    add({**combo, "min_replicas": floor, "max_replicas": ceiling} if "max_replicas" in axes
+                        else {**combo, "min_replicas": floor})
     table = pd.DataFrame(rows)
     current_sim = simulate(setting)
+    sims: dict[Any, dict] = {}
+    replays = 0
 
     def meets(sim):
         return (sim["slo_attainment"] >= slo_target and not sim["oscillating"]
                 and sim["reversals_per_hour"] <= MAX_REVERSALS_PER_HOUR)
 
-    passing = table[table["passed"]].sort_values(["changed", "held_workers"], kind="stable")
-    # the nearest candidates of each floor: holding more workers is the one knob a start-up of
-    # minutes leaves for bursts shorter than it, so every floor gets its share of the replays
-    floors = sorted(passing["held_workers"].unique()) if len(passing) else []
-    share = max(1, int(simulated_candidates) // max(1, len(floors)))
-    chosen = [i for f in floors for i in passing.index[passing["held_workers"] == f][:share]]
-    best, best_key, best_sim, met = None, None, None, False
-    for idx in chosen:
-        cand = table.at[idx, "setting"]
-        sim = current_sim if not table.at[idx, "changes"] else simulate(cand)
-        table.loc[idx, "simulated"] = True
-        for k, v in sim.items():
-            table.loc[idx, f"sim_{k}"] = v
+    def replay(idx) -> dict:
+        nonlocal replays
+        if idx not in sims:
+            replays += bool(table.at[idx, "changes"])
+            sims[idx] = current_sim if not table.at[idx, "changes"] else simulate(table.at[idx, "setting"])
+            table.loc[idx, "simulated"] = True
+            for k, v in sims[idx].items():
+                if not isinstance(v, (dict, list, tuple)):
+                    table.loc[idx, f"sim_{k}"] = v
+        return sims[idx]
+
+    passing = table[table["passed"]].sort_values(["changed", "held_workers"], kind="stable") if len(table) \
+        else table
+    floors = sorted(int(f) for f in passing["held_workers"].unique()) if len(passing) else []
+    nearest = {f: passing.index[passing["held_workers"] == f][0] for f in floors}
+    if len(passing) and not passing["changes"].iloc[0]:   # the user's setting passes: its replay is known
+        replay(passing.index[0])
+    # bisection on the floor: the top first (if it falls short, no floor of the grid meets the
+    # target), then halving towards the lowest floor that meets it
+    floor_found = None
+    if floors:
+        lo, hi = 0, len(floors) - 1
+        if meets(replay(nearest[floors[hi]])):
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if meets(replay(nearest[floors[mid]])):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            floor_found = floors[hi]
+    # the rest of the budget: other passing candidates at the floor found (or the top) and the one below
+    budget = int(simulated_candidates) - replays
+    if floors and budget > 0:
+        at = floor_found if floor_found is not None else floors[-1]
+        near = [f for f in floors if f in (at, floors[max(floors.index(at) - 1, 0)])]
+        for idx in passing.index[passing["held_workers"].isin(near)]:
+            if budget <= 0:
+                break
+            if idx not in sims:
+                replay(idx)
+                budget -= 1
+    best, best_key = None, None
+    for idx, sim in sims.items():
         ok = meets(sim)
         key = (ok, -sim["gpu_hours"] if ok else sim["slo_attainment"])
         if best_key is None or key > best_key:
-            best, best_key, best_sim, met = idx, key, sim, ok
+            best, best_key = idx, key
+    floor_search = [{"min_replicas": f, "slo_attainment": sims[nearest[f]]["slo_attainment"],
+                     "gpu_hours": sims[nearest[f]]["gpu_hours"], "meets_target": meets(sims[nearest[f]])}
+                    for f in floors if nearest[f] in sims]
     if best is None:   # nothing passes the certificate: keep the user's setting, say so
         rec, rec_certs, rec_sim, changes = setting, current_certs, current_sim, {}
         met = meets(current_sim)
     else:
-        rec, rec_certs, rec_sim = table.at[best, "setting"], table.at[best, "certs"], best_sim
+        rec, rec_certs, rec_sim = table.at[best, "setting"], table.at[best, "certs"], sims[best]
+        met = meets(rec_sim)
         changes = {k: {"from": knobs0[k], "to": v} for k, v in table.at[best, "changes"].items()}
         if meets(current_sim) and all(c.passed for c in current_certs.values()) and \
                 current_sim["gpu_hours"] <= rec_sim["gpu_hours"]:
@@ -317,7 +456,7 @@ def search_settings(setting, certify: Callable[[Any], dict], simulate: Callable[
     blocks = {"current": _block(current_certs, current_sim, slo_target),
               "recommended": _block(rec_certs, rec_sim, slo_target)}
     shown = table.drop(columns=[c for c in ("setting", "certs", "changes") if c in table])
-    return Advice(setting, rec, changes, blocks, shown, met)
+    return Advice(setting, rec, changes, blocks, shown, met, floor_search)
 
 
 def advise(control_plane, scenario, trace: pd.DataFrame, *, pool: str = "decode", seed: int = 0,
@@ -374,7 +513,9 @@ def advise(control_plane, scenario, trace: pd.DataFrame, *, pool: str = "decode"
                             autoscalers=[s.build(pool)], admission_params=dict(scenario.admission_params))
         return {"slo_attainment": float(m["slo_attainment"]), "gpu_hours": float(m["gpu_hours"]),
                 **scale_churn(res.actions, float(m["duration_s"])), "oscillating": bool(m["oscillating"]),
-                "rejected": int(m["rejected"])}
+                "rejected": int(m["rejected"]), "misses": slo_shortfall(res, reach_s)}
+
+    reach_s = float(cluster.get("measurement_delay_s", p.measurement_delay_s)) + float(dyn.get("startup_s", 0.0))
 
     return search_settings(setting, certify, simulate, slo_target=slo_target,
                            simulated_candidates=simulated_candidates, pool=pool)
@@ -418,6 +559,43 @@ def _advise_batch_cap(setting, scenario, trace, setup, cluster, slo_target) -> A
                           for s, sim in ((setting, cur_sim), (rec, rec_sim))])
     return Advice(setting, rec, changes, {"current": block(setting, cur_sim), "recommended": block(rec, rec_sim)},
                   table, rec_sim["slo_attainment"] >= slo_target)
+
+
+def slo_shortfall(res, reach_s: float | None = None, window_s: float = 60.0) -> dict:
+    """Where a replay's SLO misses went (:meth:`SimulationResult.slo_misses`), over the run and in
+    the trace's busiest ``window_s`` of arrivals, and whether a worker ordered when that peak shows
+    (``reach_s`` later: measurement delay + start-up) comes before its requests' TTFT deadlines.
+
+    Parameters
+    ----------
+    res : SimulationResult
+        A request simulator's result (per-request records and per-class SLOs).
+    reach_s : float, optional
+        From a demand showing to a worker ordered for it serving (s, >= 0); None: not judged.
+    window_s : float
+        Width of the peak window (s, > 0; default 60).
+
+    Returns
+    -------
+    dict
+        ``missed``, ``rejected`` (all reasons), ``rejected_by_reason``, ``late_ttft``, ``late_tpot``,
+        ``unfinished``, ``peak_start_s``, ``peak_window_s``, ``in_peak`` (misses arriving in the
+        peak window), ``reach_s``, ``longest_ttft_slo_s`` and ``burst_outruns_startup`` (``reach_s``
+        beyond the window plus the longest TTFT SLO; None when not judged).
+    """
+    check_number("window_s", window_s, low=0.0, low_inclusive=False)
+    miss = res.slo_misses()
+    arr = res.records["arrival_s"].dropna().to_numpy(dtype=float)
+    counts = np.bincount(((arr - arr.min()) // window_s).astype(int)) if len(arr) else np.zeros(1)
+    peak_s = (float(arr.min()) if len(arr) else 0.0) + float(np.argmax(counts)) * window_s
+    peak = res.slo_misses((peak_s, peak_s + window_s))
+    longest = max(float(v["slo_ttft_s"]) for v in res.metrics["classes"].values())
+    rejected = sum(miss["rejected"].values())
+    return {"missed": miss["requests"] - miss["met"], "rejected": rejected, "rejected_by_reason": miss["rejected"],
+            "late_ttft": miss["late_ttft"], "late_tpot": miss["late_tpot"], "unfinished": miss["unfinished"],
+            "peak_start_s": peak_s, "peak_window_s": float(window_s), "in_peak": peak["requests"] - peak["met"],
+            "reach_s": reach_s, "longest_ttft_slo_s": longest,
+            "burst_outruns_startup": None if reach_s is None else bool(reach_s >= window_s + longest)}
 
 
 def scale_churn(actions: pd.DataFrame, duration_s: float) -> dict:

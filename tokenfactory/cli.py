@@ -16,6 +16,7 @@ import os
 import sys
 from pathlib import Path
 from collections.abc import Sequence
+from typing import Any
 
 from tokenfactory.core.validation import ConfigError
 
@@ -529,6 +530,9 @@ def _cmd_simulate(args) -> int:
     check_choice("admission", admission, ADMISSION_KINDS)
     if args.autoscaler is not None:
         check_choice("autoscaler", args.autoscaler, AUTOSCALER_KINDS)
+    scaler_params = _autoscaler_params(args.autoscaler_param) or None
+    if scaler_params and args.autoscaler is None:
+        raise ConfigError("autoscaler_param", "needs --autoscaler (the kind whose parameter it is)")
     if args.load is not None and args.scale is not None:
         raise ConfigError("load", "give --load or --scale, not both")
     load = args.load if args.load is not None else (None if args.scale is not None else sim.get("load"))
@@ -559,12 +563,11 @@ def _cmd_simulate(args) -> int:
              if trace_name == "synthetic" else load_trace(args.trace))
     print(f"building the replay: {len(trace):,} requests, service tables and per-request costs ...", flush=True)
     setup = build_replay(trace, plant)
-    scaler_params = None
     if args.planner_config is not None:
         if args.autoscaler is None:
             raise ConfigError("planner_config", "needs --autoscaler dynamo-planner")
         # the registry rejects it for a kind that takes no planner_config
-        scaler_params = {"planner_config": _planner_config_file(args.planner_config)}
+        scaler_params = {**(scaler_params or {}), "planner_config": _planner_config_file(args.planner_config)}
     scalers = None
     if args.control_plane:
         from tokenfactory.controllers.formats import read_control_plane
@@ -767,6 +770,27 @@ def _cmd_advise(args) -> int:
     return 0
 
 
+def _autoscaler_params(pairs: list[str] | None) -> dict:
+    """``KEY=VALUE`` pairs of ``--autoscaler-param`` as a table (a value reads as an integer, a
+    number, true/false or else a string); the registry checks each key and value for the kind."""
+    out: dict = {}
+    for pair in pairs or ():
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError("autoscaler_param", f"{pair!r} is not KEY=VALUE (e.g. decode_min_replicas=4)")
+        value: Any = text.strip()
+        for cast in (int, float):
+            try:
+                value = cast(value)
+                break
+            except ValueError:
+                continue
+        if value in ("true", "false"):
+            value = value == "true"
+        out[key.strip()] = value
+    return out
+
+
 def _duration(text: str) -> float:
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     try:
@@ -839,6 +863,9 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--batch-cap", dest="batch_cap", default=None,
                     help="decode batch cap per worker at the start: 'static' (the largest batch meeting the TPOT "
                          "SLO at the nominal context), 'none' (KV memory only; default) or a number")
+    sm.add_argument("--autoscaler-param", dest="autoscaler_param", action="append", default=None, metavar="KEY=VALUE",
+                    help="a parameter of the --autoscaler kind, repeatable (hysteretic: fill_min_replicas, "
+                         "decode_min_replicas - a floor per pool)")
     sm.add_argument("--autoscaler", default=None,
                     help="an autoscaler kind sizing both pools (tokenfactory describe kinds); start-up/warm-up "
                          "from the scenario's [cluster.dynamics]")
@@ -887,7 +914,8 @@ def build_parser() -> argparse.ArgumentParser:
     ad.add_argument("--pool", choices=["decode", "fill"], default="decode", help="the pool the control plane sizes")
     ad.add_argument("--slo-target", dest="slo_target", type=float, default=None,
                     help="SLO attainment the recommendation must reach (default 0.99)")
-    ad.add_argument("--candidates", type=int, default=6, help="certified candidates replayed (default 6)")
+    ad.add_argument("--candidates", type=int, default=6, help="certified candidates replayed (default 6; the floor bisection takes at least "
+                         "log2(floors) + 1 of them)")
     ad.add_argument("--duration", default="1h", help="synthetic trace length")
     ad.add_argument("--seed", type=int, default=0)
     ad.add_argument("--out", default=None, help="output folder (default reports/advise/<file>)")

@@ -28,6 +28,7 @@ builders and certificate loops).
 """
 
 from tokenfactory.registry import autoscaler_kinds  # noqa: F401  (registers the autoscaler kinds)
+from tokenfactory.registry.autoscaler_kinds import HystereticParams
 from tokenfactory.registry.admission_kinds import (
     batch_gate_for,
     batch_gate_tuning,
@@ -58,4 +59,5 @@ __all__ = ["PlantContext", "ControllerKind", "register", "ADMISSION_KINDS", "AUT
            "CONTROL_PLANES", "build_admission", "build_autoscalers", "control_plane", "admission_kinds",
            "autoscaler_kinds", "smoothed_admission", "TARGET_UTILIZATION", "BASELINE_STACKS", "baseline_stack",
            "slo_aware_admission", "slo_admission_tuning", "margin_tuning", "batch_gate_for", "static_batch_cap",
-           "batch_gate_tuning", "cached_gate_tuning", "RECOMMENDED_ADMISSION", "DEFAULT_TPOT_FRACTION"]
+           "batch_gate_tuning", "cached_gate_tuning", "RECOMMENDED_ADMISSION", "DEFAULT_TPOT_FRACTION",
+           "HystereticParams"]

@@ -4,7 +4,9 @@ one for both): today's ``hpa``, ``kpa``, ``dynamo-throughput``, ``dynamo-load``,
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -16,11 +18,11 @@ from tokenfactory.controllers.autoscaling import (
     KnativeAutoscaler,
 )
 from tokenfactory.controllers.reconfiguration import HystereticPoolController, measured_need_noise
-from tokenfactory.core.validation import ConfigError, check_choice
+from tokenfactory.core.validation import ConfigError, check_choice, check_int, resolve_config, setting
 from tokenfactory.registry.admission_kinds import static_batch_cap
 from tokenfactory.registry.kinds import TARGET_UTILIZATION, ControllerKind, PlantContext, register
 
-__all__: list[str] = []   # the kinds are reached through the registry's tables
+__all__ = ["HystereticParams"]   # the kinds are reached through the registry's tables
 
 
 
@@ -96,24 +98,42 @@ def _apa(ctx: PlantContext, p: dict) -> list:
             AIBrixAPA("decode", 0.8, "kv_occupancy", **_bounds(ctx))]
 
 
+@dataclass(frozen=True)
+class HystereticParams:
+    """Parameters of the ``hysteretic`` autoscaler kind (``--autoscaler-param KEY=VALUE``): a
+    floor per pool. Holding workers beforehand is the one lever for a burst shorter than
+    measurement delay + start-up, which no measurement-driven rule can serve with new workers
+    (issue 21's small plant); the rule's dead band, dwell and cooldown stay tuned from the plant."""
+
+    fill_min_replicas: int = setting(1, kind=int, low=1, meaning="fewest fill workers the controller keeps "
+                                     "(at most the plant's max_replicas)")
+    decode_min_replicas: int = setting(1, kind=int, low=1, meaning="fewest decode workers the controller keeps "
+                                       "(at most the plant's max_replicas)")
+
+
 def _hysteretic(ctx: PlantContext, p: dict) -> list:
     if ctx.rate_rps is None:
         raise ConfigError("autoscaler", "the hysteretic controller needs the mean demand (PlantContext.rate_rps) "
                           "to derive its dead band")
+    for key in ("fill_min_replicas", "decode_min_replicas"):   # the range is the plant's: [1, max_replicas]
+        if key in p:
+            check_int(f"autoscaler.{key}", p[key], low=1, high=ctx.max_replicas)
+    cfg = resolve_config(HystereticParams, p, "autoscaler")
     mu_f, mu_d = _rates(ctx)
     # a decode worker carries what its batch at the TPOT SLO completes, not its full KV batch
     # (the small plant of issue 21: 41 of 328 slots at a 50 ms TPOT, 2.7 instead of 11 req/s)
     p = ctx.params
     mu_d = min(mu_d, p.completion_rate(min(static_batch_cap(ctx), p.decode_slots_per_worker), 1))
     kw = dict(startup_s=ctx.dynamics.startup_s, warmup_s=ctx.dynamics.warmup_s,
-              target_utilization=TARGET_UTILIZATION, **_bounds(ctx))
+              target_utilization=TARGET_UTILIZATION, max_replicas=ctx.max_replicas)
     arr = ctx.arrival_times_s
     out = []
     for pool, mu in (("fill", mu_f), ("decode", mu_d)):
         noise = None
         if arr is not None and len(arr) > 1 and float(np.max(arr) - np.min(arr)) >= 2700.0:
             noise = measured_need_noise(arr, mu, TARGET_UTILIZATION, 30.0)
-        out.append(HystereticPoolController.tuned(pool, mu, ctx.rate_rps, noise_std=noise, **kw))
+        out.append(HystereticPoolController.tuned(pool, mu, ctx.rate_rps, noise_std=noise,
+                                                  min_replicas=getattr(cfg, f"{pool}_min_replicas"), **kw))
     return out
 
 
@@ -134,4 +154,6 @@ register(ControllerKind("dynamo-planner", "reconfiguration", "NVIDIA Dynamo's ow
 register(ControllerKind("apa", "reconfiguration", "AIBrix APA (fluctuation tolerances, 60 s window)", _apa,
                         baseline=True))
 register(ControllerKind("hysteretic", "reconfiguration", "tokenfactory: pending-aware hysteretic pool "
-                        "controller with a noise-derived dead band, dwell and cooldown", _hysteretic))
+                        "controller with a noise-derived dead band, dwell and cooldown (a floor per pool: fill_min_replicas, "
+                        "decode_min_replicas)", _hysteretic,
+                        tuple(f.name for f in dataclasses.fields(HystereticParams))))
