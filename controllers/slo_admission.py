@@ -95,7 +95,7 @@ from tokenfactory.controllers.describing import predict_limit_cycles
 from tokenfactory.controllers.interface import SampledController, lowpass
 from tokenfactory.controllers.stability import DelayedLoop, Margins, stability_margins
 from tokenfactory.core.signals import ADMIT, AdmissionAction, Arrival, Decision, Measurement, ReserveAction
-from tokenfactory.core.validation import ConfigError, check_int, check_number
+from tokenfactory.core.validation import ConfigError, check_int, check_number, setting
 
 __all__ = ["DEFAULT_TTFT_FRACTION", "SLOAdmissionConfig", "MarginLoopConfig", "SLOAwareAdmission", "GateLoopTuning",
            "MarginLoopTuning", "slo_gate_loop", "tune_slo_admission", "margin_loop", "tune_margin_loop",
@@ -127,7 +127,7 @@ class MarginLoopConfig:
         The slack quantile held at target ((0, 0.5]; default 0.01: 99 % of the admitted requests
         meet their SLO when it is >= 0).
     slack_target : float
-        y*, the slack share that quantile keeps (default 0.02 of the SLO).
+        y*, the slack share that quantile keeps (default 0 of the SLO).
     window : int
         Completions per class the quantile is taken over (>= 20; default 400).
     min_samples : int
@@ -138,14 +138,20 @@ class MarginLoopConfig:
         False: the margin stays at ``initial_margin`` (default True).
     """
 
-    sample_period_s: float = 5.0
-    ki: float = 0.01
-    quantile: float = 0.01
-    slack_target: float = 0.0
-    window: int = 400
-    min_samples: int = 50
-    initial_margin: float = 0.0
-    enabled: bool = True
+    sample_period_s: float = setting(5.0, unit="s", low=0.0, low_inclusive=False,
+                                     meaning="seconds between corrections (slow next to the gate's)")
+    ki: float = setting(0.01, low=0.0, meaning="integral gain, margin per second per unit of slack error (the "
+                                               "registry tunes it per plant when absent)")
+    quantile: float = setting(0.01, low=0.0, high=0.5, low_inclusive=False,
+                              meaning="the slack quantile held at target (0.01: 99 % of admitted requests meet "
+                                      "their SLO when it is >= 0)")
+    slack_target: float = setting(0.0, low=-1.0, high=1.0, meaning="the slack share of the SLO that quantile keeps")
+    window: int = setting(400, kind=int, low=20, unit="completions",
+                          meaning="completions per class the quantile is taken over")
+    min_samples: int = setting(50, kind=int, low=1, unit="completions",
+                               meaning="completions a class needs before its margin moves")
+    initial_margin: float = setting(0.0, low=-1.0, high=1.0, meaning="the admission margin at the start")
+    enabled: bool = setting(True, kind=bool, meaning="false: the margin stays at initial_margin")
 
     def __post_init__(self) -> None:
         w = "slo_aware.outer"
