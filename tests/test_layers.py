@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("plants and traces", ("tokenfactory.plant_models", "tokenfactory.traces")),
     ("controllers and analysis", ("tokenfactory.controllers",)),
     ("registry", ("tokenfactory.registry", "tokenfactory.scenario", "tokenfactory.replay", "tokenfactory.stack",
-                  "tokenfactory.advise",
+                  "tokenfactory.advise", "tokenfactory.reference",
                   "tokenfactory.testing", "tokenfactory.sweep")),
     ("live", ("tokenfactory.live",)),
     ("studies", ("tokenfactory.studies",)),
