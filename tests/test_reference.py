@@ -374,3 +374,22 @@ def test_allowed_and_default_text():
 def test_reference_page_is_generated():
     page = (ROOT / "docs" / "reference.md").read_text(encoding="utf-8")
     assert page == reference_page(), "docs/reference.md is out of date: run make reference"
+
+
+@pytest.mark.parametrize("kind", ["naive", "threshold", "vllm-watermark", "smoothed"])
+def test_documented_kind_defaults_are_the_builders(kind):
+    # built without parameters, the controller runs with the documented defaults
+    from tokenfactory.registry import PlantContext, build_admission
+    from tokenfactory.scenario import build_plant
+
+    plant = build_plant(_PLANT)
+    ctrl = build_admission(kind, PlantContext(plant.params, plant.fill_workers, plant.decode_workers), {})
+    got = ctrl.params()
+    checked = 0
+    for r in _table("kinds", f"admission.{kind}").rows:
+        name = r["name"].removesuffix("_s") if r["name"] in ("sample_period_s", "service_filter_tau_s") else r["name"]
+        if r["default"] is None or name not in got:
+            continue
+        assert got[name] == pytest.approx(r["default"]) if isinstance(r["default"], float) else got[name] == r["default"]
+        checked += 1
+    assert checked >= 1
