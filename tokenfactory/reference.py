@@ -155,11 +155,14 @@ def schema_tables(section: str | None = None) -> list[SchemaTable]:
     env = ("envelope", "the box of plant errors a tuned controller must tolerate, and its margin floors",
            config_schema(StabilityEnvelope))
     tables: list[SchemaTable] = [
-        SchemaTable("model", "model", "a mixture-of-experts (or dense: routed_experts = active_experts = 1) "
-                    "transformer; sizes are element counts from the model's config.json", config_schema(MODEL_SCHEMA)),
+        SchemaTable("model", "model", "a transformer (mixture-of-experts; a dense one has num_dense_layers = "
+                    "num_layers and one nominal routed expert); sizes are "
+                    "element counts from the model's config.json; with base = PRESET every key is optional (it "
+                    "overrides the preset's)", config_schema(MODEL_SCHEMA)),
         SchemaTable("model", "model.attention", "the attention layers (in a model TOML: [attention])",
                     config_schema(ATTENTION_SCHEMA)),
-        SchemaTable("hardware", "hardware", "one GPU in its scale-up domain (SI units)", config_schema(HARDWARE_SCHEMA)),
+        SchemaTable("hardware", "hardware", "one GPU in its scale-up domain (SI units); with base = PRESET every key "
+                    "is optional (it overrides the preset's)", config_schema(HARDWARE_SCHEMA)),
         SchemaTable("scenario", "", "the sections of a replay scenario", config_schema(REPLAY_SCENARIO_SCHEMA)),
         SchemaTable("scenario", "plant", "the service model the capacity, batch cap and controllers are derived "
                     "from", config_schema(REPLAY_PLANT_SCHEMA)),
@@ -252,7 +255,7 @@ def default_text(row: dict[str, Any]) -> str:
     if row["required"]:
         return "required"
     v = row["default"]
-    if v is None or (isinstance(v, (tuple, list)) and not v and "list" not in row["type"] and row["type"] != "table"):
+    if v is None or (isinstance(v, (tuple, list)) and not v and "list" not in row["type"]):
         return "-"
     if dataclasses.is_dataclass(v):
         return "table"
