@@ -24,11 +24,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("plants and traces", ("tokenfactory.plant_models", "tokenfactory.traces")),
     ("controllers and analysis", ("tokenfactory.controllers",)),
     ("registry", ("tokenfactory.registry", "tokenfactory.scenario", "tokenfactory.replay", "tokenfactory.stack",
-                  "tokenfactory.advise", "tokenfactory.reference",
+                  "tokenfactory.advise",
                   "tokenfactory.testing", "tokenfactory.sweep")),
     ("live", ("tokenfactory.live",)),
     ("studies", ("tokenfactory.studies",)),
-    ("cli", ("tokenfactory.cli",)),
+    ("cli", ("tokenfactory.cli", "tokenfactory.reference")),
 ]
 ROOT_PACKAGE = "tokenfactory"  # its __init__ is part of the core: it may import only core modules
 

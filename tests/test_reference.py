@@ -55,7 +55,7 @@ def _with(base: dict, path: str, value) -> dict:
 
 def _probes():
     """(section, table, selector, where the reader names the key, reader fed an undocumented key)."""
-    from tokenfactory.controllers.autotune import StabilityEnvelope  # noqa: F401 (the reader's envelope)
+    from tokenfactory.live.live_scenario import live_scenario_from_dict
     from tokenfactory.plant_models import Worker, accelerator_from_dict, model_from_dict
     from tokenfactory.plant_models.des.config import EVENT_KINDS as CLUSTER_EVENTS
     from tokenfactory.plant_models.fluid import DISTURBANCE_KINDS
@@ -97,6 +97,7 @@ def _probes():
         ("stack", "envelope", "", "envelope", lambda: stack(_with(_STACK, "envelope", bad))),
         ("stack", "certificate", "", "certificate", lambda: stack(_with(_STACK, "certificate", bad))),
         ("kinds", "admission.slo-aware.outer", "", "outer", lambda: _margin_config(None, bad, 0.0, "outer")),
+        ("live", "live", "", "live", lambda: live_scenario_from_dict({"live": bad})),
     ]
     for kind in CLUSTER_EVENTS:
         p.append(("cluster", "[cluster.events]", f'kind = "{kind}"', "cluster.events[0]",
@@ -247,6 +248,15 @@ def test_stack_scenario_with_every_key_loads():
         assert _keys_at(doc, path) == _documented("stack", path), path
     sc = load_stack_scenario(DATA / "stack.toml")
     assert sc.dynamics.fleet_size == 400 and "planning" not in sc.layers
+
+
+def test_live_scenario_with_every_key_loads():
+    from tokenfactory.live.live_scenario import load_live_scenario
+
+    doc = tomllib.loads((DATA / "live.toml").read_text())
+    assert set(doc["live"]) == _documented("live", "live")
+    sc = load_live_scenario(DATA / "live.toml")
+    assert sc.live == doc["live"] and sc.metrics_delay_s == 0.5
 
 
 def _example(row: dict):

@@ -749,7 +749,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("what", choices=["model", "hardware", "worker", "kinds", "schema"])
     d.add_argument("name", nargs="?", default=None,
                    help="preset name or TOML file (for worker: the model); for schema: a section, one of "
-                        "model, hardware, scenario, cluster, margins, stack, kinds (default: all)")
+                        "model, hardware, scenario, cluster, margins, stack, live, kinds (default: all)")
     d.add_argument("--json", action="store_true", help="machine-readable output")
     d.add_argument("--format", choices=["text", "markdown", "json"], default="text",
                    help="schema: output format (default text)")

@@ -5,12 +5,13 @@ generated from it).
 
 Sections: ``model`` (a model TOML or ``plant.model``), ``hardware``, ``scenario`` (``simulate
 --scenario``), ``cluster`` (its ``[cluster]``, ``[cluster.dynamics]``, events and classes),
-``margins`` (a ``tokenfactory margins`` scenario), ``stack`` (a stack scenario for ``certify``) and
-``kinds`` (the parameters of each admission and autoscaler kind). ``tests/test_reference.py``
+``margins`` (a ``tokenfactory margins`` scenario), ``stack`` (a stack scenario for ``certify``),
+``live`` (a live scenario's ``[live]`` table) and ``kinds`` (the parameters of each admission and autoscaler kind). ``tests/test_reference.py``
 feeds each reader an undocumented key and compares the keys its error lists with the table here,
 so a key a reader accepts cannot go undocumented.
 
-Regenerate the page with ``python -m tokenfactory.reference --write docs/reference.md`` (``make
+It reads every layer's readers, so it sits at the top, beside the command line. Regenerate the
+page with ``python -m tokenfactory.reference --write docs/reference.md`` (``make
 reference``).
 """
 
@@ -38,6 +39,7 @@ SECTIONS: dict[str, str] = {
                "[classes.NAME]",
     "margins": "a loop scenario file for `tokenfactory margins FILE` (the fluid plant)",
     "stack": "a stack scenario file for `tokenfactory certify FILE`",
+    "live": "a live scenario file (emulator and gateway): a scenario file plus a [live] table",
     "kinds": "the parameters of each admission and autoscaler kind (a scenario's [controller], "
              "`simulate --admission/--autoscaler`)",
 }
@@ -129,6 +131,7 @@ def schema_tables(section: str | None = None) -> list[SchemaTable]:
     from tokenfactory.controllers.autotune import StabilityEnvelope
     from tokenfactory.core.classes import CLASS_SCHEMA
     from tokenfactory.core.events import EVENT_KINDS
+    from tokenfactory.live.live_scenario import LIVE_SCHEMA
     from tokenfactory.plant_models.des.config import EVENT_KINDS as CLUSTER_EVENTS, ClusterConfig
     from tokenfactory.plant_models.fleet import PoolDynamics
     from tokenfactory.plant_models.fluid import DISTURBANCE_KINDS, LOOP_SIMULATION_SCHEMA
@@ -195,6 +198,8 @@ def schema_tables(section: str | None = None) -> list[SchemaTable]:
         SchemaTable("stack", "envelope", "the box every loop is certified over", config_schema(STACK_ENVELOPE_SCHEMA)),
         SchemaTable("stack", "certificate", "what the certificate demands of neighbouring loops",
                     config_schema(STACK_CERTIFICATE_SCHEMA)),
+        SchemaTable("live", "live", "what the wire needs beside the scenario file's other tables (section scenario)",
+                    config_schema(LIVE_SCHEMA)),
     ]
     for layer, kinds in STACK_LAYER_KINDS.items():
         for kind, cls in kinds.items():
