@@ -277,14 +277,16 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     rows = []
     for k, true in truth.items():
         e = getattr(ident, k)
-        rows.append({"parameter": k, "true": true, "identified": e.value if e else math.nan, "lo": e.lo if e else
+        rows.append({"parameter": k, "method": e.method if e else "", "true": true,
+                     "identified": e.value if e else math.nan, "lo": e.lo if e else
                      math.nan, "hi": e.hi if e else math.nan,
                      "error": (e.value / true - 1.0) if e else math.nan})
     if ident.pass_law:
         bm = ident.pass_law["median_batch"]
         e = ident.pass_law["pass_at_median_s"]
         true = p.decode_pass(int(round(bm)), ctx)[0]
-        rows.append({"parameter": f"pass_time_s at batch {bm:.0f}", "true": true, "identified": e.value, "lo": e.lo,
+        rows.append({"parameter": f"pass_time_s at batch {bm:.0f}", "method": ident.pass_law["method"], "true": true,
+                     "identified": e.value, "lo": e.lo,
                      "hi": e.hi, "error": e.value / true - 1.0})
     id_table = pd.DataFrame(rows)
     report.save_table(id_table, "identified.csv", "Identified vs true parameters of the emulator (95 % intervals).")

@@ -142,3 +142,40 @@ def test_cli_diagnose_and_identify_on_a_saved_file(tmp_path, capsys):
     assert out["metric_delay_s"]["value"] == pytest.approx(2.0, rel=0.1)
     assert (tmp_path / "i" / "margins.toml").is_file() and (tmp_path / "i" / "stack.toml").is_file()
     assert main(["diagnose"]) == 2  # neither --prometheus nor --metrics: a ConfigError, exit 2
+
+
+def _decode_record(saturate: bool):
+    """Scraped series of one decode worker with pass time T(B) = 0.02 + 0.001 B (s): the batch ramps
+    up and down (and, with ``saturate``, sits at its cap of 48 while requests queue for a slot, so
+    finished requests' TPOT carries the slot wait, as on the emulator)."""
+    t = np.arange(0, 300, 1.0)
+    batch = 4 + 40 * (0.5 - 0.5 * np.cos(2 * np.pi * t / 150))
+    if saturate:
+        batch = np.minimum(batch * 1.4, 48.0)
+    pass_s = 0.02 + 0.001 * batch
+    gen = np.cumsum(batch / pass_s)  # one token per running sequence per pass
+    # TPOT: the pass time plus a slot wait (spread over 100 output tokens) while the batch is full
+    wait_s = np.where(batch >= 47.9, 3.0, 0.0)
+    tpot = pass_s + wait_s / 100.0
+    done = np.cumsum(batch / pass_s / 100.0)
+    return {"running": pd.Series(batch, t), "decode_workers": pd.Series(np.ones_like(t), t),
+            "success_total": pd.Series(done, t), "generation_total": pd.Series(gen, t),
+            "tpot_sum": pd.Series(np.cumsum(tpot * batch / pass_s / 100.0), t),
+            "tpot_count": pd.Series(done, t)}
+
+
+@pytest.mark.parametrize("saturate", [False, True])
+def test_pass_law_from_token_throughput_carries_no_slot_wait(saturate):
+    series = _decode_record(saturate)
+    law = identify(series).pass_law
+    assert law["method"].startswith("token throughput")
+    assert law["a_s"].value == pytest.approx(0.02, rel=0.05)
+    assert law["b_s_per_seq"].value == pytest.approx(0.001, rel=0.05)
+    bm = law["median_batch"]
+    assert law["pass_at_median_s"].value == pytest.approx(0.02 + 0.001 * bm, rel=0.02)
+    # the TPOT fallback (no generation counter) on the same record: unbiased only while unsaturated
+    tpot_law = identify({k: v for k, v in series.items() if k != "generation_total"}).pass_law
+    assert tpot_law["method"].startswith("TPOT")
+    err = tpot_law["pass_at_median_s"].value / (0.02 + 0.001 * tpot_law["median_batch"]) - 1.0
+    if not saturate:
+        assert abs(err) < 0.05

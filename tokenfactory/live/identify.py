@@ -14,11 +14,17 @@ saved file: the inputs of ``diagnose``) and fits:
   samples, 200 resamples, seeded), 2.5-97.5 %;
 * **per-worker service rate** mu: completions/s over decode workers in the saturated samples
   (running within 10 % of its 95th percentile, at least 5 samples), mean and t interval;
-* **pass-time law** T(B) = a + b B: the mean TPOT of the requests finishing in each window against
-  the mean running batch per decode worker over that window and the one before (when they
-  decoded), least squares with t intervals on a and b, and T at the median batch, on the windows
-  whose two windows stayed below 90 % of the peak batch (once decode is full a request's TPOT also
-  carries its wait for a slot);
+* **pass-time law** T(B) = a + b B, least squares with t intervals on a and b, and T at the
+  median batch. With the generation-token counter (vLLM's ``vllm:generation_tokens_total``), from
+  token throughput: every running sequence gains one token per pass, so a worker running B
+  sequences at pass time T(B) emits B / T(B) tokens/s, and T = (mean running per decode worker) /
+  (generation tokens/s per decode worker) in each window (Little's law on tokens). This holds at
+  saturation too and carries no queueing: a request's TPOT also carries its wait for a decode slot
+  (after its first token, which the fill emits), which biased the TPOT fit high (+26 % on the
+  emulator at batch 21, issue 25). Without the counter, the fallback: the mean TPOT of the
+  requests finishing in each window against the mean running batch per decode worker over that
+  window and the one before (when they decoded), on the windows whose two windows stayed below
+  90 % of the peak batch. ``pass_law["method"]`` says which ran;
 * **start-up delay**: from kube-state-metrics, the time from a rise of
   ``kube_deployment_spec_replicas`` to the matching rise of ``kube_deployment_status_ready_replicas``
   (median over rises; None when the record has none - a fixed pool);
@@ -60,6 +66,7 @@ IDENTIFY_METRICS = {
     "success_total": "vllm:request_success_total",
     "tpot_sum": "vllm:time_per_output_token_seconds_sum",
     "tpot_count": "vllm:time_per_output_token_seconds_count",
+    "generation_total": "vllm:generation_tokens_total",
     "decode_workers": 'tokenfactory:emulator_workers{pool="decode"}',
     "spec_replicas": 'kube_deployment_spec_replicas{deployment=~".*decode.*"}',
     "ready_replicas": 'kube_deployment_status_ready_replicas{deployment=~".*decode.*"}',
@@ -543,7 +550,21 @@ def identify(series: dict[str, pd.Series] | SignalSet, *, modelled_service_rate:
                 notes.append(str(e))
         else:
             notes.append("service rate: no decode worker count (emulator gauge or kube-state-metrics)")
-        if {"tpot_sum", "tpot_count"} <= have and np.isfinite(workers).any():
+        if "generation_total" in have and np.isfinite(workers).any():
+            gen = np.interp(t, col["generation_total"].index.to_numpy(float),
+                            col["generation_total"].to_numpy(float))
+            k, j = _windowed(t, gen, pass_window_s)
+            per_worker = np.maximum(workers[k], 1.0)
+            tokens_per_s = (gen[k] - gen[j]) / (t[k] - t[j]) / per_worker
+            rv = r.to_numpy(float)
+            batch = np.array([rv[a:b + 1].mean() for a, b in zip(j, k)]) / per_worker
+            ok = (tokens_per_s > 0) & (batch > 0)
+            try:
+                law = fit_pass_law(batch[ok], batch[ok] / tokens_per_s[ok])
+                law["method"] = "token throughput: running / generation tokens/s per decode worker"
+            except ConfigError as e:
+                notes.append(str(e))
+        elif {"tpot_sum", "tpot_count"} <= have and np.isfinite(workers).any():
             # a request's TPOT carries its wait for a decode slot once decode is full, and the requests
             # finishing in a window decoded over the window before it too: the law is fitted on the
             # windows whose requests ran below saturation (the batch over both windows, none saturated)
@@ -565,6 +586,7 @@ def identify(series: dict[str, pd.Series] | SignalSet, *, modelled_service_rate:
             unsat = span_max[k] < 0.9 * top
             try:
                 law = fit_pass_law((span_mean[k] / np.maximum(workers[k], 1.0))[unsat], tpot[unsat])
+                law["method"] = "TPOT of the windows below 90 % of the peak batch (includes slot waits)"
             except ConfigError as e:
                 notes.append(str(e))
     else:
