@@ -308,27 +308,101 @@ def test_every_kind_parameter_is_accepted():
         build_autoscalers(kind, ctx, params)
 
 
-# -- out-of-range values are rejected where the schema says ------------------------------------------------
+# -- out-of-range values are rejected where the schema says ----------------------------------------------
+
+_EVENT_REQUIRED = {"worker_crash": {"at_s": 1.0}, "link_slowdown": {"start_s": 1.0, "duration_s": 1.0, "factor": 0.5},
+                   "decode_rate_dip": {"start_s": 1.0, "duration_s": 1.0, "factor": 0.5},
+                   "reconfiguration": {"at_s": 1.0, "source": "fill", "target": "decode"},
+                   "demand_step": {"at_s": 1.0, "factor": 1.0}, "decode_workers_lost": {"at_s": 1.0, "fraction": 0.1}}
 
 
-def _below(row: dict):
-    if row["low"] is None:
-        return None
-    return row["low"] - 1 if row["low_inclusive"] else row["low"]
+def _value_readers():
+    """(section, table, selector) -> readers taking one table of values (any of them may reject)."""
+    from tokenfactory.live.live_scenario import live_scenario_from_dict
+    from tokenfactory.plant_models import Worker, accelerator_from_dict, model_from_dict
+    from tokenfactory.plant_models.des.config import ClusterConfig
+    from tokenfactory.registry import PlantContext, build_admission, build_autoscalers
+    from tokenfactory.registry.stack_layers import stack_layer_config
+    from tokenfactory.replay import replay_scenario_from_dict as replay
+    from tokenfactory.scenario import build_plant, scenario_from_dict as margins
+    from tokenfactory.stack.stack_scenario import stack_scenario_from_dict as stack
+
+    plant = build_plant(_PLANT)
+    ctx = PlantContext(plant.params, plant.fill_workers, plant.decode_workers, rate_rps=1.0)
+    worker = {"model": "deepseek-v3", "hardware": "h200"}
+    r = {
+        ("model", "model", ""): [lambda kv: model_from_dict({"base": "deepseek-v3", **kv})],
+        # GQA and MLA sizes are checked for their own kind only
+        ("model", "model.attention", ""): [lambda kv: model_from_dict({"base": "deepseek-v3", "attention": kv}),
+                                           lambda kv: model_from_dict({"base": "llama-3.1-8b", "attention": kv})],
+        ("hardware", "hardware", ""): [lambda kv: accelerator_from_dict({"base": "h200", **kv})],
+        ("scenario", "plant", ""): [lambda kv: replay({"plant": kv})],
+        ("scenario", "plant.parallelism", ""): [lambda kv: Worker.from_dict({**worker, "parallelism": kv})],
+        ("scenario", "plant.efficiency", ""): [lambda kv: Worker.from_dict({**worker, "efficiency": kv})],
+        ("scenario", "envelope", ""): [lambda kv: replay({"envelope": kv})],
+        ("scenario", "simulation", ""): [lambda kv: replay({"simulation": kv})],
+        ("cluster", "cluster", ""): [lambda kv: replay({"cluster": kv})],
+        ("cluster", "cluster.dynamics", ""): [lambda kv: replay({"cluster": {"dynamics": kv}})],
+        ("cluster", "classes.NAME", ""): [lambda kv: replay({"classes": {"interactive": kv}})],
+        ("margins", "plant", ""): [lambda kv: build_plant({**_PLANT, **kv})],
+        ("margins", "simulation", ""): [lambda kv: margins({"plant": _PLANT, "controller": {"kind": "open"},
+                                                            "simulation": kv})],
+        ("live", "live", ""): [lambda kv: live_scenario_from_dict({"live": kv})],
+        ("kinds", "admission.slo-aware.outer", ""): [lambda kv: build_admission("slo-aware", ctx, {"outer": kv})],
+    }
+    for path in ("plant", "slo", "workload", "dynamics", "envelope", "certificate"):
+        r[("stack", path, "")] = [lambda kv, path=path: stack(_with(_STACK, path, kv))]
+    for t in schema_tables():
+        key = (t.section, t.path, t.selector)
+        kind = t.selector.split('"')[1] if t.selector else t.path.rsplit(".", 1)[-1]
+        if t.path == "[cluster.events]":
+            r[key] = [lambda kv, k=kind: replay({"cluster": {"events": [{"kind": k, **_EVENT_REQUIRED[k], **kv}]}})]
+        elif t.path == "[simulation.disturbances]":
+            r[key] = [lambda kv, k=kind: margins({"plant": _PLANT, "controller": {"kind": "open"}, "simulation": {
+                "disturbances": [{"kind": k, **_EVENT_REQUIRED[k], **kv}]}})]
+        elif t.path.startswith("layers."):
+            r[key] = [lambda kv, layer=t.path.split(".")[1], k=kind: stack_layer_config(layer, {"kind": k, **kv})]
+        elif t.section == "kinds" and t.path.count(".") == 1:
+            build = build_admission if t.path.startswith("admission.") else build_autoscalers
+            r[key] = [lambda kv, k=kind, b=build: b(k, ctx, kv)]
+    return r
 
 
-@pytest.mark.parametrize("path,read", [
-    ("cluster", lambda d: __import__("tokenfactory.plant_models.des.config", fromlist=["x"]).ClusterConfig.from_dict(d)),
-    ("cluster.dynamics", lambda d: __import__("tokenfactory.plant_models.fleet", fromlist=["x"]).PoolDynamics(**d)),
-])
-def test_documented_lower_bounds_are_the_readers(path, read):
-    # a value just outside a documented lower bound fails, naming the key
-    for r in _table("cluster", path).rows:
-        v = _below(r)
-        if v is None or r["type"] not in ("int", "float"):
+def _outside(row: dict) -> list:
+    vals = []
+    if row["low"] is not None:
+        vals.append(row["low"] - 1 if row["low_inclusive"] else row["low"])
+    if row["high"] is not None:
+        vals.append(row["high"] + 1 if row["high_inclusive"] else row["high"])
+    return [int(v) if row["type"] == "int" else v for v in vals]
+
+
+def test_documented_ranges_are_the_readers():
+    # a value just outside a documented bound is rejected by the reader, naming the key as written
+    readers = _value_readers()
+    checked, missing = 0, []
+    for t in schema_tables():
+        rows = [r for r in t.rows if r["type"] in ("int", "float") and _outside(r)]
+        if not rows:
             continue
-        with pytest.raises(ConfigError, match=r["name"]):
-            read({r["name"]: int(v) if r["type"] == "int" else v})
+        if (t.section, t.path, t.selector) not in readers:
+            missing.append((t.section, t.path, t.selector))
+            continue
+        for r in rows:
+            for v in _outside(r):
+                errors = []
+                for read in readers[(t.section, t.path, t.selector)]:
+                    try:
+                        read({r["name"]: v})
+                    except ConfigError as e:
+                        errors.append(str(e))
+                assert any(r["name"] in e for e in errors), (t.title, r["name"], v, errors)
+                checked += 1
+    # the tables left are shared with a checked one (parallelism, efficiency, envelope of margins)
+    assert set(missing) == {("margins", "plant.parallelism", ""), ("margins", "plant.efficiency", ""),
+                            ("margins", "envelope", ""), ("stack", "plant.parallelism", ""),
+                            ("stack", "plant.efficiency", "")}
+    assert checked > 250, checked
 
 
 # -- describe schema and the page ------------------------------------------------------------------------

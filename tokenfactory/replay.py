@@ -35,8 +35,8 @@ from tokenfactory.plant_models.service import (
 )
 from tokenfactory.registry import DEFAULT_TPOT_FRACTION, PlantContext, build_admission, build_autoscalers, static_batch_cap
 from tokenfactory.traces.transforms import place_sessions, scale_trace
-from tokenfactory.core.validation import (ConfigError, check_choice, check_number, load_toml, reject_unknown_keys, setting,
-                                          setting_names)
+from tokenfactory.core.validation import (ConfigError, check_choice, check_number, check_settings, load_toml,
+                                          reject_unknown_keys, setting, setting_names)
 from tokenfactory.scenario import WORKER_SETTINGS
 
 __all__ = ["scenario_cluster", "DEFAULT_PLANT", "ReplaySetup", "ClusterCapacity", "KNEE_ATTAINMENT",
@@ -52,10 +52,10 @@ REPLAY_PLANT_SCHEMA = {
                      meaning=WORKER_SETTINGS["model"].metadata["meaning"]),
     "hardware": setting("h200", kind="preset, TOML path or table",
                         meaning=WORKER_SETTINGS["hardware"].metadata["meaning"]),
-    "fill_workers": setting(2, kind=int, low=1, unit="workers",
+    "fill_workers": setting(2, low=0.0, low_inclusive=False, unit="workers",
                             meaning="fill workers of the service model the capacity and the fluid plant are "
                                     "sampled at (the simulated pools are cluster.fill_workers)"),
-    "decode_workers": setting(1, kind=int, low=1, unit="workers",
+    "decode_workers": setting(1, low=0.0, low_inclusive=False, unit="workers",
                               meaning="decode workers of that service model (the simulated pools are "
                                       "cluster.decode_workers)"),
     **{k: f for k, f in WORKER_SETTINGS.items() if k not in ("model", "hardware")},
@@ -949,7 +949,7 @@ def replay_scenario_from_dict(d: dict, name: str = "scenario") -> ReplayScenario
     for k in plant:
         if k in _PLANT_NOT_IN_REPLAY:
             raise ConfigError(f"plant.{k}", _PLANT_NOT_IN_REPLAY[k])
-    reject_unknown_keys("plant", plant, set(DEFAULT_PLANT) | _PLANT_EXTRA_KEYS)
+    check_settings("plant", plant, REPLAY_PLANT_SCHEMA)  # unknown keys and out-of-range values, named as written
     cluster = dict(d.get("cluster", {}))
     if "classes" in d:
         if "classes" in cluster:

@@ -47,8 +47,9 @@ from tokenfactory.plant_models.fluid import FluidParams, FluidPlant, LoopScenari
 from tokenfactory.plant_models.roofline import Worker
 from tokenfactory.plant_models.service import DEFAULT_KV_SETUP_S, DEFAULT_KV_STRIPES, KVLink, RequestShape, ServiceModel
 from tokenfactory.registry import ADMISSION_KINDS, PlantContext, admission_kinds, build_admission
-from tokenfactory.core.validation import (REQUIRED, ConfigError, check_choice, check_number, load_toml, reject_unknown_keys,
-                                          setting, setting_names)
+from tokenfactory.registry.kind_settings import KIND_SETTINGS
+from tokenfactory.core.validation import (REQUIRED, ConfigError, check_choice, check_number, check_settings, load_toml,
+                                          reject_unknown_keys, setting, setting_names)
 
 __all__ = ["Scenario", "load_scenario", "scenario_from_dict", "build_plant", "build_controller", "PLANT_SCHEMA",
            "SCENARIO_SCHEMA", "WORKER_SETTINGS", "SHAPE_SETTINGS",
@@ -183,7 +184,7 @@ def build_plant(d: Mapping[str, Any], where: str = "plant") -> FluidPlant:
         its workers.
     """
     d = dict(d)
-    reject_unknown_keys(where, d, _PLANT_KEYS)
+    check_settings(where, d, PLANT_SCHEMA)  # unknown keys and out-of-range values, named as written
     for req in ("model", "hardware", "fill_workers", "decode_workers"):
         if req not in d:
             raise ConfigError(f"{where}.{req}", "missing")
@@ -241,6 +242,7 @@ def build_controller(d: Mapping[str, Any], plant: FluidPlant, envelope: Stabilit
     kind = check_choice(f"{where}.kind", d.get("kind"), admission_kinds())
     params = {k: v for k, v in d.items() if k != "kind"}
     reject_unknown_keys(where, params, ADMISSION_KINDS[kind].keys)
+    check_settings(where, params, KIND_SETTINGS["admission"].get(kind, {}))  # documented types and ranges
     ctx = PlantContext(plant.params, plant.fill_workers, plant.decode_workers, envelope=envelope)
     rec = ADMISSION_KINDS[kind]
     params = {**rec.scenario_defaults, **params}

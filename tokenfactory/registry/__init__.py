@@ -58,7 +58,7 @@ from tokenfactory.controllers.tuning import PIGains, simc_pi
 from tokenfactory.plant_models.des import DESParams
 from tokenfactory.plant_models.fluid import FluidParams, FluidPlant
 from tokenfactory.plant_models.fleet import PoolDynamics
-from tokenfactory.core.validation import ConfigError, check_choice, check_number, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError, check_choice, check_number, check_settings, reject_unknown_keys
 
 __all__ = ["PlantContext", "ControllerKind", "register", "ADMISSION_KINDS", "AUTOSCALER_KINDS",
            "CONTROL_PLANES", "build_admission", "build_autoscalers", "control_plane", "admission_kinds",
@@ -267,6 +267,7 @@ def build_admission(kind: str, ctx: PlantContext, params: Mapping[str, Any] | No
     p = dict(params or {})
     p.pop("kind", None)
     reject_unknown_keys(where, p, k.keys)
+    _check_documented(where, k, p)
     return k.build(ctx, p)
 
 
@@ -301,7 +302,17 @@ def build_autoscalers(kind: str, ctx: PlantContext, params: Mapping[str, Any] | 
     p = dict(params or {})
     p.pop("kind", None)
     reject_unknown_keys(where, p, k.keys)
+    _check_documented(where, k, p)
     return k.build(ctx, p)
+
+
+def _check_documented(where: str, k: ControllerKind, p: Mapping[str, Any]) -> None:
+    """Check a kind's parameters against their documented types and ranges
+    (:data:`tokenfactory.registry.kind_settings.KIND_SETTINGS`), naming the key the user wrote."""
+    from tokenfactory.registry.kind_settings import KIND_SETTINGS  # it reads this module's defaults
+
+    if k.name in KIND_SETTINGS.get(k.layer, {}):
+        check_settings(where, p, KIND_SETTINGS[k.layer][k.name])
 
 
 # ------------------------------------------------------------------------------------------
