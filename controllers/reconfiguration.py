@@ -46,6 +46,14 @@ times); the cooldown after a move is the start-up plus warm-up time (the loop's 
 decision is not revisited before the last one has taken effect). Scale-up is allowed after
 ``up_dwell_s`` (one sample by default) and at most ``max_step_up`` workers per decision;
 scale-down removes at most ``max_step_down``.
+
+What no feedback pool controller can do: serve a burst shorter than the measurement delay plus
+the start-up. A worker ordered on the first sample that shows the burst serves after the burst's
+last request is past its TTFT SLO, so the burst is carried by the workers serving at its onset -
+the demand-justified count, sized for the demand seen so far. Issue 21's small plant (a 60 s 5x
+burst, 5 s delay, 90 s start-up) meets its burst with 2 decode workers; its attainment is what
+static 2 gets, and only capacity held before the burst (a floor, bought in GPU-hours) or a forecast
+of the burst buys more (``tests/test_reconfiguration.py`` pins the numbers).
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ __all__ = [
     "EfficiencyFit",
     "point_worker",
     "predict_point",
+    "signed_error",
     "fit_efficiency",
     "cross_validate",
     "error_table",
@@ -270,14 +271,15 @@ FIT_PARAMETERS: dict[str, tuple[float, float]] = {
 
 #: The efficiencies assumed before the fit (the prior and the "old assumptions" column).
 ASSUMED_EFFICIENCY = Efficiency(compute=0.6, memory=0.8, network=0.7, layer_overhead_s=0.0, pass_overhead_s=0.0,
-                                routing_locality=1.0, network_scale_out=None)
+                                scale_up_latency_s=2e-6, scale_out_latency_s=5e-6,
+                                routing_locality=1.0, network_scale_out=None, collective_latency_s=0.0)
 
 #: The roofline's constants before issue 13: the assumed efficiencies and no collective latency.
 #: Test beds tuned on that plant (the DES-vs-fluid agreement tests, the describing-function check
 #: of study ``reconfiguration``) keep it explicitly.
 PRE_FIT_EFFICIENCY = Efficiency(compute=0.6, memory=0.8, network=0.7, layer_overhead_s=0.0,
                                 scale_up_latency_s=0.0, scale_out_latency_s=0.0, pass_overhead_s=0.0,
-                                routing_locality=1.0, network_scale_out=None)
+                                routing_locality=1.0, network_scale_out=None, collective_latency_s=0.0)
 
 #: The fit on all points (``fit_efficiency()``, 3 significant digits; study
 #: ``roofline-validation`` recomputes and checks it). :class:`Efficiency`'s defaults are these
@@ -341,9 +343,22 @@ def predict_point(point: PublishedPoint, efficiency: Efficiency | None = None) -
     return point.output_tokens / seconds_per_request / w.num_gpus
 
 
-def _signed_error(point: PublishedPoint, predicted: float) -> float:
+def signed_error(point: PublishedPoint, predicted: float) -> float:
     """(predicted - published) / published, in the direction of throughput (a latency that is
-    predicted too short is an over-prediction of speed)."""
+    predicted too short is an over-prediction of speed).
+
+    Parameters
+    ----------
+    point : PublishedPoint
+        The measurement.
+    predicted : float
+        The roofline's value of ``point.mode``'s quantity (:func:`predict_point`).
+
+    Returns
+    -------
+    float
+        The signed relative error (positive: the roofline is too fast).
+    """
     if point.unit == "s":
         return point.published / predicted - 1.0
     return predicted / point.published - 1.0
@@ -406,7 +421,7 @@ def error_table(points: Sequence[PublishedPoint], efficiency: Efficiency,
     rows = []
     for p in points:
         pred = predict_point(p, efficiency)
-        err = _signed_error(p, pred)
+        err = signed_error(p, pred)
         held = train_keys is not None and p.key not in train_keys
         row = {"point": p.key, "system": p.system, "source": p.source, "date": p.date,
                "model": p.model, "hardware": p.hardware,
@@ -415,7 +430,7 @@ def error_table(points: Sequence[PublishedPoint], efficiency: Efficiency,
                "error": err, "abs_error": abs(err), "held_out": held,
                "conversion": p.conversion, "caveat": p.caveat}
         if reference is not None:
-            row["error_old_assumptions"] = _signed_error(p, predict_point(p, reference))
+            row["error_old_assumptions"] = signed_error(p, predict_point(p, reference))
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -563,7 +578,7 @@ def cross_validate(points: Sequence[PublishedPoint] = PUBLISHED_POINTS, *,
         f = fit_efficiency(points, train_keys=[k for k in keys if k != p.key], base=base,
                            x0=full_fit.efficiency, **kw)
         pred = predict_point(p, f.efficiency)
-        err = _signed_error(p, pred)
+        err = signed_error(p, pred)
         rows.append({"point": p.key, "hardware": p.hardware, "mode": p.mode,
                      "published": p.published, "predicted": pred, "error": err,
                      "abs_error": abs(err), **{f"fit_{k}": v for k, v in f.params.items()},

@@ -97,6 +97,43 @@ class SimulationResult:
         i0 = int(np.searchsorted(t, start_s))
         return self.column(name)[i0::step]
 
+    def slo_misses(self, arrived_between: tuple[float, float] | None = None) -> dict:
+        """Where each request that missed its class's SLO went (request simulator only): the
+        ``met`` requests, the ``rejected`` ones by reason, ``late_ttft`` (completed past the TTFT
+        SLO), ``late_tpot`` (within it, past the TPOT SLO) and ``unfinished`` (in flight at the
+        end, or never arrived); they add up to ``requests``. ``met`` over the arrivals is the
+        run's ``slo_attainment``.
+
+        Parameters
+        ----------
+        arrived_between : (float, float), optional
+            Count only the requests arriving in [start, end) (s); default all.
+
+        Raises
+        ------
+        ValueError
+            For a result without per-request records and per-class SLOs.
+        """
+        if self.records is None or not self.metrics.get("classes"):
+            raise ValueError("slo_misses needs per-request records and per-class SLOs (a request simulator's result)")
+        r = self.records
+        if arrived_between is not None:
+            r = r[r["arrival_s"].between(*arrived_between, inclusive="left")]
+        slo = self.metrics["classes"]
+        cls = r["request_class"]
+        ttft_slo = cls.map(lambda k: slo[k]["slo_ttft_s"]).to_numpy(float)
+        tpot_slo = cls.map(lambda k: slo[k]["slo_tpot_s"]).to_numpy(float)
+        ttft, tpot = r["ttft_s"].to_numpy(float), r["tpot_s"].to_numpy(float)
+        done = (r["state"] == "completed").to_numpy()
+        rejected = (r["state"] == "rejected").to_numpy()
+        late_ttft = done & ~(ttft <= ttft_slo)
+        late_tpot = done & (ttft <= ttft_slo) & ~(tpot <= tpot_slo)
+        reasons = r.loc[rejected, "reject_reason"].value_counts()
+        return {"requests": int(len(r)), "met": int((done & ~late_ttft & ~late_tpot).sum()),
+                "rejected": {str(k): int(v) for k, v in reasons.items()},
+                "late_ttft": int(late_ttft.sum()), "late_tpot": int(late_tpot.sum()),
+                "unfinished": int((~done & ~rejected).sum())}
+
     def plot(self, columns: str | list[str] = "ready", *, ax=None, **kw):
         """Columns against time on ``ax`` (a new figure's axes by default); see
         :func:`tokenfactory.plant_models.plots.series_plot`."""

@@ -230,10 +230,18 @@ class Efficiency:
     memory is far below what a streaming kernel reaches. The assumptions they replace were
     compute 0.6, memory 0.8, network 0.7 and no per-layer overhead.
 
-    ``scale_up_latency_s`` and ``scale_out_latency_s`` are the latency of one round of a
-    collective on NVLink and on the scale-out NIC. They are ASSUMPTIONS (2 us and 5 us, the order
-    of one NVSwitch and one RDMA round trip), not fitted: the published points cannot separate
-    them from the per-layer overhead. ``pass_overhead_s`` is an optional fixed cost per stage pass.
+    **Collectives (alpha-beta model).** A collective over ``n`` GPUs costs a latency term plus
+    its bytes over the link: ``t = alpha + bytes / (bandwidth x efficiency)`` (Hockney's model as
+    Thakur, Rabenseifner & Gropp, IJHPCA 19(1), 2005, cost MPI's collectives). The latency is
+    ``collective_latency_s`` (alpha_0: the launch, synchronisation and protocol cost every
+    collective pays whatever its size) plus ``ceil(log2 n)`` rounds of ``scale_up_latency_s``
+    (NVLink) or ``scale_out_latency_s`` (NIC) each - NCCL's own tuning model has the same form,
+    a base latency plus a per-step hardware latency (``src/graph/tuning.cc``: base 6.6 us for a
+    ring in the LL protocol, 0.6 us per NVLink step and 2.7 us per network step). The latency is
+    paid on the pass's critical path; only the bandwidth term overlaps compute. Keeping the two
+    apart lets ``network`` stay a *bandwidth* efficiency near the links' documented one instead
+    of standing in for latency-bound small decode all-reduces.
+    ``pass_overhead_s`` is an optional fixed cost per stage pass.
 
     Parameters
     ----------
@@ -251,6 +259,9 @@ class Efficiency:
     scale_out_latency_s : float
         Latency of one collective round on the scale-out NIC (s, in [0, 1]; default 5e-6,
         assumed).
+    collective_latency_s : float
+        Fixed latency of every collective over more than one GPU, besides its rounds (s, in
+        [0, 1]; default 0).
     pass_overhead_s : float
         Fixed cost per stage pass (s, in [0, 1]; default 0).
     network_scale_out : float, optional
@@ -290,6 +301,12 @@ class Efficiency:
     network_scale_out: float | None = setting(None, low=0.0, high=1.0, low_inclusive=False,
                                               meaning="fraction of the scale-out NIC bandwidth reached (absent: "
                                                       "network, for NVLink and NICs alike)")
+    collective_latency_s: float = setting(0.0, unit="s", low=0.0, high=1.0,
+                                          meaning="fixed latency of every collective over more than one GPU, "
+                                                  "besides its log2(n) rounds (the alpha-beta model's base "
+                                                  "latency)",
+                                          source="0 by default; NCCL's tuning model has a base latency of this "
+                                                 "form (src/graph/tuning.cc)")
 
     @property
     def scale_out_network(self) -> float:
@@ -302,7 +319,8 @@ class Efficiency:
                          low_inclusive=False)
         for f in ("compute", "memory", "network"):
             check_number(f"efficiency.{f}", getattr(self, f), low=0.0, high=1.0, low_inclusive=False)
-        for f in ("layer_overhead_s", "scale_up_latency_s", "scale_out_latency_s", "pass_overhead_s"):
+        for f in ("layer_overhead_s", "scale_up_latency_s", "scale_out_latency_s", "pass_overhead_s",
+                  "collective_latency_s"):
             check_number(f"efficiency.{f}", getattr(self, f), low=0.0, high=1.0)
         check_number("efficiency.routing_locality", self.routing_locality, low=0.0, high=1.0, low_inclusive=False)
 
@@ -831,16 +849,27 @@ class Worker:
         head = m.vocab_size * m.hidden_size
         flops = 2.0 * tokens * dense + 2.0 * sequences * head
         hbm = replicas * (dense + m.embedding_params) * m.weight_bytes_per_param
-        return self._phase("dense", flops, hbm, p.ep)
+        # a dense FFN layer is sharded over an attention replica's tp GPUs (its weights are, see
+        # weight_bytes_per_gpu): one ring all-reduce of its output per layer, as after attention
+        act = m.activation_bytes_per_element * m.hidden_size
+        allreduce = 2.0 * (p.tp - 1) * (tokens / p.dp_attention) * act * m.num_dense_layers
+        return self._phase("dense", flops, hbm, p.ep, up_bytes=allreduce * p.dp_attention, span=p.tp)
+
+    def _collective_alpha_s(self, participants: int) -> float:
+        """Latency (alpha) of one collective over ``participants`` GPUs: the fixed
+        ``collective_latency_s`` plus ``ceil(log2 n)`` rounds on its link (0 for one GPU)."""
+        if participants <= 1:
+            return 0.0
+        return self.efficiency.collective_latency_s + collective_rounds(participants) * self._link(participants)[1]
 
     @functools.cached_property  # a frozen worker: computed once
     def collective_latency_s(self) -> float:
-        """Latency of the collectives of one pass over the whole model: two all-to-alls per MoE
-        layer over ``ep`` GPUs and one all-reduce per layer over ``tp`` GPUs, each
-        ``ceil(log2 n)`` rounds on its link."""
+        """Latency of the collectives of one pass over the whole model: two all-to-alls
+        (dispatch, combine) per MoE layer over ``ep`` GPUs, and over ``tp`` GPUs one all-reduce per
+        layer after attention and one after each dense FFN layer (tensor-parallel MLP)."""
         m, p = self.model, self.parallelism
-        a2a = 2 * m.moe_layers * collective_rounds(p.ep) * self._link(p.ep)[1]
-        ar = m.num_layers * collective_rounds(p.tp) * self._link(p.tp)[1]  # computed once per worker
+        a2a = 2 * m.moe_layers * self._collective_alpha_s(p.ep)
+        ar = (m.num_layers + m.num_dense_layers) * self._collective_alpha_s(p.tp)
         return a2a + ar
 
     @functools.cached_property  # a frozen worker: computed once

@@ -86,7 +86,7 @@ def test_fit_recovers_a_known_plant(runs):
     truth = cal.settings_from({**cal.params_of(cal.BASE_SETTINGS), "memory": 0.55, "compute": 0.7,
                                "layer_overhead_s": 30e-6, "ttft_overhead_s": 0.05})
     synth = []
-    for r in runs.runs[:6]:
+    for r in runs.runs[:8]:  # two residuals a run: at least as many as the free parameters
         p = cal.steady_state_run(r, truth)
         synth.append(dataclasses.replace(r, tpot_s=p["tpot_s"], ttft_s=p["ttft_s"]))
     before = cal._log_residuals(synth, cal.BASE_SETTINGS)
@@ -126,3 +126,19 @@ def test_engine_ttft_factor_scales_only_its_engine(runs):
     assert b["ttft_s"] == pytest.approx(2.0 * a["ttft_s"]) and c["ttft_s"] == a["ttft_s"]
     p = cal.params_of(cal.settings_from({"ttft_factor_vllm": 1.5}))
     assert p["ttft_factor_vllm"] == 1.5 and p["ttft_factor_sglang"] == 1.0 and "ttft_factor_trtllm" not in p
+
+
+def test_nvlink_bandwidth_efficiency_is_fixed_and_ttft_weighted(runs):
+    """With the collectives' latency fitted, NVLink's bandwidth efficiency is not a free
+    parameter: it stays at the documented bus-bandwidth efficiency of FIT_START in the fit and in
+    the calibrated set; a run's TTFT residual enters the fit at TTFT_RESIDUAL_WEIGHT."""
+    assert "network" not in cal.CALIBRATION_PARAMETERS
+    assert {"collective_latency_s", "scale_up_latency_s"} <= set(cal.CALIBRATION_PARAMETERS)
+    assert cal.FIT_START.efficiency.network == pytest.approx(0.8)
+    assert cal.calibrated_settings().efficiency.network == cal.FIT_START.efficiency.network
+    st = cal.settings_from({"memory": 0.4})
+    assert st.efficiency.network == cal.FIT_START.efficiency.network and st.efficiency.memory == 0.4
+    full = cal._log_residuals(runs.runs[:3], cal.BASE_SETTINGS)
+    half = cal._log_residuals(runs.runs[:3], cal.BASE_SETTINGS, ttft_weight=0.5)
+    np.testing.assert_allclose(half[0::2], full[0::2])
+    np.testing.assert_allclose(half[1::2], 0.5 * full[1::2])

@@ -181,49 +181,175 @@ def test_measured_noise_matches_poisson_and_grows_with_burstiness():
 
 from pathlib import Path  # noqa: E402
 
+import pandas as pd  # noqa: E402
+
 SMALL_PLANT = Path(__file__).parent / "data" / "small_plant"
+BURST_S = 60.0  # the case's burst: 60 s at 5x (its README)
 
 
-def _small_plant(monkeypatch, autoscaler):
-    """`tokenfactory simulate --scenario sim.toml --trace requests.csv --autoscaler A --seed 1`."""
+def _small_plant(autoscaler, *, decode_workers=None, trace=None):
+    """`tokenfactory simulate --scenario sim.toml --trace requests.csv --autoscaler A --seed 1`
+    (``decode_workers`` overrides the scenario's initial decode pool; ``trace`` its requests)."""
+    from tokenfactory.core.classes import DEFAULT_CLASSES, INTERACTIVE, RequestClass
     from tokenfactory.replay import build_replay, load_replay_scenario, run_replay
     from tokenfactory.traces import load_trace
 
-    monkeypatch.chdir(SMALL_PLANT)  # the scenario's paths resolve from the working folder
-    sc = load_replay_scenario("sim.toml")
-    trace = load_trace("requests.csv")
-    from tokenfactory.core.classes import DEFAULT_CLASSES, INTERACTIVE, RequestClass
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(SMALL_PLANT)  # the scenario's paths resolve from the working folder
+        sc = load_replay_scenario("sim.toml")
+        trace = load_trace("requests.csv") if trace is None else trace
+        # as the CLI: the interactive class at the cluster's SLO, the other default classes as they are
+        slo = (sc.cluster["slo_ttft_s"], sc.cluster["slo_tpot_s"])
+        cluster = {**sc.cluster, "seed": 1, "progress": False,
+                   "classes": (RequestClass(INTERACTIVE, *slo, 0),
+                               *(c for c in DEFAULT_CLASSES if c.name != INTERACTIVE))}
+        if decode_workers is not None:
+            cluster["decode_workers"] = decode_workers
+        return run_replay(trace, build_replay(trace, dict(sc.plant)), "slo-aware", 1.0, cluster,
+                          autoscaler=autoscaler)
 
-    # as the CLI: the interactive class at the cluster's SLO, the other default classes as they are
-    slo = (sc.cluster["slo_ttft_s"], sc.cluster["slo_tpot_s"])
-    cluster = {**sc.cluster, "seed": 1, "progress": False,
-               "classes": (RequestClass(INTERACTIVE, *slo, 0), *(c for c in DEFAULT_CLASSES if c.name != INTERACTIVE))}
-    m, res = run_replay(trace, build_replay(trace, dict(sc.plant)), "slo-aware", 1.0, cluster,
-                        autoscaler=autoscaler)
-    return m, res
+
+def _burst(arrivals: np.ndarray) -> tuple[float, float]:
+    """(onset, base rate): the start of the BURST_S window holding the most arrivals, and the
+    arrival rate outside it."""
+    t = np.sort(arrivals)
+    counts = np.searchsorted(t, t + BURST_S) - np.arange(len(t))
+    onset = float(t[int(np.argmax(counts))])
+    outside = len(t) - int(counts.max())
+    return onset, outside / (t[-1] - t[0] - BURST_S)
 
 
-def test_small_plant_holds(monkeypatch):
+def _late_burst_trace() -> pd.DataFrame:
+    """The case's requests with its first 300 s played twice before the rest: the same burst at
+    600 s instead of 300 s, after HPA's 300-s scale-down stabilisation has let its start-up
+    cascade go."""
+    from tokenfactory.traces import load_trace
+
+    r = load_trace(str(SMALL_PLANT / "requests.csv"))
+    head = r[r["arrival_s"] < 300.0]
+    later = r[r["arrival_s"] >= 300.0].assign(arrival_s=lambda d: d["arrival_s"] + 300.0)
+    return pd.concat([head, head.assign(arrival_s=head["arrival_s"] + 300.0), later],
+                     ignore_index=True).sort_values("arrival_s", ignore_index=True)
+
+
+def _serving_at(res, t: float) -> int:
+    s = res.series
+    return int(s.loc[s["time_s"] <= t, "decode_workers"].iloc[-1])
+
+
+@pytest.fixture(scope="module")
+def small_plant_hysteretic():
+    return _small_plant("hysteretic")
+
+
+#: `simulate --autoscaler hysteretic --seed 1` on the small plant, measured on main 9ab8ea5
+#: (issue 21: 6 scale actions, 1 reversal, 251 rejections - 185 interactive decode_overloaded, 66
+#: batch deferral_expired - and no completed request over its SLO)
+SMALL_PLANT_HYSTERETIC = {"slo_attainment": (0.8745, 0.01), "gpu_hours": (1.411, 0.05)}
+
+
+def test_small_plant_holds(small_plant_hysteretic):
     """Issue 21's small plant: main b2c20fa's controller flapped 2 -> 1 -> 2 every 5 s (595
     reversals/h, SLO 0.71; its recorded run is judged in tests/test_oscillation.py). Now: decode
     1 -> 2 on the base load, up for the 5x burst and back down after it - one reversal, no
-    verdict - and about the SLO of two static decode workers (with the fail-closed SLO-aware
-    admission of issue 21 item 4: two static workers 0.8795, this controller 0.8745 measured;
-    before that admission change 0.883 and 0.885)."""
-    m, res = _small_plant(monkeypatch, "hysteretic")
+    verdict."""
+    m, res = small_plant_hysteretic
     assert not m["oscillating"] and not m["churning"], m["oscillation"]["reason"]
     scale = res.actions[res.actions["kind"] == "scale"]
     assert set(scale["pool"]) == {"decode"} and m["oscillation"]["reversals"] <= 1, scale.to_string()
+    assert len(scale) <= 6
     assert scale["to"].iloc[0] == 2 and scale["time_s"].iloc[0] > 10.0  # not on the first, partial sample
-    assert m["slo_attainment"] >= 0.87 and m["slo_attainment_admitted"] >= 0.99
+    assert m["slo_attainment_admitted"] >= 0.99
+    for key, (value, tol) in SMALL_PLANT_HYSTERETIC.items():
+        assert m[key] == pytest.approx(value, abs=tol), key
+
+
+def test_small_plant_misses_are_the_burst_no_ordered_worker_can_reach(small_plant_hysteretic):
+    """Why the small plant's attainment is 0.87 (issue 21): the burst lasts 60 s, and a worker
+    ordered on the first sample that shows it serves only after the last burst request's deadline
+    (onset + measurement delay + start-up >= onset + 60 s + the longest class TTFT SLO). So the
+    burst is served by the workers already serving at its onset - the 2 the base demand justifies
+    - and the misses are rejections of burst work, not completed requests over their SLO."""
+    m, res = small_plant_hysteretic
+    cl = res.config["cluster"]
+    rec = res.records
+    onset, base = _burst(rec["arrival_s"].to_numpy())
+    longest_ttft = max(c["slo_ttft_s"] for c in cl["classes"])
+    first_served = onset + cl["measurement_delay_s"] + cl["dynamics"]["startup_s"]
+    assert first_served >= onset + BURST_S + longest_ttft
+    decode = next(a for a in res.config["autoscalers"] if a["pool"] == "decode")
+    justified = math.ceil(base / (decode["per_worker_rps"] * decode["target_utilization"]))
+    assert _serving_at(res, onset) == justified == 2
+    # every ordered worker the burst caused serves after the burst's last deadline
+    scale = res.actions[(res.actions["kind"] == "scale") & (res.actions["to"] > res.actions["from"])]
+    assert (scale.loc[scale["time_s"] >= onset, "time_s"] + cl["dynamics"]["startup_s"]
+            >= onset + BURST_S + longest_ttft).all()
+    miss = res.slo_misses()  # measured: 0 completed late, 251 rejected
+    assert miss["late_ttft"] + miss["late_tpot"] + miss["unfinished"] <= 0.01 * (miss["requests"] - miss["met"])
+    rejected = rec[rec["state"] == "rejected"]
+    assert {r for r, n in m["rejected_by_reason"].items() if n} == {"decode_overloaded", "deferral_expired"}
+    in_burst = rejected["arrival_s"].between(onset, onset + BURST_S)
+    assert in_burst.sum() >= 0.95 * len(rejected), rejected["arrival_s"].describe()
+    assert m["slo_attainment"] == pytest.approx(miss["met"] / miss["requests"], abs=1e-9)
+
+
+def test_simulate_answer_says_why_the_small_plant_misses(small_plant_hysteretic, capsys):
+    """`simulate`'s plain answer states the diagnosis from the run's own records."""
+    from tokenfactory.cli import _misses_answer
+
+    m, res = small_plant_hysteretic
+    miss = res.slo_misses()
+    onset, _ = _burst(res.records["arrival_s"].to_numpy())
+    _misses_answer(res, onset, BURST_S)
+    out = capsys.readouterr().out
+    assert miss["met"] == round(m["slo_attainment"] * m["requests"])
+    assert (f"SLO missed by {m['requests'] - miss['met']:,} of {m['requests']:,} requests: "
+            f"{m['rejected']:,} rejected (decode_overloaded {m['rejected_by_reason']['decode_overloaded']:,}, "
+            f"deferral_expired {m['rejected_by_reason']['deferral_expired']:,}), 0 completed past their TTFT SLO") in out
+    assert "serves 95 s later" in out and "only workers serving before it can carry it" in out
+
+
+#: static decode pools on the small plant (no autoscaler; same admission, trace, seed), measured
+#: on main 9ab8ea5: what holding n workers through the burst buys, and costs
+STATIC_DECODE = [(2, 0.8795, 1.20), (3, 0.976, 1.60), (4, 0.999, 2.00)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers, slo, gpu_hours", STATIC_DECODE)
+def test_small_plant_static_decode_pools(workers, slo, gpu_hours):
+    m, _ = _small_plant(None, decode_workers=workers)
+    assert m["slo_attainment"] == pytest.approx(slo, abs=0.01)
+    assert m["gpu_hours"] == pytest.approx(gpu_hours, abs=0.02)
+
+
+@pytest.mark.slow
+def test_small_plant_hpa_lead_is_its_start_up_cascade(small_plant_hysteretic):
+    """HPA beats the hysteretic controller on the small plant (0.994 against 0.8745 measured)
+    only because its start-up cascade (KV occupancy of the TPOT-capped batch near 1 on one worker,
+    serving workers counted alone) still holds 4 decode workers when the burst comes at 300 s -
+    static 4's attainment at ~1.35 x the GPU-hours. With the same burst at 600 s, after its
+    scale-down stabilisation let the cascade go, HPA meets it with 2 workers like the
+    hysteretic controller, gets the same attainment (0.902 against 0.903) and then cascades to 11
+    workers (3.87 against 1.91 GPU-h)."""
+    m_hyst, _ = small_plant_hysteretic
+    m, res = _small_plant("hpa")
+    onset, _ = _burst(res.records["arrival_s"].to_numpy())
+    assert _serving_at(res, onset) >= 4
+    assert m["slo_attainment"] > m_hyst["slo_attainment"] + 0.1
+    assert m["gpu_hours"] > 1.25 * m_hyst["gpu_hours"]
+    late = _late_burst_trace()
+    (m_h, res_h), (m_a, res_a) = (_small_plant(a, trace=late) for a in ("hysteretic", "hpa"))
+    onset, _ = _burst(late["arrival_s"].to_numpy())
+    assert _serving_at(res_h, onset) == _serving_at(res_a, onset) == 2
+    assert m_a["slo_attainment"] == pytest.approx(m_h["slo_attainment"], abs=0.01)
+    assert m_a["gpu_hours"] > 1.5 * m_h["gpu_hours"]
+    assert not m_h["oscillating"] and not m_h["churning"]
 
 
 # --------------------------------------------------------------------------------------------
 # property: the pool controller holds on random small plants, in the pool model and the request
 # simulator (1-4 workers per pool, start-up 30-600 s, warm-up at half speed, measurement delay
 # 1-30 s, load 0.3-1.5 x the initial pools' capacity, one burst of 1-5 x for 30-300 s)
-
-import pandas as pd  # noqa: E402
 
 from tokenfactory.controllers import CHURN_MIN_REVERSALS, judge_actuators  # noqa: E402
 from tokenfactory.registry import PlantContext, build_autoscalers  # noqa: E402

@@ -57,6 +57,22 @@ def test_shared_columns_and_counts(results, plant):
     assert r.config
 
 
+def test_slo_misses_add_up_to_the_requests_and_the_attainment(results):
+    r = results["des"]
+    miss = r.slo_misses()
+    parts = miss["met"] + sum(miss["rejected"].values()) + miss["late_ttft"] + miss["late_tpot"] + miss["unfinished"]
+    assert parts == miss["requests"] == len(r.records)
+    assert miss["rejected"] and sum(miss["rejected"].values()) == r.metrics["rejected"]
+    assert miss["met"] / r.metrics["requests"] == pytest.approx(r.metrics["slo_attainment"], abs=1e-9)
+    assert miss["unfinished"] == r.metrics["in_flight_end"]
+    half = r.records["arrival_s"].median()
+    first, second = r.slo_misses((0.0, half)), r.slo_misses((half, math.inf))
+    assert first["requests"] + second["requests"] == miss["requests"]
+    assert first["met"] + second["met"] == miss["met"]
+    with pytest.raises(ValueError, match="per-request records"):
+        results["pools"].slo_misses()
+
+
 def test_records_are_flat_rows(results):
     rec = results["des"].records
     assert results["des"].requests is rec  # the former name

@@ -68,6 +68,21 @@ def test_prefill_8k_is_compute_bound(dsv3_h200):
     assert r.phase("attention").bound == "compute"
 
 
+def test_prefill_8k_stays_compute_bound_at_the_calibrated_set(dsv3_h200):
+    """With the collectives' latency a term of its own and NVLink at its documented bandwidth
+    efficiency, the calibrated set keeps the article's compute-bound 8k prefill on 8 H200s: the
+    EP8 all-to-all's bytes stay under the experts' compute (the first calibration's NVLink
+    efficiency 0.13 made this pass network-bound, issue 24)."""
+    from tokenfactory.plant_models.calibration import calibrated_settings
+
+    w = dataclasses.replace(dsv3_h200, efficiency=calibrated_settings().efficiency)
+    r = w.prefill(8192, sequences=8)
+    assert r.bound == "compute"
+    ex = r.phase("experts")
+    assert ex.bound == "compute" and ex.network_s < ex.compute_s
+    assert sum(p.network_s for p in r.phases) < sum(p.busy_s for p in r.phases) / 2
+
+
 def test_decode_attention_intensity_does_not_grow_with_batch(dsv3_h200):
     # Each query brings its own KV: bytes grow with the batch as fast as FLOPs (section 16).
     kv_read = [dsv3_h200.decode_attention(b, 32768).hbm_bytes for b in (8, 16, 32, 64)]
@@ -172,7 +187,8 @@ def toy():
                                  "scale_up_bandwidth": 100e9, "scale_out_bandwidth": 10e9,
                                  "scale_up_domain": 8, "power_watts": 1000.0})
     eff = Efficiency(compute=1.0, memory=1.0, network=1.0, layer_overhead_s=1e-4,
-                     scale_up_latency_s=2e-6, scale_out_latency_s=5e-6)
+                     scale_up_latency_s=2e-6, scale_out_latency_s=5e-6, pass_overhead_s=0.0,
+                     routing_locality=1.0, network_scale_out=None, collective_latency_s=0.0)
     return model, gpu, eff
 
 
@@ -191,6 +207,42 @@ def test_fixed_costs_by_hand(toy):
     w2 = Worker(model, gpu, Parallelism(tp=4, pp=2, ep=8), eff)
     assert w2.collective_latency_s == pytest.approx(4 * 2 * 3 * 2e-6 + 4 * 2 * 2e-6)
     assert w2.fixed_stage_s == pytest.approx((4 * 1e-4 + 48e-6 + 16e-6) / 2)
+
+
+def test_collective_alpha_beta_by_hand(toy):
+    """A collective costs alpha = collective_latency_s + rounds x link latency (Thakur et al.
+    2005; NCCL's base + per-step latency) on the pass's critical path, plus its bytes over the
+    link at the bandwidth efficiency; one GPU has no collectives."""
+    model, gpu, eff = toy
+    e = dataclasses.replace(eff, collective_latency_s=10e-6, layer_overhead_s=0.0)
+    w = Worker(model, gpu, Parallelism(tp=4, pp=1, ep=8), e)
+    # all-to-all over 8 GPUs: 10 + 3 x 2 us, twice per MoE layer; all-reduce over 4: 10 + 2 x 2 us
+    assert w.collective_latency_s == pytest.approx(4 * 2 * 16e-6 + 4 * 14e-6)
+    assert Worker(model, gpu, Parallelism(tp=1, ep=1), e).collective_latency_s == 0.0
+    base = dataclasses.replace(e, collective_latency_s=0.0)
+    d0 = Worker(model, gpu, Parallelism(tp=4, ep=8), base).decode(1, 100)
+    d1 = w.decode(1, 100)
+    assert d1.time_s - d0.time_s == pytest.approx(4 * 2 * 10e-6 + 4 * 10e-6)
+    # the latency does not touch the bandwidth term, and the bandwidth efficiency only that term
+    assert [p.network_s for p in d1.phases] == [p.network_s for p in d0.phases]
+    slow = Worker(model, gpu, Parallelism(tp=4, ep=8), dataclasses.replace(e, network=0.5)).decode(1, 100)
+    assert slow.fixed_s == d1.fixed_s
+    for a, b in zip(slow.phases, d1.phases):
+        assert a.network_s == pytest.approx(2 * b.network_s)
+
+
+def test_dense_ffn_all_reduce_under_tensor_parallelism(toy):
+    """A dense FFN layer sharded over tp GPUs all-reduces its output like attention does: its
+    bytes 2 (tp - 1) x tokens x hidden x activation bytes per layer, and one more collective."""
+    model, gpu, eff = toy
+    m2 = dataclasses.replace(model, num_layers=6, num_dense_layers=2, dense_intermediate_size=2048)
+    e = dataclasses.replace(eff, collective_latency_s=10e-6)
+    w = Worker(m2, gpu, Parallelism(tp=4, ep=4), e)
+    dense = w.decode(8, 100).phase("dense")
+    assert dense.network_bytes == pytest.approx(2 * 3 * 8 * 1024 * m2.activation_bytes_per_element * 2)
+    # 6 attention + 2 dense all-reduces over 4 GPUs, 2 all-to-alls per MoE layer over 4 GPUs
+    assert w.collective_latency_s == pytest.approx((6 + 2) * 14e-6 + 2 * 4 * 14e-6)
+    assert Worker(m2, gpu, Parallelism(tp=1, ep=4), e).decode(8, 100).phase("dense").network_bytes == 0.0
 
 
 def test_all_to_all_bytes_by_hand(toy):
@@ -265,7 +317,8 @@ def test_pp_can_lower_tpot_at_a_fixed_gpu_count(toy):
     per-round latency dominant, the pipelined layout has the lower TPOT."""
     model, gpu, _ = toy
     eff = Efficiency(compute=1.0, memory=1.0, network=1.0, layer_overhead_s=0.0,
-                     scale_up_latency_s=2e-6, scale_out_latency_s=50e-6)
+                     scale_up_latency_s=2e-6, scale_out_latency_s=50e-6, pass_overhead_s=0.0,
+                     routing_locality=1.0, network_scale_out=None, collective_latency_s=0.0)
     flat = Worker(model, gpu, Parallelism(tp=1, pp=1, ep=16), eff).decode(2, 100)
     piped = Worker(model, gpu, Parallelism(tp=1, pp=2, ep=8), eff).decode(2, 100)
     assert flat.fixed_s == pytest.approx(4 * 2 * 4 * 50e-6)

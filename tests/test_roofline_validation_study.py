@@ -67,3 +67,8 @@ def test_measured_runs_section(report):
     assert set(t["split"]) >= {"all", "hardware", "engine", "precision", "mode", "batch_band"}
     if "cross_check" in m:
         assert 0.5 < m["cross_check"]["tpot_ratio_median"] < 2.0
+    if "calibrated_published_points" in m:  # the calibrated set on the 13 points, stated from its numbers
+        cp = m["calibrated_published_points"]
+        assert set(cp["signed_error"]) == {p.key for p in PUBLISHED_POINTS}
+        assert cp["median_abs_error"] == pytest.approx(np.median(np.abs(list(cp["signed_error"].values()))))
+        assert f"median |error| {100 * cp['median_abs_error']:.1f} %" in text

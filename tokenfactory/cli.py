@@ -454,7 +454,9 @@ def _cmd_calibrate(args) -> int:
               f"{metrics['wall_s']:.1f} s -> {out}")
         return 0
     report = cal.calibrate(items, per_group=args.per_group, max_nfev=args.max_nfev, cv=not args.no_cv,
-                           seed=args.seed, source=str(args.file))
+                           seed=args.seed, source=str(args.file), jobs=args.jobs)
+    report["provenance"]["command"] = (f"tokenfactory calibrate fit FILE --per-group {args.per_group} --max-nfev "
+                                       f"{args.max_nfev}" + (" --no-cv" if args.no_cv else "") + " --write")
     if out is not None:
         _write_json(out / "fit.json", report)
     if args.write:
@@ -699,10 +701,43 @@ def _simulate_answer(setup, m: dict, res, trace_label: str) -> None:
         need = {p: int(math.ceil(peak / (per[p] / n))) for p, n in (("fill", nf), ("decode", nd))}
         print(f"the trace's peak ({trace_label}, as replayed): {human(peak)} req/s over {window:.0f} s needs "
               f"{need['fill']} fill + {need['decode']} decode workers at the SLO (this run has {nf} + {nd})")
+        _misses_answer(res, arr.min() + float(np.argmax(counts)) * window, window)
     verdicts = _verdicts(m)
     if verdicts:
         print("oscillation: " + "; ".join(f"{k.replace('_', ' ')} {'OSCILLATING' if v else 'no'}"
                                           + (f" ({more})" if v and more else "") for k, v, more in verdicts))
+
+
+def _misses_answer(res, peak_s: float, window: float) -> None:
+    """Where the SLO was missed (:meth:`SimulationResult.slo_misses`), how many of the misses
+    arrived in the trace's peak window, and - when pools were resized - whether a worker ordered
+    when the peak shows could serve any of it within its TTFT SLO."""
+    miss = res.slo_misses()
+    missed = miss["requests"] - miss["met"]
+    if not missed:
+        return
+    reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(miss["rejected"].items(), key=lambda kv: -kv[1]))
+    rejected = sum(miss["rejected"].values())
+    print(f"SLO missed by {missed:,} of {miss['requests']:,} requests: {rejected:,} rejected"
+          + (f" ({reasons})" if reasons else "") + f", {miss['late_ttft']:,} completed past their TTFT SLO, "
+          f"{miss['late_tpot']:,} past their TPOT SLO only, {miss['unfinished']:,} unfinished")
+    cl = res.config["cluster"]
+    slo = res.metrics["classes"]
+    peak = res.slo_misses((peak_s, peak_s + window))
+    in_peak = peak["requests"] - peak["met"]
+    line = f"{in_peak:,} of them arrived in the peak {window:.0f} s window (from {peak_s:.0f} s)"
+    dyn = cl.get("dynamics") or {}
+    if res.config.get("autoscalers") and dyn.get("startup_s") is not None:
+        reach = float(cl["measurement_delay_s"]) + float(dyn["startup_s"])
+        longest = max(v["slo_ttft_s"] for v in slo.values())
+        if reach >= window + longest:
+            line += (f"; a worker ordered when it shows serves {reach:.0f} s later (measurement delay + start-up), "
+                     f"after its last request's TTFT deadline ({window:.0f} s + {longest:g} s): only workers "
+                     f"serving before it can carry it")
+        else:
+            line += (f"; a worker ordered when it shows serves {reach:.0f} s later (measurement delay + start-up), "
+                     f"within the window + the longest TTFT SLO ({window + longest:g} s)")
+    print(line)
 
 
 def _cmd_advise(args) -> int:
@@ -894,6 +929,7 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--per-group", type=int, default=3, help="fit: training runs per group")
     ca.add_argument("--max-nfev", type=int, default=40, help="fit: residual evaluations per optimisation")
     ca.add_argument("--no-cv", action="store_true", help="fit: skip the cross-validation")
+    ca.add_argument("--jobs", type=int, default=1, help="fit: the full fit and the folds in up to N processes")
     ca.add_argument("--write", action="store_true", help="fit: write the calibrated set (plant_models/calibrated.py)")
     ca.set_defaults(func=_cmd_calibrate)
 

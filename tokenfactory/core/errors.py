@@ -22,7 +22,18 @@ class ConfigError(ValueError):
 
     def __init__(self, field: str, message: str):
         self.field = field
+        self.message = message
         super().__init__(f"{field}: {message}")
+
+    def __reduce__(self):  # raised in a worker process, re-raised in the parent: keep the fields
+        return (_restore_error, (type(self), str(self), dict(self.__dict__)))
+
+
+def _restore_error(cls, text: str, state: dict):
+    err = cls.__new__(cls)
+    Exception.__init__(err, text)
+    err.__dict__.update(state)
+    return err
 
 
 class ConservationError(RuntimeError):
