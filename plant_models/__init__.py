@@ -31,5 +31,7 @@ from tokenfactory.plant_models.des import *  # noqa: F401,F403
 from tokenfactory.plant_models.des import __all__ as _des
 from tokenfactory.plant_models.pools import *  # noqa: F401,F403
 from tokenfactory.plant_models.pools import __all__ as _pools
+from tokenfactory.plant_models.plant_protocol import *  # noqa: F401,F403
+from tokenfactory.plant_models.plant_protocol import __all__ as _pp
 
-__all__ = [*_hw, *_mm, *_rl, *_tv, *_sm, *_sv, *_ev, *_sg, *_res, *_flt, *_dl, *_fl, *_lti, *_des, *_pools]
+__all__ = [*_hw, *_mm, *_rl, *_tv, *_sm, *_sv, *_ev, *_sg, *_res, *_flt, *_dl, *_fl, *_lti, *_des, *_pools, *_pp]

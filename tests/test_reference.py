@@ -59,8 +59,8 @@ def _probes():
     from tokenfactory.plant_models import Worker, accelerator_from_dict, model_from_dict
     from tokenfactory.plant_models.des.config import EVENT_KINDS as CLUSTER_EVENTS
     from tokenfactory.plant_models.fluid import DISTURBANCE_KINDS
-    from tokenfactory.registry import ADMISSION_KINDS, AUTOSCALER_KINDS, _margin_config, build_admission, \
-        build_autoscalers
+    from tokenfactory.registry import ADMISSION_KINDS, AUTOSCALER_KINDS, build_admission, build_autoscalers
+    from tokenfactory.registry.admission_kinds import _margin_config
     from tokenfactory.registry.stack_layers import STACK_LAYER_KINDS
     from tokenfactory.replay import replay_scenario_from_dict as replay
     from tokenfactory.scenario import scenario_from_dict as margins

@@ -4,8 +4,10 @@ the layered-stack study."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -28,6 +30,8 @@ from tokenfactory.core.signals import AdmissionAction, BatchCapAction, Measureme
 from tokenfactory.scenario import scenario_dir
 from tokenfactory.stack import build_stack, certify, load_stack_scenario, stack_scenario_from_dict
 from tokenfactory.core.validation import ConfigError
+
+SMALL_PLANT = Path(__file__).parent / "data" / "small_plant"
 
 
 def _m(t: float, arrival: float = 100.0, fill: float = 2, decode: float = 2) -> Measurement:
@@ -164,6 +168,44 @@ def test_certificate_passes_default_and_names_the_layer_when_mistuned():
     assert not bad.passed
     assert {f["layer"] for f in bad.failures} == {"reconfiguration"}
     assert {"separation", "margins"} <= {f["check"] for f in bad.failures}
+    # each failure names the nearest single setting of the layer that passes its check, or that none does
+    fails = {f["check"]: f for f in bad.failures}
+    assert fails["margins"]["detail"].endswith("; layers.reconfiguration.queue_clear_s 10 -> 60 passes")
+    assert "passing_value" not in fails["separation"]   # 0.26 x where 5 are needed: x10 on one setting is short
+    assert fails["separation"]["detail"].endswith("(x0.25 to x10) passes")
+    assert "no single change of layers.reconfiguration's sample_period_s" in fails["separation"]["detail"]
+
+
+def test_passing_value_search_rechecks_one_layer_as_the_whole_certificate_would():
+    # a candidate that does not reach the layers below re-runs only its own layer's loops: the
+    # failed checks must be those of re-running every layer up to it
+    from tokenfactory.registry.stack_layers import STACK_LAYERS
+    from tokenfactory.stack.certificate import _check_layers, _recheck
+
+    sc = load_stack_scenario(scenario_dir() / "stack_mistuned.toml")
+    base = _check_layers(sc, STACK_LAYERS)
+    cfg = sc.layers["reconfiguration"]
+    for knob, v in (("sample_period_s", 80.0), ("queue_clear_s", 60.0), ("target_utilization", 0.68)):
+        cand = dataclasses.replace(sc, layers={**sc.layers, "reconfiguration": dataclasses.replace(cfg, **{knob: v})})
+        full = {(f["layer"], f["check"]) for f in _check_layers(cand, STACK_LAYERS[:3]).failures}
+        assert _recheck(cand, "reconfiguration", base) == full, knob
+
+
+def test_certificate_names_the_passing_value_of_its_own_layer_on_the_small_plant(monkeypatch):
+    # issue 23: the small plant's stack (tests/data/small_plant/stack.toml, the case's own file) fails
+    # admission's separation from the gated cap; the certificate names the setting of that layer and
+    # the value that passes, found by re-running the check per candidate
+    monkeypatch.chdir(SMALL_PLANT)   # its [plant] model path is relative to the case's folder
+    sc = load_stack_scenario("stack.toml")
+    cert = certify(sc)
+    (fail,) = cert.failures
+    assert (fail["layer"], fail["check"]) == ("admission", "separation")
+    assert "only 3.92 x below batch_gate's bandwidth" in fail["detail"]
+    assert fail["detail"].endswith("; layers.admission.sample_period_s 2 -> 6 passes")
+    assert fail["passing_value"] == {"setting": "layers.admission.sample_period_s", "from": 2.0, "to": 6.0}
+    # the value named passes the whole certificate
+    adm = dataclasses.replace(sc.layers["admission"], sample_period_s=6.0)
+    assert certify(dataclasses.replace(sc, layers={**sc.layers, "admission": adm}), passing_values=False).passed
 
 
 def test_certificate_checks_the_gated_batch_cap():

@@ -97,3 +97,56 @@ def test_no_kind_name_is_compared_outside_the_registry():
 def test_the_kind_scan_catches_a_branch():
     src = 'if cfg["kind"] == "slo-aware":\n    pass\nok = kind in ("gated", "x")\n'
     assert _kind_comparisons(src, _kind_names()) == [(1, "slo-aware"), (3, "gated")]
+
+
+@pytest.mark.parametrize("layer,kind", ALL_LAYER_KINDS)
+def test_every_kind_names_its_builder_and_certificate_loops(layer, kind):
+    # the config class is the kind's whole registry entry: the stack builds and certifies it by lookup
+    from tokenfactory.stack import layer_builders, layer_certificates
+
+    cls = STACK_LAYER_KINDS[layer][kind]
+    assert callable(getattr(layer_builders, cls.builder)) and callable(getattr(layer_certificates, cls.certificate))
+    fields = {f.name for f in dataclasses.fields(cls)}
+    assert set(cls.knobs) <= fields, cls.knobs
+
+
+def test_a_new_kind_is_one_config_class_and_its_two_functions(monkeypatch):
+    # a static reconfiguration layer added with no change to build_stack or certify
+    from typing import ClassVar
+
+    from tokenfactory.controllers.control_stack import StackLayer
+    from tokenfactory.core.validation import setting
+    from tokenfactory.registry.stack_layers import StackLayerConfig
+    from tokenfactory.scenario import scenario_dir
+    from tokenfactory.stack import build_stack, certify, layer_builders, layer_certificates, load_stack_scenario
+    from tokenfactory.stack import stack_scenario_from_dict
+
+    @dataclasses.dataclass(frozen=True)
+    class FixedPools(StackLayerConfig):
+        layer: ClassVar[str] = "reconfiguration"
+        kind: ClassVar[str] = "fixed-pools"
+        builder: ClassVar[str] = "build_fixed_pools"
+        certificate: ClassVar[str] = "certify_fixed_pools"
+        sample_period_s: float = setting(10.0, unit="s", low=0.1, meaning="the layer's period")
+        filter_s: float = setting(0.0, unit="s", low=0.0, meaning="no filter")
+        target_utilization: float = setting(0.85, low=0.1, high=1.0, meaning="utilisation the pools are sized at")
+
+    def certify_fixed(cfg, d):
+        d.layers["reconfiguration"] = {"static": True, "meets_floors": True, "pools": "as the scenario sizes them"}
+        return layer_certificates.LayerLoops()
+
+    monkeypatch.setitem(STACK_LAYER_KINDS["reconfiguration"], "fixed-pools", FixedPools)
+    monkeypatch.setattr(layer_builders, "build_fixed_pools", lambda cfg, b: StackLayer("reconfiguration", note="fixed"),
+                        raising=False)
+    monkeypatch.setattr(layer_certificates, "certify_fixed_pools", certify_fixed, raising=False)
+    d = dict(load_stack_scenario(scenario_dir() / "stack_mistuned.toml").config)
+    d["layers"] = {**d["layers"], "reconfiguration": {"kind": "fixed-pools", "target_utilization": 0.8}}
+    sc = stack_scenario_from_dict(d, "fixed")
+    assert isinstance(sc.layers["reconfiguration"], FixedPools)
+    stack, _ = build_stack(sc)
+    assert [la.name for la in stack.layers] == ["batch_gate", "admission", "reconfiguration"]
+    assert stack.layer("reconfiguration").note == "fixed"
+    cert = certify(sc, passing_values=False)
+    assert cert.layers["reconfiguration"]["pools"] == "as the scenario sizes them"
+    # nothing paired with the new layer: it handed no loop up
+    assert not any(s.outer == "reconfiguration" for s in cert.separation)

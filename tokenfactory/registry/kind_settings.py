@@ -1,8 +1,10 @@
 """The parameters of every registered admission and autoscaler kind, with their type, unit, range,
 default and meaning (what ``tokenfactory describe schema kinds`` prints).
 
-A kind's builder (:mod:`tokenfactory.registry`) accepts exactly the keys listed here:
-``tests/test_schema.py`` reads the accepted keys off the builder's own rejection of an unknown key
+A kind's builder (:mod:`tokenfactory.registry.admission_kinds`, :mod:`~tokenfactory.registry.autoscaler_kinds`)
+accepts exactly the keys listed here, and :func:`tokenfactory.registry.build_admission` /
+:func:`~tokenfactory.registry.build_autoscalers` check their values against them;
+``tests/test_reference.py`` reads the accepted keys off the builder's own rejection of an unknown key
 and fails when a kind accepts a key this table does not document, or documents one it does not
 accept. Defaults are the builders' (a default of ``None``: derived from the plant, as the meaning
 says); ranges are those the controllers check.
@@ -17,7 +19,7 @@ from tokenfactory.controllers.dynamo_planner import PLANNER_MODES, PLANNER_PREDI
 from tokenfactory.controllers.admission import ThresholdAdmission
 from tokenfactory.controllers.slo_admission import DEFAULT_TTFT_FRACTION, MarginLoopConfig
 from tokenfactory.core.validation import config_schema, setting
-from tokenfactory.registry import DEFAULT_TPOT_FRACTION
+from tokenfactory.registry.kinds import DEFAULT_TPOT_FRACTION
 
 __all__ = ["KIND_SETTINGS", "OUTER_LOOP_SCHEMA", "kind_schema"]
 

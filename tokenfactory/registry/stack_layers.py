@@ -9,13 +9,20 @@ and meaning as metadata (:func:`tokenfactory.core.validation.config_schema` list
 default of ``None`` means "the builder's own default" (named in the meaning) or a value derived
 from the rest of the scenario.
 
-What the stack does differently per kind is read off the config (its ``layer`` and flags such as
-``samples_live_pass``, ``bounds_own_ready_wait``), never from the kind's name.
+Each kind's config class is its whole registry entry: besides its settings it names its builder
+(``builder``, in :mod:`tokenfactory.stack.layer_builders`), its certificate loops (``certificate``, in
+:mod:`tokenfactory.stack.layer_certificates`) and the settings the certificate may search for a
+passing value (``knobs``). :func:`tokenfactory.stack.build_stack` and :func:`tokenfactory.stack.certify`
+call :meth:`StackLayerConfig.build` / :meth:`StackLayerConfig.certify` on every layer; adding a kind
+is one config class here (added to :data:`STACK_LAYER_KINDS`) and its two functions there. What a
+plant derivation reads of a kind is data on the config (``bounds_own_ready_wait``,
+``samples_live_pass``), never the kind's name.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -24,10 +31,14 @@ from tokenfactory.core.validation import ConfigError, check_choice, config_schem
 
 __all__ = ["StackLayerConfig", "SlotLimitGate", "GatedBatchCap", "SmoothedAdmissionLayer", "SLOAwareAdmissionLayer",
            "PlannedHystereticLayer", "ControlPlaneLayer", "SeasonalRiseLayer", "STACK_LAYER_KINDS", "STACK_LAYERS", "NO_LAYER",
-           "stack_layer_config", "layer_schema"]
+           "stack_layer_config", "layer_schema", "BUILDERS", "CERTIFICATES"]
 
 #: the kind that leaves an optional layer out of the stack
 NO_LAYER = "none"
+#: where the kinds' builders and certificate loops live (the stack package, this layer; imported when first
+#: used, since the stack imports these configs)
+BUILDERS = "tokenfactory.stack.layer_builders"
+CERTIFICATES = "tokenfactory.stack.layer_certificates"
 
 
 @dataclass(frozen=True)
@@ -37,6 +48,40 @@ class StackLayerConfig:
 
     layer: ClassVar[str] = ""
     kind: ClassVar[str] = ""
+    #: the kind's builder, a function of :data:`BUILDERS`: ``(config, LayerBuild) -> StackLayer``
+    builder: ClassVar[str] = ""
+    #: the kind's certificate loops, a function of :data:`CERTIFICATES`: ``(config, CertificateDraft) -> LayerLoops``
+    certificate: ClassVar[str] = ""
+    #: the settings the certificate may change to name a passing value when the layer fails a check
+    knobs: ClassVar[tuple[str, ...]] = ()
+
+    def build(self, b) -> Any:
+        """The layer's controllers (:mod:`tokenfactory.stack.layer_builders`).
+
+        Parameters
+        ----------
+        b : tokenfactory.stack.layer_builders.LayerBuild
+            The scenario, the gated plant, the run's settings and the layers above.
+
+        Returns
+        -------
+        StackLayer
+        """
+        return getattr(importlib.import_module(BUILDERS), self.builder)(self, b)
+
+    def certify(self, d) -> Any:
+        """The layer's certificate loops (:mod:`tokenfactory.stack.layer_certificates`).
+
+        Parameters
+        ----------
+        d : tokenfactory.stack.layer_certificates.CertificateDraft
+            The certificate so far (and the loops of the layers below).
+
+        Returns
+        -------
+        LayerLoops
+        """
+        return getattr(importlib.import_module(CERTIFICATES), self.certificate)(self, d)
 
     def builder_params(self, *skip: str) -> dict[str, Any]:
         """The settings that are set (not ``None``), minus ``skip``: what a registry builder takes
@@ -82,7 +127,10 @@ class SlotLimitGate(StackLayerConfig):
 
     layer: ClassVar[str] = "batch_gate"
     kind: ClassVar[str] = "slot-limit"
+    builder: ClassVar[str] = "build_slot_limit"
+    certificate: ClassVar[str] = "certify_slot_limit"  # static: its response is one pass
     samples_live_pass: ClassVar[bool] = False  # a static cap: no loop of its own
+    knobs: ClassVar[tuple[str, ...]] = ("tpot_fraction",)
     tpot_fraction: float | str = setting("auto", **_PASS_SHARE)
 
 
@@ -100,7 +148,10 @@ class GatedBatchCap(StackLayerConfig):
 
     layer: ClassVar[str] = "batch_gate"
     kind: ClassVar[str] = "gated"
-    samples_live_pass: ClassVar[bool] = True  # an integral loop on the measured pass time
+    builder: ClassVar[str] = "build_gated_cap"
+    certificate: ClassVar[str] = "certify_gated_cap"  # an integral loop on the measured pass time
+    samples_live_pass: ClassVar[bool] = True
+    knobs: ClassVar[tuple[str, ...]] = ("sample_period_s", "tpot_fraction")
     tpot_fraction: float | str = setting("auto", **_PASS_SHARE)
     sample_period_s: float = setting(0.25, unit="s", low=0.01, high=60.0,
                                      meaning="the cap's sample period (the overload study's gate)")
@@ -125,6 +176,10 @@ class SmoothedAdmissionLayer(StackLayerConfig):
 
     layer: ClassVar[str] = "admission"
     kind: ClassVar[str] = "smoothed"
+    builder: ClassVar[str] = "build_smoothed_admission"
+    certificate: ClassVar[str] = "certify_smoothed_admission"
+    knobs: ClassVar[tuple[str, ...]] = ("sample_period_s", "filter_tau_s", "service_filter_tau_s", "safety_z",
+                                        "backlog_bound_s")
     bounds_own_ready_wait: ClassVar[bool] = False  # the batch gate leaves room for its ready wait
     sample_period_s: float = setting(1.0, unit="s", low=0.01, high=60.0, meaning="admission's sample period")
     filter_tau_s: float | None = setting(None, unit="s", low=0.0, meaning="ready-buffer filter time constant "
@@ -160,6 +215,10 @@ class SLOAwareAdmissionLayer(StackLayerConfig):
 
     layer: ClassVar[str] = "admission"
     kind: ClassVar[str] = "slo-aware"
+    builder: ClassVar[str] = "build_slo_aware_admission"
+    certificate: ClassVar[str] = "certify_slo_aware_admission"
+    knobs: ClassVar[tuple[str, ...]] = ("sample_period_s", "filter_tau_s", "ttft_fraction", "wait_target_fraction",
+                                        "tpot_fraction")
     bounds_own_ready_wait: ClassVar[bool] = True  # it bounds each request's ready wait itself
     sample_period_s: float = setting(1.0, unit="s", low=0.01, high=60.0, meaning="admission's sample period")
     filter_tau_s: float | None = setting(None, unit="s", low=0.0, meaning="rate filter time constant "
@@ -214,7 +273,10 @@ class PlannedHystereticLayer(StackLayerConfig):
 
     layer: ClassVar[str] = "reconfiguration"
     kind: ClassVar[str] = "planned-hysteretic"
-    own_settings: ClassVar[bool] = False  # tokenfactory's own rule, tuned from the plant
+    builder: ClassVar[str] = "build_planned_pools"
+    certificate: ClassVar[str] = "certify_planned_pools"
+    knobs: ClassVar[tuple[str, ...]] = ("sample_period_s", "target_utilization", "queue_clear_s", "filter_s",
+                                        "min_dead_band")
     sample_period_s: float = setting(10.0, unit="s", low=0.1, high=3600.0, meaning="the layer's sample period")
     target_utilization: float = setting(0.85, low=0.1, high=1.0, meaning="utilisation the pools are sized for")
     queue_clear_s: float | None = setting(None, unit="s", low=0.0, low_inclusive=False,
@@ -255,7 +317,9 @@ class ControlPlaneLayer(StackLayerConfig):
 
     layer: ClassVar[str] = "reconfiguration"
     kind: ClassVar[str] = "control-plane"
-    own_settings: ClassVar[bool] = True   # the user's file decides; the certificate judges it as it is
+    builder: ClassVar[str] = "build_control_plane"
+    # the user's file decides; the certificate judges it as it is and searches the file's own knobs
+    certificate: ClassVar[str] = "certify_control_plane"
     file: str = setting("", kind=str, meaning="the control plane's own settings file (relative to the scenario)")
     pool: str = setting("decode", kind=str, choices=("decode", "fill"), meaning="the pool it sizes")
     target_utilization: float = setting(0.85, low=0.1, high=1.0, meaning="utilisation the other layers' "
@@ -311,6 +375,8 @@ class SeasonalRiseLayer(StackLayerConfig):
 
     layer: ClassVar[str] = "planning"
     kind: ClassVar[str] = "seasonal-rise"
+    builder: ClassVar[str] = "build_seasonal_rise"
+    certificate: ClassVar[str] = "certify_seasonal_rise"  # feed-forward: its lead is checked
     days: int = setting(3, kind=int, unit="days", low=1, high=14, meaning="days of history the plan is fitted on")
     excess_budget: float | None = setting(None, low=0.0, high=0.5, low_inclusive=False, high_inclusive=False,
                                           meaning="share of demand allowed above capacity (default 0.5 x (1 - "

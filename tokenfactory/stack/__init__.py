@@ -8,12 +8,16 @@ One idea per module:
   front (unknown keys are errors naming the field) into a :class:`StackScenario`;
 * :mod:`~tokenfactory.stack.plant` - what the stack is built for: the plant with the batch gate
   applied (:func:`stack_plant`), pool sizes, the gate's share of the TPOT SLO, loop delays;
+* :mod:`~tokenfactory.stack.layer_builders` - each layer kind's builder (named by its config
+  class in :mod:`tokenfactory.registry.stack_layers`);
 * :mod:`~tokenfactory.stack.build` - :func:`build_stack` turns a scenario into a
-  :class:`tokenfactory.controllers.control_stack.ControlStack` for a plant;
+  :class:`tokenfactory.controllers.control_stack.ControlStack` for a plant, calling every layer's
+  builder;
+* :mod:`~tokenfactory.stack.layer_certificates` - each layer kind's certificate loops (margins over
+  the envelope, describing-function checks, separation from the layer below);
 * :mod:`~tokenfactory.stack.certificate` - :func:`certify`, the stack certificate
-  (``tokenfactory certify``): every layer's margins over the envelope with the binding point
-  named, the separation of each adjacent pair of layers, the describing-function check of every
-  relay or saturation, and a verdict;
+  (``tokenfactory certify``): every layer's loops with the binding point named, the separation
+  floors of each adjacent pair of layers, the describing-function checks, and a verdict;
 * :mod:`~tokenfactory.stack.on_rates` - :func:`run_on_rates`, the stack (or a baseline) over a
   rate series in the pool model, scored against the oracle;
 * :mod:`~tokenfactory.stack.on_requests` - the same stack in the request simulator.
@@ -69,8 +73,15 @@ is optional; the values shown are the defaults where there is one):
 ('example', 760.0, 600)
 """
 
-from tokenfactory.stack.build import admission_controller, build_stack, gated_batch_cap
+from tokenfactory.stack.build import build_stack
 from tokenfactory.stack.certificate import Certificate, certify
+from tokenfactory.stack.layer_builders import (
+    LayerBuild,
+    gated_batch_cap,
+    slo_aware_admission_controller,
+    smoothed_admission_controller,
+)
+from tokenfactory.stack.layer_certificates import CertificateDraft, LayerLoops
 from tokenfactory.stack.on_rates import (
     OSCILLATION_HIGHPASS_S,
     STATIC_SPLIT,
@@ -90,6 +101,7 @@ from tokenfactory.stack.plant import (
     pools_at,
     queue_clear,
     reconfiguration_delay_s,
+    scale_down_dwell_s,
     slot_limit,
     stack_plant,
     target_utilization,
@@ -105,6 +117,8 @@ from tokenfactory.stack.stack_scenario import StackScenario, load_stack_scenario
 __all__ = ["StackScenario", "load_stack_scenario", "stack_scenario_from_dict", "StackPlant", "stack_plant",
            "slot_limit", "reconfiguration_delay_s", "target_utilization", "pools_at", "GATE_FLOOR", "gate_fraction",
            "overload_tpot_s", "GATE_SAMPLE_PERIOD_S", "gate_sample_period_s", "gate_tuning", "queue_clear",
-           "planning_lead_s", "plant_for", "admission_controller", "gated_batch_cap", "build_stack", "Certificate",
+           "planning_lead_s", "scale_down_dwell_s", "plant_for", "smoothed_admission_controller",
+           "slo_aware_admission_controller", "gated_batch_cap", "LayerBuild", "CertificateDraft", "LayerLoops",
+           "build_stack", "Certificate",
            "certify", "STATIC_SPLIT", "OSCILLATION_HIGHPASS_S", "run_on_rates", "mixed_workload_for", "morning_ramp",
            "run_stack_on_requests", "requests_as_rates", "run_stack_on_both_plants"]

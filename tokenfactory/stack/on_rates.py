@@ -85,9 +85,7 @@ def run_on_rates(sc: StackScenario, wl: RateWorkload, *, startup_s: float | None
         ``(metrics row, SimulationResult, ControlStack)``.
     """
     from tokenfactory.controllers.capacity import oracle_plan, static_split
-    from tokenfactory.controllers.oscillation import judge_actuators
     from tokenfactory.plant_models.pools import PoolScenario, simulate_pools
-    from tokenfactory.registry import BASELINE_STACKS, baseline_stack
 
     params = plant_for(sc, wl.prompt_tokens, wl.output_tokens)
     dyn = sc.dynamics if startup_s is None else dataclasses.replace(sc.dynamics, startup_s=float(startup_s))
@@ -107,58 +105,81 @@ def run_on_rates(sc: StackScenario, wl: RateWorkload, *, startup_s: float | None
     split = static_split(oracle, wl.fleet_size) if wl.fleet_size is not None else None
     nf, nd = pools_at(run_params, float(wl.demand.iloc[0]), target_utilization(s),
                        _first(wl.prompt_factor), _first(wl.output_factor))
-    if stack in ("stack", "stack-no-planning"):
-        ctrl, _ = build_stack(s, history=wl.history, time_offset_s=wl.time_offset_s, fleet_size=wl.fleet_size,
-                              name=stack, plant_step_s=dt)
-    elif stack == STATIC_SPLIT:
-        if split is None:
-            raise ConfigError("stack", f"{STATIC_SPLIT!r} needs a fixed fleet (workload.fleet_size)")
-        full, _ = build_stack(s.with_overrides(planning=False), name=stack, plant_step_s=dt)
-        # the stack's fast layers (batch gate, admission); no reconfiguration: the pools never move
-        ctrl = ControlStack([la for la in full.layers if la.name in ("batch_gate", "admission")], name=stack)
+    ctrl = _contender(s, wl, stack, run_params, dyn, dt, split)
+    if stack == STATIC_SPLIT:
         nf, nd = split["fill_workers"], split["decode_workers"]
-    elif stack in BASELINE_STACKS:
-        ctrl = baseline_stack(stack, PlantContext(run_params, 1, 1, slo_ttft_s=s.slo_ttft_s, slo_tpot_s=s.slo_tpot_s,
-                                                  rate_rps=mean, dynamics=dyn,
-                                                  max_replicas=wl.fleet_size or 5000), dt=dt, history=wl.history)
-    else:
-        raise ConfigError("stack", f"{stack!r} is not 'stack', 'stack-no-planning', {STATIC_SPLIT!r} or one of "
-                          f"{', '.join(BASELINE_STACKS)}")
     if wl.fleet_size is not None and nf + nd > wl.fleet_size:
         raise ConfigError("fleet_size", f"{wl.fleet_size} workers cannot hold the initial {nf} + {nd}")
     psc = PoolScenario(wl.demand, wl.duration_s, dt=dt, control_start_s=control_start_s, seed=seed,
                        slo_ttft_s=s.slo_ttft_s, slo_tpot_s=s.slo_tpot_s, prompt_factor=wl.prompt_factor,
                        output_factor=wl.output_factor)
     r = simulate_pools(run_params, nf, nd, psc, controllers=[ctrl], dynamics=dyn)
-    step = max(1, int(round(10.0 / dt)))  # the detectors on 10-s samples
-    after = r.series[r.series["time_s"] >= control_start_s + 600.0].iloc[::step]
-    # each pool judged on its deviation from the demand-justified count (its load in nominal
-    # requests/s, demand x the pool's work factor, over the pool's rate at its ceiling); what is
-    # slower than OSCILLATION_HIGHPASS_S is the demand's cycle against the pool's headroom
-    justified = {f"{pool}_pool": (after["demand"] * after["prompt_factor" if pool == "fill" else "output_factor"]
-                                  / (mu[pool] * ceil_[pool])).to_numpy(dtype=float) for pool in ("fill", "decode")}
-    verdict = judge_actuators(after, r.actions, start_s=control_start_s + 600.0, references=justified,
-                              highpass_s=OSCILLATION_HIGHPASS_S)
-    osc = {pool: verdict.signals.get(f"{pool}_pool", {}) for pool in ("fill", "decode")}
-    m = r.metrics
-    row = {"stack": stack, "workload": wl.name, "startup_s": dyn.startup_s, "gpu_hours": m["gpu_hours"],
-           "busy_gpu_hours": m["busy_gpu_hours"], "oracle_gpu_hours": oracle_gpu_h,
-           "gpu_hours_over_oracle": m["gpu_hours"] / oracle_gpu_h if oracle_gpu_h > 0 else math.nan,
-           "slo_attainment": m["slo_attainment"], "rejected": m["rejected"],
-           "rejected_fraction": m["rejected"] / m["requests"] if m["requests"] else 0.0,
-           "actions_per_hour": m["actions_per_hour"], "reversals_per_hour": m["reversals_per_hour"],
-           "oscillating": verdict.oscillating, "churning": verdict.churning, "oscillation": verdict.to_dict(),
-           "fill_thornhill_r": osc["fill"].get("thornhill_r", math.nan),
-           "decode_thornhill_r": osc["decode"].get("thornhill_r", math.nan),
-           "requests": m["requests"], "completed": m["completed"], "in_flight_end": m["in_flight_end"],
-           "utilization_ceiling": ceil_, "per_worker_rps": mu, "fleet_size": wl.fleet_size, "role_moves": m["role_moves"],
-           "role_moves_per_hour": m["role_moves_per_hour"],
-           "fill_workers_mean": m["mean_workers"]["fill"], "decode_workers_mean": m["mean_workers"]["decode"]}
+    verdict = _judge_oscillation(r, dt, control_start_s, mu, ceil_)
+    row = _score_row(stack, wl, dyn, r, verdict, oracle_gpu_h, ceil_, mu)
     if split is not None:
         row.update({"static_fill_workers": split["fill_workers"], "static_decode_workers": split["decode_workers"],
                     "static_worst_load": split["worst_load"], "static_split_needs": split["needs_workers"],
                     "oracle_fleet_needed": float((oracle["fill_billed"] + oracle["decode_billed"]).max())})
     return row, r, ctrl
+
+
+def _contender(s: StackScenario, wl: RateWorkload, stack: str, run_params, dyn, dt: float, split) -> ControlStack:
+    """The contender's controllers: the scenario's stack (with or without planning), its fast layers
+    alone on the static split, or a baseline deployment."""
+    from tokenfactory.registry import BASELINE_STACKS, baseline_stack
+
+    if stack in ("stack", "stack-no-planning"):
+        ctrl, _ = build_stack(s, history=wl.history, time_offset_s=wl.time_offset_s, fleet_size=wl.fleet_size,
+                              name=stack, plant_step_s=dt)
+        return ctrl
+    if stack == STATIC_SPLIT:
+        if split is None:
+            raise ConfigError("stack", f"{STATIC_SPLIT!r} needs a fixed fleet (workload.fleet_size)")
+        full, _ = build_stack(s.with_overrides(planning=False), name=stack, plant_step_s=dt)
+        # the stack's fast layers (batch gate, admission); no reconfiguration: the pools never move
+        return ControlStack([la for la in full.layers if la.name in ("batch_gate", "admission")], name=stack)
+    if stack in BASELINE_STACKS:
+        mean = float(wl.demand.mean())
+        return baseline_stack(stack, PlantContext(run_params, 1, 1, slo_ttft_s=s.slo_ttft_s, slo_tpot_s=s.slo_tpot_s,
+                                                  rate_rps=mean, dynamics=dyn,
+                                                  max_replicas=wl.fleet_size or 5000), dt=dt, history=wl.history)
+    raise ConfigError("stack", f"{stack!r} is not 'stack', 'stack-no-planning', {STATIC_SPLIT!r} or one of "
+                      f"{', '.join(BASELINE_STACKS)}")
+
+
+def _judge_oscillation(r, dt: float, control_start_s: float, mu: dict, ceil_: dict):
+    """The actuators' verdict on 10-s samples after the first 10 minutes of control: each pool
+    judged on its deviation from the demand-justified count (its load in nominal requests/s, demand
+    x the pool's work factor, over the pool's rate at its ceiling); what is slower than
+    :data:`OSCILLATION_HIGHPASS_S` is the demand's cycle against the pool's headroom."""
+    from tokenfactory.controllers.oscillation import judge_actuators
+
+    step = max(1, int(round(10.0 / dt)))  # the detectors on 10-s samples
+    after = r.series[r.series["time_s"] >= control_start_s + 600.0].iloc[::step]
+    justified = {f"{pool}_pool": (after["demand"] * after["prompt_factor" if pool == "fill" else "output_factor"]
+                                  / (mu[pool] * ceil_[pool])).to_numpy(dtype=float) for pool in ("fill", "decode")}
+    return judge_actuators(after, r.actions, start_s=control_start_s + 600.0, references=justified,
+                           highpass_s=OSCILLATION_HIGHPASS_S)
+
+
+def _score_row(stack: str, wl: RateWorkload, dyn, r, verdict, oracle_gpu_h: float, ceil_: dict, mu: dict) -> dict:
+    """One contender's metrics row: cost against the oracle, SLO, rejections, actions, the
+    oscillation verdict and conservation counts."""
+    osc = {pool: verdict.signals.get(f"{pool}_pool", {}) for pool in ("fill", "decode")}
+    m = r.metrics
+    return {"stack": stack, "workload": wl.name, "startup_s": dyn.startup_s, "gpu_hours": m["gpu_hours"],
+            "busy_gpu_hours": m["busy_gpu_hours"], "oracle_gpu_hours": oracle_gpu_h,
+            "gpu_hours_over_oracle": m["gpu_hours"] / oracle_gpu_h if oracle_gpu_h > 0 else math.nan,
+            "slo_attainment": m["slo_attainment"], "rejected": m["rejected"],
+            "rejected_fraction": m["rejected"] / m["requests"] if m["requests"] else 0.0,
+            "actions_per_hour": m["actions_per_hour"], "reversals_per_hour": m["reversals_per_hour"],
+            "oscillating": verdict.oscillating, "churning": verdict.churning, "oscillation": verdict.to_dict(),
+            "fill_thornhill_r": osc["fill"].get("thornhill_r", math.nan),
+            "decode_thornhill_r": osc["decode"].get("thornhill_r", math.nan),
+            "requests": m["requests"], "completed": m["completed"], "in_flight_end": m["in_flight_end"],
+            "utilization_ceiling": ceil_, "per_worker_rps": mu, "fleet_size": wl.fleet_size,
+            "role_moves": m["role_moves"], "role_moves_per_hour": m["role_moves_per_hour"],
+            "fill_workers_mean": m["mean_workers"]["fill"], "decode_workers_mean": m["mean_workers"]["decode"]}
 
 
 def mixed_workload_for(sc: StackScenario, **kwargs) -> RateWorkload:

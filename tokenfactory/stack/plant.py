@@ -17,7 +17,7 @@ from tokenfactory.controllers.separation import simc_queue_clear_s
 from tokenfactory.core.validation import ConfigError
 from tokenfactory.plant_models.fluid import FluidParams
 from tokenfactory.plant_models.pools import PoolDynamics
-from tokenfactory.registry import _gate_tuning  # the registry's cached tune_batch_gate
+from tokenfactory.registry import cached_gate_tuning
 from tokenfactory.registry import DEFAULT_TPOT_FRACTION, PlantContext, smoothed_admission
 from tokenfactory.registry.stack_layers import GatedBatchCap
 from tokenfactory.scenario import build_plant
@@ -25,7 +25,7 @@ from tokenfactory.stack.stack_scenario import StackScenario
 
 __all__ = ["StackPlant", "stack_plant", "slot_limit", "reconfiguration_delay_s", "target_utilization", "pools_at",
            "GATE_FLOOR", "gate_fraction", "overload_tpot_s", "GATE_SAMPLE_PERIOD_S", "gate_sample_period_s",
-           "gate_tuning", "queue_clear", "planning_lead_s", "plant_for"]
+           "gate_tuning", "queue_clear", "scale_down_dwell_s", "planning_lead_s", "plant_for"]
 
 
 def slot_limit(params: FluidParams, slo_tpot_s: float, tpot_fraction: float = 0.8) -> FluidParams:
@@ -286,7 +286,7 @@ def gate_tuning(sc: StackScenario, snapshot_s: float = 0.1) -> BatchGateTuning:
     """
     env = sc.envelope
     target = pass_target_s(sc.slo_tpot_s, gate_fraction(sc))
-    return _gate_tuning(sc.params.measurement_delay_s, target, snapshot_s, gate_sample_period_s(sc), True,
+    return cached_gate_tuning(sc.params.measurement_delay_s, target, snapshot_s, gate_sample_period_s(sc), True,
                         tuple(env.delay_factors), tuple(env.service_rate_factors), env.gm_floor, env.pm_floor_deg)
 
 
@@ -318,6 +318,27 @@ def queue_clear(sc: StackScenario, plant: StackPlant) -> tuple[float, float | No
     return simc_queue_clear_s(theta, u, delay_factors=factors,
                               service_rate_factors=sc.envelope.service_rate_factors,
                               gm_floor=sc.envelope.gm_floor, pm_floor_deg=sc.envelope.pm_floor_deg)
+
+
+def scale_down_dwell_s(sc: StackScenario) -> float:
+    """How long the pools hold a scale-down (and the planner its plan): ``layers.reconfiguration.
+    dwell_s`` when given, else max(3 filter constants, start-up + warm-up) - a released worker
+    takes a start-up and warm-up to get back, and 3 filter constants keep the rate's noise from
+    triggering it.
+
+    Parameters
+    ----------
+    sc : StackScenario
+        The scenario (its dynamics and reconfiguration layer).
+
+    Returns
+    -------
+    float
+        The hold (s).
+    """
+    rc, dyn = sc.layers["reconfiguration"], sc.dynamics
+    dwell = getattr(rc, "dwell_s", None)  # a control plane's own file has no such setting: its windows hold
+    return float(dwell if dwell is not None else max(3.0 * rc.filter_s, dyn.startup_s + dyn.warmup_s))
 
 
 def planning_lead_s(sc: StackScenario) -> float:
