@@ -31,6 +31,8 @@ from tokenfactory.controllers.stability_batch import *  # noqa: F401,F403
 from tokenfactory.controllers.stability_batch import __all__ as _sb
 from tokenfactory.controllers.tuning import *  # noqa: F401,F403
 from tokenfactory.controllers.tuning import __all__ as _tu
+from tokenfactory.controllers.envelope_tuner import *  # noqa: F401,F403
+from tokenfactory.controllers.envelope_tuner import __all__ as _et
 from tokenfactory.controllers.planning import *  # noqa: F401,F403
 from tokenfactory.controllers.planning import __all__ as _pl
 from tokenfactory.controllers.separation import *  # noqa: F401,F403
@@ -42,5 +44,5 @@ from tokenfactory.controllers.batch_gate import __all__ as _bg
 from tokenfactory.controllers.slo_admission import *  # noqa: F401,F403
 from tokenfactory.controllers.slo_admission import __all__ as _slo
 
-__all__ = [*_if, *_adm, *_tu, *_at, *_st, *_sb, *_df, *_osc, *_resp, *_fc, *_bt, *_cap, *_as, *_rc, *_er, *_pl, *_sep,
+__all__ = [*_if, *_adm, *_tu, *_et, *_at, *_st, *_sb, *_df, *_osc, *_resp, *_fc, *_bt, *_cap, *_as, *_rc, *_er, *_pl, *_sep,
            *_stk, *_bg, *_slo]

@@ -8,7 +8,7 @@ import pandas as pd
 
 from tokenfactory.controllers.stability import DelayedLoop, _grid
 
-__all__ = ["nyquist_plot", "stability_map_plot", "forecast_plot", "capacity_plan_plot"]
+__all__ = ["nyquist_plot", "stability_map_plot", "forecast_plot", "capacity_plan_plot", "simc_tuning_plot"]
 
 
 def _axes(ax, size=(6.0, 5.0)):
@@ -193,5 +193,44 @@ def capacity_plan_plot(plans: dict[str, pd.DataFrame], actual_hourly_peak: pd.Se
     ax.set_xlabel("time (h)")
     ax.set_ylabel(f"{pool} workers")
     ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def simc_tuning_plot(tuning, *, ax=None):
+    """Gain margin against |phase margin| at every envelope point of a SIMC tuning
+    (:class:`~tokenfactory.controllers.envelope_tuner.SIMCTuning`), the floors as lines, the worst
+    point circled: the picture of "robust over the box".
+
+    Parameters
+    ----------
+    tuning : SIMCTuning
+        The result of :func:`~tokenfactory.controllers.envelope_tuner.simc_search`.
+    ax : matplotlib.axes.Axes, optional
+        Axes to draw on; ``None`` (default) makes a new figure (not shown).
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+    """
+    ax = _axes(ax)
+    df = tuning.to_pandas()
+    # an unbounded margin (no phase crossover) is drawn at the top of the finite ones
+    gm = df["gain_margin"].replace(np.inf, np.nan)
+    top = float(np.nanmax(gm)) * 1.5 if gm.notna().any() else 10.0 * tuning.gm_floor
+    gm = gm.fillna(top)
+    pm = df["phase_margin_deg"].abs().clip(upper=180.0)
+    ok = df["meets_floors"].astype(bool)
+    ax.scatter(pm[ok], gm[ok], color="C0", label="meets floors")
+    ax.scatter(pm[~ok], gm[~ok], color="C3", marker="x", label="misses")
+    w = tuning.worst
+    ax.scatter([min(abs(w["phase_margin_deg"]), 180.0)], [top if w["gain_margin"] == np.inf else w["gain_margin"]],
+               s=160, facecolors="none", edgecolors="k", label="worst point")
+    ax.axhline(tuning.gm_floor, color="0.5", ls="--")
+    ax.axvline(tuning.pm_floor_deg, color="0.5", ls="--")
+    ax.set_yscale("log")
+    ax.set_xlabel("|phase margin| (deg)")
+    ax.set_ylabel("gain margin")
+    ax.set_title(f"tau_c = {tuning.tau_c_over_theta:g} theta = {tuning.tau_c_s:.3g} s")
     ax.legend(fontsize=8)
     return ax

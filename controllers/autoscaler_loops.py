@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 
 import control
 
-from tokenfactory.controllers.autoscaling import AIBrixAPA, HorizontalPodAutoscaler, KnativeAutoscaler
+from tokenfactory.controllers.autoscaling import AIBrixAPA, HorizontalPodAutoscaler, KnativeAutoscaler, hpa_policy_limit
 from tokenfactory.controllers.describing import LimitCycle
 from tokenfactory.controllers.reconfiguration import predict_pool_flapping
 from tokenfactory.controllers.stability import DelayedLoop, Margins, stability_margins
@@ -125,6 +125,18 @@ class AutoscalerLoop:
         Its bounds.
     point : PoolOperatingPoint
         The plant.
+    up_window_s : float
+        Scale-up stabilisation: the lowest recommendation of this window acts (HPA's
+        ``scaleUp.stabilizationWindowSeconds``; s, default 0).
+    up_policies : tuple of (str, float, float)
+        HPA's scale-up policies ``(kind, value, period_s)`` with their own periods; when given they
+        bound the growth in place of ``up_pods`` / ``up_factor`` (default empty).
+    up_select : str
+        How the policies combine: ``"max"`` (default), ``"min"`` or ``"disabled"``.
+    unready_at_zero : bool
+        Starting workers count at 0 in the average on a scale-up (upstream HPA's replica
+        calculator): the rule asks for ceil(serving x ratio) and holds while the average over all
+        provisioned workers is within the tolerance (default False).
     """
 
     name: str
@@ -144,11 +156,17 @@ class AutoscalerLoop:
     min_replicas: int
     max_replicas: int
     point: PoolOperatingPoint
+    up_window_s: float = 0.0
+    up_policies: tuple = ()
+    up_select: str = "max"
+    unready_at_zero: bool = False
 
     @property
     def delay_s(self) -> float:
-        """Delay of the integrating loop: metric age + half a sample + half the window + start-up."""
-        return self.point.metric_delay_s + self.sample_s / 2.0 + self.window_s / 2.0 + self.up_delay_s
+        """Delay of the integrating loop: metric age + half a sample + half the window + the
+        scale-up stabilisation + start-up."""
+        return (self.point.metric_delay_s + self.sample_s / 2.0 + self.window_s / 2.0 + self.up_window_s
+                + self.up_delay_s)
 
     def linear(self) -> DelayedLoop | None:
         """The linear part of the loop where it is closed, or None where the rule is a static
@@ -216,10 +234,15 @@ def autoscaler_loop(controller, point: PoolOperatingPoint) -> AutoscalerLoop:
     su = point.startup_s
     if isinstance(controller, HorizontalPodAutoscaler):
         tol = p["tolerance"]
+        unready = bool(p.get("starting_unready", True))
         return AutoscalerLoop("hpa", p["metric"], p["target"], _queue_units(p["metric"], point),
                               _served_total(p["metric"], point), 1.0 + tol, 1.0 - tol, p["sample_period"], 0.0,
-                              su, p["downscale_stabilization_s"], True, p["scale_up_pods"],
-                              1.0 + p["scale_up_percent"] / 100.0, p["min_replicas"], p["max_replicas"], point)
+                              su, p["downscale_stabilization_s"], not unready, p["scale_up_pods"],
+                              1.0 + p["scale_up_percent"] / 100.0, p["min_replicas"], p["max_replicas"], point,
+                              up_window_s=p.get("upscale_stabilization_s", 0.0),
+                              up_policies=tuple(p.get("scale_up_policies", ())), up_select=p.get("scale_up_select",
+                                                                                                   "max"),
+                              unready_at_zero=unready)
     if isinstance(controller, KnativeAutoscaler):
         return AutoscalerLoop("kpa", p["metric"], p["target"], _queue_units(p["metric"], point),
                               _served_total(p["metric"], point), 1.0, 1.0, p["sample_period"], p["stable_window_s"],
@@ -395,19 +418,42 @@ def predict_startup_cascade(loop: AutoscalerLoop, from_replicas: int, demand_rps
     deficit = max(demand - from_replicas * mu, 0.0)
     share = min(demand, from_replicas * mu) / point.demand_rps       # of the served contribution
     n = from_replicas
-    samples = max(1, math.ceil(loop.up_delay_s / loop.sample_s))
+    # the first new worker serves a start-up after the first scale-up, which the scale-up
+    # stabilisation delays by its window
+    samples = max(1, math.ceil((loop.up_delay_s + loop.up_window_s) / loop.sample_s))
+    recs: list[tuple[float, int]] = [(0.0, n)]   # (time, unstabilised recommendation); the step's own at 0
+    events: list[tuple[float, int]] = []    # (time, replicas added)
     for k in range(1, samples + 1):
-        age = max(k * loop.sample_s - point.metric_delay_s - loop.window_s / 2.0, 0.0)
+        t = k * loop.sample_s
+        age = max(t - point.metric_delay_s - loop.window_s / 2.0, 0.0)
         if loop.queue_units > 0:
             total = loop.served_total * share + loop.queue_units * deficit * age
         else:
             total = loop.served_total * share
         ratio = total / (from_replicas * loop.target)
-        if ratio <= loop.up_ratio:
+        want = n
+        if loop.unready_at_zero:
+            # upstream's replica calculator: starting pods at 0 in the average; no change while that
+            # average is within the tolerance, else ceil(ready x ratio)
+            if ratio > loop.up_ratio and ratio * from_replicas / n > loop.up_ratio:
+                want = max(n, math.ceil(from_replicas * ratio - 1e-9))
+        elif ratio > loop.up_ratio:
+            want = max(n, math.ceil((n if loop.counts_starting else from_replicas) * ratio - 1e-9))
+        recs.append((t, want))
+        if loop.up_window_s > 0:   # stabilizeRecommendationWithBehaviors: the lowest of the window
+            want = max(n, min(r for ts, r in recs if ts >= t - loop.up_window_s))
+        if want <= n:
             continue
-        want = math.ceil((n if loop.counts_starting else from_replicas) * ratio - 1e-9)
-        limit = max(n + loop.up_pods, math.floor(n * loop.up_factor)) if math.isfinite(loop.up_factor) else want
-        n = int(min(max(n, want), limit, loop.max_replicas))
+        if loop.up_policies:
+            limit = max(hpa_policy_limit(loop.up_policies, loop.up_select, events, (), t, n, True), n)
+        elif math.isfinite(loop.up_factor):
+            limit = max(n + loop.up_pods, math.floor(n * loop.up_factor))
+        else:
+            limit = want
+        new = int(min(want, limit, loop.max_replicas))
+        if new > n:
+            events.append((t, new - n))
+            n = new
     return int(n)
 
 

@@ -43,7 +43,8 @@ from tokenfactory.core.signals import Measurement, ScaleAction
 from tokenfactory.core.validation import ConfigError, check_choice, check_int, check_number
 
 __all__ = ["ScaleAction", "HorizontalPodAutoscaler", "KnativeAutoscaler", "DynamoThroughputPlanner",
-           "DynamoLoadPlanner", "AIBrixAPA", "POOL_METRICS", "DYNAMO_THROUGHPUT_TARGET", "dynamo_load_thresholds"]
+           "DynamoLoadPlanner", "AIBrixAPA", "POOL_METRICS", "DYNAMO_THROUGHPUT_TARGET", "dynamo_load_thresholds",
+           "hpa_policy_limit"]
 
 
 
@@ -97,8 +98,10 @@ class HorizontalPodAutoscaler(_PoolAutoscaler):
     ``tests/test_autoscaling_upstream.py`` ports upstream's unit-test cases.
 
     The current replica count is the deployment's (serving plus starting workers), the metric the
-    serving workers' average; with ``starting_unready`` the starting workers are unready pods,
-    counted at 0 on a scale-up as upstream does (a start-up alone then does not cascade).
+    serving workers' average; the starting workers are unready pods, counted at 0 on a scale-up as
+    upstream's replica calculator does (``calcPlainMetricReplicas``: pending and metric-less pods
+    at 0 when the ratio is above 1), so a start-up alone does not compound; the rule still grows
+    with a queue-bearing metric while the queue does.
 
     Parameters
     ----------
@@ -130,9 +133,10 @@ class HorizontalPodAutoscaler(_PoolAutoscaler):
         ``"max"`` (default), ``"min"`` or ``"disabled"``.
     starting_unready : bool
         Treat starting workers as unready pods, as upstream's replica calculator does (counted at 0
-        on a scale-up, sized from the ready ones on a scale-down). Default False: every provisioned
-        worker at the serving workers' average, the reading the cascade studies were built on
-        (upstream's rule cuts their start-up cascade from 32 to 9 workers; see the issue-22 note).
+        on a scale-up, sized from the ready ones on a scale-down; kubernetes
+        ``pkg/controller/podautoscaler/replica_calculator.go``, read at commits 0006726 and
+        19e8ce7). Default True. False: every provisioned worker at the serving workers' average
+        (an HPA whose starting pods report the metric; the compounding start-up cascade).
     sample_period : float
         Sync period (s, > 0; default 15).
     """
@@ -143,7 +147,7 @@ class HorizontalPodAutoscaler(_PoolAutoscaler):
                  max_replicas: int = 1000, tolerance: float = 0.1, downscale_stabilization_s: float = 300.0,
                  upscale_stabilization_s: float = 0.0, scale_up_pods: int = 4, scale_up_percent: float = 100.0,
                  scale_down_percent: float = 100.0, scale_up_policies=None, scale_down_policies=None,
-                 scale_up_select: str = "max", scale_down_select: str = "max", starting_unready: bool = False,
+                 scale_up_select: str = "max", scale_down_select: str = "max", starting_unready: bool = True,
                  sample_period: float = 15.0):
         super().__init__(sample_period)
         self._init_pool("hpa", pool, min_replicas, max_replicas)
@@ -239,26 +243,9 @@ class HorizontalPodAutoscaler(_PoolAutoscaler):
         return rec
 
     def _limit(self, t: float, current: int, up: bool) -> int:
-        policies = self.scale_up_policies if up else self.scale_down_policies
-        select = self.scale_up_select if up else self.scale_down_select
-        if select == "disabled":
-            return current
-        best = None
-        for kind, value, period in policies:
-            added = sum(c for ts, c in self._up_events if ts > t - period)
-            deleted = sum(c for ts, c in self._down_events if ts > t - period)
-            start = current - added + deleted
-            if up:
-                prop = start + value if kind == "pods" else math.ceil(start * (1 + value / 100.0))
-            else:  # Go's int32() truncates toward zero
-                prop = start - value if kind == "pods" else int(start * (1 - value / 100.0))
-            if best is None:
-                best = prop
-            elif up:
-                best = max(best, prop) if select == "max" else min(best, prop)
-            else:
-                best = min(best, prop) if select == "max" else max(best, prop)
-        return current if best is None else int(best)
+        return hpa_policy_limit(self.scale_up_policies if up else self.scale_down_policies,
+                                self.scale_up_select if up else self.scale_down_select,
+                                self._up_events, self._down_events, t, current, up)
 
     def rate_limit(self, t: float, current: int, desired: int) -> tuple[int, str]:
         """Upstream ``convertDesiredReplicasWithBehaviorRate``: the policies' limits (never past the
@@ -326,7 +313,7 @@ class HorizontalPodAutoscaler(_PoolAutoscaler):
         # average over pods that report it (serving ones); starting pods are unready: on a
         # scale-up upstream counts them at 0, on a scale-down it sizes from the ready ones
         provisioned = _current(m, self.pool, provisioned=True)
-        if not self.starting_unready:  # the model's historical reading: every provisioned pod at the average
+        if not self.starting_unready:  # starting pods that report the metric: every provisioned pod at the average
             return ScaleAction(self.pool, self.recommend(t, provisioned, POOL_METRICS[self.metric](m)))
         serving = _current(m, self.pool)
         return ScaleAction(self.pool, self.recommend(t, provisioned, POOL_METRICS[self.metric](m), serving,
@@ -338,6 +325,53 @@ class HorizontalPodAutoscaler(_PoolAutoscaler):
                                               "scale_up_percent", "scale_down_percent",
                                               "scale_up_policies", "scale_down_policies", "scale_up_select",
                                               "scale_down_select", "starting_unready", "sample_period")}
+
+
+def hpa_policy_limit(policies, select: str, up_events, down_events, t: float, current: int, up: bool) -> int:
+    """The replica count HPA's scaling policies allow at ``t`` (upstream
+    ``calculateScaleUpLimitWithScalingRules`` / ``calculateScaleDownLimitWithBehaviors``): each
+    policy ``(kind, value, period_s)`` allows ``value`` pods or percent of the count at the start of
+    its period (the current count with the scale events of the period taken back); ``select``
+    picks the largest change (``"max"``), the smallest (``"min"``) or none (``"disabled"``).
+
+    Parameters
+    ----------
+    policies : sequence of (str, float, float)
+        ``("pods" | "percent", value, period_s)``.
+    select : str
+        ``"max"``, ``"min"`` or ``"disabled"``.
+    up_events, down_events : sequence of (float, int)
+        Past scale events: (time, replicas added) and (time, replicas removed).
+    t : float
+        Now (s).
+    current : int
+        Replicas now.
+    up : bool
+        The direction: scale-up (True) or scale-down.
+
+    Returns
+    -------
+    int
+        The limit (``current`` when the direction is disabled).
+    """
+    if select == "disabled":
+        return current
+    best = None
+    for kind, value, period in policies:
+        added = sum(c for ts, c in up_events if ts > t - period)
+        deleted = sum(c for ts, c in down_events if ts > t - period)
+        start = current - added + deleted
+        if up:
+            prop = start + value if kind == "pods" else math.ceil(start * (1 + value / 100.0))
+        else:  # Go's int32() truncates toward zero
+            prop = start - value if kind == "pods" else int(start * (1 - value / 100.0))
+        if best is None:
+            best = prop
+        elif up:
+            best = max(best, prop) if select == "max" else min(best, prop)
+        else:
+            best = min(best, prop) if select == "max" else max(best, prop)
+    return current if best is None else int(best)
 
 
 def _policies(field: str, policies) -> tuple:

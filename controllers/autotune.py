@@ -18,11 +18,12 @@ import control
 import numpy as np
 
 from tokenfactory.controllers.admission import SmoothedAdmission
-from tokenfactory.controllers.stability import DelayedLoop, Margins, loop_transfer, stability_margins
+from tokenfactory.controllers.envelope_tuner import SIMC_TAU_C_FACTORS, simc_search
+from tokenfactory.controllers.stability import DelayedLoop, Margins, loop_transfer
 from tokenfactory.controllers.stability_batch import DelayedLoopBatch, stability_margins_batch
 from tokenfactory.controllers.tuning import PIGains, effective_delay, simc_pi
 from tokenfactory.plant_models.fluid import FluidPlant
-from tokenfactory.core.validation import ConfigError, check_number, setting
+from tokenfactory.core.validation import check_number, setting
 
 __all__ = ["StabilityEnvelope", "TuningReport", "admission_loop", "tune_smoothed_admission",
            "envelope_loops", "envelope_margins"]
@@ -295,7 +296,7 @@ def tune_smoothed_admission(plant: FluidPlant, *, sample_period: float = 0.25,
                             filter_tau: float | None = None, service_filter_tau: float = 5.0,
                             envelope: StabilityEnvelope = StabilityEnvelope(), safety_z: float = 2.0,
                             backlog_bound_s: float = 30.0, rate_limit_per_s: float | None = None,
-                            tau_c_factors=(1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0)
+                            tau_c_factors=SIMC_TAU_C_FACTORS
                             ) -> tuple[SmoothedAdmission, TuningReport]:
     """SIMC-tune :class:`SmoothedAdmission` for ``plant`` and check it over ``envelope``.
 
@@ -329,7 +330,9 @@ def tune_smoothed_admission(plant: FluidPlant, *, sample_period: float = 0.25,
     rate_limit_per_s : float or None
         Slew limit on admission (requests/s per second); ``None`` (default) uses c / theta_eff.
     tau_c_factors : sequence of float
-        Candidate tau_c / theta_eff ratios, tried in order (default 1 to 8).
+        Candidate tau_c / theta_eff ratios, tried in order (default
+        :data:`~tokenfactory.controllers.envelope_tuner.SIMC_TAU_C_FACTORS`, 1 to 8); the search is
+        :func:`~tokenfactory.controllers.envelope_tuner.simc_search`.
 
     Returns
     -------
@@ -355,19 +358,18 @@ def tune_smoothed_admission(plant: FluidPlant, *, sample_period: float = 0.25,
     safety = safety_z * math.sqrt(target_base)
     rate_limit = c / theta if rate_limit_per_s is None else rate_limit_per_s
     cache: dict = {}  # the perturbed plants do not depend on tau_c: linearise each once
-    for factor in tau_c_factors:
-        gains = simc_pi(1.0, theta, tau_c=factor * theta)
-        ctrl = SmoothedAdmission(target_base + safety, gains, filter_tau=filter_tau,
-                                 service_filter_tau=service_filter_tau, sample_period=sample_period,
-                                 rate_limit=rate_limit, backlog_bound=backlog_bound_s * c)
-        rows = envelope_margins(plant, ctrl, envelope, cache)
-        if all(r["meets_floors"] for r in rows):
-            nominal = stability_margins(admission_loop(plant, ctrl, _plant_model_cache=cache))
-            return ctrl, TuningReport(p.fill_to_ready_s, p.measurement_delay_s, sample_period, filter_tau,
-                                      theta, factor * theta, factor, gains, c, target_base + safety, safety,
-                                      nominal, envelope, rows)
-    worst = min(rows, key=lambda r: (r["stable"], abs(r["phase_margin_deg"])))
-    raise ConfigError("tuning.envelope", f"no tau_c up to {tau_c_factors[-1]} x theta meets GM >= "
-                      f"{envelope.gm_floor} and PM >= {envelope.pm_floor_deg} deg over the envelope "
-                      f"(worst point {worst['delay_factor']}x delay: "
-                      f"{'stable' if worst['stable'] else 'unstable'}, PM {worst['phase_margin_deg']:.1f} deg)")
+
+    def controller_at(factor: float) -> SmoothedAdmission:
+        return SmoothedAdmission(target_base + safety, simc_pi(1.0, theta, tau_c=factor * theta),
+                                 filter_tau=filter_tau, service_filter_tau=service_filter_tau,
+                                 sample_period=sample_period, rate_limit=rate_limit, backlog_bound=backlog_bound_s * c)
+
+    points = [{"delay_factor": d, "service_rate_factor": r} for d, r in envelope.points()]
+    t = simc_search(theta, controller_at, lambda ctrl: envelope_loops(plant, ctrl, envelope, cache), points,
+                    nominal_loop=lambda ctrl: admission_loop(plant, ctrl, _plant_model_cache=cache),
+                    tau_c_factors=tau_c_factors, gm_floor=envelope.gm_floor, pm_floor_deg=envelope.pm_floor_deg,
+                    field="tuning.envelope")
+    ctrl = t.controller
+    return ctrl, TuningReport(p.fill_to_ready_s, p.measurement_delay_s, sample_period, filter_tau, theta, t.tau_c_s,
+                              t.tau_c_over_theta, ctrl.gains, c, target_base + safety, safety, t.nominal, envelope,
+                              t.envelope)

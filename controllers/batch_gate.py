@@ -45,6 +45,7 @@ import numpy as np
 from scipy.optimize import brentq
 
 from tokenfactory.controllers.describing import LimitCycle
+from tokenfactory.controllers.envelope_tuner import SIMC_TAU_C_FACTORS, simc_search
 from tokenfactory.controllers.interface import SampledController
 from tokenfactory.controllers.stability import (  # the phase crossovers: where a real N(A) can balance
     DelayedLoop,
@@ -54,7 +55,7 @@ from tokenfactory.controllers.stability import (  # the phase crossovers: where 
     stability_margins,
 )
 from tokenfactory.core.signals import BatchCapAction, Measurement
-from tokenfactory.core.validation import ConfigError, check_number
+from tokenfactory.core.validation import check_number
 
 __all__ = ["BatchGate", "BatchGateTuning", "batch_gate_delay", "batch_gate_loop", "tune_batch_gate",
            "predict_batch_cycle", "largest_batch", "pass_target_s", "JOIN_WAIT_PASSES"]
@@ -427,7 +428,7 @@ class BatchGateTuning:
 def tune_batch_gate(measurement_delay_s: float, pass_s: float, *, snapshot_s: float = 0.1,
                     sample_period_s: float = 0.1, delay_factors=(0.5, 1.0, 2.0),
                     slope_factors=(0.7, 1.0, 1.3), gm_floor: float = 2.0, pm_floor_deg: float = 45.0,
-                    tau_c_factors=(1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0),
+                    tau_c_factors=SIMC_TAU_C_FACTORS[:-1],
                     check_ungated: bool = False) -> BatchGateTuning:
     """SIMC for the gated loop: pure delay theta with gain 1 and an integrating controller,
     ki = 1 / (tau_c + theta) (Skogestad 2003, Table 1, tau1 -> 0), g = ki x hold; tau_c is the
@@ -446,7 +447,8 @@ def tune_batch_gate(measurement_delay_s: float, pass_s: float, *, snapshot_s: fl
     gm_floor, pm_floor_deg : float
         Margin floors.
     tau_c_factors : sequence of float
-        Candidate tau_c / theta.
+        Candidate tau_c / theta (default :data:`~tokenfactory.controllers.envelope_tuner.SIMC_TAU_C_FACTORS`
+        up to 6; the search is :func:`~tokenfactory.controllers.envelope_tuner.simc_search`).
     check_ungated : bool
         Also analyse the ungated rule (margins and the describing-function cycle of the cap's
         saturation; a few seconds), for the before/after (default False).
@@ -462,27 +464,26 @@ def tune_batch_gate(measurement_delay_s: float, pass_s: float, *, snapshot_s: fl
         When no candidate meets the floors.
     """
     theta, hold = batch_gate_delay(measurement_delay_s, pass_s, snapshot_s, sample_period_s, True)
-    for f in tau_c_factors:
+    points = []
+    for d in delay_factors:
+        th_d, hold_d = batch_gate_delay(measurement_delay_s * d, pass_s, snapshot_s, sample_period_s, True)
+        points += [{"delay_factor": d, "slope_factor": s, "hold_s": hold_d, "theta_s": th_d} for s in slope_factors]
+
+    def correction_at(f: float) -> float:
         # SIMC for a pure time delay k e^{-theta s} (Skogestad 2003, Table 1 with tau1 -> 0): I-control
-        # with K_I = 1 / (k (tau_c + theta)), k = 1 through the model's inverse
-        ki = 1.0 / (f * theta + theta)
-        g = ki * hold
-        rows = []
-        for d in delay_factors:
-            th_d, hold_d = batch_gate_delay(measurement_delay_s * d, pass_s, snapshot_s, sample_period_s, True)
-            for s in slope_factors:
-                m = stability_margins(batch_gate_loop(g, hold_d, th_d, slope_factor=s))
-                rows.append({"delay_factor": d, "slope_factor": s, "hold_s": hold_d, "theta_s": th_d,
-                             **m.to_dict(), "meets_floors": m.meets(gm_floor, pm_floor_deg)})
-        if all(r["meets_floors"] for r in rows):
-            nominal = stability_margins(batch_gate_loop(g, hold, theta))
-            tuning = BatchGateTuning(g, hold, theta, f * theta, nominal, rows)
-            if check_ungated:
-                th_u, hold_u = batch_gate_delay(measurement_delay_s, pass_s, snapshot_s, sample_period_s, False)
-                ung_loop = batch_gate_loop(1.0, hold_u, th_u, name="ungated batch control")
-                tuning.ungated = stability_margins(ung_loop)
-                cyc = predict_batch_cycle(ung_loop, 1.0)
-                tuning.ungated_cycle = cyc.to_dict() if cyc else None
-            return tuning
-    raise ConfigError("batch_gate.envelope", f"no tau_c up to {tau_c_factors[-1]} x theta meets GM >= {gm_floor} "
-                      f"and PM >= {pm_floor_deg} deg over the envelope")
+        # with K_I = 1 / (k (tau_c + theta)), k = 1 through the model's inverse; g = K_I x hold
+        return 1.0 / (f * theta + theta) * hold
+
+    t = simc_search(theta, correction_at,
+                    lambda g: [batch_gate_loop(g, p["hold_s"], p["theta_s"], slope_factor=p["slope_factor"])
+                               for p in points],
+                    points, nominal_loop=lambda g: batch_gate_loop(g, hold, theta), tau_c_factors=tau_c_factors,
+                    gm_floor=gm_floor, pm_floor_deg=pm_floor_deg, field="batch_gate.envelope")
+    tuning = BatchGateTuning(t.controller, hold, theta, t.tau_c_s, t.nominal, t.envelope)
+    if check_ungated:
+        th_u, hold_u = batch_gate_delay(measurement_delay_s, pass_s, snapshot_s, sample_period_s, False)
+        ung_loop = batch_gate_loop(1.0, hold_u, th_u, name="ungated batch control")
+        tuning.ungated = stability_margins(ung_loop)
+        cyc = predict_batch_cycle(ung_loop, 1.0)
+        tuning.ungated_cycle = cyc.to_dict() if cyc else None
+    return tuning

@@ -25,12 +25,81 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from tokenfactory.controllers.interface import SampledController
 from tokenfactory.core.signals import AdmissionAction, Measurement
 from tokenfactory.core.validation import check_number
 
-__all__ = ["EarlyRejection", "WatermarkAdmission"]
+__all__ = ["EarlyRejection", "WatermarkAdmission", "RejectionSeesaw", "predict_rejection_seesaw"]
+
+
+@dataclass(frozen=True)
+class RejectionSeesaw:
+    """The decode-load cycle early rejection on a delayed decode load settles into.
+
+    Parameters
+    ----------
+    period_s : float
+        Time between two switches from rejecting to admitting (s).
+    swing : float
+        Peak-to-peak swing of the decode load (sequences per decode slot).
+    delay_s : float
+        The loop's delay: a request admitted now reaches decode after it (s).
+    """
+
+    period_s: float
+    swing: float
+    delay_s: float
+
+    @property
+    def amplitude(self) -> float:
+        """sqrt(2) x the RMS of the triangle wave (the oscillation test's amplitude)."""
+        return self.swing / 2.0 * math.sqrt(2.0 / 3.0)
+
+    def to_dict(self) -> dict:
+        return {"period_s": self.period_s, "swing": self.swing, "amplitude": self.amplitude,
+                "delay_s": self.delay_s}
+
+
+def predict_rejection_seesaw(demand_rps: float, decode_rps: float, decode_slots: float, delay_s: float,
+                             min_amplitude: float = 0.02) -> RejectionSeesaw | None:
+    """The cycle of admission that rejects on the decode load while the admitted work reaches
+    decode ``delay_s`` later (Mooncake sec. 7.3's seesaw), or None when it is too small to matter.
+
+    The decode load integrates admitted arrivals minus completions; the rule is a relay on it
+    (admit all at ``demand_rps``, or none) acting through a pure delay. Between switches each slope
+    runs on for the delay after the load crosses the threshold: rising at a = demand - decode rate
+    it overshoots by a x delay, falls back at b = decode rate and undershoots by b x delay. One
+    period is delay + (a / b) delay + delay + (b / a) delay = delay (2 + a / b + b / a), the swing
+    (a + b) delay sequences (the classic relay-with-delay cycle on an integrator, made asymmetric by
+    the two slopes). With ``demand_rps`` at or below ``decode_rps`` nothing is rejected: no cycle.
+
+    Parameters
+    ----------
+    demand_rps, decode_rps : float
+        Offered requests/s and what the decode pool completes at full load (> 0).
+    decode_slots : float
+        Decode slots of the pool (sequences, > 0): the unit of the load.
+    delay_s : float
+        Admission to decode arrival (the prefill, with its queue), plus the load's age and half a
+        sample (s, > 0).
+    min_amplitude : float
+        Amplitude (sqrt(2) x RMS, load units) below which no cycle is reported (default 0.02, the
+        floor the seesaw's oscillation test uses, :func:`tokenfactory.controllers.oscillation.assess`).
+
+    Returns
+    -------
+    RejectionSeesaw or None
+    """
+    for name, v in (("demand_rps", demand_rps), ("decode_rps", decode_rps), ("decode_slots", decode_slots),
+                    ("delay_s", delay_s)):
+        check_number(f"seesaw.{name}", v, low=0.0, low_inclusive=False)
+    if demand_rps <= decode_rps:
+        return None
+    a, b = demand_rps - decode_rps, decode_rps
+    cycle = RejectionSeesaw(delay_s * (2.0 + a / b + b / a), (a + b) * delay_s / decode_slots, delay_s)
+    return cycle if cycle.amplitude >= min_amplitude else None
 
 
 class EarlyRejection(SampledController):

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 import control
 import numpy as np
 
+from tokenfactory.controllers.envelope_tuner import SIMC_TAU_C_FACTORS, simc_search
 from tokenfactory.controllers.stability import DelayedLoop, Margins, _grid, pade_order_for, stability_margins
 from tokenfactory.core.validation import ConfigError, check_number
 
@@ -267,7 +268,7 @@ def reconfiguration_loop(queue_clear_s: float, target_utilization: float, delay_
 
 def simc_queue_clear_s(delay_s: float, target_utilization: float, *, delay_factors=(1.0,),
                        service_rate_factors=(1.0,), gm_floor: float = 2.0, pm_floor_deg: float = 45.0,
-                       tau_c_factors=(1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0)) -> tuple[float, float]:
+                       tau_c_factors=SIMC_TAU_C_FACTORS) -> tuple[float, float]:
     """SIMC backlog-clearance time for the reconfiguration loop, relaxed until the floors hold over
     the envelope: queue_clear_s = (tau_c + theta) / u with the first tau_c = f x theta that meets
     GM >= ``gm_floor`` and PM >= ``pm_floor_deg`` at every (delay factor, service-rate factor).
@@ -291,12 +292,10 @@ def simc_queue_clear_s(delay_s: float, target_utilization: float, *, delay_facto
         ``(queue_clear_s, tau_c / theta)``.
     """
     check_number("delay_s", delay_s, low=0.0, low_inclusive=False)
-    for f in tau_c_factors:
-        qc = (1.0 + f) * delay_s / target_utilization
-        ok = all(stability_margins(reconfiguration_loop(qc, target_utilization, d * delay_s,
-                                                        service_rate_factor=r)).meets(gm_floor, pm_floor_deg)
-                 for d in delay_factors for r in service_rate_factors)
-        if ok:
-            return qc, f
-    raise ConfigError("reconfiguration.envelope", f"no tau_c up to {tau_c_factors[-1]} x theta meets GM >= "
-                      f"{gm_floor} and PM >= {pm_floor_deg} deg over the envelope")
+    points = [{"delay_factor": d, "service_rate_factor": r} for d in delay_factors for r in service_rate_factors]
+    t = simc_search(delay_s, lambda f: (1.0 + f) * delay_s / target_utilization,
+                    lambda qc: [reconfiguration_loop(qc, target_utilization, p["delay_factor"] * delay_s,
+                                                     service_rate_factor=p["service_rate_factor"]) for p in points],
+                    points, tau_c_factors=tau_c_factors, gm_floor=gm_floor, pm_floor_deg=pm_floor_deg,
+                    field="reconfiguration.envelope")
+    return t.controller, t.tau_c_over_theta

@@ -100,9 +100,9 @@ import control
 
 from tokenfactory.core.classes import DEFAULT_CLASSES, RequestClass, class_table
 from tokenfactory.controllers.batch_gate import JOIN_WAIT_PASSES
-from tokenfactory.controllers.describing import predict_limit_cycles
+from tokenfactory.controllers.envelope_tuner import SIMC_TAU_C_FACTORS, SIMC_TAU_C_FACTORS_WIDE, simc_search
 from tokenfactory.controllers.interface import SampledController, lowpass
-from tokenfactory.controllers.stability import DelayedLoop, Margins, stability_margins
+from tokenfactory.controllers.stability import DelayedLoop, Margins
 from tokenfactory.core.signals import ADMIT, AdmissionAction, Arrival, Decision, Measurement, ReserveAction
 from tokenfactory.core.validation import ConfigError, check_int, check_number, setting
 
@@ -979,7 +979,7 @@ class GateLoopTuning:
 def tune_slo_admission(theta_fill_s: float, theta_decode_s: float, gate_time_s: float, *,
                        delay_factors=(0.5, 1.0, 2.0), gain_factors=(0.7, 1.0, 1.3), gm_floor: float = 2.0,
                        pm_floor_deg: float = 45.0, limit_range: float = 1.0,
-                       tau_c_factors=(1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0)) -> dict[str, GateLoopTuning]:
+                       tau_c_factors=SIMC_TAU_C_FACTORS) -> dict[str, GateLoopTuning]:
     """SIMC-tune the fill and decode limit corrections and check them.
 
     For each loop: ki = 1 / (tau_c + theta) with tau_c the first of ``tau_c_factors`` x theta for
@@ -1016,26 +1016,19 @@ def tune_slo_admission(theta_fill_s: float, theta_decode_s: float, gate_time_s: 
     ConfigError
         When no candidate meets the floors for a loop.
     """
+    points = [{"delay_factor": d, "gain_factor": k} for d in delay_factors for k in gain_factors]
     out = {}
     for loop, theta in (("fill", theta_fill_s), ("decode", theta_decode_s)):
         check_number(f"tuning.theta_{loop}_s", theta, low=0.0, low_inclusive=False)
-        for f in tau_c_factors:
-            ki = 1.0 / (f * theta + theta)
-            rows = []
-            for d in delay_factors:
-                for k in gain_factors:
-                    mg = stability_margins(slo_gate_loop(ki, theta * d, gate_time_s, gain_factor=k))
-                    rows.append({"delay_factor": d, "gain_factor": k, **mg.to_dict(),
-                                 "meets_floors": mg.meets(gm_floor, pm_floor_deg)})
-            if all(r["meets_floors"] for r in rows):
-                nominal_loop = slo_gate_loop(ki, theta, gate_time_s, name=f"{loop} gate")
-                cycles = predict_limit_cycles(nominal_loop, control.saturation_nonlinearity(limit_range))
-                out[loop] = GateLoopTuning(loop, theta, gate_time_s, f * theta, ki, stability_margins(nominal_loop),
-                                           rows, cycles[0].to_dict() if cycles else None)
-                break
-        else:
-            raise ConfigError(f"tuning.{loop}", f"no tau_c up to {tau_c_factors[-1]} x theta meets GM >= "
-                              f"{gm_floor} and PM >= {pm_floor_deg} deg over the envelope")
+        t = simc_search(theta, lambda f, theta=theta: 1.0 / (f * theta + theta),
+                        lambda ki, theta=theta: [slo_gate_loop(ki, theta * p["delay_factor"], gate_time_s,
+                                                               gain_factor=p["gain_factor"]) for p in points],
+                        points, nominal_loop=lambda ki, theta=theta, loop=loop: slo_gate_loop(
+                            ki, theta, gate_time_s, name=f"{loop} gate"),
+                        nonlinearity=control.saturation_nonlinearity(limit_range), tau_c_factors=tau_c_factors,
+                        gm_floor=gm_floor, pm_floor_deg=pm_floor_deg, field=f"tuning.{loop}")
+        out[loop] = GateLoopTuning(loop, theta, gate_time_s, t.tau_c_s, t.controller, t.nominal, t.envelope,
+                                   t.limit_cycle)
     return out
 
 
@@ -1122,7 +1115,7 @@ class MarginLoopTuning:
 def tune_margin_loop(theta_s: float, window_s: float, *, gain: float = MARGIN_GAIN,
                      delay_factors=(0.5, 1.0, 2.0), gain_factors=(0.25, 1.0, 4.0), gm_floor: float = 2.0,
                      pm_floor_deg: float = 45.0,
-                     tau_c_factors=(1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)) -> MarginLoopTuning:
+                     tau_c_factors=SIMC_TAU_C_FACTORS_WIDE) -> MarginLoopTuning:
     """SIMC for the outer loop: an integral controller on K e^{-theta s} / (tau_w s + 1), the lag
     counted as delay (an I controller cannot cancel it; Skogestad 2003, the half rule's limit),
     theta_eff = theta + tau_w, and ki = 1 / (K (tau_c + theta_eff)) (Table 1, integrating form),
@@ -1157,19 +1150,13 @@ def tune_margin_loop(theta_s: float, window_s: float, *, gain: float = MARGIN_GA
     check_number("outer.window_s", window_s, low=0.0)
     check_number("outer.gain", gain, low=0.0, low_inclusive=False)
     eff = theta_s + 0.5 * window_s
-    for f in tau_c_factors:
-        ki = 1.0 / (gain * (f * eff + eff))
-        rows = []
-        for d in delay_factors:
-            for k in gain_factors:
-                mg = stability_margins(margin_loop(ki, theta_s * d, window_s, gain=gain * k))
-                rows.append({"delay_factor": d, "gain_factor": k, **mg.to_dict(),
-                             "meets_floors": mg.meets(gm_floor, pm_floor_deg)})
-        if all(r["meets_floors"] for r in rows):
-            return MarginLoopTuning(theta_s, window_s, gain, f * eff, ki,
-                                    stability_margins(margin_loop(ki, theta_s, window_s, gain=gain)), rows)
-    raise ConfigError("outer.ki", f"no tau_c up to {tau_c_factors[-1]} x theta meets GM >= {gm_floor} and PM >= "
-                      f"{pm_floor_deg} deg over the envelope")
+    points = [{"delay_factor": d, "gain_factor": k} for d in delay_factors for k in gain_factors]
+    t = simc_search(eff, lambda f: 1.0 / (gain * (f * eff + eff)),
+                    lambda ki: [margin_loop(ki, theta_s * p["delay_factor"], window_s, gain=gain * p["gain_factor"])
+                                for p in points],
+                    points, nominal_loop=lambda ki: margin_loop(ki, theta_s, window_s, gain=gain),
+                    tau_c_factors=tau_c_factors, gm_floor=gm_floor, pm_floor_deg=pm_floor_deg, field="outer.ki")
+    return MarginLoopTuning(theta_s, window_s, gain, t.tau_c_s, t.controller, t.nominal, t.envelope)
 
 
 def margin_separation(outer: MarginLoopTuning, fast: GateLoopTuning):

@@ -1,6 +1,8 @@
 """Runnable studies. Each module has ``run(out_dir, quick=False, config=None) -> dict`` writing
 figures, ``metrics.json`` and ``summary.md``; studies whose grids have a heavier variant also take
-``full=False``. ``tokenfactory study NAME`` runs one, ``study all`` the suite.
+``full=False``. ``tokenfactory study NAME`` runs one, ``study all`` the suite. Each declares its
+settings as ``CONFIG`` (a :class:`~tokenfactory.studies.study_config.StudyVariants`) and resolves
+them once with :func:`~tokenfactory.studies.study_config.resolve_study_config`.
 
 Three sizes of every study:
 
@@ -76,7 +78,7 @@ def has_full_variant(name: str) -> bool:
 
 
 def run_study(name: str, out_dir: str | Path | None = None, quick: bool = False,
-              full: bool = False) -> dict[str, Any]:
+              full: bool = False, sweep=None) -> dict[str, Any]:
     """Run study ``name``, writing under ``out_dir`` (default ``reports/<name>``).
 
     Parameters
@@ -92,6 +94,9 @@ def run_study(name: str, out_dir: str | Path | None = None, quick: bool = False,
     full : bool
         Run the study's heavy grids (``tokenfactory study NAME --full``); a study without a
         heavier variant runs its default. Default False: the default variant (``make run``).
+    sweep : tokenfactory.sweep.SweepBackend, optional
+        Where the study's grids run (serially, or on Dask), for studies whose ``run`` takes
+        ``sweep``; None: serial unless the user's environment names a Dask cluster.
 
     Returns
     -------
@@ -109,9 +114,10 @@ def run_study(name: str, out_dir: str | Path | None = None, quick: bool = False,
         raise ConfigError("study", "quick and full are exclusive: pick one variant")
     module = importlib.import_module(STUDIES[name])
     out = Path(out_dir) if out_dir is not None else Path("reports") / name
+    kw = {"sweep": sweep} if sweep is not None and "sweep" in inspect.signature(module.run).parameters else {}
     if full and has_full_variant(name):
-        return module.run(out, quick=False, full=True)
-    return module.run(out, quick=quick)
+        return module.run(out, quick=False, full=True, **kw)
+    return module.run(out, quick=quick, **kw)
 
 
 #: Wall seconds of each study's default variant in ``tokenfactory study all --jobs 2`` on the

@@ -48,9 +48,10 @@ from tokenfactory.traces import (
     scale_trace,
     trace_available,
 )
-from tokenfactory.core.validation import ConfigError, check_int, check_number, reject_unknown_keys
+from tokenfactory.studies.study_config import StudyVariants, resolve_study_config
+from tokenfactory.core.validation import ConfigError, check_int, check_number
 
-__all__ = ["DEFAULT_CONFIG", "run", "goodput_at_slo", "cluster_configs"]
+__all__ = ["CONFIG", "DEFAULT_CONFIG", "run", "goodput_at_slo", "cluster_configs"]
 
 #: plants, SLOs and load grids (x the reference capacity) per workload. DeepSeek-V3 on 8 x H200
 #: with the reconfiguration study's SLOs (TPOT 0.155 s: the fitted roofline runs a full KV batch at
@@ -89,13 +90,8 @@ QUICK: dict[str, Any] = {"traces": ["azure-conv-2023", "long-context"], "fill_sh
 FULL: dict[str, Any] = {"replay_s": 120.0}
 
 
-def _config(config: dict[str, Any] | None, quick: bool) -> dict[str, Any]:
-    cfg = {**DEFAULT_CONFIG, **(config or {})}
-    reject_unknown_keys("aggregation", cfg, set(DEFAULT_CONFIG))
-    if cfg["full"]:
-        cfg.update({k: v for k, v in FULL.items() if k not in (config or {})})
-    if quick:
-        cfg.update({k: v for k, v in QUICK.items() if k not in (config or {})})
+def _check(cfg: dict[str, Any]) -> None:
+    """The ranges of the resolved settings."""
     for i, t in enumerate(cfg["traces"]):
         if t not in WORKLOADS:
             raise ConfigError(f"aggregation.traces[{i}]", f"{t!r} is not one of {', '.join(WORKLOADS)}")
@@ -113,7 +109,10 @@ def _config(config: dict[str, Any] | None, quick: bool) -> dict[str, Any]:
     check_number("aggregation.attainment_target", cfg["attainment_target"], low=0.0, high=1.0, low_inclusive=False)
     check_number("aggregation.tie_fraction", cfg["tie_fraction"], low=0.0, high=1.0)
     check_number("aggregation.relaxed_tpot", cfg["relaxed_tpot"], low=1.0)
-    return cfg
+
+
+#: the study's settings: the defaults and its quick and full variants (:mod:`tokenfactory.studies.study_config`)
+CONFIG = StudyVariants("aggregation", DEFAULT_CONFIG, quick=QUICK, full=FULL, check=_check)
 
 
 def cluster_configs(workers: int, fill_shares) -> list[tuple[str, int, int, int]]:
@@ -285,13 +284,9 @@ def _misses(r) -> str:
     return out + (f", and {u:.0%} were still decoding when the run ended" if u >= 0.005 else "")
 
 
-def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None,
-        full: bool = False) -> dict[str, Any]:
-    """Run the study into ``out_dir`` (``quick``: the test variant; ``full``, or ``config={"full": True}``:
-    the heavier grid; ``config``: overrides of :data:`DEFAULT_CONFIG`); returns its metrics."""
-    cfg = _config({**(config or {}), "full": True} if full else config, quick)
-    report = StudyReport("aggregation", Path(out_dir), cfg)
-    configs = cluster_configs(cfg["workers"], cfg["fill_shares"])
+def _run_grid(cfg, configs: list) -> tuple[list[dict], list[str], dict[str, dict]]:
+    """Every (trace, configuration, load) run in the request simulator: one row each, the traces
+    replaced by the synthetic workload, and each trace's reference capacity."""
     rows, substituted = [], []
     refs = {}
     for requested in cfg["traces"]:
@@ -351,6 +346,60 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                                                               & (rec["tpot_s"] <= cfg["relaxed_tpot"] * w["slo_tpot_s"])
                                                               ).sum() / n_arr),
                              "wall_seconds": m["wall_seconds"]})
+    return rows, substituted, refs
+
+
+def _figures(cfg, report: StudyReport, configs: list, table: pd.DataFrame, refs: dict, verdicts: dict) -> None:
+    """Attainment and tails against load per configuration, and the stranded resources."""
+    fig = Figure(figsize=(13, 3.6 * len(refs)), layout="constrained")
+    axes = np.atleast_2d(fig.subplots(len(refs), 3))
+    for row, trace in zip(axes, refs):
+        t = table[table["trace"] == trace]
+        for k, c in enumerate(configs):
+            g = t[t["config"] == c[0]].sort_values("load")
+            style = dict(color=f"C{k}", marker="o", lw=2.2 if c[0] == "aggregated" else 1.2, label=c[0])
+            row[0].plot(g["load"], g["slo_attainment"], **style)
+            row[1].plot(g["load"], g["tpot_p99"], **style)
+            row[2].plot(g["load"], g["ttft_p99"], **style)
+        row[0].axhline(cfg["attainment_target"], color="k", lw=0.8, ls=":")
+        row[1].axhline(WORKLOADS[trace]["slo_tpot_s"], color="k", lw=0.8, ls=":")
+        row[2].axhline(WORKLOADS[trace]["slo_ttft_s"], color="k", lw=0.8, ls=":")
+        row[2].set_yscale("log")
+        row[0].set_ylabel(f"{trace}\nSLO attainment")
+        row[1].set_ylabel("TPOT p99 (s)")
+        row[2].set_ylabel("TTFT p99 (s)")
+        for a in row:
+            a.set_xlabel("load (x reference capacity)")
+            a.grid(True, alpha=0.3)
+        row[0].legend(fontsize=8)
+    report.save_figure(fig, "aggregation.png", "SLO attainment, TPOT p99 and TTFT p99 against load for aggregated "
+                       "workers and each fill:decode split (dotted: the target and the SLOs). " + " ".join(
+                           f"{t}: {v['winner']}." for t, v in verdicts.items()))
+
+    fig = Figure(figsize=(11, 3.8), layout="constrained")
+    ax = fig.subplots(1, 2)
+    top = table[table.groupby("trace")["load"].transform("max") == table["load"]]
+    labels = [f"{r.trace}\n{r.config} x{r.load:g}" for r in top.itertuples()]
+    xs = np.arange(len(top))
+    ax[0].bar(xs, top["stranded_compute"], color=["C0" if c == "aggregated" else "C1" for c in top["config"]])
+    ax[1].bar(xs, top["stranded_bandwidth"], color=["C0" if c == "aggregated" else "C1" for c in top["config"]])
+    for a, what in zip(ax, ("compute", "HBM bandwidth")):
+        a.set_xticks(xs, labels, rotation=90, fontsize=7)
+        a.set_ylabel(f"stranded {what} (share of attainable)")
+        a.set_ylim(0, 1.02)
+        a.grid(True, axis="y", alpha=0.3)
+    report.save_figure(fig, "stranded.png", "Compute and HBM bandwidth left unused at each workload's highest load "
+                       "(blue: aggregated workers), against the roofline's attainable rates.")
+
+
+def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None,
+        full: bool = False) -> dict[str, Any]:
+    """Run the study into ``out_dir`` (``quick``: the test variant; ``full``, or ``config={"full": True}``:
+    the heavier grid; ``config``: overrides of :data:`DEFAULT_CONFIG`); returns its metrics."""
+    cfg = resolve_study_config(CONFIG, config, quick=quick, full=full)
+    report = StudyReport("aggregation", Path(out_dir), cfg)
+    configs = cluster_configs(cfg["workers"], cfg["fill_shares"])
+    rows, substituted, refs = _run_grid(cfg, configs)
     table = pd.DataFrame(rows)
     for c in ("ttft_p99", "tpot_p99", "ttft_p50", "tpot_p50"):
         table[c] = table[c].astype(float)
@@ -397,45 +446,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
               "'>=x' met at the highest).", "", *[f"- {s}" for s in why_lines], "",
               _article_line(verdicts, table)]
 
-    fig = Figure(figsize=(13, 3.6 * len(refs)), layout="constrained")
-    axes = np.atleast_2d(fig.subplots(len(refs), 3))
-    for row, trace in zip(axes, refs):
-        t = table[table["trace"] == trace]
-        for k, c in enumerate(configs):
-            g = t[t["config"] == c[0]].sort_values("load")
-            style = dict(color=f"C{k}", marker="o", lw=2.2 if c[0] == "aggregated" else 1.2, label=c[0])
-            row[0].plot(g["load"], g["slo_attainment"], **style)
-            row[1].plot(g["load"], g["tpot_p99"], **style)
-            row[2].plot(g["load"], g["ttft_p99"], **style)
-        row[0].axhline(cfg["attainment_target"], color="k", lw=0.8, ls=":")
-        row[1].axhline(WORKLOADS[trace]["slo_tpot_s"], color="k", lw=0.8, ls=":")
-        row[2].axhline(WORKLOADS[trace]["slo_ttft_s"], color="k", lw=0.8, ls=":")
-        row[2].set_yscale("log")
-        row[0].set_ylabel(f"{trace}\nSLO attainment")
-        row[1].set_ylabel("TPOT p99 (s)")
-        row[2].set_ylabel("TTFT p99 (s)")
-        for a in row:
-            a.set_xlabel("load (x reference capacity)")
-            a.grid(True, alpha=0.3)
-        row[0].legend(fontsize=8)
-    report.save_figure(fig, "aggregation.png", "SLO attainment, TPOT p99 and TTFT p99 against load for aggregated "
-                       "workers and each fill:decode split (dotted: the target and the SLOs). " + " ".join(
-                           f"{t}: {v['winner']}." for t, v in verdicts.items()))
-
-    fig = Figure(figsize=(11, 3.8), layout="constrained")
-    ax = fig.subplots(1, 2)
-    top = table[table.groupby("trace")["load"].transform("max") == table["load"]]
-    labels = [f"{r.trace}\n{r.config} x{r.load:g}" for r in top.itertuples()]
-    xs = np.arange(len(top))
-    ax[0].bar(xs, top["stranded_compute"], color=["C0" if c == "aggregated" else "C1" for c in top["config"]])
-    ax[1].bar(xs, top["stranded_bandwidth"], color=["C0" if c == "aggregated" else "C1" for c in top["config"]])
-    for a, what in zip(ax, ("compute", "HBM bandwidth")):
-        a.set_xticks(xs, labels, rotation=90, fontsize=7)
-        a.set_ylabel(f"stranded {what} (share of attainable)")
-        a.set_ylim(0, 1.02)
-        a.grid(True, axis="y", alpha=0.3)
-    report.save_figure(fig, "stranded.png", "Compute and HBM bandwidth left unused at each workload's highest load "
-                       "(blue: aggregated workers), against the roofline's attainable rates.")
+    _figures(cfg, report, configs, table, refs, verdicts)
     return report.finish({"rows": rows, "goodput_at_slo": best_rows, "verdicts": verdicts, "references": refs,
                           "substituted_traces": substituted, "absent_traces": substituted}, lines)
 

@@ -33,9 +33,10 @@ from tokenfactory.plant_models import (
 )
 from tokenfactory.plant_models.plots import capacity_curve_plot
 from tokenfactory.studies.report import StudyReport
-from tokenfactory.core.validation import ConfigError, check_int, check_number, reject_unknown_keys
+from tokenfactory.studies.study_config import StudyVariants, resolve_study_config
+from tokenfactory.core.validation import ConfigError, check_int, check_number
 
-__all__ = ["DEFAULT_CONFIG", "run", "capacity_sweep"]
+__all__ = ["CONFIG", "DEFAULT_CONFIG", "run", "capacity_sweep"]
 
 GB, TB = 1e9, 1e12
 
@@ -53,9 +54,8 @@ DEFAULT_CONFIG: dict[str, Any] = {
 }
 
 
-def _config(config: dict[str, Any] | None, quick: bool) -> dict[str, Any]:
-    cfg = {**DEFAULT_CONFIG, **(config or {})}
-    reject_unknown_keys("bandwidth-capacity", cfg, set(DEFAULT_CONFIG))
+def _check(cfg: dict[str, Any]) -> None:
+    """The ranges of the resolved settings."""
     check_int("bandwidth-capacity.context_tokens", cfg["context_tokens"], low=1)
     for k in ("capacities_gb", "bandwidths_tbs", "heatmap_bandwidths_tbs"):
         if not cfg[k]:
@@ -67,10 +67,10 @@ def _config(config: dict[str, Any] | None, quick: bool) -> dict[str, Any]:
                           f"{cfg['reference_bandwidth_tbs']} must be one of bandwidths_tbs {cfg['bandwidths_tbs']}")
     check_number("bandwidth-capacity.plateau_fraction", cfg["plateau_fraction"], low=0.0, high=1.0,
                  low_inclusive=False)
-    if quick:
-        cfg["capacities_gb"] = [float(c) for c in range(100, 601, 50)]
-        cfg["heatmap_bandwidths_tbs"] = [4.0, 8.0, 12.0]
-    return cfg
+
+
+#: the study's settings: the defaults and its quick variant (:mod:`tokenfactory.studies.study_config`)
+CONFIG = StudyVariants("bandwidth-capacity", DEFAULT_CONFIG, quick={"capacities_gb": [float(c) for c in range(100, 601, 50)], "heatmap_bandwidths_tbs": [4.0, 8.0, 12.0]}, check=_check)
 
 
 def capacity_sweep(model, base, parallelism: Parallelism, context_tokens: int,
@@ -148,7 +148,7 @@ def _headline(df: pd.DataFrame, frac: float) -> dict[str, Any]:
 
 
 def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None) -> dict[str, Any]:
-    cfg = _config(config, quick)
+    cfg = resolve_study_config(CONFIG, config, quick=quick)
     report = StudyReport("bandwidth-capacity", Path(out_dir), cfg)
     model = model_preset(cfg["model"])
     base = accelerator_preset(cfg["base_hardware"])

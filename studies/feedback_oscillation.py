@@ -39,10 +39,11 @@ from tokenfactory.plant_models import (
     simulate_loop,
 )
 from tokenfactory.plant_models.plots import loop_response_plot
+from tokenfactory.studies.study_config import StudyVariants, resolve_study_config
 from tokenfactory.studies.report import StudyReport
 from tokenfactory.scenario import load_scenario, naive_limit_cycle, scenario_dir
 
-__all__ = ["run", "scenario_path"]
+__all__ = ["CONFIG", "run", "scenario_path"]
 
 SETTLE_BAND = 0.05      # settle within +/-5 % of the ready target
 ASSESS_DT = 0.05        # detectors see the ready buffer sampled every 50 ms
@@ -52,6 +53,17 @@ MIN_AMPLITUDE = 1.0     # requests: ripple below one request is not an oscillati
 def scenario_path(kind: str) -> Path:
     """The shipped example scenario for ``kind`` ("naive" or "smoothed")."""
     return scenario_dir() / f"feedback_oscillation_{kind}.toml"
+
+
+#: the study's settings: the defaults and its quick variant (:mod:`tokenfactory.studies.study_config`)
+CONFIG = StudyVariants("feedback-oscillation", {
+    "naive_scenario": str(scenario_path("naive")), "smoothed_scenario": str(scenario_path("smoothed")),
+    "duration_s": 300.0, "assess_from_s": 60.0,
+    "delay_factors": [0.5, 1.0, 2.0], "step": {"from": 0.7, "to": 1.05, "at_s": 60.0},
+    "dip": {"factor": 0.7, "start_s": 60.0, "duration_s": 60.0}, "lost_fraction": 0.125,
+    "map_delays_s": list(np.geomspace(0.1, 8.0, 15)), "map_gain_factors": list(np.geomspace(0.25, 16.0, 15))},
+    quick={"duration_s": 200.0, "map_delays_s": list(np.geomspace(0.1, 8.0, 9)),
+           "map_gain_factors": list(np.geomspace(0.25, 16.0, 9))})
 
 
 def _assess_ready(resp, start_s: float):
@@ -113,24 +125,46 @@ def _simulate(plant: FluidPlant, controller, sim: LoopScenario, ready0: float, b
     return simulate_loop(plant, controller, sim, x0=x0)
 
 
-def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None) -> dict[str, Any]:
-    cfg = {"naive_scenario": str(scenario_path("naive")), "smoothed_scenario": str(scenario_path("smoothed")),
-           "duration_s": 200.0 if quick else 300.0, "assess_from_s": 60.0,
-           "delay_factors": [0.5, 1.0, 2.0], "step": {"from": 0.7, "to": 1.05, "at_s": 60.0},
-           "dip": {"factor": 0.7, "start_s": 60.0, "duration_s": 60.0}, "lost_fraction": 0.125,
-           "map_delays_s": list(np.geomspace(0.1, 8.0, 9 if quick else 15)),
-           "map_gain_factors": list(np.geomspace(0.25, 16.0, 9 if quick else 15)), **(config or {})}
-    report = StudyReport("feedback-oscillation", Path(out_dir), cfg)
-    naive_sc, smooth_sc = load_scenario(cfg["naive_scenario"]), load_scenario(cfg["smoothed_scenario"])
-    plant = smooth_sc.plant
-    c = plant.decode_capacity
-    sim = dataclasses.replace(smooth_sc.simulation, duration_s=cfg["duration_s"])
-    t_a = cfg["assess_from_s"]
-    naive: CompletionTriggeredAdmission = naive_sc.controller
-    smoothed = smooth_sc.controller
-    target = smoothed.target_ready
+@dataclasses.dataclass(frozen=True)
+class _Loops:
+    """The study's two shipped scenarios and what every section reads off them."""
 
-    # (a) naive limit cycle vs describing-function prediction --------------------------------
+    naive_sc: Any
+    smooth_sc: Any
+    plant: FluidPlant
+    sim: LoopScenario
+    assess_from_s: float
+
+    @property
+    def c(self) -> float:
+        return self.plant.decode_capacity
+
+    @property
+    def naive(self) -> CompletionTriggeredAdmission:
+        return self.naive_sc.controller
+
+    @property
+    def smoothed(self) -> SmoothedAdmission:
+        return self.smooth_sc.controller
+
+    @property
+    def target(self) -> float:
+        return self.smoothed.target_ready
+
+
+def _loops(cfg) -> _Loops:
+    naive_sc, smooth_sc = load_scenario(cfg["naive_scenario"]), load_scenario(cfg["smoothed_scenario"])
+    sim = dataclasses.replace(smooth_sc.simulation, duration_s=cfg["duration_s"])
+    return _Loops(naive_sc, smooth_sc, smooth_sc.plant, sim, cfg["assess_from_s"])
+
+
+def _unpack(lp: _Loops):
+    return lp.naive_sc, lp.smooth_sc, lp.plant, lp.c, lp.sim, lp.assess_from_s, lp.naive, lp.smoothed, lp.target
+
+
+def _naive_section(lp: _Loops) -> dict[str, Any]:
+    """(a) The naive loop's limit cycle against the describing function's prediction."""
+    naive_sc, smooth_sc, plant, c, sim, t_a, naive, smoothed, target = _unpack(lp)
     r_naive = _simulate(naive_sc.plant, naive, sim, ready0=naive.low_water)
     naive_m = _loop_summary(r_naive, t_a)
     naive_loop, lc = naive_limit_cycle(naive_sc.plant, naive)
@@ -143,7 +177,13 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         naive_m["period_error"] = naive_m["period_s"] / lc.period_s - 1.0
         naive_m["amplitude_error"] = naive_m["harmonic_amplitude"] / lc.amplitude - 1.0
 
-    # (b) smoothed loop at 0.5x, 1x, 2x the delay; threshold baseline --------------------------
+    return {"metrics": naive_m, "run": r_naive, "loop": naive_loop, "cycle": lc, "cycle_pade": lc_pade}
+
+
+def _smoothed_section(lp: _Loops, cfg, report: StudyReport, naive: dict[str, Any]) -> dict[str, Any]:
+    """(b) The smoothed loop at 0.5x, 1x and 2x the delay, and the threshold baseline."""
+    naive_sc, smooth_sc, plant, c, sim, t_a, naive_ctrl, smoothed, target = _unpack(lp)
+    r_naive, naive_m = naive["run"], naive["metrics"]
     r_smooth = _simulate(plant, smoothed, sim, ready0=target)
     smooth_m = _loop_summary(r_smooth, t_a)
     nominal = stability_margins(admission_loop(plant, smoothed))
@@ -192,7 +232,12 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     report.save_figure(fig, "delay_robustness.png",
                        "Smoothed loop tuned once at the nominal delay, run at 0.5x, 1x and 2x the delay.")
 
-    # (c) step and disturbance responses -------------------------------------------------------
+    return {"metrics": smooth_m, "nominal": nominal, "robustness": robustness, "threshold": threshold_m}
+
+
+def _responses_section(lp: _Loops, cfg, report: StudyReport) -> dict[str, Any]:
+    """(c) The step and disturbance responses."""
+    naive_sc, smooth_sc, plant, c, sim, t_a, naive, smoothed, target = _unpack(lp)
     step = cfg["step"]
     step_sim = dataclasses.replace(sim, demand=step["from"] * c,
                                    disturbances=(DemandStep(step["at_s"], step["to"] / step["from"]),))
@@ -236,7 +281,13 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                        "Smoothed loop: +50 % demand step (naive for contrast), a 30 % decode-rate dip for "
                        "60 s, and the loss of 1/8 of decode workers (their sequences re-queued).")
 
-    # (d) Nyquist with the describing-function locus ----------------------------------------------
+    return {"step": step_m, "disturbances": dist_m}
+
+
+def _nyquist_section(lp: _Loops, report: StudyReport, naive_out: dict[str, Any], nominal) -> dict[str, Any]:
+    """(d) Nyquist curves with the describing-function locus."""
+    naive_sc, smooth_sc, plant, c, sim, t_a, naive, smoothed, target = _unpack(lp)
+    naive_loop, lc = naive_out["loop"], naive_out["cycle"]
     amps = np.geomspace(1e-3, 1e4, 400) * naive.relay_amplitude(c)
     locus = -1.0 / np.array([naive.describing_nonlinearity(c).describing_function(a) for a in amps])
     point = -1.0 / naive.describing_nonlinearity(c).describing_function(lc.amplitude)
@@ -260,7 +311,12 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                        + f"). Right: the smoothed loop's closest approach to -1 is {1.0 / nominal.ms:.2f} "
                        f"(1/Ms) nominally.")
 
-    # (e) stability map over delay x controller gain --------------------------------------------
+    return {"worst": worst}
+
+
+def _stability_map_section(lp: _Loops, cfg, report: StudyReport, smooth_m: dict[str, Any]) -> dict[str, Any]:
+    """(e) The stability map over delay x controller gain, confirmed in the time domain."""
+    naive_sc, smooth_sc, plant, c, sim, t_a, naive, smoothed, target = _unpack(lp)
     base_P, base_theta = plant.ready_buffer_tf()
     C, F = smoothed.transfer_function(), smoothed.measurement_filter()
 
@@ -299,22 +355,11 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                    "design_point": {"measurement_delay_s": design_delay, "gain_factor": 1.0,
                                     "oscillating": smooth_m["oscillating"]}}
 
-    metrics = {
-        "naive": naive_m,
-        "smoothed": smooth_m,
-        "threshold": threshold_m,
-        "delay_robustness": robustness,
-        "step": step_m,
-        "disturbances": dist_m,
-        "stability_map": {"points": len(smap), "stable_fraction": float(smap["stable"].mean()),
-                          "confirmation": confirm},
-        "plant": {"decode_capacity_per_s": c, "fill_capacity_per_s": plant.fill_capacity,
-                  "fill_to_ready_s": plant.params.fill_to_ready_s,
-                  "measurement_delay_s": plant.params.measurement_delay_s,
-                  "mean_decode_s": plant.params.mean_decode_s(),
-                  "decode_slots": plant.params.decode_slots(plant.decode_workers),
-                  "params": {k: v for k, v in dataclasses.asdict(plant.params).items()}},
-    }
+    return {"map": smap, "confirmation": confirm}
+
+
+def _answers(report: StudyReport, naive_m: dict, smooth_m: dict, threshold_m: dict, naive_loop, lc) -> None:
+    """The study's headlines, loop verdicts and recommended change, from the sections' numbers."""
     n, s = naive_m, smooth_m
     report.headline("naive loop", "oscillates" if n["oscillating"] else "quiet",
                     note=f"period {n['period_s'] or float('nan'):.2f} s vs {lc.period_s:.2f} s predicted")
@@ -337,6 +382,13 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                   f"margin.")
     report.headline("phase margin", s["phase_margin_deg"], "deg", f"gain margin {s['gain_margin']:.2f}")
     report.headline("delay margin", s["delay_margin_s"], "s", f"loop delay {naive_loop.delay:.2f} s")
+
+
+def _summary(lp: _Loops, naive_m: dict, smooth_m: dict, threshold_m: dict, lc, lc_pade, worst: dict,
+             robustness: dict, step_m: dict, dist_m: dict, smap, confirm: dict) -> list[str]:
+    """The summary's table and one paragraph per section, from the sections' numbers."""
+    plant, c, smooth_sc = lp.plant, lp.c, lp.smooth_sc
+    n, s = naive_m, smooth_m
     lines = [
         f"Plant: DeepSeek-V3 on 8xH200 workers, {plant.fill_workers:g} fill + {plant.decode_workers:g} decode; "
         f"decode capacity {c:.0f} requests/s, fill-to-ready delay {plant.params.fill_to_ready_s * 1e3:.0f} ms, "
@@ -386,4 +438,57 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         "Detector thresholds: Thornhill r > 1, Miao-Seborg R > 0.5, Forsman-Stattin h > 0.4 (see "
         "`controllers/oscillation.py` for sources and the verdict rule).",
     ]
+    return lines
+
+
+def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run the study: resolve the config, then sections (a)-(e), each returning its metrics.
+
+    Parameters
+    ----------
+    out_dir : str or Path
+        Folder for figures, tables, ``metrics.json`` and ``summary.md``.
+    quick : bool
+        The quick variant (shorter runs, a coarser stability map).
+    config : dict, optional
+        Overrides of :data:`CONFIG`'s keys; unknown keys are errors.
+
+    Returns
+    -------
+    dict
+        The metrics written to ``metrics.json``.
+    """
+    cfg = resolve_study_config(CONFIG, config, quick=quick)
+    report = StudyReport("feedback-oscillation", Path(out_dir), cfg)
+    lp = _loops(cfg)
+    naive_sc, smooth_sc, plant, c, sim, t_a, naive, smoothed, target = _unpack(lp)
+    a = _naive_section(lp)
+    naive_m, naive_loop, lc, lc_pade = a["metrics"], a["loop"], a["cycle"], a["cycle_pade"]
+    b = _smoothed_section(lp, cfg, report, a)
+    smooth_m, nominal, robustness, threshold_m = b["metrics"], b["nominal"], b["robustness"], b["threshold"]
+    resp = _responses_section(lp, cfg, report)
+    step_m, dist_m = resp["step"], resp["disturbances"]
+    worst = _nyquist_section(lp, report, a, nominal)["worst"]
+    e = _stability_map_section(lp, cfg, report, smooth_m)
+    smap, confirm = e["map"], e["confirmation"]
+
+    metrics = {
+        "naive": naive_m,
+        "smoothed": smooth_m,
+        "threshold": threshold_m,
+        "delay_robustness": robustness,
+        "step": step_m,
+        "disturbances": dist_m,
+        "stability_map": {"points": len(smap), "stable_fraction": float(smap["stable"].mean()),
+                          "confirmation": confirm},
+        "plant": {"decode_capacity_per_s": c, "fill_capacity_per_s": plant.fill_capacity,
+                  "fill_to_ready_s": plant.params.fill_to_ready_s,
+                  "measurement_delay_s": plant.params.measurement_delay_s,
+                  "mean_decode_s": plant.params.mean_decode_s(),
+                  "decode_slots": plant.params.decode_slots(plant.decode_workers),
+                  "params": {k: v for k, v in dataclasses.asdict(plant.params).items()}},
+    }
+    _answers(report, naive_m, smooth_m, threshold_m, naive_loop, lc)
+    lines = _summary(lp, naive_m, smooth_m, threshold_m, lc, lc_pade, worst, robustness, step_m, dist_m, smap,
+                     confirm)
     return report.finish(metrics, lines)

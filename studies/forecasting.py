@@ -30,11 +30,12 @@ from tokenfactory.controllers import (
 )
 from tokenfactory.controllers.analysis_plots import capacity_plan_plot, forecast_plot
 from tokenfactory.plant_models import RequestShape, ServiceModel, Worker
+from tokenfactory.studies.study_config import StudyVariants, resolve_study_config
 from tokenfactory.studies.report import StudyReport
 from tokenfactory.core.validation import ConfigError
 from tokenfactory.traces import load_rate_series, trace_available
 
-__all__ = ["run", "run_forecast_job", "HORIZONS", "QUICK_MODELS", "rate_series_and_shape"]
+__all__ = ["CONFIG", "run", "run_forecast_job", "HORIZONS", "QUICK_MODELS", "rate_series_and_shape"]
 
 HORIZONS = {"1h": 3600.0, "1d": DAY_S}
 QUICK_MODELS = ["seasonal-naive-daily", "constant", "kalman", "holt-winters", "fourier", "ucm"]
@@ -142,15 +143,22 @@ def _series_for(name: str):
     return None
 
 
+#: the study's settings: the defaults and its quick and full variants
+#: (:mod:`tokenfactory.studies.study_config`)
+CONFIG = StudyVariants("forecasting", {
+    "traces": ["servegen:m-large", "servegen:m-small"], "horizons": ["1h", "1d"], "models": QUICK_MODELS,
+    "test_days": 2.0, "origin_every_1h_s": 2 * 3600.0,
+    "plan": {"model": "deepseek-v3", "hardware": "h200", "quantile": "upper_80", "headroom": 0.2,
+             "max_moves_per_hour": 2}},
+    quick={"origin_every_1h_s": 3 * 3600.0},
+    full={"models": list(FORECASTERS), "test_days": 4.0, "origin_every_1h_s": 3600.0})
+
+
 def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None,
         full: bool = False) -> dict[str, Any]:
     # Model fits dominate (ARIMA and Fourier-ARX take 5-15 s a fit, refitted daily): the default
     # variant backtests six of the forecasters over 2 days, --full all of them over 4 days.
-    cfg = {"traces": ["servegen:m-large", "servegen:m-small"], "horizons": ["1h", "1d"],
-           "models": list(FORECASTERS) if full else QUICK_MODELS, "test_days": 4.0 if full else 2.0,
-           "origin_every_1h_s": 3 * 3600.0 if quick else 3600.0 if full else 2 * 3600.0,
-           "plan": {"model": "deepseek-v3", "hardware": "h200", "quantile": "upper_80", "headroom": 0.2,
-                    "max_moves_per_hour": 2}, **(config or {})}
+    cfg = resolve_study_config(CONFIG, config, quick=quick, full=full)
     report = StudyReport("forecasting", Path(out_dir), cfg)
     loaded = {n: _series_for(n) for n in cfg["traces"]}
     absent = [n for n, v in loaded.items() if v is None]

@@ -21,13 +21,29 @@ Incidents:
   the replica count, pending pods included, by a saturated KV metric over its target. Reported:
   2 -> 4 -> 8 -> 16, one doubling per reconciliation.
 * ``hpa-startup-cascade`` - a Kubernetes HPA on ``vllm:kv_cache_usage_perc`` with the default
-  behaviour (4 pods or 100 % per 15 s) behind a 5-minute start-up: the same compounding through
-  ``currentReplicas`` (the deployment's, starting pods included). Reported qualitatively (the
-  AIBrix RFC's "replica leakage"; Kubernetes issue discussions of slow-starting pods): no numbers.
+  behaviour (4 pods or 100 % per 15 s) behind a 5-minute start-up. Upstream's replica calculator
+  counts the starting pods at 0 on a scale-up, so it does not compound as APA does, but the KV
+  metric counts the waiting sequences: the rule keeps asking for ceil(serving x metric / target)
+  while the queue grows through the start-up. Reported qualitatively (the AIBrix RFC's "replica
+  leakage"; Kubernetes issue discussions of slow-starting pods): no numbers.
 * ``queue-length-flapping`` - an HPA on ``vllm:num_requests_waiting`` (the small-plant user's
   setting, ``../shared/cases/small-plant/hpa.yaml``) at a constant demand between one and two
   workers' capacity: an empty queue reads as idle, so the pool releases, the queue regrows, and it
   scales up again (the "need real-world threshold data" of kthena #799). Reported: none numeric.
+
+* ``dynamo-9294`` - ai-dynamo/dynamo PR #9294 ("make SLA-mode scale-down consolidation-aware
+  again", merged 2026-05-07): with the flat ``load_scaling_down_sensitivity x SLA`` threshold the
+  SLA planner released one of 2 decode workers (KV use about 0.7 each, ITL 23 ms < 32 ms) and "the
+  surviving worker would immediately blow SLA, causing 2 <-> 1 oscillation under constant load".
+  The settings file is a Dynamo planner config (read by :mod:`tokenfactory.controllers.formats`);
+  the rule is :class:`~tokenfactory.controllers.dynamo_sla_scaling.DynamoSLALoadScaling` on the
+  plant's pass time, the flat rule the PR replaced and, beside it, the consolidation-aware one it
+  shipped (ai-dynamo 1.4.2). No period reported.
+* ``mooncake-seesaw`` - Mooncake (arXiv 2407.00079, sec. 7.3): early rejection on the decode load
+  measured now makes prefill and decode load swing in anti-phase; the reconfiguration study's
+  seesaw plant (:func:`tokenfactory.reproduction.run_seesaw`) with the settings
+  file's rejection; predicted by :func:`~tokenfactory.controllers.early_rejection.predict_rejection_seesaw`;
+  advised to the paper's prediction-based rejection (sec. 7.4). No period reported.
 
 Run: ``tokenfactory study incidents [--quick]``.
 """
@@ -43,15 +59,17 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from tokenfactory.advise import scale_churn, search_settings
-from tokenfactory.controllers.autoscaler_loops import PoolOperatingPoint, certify_autoscaler
+from tokenfactory.controllers.autoscaler_loops import PoolOperatingPoint, certify_autoscaler, predict_startup_cascade
 from tokenfactory.controllers.formats import parse_control_plane
 from tokenfactory.plant_models import FluidParams, RequestShape, Worker
 from tokenfactory.plant_models.fleet import PoolDynamics
 from tokenfactory.plant_models.pools import PoolScenario, simulate_pools
 from tokenfactory.studies.report import StudyReport, markdown_table
+from tokenfactory.core.errors import ConfigError
 from tokenfactory.core.validation import check_number, reject_unknown_keys
+from tokenfactory.studies.study_config import StudyVariants, resolve_study_config
 
-__all__ = ["INCIDENTS", "DEFAULT_CONFIG", "run", "measured_cycle"]
+__all__ = ["CONFIG", "INCIDENTS", "DEFAULT_CONFIG", "run", "measured_cycle"]
 
 AIBRIX_2670 = """\
 # AIBrix RFC #2670: APA on KV-cache usage; pending pods count in the current replicas
@@ -89,6 +107,52 @@ HPA_CASCADE = _decode_hpa("vllm:kv_cache_usage_perc", "0.7", 32)
 QUEUE_HPA = _decode_hpa("vllm:num_requests_waiting", "2", 4, "# the small-plant user's HPA: queued requests per pod, "
                         "Kubernetes' default behavior\n")
 
+MOONCAKE_EARLY_REJECTION = """\
+# Mooncake's conductor (arXiv 2407.00079, sec. 7.2): reject at arrival when the request would break
+# its TTFT SLO or the decode load measured now is full
+early_rejection:
+  slo_ttft_s: 10          # the long-context SLO of the seesaw plant (several 12k-token prefills)
+  decode_threshold: 1.0   # every decode slot taken
+  predictive: false       # sec. 7.2: the load now; sec. 7.4's fix predicts it at decode arrival
+  sample_period: 0.5
+"""
+
+DYNAMO_9294 = """\
+# Dynamo SLA planner, load-based scaling of a disaggregated deployment (ai-dynamo PR #9294's
+# production tier: 2 decode workers at about 0.7 KV use each, ITL 23 ms against a 40 ms SLA)
+optimization_target: sla
+enable_load_scaling: true
+enable_throughput_scaling: false
+itl_ms: 190                         # this plant's ITL at 2 workers (110 ms) is the report's 0.575 of the SLA
+ttft_ms: 2000
+load_scaling_down_sensitivity: 80   # Dynamo's default: scale down under 80 % of the SLA
+load_adjustment_interval_seconds: 5
+min_endpoint: 1
+"""
+
+#: the fields of an early-rejection settings file (EarlyRejection's own, the plant's fill latency aside)
+EARLY_REJECTION_FIELDS = {"slo_ttft_s": 10.0, "decode_threshold": 1.0, "predictive": False, "sample_period": 0.5}
+
+
+def read_early_rejection(text: str, where: str = "early_rejection") -> dict:
+    """The early-rejection settings of a YAML file (one ``early_rejection`` mapping; every unknown
+    key an error naming it), defaults filled in."""
+    import yaml
+
+    from tokenfactory.core.errors import ConfigError
+
+    doc = yaml.safe_load(text)
+    if not isinstance(doc, dict):
+        raise ConfigError(where, "expected a mapping with an early_rejection section")
+    reject_unknown_keys(where, doc, {"early_rejection": None})
+    sec = doc.get("early_rejection") or {}
+    reject_unknown_keys(f"{where}.early_rejection", sec, EARLY_REJECTION_FIELDS)
+    out = {**EARLY_REJECTION_FIELDS, **sec}
+    if not isinstance(out["predictive"], bool):
+        raise ConfigError(f"{where}.early_rejection.predictive", f"expected true or false, got {out['predictive']!r}")
+    return out
+
+
 #: name -> the report: its settings file, the plant's start-up, the demand before and after a step
 #: (in workers of one decode worker's capacity), when the step comes, and what the report says
 INCIDENTS: dict[str, dict[str, Any]] = {
@@ -101,6 +165,13 @@ INCIDENTS: dict[str, dict[str, Any]] = {
     "queue-length-flapping": {"file": QUEUE_HPA, "source": "../shared/cases/small-plant/hpa.yaml; kthena#799",
                               "startup_s": 90.0, "demand_workers": (1.45, 1.45), "step_at_s": 0.0,
                               "start_workers": 1, "reported": {}},
+    "dynamo-9294": {"kind": "dynamo-sla", "file": DYNAMO_9294, "source": "ai-dynamo/dynamo#9294",
+                    "startup_s": 120.0, "demand_workers": (1.4, 1.4), "step_at_s": 0.0, "start_workers": 2,
+                    "max_replicas": 8, "sensitivities": (70, 60, 50, 40),
+                    "reported": {"sequence": "2 <-> 1 under constant load"}},
+    "mooncake-seesaw": {"kind": "admission", "file": MOONCAKE_EARLY_REJECTION,
+                        "source": "Mooncake, arXiv 2407.00079 sec. 7.3 (the reconfiguration study's seesaw plant)",
+                        "reported": {"sequence": "prefill and decode load swing in anti-phase"}},
 }
 
 #: SLOs of the pool model's cohort estimate: TTFT 2 s, TPOT 0.155 s (the fitted roofline runs a full KV
@@ -112,8 +183,24 @@ DEFAULT_CONFIG: dict[str, Any] = {"incidents": list(INCIDENTS), "duration_s": 3 
 QUICK = {"duration_s": 3600.0, "candidates": 2}
 
 
+#: every incident's workers: DeepSeek-V3 on 8 x H200
+PLANT = {"model": "deepseek-v3", "hardware": "h200"}
+
+
+def _check(cfg: dict[str, Any]) -> None:
+    """The ranges of the resolved settings."""
+    for name in cfg["incidents"]:
+        if name not in INCIDENTS:
+            raise ConfigError("incidents.incidents", f"{name!r} is not one of {', '.join(INCIDENTS)}")
+    check_number("incidents.duration_s", cfg["duration_s"], low=600.0)
+
+
+#: the study's settings: the defaults and its quick variant (:mod:`tokenfactory.studies.study_config`)
+CONFIG = StudyVariants("incidents", DEFAULT_CONFIG, quick=QUICK, check=_check)
+
+
 def _plant() -> FluidParams:
-    w = Worker.from_dict({"model": "deepseek-v3", "hardware": "h200"})
+    w = Worker.from_dict(PLANT)
     return FluidParams.from_workers(w, w, RequestShape(2048, 512))
 
 
@@ -164,56 +251,190 @@ def _point(inc: dict, params: FluidParams, cfg: dict) -> PoolOperatingPoint:
                               params.decode_slots_per_worker / mu)
 
 
+def _autoscaler_incident(name: str, inc: dict, params: FluidParams, cfg: dict, quick: bool):
+    """An autoscaler incident: its settings file certified by the loop model, simulated on the pool
+    model, advised over the same control plane's knobs."""
+    setting = parse_control_plane(inc["file"])
+    point = _point(inc, params, cfg)
+    cert = certify_autoscaler(setting.build("decode"), point)
+    sim = _simulate(setting, inc, params, cfg)
+    series = {"current": sim.pop("_series")}
+
+    def simulate(s, inc=inc):
+        out = _simulate(s, inc, params, cfg)
+        out.pop("_series")
+        return out
+
+    adv = search_settings(setting, lambda s, point=point: {"demand": certify_autoscaler(s.build("decode"), point)},
+                          simulate, slo_target=cfg["slo_target"], simulated_candidates=cfg["candidates"])
+    adv_cert = certify_autoscaler(adv.recommended.build("decode"), point)
+    adv_sim = _simulate(adv.recommended, inc, params, cfg)
+    series["advised"] = adv_sim.pop("_series")
+    pred = cert.predicted_cycle
+    apred = adv_cert.predicted_cycle
+    # the start-up peak from the pool the report starts at (the certificate's is from the floor)
+    peak = predict_startup_cascade(cert.loop, inc["start_workers"])
+    result = {"source": inc["source"], "reported": inc["reported"],
+              "predicted": {**cert.to_dict(), "cascade_peak_replicas": peak,
+                            "cascade_from_replicas": inc["start_workers"]},
+              "simulated": sim, "advice": adv.to_dict(), "advised_predicted": adv_cert.to_dict(),
+              "advised_simulated": adv_sim}
+    row = {"incident": name, "reported": inc["reported"].get("sequence", "-"),
+           "predicted": (f"cycle {pred.period_s:.0f} s, {pred.low_replicas}<->{pred.high_replicas}"
+                         if pred else "no cycle") + f"; start-up peak {peak}",
+           "simulated": (f"cycle {sim['period_s']:.0f} s" if sim["period_s"] else "no cycle")
+                        + f"; {sim['sequence']}; peak {sim['peak_replicas']}, {sim['reversals_per_hour']:.1f} rev/h",
+           "advised": ", ".join(f"{k} {v['from']:g}->{v['to']:g}" for k, v in adv.changes.items()) or "(unchanged)",
+           "advised predicted": ("pass" if adv_cert.passed else "fail")
+                                + (f", cycle {apred.period_s:.0f} s" if apred else ", no cycle")
+                                + f", peak {adv_cert.cascade_peak}",
+           "advised simulated": f"peak {adv_sim['peak_replicas']}, {adv_sim['reversals_per_hour']:.1f} rev/h, "
+                                f"SLO {adv_sim['slo_attainment']:.3f}, {adv_sim['gpu_hours']:.1f} GPU-h"}
+    return row, result, series
+
+
+def _admission_incident(name: str, inc: dict, params: FluidParams, cfg: dict, quick: bool):
+    """Mooncake's seesaw: the settings file's early rejection on the seesaw plant the reconfiguration
+    study uses (:func:`tokenfactory.reproduction.run_seesaw`); predicted by the relay
+    with the prefill's delay (:func:`predict_rejection_seesaw`), advised to the same control
+    plane's prediction-based rejection (sec. 7.4)."""
+    from tokenfactory.controllers.early_rejection import EarlyRejection, predict_rejection_seesaw
+    from tokenfactory.reproduction import SEESAW_DECODE_WORKERS, SEESAW_DEMAND_FACTOR, SEESAW_SHAPE, run_seesaw
+
+    current = read_early_rejection(inc["file"], name)
+    advised = {**current, "predictive": True}
+    w = Worker.from_dict(PLANT)
+    fp = FluidParams.from_workers(w, w, SEESAW_SHAPE, measurement_delay_s=params.measurement_delay_s)
+    nd = SEESAW_DECODE_WORKERS
+    mu, slots = fp.decode_capacity(nd), nd * fp.decode_slots_per_worker
+    lam = SEESAW_DEMAND_FACTOR * mu
+    age = fp.measurement_delay_s + current["sample_period"] / 2.0
+    # before simulating: the relay acts through the prefill (its own load's age and half a sample
+    # on top); the predictive rule sees the load the admitted work will meet, so only the age remains
+    pred = predict_rejection_seesaw(lam, mu, slots, fp.fill_latency_s + age)
+    adv_pred = predict_rejection_seesaw(lam, mu, slots, age)
+    out, _ = run_seesaw(fp, lambda fp, slo, nf, nd: {
+        "current": EarlyRejection(fill_latency_s=fp.fill_latency_s, **current),
+        "advised": EarlyRejection(fill_latency_s=fp.fill_latency_s, **advised)},
+        quick=quick, slo_tpot_s=cfg["slo_tpot_s"])
+    sim, adv = out["current"], out["advised"]
+
+    def said(x: dict) -> str:
+        return ((f"cycle {x['period_s']:.1f} s, amplitude {x['amplitude']:.3f}, fill vs decode "
+                 f"{x['fill_vs_decode_phase_deg']:.0f} deg" if x["oscillating"] else "no cycle")
+                + f"; {100 * x['rejected_fraction']:.0f} % rejected")
+
+    def predicted(c) -> str:
+        return f"cycle {c.period_s:.1f} s, amplitude {c.amplitude:.3f}" if c else "no cycle"
+
+    row = {"incident": name, "reported": inc["reported"]["sequence"], "predicted": predicted(pred),
+           "simulated": said(sim), "advised": "predictive false->true",
+           "advised predicted": ("fail" if adv_pred else "pass") + f", {predicted(adv_pred)}",
+           "advised simulated": said(adv) + f", SLO {adv['slo_attainment']:.3f}"}
+    result = {"source": inc["source"], "reported": inc["reported"], "settings": current,
+              "plant": {k: out[k] for k in ("demand_rps", "decode_capacity_rps", "fill_workers", "decode_workers",
+                                            "fill_latency_s", "slo_ttft_s")},
+              "predicted": {"predicted_cycle": pred.to_dict() if pred else None},
+              "simulated": {k: v for k, v in sim.items() if k != "hagglund_detections"},
+              "advice": {"changes": {"predictive": {"from": False, "to": True}}},
+              "advised_predicted": {"predicted_cycle": adv_pred.to_dict() if adv_pred else None,
+                                    "passed": adv_pred is None},
+              "advised_simulated": {k: v for k, v in adv.items() if k != "hagglund_detections"}}
+    return row, result, None
+
+
+class _Built:
+    """A controller factory in the shape ``_simulate`` takes (``build(pool)``)."""
+
+    def __init__(self, make):
+        self.make = make
+
+    def build(self, pool: str):
+        return self.make()
+
+
+def _dynamo_sla_incident(name: str, inc: dict, params: FluidParams, cfg: dict, quick: bool):
+    """Dynamo PR #9294: the settings file's SLA-mode load scaling with the flat scale-down rule
+    the PR replaced (:class:`~tokenfactory.controllers.dynamo_sla_scaling.DynamoSLALoadScaling`
+    on the plant's pass time), predicted (:func:`predict_sla_scaling_cycle`), simulated on the pool
+    model, advised over the same planner's ``load_scaling_down_sensitivity``; the consolidation-aware
+    rule the PR shipped (ai-dynamo 1.4.2) beside it."""
+    from tokenfactory.controllers.dynamo_sla_scaling import DynamoSLALoadScaling, predict_sla_scaling_cycle
+    from tokenfactory.controllers.formats import NotModelled
+
+    setting = parse_control_plane(inc["file"])
+    if not (setting["enable_load_scaling"] and not setting["enable_throughput_scaling"]
+            and setting["optimization_target"] == "sla"):
+        raise NotModelled("optimization_target", "the incident's model is SLA-mode load scaling alone")
+    mu = params.decode_capacity(1)
+    lam = max(inc["demand_workers"]) * mu
+    startup = inc["startup_s"] + cfg["warmup_s"] / 2.0
+
+    def rule(s, aware: bool = False) -> DynamoSLALoadScaling:
+        return DynamoSLALoadScaling(s["itl_ms"] / 1000.0, params.decode_step_s, params.decode_slots_per_worker,
+                                    sensitivity=s["load_scaling_down_sensitivity"] / 100.0, consolidation_aware=aware,
+                                    min_replicas=s["min_endpoint"], max_replicas=inc["max_replicas"],
+                                    sample_period=float(s["load_adjustment_interval_seconds"]))
+
+    n = inc["start_workers"]
+    pred = predict_sla_scaling_cycle(rule(setting), n, lam, mu, startup)
+    sim = _simulate(_Built(lambda: rule(setting)), inc, params, cfg)
+    series = {"current": sim.pop("_series")}
+    # the same planner's knob: the largest sensitivity the prediction says holds the pool
+    advised, adv_pred = setting, pred
+    for v in inc["sensitivities"]:
+        cand = setting.with_params(load_scaling_down_sensitivity=v)
+        p = predict_sla_scaling_cycle(rule(cand), n, lam, mu, startup)
+        if p is None:
+            advised, adv_pred = cand, None
+            break
+    adv_sim = _simulate(_Built(lambda: rule(advised)), inc, params, cfg)
+    series["advised"] = adv_sim.pop("_series")
+    fix_pred = predict_sla_scaling_cycle(rule(setting, aware=True), n, lam, mu, startup)
+    fix_sim = _simulate(_Built(lambda: rule(setting, aware=True)), inc, params, cfg)
+    fix_sim.pop("_series")
+    sens0, sens1 = setting["load_scaling_down_sensitivity"], advised["load_scaling_down_sensitivity"]
+
+    def said(x: dict) -> str:
+        return ((f"cycle {x['period_s']:.0f} s" if x["period_s"] else "no cycle") + f"; {x['sequence']}; "
+                f"{x['reversals_per_hour']:.1f} rev/h")
+
+    row = {"incident": name, "reported": inc["reported"]["sequence"],
+           "predicted": f"cycle {pred.period_s:.0f} s, {pred.low_replicas}<->{pred.high_replicas}" if pred else
+                        "no cycle",
+           "simulated": said(sim) + f", SLO {sim['slo_attainment']:.3f}",
+           "advised": f"load_scaling_down_sensitivity {sens0}->{sens1}" if sens1 != sens0 else "(unchanged)",
+           "advised predicted": "pass, no cycle" if adv_pred is None else f"fail, cycle {adv_pred.period_s:.0f} s",
+           "advised simulated": said(adv_sim) + f", SLO {adv_sim['slo_attainment']:.3f}, "
+                                f"{adv_sim['gpu_hours']:.1f} GPU-h"}
+    result = {"source": inc["source"], "reported": inc["reported"], "settings": setting.planner_fields(),
+              "predicted": {"predicted_cycle": pred.to_dict() if pred else None},
+              "simulated": sim,
+              "advice": {"changes": {"load_scaling_down_sensitivity": {"from": sens0, "to": sens1}}},
+              "advised_predicted": {"predicted_cycle": adv_pred.to_dict() if adv_pred else None,
+                                    "passed": adv_pred is None},
+              "advised_simulated": adv_sim,
+              "shipped_fix": {"rule": "consolidation-aware (ai-dynamo 1.4.2)",
+                              "predicted_cycle": fix_pred.to_dict() if fix_pred else None, "simulated": fix_sim}}
+    return row, result, series
+
+
+_RUNNERS = {"autoscaler": _autoscaler_incident, "admission": _admission_incident, "dynamo-sla": _dynamo_sla_incident}
+
+
 def run(out_dir, quick: bool = False, config: dict | None = None) -> dict:
     """Run the study; returns what ``metrics.json`` holds."""
-    config = dict(config or {})
-    reject_unknown_keys("incidents", config, DEFAULT_CONFIG)
-    cfg = {**DEFAULT_CONFIG, **(QUICK if quick else {}), **config}
-    for name in cfg["incidents"]:
-        if name not in INCIDENTS:
-            from tokenfactory.core.errors import ConfigError
-
-            raise ConfigError("incidents.incidents", f"{name!r} is not one of {', '.join(INCIDENTS)}")
-    check_number("incidents.duration_s", cfg["duration_s"], low=600.0)
+    cfg = resolve_study_config(CONFIG, config, quick=quick)
     rep = StudyReport("incidents", Path(out_dir), cfg)
     params = _plant()
     rows, results, series = [], {}, {}
     for name in cfg["incidents"]:
         inc = INCIDENTS[name]
-        setting = parse_control_plane(inc["file"])
-        point = _point(inc, params, cfg)
-        cert = certify_autoscaler(setting.build("decode"), point)
-        sim = _simulate(setting, inc, params, cfg)
-        series[name] = {"current": sim.pop("_series")}
-
-        def simulate(s, inc=inc):
-            out = _simulate(s, inc, params, cfg)
-            out.pop("_series")
-            return out
-
-        adv = search_settings(setting, lambda s, point=point: {"demand": certify_autoscaler(s.build("decode"), point)},
-                              simulate, slo_target=cfg["slo_target"], simulated_candidates=cfg["candidates"])
-        adv_cert = certify_autoscaler(adv.recommended.build("decode"), point)
-        adv_sim = _simulate(adv.recommended, inc, params, cfg)
-        series[name]["advised"] = adv_sim.pop("_series")
-        pred = cert.predicted_cycle
-        apred = adv_cert.predicted_cycle
-        results[name] = {"source": inc["source"], "reported": inc["reported"], "predicted": cert.to_dict(),
-                         "simulated": sim, "advice": adv.to_dict(), "advised_predicted": adv_cert.to_dict(),
-                         "advised_simulated": adv_sim}
-        rows.append({"incident": name, "reported": inc["reported"].get("sequence", "-"),
-                     "predicted": (f"cycle {pred.period_s:.0f} s, {pred.low_replicas}<->{pred.high_replicas}"
-                                   if pred else "no cycle") + f"; start-up peak {cert.cascade_peak}",
-                     "simulated": (f"cycle {sim['period_s']:.0f} s" if sim["period_s"] else "no cycle")
-                                  + f"; {sim['sequence']}; peak {sim['peak_replicas']}, "
-                                    f"{sim['reversals_per_hour']:.1f} rev/h",
-                     "advised": ", ".join(f"{k} {v['from']:g}->{v['to']:g}" for k, v in adv.changes.items()) or
-                                "(unchanged)",
-                     "advised predicted": ("pass" if adv_cert.passed else "fail") + (
-                         f", cycle {apred.period_s:.0f} s" if apred else ", no cycle") +
-                         f", peak {adv_cert.cascade_peak}",
-                     "advised simulated": f"peak {adv_sim['peak_replicas']}, {adv_sim['reversals_per_hour']:.1f} rev/h, "
-                                          f"SLO {adv_sim['slo_attainment']:.3f}, {adv_sim['gpu_hours']:.1f} GPU-h"})
+        row, result, ss = _RUNNERS[inc.get("kind", "autoscaler")](name, inc, params, cfg, quick)
+        rows.append(row)
+        results[name] = result
+        if ss:
+            series[name] = ss
     table = pd.DataFrame(rows)
     rep.save_table(table, "incidents.csv", "each incident: reported, predicted, simulated, advised")
     fig = Figure(figsize=(10, 3.0 * len(series)))
@@ -235,6 +456,20 @@ def run(out_dir, quick: bool = False, config: dict | None = None) -> dict:
     for name, r in results.items():
         p, s = r["predicted"], r["simulated"]
         pc = p["predicted_cycle"]
+        if "peak_replicas" not in s:   # an admission incident: the load cycle, not a pool
+            a = r["advised_simulated"]
+            if pc and s["oscillating"]:
+                lines.append(f"* {name}: predicted cycle {pc['period_s']:.1f} s, simulated {s['period_s']:.1f} s "
+                             f"({100 * (pc['period_s'] / s['period_s'] - 1):+.0f} %); amplitude "
+                             f"{pc['amplitude']:.3f} predicted, {s['amplitude']:.3f} simulated.")
+            lines.append(f"* {name}: advised setting {'passes' if r['advised_predicted']['passed'] else 'fails'} the "
+                         f"prediction; simulated {'oscillating' if s['oscillating'] else 'steady'} -> "
+                         f"{'oscillating' if a['oscillating'] else 'steady'}, throughput {s['throughput_rps']:.2f} -> "
+                         f"{a['throughput_rps']:.2f} req/s, SLO {s['slo_attainment']:.3f} -> {a['slo_attainment']:.3f} "
+                         f"(demand is {r['plant']['demand_rps'] / r['plant']['decode_capacity_rps']:.2f} x the decode "
+                         "capacity: the rejected share "
+                         f"{100 * a['rejected_fraction']:.0f} % counts against the SLO whatever the rule).")
+            continue
         if pc and s["period_s"]:
             lines.append(f"* {name}: predicted cycle {pc['period_s']:.0f} s, simulated {s['period_s']:.0f} s "
                          f"({100 * (pc['period_s'] / s['period_s'] - 1):+.0f} %).")
@@ -242,6 +477,14 @@ def run(out_dir, quick: bool = False, config: dict | None = None) -> dict:
             lines.append(f"* {name}: reported peak {r['reported']['peak_replicas']} replicas, predicted "
                          f"{p['cascade_peak_replicas']}, simulated {s['peak_replicas']}.")
         a = r["advised_simulated"]
+        if "shipped_fix" in r:
+            f = r["shipped_fix"]["simulated"]
+            lines.append(f"* {name}: advised setting {'passes' if r['advised_predicted']['passed'] else 'fails'} the "
+                         f"prediction; simulated {s['reversals_per_hour']:.1f} -> {a['reversals_per_hour']:.1f} "
+                         f"reversals/h, SLO {s['slo_attainment']:.3f} -> {a['slo_attainment']:.3f}; the rule PR #9294 "
+                         f"shipped (consolidation-aware): {'no cycle' if r['shipped_fix']['predicted_cycle'] is None else 'a cycle'} "
+                         f"predicted, {f['reversals_per_hour']:.1f} reversals/h and SLO {f['slo_attainment']:.3f} simulated.")
+            continue
         met = r["advice"]["met_slo_target"]
         lines.append(f"* {name}: advised setting {'passes' if r['advised_predicted']['passed'] else 'fails'} the "
                      f"certificate; simulated peak {s['peak_replicas']} -> {a['peak_replicas']} workers, "

@@ -30,9 +30,10 @@ from matplotlib.figure import Figure
 from tokenfactory.plant_models import Parallelism, Worker, accelerator_preset, batch_grid, model_preset
 from tokenfactory.plant_models.plots import pareto_plot
 from tokenfactory.studies.report import StudyReport
-from tokenfactory.core.validation import ConfigError, check_choice, check_int, reject_unknown_keys
+from tokenfactory.studies.study_config import StudyVariants, resolve_study_config
+from tokenfactory.core.validation import ConfigError, check_choice, check_int
 
-__all__ = ["DEFAULT_CONFIG", "WORKLOADS", "run", "pareto_front", "sweep_layouts", "check_claims"]
+__all__ = ["CONFIG", "DEFAULT_CONFIG", "WORKLOADS", "run", "pareto_front", "sweep_layouts", "check_claims"]
 
 GB = 1e9
 
@@ -59,9 +60,8 @@ DEFAULT_CONFIG: dict[str, Any] = {
 }
 
 
-def _config(config: dict[str, Any] | None, quick: bool) -> dict[str, Any]:
-    cfg = {**DEFAULT_CONFIG, **(config or {})}
-    reject_unknown_keys("k3-projection", cfg, set(DEFAULT_CONFIG))
+def _check(cfg: dict[str, Any]) -> None:
+    """The ranges of the resolved settings."""
     for i, w in enumerate(cfg["workloads"]):
         check_choice(f"k3-projection.workloads[{i}]", w, WORKLOADS)
     for k in ("gpu_counts", "pp", "tp", "fill_prompts_per_replica"):
@@ -69,10 +69,11 @@ def _config(config: dict[str, Any] | None, quick: bool) -> dict[str, Any]:
             raise ConfigError(f"k3-projection.{k}", "needs at least one value")
         for i, v in enumerate(cfg[k]):
             check_int(f"k3-projection.{k}[{i}]", v, low=1)
-    if quick:
-        cfg.update(gpu_counts=[16, 64], pp=[1, 4], tp=[1, 4], batch_ratio=2.0,
-                   fill_prompts_per_replica=[1, 4])
-    return cfg
+
+
+#: the study's settings: the defaults and its quick variant (:mod:`tokenfactory.studies.study_config`)
+CONFIG = StudyVariants("k3-projection", DEFAULT_CONFIG, quick={"gpu_counts": [16, 64], "pp": [1, 4], "tp": [1, 4], "batch_ratio": 2.0,
+                                    "fill_prompts_per_replica": [1, 4]}, check=_check)
 
 
 def pareto_front(latency, throughput) -> np.ndarray:
@@ -327,7 +328,7 @@ def check_claims(df: pd.DataFrame, cfg: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None) -> dict[str, Any]:
-    cfg = _config(config, quick)
+    cfg = resolve_study_config(CONFIG, config, quick=quick)
     report = StudyReport("k3-projection", Path(out_dir), cfg)
     model = model_preset(cfg["model"])
     df = pd.concat([sweep_layouts(model, hw, cfg) for hw in cfg["hardware"]], ignore_index=True)

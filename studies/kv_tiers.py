@@ -41,9 +41,10 @@ from tokenfactory.plant_models import ClusterConfig, KVTier, TieredKVStore, kv_t
 from tokenfactory.replay import build_replay
 from tokenfactory.studies.report import StudyReport
 from tokenfactory.traces import generate_requests, long_context_workload
-from tokenfactory.core.validation import ConfigError, check_int, check_number, reject_unknown_keys
+from tokenfactory.studies.study_config import StudyVariants, resolve_study_config
+from tokenfactory.core.validation import ConfigError, check_int, check_number
 
-__all__ = ["DEFAULT_CONFIG", "run", "rebuild_seconds", "split_warm_up"]
+__all__ = ["CONFIG", "DEFAULT_CONFIG", "run", "rebuild_seconds", "split_warm_up"]
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "plant": {"model": "k3-like", "hardware": "b300"},
@@ -68,13 +69,8 @@ FULL: dict[str, Any] = {"store_hours": 24.0, "warm_up_s": 7200.0,
                         "ssd_retention_s": [600.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0], "des_window_s": 600.0}
 
 
-def _config(config: dict[str, Any] | None, quick: bool) -> dict[str, Any]:
-    cfg = {**DEFAULT_CONFIG, **(config or {})}
-    reject_unknown_keys("kv-tiers", cfg, set(DEFAULT_CONFIG))
-    if cfg["full"]:
-        cfg.update({k: v for k, v in FULL.items() if k not in (config or {})})
-    if quick:
-        cfg.update({k: v for k, v in QUICK.items() if k not in (config or {})})
+def _check(cfg: dict[str, Any]) -> None:
+    """The ranges of the resolved settings."""
     check_int("kv-tiers.nodes", cfg["nodes"], low=2)
     check_int("kv-tiers.fill_workers", cfg["fill_workers"], low=1, high=cfg["nodes"] - 1)
     for k in ("rate_rps", "store_hours", "des_window_s"):
@@ -86,7 +82,10 @@ def _config(config: dict[str, Any] | None, quick: bool) -> dict[str, Any]:
         for i, v in enumerate(cfg[k]):
             check_number(f"kv-tiers.{k}[{i}]", v, low=0.0, low_inclusive=False, allow_inf=True)
     check_number("kv-tiers.dram_retention_s", cfg["dram_retention_s"], low=0.0, low_inclusive=False, allow_inf=True)
-    return cfg
+
+
+#: the study's settings: the defaults and its quick and full variants (:mod:`tokenfactory.studies.study_config`)
+CONFIG = StudyVariants("kv-tiers", DEFAULT_CONFIG, quick=QUICK, full=FULL, check=_check)
 
 
 def split_warm_up(table: pd.DataFrame, warm_up_s: float) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -170,25 +169,17 @@ def _fmt_s(x: float) -> str:
     return f"{x / 3600:g} h" if x >= 3600 else f"{x / 60:g} min" if x >= 60 else f"{x:g} s"
 
 
-def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None,
-        full: bool = False) -> dict[str, Any]:
-    """Run the study into ``out_dir`` (``quick``: the test variant; ``full``, or ``config={"full": True}``:
-    the heavier grid; ``config``: overrides of :data:`DEFAULT_CONFIG`); returns its metrics."""
-    cfg = _config({**(config or {}), "full": True} if full else config, quick)
-    report = StudyReport("kv-tiers", Path(out_dir), cfg)
-    plant = {**cfg["plant"], "fill_workers": cfg["fill_workers"], "decode_workers": cfg["nodes"] - cfg["fill_workers"]}
-    workload = long_context_workload(mean_rate_rps=cfg["rate_rps"], seed=cfg["seed"])
-
-    # (a) the store alone over hours ----------------------------------------------------------
+def _store_section(cfg, plant: dict, workload, report: StudyReport) -> dict[str, Any]:
+    """(a) The store alone over hours: HBM retention and whole-store retention sweeps."""
     horizon = cfg["store_hours"] * 3600.0
-    full = generate_requests(workload, cfg["warm_up_s"] + horizon)
-    warm, measured = split_warm_up(full, cfg["warm_up_s"])
+    trace = generate_requests(workload, cfg["warm_up_s"] + horizon)
+    warm, measured = split_warm_up(trace, cfg["warm_up_s"])
     setup = build_replay(measured, plant)
     worker, params = setup.service.fill_worker, setup.params
     bpt = params.kv_bytes_per_token
 
     def store_run(tiers):
-        store = TieredKVStore(tiers, bpt, params.block_tokens, trace=full)
+        store = TieredKVStore(tiers, bpt, params.block_tokens, trace=trace)
         replay_store(warm, store, end_s=0.0, rows=warm["row"])
         store.reset_counts()
         rec, m = replay_store(measured, store, end_s=horizon, rows=measured["row"])
@@ -215,7 +206,12 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     report.save_table(life, "store_retention_sweep.csv", "Store alone: what the whole store's retention (SSD) "
                       "drops and what rebuilding it costs.")
 
-    # (b) midfill latency in the request simulator ---------------------------------------------
+    return {"measured": measured, "worker": worker, "params": params, "bpt": bpt, "sweep": sweep, "life": life}
+
+
+def _midfill_section(cfg, plant: dict, workload, st: dict[str, Any], report: StudyReport) -> dict[str, Any]:
+    """(b) Midfill latency in the request simulator, per store policy."""
+    worker, params, bpt = st["worker"], st["params"], st["bpt"]
     des_full = generate_requests(workload, cfg["warm_up_s"] + cfg["des_window_s"])
     des_warm, window = split_warm_up(des_full, cfg["warm_up_s"])
     des_setup = build_replay(window, plant)
@@ -257,7 +253,11 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     report.save_table(src_table, "midfill_by_source.csv", "Request simulator: midfills by the tier that served "
                       "their prefix.")
 
-    # figures ----------------------------------------------------------------------------------
+    return {"rows": des_rows, "by_source": by_source, "recs": recs, "table": des_table, "by_source_table": src_table}
+
+
+def _figures(cfg, report: StudyReport, sweep: pd.DataFrame, life: pd.DataFrame, recs: dict) -> None:
+    """The store sweeps' figure and the midfill latency CDFs."""
     fig = Figure(figsize=(13, 4.2), layout="constrained")
     ax = fig.subplots(1, 3)
     xs = np.arange(len(sweep))
@@ -307,6 +307,24 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     report.save_figure(fig, "midfill_latency.png", "Midfill fill time and TTFT (CDF) per store policy in the "
                        f"request simulator ({cfg['fill_workers']} fill + {cfg['nodes'] - cfg['fill_workers']} decode "
                        f"{cfg['plant']['model']} workers on 8x{cfg['plant']['hardware']}).")
+
+
+
+def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None,
+        full: bool = False) -> dict[str, Any]:
+    """Run the study into ``out_dir`` (``quick``: the test variant; ``full``, or ``config={"full": True}``:
+    the heavier grid; ``config``: overrides of :data:`DEFAULT_CONFIG`); returns its metrics."""
+    cfg = resolve_study_config(CONFIG, config, quick=quick, full=full)
+    report = StudyReport("kv-tiers", Path(out_dir), cfg)
+    plant = {**cfg["plant"], "fill_workers": cfg["fill_workers"], "decode_workers": cfg["nodes"] - cfg["fill_workers"]}
+    workload = long_context_workload(mean_rate_rps=cfg["rate_rps"], seed=cfg["seed"])
+    st = _store_section(cfg, plant, workload, report)
+    measured, worker, params, bpt, sweep, life = (st[k] for k in ("measured", "worker", "params", "bpt", "sweep",
+                                                                    "life"))
+    mf = _midfill_section(cfg, plant, workload, st, report)
+    des_rows, by_source, recs, des_table, src_table = (mf[k] for k in ("rows", "by_source", "recs", "table",
+                                                                        "by_source_table"))
+    _figures(cfg, report, sweep, life, recs)
 
     # summary -------------------------------------------------------------------------------------
     # rebuild against load for the median midfill's prefix

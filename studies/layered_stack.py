@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -59,12 +60,13 @@ from tokenfactory.stack import (
     run_stack_on_both_plants,
     stack_scenario_from_dict,
 )
+from tokenfactory.studies.study_config import StudyVariants, resolve_study_config
 from tokenfactory.studies.report import StudyReport, human, markdown_table
 from tokenfactory.traces import trace_available
 from tokenfactory.traces.rate_workloads import rate_workload
 from tokenfactory.core.validation import ConfigError, reject_unknown_keys
 
-__all__ = ["run", "separation_in_simulation", "MISTUNED"]
+__all__ = ["CONFIG", "run", "separation_in_simulation", "MISTUNED"]
 
 #: the mis-tuned variant: reconfiguration faster than admission (a 10 s start-up, a 10 s backlog
 #: clearance and a slow 20 s admission) - the certificate must fail and name the layer
@@ -279,69 +281,58 @@ def _verdicts(rows: list[dict]) -> list[str]:
     return lines
 
 
-def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None,
-        full: bool = False) -> dict[str, Any]:
-    """Run the study (see the module docstring).
+#: the request-level runs (e) of each variant; a ``requests`` table given in ``config`` is merged
+#: over its variant's key by key
+_REQUESTS = {"default": {"rate_rps": 12.0, "hours": 0.4, "startups_s": [120.0]},
+             "quick": {"rate_rps": 8.0, "hours": 0.35, "startups_s": [120.0]},
+             "full": {"rate_rps": 20.0, "hours": 2.0, "startups_s": [120.0, 600.0]}}
 
-    Parameters
-    ----------
-    out_dir : str or Path
-        Folder for figures, tables, ``metrics.json`` and ``summary.md``.
-    quick : bool
-        3 h of m-large at a 10-minute start-up (the test suite's variant).
-    config : dict, optional
-        Overrides: ``full``, ``workloads`` ([[spec, scale], ...]), ``startups_s``, ``stacks``,
-        ``last_days``, ``hours``, ``dt``; unknown keys are errors.
-    full : bool
-        The heavy grid (``tokenfactory study layered-stack --full``; same as ``config={"full": True}``).
 
-    Returns
-    -------
-    dict
-        The metrics written to ``metrics.json``.
-    """
-    cfg = {"full": bool(full), **(config or {})}
-    reject_unknown_keys("layered-stack", cfg, {"full", "workloads", "startups_s", "stacks", "last_days", "hours",
-                                               "dt", "mixed_days", "mixed_hours", "mixed_startups_s",
-                                               "mixed_stacks", "mixed_seed", "requests"})
-    full = bool(cfg["full"])
-    if full:
-        workloads = cfg.get("workloads", [["servegen:m-large", 5.0], ["servegen:m-small", 1.0]])
-        startups = cfg.get("startups_s", [120.0, 300.0, 600.0])
-        stacks = cfg.get("stacks", ["stack", "stack-no-planning", *BASELINE_STACKS])
-        last_days, hours = cfg.get("last_days", 4.0), cfg.get("hours")
-        mixed_days, mixed_hours = cfg.get("mixed_days", 7.0), cfg.get("mixed_hours")
-        mixed_startups = cfg.get("mixed_startups_s", [120.0, 300.0, 600.0])
-        mixed_stacks = cfg.get("mixed_stacks", ["stack", STATIC_SPLIT, "stack-no-planning", *BASELINE_STACKS])
-    else:
-        workloads = cfg.get("workloads", [["servegen:m-large", 5.0]])
-        startups = cfg.get("startups_s", [600.0] if quick else [120.0, 600.0])
-        stacks = cfg.get("stacks", ["stack", "stack-no-planning", "dynamo-throughput (kalman) + mooncake",
-                                    "hpa + vllm-watermark"])
-        last_days, hours = cfg.get("last_days", 4.0), cfg.get("hours", 3.0 if quick else 12.0)
-        mixed_days, mixed_hours = cfg.get("mixed_days", 1.0), cfg.get("mixed_hours", 6.0 if quick else None)
-        mixed_startups = cfg.get("mixed_startups_s", [600.0])
-        mixed_stacks = cfg.get("mixed_stacks", ["stack", STATIC_SPLIT] if quick else
-                               ["stack", STATIC_SPLIT, "stack-no-planning"])
-    mixed_seed = cfg.get("mixed_seed", 0)
-    dt = cfg.get("dt", 2.0)
-    for s in stacks:
+def _check(cfg: dict[str, Any]) -> None:
+    """The resolved settings name known stacks and known request-run keys."""
+    for s in cfg["stacks"]:
         if s not in ("stack", "stack-no-planning", *BASELINE_STACKS):
             raise ConfigError("layered-stack.stacks", f"unknown stack {s!r}")
-    for s in mixed_stacks:
+    for s in cfg["mixed_stacks"]:
         if s not in ("stack", "stack-no-planning", STATIC_SPLIT, *BASELINE_STACKS):
             raise ConfigError("layered-stack.mixed_stacks", f"unknown stack {s!r}")
-    sc = load_stack_scenario("stack_default")
-    report = StudyReport("layered-stack", Path(out_dir), {**cfg, "quick": quick, "scenario": sc.config,
-                                                          "workloads": workloads, "startups_s": startups,
-                                                          "stacks": stacks, "last_days": last_days, "hours": hours,
-                                                          "dt": dt, "mixed_days": mixed_days,
-                                                          "mixed_hours": mixed_hours,
-                                                          "mixed_startups_s": mixed_startups,
-                                                          "mixed_stacks": mixed_stacks, "mixed_seed": mixed_seed})
-    metrics: dict[str, Any] = {}
-    timings: dict[str, float] = {}
-    # (a) the certificate
+    reject_unknown_keys("layered-stack.requests", cfg["requests"], _REQUESTS["default"])
+
+
+#: the study's settings: the defaults and its quick and full variants (:mod:`tokenfactory.studies.study_config`)
+CONFIG = StudyVariants("layered-stack", {
+    "full": False, "workloads": [["servegen:m-large", 5.0]], "startups_s": [120.0, 600.0],
+    "stacks": ["stack", "stack-no-planning", "dynamo-throughput (kalman) + mooncake", "hpa + vllm-watermark"],
+    "last_days": 4.0, "hours": 12.0, "dt": 2.0, "mixed_days": 1.0, "mixed_hours": None, "mixed_startups_s": [600.0],
+    "mixed_stacks": ["stack", STATIC_SPLIT, "stack-no-planning"], "mixed_seed": 0, "requests": _REQUESTS["default"]},
+    quick={"startups_s": [600.0], "hours": 3.0, "mixed_hours": 6.0, "mixed_stacks": ["stack", STATIC_SPLIT],
+           "requests": _REQUESTS["quick"]},
+    full={"workloads": [["servegen:m-large", 5.0], ["servegen:m-small", 1.0]], "startups_s": [120.0, 300.0, 600.0],
+          "stacks": ["stack", "stack-no-planning", *BASELINE_STACKS], "hours": None, "mixed_days": 7.0,
+          "mixed_startups_s": [120.0, 300.0, 600.0],
+          "mixed_stacks": ["stack", STATIC_SPLIT, "stack-no-planning", *BASELINE_STACKS],
+          "requests": _REQUESTS["full"]},
+    check=_check, merge_tables=("requests",))
+
+
+@dataclass
+class _Sections:
+    """What the study's sections computed, for the figures, answers and summary after them."""
+
+    cert: Any = None
+    bad: Any = None
+    sim: dict | None = None
+    rows: list = field(default_factory=list)
+    shown: dict = field(default_factory=dict)
+    mix_rows: list = field(default_factory=list)
+    mix_shown: Any = None
+    mwl: Any = None
+    req_rows: list = field(default_factory=list)
+    rq: dict = field(default_factory=dict)
+
+
+def _certificate_section(sc, report: StudyReport, metrics: dict, timings: dict, out: _Sections) -> None:
+    """(a) The certificate of the shipped and the mis-tuned scenario."""
     t0 = time.perf_counter()
     cert = certify(sc)
     bad = certify(stack_scenario_from_dict(_mistuned(sc.config), "stack_mistuned"))
@@ -358,12 +349,22 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                               "pm_real_deg": r["pm_real_deg"], "first_order_pm_loss_deg": r["first_order_pm_loss_deg"],
                               "note": r["note"]} for r in cert.separation_rows()]
     report.save_table(cert.to_pandas(), "certificate_points.csv")
-    # (b) separation in simulation
+    out.cert, out.bad = cert, bad
+
+
+def _separation_section(sc, quick: bool, metrics: dict, timings: dict, out: _Sections) -> None:
+    """(b) Separation in simulation: does the outer layer act on the inner layer's band?"""
     t0 = time.perf_counter()
     sim = separation_in_simulation(sc, duration_s=900.0 if quick else 1800.0)
     timings["separation_simulation_s"] = time.perf_counter() - t0
     metrics["separation_simulation"] = sim
-    # (c) the comparison
+    out.sim = sim
+
+
+def _comparison_section(sc, cfg, timings: dict, out: _Sections) -> None:
+    """(c) The stack against today's deployments on each workload and start-up (pool model)."""
+    workloads, startups, stacks = cfg["workloads"], cfg["startups_s"], cfg["stacks"]
+    last_days, hours, dt = cfg["last_days"], cfg["hours"], cfg["dt"]
     rows, shown = [], {}
     t0 = time.perf_counter()
     for spec, scale in workloads:
@@ -380,7 +381,13 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                 if st == "stack" and su == max(startups):
                     shown[wl.name] = (r, ctrl)
     timings["comparison_s"] = time.perf_counter() - t0
-    # (d) the mixed week on a fixed fleet
+    out.rows, out.shown = rows, shown
+
+
+def _mixed_section(sc, cfg, metrics: dict, timings: dict, out: _Sections) -> None:
+    """(d) The mixed week on a fixed fleet: the stack moving workers between roles."""
+    mixed_days, mixed_hours, mixed_startups = cfg["mixed_days"], cfg["mixed_hours"], cfg["mixed_startups_s"]
+    mixed_stacks, mixed_seed, dt = cfg["mixed_stacks"], cfg["mixed_seed"], cfg["dt"]
     t0 = time.perf_counter()
     mix_rows, mix_shown = [], None
     mwl = mixed_workload_for(sc, days=mixed_days, seed=mixed_seed, hours=mixed_hours) if mixed_stacks else None
@@ -398,15 +405,14 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     timings["mixed_s"] = time.perf_counter() - t0
     if mwl is not None:
         metrics["mixed_workload"] = {"name": mwl.name, **mwl.notes}
-    rows = rows + mix_rows
-    metrics["comparison"] = [{k: v for k, v in r.items() if k not in ("utilization_ceiling", "per_worker_rps")} for r in rows]
-    # (e) the same stack on requests: every layer sampled (the gated cap on the live context)
+    out.mix_rows, out.mix_shown, out.mwl = mix_rows, mix_shown, mwl
+
+
+def _requests_section(sc, cfg, report: StudyReport, metrics: dict, timings: dict, out: _Sections) -> None:
+    """(e) The same stack on requests: every layer sampled (the gated cap on the live context)."""
+    dt = cfg["dt"]
     t0 = time.perf_counter()
-    rq = {"rate_rps": 20.0, "hours": 2.0, "startups_s": [120.0, 600.0]} if full else \
-        {"rate_rps": 8.0, "hours": 0.35, "startups_s": [120.0]} if quick else \
-        {"rate_rps": 12.0, "hours": 0.4, "startups_s": [120.0]}
-    rq.update(cfg.get("requests", {}))
-    reject_unknown_keys("layered-stack.requests", rq, {"rate_rps", "hours", "startups_s"})
+    rq = cfg["requests"]
     # a +60 % step a third of the way in: the pools must grow through a start-up while admission
     # and the gate hold the SLO
     trace = morning_ramp(float(rq["rate_rps"]), float(rq["hours"]), prompt_tokens=sc.params.prompt_tokens,
@@ -428,21 +434,12 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         report.save_figure(_requests_figure(*shown_run, adm_kind), f"stack_on_requests_{adm_kind}.png",
                            f"The stack on requests ({adm_kind} admission): arrivals and admissions, provisioned "
                            "workers, the gated decode batch cap and the pass time it holds.")
-    metrics["utilization_ceiling"] = {r["workload"]: r["utilization_ceiling"] for r in rows}
-    metrics["timings_s"] = timings
-    report.save_table(pd.DataFrame(metrics["comparison"]), "comparison.csv")
-    if mix_shown is not None:
-        runs, srow, su = mix_shown
-        report.save_figure(_mix_figure(runs, srow, f"{mwl.name}: fixed fleet of {mwl.fleet_size}, start-up {su:.0f} s"),
-                           "mixed_week.png", "The mixed workload on one time axis: demand and the mix (prompt and "
-                           "output factors), the fill pool's share of the worker need, each pool's provisioned "
-                           "workers under the stack next to its need and the static split, and the stack's role moves.")
-    for name, (r, ctrl) in shown.items():
-        report.save_figure(_layer_figure(r, ctrl, f"the stack at work: {name}, start-up {max(startups):.0f} s"),
-                           f"stack_{name.replace(':', '-').replace(' ', '_')}.png",
-                           "Each layer on one time axis: demand and the planner's forecast; provisioned and serving "
-                           "workers of each pool; admission rate and rejections.")
-    # -- the report's opening answers: each certified layer's verdict and worst margins
+    out.req_rows, out.rq = req_rows, rq
+
+
+def _answers(report: StudyReport, metrics: dict, out: _Sections) -> None:
+    """The report's opening answers (each certified layer's verdict and worst margins) and headlines."""
+    cert, rows, mix_rows = out.cert, out.rows, out.mix_rows
     for layer, d in cert.layers.items():
         w = d.get("worst")
         if w is None:
@@ -484,7 +481,11 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         if r["stack"] == "stack" and r.get("fleet_size") is None:
             report.headline(f"stack GPU-hours / oracle ({r['workload']}, start-up {r['startup_s']:.0f} s)",
                             r["gpu_hours_over_oracle"], "x", f"SLO attainment {r['slo_attainment']:.4f}")
-    # -- summary
+
+
+def _summary_certificate(sc, metrics: dict, out: _Sections) -> list[str]:
+    """The summary's stack description, certificate and separation paragraphs."""
+    cert, bad, sim = out.cert, out.bad, out.sim
     planner = build_stack(sc)[0].layer("planning").controllers[0]  # as the scenario resolves it
     budget, vol_w = planner.excess_budget, planner.volatility_window_s
     gate_l = sc.layers.get("batch_gate")
@@ -529,6 +530,13 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                   f"it; coherence of pool sizes with the admission rate at that period "
                   f"{human(d['coherence_at_disturbance'] if math.isfinite(d['coherence_at_disturbance']) else 0.0)} (0: unrelated, 1: locked) - the "
                   f"outer layer {'ACTED' if sim['outer_acted_on_inner_band'] else 'did not act'} on the inner band.", ""]
+    return lines
+
+
+def _summary_runs(sc, metrics: dict, timings: dict, out: _Sections) -> list[str]:
+    """The summary's comparison, mixed-week and on-requests paragraphs."""
+    rows, mix_rows, mwl, req_rows, rq = out.rows, out.mix_rows, out.mwl, out.req_rows, out.rq
+    lines: list[str] = []
     elastic = [r for r in rows if r.get("fleet_size") is None]
     lines += ["## Comparison (pool model)", ""]
     lines += markdown_table([r for r in metrics["comparison"] if r.get("fleet_size") is None],
@@ -594,4 +602,58 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
               "Dynamo's throughput planner runs its ARIMA (default) or Kalman load predictor "
               "(`tokenfactory.controllers.load_predictors`), warmed up on the days before the run.",
               "", f"Timings: {', '.join(f'{k} {v:.1f}' for k, v in timings.items())}."]
+    return lines
+
+
+def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None,
+        full: bool = False) -> dict[str, Any]:
+    """Run the study (see the module docstring).
+
+    Parameters
+    ----------
+    out_dir : str or Path
+        Folder for figures, tables, ``metrics.json`` and ``summary.md``.
+    quick : bool
+        3 h of m-large at a 10-minute start-up (the test suite's variant).
+    config : dict, optional
+        Overrides: ``full``, ``workloads`` ([[spec, scale], ...]), ``startups_s``, ``stacks``,
+        ``last_days``, ``hours``, ``dt``; unknown keys are errors.
+    full : bool
+        The heavy grid (``tokenfactory study layered-stack --full``; same as ``config={"full": True}``).
+
+    Returns
+    -------
+    dict
+        The metrics written to ``metrics.json``.
+    """
+    cfg = resolve_study_config(CONFIG, config, quick=quick, full=full)
+    sc = load_stack_scenario("stack_default")
+    report = StudyReport("layered-stack", Path(out_dir), {**cfg, "quick": quick, "scenario": sc.config})
+    metrics: dict[str, Any] = {}
+    timings: dict[str, float] = {}
+    out = _Sections()
+    _certificate_section(sc, report, metrics, timings, out)
+    _separation_section(sc, quick, metrics, timings, out)
+    _comparison_section(sc, cfg, timings, out)
+    _mixed_section(sc, cfg, metrics, timings, out)
+    rows, mix_shown, mwl, startups = out.rows + out.mix_rows, out.mix_shown, out.mwl, cfg["startups_s"]
+    out.rows = rows
+    metrics["comparison"] = [{k: v for k, v in r.items() if k not in ("utilization_ceiling", "per_worker_rps")} for r in rows]
+    _requests_section(sc, cfg, report, metrics, timings, out)
+    metrics["utilization_ceiling"] = {r["workload"]: r["utilization_ceiling"] for r in rows}
+    metrics["timings_s"] = timings
+    report.save_table(pd.DataFrame(metrics["comparison"]), "comparison.csv")
+    if mix_shown is not None:
+        runs, srow, su = mix_shown
+        report.save_figure(_mix_figure(runs, srow, f"{mwl.name}: fixed fleet of {mwl.fleet_size}, start-up {su:.0f} s"),
+                           "mixed_week.png", "The mixed workload on one time axis: demand and the mix (prompt and "
+                           "output factors), the fill pool's share of the worker need, each pool's provisioned "
+                           "workers under the stack next to its need and the static split, and the stack's role moves.")
+    for name, (r, ctrl) in out.shown.items():
+        report.save_figure(_layer_figure(r, ctrl, f"the stack at work: {name}, start-up {max(startups):.0f} s"),
+                           f"stack_{name.replace(':', '-').replace(' ', '_')}.png",
+                           "Each layer on one time axis: demand and the planner's forecast; provisioned and serving "
+                           "workers of each pool; admission rate and rejections.")
+    _answers(report, metrics, out)
+    lines = _summary_certificate(sc, metrics, out) + _summary_runs(sc, metrics, timings, out)
     return report.finish(metrics, lines)

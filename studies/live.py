@@ -41,13 +41,12 @@ from tokenfactory.live.identify import identify, read_raw_prometheus
 from tokenfactory.live.prometheus_server import PrometheusServer, free_port
 from tokenfactory.live.live_scenario import load_live_scenario, saturated_rate
 from tokenfactory.plant_models.des import simulate
+from tokenfactory.studies.study_config import StudyVariants, resolve_study_config
 from tokenfactory.studies.report import StudyReport
 from tokenfactory.traces import load_trace
-from tokenfactory.core.validation import ConfigError, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError
 
-__all__ = ["run", "LOCUSTFILE"]
-
-_CONFIG_KEYS = {"scenario", "trace", "loads", "overload", "window_s", "step_s", "seed", "users"}
+__all__ = ["CONFIG", "run", "LOCUSTFILE"]
 
 #: the locustfile the study runs (written next to the arrivals): each user takes the next planned
 #: arrival, waits for its time, sends one streaming completion and records what it saw
@@ -99,10 +98,10 @@ class Client(HttpUser):
 '''
 
 
-def _defaults(quick: bool) -> dict:
-    return {"scenario": "live_small", "trace": "azure-conv-2023", "loads": [0.9, 2.0] if quick else [0.5, 0.9, 1.3, 2.0],
-            "overload": 2.0, "window_s": 15.0 if quick else 60.0, "step_s": (18.0, 8.0) if quick else (45.0, 40.0),
-            "seed": 0, "users": 250}
+#: the study's settings: the defaults and its quick variant (:mod:`tokenfactory.studies.study_config`)
+CONFIG = StudyVariants("live", {"scenario": "live_small", "trace": "azure-conv-2023", "loads": [0.5, 0.9, 1.3, 2.0],
+                                "overload": 2.0, "window_s": 60.0, "step_s": (45.0, 40.0), "seed": 0, "users": 250},
+                       quick={"loads": [0.9, 2.0], "window_s": 15.0, "step_s": (18.0, 8.0)})
 
 
 def _wait_http(url: str, timeout_s: float = 180.0) -> None:
@@ -230,9 +229,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     dict
         The metrics written to ``metrics.json``.
     """
-    config = dict(config or {})
-    reject_unknown_keys("live", config, _CONFIG_KEYS)
-    cfg = {**_defaults(quick), **config}
+    cfg = resolve_study_config(CONFIG, config, quick=quick)
     report = StudyReport("live", Path(out_dir), {**cfg, "quick": quick})
     sc = load_live_scenario(cfg["scenario"])
     from tokenfactory.scenario import scenario_dir

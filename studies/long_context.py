@@ -33,9 +33,10 @@ from tokenfactory.plant_models import RequestShape, ServiceModel
 from tokenfactory.replay import build_replay, run_replay
 from tokenfactory.studies.report import StudyReport
 from tokenfactory.traces import generate_requests, long_context_workload
-from tokenfactory.core.validation import ConfigError, check_number, reject_unknown_keys
+from tokenfactory.studies.study_config import StudyVariants, resolve_study_config
+from tokenfactory.core.validation import ConfigError, check_number
 
-__all__ = ["DEFAULT_CONFIG", "run", "workload_statistics"]
+__all__ = ["CONFIG", "DEFAULT_CONFIG", "run", "workload_statistics"]
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "plant": {"model": "k3-like", "hardware": "b300", "fill_workers": 2, "decode_workers": 2},
@@ -58,13 +59,8 @@ CONTROL_SHAPES = {"2k/512 (feedback, reconfiguration)": RequestShape(2048, 512),
                   "12k/343 (Mooncake conversation)": RequestShape(12035, 343)}
 
 
-def _config(config: dict[str, Any] | None, quick: bool) -> dict[str, Any]:
-    cfg = {**DEFAULT_CONFIG, **(config or {})}
-    reject_unknown_keys("long-context", cfg, set(DEFAULT_CONFIG))
-    if cfg["full"]:
-        cfg.update({k: v for k, v in FULL.items() if k not in (config or {})})
-    if quick:
-        cfg.update({k: v for k, v in QUICK.items() if k not in (config or {})})
+def _check(cfg: dict[str, Any]) -> None:
+    """The ranges of the resolved settings."""
     for k in ("rate_rps", "statistics_hours", "replay_s", "slo_ttft_s", "slo_tpot_s"):
         check_number(f"long-context.{k}", cfg[k], low=0.0, low_inclusive=False)
     check_number("long-context.warm_start_s", cfg["warm_start_s"], low=0.0)
@@ -72,7 +68,10 @@ def _config(config: dict[str, Any] | None, quick: bool) -> dict[str, Any]:
         raise ConfigError("long-context.loads", "needs at least one load and one admission kind")
     for i, x in enumerate(cfg["loads"]):
         check_number(f"long-context.loads[{i}]", x, low=0.0, low_inclusive=False)
-    return cfg
+
+
+#: the study's settings: the defaults and its quick and full variants (:mod:`tokenfactory.studies.study_config`)
+CONFIG = StudyVariants("long-context", DEFAULT_CONFIG, quick=QUICK, full=FULL, check=_check)
 
 
 def workload_statistics(table: pd.DataFrame) -> dict[str, Any]:
@@ -127,7 +126,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         full: bool = False) -> dict[str, Any]:
     """Run the study into ``out_dir`` (``quick``: the test variant; ``full``, or ``config={"full": True}``:
     the heavier grid; ``config``: overrides of :data:`DEFAULT_CONFIG`); returns its metrics."""
-    cfg = _config({**(config or {}), "full": True} if full else config, quick)
+    cfg = resolve_study_config(CONFIG, config, quick=quick, full=full)
     report = StudyReport("long-context", Path(out_dir), cfg)
     workload = long_context_workload(mean_rate_rps=cfg["rate_rps"], seed=cfg["seed"])
 

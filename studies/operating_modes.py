@@ -29,9 +29,10 @@ from tokenfactory.plant_models import (
     stage_memory_sweep,
 )
 from tokenfactory.plant_models.plots import decode_sweep_plot, expert_intensity_plot, roofline_plot, stage_memory_plot
+from tokenfactory.studies.study_config import StudyVariants, resolve_study_config
 from tokenfactory.studies.report import StudyReport
 
-__all__ = ["DEFAULT_CONFIG", "run"]
+__all__ = ["CONFIG", "DEFAULT_CONFIG", "run"]
 
 GB = 1e9
 
@@ -50,6 +51,9 @@ DEFAULT_CONFIG: dict[str, Any] = {
                       "double_buffer": True, "working_bytes": 20e9, "slack_fraction": 0.0,
                       "target_band_bytes": [400e9, 500e9], "depths": list(range(1, 13))},
 }
+
+#: the study's settings: the defaults and its quick variant (:mod:`tokenfactory.studies.study_config`)
+CONFIG = StudyVariants("operating-modes", DEFAULT_CONFIG, quick={"decode_batches": [1, 4, 16, 64, 256, 1024]})
 
 
 def _expert_intensity(model, report: StudyReport) -> dict[str, Any]:
@@ -232,9 +236,7 @@ def _par(cfg):
 
 
 def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None) -> dict[str, Any]:
-    cfg = {**DEFAULT_CONFIG, **(config or {})}
-    if quick:
-        cfg["decode_batches"] = [1, 4, 16, 64, 256, 1024]
+    cfg = resolve_study_config(CONFIG, config, quick=quick)
     report = StudyReport("operating-modes", Path(out_dir), cfg)
     model = model_preset(cfg["model"])
     metrics = {

@@ -79,9 +79,10 @@ from tokenfactory.traces import (
     spread_quantized_arrivals,
     trace_available,
 )
-from tokenfactory.core.validation import ConfigError, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError
+from tokenfactory.studies.study_config import StudyVariants, resolve_study_config
 
-__all__ = ["run", "POLICIES", "TRACES", "goodput_in_window", "surge_trace", "fault_events", "gate_before_after_fluid",
+__all__ = ["CONFIG", "run", "POLICIES", "TRACES", "goodput_in_window", "surge_trace", "fault_events", "gate_before_after_fluid",
            "gate_before_after_des", "targets", "miss_causes"]
 
 #: admission policies compared (registry kinds), baselines first
@@ -93,10 +94,6 @@ COLLAPSE_TRACES = ("mooncake-conversation", "azure-conv-2023", "azure-code-2023"
 _LABEL = {"open": "open", "vllm-watermark": "vLLM watermark", "mooncake": "Mooncake early rejection",
           "mooncake-predictive": "Mooncake predictive rejection", "smoothed": "smoothed (previous)",
           RECOMMENDED_ADMISSION: "SLO-aware (new)"}
-_CONFIG_KEYS = {"full", "traces", "loads", "policies", "replay_s", "plant", "cluster", "surge", "gate", "faults",
-                "seed"}
-
-
 def _defaults(quick: bool, full: bool) -> dict[str, Any]:
     loads = [0.6, 0.9, 1.1, 1.3, 1.6, 2.0] if full else ([0.9, 1.3, 2.0] if quick else [0.6, 0.9, 1.3, 2.0])
     return {
@@ -117,6 +114,24 @@ def _defaults(quick: bool, full: bool) -> dict[str, Any]:
                    "link_at": 0.6, "link_share": 0.2, "link_factor": 0.5},
         "seed": 0,
     }
+
+
+def _check(cfg: dict[str, Any]) -> None:
+    """The resolved settings' policies are known ones."""
+    for p in cfg["policies"]:
+        if p not in _LABEL:
+            raise ConfigError("overload.policies", f"unknown policy {p!r}; known: {', '.join(_LABEL)}")
+
+
+def _variant(values: dict[str, Any]) -> dict[str, Any]:
+    """The settings of a variant that differ from the default's."""
+    default = _defaults(False, False)
+    return {k: v for k, v in values.items() if v != default[k]}
+
+
+#: the study's settings: the defaults and its quick and full variants (:mod:`tokenfactory.studies.study_config`)
+CONFIG = StudyVariants("overload", {**_defaults(False, False), "full": False}, quick=_variant(_defaults(True, False)),
+                       full=_variant(_defaults(False, True)), check=_check)
 
 
 # ------------------------------------------------------------------------------------------
@@ -919,15 +934,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     dict
         The metrics written to ``metrics.json``.
     """
-    config = dict(config or {})
-    reject_unknown_keys("overload", config, _CONFIG_KEYS)
-    full = bool(config.get("full", full))
-    if quick and full:
-        raise ConfigError("overload.full", "quick and full are exclusive: pick one variant")
-    cfg = {**_defaults(quick, full), **{k: v for k, v in config.items() if k != "full"}, "full": full}
-    for p in cfg["policies"]:
-        if p not in _LABEL:
-            raise ConfigError("overload.policies", f"unknown policy {p!r}; known: {', '.join(_LABEL)}")
+    cfg = resolve_study_config(CONFIG, config, quick=quick, full=full)
     report = StudyReport("overload", Path(out_dir), {**cfg, "quick": quick})
     classes = DEFAULT_CLASSES
     cluster = {**cfg["cluster"], "classes": classes}

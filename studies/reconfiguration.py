@@ -3,8 +3,10 @@ seesaw; tokenfactory's pending-aware hysteretic controller and smoothed admissio
 
 (a) flapping: Kubernetes HPA on vLLM's waiting-request count (a common KEDA/HPA set-up) under a
     constant demand between one and two decode workers alternates 2 -> 1 -> 2 forever;
-(b) cascade: HPA on KV occupancy (starting pods counted in the replica count, the metric
-    averaged over serving ones) over-scales 2 -> 5 -> 10 -> 20 -> ... during a 5-minute start-up;
+(b) cascade: HPA on KV occupancy (waiting sequences counted, so the metric grows with the queue;
+    starting pods at 0 on a scale-up, as upstream's replica calculator counts them) keeps asking
+    for more while the queue grows during a 5-minute start-up, about twice the workers the demand
+    needs (the loop model's start-up peak predicts it);
 (c) seesaw: Mooncake's early rejection on the current decode load makes prefill and decode load
     swing in anti-phase; the prediction-based variant is shown too;
 (d) describing function of the reconfiguration loop (queue relay with hysteresis, whole-worker
@@ -52,8 +54,9 @@ from tokenfactory.plant_models import (
 from tokenfactory.registry import CONTROL_PLANES, TARGET_UTILIZATION, PlantContext, build_admission, control_plane
 from tokenfactory.core.classes import INTERACTIVE, RequestClass
 from tokenfactory.replay import build_replay
+from tokenfactory.reproduction import SEESAW_SHAPE, SEESAW_SLO_TTFT_S, outcome_record, run_seesaw
 from tokenfactory.studies.report import StudyReport, human, markdown_table
-from tokenfactory.sweep import map_points
+from tokenfactory.sweep import SweepBackend, map_points
 from tokenfactory.traces import (
     SyntheticWorkload,
     generate_requests,
@@ -62,25 +65,20 @@ from tokenfactory.traces import (
     superpose_trace,
     trace_available,
 )
-from tokenfactory.core.validation import ConfigError, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError
+from tokenfactory.studies.study_config import StudyVariants, resolve_study_config
 
-__all__ = ["run", "DEFAULT_PLANES", "fluid_params", "reproduce_flapping", "reproduce_cascade", "reproduce_seesaw",
+__all__ = ["CONFIG", "run", "DEFAULT_PLANES", "fluid_params", "reproduce_flapping", "reproduce_cascade", "reproduce_seesaw",
            "describing_function_check", "compare_servegen_day", "compare_azure_replay", "measured_worker_rps", "SHAPE",
            "SEESAW_SHAPE"]
 
 PLANT = {"model": "deepseek-v3", "hardware": "h200"}
 #: the nominal request of the flapping and cascade reproductions (tokens)
 SHAPE = RequestShape(2048, 512)
-#: long prompts, as in Mooncake's conversation trace: its measured means (../shared/traces/
-#: mooncake_fast25/conversation_trace.jsonl: 12,035 input and 343 output tokens over 12,031 requests)
-SEESAW_SHAPE = RequestShape(12035, 343)
 #: TPOT SLO 0.15 s: with the fitted roofline efficiencies a DeepSeek-V3 decode worker on 8 x H200
 #: runs its full KV batch (933 sequences at 2.3k tokens) at 0.116 s per token (0.035 s at the
 #: pre-fit assumptions, when this SLO was 0.1 s), so 0.1 s would fail every request
 SLO_TTFT_S, SLO_TPOT_S = 2.0, 0.155
-#: the seesaw's long prompts take ~1.5 s to prefill alone; its TTFT SLO is 10 s (ASSUMPTION:
-#: a long-context SLO of several prefill times, the regime where Mooncake's early rejection acts)
-SEESAW_SLO_TTFT_S = 10.0
 MIN_AMPLITUDE_WORKERS = 0.25   # pool-size swings below a quarter worker are not flapping
 
 
@@ -111,13 +109,8 @@ def _verdict(resp_series: pd.DataFrame, column: str, dt: float, start_s: float) 
     return rep.to_dict()
 
 
-def _outcome(metrics: dict, report: dict, **extra) -> dict:
-    return {"oscillating": bool(report["oscillating"]), "actions_per_hour": metrics["actions_per_hour"],
-            "reversals_per_hour": metrics.get("reversals_per_hour", 0.0),
-            "slo_attainment": metrics["slo_attainment"], "gpu_hours": metrics["gpu_hours"],
-            "rejected": metrics["rejected"], **{k: report[k] for k in (
-                "thornhill_r", "decay_ratio", "forsman_h", "spectral_peak_fraction", "hagglund_detections",
-                "period_s", "amplitude", "reason")}, **extra}
+_outcome = outcome_record
+
 
 
 def _pool_behaviour(x: dict) -> str:
@@ -216,27 +209,17 @@ def reproduce_cascade(quick: bool = False, startup_s: float = 300.0) -> tuple[di
         resps[key] = r
     out["demand_justified_workers"] = justified
     out["startup_s"] = startup_s
+    # the loop model's start-up peak, before simulating: from the 2 workers at the step to the demand after it
+    from tokenfactory.controllers.autoscaler_loops import PoolOperatingPoint, autoscaler_loop, predict_startup_cascade
+
+    point = PoolOperatingPoint(mu, 2 * lam0, fp.measurement_delay_s, dyn.startup_s + dyn.warmup_s / 2.0,
+                               fp.decode_slots_per_worker, fp.decode_slots_per_worker / mu)
+    out["baseline"]["predicted_peak_during_startup"] = predict_startup_cascade(autoscaler_loop(runs["baseline"], point), 2)
     return out, resps
 
 
 # ------------------------------------------------------------------------------------------
 # (c) seesaw
-
-
-def _phase_deg(x: np.ndarray, y: np.ndarray, dt: float, period_s: float) -> float:
-    """Phase of y's fundamental relative to x's at ``period_s`` (180 = anti-phase)."""
-    if not (math.isfinite(period_s) and period_s > 0):
-        return math.nan
-    t = np.arange(len(x)) * dt
-    w = 2 * math.pi / period_s
-    basis = np.column_stack([np.sin(w * t), np.cos(w * t)])
-
-    def angle(s):
-        (a, b), *_ = np.linalg.lstsq(basis, s - s.mean(), rcond=None)
-        return math.atan2(b, a)
-
-    d = math.degrees(angle(y) - angle(x)) % 360.0
-    return d if d <= 180.0 else 360.0 - d
 
 
 def _smoothed_for(fp: FluidParams, fill_workers: int, decode_workers: int, slo_ttft_s: float = SLO_TTFT_S):
@@ -246,40 +229,16 @@ def _smoothed_for(fp: FluidParams, fill_workers: int, decode_workers: int, slo_t
 
 def reproduce_seesaw(quick: bool = False) -> tuple[dict, dict]:
     """Long prompts, demand 1.3 x decode capacity, prefill sized to carry it: Mooncake early
-    rejection on the current decode load vs tokenfactory's smoothed admission."""
+    rejection on the current decode load, its prediction-based variant, and tokenfactory's
+    smoothed admission (:func:`tokenfactory.reproduction.run_seesaw`)."""
     fp = fluid_params(SEESAW_SHAPE)
-    nd = 2
-    mu_d, mu_f = fp.decode_capacity(nd), fp.fill_rate_per_worker
-    lam = 1.3 * mu_d
-    nf = math.ceil(lam / mu_f)
-    dt = 0.1
-    slo = SEESAW_SLO_TTFT_S
-    sc = PoolScenario(lam, 600.0 if quick else 1800.0, dt=dt, control_start_s=10.0, seed=3,
-                      slo_ttft_s=slo, slo_tpot_s=SLO_TPOT_S)
-    runs = {"baseline": EarlyRejection(fill_latency_s=fp.fill_latency_s, slo_ttft_s=slo),
-            "predictive": EarlyRejection(fill_latency_s=fp.fill_latency_s, slo_ttft_s=slo, predictive=True),
-            "fixed": _smoothed_for(fp, nf, nd, slo)}
-    out, resps = {}, {}
-    for key, ctrl in runs.items():
-        r = simulate_pools(fp, nf, nd, sc, controllers=[ctrl])
-        s = r.series
-        s["decode_load"] = (s["active_decodes"] + s["ready"]) / s["decode_slots"]
-        s["fill_load"] = s["fill_in_progress"] / (nf * mu_f * fp.fill_latency_s)
-        after = s[s["time_s"] >= 60.0]
-        rep = assess(after["decode_load"].to_numpy(), dt, min_amplitude=0.02)
-        rep_d = rep.to_dict()
-        phase = _phase_deg(after["decode_load"].to_numpy(), after["fill_load"].to_numpy(), dt, rep.period_s) \
-            if rep.oscillating else math.nan
-        amp = first_harmonic_amplitude(after["decode_load"].to_numpy(), dt, rep.period_s) \
-            if math.isfinite(rep.period_s) else 0.0
-        out[key] = _outcome(r.metrics, rep_d, controller=type(ctrl).__name__,
-                            throughput_rps=float(after["completion_rate"].mean()),
-                            decode_load_harmonic_amplitude=amp, fill_vs_decode_phase_deg=phase,
-                            rejected_fraction=r.metrics["rejected"] / max(r.metrics["requests"], 1.0))
-        resps[key] = r
-    out["demand_rps"], out["decode_capacity_rps"], out["fill_workers"], out["decode_workers"] = lam, mu_d, nf, nd
-    out["fill_latency_s"], out["slo_ttft_s"] = fp.fill_latency_s, slo
-    return out, resps
+
+    def runs(fp, slo, fill_workers, decode_workers):
+        return {"baseline": EarlyRejection(fill_latency_s=fp.fill_latency_s, slo_ttft_s=slo),
+                "predictive": EarlyRejection(fill_latency_s=fp.fill_latency_s, slo_ttft_s=slo, predictive=True),
+                "fixed": _smoothed_for(fp, fill_workers, decode_workers, slo)}
+
+    return run_seesaw(fp, runs, quick=quick, slo_tpot_s=SLO_TPOT_S)
 
 
 # ------------------------------------------------------------------------------------------
@@ -392,7 +351,8 @@ def _servegen_plane(pt: dict):
 
 
 def compare_servegen_day(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: PoolDynamics = PoolDynamics(),
-                         scale: float = 5.0, hours: float | None = None, dt: float = 0.25):
+                         scale: float = 5.0, hours: float | None = None, dt: float = 0.25,
+                         sweep: SweepBackend | None = None):
     """A day of ServeGen m-large rates x ``scale`` (a tenant population ``scale`` times larger, so
     pools hold several workers) through the pool model; synthetic rates without the trace data."""
     spec = "servegen:m-large" if trace_available("servegen:m-large") else "synthetic"
@@ -413,7 +373,8 @@ def compare_servegen_day(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: Po
     mean_rate, peak_rate = float(demand.mean()), float(demand.max())
     workload = f"{spec} day 7 x{scale:g} (pool model)"
     # one point per control plane: serial, or on a Dask cluster (tokenfactory study --workers/--scheduler)
-    runs = map_points(_servegen_plane, [{"plane": name, "fp": fp, "scenario": sc, "dynamics": dynamics,
+    mapper = sweep.map if sweep is not None else map_points  # the backend is an argument
+    runs = mapper(_servegen_plane, [{"plane": name, "fp": fp, "scenario": sc, "dynamics": dynamics,
                                          "mean_rate": mean_rate, "first_rate": float(demand.iloc[0]),
                                          "workload": workload} for name in planes])
     rows = [row for row, _ in runs]
@@ -438,7 +399,7 @@ def _azure_plane(pt: dict):
 
 
 def compare_azure_replay(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: PoolDynamics = PoolDynamics(),
-                         load: float = 2.0, minutes: float | None = None):
+                         load: float = 2.0, minutes: float | None = None, sweep: SweepBackend | None = None):
     """Azure conversation through the request simulator at a load multiplier: superposed, randomly
     shifted copies of the hour (:func:`tokenfactory.traces.superpose_trace`) so the mean demand is
     ``load`` workers' capacity of the bottleneck pool, as a worker of it delivers in the request
@@ -467,7 +428,8 @@ def compare_azure_replay(quick: bool, planes=tuple(CONTROL_PLANES), dynamics: Po
     mean_rate = len(replay) / (minutes * 60.0)
     workload = f"{name} x{multiplier:.0f} ({minutes:.0f} min, request simulator)"
     arrivals = full_hour["arrival_s"].to_numpy()
-    runs = map_points(_azure_plane, [{"plane": plane, "fp": fp, "params": setup.params, "replay": replay,
+    mapper = sweep.map if sweep is not None else map_points
+    runs = mapper(_azure_plane, [{"plane": plane, "fp": fp, "params": setup.params, "replay": replay,
                                       "arrivals": arrivals, "dynamics": dynamics, "mean_rate": mean_rate,
                                       "measured": measured, "workload": workload} for plane in planes])
     rows = [row for row, _ in runs]
@@ -625,18 +587,27 @@ DEFAULT_PLANES = ("static + mooncake-early-rejection", "static + tokenfactory-sm
                   "tokenfactory-hysteretic + smoothed")
 
 
-def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None,
-        full: bool = False) -> dict[str, Any]:
-    # the Azure replay is the request simulator's: 10 minutes of it in the default and quick
-    # variants (each control plane replays it), the 20-minute replay with --full
-    cfg = {"reproductions": True, "describing_function": True, "comparison": ["azure", "servegen"],
-           "azure_minutes": 20.0 if full else 10.0, **(config or {})}
-    reject_unknown_keys("reconfiguration", cfg, {"reproductions", "describing_function", "comparison", "planes",
-                                                  "azure_minutes", "servegen_hours"})
-    planes = tuple(cfg.get("planes", CONTROL_PLANES if full else DEFAULT_PLANES))
-    for p in planes:
+def _check(cfg: dict[str, Any]) -> None:
+    """The resolved settings' control planes are known ones."""
+    for p in cfg["planes"]:
         if p not in CONTROL_PLANES:
             raise ConfigError("reconfiguration.planes", f"unknown control plane {p!r}; known: {', '.join(CONTROL_PLANES)}")
+
+
+#: the study's settings: the defaults and its full variant (:mod:`tokenfactory.studies.study_config`);
+#: ``servegen_hours`` None replays the whole ServeGen day
+CONFIG = StudyVariants("reconfiguration", {"reproductions": True, "describing_function": True,
+                                           "comparison": ["azure", "servegen"], "azure_minutes": 10.0,
+                                           "planes": list(DEFAULT_PLANES), "servegen_hours": None},
+                       full={"azure_minutes": 20.0, "planes": list(CONTROL_PLANES)}, check=_check)
+
+
+def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None,
+        full: bool = False, sweep: SweepBackend | None = None) -> dict[str, Any]:
+    # the Azure replay is the request simulator's: 10 minutes of it in the default and quick
+    # variants (each control plane replays it), the 20-minute replay with --full
+    cfg = resolve_study_config(CONFIG, config, quick=quick, full=full)
+    planes = tuple(cfg["planes"])
     report = StudyReport("reconfiguration", Path(out_dir), {**cfg, "quick": quick, "full": full, "plant": PLANT,
                                                             "dynamics": PoolDynamics().__dict__,
                                                             "slo": {"ttft_s": SLO_TTFT_S, "tpot_s": SLO_TPOT_S}})
@@ -706,11 +677,11 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     comparison: list[dict] = []
     infos = {}
     if "azure" in cfg["comparison"]:
-        rows, _, info = compare_azure_replay(quick, planes, minutes=cfg.get("azure_minutes"))
+        rows, _, info = compare_azure_replay(quick, planes, minutes=cfg["azure_minutes"], sweep=sweep)
         comparison += rows
         infos["azure"] = info
     if "servegen" in cfg["comparison"]:
-        rows, resps, info = compare_servegen_day(quick, planes, hours=cfg.get("servegen_hours"))
+        rows, resps, info = compare_servegen_day(quick, planes, hours=cfg["servegen_hours"], sweep=sweep)
         comparison += rows
         infos["servegen"] = info
         ours = "tokenfactory-hysteretic" if "tokenfactory-hysteretic" in resps else "tokenfactory-hysteretic + smoothed"

@@ -32,9 +32,10 @@ from tokenfactory.plant_models.published_points import (
     signed_error,
 )
 from tokenfactory.studies.report import StudyReport
-from tokenfactory.core.validation import ConfigError, check_int, check_number, reject_unknown_keys
+from tokenfactory.studies.study_config import StudyVariants, resolve_study_config
+from tokenfactory.core.validation import ConfigError, check_int, check_number
 
-__all__ = ["DEFAULT_CONFIG", "run"]
+__all__ = ["CONFIG", "DEFAULT_CONFIG", "run"]
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "starts": 4,              # optimiser starts of the fit on all points
@@ -52,9 +53,8 @@ DEFAULT_CONFIG: dict[str, Any] = {
 }
 
 
-def _config(config: dict[str, Any] | None, quick: bool) -> dict[str, Any]:
-    cfg = {**DEFAULT_CONFIG, **(config or {})}
-    reject_unknown_keys("roofline-validation", cfg, set(DEFAULT_CONFIG))
+def _check(cfg: dict[str, Any]) -> None:
+    """The ranges of the resolved settings."""
     for k in ("starts", "cv_starts"):
         check_int(f"roofline-validation.{k}", cfg[k], low=1, high=50)
     check_int("roofline-validation.seed", cfg["seed"], low=0)
@@ -64,14 +64,14 @@ def _config(config: dict[str, Any] | None, quick: bool) -> dict[str, Any]:
     check_int("roofline-validation.cross_check_rows", cfg["cross_check_rows"], low=0, high=10_000)
     if not isinstance(cfg["measured_runs"], str):
         raise ConfigError("roofline-validation.measured_runs", "a file path, or \"\" for the shared silicon sample")
-    if quick:
-        cfg["starts"] = 1
-        cfg["cross_check_rows"] = min(cfg["cross_check_rows"], 3)
-    return cfg
+
+
+#: the study's settings: the defaults and its quick variant (:mod:`tokenfactory.studies.study_config`)
+CONFIG = StudyVariants("roofline-validation", DEFAULT_CONFIG, quick={"starts": 1, "cross_check_rows": 3}, check=_check)
 
 
 def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None) -> dict[str, Any]:
-    cfg = _config(config, quick)
+    cfg = resolve_study_config(CONFIG, config, quick=quick)
     report = StudyReport("roofline-validation", Path(out_dir), cfg)
     kw = dict(prior_weight=cfg["prior_weight"], robust_scale=cfg["robust_scale"])
     fit = fit_efficiency(PUBLISHED_POINTS, starts=cfg["starts"], seed=cfg["seed"], **kw)

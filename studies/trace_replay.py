@@ -18,10 +18,11 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from tokenfactory.replay import DEFAULT_PLANT, build_replay, run_replay
+from tokenfactory.studies.study_config import StudyVariants, resolve_study_config
 from tokenfactory.studies.report import StudyReport
 from tokenfactory.traces import SyntheticWorkload, generate_requests, load_trace, trace_available
 
-__all__ = ["run", "PLANT", "ADMISSIONS"]
+__all__ = ["CONFIG", "run", "PLANT", "ADMISSIONS"]
 
 PLANT = DEFAULT_PLANT
 #: admission kinds the study compares
@@ -67,12 +68,17 @@ def _contrast_lines(table: pd.DataFrame) -> list[str]:
     return out
 
 
+#: the study's settings: the defaults and its quick and full variants
+#: (:mod:`tokenfactory.studies.study_config`)
+CONFIG = StudyVariants("trace-replay", {
+    "traces": ["azure-conv-2023", "mooncake-conversation"], "loads": [0.9, 1.3], "admissions": list(ADMISSIONS),
+    "plant": dict(PLANT), "cluster": {"slo_ttft_s": 2.0, "slo_tpot_s": 0.1, "drain_s": 60.0}},
+    quick={"loads": [0.8, 1.2]}, full={"loads": [0.6, 0.9, 1.1, 1.3]})
+
+
 def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None,
         full: bool = False) -> dict[str, Any]:
-    loads = [0.6, 0.9, 1.1, 1.3] if full else [0.8, 1.2] if quick else [0.9, 1.3]
-    cfg = {"traces": ["azure-conv-2023", "mooncake-conversation"], "loads": loads,
-           "admissions": list(ADMISSIONS), "plant": dict(PLANT),
-           "cluster": {"slo_ttft_s": 2.0, "slo_tpot_s": 0.1, "drain_s": 60.0}, **(config or {})}
+    cfg = resolve_study_config(CONFIG, config, quick=quick, full=full)
     report = StudyReport("trace-replay", Path(out_dir), cfg)
     traces = {n: _trace_for(n, quick) for n in cfg["traces"]}
     absent = [n for n, t in traces.items() if t is None]

@@ -88,17 +88,38 @@ def test_relay_cycle_matches_the_pool_model(stabilization_s, fp):
     assert (cycle.low_replicas, cycle.high_replicas) == (int(n[len(n) // 2:].min()), int(n[len(n) // 2:].max()))
 
 
-def test_cascade_compounds_over_starting_workers_only_for_hpa():
-    hpa = HorizontalPodAutoscaler("decode", 0.5, "decode_utilization", max_replicas=64)
+def test_cascade_compounds_over_starting_workers_only_when_they_count():
+    hpa = HorizontalPodAutoscaler("decode", 0.5, "decode_utilization", max_replicas=64, starting_unready=False)
     kpa = KnativeAutoscaler("decode", 0.5 * SLOTS, "decode_concurrency", max_replicas=64)
     pt = point(3.0 * MU, startup_s=300.0)
-    # HPA: current (starting included) x saturated utilisation / target, every 15 s for 300 s
+    # starting pods at the serving average: current (starting included) x saturated utilisation /
+    # target, every 15 s for 300 s
     assert predict_startup_cascade(autoscaler_loop(hpa, pt), 1) == 64
+    # upstream's replica calculator (the default) counts them at 0: one ask, ceil(1 x 1 / 0.5)
+    upstream = HorizontalPodAutoscaler("decode", 0.5, "decode_utilization", max_replicas=64)
+    assert predict_startup_cascade(autoscaler_loop(upstream, pt), 1) == 2
     # KPA divides the metric total by its target: it asks for what it sees, however long the start-up
     assert predict_startup_cascade(autoscaler_loop(kpa, pt), 1) <= 64
     cert = certify_autoscaler(hpa, pt)
     assert not cert.passed and not cert.overshoot_bounded
     assert "asks for up to 64" in cert.summary()
+
+
+def test_cascade_honours_policy_periods_and_the_upscale_window():
+    """The policies' own periods and the scale-up window bound the start-up cascade as the HPA
+    applies them (the limit is the HPA's own, ``hpa_policy_limit``)."""
+    pt = point(3.0 * MU, startup_s=300.0)
+    kw = dict(max_replicas=64, starting_unready=False)
+    # one pod per 60 s, syncs every 15 s over the 300 s start-up: scale-ups at 15, 90, 165, 240, 300 s
+    slow = HorizontalPodAutoscaler("decode", 0.5, "decode_utilization", scale_up_policies=(("pods", 1, 60.0),), **kw)
+    assert predict_startup_cascade(autoscaler_loop(slow, pt), 1) == 6
+    fast = HorizontalPodAutoscaler("decode", 0.5, "decode_utilization", **kw)
+    windowed = HorizontalPodAutoscaler("decode", 0.5, "decode_utilization", upscale_stabilization_s=120.0, **kw)
+    loop = autoscaler_loop(windowed, pt)
+    assert loop.delay_s == pytest.approx(autoscaler_loop(fast, pt).delay_s + 120.0)
+    # the recommendation from before the step holds the pool for 120 s, then each doubling waits for
+    # the window to forget the last lower one: 1 -> 2 at 135 s, 4 at 270 s, 8 at 405 s (horizon 420 s)
+    assert predict_startup_cascade(loop, 1) == 8
 
 
 def test_certificate_passes_a_held_utilisation_setting():

@@ -316,13 +316,13 @@ def test_apa_zero_target_is_a_config_error():
 
 def test_hpa_starting_workers_as_unready_pods():
     """K8S_RC's unready-pod rule through ``update``: 2 serving workers at 2 x the target and 2
-    starting. Upstream counts the starting ones at 0 (ratio 4/4 / 1 = 1 -> no change); the
-    default reading multiplies all 4 by the serving average (ceil(4 x 2) = 8, capped at 4 + 4)."""
+    starting. Upstream (the default) counts the starting ones at 0 (ratio 4/4 / 1 = 1 -> no
+    change); with ``starting_unready=False`` all 4 are multiplied by the serving average
+    (ceil(4 x 2) = 8, capped at 4 + 4)."""
     from tokenfactory.core.signals import Measurement
 
     m = Measurement(time_s=0, backlog=0, fill_in_progress=0, ready=0, active_decodes=160, completion_rate=0,
                     admitted_rate=0, decode_slots=200, fill_capacity=1, fill_workers=1, decode_workers=2,
                     decode_workers_starting=2)
-    upstream = HorizontalPodAutoscaler("decode", 0.4, starting_unready=True)
-    assert upstream.update(0.0, m).replicas == 4
-    assert HorizontalPodAutoscaler("decode", 0.4).update(0.0, m).replicas == 8
+    assert HorizontalPodAutoscaler("decode", 0.4).update(0.0, m).replicas == 4
+    assert HorizontalPodAutoscaler("decode", 0.4, starting_unready=False).update(0.0, m).replicas == 8

@@ -83,3 +83,16 @@ def test_runs_in_the_admission_loop_fluid_plant(smoothed_scenario):
         assert rate == pytest.approx(plant.decode_capacity, rel=0.05)  # decode stays busy
         if isinstance(ctrl, EarlyRejection):
             assert r.column("rejected")[-1] > 0  # overload is rejected at arrival, not queued
+
+
+def test_seesaw_prediction_is_the_asymmetric_relay_cycle():
+    """Relay through a pure delay on an integrator with slopes a = demand - rate and b = rate:
+    period delay x (2 + a / b + b / a), swing (a + b) x delay (controllers/early_rejection.py)."""
+    from tokenfactory.controllers.early_rejection import predict_rejection_seesaw
+
+    c = predict_rejection_seesaw(13.0, 10.0, 100.0, 2.0)
+    assert c.period_s == pytest.approx(2.0 * (2.0 + 0.3 + 10.0 / 3.0))
+    assert c.swing == pytest.approx(13.0 * 2.0 / 100.0)
+    assert c.amplitude == pytest.approx(c.swing / 2.0 * (2.0 / 3.0) ** 0.5)
+    assert predict_rejection_seesaw(9.0, 10.0, 100.0, 2.0) is None      # nothing rejected
+    assert predict_rejection_seesaw(13.0, 10.0, 100.0, 0.2) is None      # too small to matter

@@ -260,8 +260,90 @@ horizontalPodAutoscalerConfig:
     setting = parse_control_plane(text)
     assert (setting.sync_period_s, setting.tolerance) == (30.0, 0.05)
     assert parse_control_plane(dump_control_plane(setting)) == setting
-    with pytest.raises(NotModelled, match="periodSeconds"):   # default policies run per 15 s, not per 30 s sync
-        setting.build("decode")
+    hpa = setting.build("decode")       # a 30 s sync; the default policies keep their 15 s periods
+    assert hpa.sample_period == 30.0 and hpa.tolerance == 0.05
+    assert hpa.scale_up_policies == (("percent", 100.0, 15.0), ("pods", 4.0, 15.0))
+
+
+#: behavior sections the HPA reader used to reject (NotModelled) and now builds: scale-up
+#: stabilisation, policies with their own periods, Min and Disabled selection
+BEHAVIOR = HPA.replace("""  behavior:
+    scaleDown:
+      stabilizationWindowSeconds: 120
+""", """  behavior:
+    scaleUp:
+      stabilizationWindowSeconds: 60
+      selectPolicy: Min
+      policies:
+        - type: Pods
+          value: 4
+          periodSeconds: 60
+        - type: Percent
+          value: 100
+          periodSeconds: 60
+    scaleDown:
+      stabilizationWindowSeconds: 120
+      selectPolicy: Disabled
+      policies:
+        - type: Pods
+          value: 1
+          periodSeconds: 600
+""")
+
+
+def test_hpa_behavior_round_trips_and_builds_exactly():
+    setting = parse_control_plane(BEHAVIOR)
+    assert parse_control_plane(dump_control_plane(setting)) == setting
+    p = setting.build("decode").params()
+    assert p["upscale_stabilization_s"] == 60.0 and p["downscale_stabilization_s"] == 120.0
+    assert p["scale_up_policies"] == (("pods", 4.0, 60.0), ("percent", 100.0, 60.0))
+    assert p["scale_down_policies"] == (("pods", 1.0, 600.0),)
+    assert (p["scale_up_select"], p["scale_down_select"]) == ("min", "disabled")
+    new = setting.with_params(sample_period=30)     # the sync changes; the policies keep their periods
+    assert new.build("decode").params()["scale_up_policies"] == p["scale_up_policies"]
+
+
+def _file_with_up_policy(kind: str, value: int, period: int, select: str = "Max") -> str:
+    return HPA.replace("""  behavior:
+""", f"""  behavior:
+    scaleUp:
+      selectPolicy: {select}
+      policies:
+        - type: {kind}
+          value: {value}
+          periodSeconds: {period}
+""")
+
+
+# upstream cases (kubernetes pkg/controller/podautoscaler/horizontal_test.go TestScalingWithRules,
+# read at commit 003e862, ported in tests/test_autoscaling_upstream.py) through a file: scale-up
+# events [1, 5, 9] spread over the last 120 s, current 100, desired 500, maxReplicas 1000
+@pytest.mark.parametrize("kind, value, period, expected", [
+    ("Pods", 150, 120, 235),     # "scaleUp with pod policy and previous scale up events"
+    ("Percent", 200, 120, 255),  # "scaleUp with percent policy and previous scale up events"
+    ("Pods", 5, 120, 100),       # "... with rate.PeriodSeconds with a lot of recent scale up events"
+])
+def test_hpa_policy_periods_read_from_a_file_behave_as_upstream(kind, value, period, expected):
+    text = _file_with_up_policy(kind, value, period).replace("maxReplicas: 4", "maxReplicas: 1000")
+    hpa = parse_control_plane(text).build("decode")
+    now, seg = 10_000.0, 120.0 / 3
+    hpa._up_events = [(now - (120.0 - seg * (i + 1) + seg / 2), c) for i, c in enumerate([1, 5, 9])]
+    assert hpa.rate_limit(now, 100, 500)[0] == expected
+
+
+def test_hpa_min_select_and_upscale_window_from_a_file():
+    """selectPolicy Min takes the policy allowing the smallest change (kubernetes.io, "Horizontal
+    Pod Autoscaling", scaling policies): 10 replicas, 4 pods or 100 % per 60 s -> 14 (Max: 20). A
+    60 s scale-up window acts on the lowest recommendation of the last minute (upstream
+    stabilizeRecommendationWithBehaviors)."""
+    both = BEHAVIOR.replace("maxReplicas: 4", "maxReplicas: 100")
+    hpa = parse_control_plane(both).build("decode")
+    assert hpa.rate_limit(0.0, 10, 50)[0] == 14
+    hpa_max = parse_control_plane(both.replace("selectPolicy: Min", "selectPolicy: Max")).build("decode")
+    assert hpa_max.rate_limit(0.0, 10, 50)[0] == 20
+    hpa.reset()
+    hpa._recs = [(-30.0, 12)]                # a recommendation of 12 half a minute ago
+    assert hpa.stabilize(0.0, 10, 50) == 12  # the window's lowest, not 50
 
 
 def test_sniffing_refuses_an_unknown_kind():

@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("plants and traces", ("tokenfactory.plant_models", "tokenfactory.traces")),
     ("controllers and analysis", ("tokenfactory.controllers",)),
     ("registry", ("tokenfactory.registry", "tokenfactory.scenario", "tokenfactory.replay", "tokenfactory.stack",
-                  "tokenfactory.advise",
+                  "tokenfactory.advise", "tokenfactory.reproduction",
                   "tokenfactory.testing", "tokenfactory.sweep")),
     ("live", ("tokenfactory.live",)),
     ("studies", ("tokenfactory.studies",)),
@@ -137,8 +137,9 @@ def test_no_upward_imports(module):
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("tokenfactory.studies.")))
 def test_no_study_imports_another_study(module):
-    # the study registry, the report writer and the HTML page over all reports
-    shared = {"tokenfactory.studies", "tokenfactory.studies.report", "tokenfactory.studies.html"}
+    # the study registry, the report writer, the HTML page over all reports and the config resolver
+    shared = {"tokenfactory.studies", "tokenfactory.studies.report", "tokenfactory.studies.html",
+              "tokenfactory.studies.study_config"}
     for line, imported in _imports(MODULES[module], module):
         if imported.startswith("tokenfactory.studies") and imported not in shared and imported != module:
             raise AssertionError(f"{module}:{line} imports the study {imported}; move what they share below "

@@ -35,7 +35,10 @@ def test_flapping_is_flagged_and_the_fix_is_not(flapping):
 
 def test_cascade_overscales_and_the_pending_aware_fix_does_not(cascade):
     b, f = cascade["baseline"], cascade["fixed"]
-    assert b["peak_provisioned_during_startup"] >= 4 * cascade["demand_justified_workers"]
+    # upstream's HPA (starting pods at 0 on a scale-up) still over-scales on a metric that counts the
+    # queue, by as much as the loop model predicts before simulating
+    assert b["peak_provisioned_during_startup"] >= 1.5 * cascade["demand_justified_workers"]
+    assert b["peak_provisioned_during_startup"] == pytest.approx(b["predicted_peak_during_startup"], abs=1)
     assert f["peak_provisioned"] <= cascade["demand_justified_workers"]
     assert not f["oscillating"]
     assert f["gpu_hours"] < b["gpu_hours"]
@@ -110,15 +113,15 @@ def test_comparison_runs_on_synthetic_without_trace_data(tmp_path, monkeypatch):
 
 
 def test_comparison_on_dask_equals_serial(tmp_path, monkeypatch):
-    """The comparison grid runs through the sweep engine: the same rows on a 2-worker LocalCluster."""
+    """The comparison grid runs through the sweep engine: the same rows on a 2-worker LocalCluster,
+    the backend passed as an argument."""
     from tokenfactory.studies.reconfiguration import compare_servegen_day
-    from tokenfactory.sweep import WORKERS_ENV
+    from tokenfactory.sweep import SweepBackend
 
     monkeypatch.setenv("TOKENFACTORY_TRACES", str(tmp_path))
     planes = ("dynamo-load", "tokenfactory-hysteretic")
     serial, _, _ = compare_servegen_day(True, planes, hours=1.0)
-    monkeypatch.setenv(WORKERS_ENV, "2")
-    dask, resps, _ = compare_servegen_day(True, planes, hours=1.0)
+    dask, resps, _ = compare_servegen_day(True, planes, hours=1.0, sweep=SweepBackend("dask", workers=2))
     import pandas as pd
 
     pd.testing.assert_frame_equal(pd.DataFrame(dask), pd.DataFrame(serial))  # NaN == NaN here

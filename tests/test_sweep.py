@@ -91,3 +91,39 @@ def test_map_points_keeps_order_and_objects_on_dask(monkeypatch):
     monkeypatch.setenv(WORKERS_ENV, "two")
     with pytest.raises(ConfigError, match="TOKENFACTORY_SWEEP_WORKERS"):
         map_points(square_point, range(3))
+
+
+def test_the_backend_is_an_argument(monkeypatch):
+    """SweepBackend carries where a grid runs; the environment is only the fallback when none is given."""
+    from tokenfactory.sweep import WORKERS_ENV, SweepBackend, map_points
+
+    monkeypatch.delenv(WORKERS_ENV, raising=False)
+    serial = map_points(square_point, range(5))
+    assert SweepBackend().map(square_point, range(5)) == serial
+    assert SweepBackend("dask", workers=2).map(square_point, range(5)) == serial
+    with pytest.raises(ConfigError, match="sweep.backend"):
+        SweepBackend("threads")
+    with pytest.raises(ConfigError, match="sweep.workers"):
+        SweepBackend("dask", workers=0)
+
+
+def test_study_cli_passes_the_backend_not_the_environment(monkeypatch, tmp_path):
+    """`tokenfactory study --workers N` hands the study a SweepBackend and leaves os.environ alone."""
+    import os
+
+    import tokenfactory.studies as studies
+    from tokenfactory.cli import main
+    from tokenfactory.sweep import SCHEDULER_ENV, WORKERS_ENV, SweepBackend
+
+    monkeypatch.delenv(WORKERS_ENV, raising=False)
+    monkeypatch.delenv(SCHEDULER_ENV, raising=False)
+    seen = {}
+
+    def fake_run_study(name, out, quick=False, full=False, sweep=None):
+        seen.update(name=name, sweep=sweep)
+        return {"provenance": {"wall_seconds": 0.0}, "report": {}}
+
+    monkeypatch.setattr(studies, "run_study", fake_run_study)
+    assert main(["study", "bandwidth-capacity", "--quick", "--workers", "2", "--out", str(tmp_path / "bc")]) == 0
+    assert seen == {"name": "bandwidth-capacity", "sweep": SweepBackend("dask", workers=2)}
+    assert WORKERS_ENV not in os.environ and SCHEDULER_ENV not in os.environ

@@ -353,6 +353,9 @@ def advise(control_plane, scenario, trace: pd.DataFrame, *, pool: str = "decode"
     setup = build_replay(trace, dict(scenario.plant))
     if setting.format == "vllm":
         return _advise_batch_cap(setting, scenario, trace, setup, cluster, slo_target)
+    if setting.format not in KNOB_GRID:
+        raise ConfigError("control_plane", f"advise has no loop model for a {setting.format} setting (Dynamo's "
+                          "planner decides from its own perf model); run it with `simulate --control-plane FILE`")
     p = setup.plant.params
     mu = p.decode_capacity(1) if pool == "decode" else p.fill_rate_per_worker
     dyn = cluster.get("dynamics", {})

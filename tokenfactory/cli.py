@@ -86,12 +86,13 @@ def _cmd_describe(args) -> int:
     return 0
 
 
-def _run_one_study(name: str, out, quick: bool, full: bool) -> tuple[str, float, list[str]]:
+def _run_one_study(name: str, out, quick: bool, full: bool, sweep=None) -> tuple[str, float, list[str]]:
     """One study of ``study all`` (a process of the pool): its name, wall seconds and the lines
-    that answer it (its loop verdicts, answers and headline figures)."""
+    that answer it (its loop verdicts, answers and headline figures); ``sweep`` the backend of its
+    grids (an argument, not the environment)."""
     from tokenfactory.studies import run_study
 
-    result = run_study(name, out, quick=quick, full=full)
+    result = run_study(name, out, quick=quick, full=full, sweep=sweep)
     return name, float(result["provenance"]["wall_seconds"]), _study_answer_lines(result.get("report", {}))
 
 
@@ -123,15 +124,16 @@ def _cmd_study(args) -> int:
 
     from tokenfactory.studies import STUDIES, default_suite, suite_order
     from tokenfactory.studies.html import write_index
-    from tokenfactory.sweep import SCHEDULER_ENV, WORKERS_ENV
+    from tokenfactory.sweep import SweepBackend
     from tokenfactory.core.validation import ConfigError, check_int
 
     if args.quick and args.full:
         raise ConfigError("study", "--quick and --full are exclusive: pick one variant")
-    if args.workers is not None:
-        os.environ[WORKERS_ENV] = str(check_int("workers", args.workers, low=1))
-    if args.scheduler:
-        os.environ[SCHEDULER_ENV] = args.scheduler
+    # the grids' backend travels as an argument to each study (never through os.environ)
+    sweep = None
+    if args.workers is not None or args.scheduler:
+        workers = check_int("workers", args.workers, low=1) if args.workers is not None else None
+        sweep = SweepBackend("dask", scheduler=args.scheduler or None, workers=workers)
     suite = args.name == "all"
     # the quick variant writes beside the default report, never over it (unless --out says so)
     default_root = Path("reports-quick" if args.quick else "reports")
@@ -159,10 +161,10 @@ def _cmd_study(args) -> int:
         for i, name in enumerate(names, 1):
             if len(names) > 1:
                 print(f"  {name} ...", flush=True)
-            done(i, *_run_one_study(name, outs[name], args.quick, args.full))
+            done(i, *_run_one_study(name, outs[name], args.quick, args.full, sweep))
     else:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(_run_one_study, n, outs[n], args.quick, args.full) for n in names]
+            futures = [pool.submit(_run_one_study, n, outs[n], args.quick, args.full, sweep) for n in names]
             for i, fut in enumerate(as_completed(futures), 1):
                 done(i, *fut.result())
     if suite or not args.out:  # the reports folder holds every study: refresh its page
@@ -575,7 +577,11 @@ def _cmd_simulate(args) -> int:
 
         if args.autoscaler:
             raise ConfigError("control_plane", "give --control-plane or --autoscaler, not both")
-        scalers = [read_control_plane(args.control_plane).build(args.pool)]
+        setting = read_control_plane(args.control_plane)
+        if hasattr(setting, "registered_autoscaler"):   # Dynamo's real planner: both pools, the plant's engines
+            args.autoscaler, scaler_params = setting.registered_autoscaler()
+        else:
+            scalers = [setting.build(args.pool)]
     m, res = run_replay(trace, setup, admission, scale, cluster, autoscaler=args.autoscaler, load=load,
                         autoscalers=scalers, autoscaler_params=scaler_params,
                         admission_params=params, batch_cap=None if batch_cap == "none" else batch_cap,
@@ -851,7 +857,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "own PlannerConfig fields: optimization_target, load_predictor, ttft_ms, ...)")
     sm.add_argument("--control-plane", dest="control_plane", default=None,
                     help="a control plane's own settings file (Kubernetes HPA, KEDA ScaledObject, Knative Service, "
-                         "Ray Serve config, AIBrix PodAutoscaler) sizing --pool with exactly its parameters")
+                         "Ray Serve config, AIBrix PodAutoscaler) sizing --pool with exactly its parameters, or a "
+                         "Dynamo planner config (the real planner, sizing both pools)")
     sm.add_argument("--pool", choices=["decode", "fill"], default="decode",
                     help="the pool --control-plane sizes (the other stays fixed)")
     sm.add_argument("--seed", type=int, default=0)

@@ -34,7 +34,8 @@ import pandas as pd
 
 from tokenfactory.core.validation import ConfigError, check_choice, check_int
 
-__all__ = ["Sweep", "run_sweep", "map_points", "default_backend", "set_dotted", "SCHEDULER_ENV", "WORKERS_ENV"]
+__all__ = ["Sweep", "SweepBackend", "run_sweep", "map_points", "default_backend", "set_dotted", "SCHEDULER_ENV",
+           "WORKERS_ENV"]
 
 #: environment variable naming a Dask scheduler address to use instead of a local cluster
 SCHEDULER_ENV = "TOKENFACTORY_DASK_SCHEDULER"
@@ -44,7 +45,8 @@ WORKERS_ENV = "TOKENFACTORY_SWEEP_WORKERS"
 
 def default_backend() -> str:
     """``"dask"`` when ``$TOKENFACTORY_DASK_SCHEDULER`` or ``$TOKENFACTORY_SWEEP_WORKERS`` is set
-    (``tokenfactory study --scheduler ADDRESS`` / ``--workers N`` set them), else ``"serial"``.
+    in the user's environment, else ``"serial"`` (the fallback when no :class:`SweepBackend` is
+    passed; ``tokenfactory study --scheduler ADDRESS`` / ``--workers N`` pass one as an argument).
 
     Returns
     -------
@@ -52,6 +54,56 @@ def default_backend() -> str:
         The backend the studies' grids use.
     """
     return "dask" if os.environ.get(SCHEDULER_ENV) or os.environ.get(WORKERS_ENV) else "serial"
+
+
+@dataclass(frozen=True)
+class SweepBackend:
+    """Where a grid of points runs, passed as an argument (``tokenfactory study --workers N`` /
+    ``--scheduler ADDRESS`` build one) rather than through the environment.
+
+    Parameters
+    ----------
+    backend : str
+        ``"serial"`` (default) or ``"dask"``.
+    scheduler : str, optional
+        Address of an existing Dask scheduler (``"tcp://host:8786"``); None: a local cluster.
+    workers : int, optional
+        Local cluster size (>= 1; None: the machine's cores).
+
+    Raises
+    ------
+    ConfigError
+        For an unknown backend (``sweep.backend``) or a worker count below 1 (``sweep.workers``).
+    """
+
+    backend: str = "serial"
+    scheduler: str | None = None
+    workers: int | None = None
+
+    def __post_init__(self) -> None:
+        check_choice("sweep.backend", self.backend, ("serial", "dask"))
+        if self.workers is not None:
+            check_int("sweep.workers", self.workers, low=1)
+
+    def map(self, fn: Callable, points: Sequence[Any], *, chunk_size: int | None = None) -> list:
+        """:func:`map_points` on this backend.
+
+        Parameters
+        ----------
+        fn : callable
+            Importable point function.
+        points : sequence
+            The points.
+        chunk_size : int, optional
+            Points per task.
+
+        Returns
+        -------
+        list
+            ``fn``'s results in the order of ``points``.
+        """
+        return map_points(fn, points, backend=self.backend, scheduler=self.scheduler, workers=self.workers,
+                          chunk_size=chunk_size)
 
 
 def map_points(fn: Callable, points: Sequence[Any], *, backend: str | None = None, scheduler: str | None = None,

@@ -17,6 +17,7 @@ format                    file                                       controller
 ``ray-serve``             Serve config / ``autoscaling_config``       ``RayServeAutoscaler``
 ``aibrix``                PodAutoscaler autoscaling.aibrix.ai         ``AIBrixAPA`` / KPA / HPA
 ``vllm``                  ``vllm serve --config`` engine arguments    the decode batch cap
+``dynamo-planner``        Dynamo ``PlannerConfig`` (``--config``)     ``DynamoPlanner`` (ai-dynamo)
 ========================  =========================================  ==============================
 
 :func:`read_control_plane` sniffs the format from the documents' ``kind``; every unknown field is
@@ -34,6 +35,11 @@ from typing import Any
 
 from tokenfactory.controllers.formats.aibrix import AIBrixSetting, read_aibrix
 from tokenfactory.controllers.formats.common import ENGINE_METRICS, NotModelled
+from tokenfactory.controllers.formats.dynamo_planner_config import (
+    DynamoPlannerSetting,
+    looks_like_planner_config,
+    read_dynamo_planner,
+)
 from tokenfactory.controllers.formats.keda import KEDASetting, read_keda
 from tokenfactory.controllers.formats.knative import KnativeSetting, read_knative
 from tokenfactory.controllers.formats.kubernetes_hpa import CONTROLLER_MANAGER_KIND, HPASetting, read_hpa
@@ -44,9 +50,10 @@ from tokenfactory.core.errors import ConfigError
 
 __all__ = ["read_control_plane", "parse_control_plane", "dump_control_plane", "rewrite_control_plane", "FORMATS",
            "NotModelled", "ENGINE_METRICS", "HPASetting", "KEDASetting", "KnativeSetting", "RayServeSetting",
-           "AIBrixSetting", "VLLMSetting", "ControlPlaneSetting"]
+           "AIBrixSetting", "VLLMSetting", "DynamoPlannerSetting", "ControlPlaneSetting"]
 
-ControlPlaneSetting = HPASetting | KEDASetting | KnativeSetting | RayServeSetting | AIBrixSetting | VLLMSetting
+ControlPlaneSetting = (HPASetting | KEDASetting | KnativeSetting | RayServeSetting | AIBrixSetting | VLLMSetting
+                       | DynamoPlannerSetting)
 
 #: format name -> reader of the parsed documents
 FORMATS: dict[str, Callable[..., Any]] = {
@@ -56,6 +63,7 @@ FORMATS: dict[str, Callable[..., Any]] = {
     "ray-serve": read_ray_serve,
     "aibrix": read_aibrix,
     "vllm": read_vllm,
+    "dynamo-planner": read_dynamo_planner,
 }
 _BY_KIND = {"HorizontalPodAutoscaler": "kubernetes-hpa", CONTROLLER_MANAGER_KIND: "kubernetes-hpa",
             "ScaledObject": "keda", "Service": "knative", "ConfigMap": "knative", "PodAutoscaler": "aibrix"}
@@ -75,8 +83,11 @@ def _load_documents(text: str, where: str) -> list[dict]:
 
 def sniff_format(docs: list[dict], where: str = "control_plane") -> str:
     """The format of parsed documents: by ``kind`` for Kubernetes objects, ``ray-serve`` for a
-    Serve config or an ``autoscaling_config`` mapping."""
+    Serve config or an ``autoscaling_config`` mapping, ``dynamo-planner`` for a mapping of
+    Dynamo PlannerConfig fields."""
     kinds = {d.get("kind") for d in docs}
+    if kinds == {None} and len(docs) == 1 and looks_like_planner_config(docs[0]):
+        return "dynamo-planner"
     if kinds == {None} and len(docs) == 1 and ("applications" in docs[0] or "autoscaling_config" in docs[0]):
         return "ray-serve"
     if kinds == {None} and len(docs) == 1 and ("model" in docs[0] or any(
@@ -86,7 +97,8 @@ def sniff_format(docs: list[dict], where: str = "control_plane") -> str:
     if len(formats) != 1 or None in formats:
         raise ConfigError(where, f"cannot tell the control plane from kinds {sorted(map(str, kinds))}; supported: "
                           "HorizontalPodAutoscaler (autoscaling/v2), ScaledObject (KEDA), Knative Service, "
-                          "PodAutoscaler (AIBrix), a Ray Serve config")
+                          "PodAutoscaler (AIBrix), a Ray Serve config, a vLLM config, a Dynamo planner "
+                          "config")
     return formats.pop()
 
 
@@ -262,6 +274,9 @@ def rewrite_control_plane(text: str, new: ControlPlaneSetting, *,
                     node[step] = CommentedMap()
                 node = node[step]
             last = path[-1]
+            alias = getattr(new, "field_aliases", {}).get(last)
+            if alias is not None and last not in node and alias in node:
+                last = alias   # the file spells the field by an alias its format accepts: edit it there
             if isinstance(last, str) and last.startswith("name=") and isinstance(node, list):
                 node.append(after)
                 continue

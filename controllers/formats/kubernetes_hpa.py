@@ -190,37 +190,23 @@ class HPASetting:
             raise NotModelled("spec.metrics[0].target.type", f"{m.target_type} on {m.metric!r}: the model compares "
                               "a per-replica average (AverageValue) with the target")
         up, down = self.scale_up, self.scale_down
-        if up.stabilization_window_s != 0:
-            raise NotModelled("spec.behavior.scaleUp.stabilizationWindowSeconds",
-                              f"{up.stabilization_window_s} s; the model has no scale-up stabilisation")
-        for where, rules in (("scaleUp", up), ("scaleDown", down)):
-            for i, p in enumerate(rules.policies):
-                if p.period_s != self.sync_period_s:
-                    raise NotModelled(f"spec.behavior.{where}.policies[{i}].periodSeconds",
-                                      f"{p.period_s} s; the model applies a policy per sync period "
-                                      f"({self.sync_period_s:g} s)")
         params: dict[str, Any] = {"target": m.value, "metric": em.signal, "min_replicas": self.min_replicas,
                                   "max_replicas": self.max_replicas, "tolerance": self.tolerance,
                                   "downscale_stabilization_s": float(down.stabilization_window_s),
-                                  "sample_period": self.sync_period_s}
-        if up.select_policy == "Disabled":
-            params.update(scale_up_pods=0, scale_up_percent=0.0)
-        else:
-            if up.select_policy == "Min" and len(up.policies) > 1:
-                raise NotModelled("spec.behavior.scaleUp.selectPolicy", "Min over several policies; the model "
-                                  "takes the larger of its pods and percent limits")
-            kinds = [p.type for p in up.policies]
-            if len(set(kinds)) != len(kinds):
-                raise NotModelled("spec.behavior.scaleUp.policies", "two policies of one type")
-            params["scale_up_pods"] = next((p.value for p in up.policies if p.type == "Pods"), 0)
-            params["scale_up_percent"] = float(next((p.value for p in up.policies if p.type == "Percent"), 0))
-        if down.select_policy == "Disabled":
-            params["scale_down_percent"] = 0.0
-        else:
-            if any(p.type == "Pods" for p in down.policies) or len(down.policies) != 1:
-                raise NotModelled("spec.behavior.scaleDown.policies", "the model limits scale-down by one "
-                                  "Percent policy")
-            params["scale_down_percent"] = float(down.policies[0].value)
+                                  "upscale_stabilization_s": float(up.stabilization_window_s),
+                                  "sample_period": self.sync_period_s,
+                                  # every policy with its own period; the select rule per direction
+                                  "scale_up_policies": tuple((p.type.lower(), p.value, float(p.period_s))
+                                                             for p in up.policies),
+                                  "scale_down_policies": tuple((p.type.lower(), p.value, float(p.period_s))
+                                                               for p in down.policies),
+                                  "scale_up_select": up.select_policy.lower(),
+                                  "scale_down_select": down.select_policy.lower()}
+        # the default-policy knobs the HPA also reports: the largest pods / percent policy of a direction
+        params["scale_up_pods"] = max((p.value for p in up.policies if p.type == "Pods"), default=0)
+        params["scale_up_percent"] = float(max((p.value for p in up.policies if p.type == "Percent"), default=0))
+        params["scale_down_percent"] = float(min(100, max((p.value for p in down.policies if p.type == "Percent"),
+                                                          default=0)))
         return params
 
     def build(self, pool: str):
@@ -238,13 +224,8 @@ class HPASetting:
                 new = replace(new, metrics=(replace(new.metrics[0], value=float(value)),) + new.metrics[1:])
             elif key == "downscale_stabilization_s":
                 new = replace(new, scale_down=replace(new.scale_down, stabilization_window_s=int(value)))
-            elif key == "sample_period":
-                p = int(value)
-                new = replace(new, sync_period_s=float(value),
-                              scale_up=replace(new.scale_up, policies=tuple(replace(q, period_s=p) for q in
-                                                                            new.scale_up.policies)),
-                              scale_down=replace(new.scale_down, policies=tuple(replace(q, period_s=p) for q in
-                                                                                new.scale_down.policies)))
+            elif key == "sample_period":   # the controller-manager's sync; the policies keep their periods
+                new = replace(new, sync_period_s=float(value))
             elif key in ("tolerance", "min_replicas", "max_replicas"):
                 new = replace(new, **{key: value})
             else:

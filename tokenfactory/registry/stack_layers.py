@@ -331,7 +331,12 @@ class ControlPlaneLayer(StackLayerConfig):
 
         if not self.file:
             raise ConfigError("layers.reconfiguration.file", "the control-plane layer needs its settings file")
-        return read_control_plane(self.file)
+        setting = read_control_plane(self.file)
+        if hasattr(setting, "registered_autoscaler"):
+            raise ConfigError("layers.reconfiguration.file", "a Dynamo planner config: the real planner sizes both "
+                              "pools from its own perf model, and the layer's certificate needs a one-pool loop "
+                              "model, which it does not have yet; run it with `simulate --control-plane FILE`")
+        return setting
 
     @property
     def sample_period_s(self) -> float:
@@ -371,6 +376,9 @@ class SeasonalRiseLayer(StackLayerConfig):
         constant headroom).
     profile_smooth_s : float, optional
         Width of the rise profile's running median (s; default the plan's grid).
+    residual_ar1 : bool
+        The AR(1) lead correction of the plan (the residual from the median daily level decays
+        over the lead; off by default: it did not lower the cost on ServeGen).
     """
 
     layer: ClassVar[str] = "planning"
@@ -392,6 +400,8 @@ class SeasonalRiseLayer(StackLayerConfig):
     profile_smooth_s: float | None = setting(None, unit="s", low=0.0, high=21600.0,
                                              meaning="width of the rise profile's running median (default the "
                                                      "plan's grid)")
+    residual_ar1: bool = setting(False, kind=bool, meaning="AR(1) lead correction: the residual from the median "
+                                                           "daily level decays over the lead (phi fitted daily)")
 
 
 #: the stack's layers, bottom (fastest) first, and each layer's kinds by name (the first is the default)
