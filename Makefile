@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test bench clean
+.PHONY: run test bench reference clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run
+
+# docs/reference.md: every key of every file a user writes, generated from the readers' metadata
+reference: $(STAMP)
+	$(BIN)/python -m tokenfactory.reference --write docs/reference.md
 
 clean:
 	rm -rf $(VENV) reports build *.egg-info

@@ -23,7 +23,7 @@ from tokenfactory.controllers.stability import DelayedLoop, Margins, loop_transf
 from tokenfactory.controllers.stability_batch import DelayedLoopBatch, stability_margins_batch
 from tokenfactory.controllers.tuning import PIGains, effective_delay, simc_pi
 from tokenfactory.plant_models.fluid import FluidPlant
-from tokenfactory.core.validation import check_number
+from tokenfactory.core.validation import check_number, setting
 
 __all__ = ["StabilityEnvelope", "TuningReport", "admission_loop", "tune_smoothed_admission",
            "envelope_loops", "envelope_margins"]
@@ -56,10 +56,15 @@ class StabilityEnvelope:
         For a non-positive factor or a floor outside its range (fields ``envelope.*``).
     """
 
-    delay_factors: tuple[float, ...] = (0.5, 1.0, 2.0)
-    service_rate_factors: tuple[float, ...] = (0.7, 1.0, 1.3)
-    gm_floor: float = 2.0
-    pm_floor_deg: float = 45.0
+    delay_factors: tuple[float, ...] = setting((0.5, 1.0, 2.0), kind="list of numbers",
+                                               meaning="multipliers (each > 0) on the plant's fill-to-ready and "
+                                                       "measurement delays that the loop must tolerate")
+    service_rate_factors: tuple[float, ...] = setting((0.7, 1.0, 1.3), kind="list of numbers",
+                                                      meaning="multipliers (each > 0) on fill and decode service "
+                                                              "rates (0.7 = 30 % slower than the model predicts)")
+    gm_floor: float = setting(2.0, low=1.0, meaning="minimum gain margin (a factor) at every point of the envelope")
+    pm_floor_deg: float = setting(45.0, unit="deg", low=0.0, high=90.0,
+                                  meaning="minimum |phase margin| at every gain crossover of the envelope")
 
     def __post_init__(self) -> None:
         for i, f in enumerate(self.delay_factors):

@@ -44,9 +44,10 @@ from tokenfactory.plant_models.roofline import Worker
 from tokenfactory.plant_models.service import DEFAULT_KV_SETUP_S, DEFAULT_KV_STRIPES, KVLink, RequestShape, ServiceModel
 from tokenfactory.core.signals import AdmissionAction, Measurement, sort_actions
 from tokenfactory.core.errors import ConservationError
-from tokenfactory.core.validation import ConfigError, check_int, check_number, reject_unknown_keys
+from tokenfactory.core.validation import REQUIRED, ConfigError, check_int, check_number, reject_unknown_keys, setting
 
 __all__ = [
+    "LOOP_SIMULATION_SCHEMA",
     "FluidParams",
     "FluidPlant",
     "LoopScenario",
@@ -399,13 +400,18 @@ class LoopScenario:
         For a value outside its range or a disturbance of another kind (fields ``scenario.*``).
     """
 
-    demand: float
-    duration_s: float = 300.0
-    dt: float = 0.01
-    disturbances: tuple = ()
-    demand_noise_cv: float = 0.0
-    noise_interval_s: float = 1.0
-    seed: int = 0
+    demand: float = setting(REQUIRED, unit="requests/s", low=0.0, meaning="arrival rate (a file gives "
+                                                                          "demand_factor instead)")
+    duration_s: float = setting(300.0, unit="s", low=0.0, low_inclusive=False, meaning="simulated time")
+    dt: float = setting(0.01, unit="s", low=1e-5, high=1.0, meaning="integration step, also the grid of the delay "
+                                                                     "lines")
+    disturbances: tuple = setting((), kind="list of tables",
+                                  meaning="events, each a table with a kind: demand_step, decode_rate_dip, "
+                                          "decode_workers_lost ([[simulation.disturbances]])")
+    demand_noise_cv: float = setting(0.0, low=0.0, high=5.0,
+                                     meaning="coefficient of variation of multiplicative Gaussian demand noise")
+    noise_interval_s: float = setting(1.0, unit="s", meaning="how long each noise draw holds (at least dt)")
+    seed: int = setting(0, kind=int, low=0, meaning="seed of the noise generator")
 
     def __post_init__(self) -> None:
         check_number("scenario.demand", self.demand, low=0.0)
@@ -421,8 +427,7 @@ class LoopScenario:
         """``demand`` is resolved by the caller (absolute rate); disturbances are tables with a
         ``kind`` among demand_step, decode_rate_dip, decode_workers_lost."""
         d = dict(d)
-        reject_unknown_keys(where, d, {"duration_s", "dt", "disturbances", "demand_noise_cv",
-                                       "noise_interval_s", "seed", "demand_factor"})
+        reject_unknown_keys(where, d, LOOP_SIMULATION_SCHEMA)
         d.pop("demand_factor", None)
         dist = events_from_dicts(d.pop("disturbances", []), f"{where}.disturbances", DISTURBANCE_KINDS)
         return cls(demand=demand, disturbances=dist, **d)
@@ -640,3 +645,11 @@ def simulate_loop(plant: FluidPlant, controller, scenario: LoopScenario, *,
     cols = ["time_s", "kind", "rate", "backlog_bound", "from", "to"]
     return SimulationResult(series=series, records=None, metrics=metrics, config=config,
                             actions=pd.DataFrame(actions, columns=cols))
+
+
+#: the keys of a margins scenario's ``[simulation]`` table (:meth:`LoopScenario.from_dict`)
+LOOP_SIMULATION_SCHEMA = {
+    "demand_factor": setting(1.0, low=0.0, high=10.0, meaning="the demand as a multiple of the plant's decode "
+                                                              "capacity"),
+    **{f.name: f for f in dataclasses.fields(LoopScenario) if f.name != "demand"},
+}

@@ -59,7 +59,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tokenfactory.core.validation import ConfigError, check_int, check_number, reject_unknown_keys
+from tokenfactory.core.validation import (REQUIRED, ConfigError, check_int, check_number, reject_unknown_keys, setting,
+                                          setting_names)
 
 __all__ = [
     "PRECISIONS",
@@ -67,6 +68,7 @@ __all__ = [
     "ACCELERATOR_PRESETS",
     "accelerator_preset",
     "accelerator_from_dict",
+    "HARDWARE_SCHEMA",
     "load_accelerator",
 ]
 
@@ -101,19 +103,32 @@ class Accelerator:
     ssd_bandwidth : local NVMe read per GPU, bytes/s.
     """
 
-    name: str
-    hbm_bytes: float
-    hbm_bandwidth: float
-    dense_flops: Mapping[str, float]
-    scale_up_bandwidth: float
-    scale_out_bandwidth: float
-    scale_up_domain: int
-    power_watts: float
-    source: str = ""
-    host_memory_bytes: float | None = None
-    host_memory_bandwidth: float | None = None
-    ssd_bytes: float | None = None
-    ssd_bandwidth: float | None = None
+    name: str = setting(REQUIRED, kind=str, meaning="the accelerator's name (in reports)")
+    hbm_bytes: float = setting(REQUIRED, unit="bytes", low=0.0, low_inclusive=False, meaning="HBM capacity per GPU")
+    hbm_bandwidth: float = setting(REQUIRED, unit="bytes/s", low=0.0, low_inclusive=False,
+                                   meaning="HBM bandwidth per GPU")
+    dense_flops: Mapping[str, float] = setting(REQUIRED, kind="table", unit="FLOP/s", choices=tuple(PRECISIONS),
+                                               meaning="dense tensor FLOP/s per GPU by precision, e.g. "
+                                                       "{fp8 = 1.979e15, bf16 = 9.89e14}; at least one; a format "
+                                                       "the GPU lacks runs at the next wider one")
+    scale_up_bandwidth: float = setting(REQUIRED, unit="bytes/s", low=0.0, low_inclusive=False,
+                                        meaning="NVLink (scale-up) bandwidth per GPU per direction")
+    scale_out_bandwidth: float = setting(REQUIRED, unit="bytes/s", low=0.0, low_inclusive=False,
+                                         meaning="NIC (scale-out) bandwidth per GPU per direction")
+    scale_up_domain: int = setting(REQUIRED, kind=int, low=1, unit="GPUs",
+                                   meaning="GPUs in one NVLink domain (8 for HGX boards, 72 for NVL72)")
+    power_watts: float = setting(REQUIRED, unit="W", low=0.0, low_inclusive=False, meaning="board power per GPU")
+    source: str = setting("", kind=str, meaning="where the figures come from (a datasheet URL)")
+    host_memory_bytes: float | None = setting(None, unit="bytes", low=0.0, low_inclusive=False,
+                                              meaning="host DRAM per GPU, a KV tier below HBM (absent: not "
+                                                      "described)")
+    host_memory_bandwidth: float | None = setting(None, unit="bytes/s", low=0.0, low_inclusive=False,
+                                                  meaning="host DRAM to HBM per GPU per direction (the GPU's host "
+                                                          "link)")
+    ssd_bytes: float | None = setting(None, unit="bytes", low=0.0, low_inclusive=False,
+                                      meaning="local NVMe per GPU (absent: not described)")
+    ssd_bandwidth: float | None = setting(None, unit="bytes/s", low=0.0, low_inclusive=False,
+                                          meaning="local NVMe read bandwidth per GPU")
 
     def __post_init__(self) -> None:
         where = f"accelerator[{self.name}]"
@@ -226,7 +241,12 @@ def accelerator_preset(name: str) -> Accelerator:
     return ACCELERATOR_PRESETS[key]
 
 
-_FIELDS = {f.name for f in dataclasses.fields(Accelerator)}
+_FIELDS = set(setting_names(Accelerator))
+#: the keys of a hardware table (``plant.hardware`` or a hardware TOML): the Accelerator fields and ``base``
+HARDWARE_SCHEMA = {"base": setting(None, kind=str, choices=tuple(ACCELERATOR_PRESETS),
+                                   meaning="a preset to start from: the other keys override its fields; without it "
+                                           "every field but source and the KV tiers is required"),
+                   **{f.name: f for f in dataclasses.fields(Accelerator)}}
 
 
 def accelerator_from_dict(d: Mapping[str, Any], where: str = "hardware") -> Accelerator:
@@ -256,7 +276,7 @@ def accelerator_from_dict(d: Mapping[str, Any], where: str = "hardware") -> Acce
         For an unknown key, an unknown ``base``, a missing field or a value outside its range.
     """
     d = dict(d)
-    reject_unknown_keys(where, d, _FIELDS | {"base"})
+    reject_unknown_keys(where, d, HARDWARE_SCHEMA)
     base = d.pop("base", None)
     if base is not None:
         merged = dataclasses.asdict(accelerator_preset(base))

@@ -22,12 +22,17 @@ from tokenfactory.core.validation import (
     check_choice,
     check_int,
     check_number,
+    REQUIRED,
     reject_unknown_keys,
+    setting,
+    setting_names,
 )
 
 __all__ = [
     "AttentionSpec",
     "MoEModel",
+    "MODEL_SCHEMA",
+    "ATTENTION_SCHEMA",
     "MODEL_PRESETS",
     "model_preset",
     "model_from_dict",
@@ -83,19 +88,30 @@ class AttentionSpec:
         Recurrent state of one sequence in one linear-attention layer (bytes, >= 0; default 0).
     """
 
-    kind: str
-    num_heads: int
-    head_dim: int = 128
-    kv_heads: int = 0
-    q_lora_rank: int = 0
-    kv_lora_rank: int = 0
-    qk_nope_head_dim: int = 0
-    qk_rope_head_dim: int = 0
-    v_head_dim: int = 0
-    full_attention_layers: int | None = None
-    efficient_kind: str = "linear"
-    local_window: int = 4096
-    linear_state_bytes_per_layer: float = 0.0
+    kind: str = setting(REQUIRED, kind=str, choices=("gqa", "mla"),
+                        meaning="grouped-query (plain multi-head included) or multi-head latent attention")
+    num_heads: int = setting(REQUIRED, kind=int, low=1, meaning="query heads")
+    head_dim: int = setting(128, kind=int, low=1, meaning="dimension per head (GQA; unused by MLA)")
+    kv_heads: int = setting(0, kind=int, low=0, meaning="key/value heads (GQA: must be given, in [1, num_heads]; "
+                                                        "unused by MLA)")
+    q_lora_rank: int = setting(0, kind=int, low=0, meaning="MLA low-rank Q dimension (0: a plain Q projection)")
+    kv_lora_rank: int = setting(0, kind=int, low=0, meaning="MLA latent KV dimension, cached per token and layer "
+                                                            "(>= 1 for MLA)")
+    qk_nope_head_dim: int = setting(0, kind=int, low=0, meaning="MLA per-head query/key dimension without rotary "
+                                                                "position (>= 1 for MLA)")
+    qk_rope_head_dim: int = setting(0, kind=int, low=0, meaning="MLA rotary key dimension, shared across heads and "
+                                                                "cached per token (>= 1 for MLA)")
+    v_head_dim: int = setting(0, kind=int, low=0, meaning="MLA per-head value dimension (>= 1 for MLA)")
+    full_attention_layers: int | None = setting(None, kind=int, low=0, unit="layers",
+                                                meaning="layers with full attention, at most num_layers "
+                                                        "(absent: every layer)")
+    efficient_kind: str = setting("linear", kind=str, choices=("linear", "local"),
+                                  meaning="what the other layers are: linear attention (a fixed state per "
+                                          "sequence) or a local sliding window")
+    local_window: int = setting(4096, kind=int, low=1, unit="tokens", meaning="sliding-window length of local layers")
+    linear_state_bytes_per_layer: float = setting(0.0, low=0.0, unit="bytes",
+                                                  meaning="recurrent state of one sequence in one linear-attention "
+                                                          "layer")
 
     def validate(self, where: str, num_layers: int) -> None:
         """Check the fields for a model of ``num_layers`` layers; raises :class:`ConfigError`
@@ -223,23 +239,33 @@ class MoEModel:
         (fields ``model[<name>].*``).
     """
 
-    name: str
-    num_layers: int
-    num_dense_layers: int
-    hidden_size: int
-    vocab_size: int
-    dense_intermediate_size: int
-    expert_intermediate_size: int
-    routed_experts: int
-    active_experts: int
-    shared_experts: int
-    attention: AttentionSpec
-    weight_precision: str = "fp8"
-    kv_precision: str = "bf16"
-    activation_precision: str = "bf16"
-    tied_embeddings: bool = False
-    expert_precision: str | None = None
-    source: str = ""
+    name: str = setting(REQUIRED, kind=str, meaning="the model's name (in reports)")
+    num_layers: int = setting(REQUIRED, kind=int, low=1, unit="layers", meaning="transformer layers")
+    num_dense_layers: int = setting(REQUIRED, kind=int, low=0, unit="layers",
+                                    meaning="leading layers with a dense FFN instead of experts (DeepSeek's "
+                                            "first_k_dense_replace), at most num_layers")
+    hidden_size: int = setting(REQUIRED, kind=int, low=1, meaning="model (residual stream) dimension")
+    vocab_size: int = setting(REQUIRED, kind=int, low=1, unit="tokens", meaning="vocabulary size")
+    dense_intermediate_size: int = setting(REQUIRED, kind=int, low=0,
+                                           meaning="intermediate dimension of the dense FFN layers")
+    expert_intermediate_size: int = setting(REQUIRED, kind=int, low=1, meaning="intermediate dimension of one expert")
+    routed_experts: int = setting(REQUIRED, kind=int, low=1, meaning="routed experts E per MoE layer")
+    active_experts: int = setting(REQUIRED, kind=int, low=1, meaning="routed experts k chosen per token, at most "
+                                                                     "routed_experts")
+    shared_experts: int = setting(REQUIRED, kind=int, low=0, meaning="always-on experts per MoE layer")
+    attention: AttentionSpec = setting(REQUIRED, kind="table", meaning="the attention layers (the model.attention "
+                                                                       "table)")
+    weight_precision: str = setting("fp8", kind=str, choices=tuple(PRECISIONS),
+                                    meaning="number format of the non-expert weights")
+    kv_precision: str = setting("bf16", kind=str, choices=tuple(PRECISIONS), meaning="number format of the KV cache")
+    activation_precision: str = setting("bf16", kind=str, choices=tuple(PRECISIONS),
+                                        meaning="number format of activations")
+    tied_embeddings: bool = setting(False, kind=bool, meaning="whether the LM head shares the embedding matrix")
+    expert_precision: str | None = setting(None, kind=str, choices=tuple(PRECISIONS),
+                                           meaning="number format of routed and shared experts (absent: "
+                                                   "weight_precision; FP4 checkpoints quantize only the experts)",
+                                           source="nvidia/DeepSeek-R1-FP4 model card")
+    source: str = setting("", kind=str, meaning="where the figures come from (a config.json URL)")
 
     def __post_init__(self) -> None:
         w = f"model[{self.name}]"
@@ -562,8 +588,15 @@ def model_preset(name: str) -> MoEModel:
     return MODEL_PRESETS[key]
 
 
-_MODEL_FIELDS = {f.name for f in dataclasses.fields(MoEModel)}
-_ATTN_FIELDS = {f.name for f in dataclasses.fields(AttentionSpec)}
+#: the keys of a model table (``[model]`` or a model TOML): the MoEModel fields and ``base``
+MODEL_SCHEMA = {"base": setting(None, kind=str, choices=tuple(MODEL_PRESETS),
+                                meaning="a preset to start from: the other keys override its fields (and attention's); "
+                                        "without it every size and the attention table are required"),
+                **{f.name: f for f in dataclasses.fields(MoEModel)}}
+#: the keys of a model's ``attention`` table
+ATTENTION_SCHEMA = {f.name: f for f in dataclasses.fields(AttentionSpec)}
+_MODEL_FIELDS = set(setting_names(MoEModel))
+_ATTN_FIELDS = set(ATTENTION_SCHEMA)
 
 
 def model_from_dict(d: Mapping[str, Any], where: str = "model") -> MoEModel:
@@ -595,13 +628,13 @@ def model_from_dict(d: Mapping[str, Any], where: str = "model") -> MoEModel:
         outside its range.
     """
     d = dict(d)
-    reject_unknown_keys(where, d, _MODEL_FIELDS | {"base"})
+    reject_unknown_keys(where, d, MODEL_SCHEMA)
     base = d.pop("base", None)
     attn = d.pop("attention", None)
     if attn is not None and not isinstance(attn, Mapping):
         raise ConfigError(f"{where}.attention", "expected a table of attention fields")
     if attn is not None:
-        reject_unknown_keys(f"{where}.attention", attn, _ATTN_FIELDS)
+        reject_unknown_keys(f"{where}.attention", attn, ATTENTION_SCHEMA)
     if base is not None:
         preset = model_preset(base)
         merged = {f: getattr(preset, f) for f in _MODEL_FIELDS}

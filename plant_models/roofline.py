@@ -60,7 +60,11 @@ import pandas as pd
 
 from tokenfactory.plant_models.hardware import PRECISIONS, Accelerator, load_accelerator
 from tokenfactory.plant_models.moe_model import MoEModel, load_model
-from tokenfactory.core.validation import ConfigError, check_int, check_number, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError, check_int, check_number, reject_unknown_keys, setting
+
+#: where the fitted efficiency defaults come from
+_FITTED = ("fitted to 13 published DeepSeek-V3/R1 deployments (plant_models.published_points.FITTED_EFFICIENCY, "
+           "study roofline-validation)")
 
 __all__ = [
     "Efficiency",
@@ -275,16 +279,34 @@ class Efficiency:
         For a value outside its range (fields ``efficiency.*``).
     """
 
-    compute: float = 0.52
-    memory: float = 0.23
-    network: float = 0.49
-    layer_overhead_s: float = 84e-6
-    scale_up_latency_s: float = 2e-6
-    scale_out_latency_s: float = 5e-6
-    pass_overhead_s: float = 0.0
-    routing_locality: float = 1.0
-    network_scale_out: float | None = None
-    collective_latency_s: float = 0.0
+    compute: float = setting(0.52, low=0.0, high=1.0, low_inclusive=False, source=_FITTED,
+                             meaning="fraction of the dense tensor peak reached")
+    memory: float = setting(0.23, low=0.0, high=1.0, low_inclusive=False, source=_FITTED,
+                            meaning="fraction of HBM bandwidth reached (a system efficiency: imbalance and "
+                                    "runtime gaps included)")
+    network: float = setting(0.49, low=0.0, high=1.0, low_inclusive=False, source=_FITTED,
+                             meaning="fraction of NVLink / NIC bandwidth reached")
+    layer_overhead_s: float = setting(84e-6, unit="s", low=0.0, high=1.0, source=_FITTED,
+                                      meaning="launch and synchronisation cost per layer per stage pass")
+    scale_up_latency_s: float = setting(2e-6, unit="s", low=0.0, high=1.0,
+                                        source="assumed: the order of one NVSwitch round trip (not fitted)",
+                                        meaning="latency of one collective round on NVLink")
+    scale_out_latency_s: float = setting(5e-6, unit="s", low=0.0, high=1.0,
+                                         source="assumed: the order of one RDMA round trip (not fitted)",
+                                         meaning="latency of one collective round on the scale-out NIC")
+    pass_overhead_s: float = setting(0.0, unit="s", low=0.0, high=1.0, meaning="fixed cost per stage pass")
+    routing_locality: float = setting(1.0, low=0.0, high=1.0, low_inclusive=False,
+                                      meaning="how independently a decode batch's tokens pick experts (1: uniform "
+                                              "routing; < 1: correlated routing reads fewer distinct experts)")
+    network_scale_out: float | None = setting(None, low=0.0, high=1.0, low_inclusive=False,
+                                              meaning="fraction of the scale-out NIC bandwidth reached (absent: "
+                                                      "network, for NVLink and NICs alike)")
+    collective_latency_s: float = setting(0.0, unit="s", low=0.0, high=1.0,
+                                          meaning="fixed latency of every collective over more than one GPU, "
+                                                  "besides its log2(n) rounds (the alpha-beta model's base "
+                                                  "latency)",
+                                          source="0 by default; NCCL's tuning model has a base latency of this "
+                                                 "form (src/graph/tuning.cc)")
 
     @property
     def scale_out_network(self) -> float:
@@ -326,10 +348,14 @@ class Parallelism:
         ``parallelism.*``).
     """
 
-    tp: int = 1
-    pp: int = 1
-    ep: int = 8
-    num_gpus: int | None = None
+    tp: int = setting(1, kind=int, low=1, unit="GPUs", meaning="tensor-parallel width of one attention replica; "
+                                                               "must divide ep")
+    pp: int = setting(1, kind=int, low=1, unit="stages", meaning="pipeline stages, at most the model's layers")
+    ep: int = setting(8, kind=int, low=1, unit="GPUs", meaning="GPUs per stage, over which the experts are spread "
+                                                               "(ep/tp attention replicas; ep = tp: no expert "
+                                                               "parallelism beyond TP)")
+    num_gpus: int | None = setting(None, kind=int, low=1, unit="GPUs",
+                                   meaning="GPUs of the worker (absent: pp x ep; a given value must equal it)")
 
     def __post_init__(self) -> None:
         check_int("parallelism.tp", self.tp, low=1)

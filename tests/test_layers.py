@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                   "tokenfactory.testing", "tokenfactory.sweep")),
     ("live", ("tokenfactory.live",)),
     ("studies", ("tokenfactory.studies",)),
-    ("cli", ("tokenfactory.cli",)),
+    ("cli", ("tokenfactory.cli", "tokenfactory.reference")),
 ]
 ROOT_PACKAGE = "tokenfactory"  # its __init__ is part of the core: it may import only core modules
 

@@ -1,6 +1,7 @@
 """The ``tokenfactory`` command line.
 
-Subcommands: ``describe`` (model, hardware, worker, controller kinds), ``margins`` (a scenario's stability
+Subcommands: ``describe`` (model, hardware, worker, controller kinds, the schema of every file a user
+writes), ``margins`` (a scenario's stability
 margins), ``certify`` (a stack scenario's certificate), ``forecast`` (backtests and a capacity plan), ``simulate`` (request-level replay),
 ``traces`` (list, info, fit, synth, fetch), ``calibrate`` (score or fit the service model against measured runs),
 ``study`` (runnable studies), ``report`` (the HTML report). Every error that
@@ -38,6 +39,11 @@ def _print_table(d: dict) -> None:
 def _cmd_describe(args) -> int:
     from tokenfactory.studies.report import to_jsonable
 
+    if args.what == "schema":
+        from tokenfactory.reference import render_schema
+
+        sys.stdout.write(render_schema(args.name, "json" if args.json else args.format))
+        return 0
     if args.what == "kinds":
         from tokenfactory.registry import ADMISSION_KINDS, AUTOSCALER_KINDS
 
@@ -804,10 +810,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("describe", help="derived figures of a model, an accelerator or a worker; the "
-                                        "registered controller kinds")
-    d.add_argument("what", choices=["model", "hardware", "worker", "kinds"])
-    d.add_argument("name", nargs="?", default=None, help="preset name or TOML file (for worker: the model)")
+                                        "registered controller kinds; the keys of every file you write (schema)")
+    d.add_argument("what", choices=["model", "hardware", "worker", "kinds", "schema"])
+    d.add_argument("name", nargs="?", default=None,
+                   help="preset name or TOML file (for worker: the model); for schema: a section, one of "
+                        "model, hardware, scenario, cluster, margins, stack, live, kinds (default: all)")
     d.add_argument("--json", action="store_true", help="machine-readable output")
+    d.add_argument("--format", choices=["text", "markdown", "json"], default="text",
+                   help="schema: output format (default text)")
     d.add_argument("--hardware", default="h200", help="worker: accelerator preset or TOML")
     d.add_argument("--tp", type=int, default=1)
     d.add_argument("--pp", type=int, default=1)

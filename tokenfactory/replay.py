@@ -35,7 +35,9 @@ from tokenfactory.plant_models.service import (
 )
 from tokenfactory.registry import DEFAULT_TPOT_FRACTION, PlantContext, build_admission, build_autoscalers, static_batch_cap
 from tokenfactory.traces.transforms import place_sessions, scale_trace
-from tokenfactory.core.validation import ConfigError, check_choice, check_number, load_toml, reject_unknown_keys
+from tokenfactory.core.validation import (ConfigError, check_choice, check_number, check_settings, load_toml,
+                                          reject_unknown_keys, setting, setting_names)
+from tokenfactory.scenario import WORKER_SETTINGS
 
 __all__ = ["scenario_cluster", "DEFAULT_PLANT", "ReplaySetup", "ClusterCapacity", "KNEE_ATTAINMENT",
            "request_shape_of", "build_replay", "run_replay", "result_verdict", "class_outputs", "request_costs",
@@ -43,9 +45,23 @@ __all__ = ["scenario_cluster", "DEFAULT_PLANT", "ReplaySetup", "ClusterCapacity"
            "replay_trace", "ReplayScenario", "replay_scenario_from_dict", "load_replay_scenario"]
 
 #: the preset disaggregated cluster: DeepSeek-V3 on 8xH200 workers, 2 fill + 1 decode
-DEFAULT_PLANT = {"model": "deepseek-v3", "hardware": "h200", "fill_workers": 2, "decode_workers": 1,
-                 "measurement_delay_s": 0.5, "kv_stripes": DEFAULT_KV_STRIPES, "kv_setup_s": DEFAULT_KV_SETUP_S}
-_PLANT_EXTRA_KEYS = {"parallelism", "efficiency", "decode_model", "decode_hardware"}
+#: the keys of a replay scenario's ``[plant]`` table (``simulate --scenario``): the shared worker
+#: keys with the replay's defaults (the trace sets the request shape)
+REPLAY_PLANT_SCHEMA = {
+    "model": setting("deepseek-v3", kind="preset, TOML path or table",
+                     meaning=WORKER_SETTINGS["model"].metadata["meaning"]),
+    "hardware": setting("h200", kind="preset, TOML path or table",
+                        meaning=WORKER_SETTINGS["hardware"].metadata["meaning"]),
+    "fill_workers": setting(2, low=0.0, low_inclusive=False, unit="workers",
+                            meaning="fill workers of the service model the capacity and the fluid plant are "
+                                    "sampled at (the simulated pools are cluster.fill_workers)"),
+    "decode_workers": setting(1, low=0.0, low_inclusive=False, unit="workers",
+                              meaning="decode workers of that service model (the simulated pools are "
+                                      "cluster.decode_workers)"),
+    **{k: f for k, f in WORKER_SETTINGS.items() if k not in ("model", "hardware")},
+}
+DEFAULT_PLANT = {k: f.default for k, f in REPLAY_PLANT_SCHEMA.items() if f.default is not None}
+_PLANT_EXTRA_KEYS = set(REPLAY_PLANT_SCHEMA) - set(DEFAULT_PLANT)
 #: the knee the measured capacity sits at: open admission's SLO attainment over the requests that
 #: can meet their SLO at all (the middle of issue 27's knee band, 0.95-0.995 of the arrivals)
 KNEE_ATTAINMENT = 0.98
@@ -819,7 +835,34 @@ def scenario_cluster(scenario: "ReplayScenario | None", seed: int = 0) -> dict:
     return cluster
 
 
-_SIMULATION_KEYS = ("load", "scale", "duration_s", "batch_cap")
+#: the keys of a replay scenario's ``[simulation]`` table
+REPLAY_SIMULATION_SCHEMA = {
+    "load": setting(None, low=0.0, low_inclusive=False,
+                    meaning="replay at this multiple of the cluster's capacity at the SLO (not with scale)"),
+    "scale": setting(None, low=0.0, low_inclusive=False, meaning="speed the trace up by this factor (not with load)"),
+    "duration_s": setting(None, unit="s", low=0.0, low_inclusive=False,
+                          meaning="replay this much of the trace (absent: all of it)"),
+    "batch_cap": setting(None, low=1.0, unit="sequences", also=("static",),
+                         meaning='decode batch cap per worker; "static": the largest batch whose pass meets the '
+                                 "TPOT SLO (the vLLM --max-num-seqs to set)"),
+}
+_SIMULATION_KEYS = tuple(REPLAY_SIMULATION_SCHEMA)
+#: the top-level keys of a replay scenario
+REPLAY_SCENARIO_SCHEMA = {
+    "name": setting(None, kind=str, meaning="the scenario's name (absent: the file's stem)"),
+    "description": setting("", kind=str, meaning="one line on what the scenario is"),
+    "plant": setting(None, kind="table", meaning="model, hardware and service-model pools ([plant])"),
+    "cluster": setting(None, kind="table", meaning="the simulated cluster: pools, SLOs, dynamics, events "
+                                                   "([cluster]; see the cluster section)"),
+    "classes": setting(None, kind="table", meaning="request classes, {NAME = {fields}} (or cluster.classes; see "
+                                                   "classes.NAME)"),
+    "controller": setting(None, kind="table", meaning="admission: kind = an admission kind and its parameters "
+                                                      "(see the kinds section)"),
+    "envelope": setting(None, kind="table", meaning="the stability envelope a tuned admission must hold "
+                                                    "([envelope])"),
+    "simulation": setting(None, kind="table", meaning="load, scale, duration and batch cap of the replay "
+                                                      "([simulation])"),
+}
 #: plant keys of a margins scenario that a replay cannot honour, and why
 _PLANT_NOT_IN_REPLAY = {
     "prompt_tokens": "the trace sets the request shape in a replay",
@@ -901,13 +944,12 @@ def replay_scenario_from_dict(d: dict, name: str = "scenario") -> ReplayScenario
     from tokenfactory.registry import ADMISSION_KINDS
 
     d = dict(d)
-    reject_unknown_keys("", d, {"name", "description", "plant", "cluster", "classes", "controller", "envelope",
-                                "simulation"})
+    reject_unknown_keys("", d, REPLAY_SCENARIO_SCHEMA)
     plant = dict(d.get("plant", {}))
     for k in plant:
         if k in _PLANT_NOT_IN_REPLAY:
             raise ConfigError(f"plant.{k}", _PLANT_NOT_IN_REPLAY[k])
-    reject_unknown_keys("plant", plant, set(DEFAULT_PLANT) | _PLANT_EXTRA_KEYS)
+    check_settings("plant", plant, REPLAY_PLANT_SCHEMA)  # unknown keys and out-of-range values, named as written
     cluster = dict(d.get("cluster", {}))
     if "classes" in d:
         if "classes" in cluster:
@@ -925,7 +967,7 @@ def replay_scenario_from_dict(d: dict, name: str = "scenario") -> ReplayScenario
     envelope = None
     if "envelope" in d:
         env = dict(d["envelope"])
-        reject_unknown_keys("envelope", env, {"delay_factors", "service_rate_factors", "gm_floor", "pm_floor_deg"})
+        reject_unknown_keys("envelope", env, setting_names(StabilityEnvelope))
         for k in ("delay_factors", "service_rate_factors"):
             if k in env:
                 env[k] = tuple(env[k])

@@ -47,9 +47,12 @@ from tokenfactory.plant_models.fluid import FluidParams, FluidPlant, LoopScenari
 from tokenfactory.plant_models.roofline import Worker
 from tokenfactory.plant_models.service import DEFAULT_KV_SETUP_S, DEFAULT_KV_STRIPES, KVLink, RequestShape, ServiceModel
 from tokenfactory.registry import ADMISSION_KINDS, PlantContext, admission_kinds, build_admission
-from tokenfactory.core.validation import ConfigError, check_choice, check_number, load_toml, reject_unknown_keys
+from tokenfactory.registry.kind_settings import KIND_SETTINGS
+from tokenfactory.core.validation import (REQUIRED, ConfigError, check_choice, check_number, check_settings, load_toml,
+                                          reject_unknown_keys, setting, setting_names)
 
-__all__ = ["Scenario", "load_scenario", "scenario_from_dict", "build_plant", "build_controller",
+__all__ = ["Scenario", "load_scenario", "scenario_from_dict", "build_plant", "build_controller", "PLANT_SCHEMA",
+           "SCENARIO_SCHEMA", "WORKER_SETTINGS", "SHAPE_SETTINGS",
            "margins_table", "naive_limit_cycle", "scenario_dir"]
 
 def scenario_dir() -> Path:
@@ -59,9 +62,60 @@ def scenario_dir() -> Path:
     return Path(__file__).resolve().parent / "scenarios"
 
 
-_PLANT_KEYS = {"model", "hardware", "parallelism", "efficiency", "decode_model", "decode_hardware",
-               "decode_parallelism", "fill_workers", "decode_workers", "prompt_tokens", "output_tokens",
-               "cached_tokens", "measurement_delay_s", "kv_stripes", "kv_setup_s"}
+#: the worker and KV-link keys every plant table shares (margins, stack and replay scenarios)
+WORKER_SETTINGS = {
+    "model": setting(REQUIRED, kind="preset, TOML path or table",
+                     meaning="the model: a preset name (deepseek-v3, ...), a model TOML beside this file, or an "
+                             "inline table (see the model section)"),
+    "hardware": setting(REQUIRED, kind="preset, TOML path or table",
+                        meaning="the accelerator: a preset name (h200, ...), a hardware TOML beside this file, or "
+                                "an inline table (see the hardware section)"),
+    "parallelism": setting(None, kind="table", meaning="the workers' layout (plant.parallelism; absent: tp = 1, "
+                                                       "pp = 1, ep = 8)"),
+    "efficiency": setting(None, kind="table", meaning="fractions of peak reached and fixed costs (plant.efficiency; "
+                                                      "absent: the fitted defaults)"),
+    "decode_model": setting(None, kind="preset, TOML path or table",
+                            meaning="the decode workers' model (absent: model)"),
+    "decode_hardware": setting(None, kind="preset, TOML path or table",
+                               meaning="the decode workers' accelerator (absent: hardware)"),
+    "measurement_delay_s": setting(0.5, unit="s", low=0.0, meaning="age of what controllers see"),
+    "kv_stripes": setting(DEFAULT_KV_STRIPES, kind=int, low=1, unit="NICs",
+                          source="assumed: one NIC per GPU of an 8-GPU fill worker (Mooncake's and NIXL's transfer "
+                                 "engines stripe over the node's RDMA NICs)",
+                          meaning="NICs one KV transfer is striped over"),
+    "kv_setup_s": setting(DEFAULT_KV_SETUP_S, unit="s", low=0.0,
+                          source="assumed: a few RDMA round trips plus the scheduler's hand-off",
+                          meaning="fixed cost of one KV transfer"),
+}
+#: the request-shape keys of a margins or stack scenario's plant (a replay takes the trace's shape)
+SHAPE_SETTINGS = {
+    "decode_parallelism": setting(None, kind="table", meaning="the decode workers' layout (absent: parallelism)"),
+    "prompt_tokens": setting(RequestShape().prompt_tokens, kind=int, low=1, unit="tokens",
+                             meaning="new (uncached) prompt tokens of the nominal request"),
+    "output_tokens": setting(RequestShape().output_tokens, kind=int, low=1, unit="tokens",
+                             meaning="output tokens of the nominal request"),
+    "cached_tokens": setting(RequestShape().cached_tokens, kind=int, low=0, unit="tokens",
+                             meaning="prompt tokens served from the prefix cache"),
+}
+#: the keys of a margins scenario's ``[plant]`` table (:func:`build_plant`)
+PLANT_SCHEMA = {
+    **WORKER_SETTINGS, **SHAPE_SETTINGS,
+    "fill_workers": setting(REQUIRED, low=0.0, low_inclusive=False, unit="workers",
+                            meaning="fill (prefill) workers (fractional: a fluid pool)"),
+    "decode_workers": setting(REQUIRED, low=0.0, low_inclusive=False, unit="workers", meaning="decode workers"),
+}
+_PLANT_KEYS = set(PLANT_SCHEMA)
+#: the top-level keys of a margins scenario
+SCENARIO_SCHEMA = {
+    "name": setting(None, kind=str, meaning="the scenario's name (absent: the file's stem)"),
+    "description": setting("", kind=str, meaning="one line on what the scenario is"),
+    "plant": setting(REQUIRED, kind="table", meaning="the plant ([plant])"),
+    "controller": setting(REQUIRED, kind="table", meaning="kind = an admission kind and that kind's parameters "
+                                                          "(see the kinds section)"),
+    "envelope": setting(None, kind="table", meaning="the stability envelope a tuned controller must hold "
+                                                    "([envelope])"),
+    "simulation": setting(None, kind="table", meaning="the fluid simulation ([simulation])"),
+}
 
 
 @dataclass
@@ -130,7 +184,7 @@ def build_plant(d: Mapping[str, Any], where: str = "plant") -> FluidPlant:
         its workers.
     """
     d = dict(d)
-    reject_unknown_keys(where, d, _PLANT_KEYS)
+    check_settings(where, d, PLANT_SCHEMA)  # unknown keys and out-of-range values, named as written
     for req in ("model", "hardware", "fill_workers", "decode_workers"):
         if req not in d:
             raise ConfigError(f"{where}.{req}", "missing")
@@ -188,6 +242,7 @@ def build_controller(d: Mapping[str, Any], plant: FluidPlant, envelope: Stabilit
     kind = check_choice(f"{where}.kind", d.get("kind"), admission_kinds())
     params = {k: v for k, v in d.items() if k != "kind"}
     reject_unknown_keys(where, params, ADMISSION_KINDS[kind].keys)
+    check_settings(where, params, KIND_SETTINGS["admission"].get(kind, {}))  # documented types and ranges
     ctx = PlantContext(plant.params, plant.fill_workers, plant.decode_workers, envelope=envelope)
     rec = ADMISSION_KINDS[kind]
     params = {**rec.scenario_defaults, **params}
@@ -220,13 +275,13 @@ def scenario_from_dict(d: Mapping[str, Any], name: str = "scenario") -> Scenario
         For an unknown key, a missing section or any invalid value, naming the field.
     """
     d = dict(d)
-    reject_unknown_keys("", d, {"name", "description", "plant", "controller", "envelope", "simulation"})
+    reject_unknown_keys("", d, SCENARIO_SCHEMA)
     for req in ("plant", "controller"):
         if req not in d:
             raise ConfigError(req, "missing section")
     plant = build_plant(d["plant"])
     env_d = dict(d.get("envelope", {}))
-    reject_unknown_keys("envelope", env_d, {"delay_factors", "service_rate_factors", "gm_floor", "pm_floor_deg"})
+    reject_unknown_keys("envelope", env_d, setting_names(StabilityEnvelope))
     for k in ("delay_factors", "service_rate_factors"):
         if k in env_d:
             env_d[k] = tuple(env_d[k])

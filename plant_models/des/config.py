@@ -10,7 +10,7 @@ from typing import Any
 from tokenfactory.core.classes import RequestClass, class_table, classes_from_dict
 from tokenfactory.core.events import DecodeRateDip, LinkSlowdown, Reconfiguration, WorkerCrash, events_from_dicts
 from tokenfactory.plant_models.fleet import PoolDynamics
-from tokenfactory.core.validation import ConfigError, check_int, check_number, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError, check_int, check_number, reject_unknown_keys, setting
 
 __all__ = ["ClusterConfig", "EVENT_KINDS"]
 
@@ -75,24 +75,45 @@ class ClusterConfig:
         changes it during the run.
     """
 
-    fill_workers: int = 8
-    decode_workers: int = 8
-    aggregated_workers: int = 0
-    measurement_delay_s: float = 0.5
-    snapshot_dt: float = 0.1
-    prefix_cache_blocks: int | None = None
-    slo_ttft_s: float = 2.0
-    slo_tpot_s: float = 0.1
-    kv_watermark: float = 0.01
-    duration_s: float | None = None
-    drain_s: float = 120.0
-    dynamics: PoolDynamics = PoolDynamics()
-    autoscale_start_s: float = 0.0
-    events: tuple = ()
-    seed: int = 0
-    progress: bool | None = None
-    classes: tuple = ()
-    batch_cap: float | None = None
+    fill_workers: int = setting(8, kind=int, low=0, unit="workers", meaning="fill (prefill) workers serving at the "
+                                                                           "start")
+    decode_workers: int = setting(8, kind=int, low=0, unit="workers", meaning="decode workers serving at the start")
+    aggregated_workers: int = setting(0, kind=int, low=0, unit="workers",
+                                      meaning="workers that fill and decode in the same passes (> 0: an aggregated "
+                                              "cluster, with fill_workers = decode_workers = 0, no autoscalers, no "
+                                              "events)")
+    measurement_delay_s: float = setting(0.5, unit="s", low=0.0, meaning="age of what controllers see")
+    snapshot_dt: float = setting(0.1, unit="s", low=0.001, high=60.0,
+                                 meaning="sample period of the recorded time series, also what controllers sample")
+    prefix_cache_blocks: int | None = setting(None, kind=int, low=0, unit="blocks",
+                                              meaning="prefix cache: absent = unbounded (or the trace's own "
+                                                      "cached_tokens without hash_ids), 0 = none, n = LRU of n blocks")
+    slo_ttft_s: float = setting(2.0, unit="s", low=0.0, low_inclusive=False,
+                                meaning="time-to-first-token SLO that slo_attainment counts against")
+    slo_tpot_s: float = setting(0.1, unit="s", low=0.0, low_inclusive=False,
+                                meaning="time-per-output-token SLO that slo_attainment counts against")
+    kv_watermark: float = setting(0.01, low=0.0, high=0.5, source="vLLM's default (1 %)",
+                                  meaning="KV fraction kept free for growth when a sequence joins a decode batch")
+    duration_s: float | None = setting(None, unit="s", low=0.0, low_inclusive=False,
+                                       meaning="simulated time (absent: the last arrival + drain_s)")
+    drain_s: float = setting(120.0, unit="s", low=0.0,
+                             meaning="time simulated after the last arrival when duration_s is absent")
+    dynamics: PoolDynamics = setting(PoolDynamics(), kind="table",
+                                     meaning="start-up, warm-up, drain and fleet size of autoscaled workers (the "
+                                             "cluster.dynamics table)")
+    autoscale_start_s: float = setting(0.0, unit="s", low=0.0, meaning="first autoscaler sample")
+    events: tuple = setting((), kind="list of tables",
+                            meaning="events during the run, each a table with a kind ([[cluster.events]]; see "
+                                    "cluster.events.KIND)")
+    seed: int = setting(0, kind=int, low=0, meaning="seed of the run's random generator")
+    progress: bool | None = setting(None, kind=bool, meaning="print progress to stderr (absent: when stderr is a "
+                                                             "terminal)")
+    classes: tuple = setting((), kind="table",
+                             meaning="request classes with their own SLOs and priorities, {name = {fields}} over "
+                                     "the default classes (also the top-level [classes] table; see classes.NAME)")
+    batch_cap: float | None = setting(None, low=1.0, unit="sequences",
+                                      meaning="largest decode batch per worker at the start (inf: no cap; absent: "
+                                              "the service tables' decode_max_batch)")
 
     def __post_init__(self) -> None:
         check_int("cluster.fill_workers", self.fill_workers, low=0)

@@ -26,14 +26,15 @@ calls, so the share varies widely by workload).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tokenfactory.core.validation import ConfigError, check_number, reject_unknown_keys
+from tokenfactory.core.validation import REQUIRED, ConfigError, check_number, reject_unknown_keys, setting
 
 __all__ = ["RequestClass", "DEFAULT_CLASSES", "DEFAULT_CLASS_MIX", "INTERACTIVE", "BATCH", "class_table",
-           "classes_from_dict"]
+           "classes_from_dict", "CLASS_SCHEMA"]
 
 INTERACTIVE = "interactive"
 BATCH = "batch"
@@ -61,12 +62,18 @@ class RequestClass:
         s, >= 0; default 0).
     """
 
-    name: str
-    slo_ttft_s: float
-    slo_tpot_s: float
-    priority: int = 0
-    deferrable: bool = False
-    max_defer_s: float = 0.0
+    name: str = setting(REQUIRED, kind=str, meaning="the class's name (what the trace's request_class column holds)")
+    slo_ttft_s: float = setting(REQUIRED, unit="s", low=0.0, low_inclusive=False,
+                                meaning="time-to-first-token SLO (a new class must give it; a default class keeps "
+                                        "its own)")
+    slo_tpot_s: float = setting(REQUIRED, unit="s", low=0.0, low_inclusive=False,
+                                meaning="time-per-output-token SLO (a new class must give it)")
+    priority: int = setting(0, kind=int, low=0, meaning="0 is served first; higher numbers yield fill steps and "
+                                                        "decode slots to lower ones")
+    deferrable: bool = setting(False, kind=bool, meaning="whether a request may wait in a holding queue instead of "
+                                                         "being rejected")
+    max_defer_s: float = setting(0.0, unit="s", low=0.0, meaning="longest a deferred request is held before it is "
+                                                                 "rejected (reason deferral_expired)")
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -89,7 +96,9 @@ DEFAULT_CLASSES: tuple[RequestClass, ...] = (
 #: share of each class in a trace that carries none (ASSUMPTION, see the module notes)
 DEFAULT_CLASS_MIX: dict[str, float] = {INTERACTIVE: 0.8, BATCH: 0.2}
 
-_CLASS_KEYS = ("slo_ttft_s", "slo_tpot_s", "priority", "deferrable", "max_defer_s")
+#: the keys of one ``[classes.NAME]`` table: the RequestClass fields but its name (the table's key)
+CLASS_SCHEMA = {f.name: f for f in dataclasses.fields(RequestClass) if f.name != "name"}
+_CLASS_KEYS = tuple(CLASS_SCHEMA)
 
 
 def class_table(classes: Iterable[RequestClass] | None = None) -> dict[str, RequestClass]:

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 from tokenfactory.core.errors import ConfigError
 from tokenfactory.core.signals import POOLS
-from tokenfactory.core.validation import check_choice, check_int, check_number, reject_unknown_keys
+from tokenfactory.core.validation import REQUIRED, check_choice, check_int, check_number, reject_unknown_keys, setting
 
 __all__ = ["DemandStep", "DecodeRateDip", "DecodeWorkersLost", "WorkerCrash", "LinkSlowdown", "Reconfiguration",
            "EVENT_KINDS", "events_from_dicts"]
@@ -40,8 +40,8 @@ class DemandStep:
     """
 
     kind: ClassVar[str] = "demand_step"
-    at_s: float
-    factor: float
+    at_s: float = setting(REQUIRED, unit="s", low=0.0, meaning="when the step happens")
+    factor: float = setting(REQUIRED, low=0.0, meaning="demand multiplier from then on (1.5 = 50 % more)")
 
     def __post_init__(self) -> None:
         check_number(f"{self.kind}.at_s", self.at_s, low=0.0)
@@ -63,9 +63,11 @@ class _FactorWindow:
     """
 
     kind: ClassVar[str] = "factor_window"
-    start_s: float
-    duration_s: float
-    factor: float
+    start_s: float = setting(REQUIRED, unit="s", low=0.0, meaning="start of the window")
+    duration_s: float = setting(REQUIRED, unit="s", low=0.0, meaning="length of the window")
+    factor: float = setting(REQUIRED, low=0.0, low_inclusive=False,
+                            meaning="speed (decode rate, or KV link bandwidth) multiplier in the window (0.7 = 30 % "
+                                    "slower)")
 
     def __post_init__(self) -> None:
         check_number(f"{self.kind}.start_s", self.start_s, low=0.0)
@@ -103,8 +105,9 @@ class DecodeWorkersLost:
     """
 
     kind: ClassVar[str] = "decode_workers_lost"
-    at_s: float
-    fraction: float
+    at_s: float = setting(REQUIRED, unit="s", low=0.0, meaning="when the workers are lost")
+    fraction: float = setting(REQUIRED, low=0.0, high=1.0, meaning="share of the decode pool lost (its sequences are "
+                                                                   "re-queued)")
 
     def __post_init__(self) -> None:
         check_number(f"{self.kind}.at_s", self.at_s, low=0.0)
@@ -129,10 +132,11 @@ class WorkerCrash:
     """
 
     kind: ClassVar[str] = "worker_crash"
-    at_s: float
-    pool: str = "decode"
-    index: int = 0
-    restart_s: float = 30.0
+    at_s: float = setting(REQUIRED, unit="s", low=0.0, meaning="when the worker crashes")
+    pool: str = setting("decode", kind=str, choices=POOLS, meaning="the pool of the crashing worker")
+    index: int = setting(0, kind=int, low=0, meaning="which worker of the pool (no effect if the pool is smaller)")
+    restart_s: float = setting(30.0, unit="s", low=0.0, meaning="time until it serves again (its requests lose "
+                                                                "their state and are re-queued)")
 
     def __post_init__(self) -> None:
         check_number(f"{self.kind}.at_s", self.at_s, low=0.0)
@@ -176,11 +180,12 @@ class Reconfiguration:
     """
 
     kind: ClassVar[str] = "reconfiguration"
-    at_s: float
-    source: str
-    target: str
-    count: int = 1
-    downtime_s: float = 60.0
+    at_s: float = setting(REQUIRED, unit="s", low=0.0, meaning="when the move starts")
+    source: str = setting(REQUIRED, kind=str, choices=POOLS, meaning="the pool workers leave")
+    target: str = setting(REQUIRED, kind=str, choices=POOLS, meaning="the pool they join (the other one)")
+    count: int = setting(1, kind=int, low=1, unit="workers", meaning="workers moved")
+    downtime_s: float = setting(60.0, unit="s", low=0.0, meaning="offline time between draining and serving the "
+                                                                 "target pool")
 
     def __post_init__(self) -> None:
         check_number(f"{self.kind}.at_s", self.at_s, low=0.0)

@@ -24,7 +24,13 @@ __all__ = [
     "setting",
     "resolve_config",
     "config_schema",
+    "REQUIRED",
+    "setting_names",
+    "check_settings",
 ]
+
+#: the default of a :func:`setting` a file must give (no default)
+REQUIRED = dataclasses.MISSING
 
 
 
@@ -223,9 +229,9 @@ def load_toml(path, field: str = "scenario") -> dict:
         raise ConfigError(path.name, f"not valid TOML: {exc}") from None
 
 
-def setting(default: Any = None, *, kind: type = float, meaning: str, unit: str = "", low: float | None = None,
+def setting(default: Any = None, *, kind: type | str = float, meaning: str, unit: str = "", low: float | None = None,
             high: float | None = None, low_inclusive: bool = True, high_inclusive: bool = True,
-            also: tuple[str, ...] = (), choices: tuple[str, ...] = ()) -> Any:
+            also: tuple[str, ...] = (), choices: tuple[str, ...] = (), source: str = "") -> Any:
     """A field of a typed config (a frozen dataclass): its default and, as field metadata, its type,
     unit, allowed range and one-line meaning, so the config validates itself
     (:func:`resolve_config`) and describes itself (:func:`config_schema`).
@@ -233,9 +239,12 @@ def setting(default: Any = None, *, kind: type = float, meaning: str, unit: str 
     Parameters
     ----------
     default : object
-        The value when the key is absent (``None``: the builder's own default, named in ``meaning``).
-    kind : type
-        ``float``, ``int``, ``bool`` or ``str``.
+        The value when the key is absent (``None``: the builder's own default, named in ``meaning``;
+        :data:`REQUIRED`: the key must be given).
+    kind : type or str
+        ``float``, ``int``, ``bool`` or ``str``; or a label for what :func:`resolve_config` does
+        not check itself (``"table"``, ``"list of tables"``, ``"preset or table"``): the reader
+        that owns the setting checks such values.
     meaning : str
         One line: what the setting is.
     unit : str
@@ -248,13 +257,17 @@ def setting(default: Any = None, *, kind: type = float, meaning: str, unit: str 
         Strings allowed besides a number (``("auto",)``).
     choices : tuple of str
         The allowed values of a ``str`` setting.
+    source : str
+        Where a default constant comes from (a datasheet, a paper, an upstream default).
 
     Returns
     -------
     dataclasses.Field
+        Used as a dataclass field, or as a value of a ``{key: setting(...)}`` mapping: the schema of
+        a table read as a plain mapping (:func:`config_schema` takes either).
     """
     meta = {"kind": kind, "meaning": meaning, "unit": unit, "low": low, "high": high, "low_inclusive": low_inclusive,
-            "high_inclusive": high_inclusive, "also": tuple(also), "choices": tuple(choices)}
+            "high_inclusive": high_inclusive, "also": tuple(also), "choices": tuple(choices), "source": source}
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -262,6 +275,8 @@ def _resolve_value(where: str, value: Any, meta: Mapping[str, Any]) -> Any:
     if isinstance(value, str) and value in meta["also"]:
         return value
     kind = meta["kind"]
+    if isinstance(kind, str):  # a table or list: its reader checks it
+        return value
     if kind is bool:
         if not isinstance(value, bool):
             raise ConfigError(where, f"expected true or false, got {value!r}")
@@ -307,25 +322,82 @@ def resolve_config(cls: type, mapping: Mapping[str, Any], where: str) -> Any:
     return cls(**values)
 
 
-def config_schema(cls: type) -> list[dict[str, Any]]:
+def _setting_fields(spec: Any) -> list[tuple[str, Any]]:
+    if isinstance(spec, Mapping):
+        return list(spec.items())
+    return [(f.name, f) for f in dataclasses.fields(spec) if f.init]
+
+
+def setting_names(spec: Any) -> tuple[str, ...]:
+    """The keys a typed config or a ``{key: setting(...)}`` mapping accepts, in declared order
+    (what a reader passes to :func:`reject_unknown_keys`).
+
+    Parameters
+    ----------
+    spec : type or mapping
+        A dataclass whose fields are :func:`setting` s, or a mapping of key to :func:`setting`.
+
+    Returns
+    -------
+    tuple of str
+    """
+    return tuple(name for name, _ in _setting_fields(spec))
+
+
+def check_settings(where: str, mapping: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, Any]:
+    """Check a table read as a plain mapping against its ``{key: setting(...)}`` schema: unknown
+    keys rejected naming the allowed ones, each given value checked against its type and range
+    (labelled kinds such as ``"table"`` are left to the reader).
+
+    Parameters
+    ----------
+    where : str
+        The table's dotted name (``"plant"``; ``""`` for the top level).
+    mapping : mapping
+        The table as read.
+    spec : mapping
+        ``{key: setting(...)}``.
+
+    Returns
+    -------
+    dict
+        The values as checked (numbers as floats unless given as integers).
+
+    Raises
+    ------
+    ConfigError
+        Naming the field and its allowed range or the allowed keys.
+    """
+    reject_unknown_keys(where, mapping, spec)
+    return {k: _resolve_value(f"{where}.{k}" if where else k, v, spec[k].metadata) for k, v in mapping.items()}
+
+
+def config_schema(cls: Any) -> list[dict[str, Any]]:
     """One row per setting of a typed config: name, type, unit, allowed range, default, meaning
     (what a ``describe schema`` prints).
 
     Parameters
     ----------
-    cls : type
-        A frozen dataclass whose fields are :func:`setting` s.
+    cls : type or mapping
+        A frozen dataclass whose fields are :func:`setting` s, or a ``{key: setting(...)}`` mapping.
 
     Returns
     -------
     list of dict
+        ``required`` is True for a setting without a default; a field declared without
+        :func:`setting` metadata raises ``KeyError`` (an undocumented key).
     """
     rows = []
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
+    for name, f in _setting_fields(cls):
         m = f.metadata
-        rows.append({"name": f.name, "type": m["kind"].__name__, "unit": m["unit"], "low": m["low"], "high": m["high"],
-                     "also": list(m["also"]), "choices": list(m["choices"]), "default": f.default,
-                     "meaning": m["meaning"]})
+        if "meaning" not in m:
+            raise KeyError(f"{getattr(cls, '__name__', 'table')}.{name} has no setting() metadata")
+        kind = m["kind"]
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        default = None if required else (f.default_factory() if f.default is dataclasses.MISSING else f.default)
+        rows.append({"name": name, "type": kind if isinstance(kind, str) else kind.__name__, "unit": m["unit"],
+                     "low": m["low"], "high": m["high"], "low_inclusive": m["low_inclusive"],
+                     "high_inclusive": m["high_inclusive"], "also": list(m["also"]), "choices": list(m["choices"]),
+                     "default": default, "required": required, "meaning": m["meaning"],
+                     "source": m.get("source", "")})
     return rows

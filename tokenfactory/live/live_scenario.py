@@ -43,16 +43,34 @@ import pandas as pd
 from tokenfactory.plant_models.des import ClusterConfig
 from tokenfactory.registry import PlantContext, build_admission
 from tokenfactory.replay import ReplayScenario, ReplaySetup, build_replay, class_outputs, replay_scenario_from_dict
-from tokenfactory.core.validation import ConfigError, check_int, check_number, load_toml, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError, check_int, check_number, load_toml, reject_unknown_keys, setting
 
-__all__ = ["LiveScenario", "live_scenario_from_dict", "load_live_scenario", "LIVE_DEFAULTS", "CLASS_HEADER",
+__all__ = ["LiveScenario", "live_scenario_from_dict", "load_live_scenario", "LIVE_DEFAULTS", "LIVE_SCHEMA", "CLASS_HEADER",
            "saturated_rate", "decode_batch"]
 
+#: the keys of the ``[live]`` section
+LIVE_SCHEMA = {
+    "prompt_tokens": setting(1000, kind=int, low=1, unit="tokens",
+                             meaning="the nominal request's prompt, where the service model's tables are exact"),
+    "output_tokens": setting(100, kind=int, low=1, unit="tokens",
+                             meaning="the nominal output, and a request's output when it gives no max_tokens"),
+    "output_cv": setting(0.0, low=0.0, high=10.0, meaning="coefficient of variation of output lengths (accepted and "
+                                                          "checked, but neither the emulator nor the gateway reads "
+                                                          "it yet)"),
+    "model_name": setting("tokenfactory-emulator", kind=str, meaning="the model name the emulator serves (non-empty)"),
+    "scrape_interval_s": setting(0.05, unit="s", low=0.001, high=60.0,
+                                 meaning="the gateway's scrape period of the upstream /metrics"),
+    "capacity": setting(200_000, kind=int, low=1, unit="requests", meaning="request slots of the emulator"),
+    "metrics_delay_s": setting(None, unit="s", low=0.0, high=60.0,
+                               meaning="how late the emulator publishes its /metrics (absent: the plant's "
+                                       "measurement delay)"),
+    "tick_s": setting(0.002, unit="s", low=0.0005, high=0.1, meaning="the emulator's clock tick"),
+    "max_in_flight": setting(10_000, kind=int, low=1, unit="requests",
+                             meaning="a bound on requests in flight (accepted and checked, but neither the emulator "
+                                     "nor the gateway reads it yet)"),
+}
 #: defaults of the ``[live]`` section
-LIVE_DEFAULTS: dict[str, Any] = {"prompt_tokens": 1000, "output_tokens": 100, "output_cv": 0.0,
-                                 "model_name": "tokenfactory-emulator", "scrape_interval_s": 0.05,
-                                 "capacity": 200_000, "metrics_delay_s": None, "tick_s": 0.002,
-                                 "max_in_flight": 10_000}
+LIVE_DEFAULTS: dict[str, Any] = {k: f.default for k, f in LIVE_SCHEMA.items()}
 #: the request header that carries a request's class (gateway and emulator)
 CLASS_HEADER = "x-request-class"
 
@@ -149,7 +167,7 @@ def live_scenario_from_dict(d: Mapping[str, Any], name: str = "live") -> LiveSce
     live = dict(d.pop("live", {}))
     if not isinstance(live, dict):
         raise ConfigError("live", "expected a table")
-    reject_unknown_keys("live", live, set(LIVE_DEFAULTS))
+    reject_unknown_keys("live", live, LIVE_SCHEMA)
     live = {**LIVE_DEFAULTS, **live}
     for k in ("prompt_tokens", "output_tokens", "capacity", "max_in_flight"):
         check_int(f"live.{k}", live[k], low=1)

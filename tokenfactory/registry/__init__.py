@@ -23,6 +23,7 @@ One idea per module, all names flat here: :mod:`~tokenfactory.registry.kinds` (t
 :func:`register`, the tables, :class:`PlantContext`), :mod:`~tokenfactory.registry.admission_kinds`
 (the admission kinds and the batch gate), :mod:`~tokenfactory.registry.autoscaler_kinds`,
 :mod:`~tokenfactory.registry.deployments` (control planes and baseline stacks of the comparisons),
+:mod:`~tokenfactory.registry.kind_settings` (each kind's parameters: type, unit, range, default, meaning),
 :mod:`~tokenfactory.registry.stack_layers` (the stack's layer kinds: typed configs naming their
 builders and certificate loops).
 """

@@ -340,8 +340,8 @@ def slo_aware_admission(ctx: PlantContext, p: Mapping[str, Any] | None = None,
     return SLOAwareAdmission(cfg, batch_gate=gate, fill_time_s=svc.request_fill_s if svc is not None else None)
 
 
-_MARGIN_KEYS = ("sample_period_s", "ki", "quantile", "slack_target", "window", "min_samples", "initial_margin",
-                "enabled")
+#: the outer table's keys: every MarginLoopConfig field (a field added there is settable from a file)
+_MARGIN_KEYS = tuple(f.name for f in dataclasses.fields(MarginLoopConfig))
 
 
 def _margin_window_s(ctx: PlantContext, window: int) -> float:

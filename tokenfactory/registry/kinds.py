@@ -11,7 +11,7 @@ from typing import Any
 
 from tokenfactory.controllers.autotune import StabilityEnvelope
 from tokenfactory.core.classes import DEFAULT_CLASSES, INTERACTIVE, RequestClass, class_table
-from tokenfactory.core.validation import ConfigError, reject_unknown_keys
+from tokenfactory.core.validation import ConfigError, check_settings, reject_unknown_keys
 from tokenfactory.plant_models.fleet import PoolDynamics
 from tokenfactory.plant_models.fluid import FluidParams, FluidPlant
 
@@ -220,6 +220,7 @@ def build_admission(kind: str, ctx: PlantContext, params: Mapping[str, Any] | No
     p = dict(params or {})
     p.pop("kind", None)
     reject_unknown_keys(where, p, k.keys)
+    _check_documented(where, k, p)
     return k.build(ctx, p)
 
 
@@ -254,4 +255,14 @@ def build_autoscalers(kind: str, ctx: PlantContext, params: Mapping[str, Any] | 
     p = dict(params or {})
     p.pop("kind", None)
     reject_unknown_keys(where, p, k.keys)
+    _check_documented(where, k, p)
     return k.build(ctx, p)
+
+
+def _check_documented(where: str, k: ControllerKind, p: Mapping[str, Any]) -> None:
+    """Check a kind's parameters against their documented types and ranges
+    (:data:`tokenfactory.registry.kind_settings.KIND_SETTINGS`), naming the key the user wrote."""
+    from tokenfactory.registry.kind_settings import KIND_SETTINGS  # it imports the kinds' modules
+
+    if k.name in KIND_SETTINGS.get(k.layer, {}):
+        check_settings(where, p, KIND_SETTINGS[k.layer][k.name])

@@ -12,29 +12,75 @@ from typing import Any
 
 from tokenfactory.controllers.autotune import StabilityEnvelope
 from tokenfactory.core.validation import (
+    REQUIRED,
     ConfigError,
     check_number,
     load_toml,
     reject_unknown_keys,
+    setting,
+    setting_names,
 )
 from tokenfactory.plant_models.fluid import FluidParams
 from tokenfactory.plant_models.pools import PoolDynamics
 from tokenfactory.registry.stack_layers import STACK_LAYERS, StackLayerConfig, stack_layer_config
-from tokenfactory.scenario import build_plant, scenario_dir
+from tokenfactory.scenario import SHAPE_SETTINGS, WORKER_SETTINGS, build_plant, scenario_dir
 
-__all__ = ["StackScenario", "load_stack_scenario", "stack_scenario_from_dict"]
+__all__ = ["StackScenario", "load_stack_scenario", "stack_scenario_from_dict", "STACK_SCENARIO_SCHEMA",
+           "STACK_PLANT_SCHEMA", "STACK_SLO_SCHEMA", "STACK_WORKLOAD_SCHEMA", "STACK_ENVELOPE_SCHEMA",
+           "STACK_CERTIFICATE_SCHEMA"]
 
-_TOP = {"name", "description", "plant", "slo", "workload", "dynamics", "layers", "envelope", "certificate"}
+#: the top-level keys of a stack scenario
+STACK_SCENARIO_SCHEMA = {
+    "name": setting(None, kind=str, meaning="the scenario's name (absent: the file's stem)"),
+    "description": setting("", kind=str, meaning="one line on what the scenario is"),
+    "plant": setting(REQUIRED, kind="table", meaning="model, hardware and request shape ([plant]; the stack sizes "
+                                                     "the pools)"),
+    "slo": setting(None, kind="table", meaning="the promise ([slo])"),
+    "workload": setting(REQUIRED, kind="table", meaning="the nominal demand ([workload])"),
+    "dynamics": setting(None, kind="table", meaning="start-up, warm-up, drain and fleet size of workers ([dynamics]; "
+                                                    "the cluster.dynamics keys)"),
+    "layers": setting(REQUIRED, kind="table", meaning="one table per layer with a kind ([layers.NAME]; see "
+                                                      "layers.LAYER.KIND)"),
+    "envelope": setting(None, kind="table", meaning="the box of plant errors every loop is certified over "
+                                                    "([envelope])"),
+    "certificate": setting(None, kind="table", meaning="what the certificate demands ([certificate])"),
+}
+_TOP = set(STACK_SCENARIO_SCHEMA)
 
+#: the keys of a stack scenario's ``[plant]`` (a margins plant without pool sizes)
+STACK_PLANT_SCHEMA = {**WORKER_SETTINGS, **SHAPE_SETTINGS}
+_PLANT = set(STACK_PLANT_SCHEMA)
 
-_PLANT = {"model", "hardware", "parallelism", "efficiency", "decode_model", "decode_hardware", "decode_parallelism",
-          "prompt_tokens", "output_tokens", "cached_tokens", "measurement_delay_s", "kv_stripes", "kv_setup_s"}
+#: the keys of a stack scenario's ``[slo]``
+STACK_SLO_SCHEMA = {
+    "ttft_s": setting(2.0, unit="s", low=0.0, low_inclusive=False, meaning="time-to-first-token SLO"),
+    "tpot_s": setting(0.1, unit="s", low=0.0, low_inclusive=False, meaning="time-per-output-token SLO"),
+    "attainment": setting(0.99, low=0.5, high=1.0, high_inclusive=False,
+                          meaning="share of requests that must meet both"),
+}
+#: the keys of a stack scenario's ``[workload]``
+STACK_WORKLOAD_SCHEMA = {
+    "rate_rps": setting(REQUIRED, unit="requests/s", low=0.0, low_inclusive=False, meaning="the nominal demand"),
+}
 
+#: the keys of a stack scenario's ``[envelope]``: a loop scenario's plus demand and start-up factors
+STACK_ENVELOPE_SCHEMA = {
+    **{f.name: f for f in dataclasses.fields(StabilityEnvelope)},
+    "demand_factors": setting((0.5, 1.0, 1.5), kind="list of numbers",
+                              meaning="multipliers (each > 0) on the nominal demand the reconfiguration loop is "
+                                      "certified at"),
+    "startup_factors": setting((0.75, 1.0, 1.5), kind="list of numbers",
+                               meaning="multipliers (each > 0) on the workers' start-up time"),
+}
+_ENVELOPE = set(STACK_ENVELOPE_SCHEMA)
 
-_ENVELOPE = {"delay_factors", "service_rate_factors", "demand_factors", "startup_factors", "gm_floor", "pm_floor_deg"}
-
-
-_CERT = {"min_separation", "max_pm_loss_deg"}
+#: the keys of a stack scenario's ``[certificate]``
+STACK_CERTIFICATE_SCHEMA = {
+    "min_separation": setting(5.0, low=1.0, meaning="least ratio between neighbouring loops' crossover frequencies"),
+    "max_pm_loss_deg": setting(5.0, unit="deg", low=0.0, high=90.0,
+                               meaning="most phase margin an outer loop may cost an inner one"),
+}
+_CERT = set(STACK_CERTIFICATE_SCHEMA)
 
 
 @dataclass
@@ -132,17 +178,17 @@ def stack_scenario_from_dict(d: Mapping[str, Any], name: str = "stack") -> Stack
     reject_unknown_keys("plant", plant_d, _PLANT)
     params = build_plant({**plant_d, "fill_workers": 1, "decode_workers": 1}).params
     slo = dict(d.get("slo", {}))
-    reject_unknown_keys("slo", slo, {"ttft_s", "tpot_s", "attainment"})
+    reject_unknown_keys("slo", slo, STACK_SLO_SCHEMA)
     ttft = check_number("slo.ttft_s", slo.get("ttft_s", 2.0), low=0.0, low_inclusive=False)
     tpot = check_number("slo.tpot_s", slo.get("tpot_s", 0.1), low=0.0, low_inclusive=False)
     attainment = check_number("slo.attainment", slo.get("attainment", 0.99), low=0.5, high=1.0, high_inclusive=False)
     wl = dict(d["workload"])
-    reject_unknown_keys("workload", wl, {"rate_rps"})
+    reject_unknown_keys("workload", wl, STACK_WORKLOAD_SCHEMA)
     if "rate_rps" not in wl:
         raise ConfigError("workload.rate_rps", "missing")
     rate = check_number("workload.rate_rps", wl["rate_rps"], low=0.0, low_inclusive=False)
     dyn_d = dict(d.get("dynamics", {}))
-    reject_unknown_keys("dynamics", dyn_d, {f.name for f in dataclasses.fields(PoolDynamics)})
+    reject_unknown_keys("dynamics", dyn_d, setting_names(PoolDynamics))
     dynamics = PoolDynamics(**dyn_d)
     layers_d = d["layers"]
     if not isinstance(layers_d, Mapping):
