@@ -390,7 +390,7 @@ def test_hysteretic_floor_per_pool_is_a_kind_parameter():
 
 
 @pytest.mark.parametrize("params, field, says", [
-    ({"decode_min_replicas": 0}, "autoscaler.decode_min_replicas", "[1, 64]"),
+    ({"decode_min_replicas": 0}, "autoscaler.decode_min_replicas", "[1, inf)"),
     ({"fill_min_replicas": 65}, "autoscaler.fill_min_replicas", "[1, 64]"),
     ({"decode_min_replicas": 2.5}, "autoscaler.decode_min_replicas", "integer"),
     ({"decode_floor": 4}, "autoscaler.decode_floor", "allowed keys are decode_min_replicas, fill_min_replicas"),

@@ -19,6 +19,7 @@ from tokenfactory.controllers.dynamo_planner import PLANNER_MODES, PLANNER_PREDI
 from tokenfactory.controllers.admission import ThresholdAdmission
 from tokenfactory.controllers.slo_admission import DEFAULT_TTFT_FRACTION, MarginLoopConfig
 from tokenfactory.core.validation import config_schema, setting
+from tokenfactory.registry.autoscaler_kinds import HystereticParams
 from tokenfactory.registry.kinds import DEFAULT_TPOT_FRACTION
 
 __all__ = ["KIND_SETTINGS", "OUTER_LOOP_SCHEMA", "kind_schema"]
@@ -116,7 +117,7 @@ KIND_SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
     "admission": {"open": {}, "naive": _NAIVE, "threshold": _THRESHOLD, "smoothed": _SMOOTHED,
                   "slo-aware": _SLO_AWARE, "vllm-watermark": _WATERMARK, "mooncake": {}, "mooncake-predictive": {}},
     "reconfiguration": {"hpa": {}, "kpa": {}, "dynamo-throughput": _DYNAMO_THROUGHPUT, "dynamo-load": _DYNAMO_LOAD,
-                        "dynamo-planner": _DYNAMO_PLANNER, "apa": {}, "hysteretic": {}},
+                        "dynamo-planner": _DYNAMO_PLANNER, "apa": {}, "hysteretic": {f.name: f for f in dataclasses.fields(HystereticParams)}},
 }
 
 
