@@ -135,7 +135,17 @@ class DynamoSLALoadScaling(_PoolAutoscaler):
 
 @dataclass(frozen=True)
 class SLAScalingCycle:
-    """The 2 <-> 1 style cycle: between ``low`` and ``high`` workers, with its period's parts (s)."""
+    """The 2 <-> 1 style cycle: between ``low`` and ``high`` workers, with its period's parts (s).
+
+    Parameters
+    ----------
+    period_s : float
+        The cycle's period (s).
+    low_replicas, high_replicas : int
+        The worker counts it moves between.
+    phases_s : dict
+        The period's parts (s), by phase name.
+    """
 
     period_s: float
     low_replicas: int

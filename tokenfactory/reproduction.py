@@ -35,7 +35,21 @@ SEESAW_MIN_AMPLITUDE = 0.02
 def outcome_record(metrics: dict, report: dict, **extra) -> dict:
     """One run's outcome: the oscillation verdict and figures of ``report``
     (:meth:`~tokenfactory.controllers.oscillation.OscillationReport.to_dict`), the run's actions,
-    SLO attainment, GPU-hours and rejections from ``metrics``, and ``extra``."""
+    SLO attainment, GPU-hours and rejections from ``metrics``, and ``extra``.
+
+    Parameters
+    ----------
+    metrics : dict
+        The run's metrics (``actions_per_hour``, ``slo_attainment``, ``gpu_hours``, ...).
+    report : dict
+        The run's oscillation report as a dict.
+    **extra
+        Further fields of the record.
+
+    Returns
+    -------
+    dict
+    """
     return {"oscillating": bool(report["oscillating"]), "actions_per_hour": metrics["actions_per_hour"],
             "reversals_per_hour": metrics.get("reversals_per_hour", 0.0),
             "slo_attainment": metrics["slo_attainment"], "gpu_hours": metrics["gpu_hours"],
@@ -45,7 +59,22 @@ def outcome_record(metrics: dict, report: dict, **extra) -> dict:
 
 
 def phase_deg(x: np.ndarray, y: np.ndarray, dt: float, period_s: float) -> float:
-    """Phase of y's fundamental relative to x's at ``period_s`` (180 = anti-phase; NaN without a period)."""
+    """Phase of y's fundamental relative to x's at ``period_s`` (180 = anti-phase; NaN without a period).
+
+    Parameters
+    ----------
+    x, y : array
+        Two signals on the same uniform grid.
+    dt : float
+        Their sample interval (s).
+    period_s : float
+        The period whose fundamental is compared (s).
+
+    Returns
+    -------
+    float
+        Degrees.
+    """
     if not (math.isfinite(period_s) and period_s > 0):
         return math.nan
     t = np.arange(len(x)) * dt

@@ -125,7 +125,17 @@ _EXCLUSIVE_LOW = {"load_adjustment_interval_seconds", "report_interval_hours", "
 
 def looks_like_planner_config(doc: dict) -> bool:
     """Whether a document without ``kind`` reads as a planner config: at least half of its keys
-    are PlannerConfig fields or aliases (so a misspelt key is named by the strict reader)."""
+    are PlannerConfig fields or aliases (so a misspelt key is named by the strict reader).
+
+    Parameters
+    ----------
+    doc : dict
+        A YAML/JSON document's top-level mapping.
+
+    Returns
+    -------
+    bool
+    """
     keys = [str(k) for k in doc]
     known = sum(1 for k in keys if k in PLANNER_FIELDS or k in PLANNER_ALIASES)
     return bool(keys) and known * 2 >= len(keys) and known > 0

@@ -103,7 +103,15 @@ class HystereticParams:
     """Parameters of the ``hysteretic`` autoscaler kind (``--autoscaler-param KEY=VALUE``): a
     floor per pool. Holding workers beforehand is the one lever for a burst shorter than
     measurement delay + start-up, which no measurement-driven rule can serve with new workers
-    (issue 21's small plant); the rule's dead band, dwell and cooldown stay tuned from the plant."""
+    (issue 21's small plant); the rule's dead band, dwell and cooldown stay tuned from the plant.
+
+    Parameters
+    ----------
+    fill_min_replicas : int
+        Fewest fill workers the controller keeps (1 to the plant's max_replicas; default 1).
+    decode_min_replicas : int
+        Fewest decode workers the controller keeps (1 to the plant's max_replicas; default 1).
+    """
 
     fill_min_replicas: int = setting(1, kind=int, low=1, meaning="fewest fill workers the controller keeps "
                                      "(at most the plant's max_replicas)")

@@ -177,13 +177,39 @@ def _slot_note(p) -> str:
 
 
 def build_slot_limit(cfg, b: LayerBuild) -> StackLayer:
-    """``slot-limit``: no controller; the plant's slot limit is the cap."""
+    """``slot-limit``: no controller; the plant's slot limit is the cap.
+
+    Parameters
+    ----------
+    cfg : layer config
+        The layer's resolved settings (its kind's config class in
+        :mod:`tokenfactory.registry.stack_layers`).
+    b : LayerBuild
+        What the stack is built from: the scenario, its plant and the layers built so far.
+
+    Returns
+    -------
+    StackLayer
+    """
     return StackLayer("batch_gate", note=_slot_note(b.plant.params))
 
 
 def build_gated_cap(cfg, b: LayerBuild) -> StackLayer:
     """``gated``: the gated cap, or - on a plant stepping slower than the cap samples (the pool
-    model's seconds) - its cap at the nominal context, which is the slot limit the plant has."""
+    model's seconds) - its cap at the nominal context, which is the slot limit the plant has.
+
+    Parameters
+    ----------
+    cfg : layer config
+        The layer's resolved settings (its kind's config class in
+        :mod:`tokenfactory.registry.stack_layers`).
+    b : LayerBuild
+        What the stack is built from: the scenario, its plant and the layers built so far.
+
+    Returns
+    -------
+    StackLayer
+    """
     T = gate_sample_period_s(b.sc)
     if b.plant_step_s is None or b.plant_step_s <= T + 1e-12:
         gate = gated_batch_cap(b.sc, b.plant, b.service, b.class_outputs)
@@ -194,20 +220,59 @@ def build_gated_cap(cfg, b: LayerBuild) -> StackLayer:
 
 
 def build_smoothed_admission(cfg, b: LayerBuild) -> StackLayer:
-    """``smoothed``: its backlog bound scaled with the decode pool's capacity."""
+    """``smoothed``: its backlog bound scaled with the decode pool's capacity.
+
+    Parameters
+    ----------
+    cfg : layer config
+        The layer's resolved settings (its kind's config class in
+        :mod:`tokenfactory.registry.stack_layers`).
+    b : LayerBuild
+        What the stack is built from: the scenario, its plant and the layers built so far.
+
+    Returns
+    -------
+    StackLayer
+    """
     ctrl, _ = smoothed_admission_controller(b.sc, b.plant, b.plant_step_s or 0.0)
     ctrl = CapacityScaledBound(ctrl, b.plant.params.decode_slots(b.plant.decode_workers))
     return StackLayer("admission", [ctrl], ctrl.sample_period)
 
 
 def build_slo_aware_admission(cfg, b: LayerBuild) -> StackLayer:
-    """``slo-aware``: as built (it reads the capacities it has)."""
+    """``slo-aware``: as built (it reads the capacities it has).
+
+    Parameters
+    ----------
+    cfg : layer config
+        The layer's resolved settings (its kind's config class in
+        :mod:`tokenfactory.registry.stack_layers`).
+    b : LayerBuild
+        What the stack is built from: the scenario, its plant and the layers built so far.
+
+    Returns
+    -------
+    StackLayer
+    """
     ctrl = slo_aware_admission_controller(b.sc, b.plant, b.service, b.plant_step_s or 0.0, b.class_outputs)
     return StackLayer("admission", [ctrl], ctrl.sample_period)
 
 
 def build_control_plane(cfg, b: LayerBuild) -> StackLayer:
-    """``control-plane``: the user's control plane from its own file, exactly as configured."""
+    """``control-plane``: the user's control plane from its own file, exactly as configured.
+
+    Parameters
+    ----------
+    cfg : layer config
+        The layer's resolved settings (its kind's config class in
+        :mod:`tokenfactory.registry.stack_layers`).
+    b : LayerBuild
+        What the stack is built from: the scenario, its plant and the layers built so far.
+
+    Returns
+    -------
+    StackLayer
+    """
     if "planning" in b.sc.layers:
         raise ConfigError("layers.planning", "the planning layer drives tokenfactory's planned-hysteretic pools; "
                           "with a control plane's own file as the reconfiguration layer, set kind = \"none\"")
@@ -216,7 +281,20 @@ def build_control_plane(cfg, b: LayerBuild) -> StackLayer:
 
 
 def build_seasonal_rise(cfg, b: LayerBuild) -> StackLayer:
-    """``seasonal-rise``: the demand planner, holding a scale-down as long as the pools do."""
+    """``seasonal-rise``: the demand planner, holding a scale-down as long as the pools do.
+
+    Parameters
+    ----------
+    cfg : layer config
+        The layer's resolved settings (its kind's config class in
+        :mod:`tokenfactory.registry.stack_layers`).
+    b : LayerBuild
+        What the stack is built from: the scenario, its plant and the layers built so far.
+
+    Returns
+    -------
+    StackLayer
+    """
     sc = b.sc
     budget = cfg.excess_budget if cfg.excess_budget is not None else EXCESS_BUDGET_SHARE * (1.0 - sc.slo_attainment)
     planner = DemandPlanner(lead_s=planning_lead_s(sc), excess_budget=budget, days=cfg.days,
@@ -230,7 +308,20 @@ def build_seasonal_rise(cfg, b: LayerBuild) -> StackLayer:
 
 def build_planned_pools(cfg, b: LayerBuild) -> StackLayer:
     """``planned-hysteretic``: both pools' planned hysteretic controllers (with the planner of the
-    layer above, when there is one), role moves in a fixed fleet."""
+    layer above, when there is one), role moves in a fixed fleet.
+
+    Parameters
+    ----------
+    cfg : layer config
+        The layer's resolved settings (its kind's config class in
+        :mod:`tokenfactory.registry.stack_layers`).
+    b : LayerBuild
+        What the stack is built from: the scenario, its plant and the layers built so far.
+
+    Returns
+    -------
+    StackLayer
+    """
     sc, p = b.sc, b.plant.params
     dyn = sc.dynamics
     planning = b.built.get("planning")

@@ -102,6 +102,16 @@ class CertificateDraft:
         The scenario.
     plant : StackPlant
         The gated plant.
+    layers : dict
+        What each checked layer recorded: its points, worst point, settings, ``meets_floors``.
+    failures : list of dict
+        The failed checks so far (``layer``, ``check``, ``detail``; a ``passing_value`` when found).
+    separation : list of CascadePair
+        The time-scale separations checked between layers.
+    describing_function : list of dict
+        The describing-function (limit-cycle) checks of the layers' nonlinearities.
+    loops : dict
+        The loops of the layers already checked, by layer.
     """
 
     sc: StackScenario
@@ -132,7 +142,21 @@ class CertificateDraft:
 
 
 def certify_slot_limit(cfg, d: CertificateDraft) -> LayerLoops:
-    """``slot-limit``: static; its response is one decode pass."""
+    """``slot-limit``: static; its response is one decode pass.
+
+    Parameters
+    ----------
+    cfg : layer config
+        The layer's resolved settings (its kind's config class in
+        :mod:`tokenfactory.registry.stack_layers`).
+    d : CertificateDraft
+        The certificate so far; the layer's points, failures and checks are recorded in it.
+
+    Returns
+    -------
+    LayerLoops
+        The layer's loops, for the separation and describing-function checks of the layers above.
+    """
     p = d.plant.params
     d.layers["batch_gate"] = {"static": True, "decode_slots_per_worker": p.decode_slots_per_worker,
                               "pass_time_s": p.decode_step_s(p.decode_slots_per_worker),
@@ -142,7 +166,21 @@ def certify_slot_limit(cfg, d: CertificateDraft) -> LayerLoops:
 
 def certify_gated_cap(cfg, d: CertificateDraft) -> LayerLoops:
     """``gated``: the cap's integral loop over delay x pass-time slope (the envelope's service-rate
-    factors), and the describing function of its saturation between one sequence and the KV slots."""
+    factors), and the describing function of its saturation between one sequence and the KV slots.
+
+    Parameters
+    ----------
+    cfg : layer config
+        The layer's resolved settings (its kind's config class in
+        :mod:`tokenfactory.registry.stack_layers`).
+    d : CertificateDraft
+        The certificate so far; the layer's points, failures and checks are recorded in it.
+
+    Returns
+    -------
+    LayerLoops
+        The layer's loops, for the separation and describing-function checks of the layers above.
+    """
     sc = d.sc
     gate_tau = d.plant.params.dispatch_s
     try:
@@ -201,7 +239,21 @@ def _separate_from_gate(d: CertificateDraft, adm_loop: DelayedLoop) -> None:
 def certify_slo_aware_admission(cfg, d: CertificateDraft) -> LayerLoops:
     """``slo-aware``: the gate's two limit corrections (fill wait, decode wait), SIMC-tuned over
     delay x prediction gain (:func:`tokenfactory.controllers.slo_admission.tune_slo_admission`),
-    and the describing function of each limit's clamp."""
+    and the describing function of each limit's clamp.
+
+    Parameters
+    ----------
+    cfg : layer config
+        The layer's resolved settings (its kind's config class in
+        :mod:`tokenfactory.registry.stack_layers`).
+    d : CertificateDraft
+        The certificate so far; the layer's points, failures and checks are recorded in it.
+
+    Returns
+    -------
+    LayerLoops
+        The layer's loops, for the separation and describing-function checks of the layers above.
+    """
     p = d.plant.params
     adm = slo_aware_admission_controller(d.sc, d.plant)
     tun = slo_admission_tuning(adm, p.measurement_delay_s)
@@ -227,7 +279,21 @@ def certify_slo_aware_admission(cfg, d: CertificateDraft) -> LayerLoops:
 
 def certify_smoothed_admission(cfg, d: CertificateDraft) -> LayerLoops:
     """``smoothed``: margins over demand level x delay x service rate on the fluid plant, and the
-    describing function of its rate clip."""
+    describing function of its rate clip.
+
+    Parameters
+    ----------
+    cfg : layer config
+        The layer's resolved settings (its kind's config class in
+        :mod:`tokenfactory.registry.stack_layers`).
+    d : CertificateDraft
+        The certificate so far; the layer's points, failures and checks are recorded in it.
+
+    Returns
+    -------
+    LayerLoops
+        The layer's loops, for the separation and describing-function checks of the layers above.
+    """
     sc, plant, env = d.sc, d.plant, d.sc.envelope
     p = plant.params
     u = target_utilization(sc)
@@ -276,7 +342,21 @@ def certify_smoothed_admission(cfg, d: CertificateDraft) -> LayerLoops:
 def certify_planned_pools(cfg, d: CertificateDraft) -> LayerLoops:
     """``planned-hysteretic``: the pools' backlog loop over start-up x service rate, its separation
     from admission's closed loop, and the describing function of each pool's whole-worker
-    hysteresis relay."""
+    hysteresis relay.
+
+    Parameters
+    ----------
+    cfg : layer config
+        The layer's resolved settings (its kind's config class in
+        :mod:`tokenfactory.registry.stack_layers`).
+    d : CertificateDraft
+        The certificate so far; the layer's points, failures and checks are recorded in it.
+
+    Returns
+    -------
+    LayerLoops
+        The layer's loops, for the separation and describing-function checks of the layers above.
+    """
     sc, plant, env = d.sc, d.plant, d.sc.envelope
     p = plant.params
     T_rc = cfg.sample_period_s
@@ -325,7 +405,21 @@ def certify_control_plane(cfg, d: CertificateDraft) -> LayerLoops:
     envelope point (demand x start-up x service rate), the cycle and start-up overshoot its rule
     predicts, the separation of its linear part from admission, and - when it fails - the knob of
     the same control plane and the value that passes (:func:`tokenfactory.advise.search_settings`
-    on the loop model alone)."""
+    on the loop model alone).
+
+    Parameters
+    ----------
+    cfg : layer config
+        The layer's resolved settings (its kind's config class in
+        :mod:`tokenfactory.registry.stack_layers`).
+    d : CertificateDraft
+        The certificate so far; the layer's points, failures and checks are recorded in it.
+
+    Returns
+    -------
+    LayerLoops
+        The layer's loops, for the separation and describing-function checks of the layers above.
+    """
     from tokenfactory.controllers.autoscaler_loops import PoolOperatingPoint, certify_autoscaler
 
     sc, p = d.sc, d.plant.params
@@ -428,7 +522,21 @@ def _passing_knob(setting, points, pool, need: int) -> str | None:
 
 def certify_seasonal_rise(cfg, d: CertificateDraft) -> LayerLoops:
     """``seasonal-rise``: feed-forward (the offered rate is exogenous; no loop through the plant):
-    its lead against the time a worker takes to serve at full speed, and its correction's margins."""
+    its lead against the time a worker takes to serve at full speed, and its correction's margins.
+
+    Parameters
+    ----------
+    cfg : layer config
+        The layer's resolved settings (its kind's config class in
+        :mod:`tokenfactory.registry.stack_layers`).
+    d : CertificateDraft
+        The certificate so far; the layer's points, failures and checks are recorded in it.
+
+    Returns
+    -------
+    LayerLoops
+        The layer's loops, for the separation and describing-function checks of the layers above.
+    """
     sc = d.sc
     rec = d.loops.get("reconfiguration")
     if rec is None or rec.outer is None:
