@@ -198,3 +198,25 @@ def test_simulate_load_one_is_the_knee_of_the_scenarios_own_cluster(tmp_path):
     assert main([*argv, "--out", str(tmp_path / "b")]) == 0
     again = json.loads((tmp_path / "b" / "metrics.json").read_text())["capacity"]
     assert again["measured"]["cached"] and again["measured_rps"] == cap["measured_rps"]
+
+
+def test_oscillation_answer_names_every_judged_signal_once_and_the_verdict():
+    from tokenfactory.cli import _oscillation_answer
+
+    steady = {"ready_oscillation": {"oscillating": False}, "fill_oscillation": {"oscillating": False},
+              "oscillating": False, "churning": False,
+              "oscillation": {"oscillating": False, "churning": False, "reversals": 1,
+                              "signals": {"ready": {"oscillating": False}, "fill_queue": {"oscillating": False},
+                                          "decode_pool": {"oscillating": False}}}}
+    assert _oscillation_answer(steady) == ("oscillation: none in the 3 signals judged (ready buffer, fill queue, "
+                                           "decode pool); churn: no (1 scale reversal)")
+    flapping = {**steady, "oscillation": {**steady["oscillation"], "oscillating": True, "churning": True,
+                                          "reversals": 118, "reversals_per_hour": 590.0,
+                                          "signals": {**steady["oscillation"]["signals"],
+                                                      "decode_pool": {"oscillating": True, "period_s": 10.0,
+                                                                      "amplitude": 0.5}}}}
+    assert _oscillation_answer(flapping) == ("oscillation: OSCILLATING decode pool (period 10 s, amplitude 0.5); "
+                                             "2 other signals judged steady; CHURNING: 118 scale reversals (590.0/h)")
+    # a run without the actuator report (e.g. an aggregated cluster) still answers from its verdicts
+    assert _oscillation_answer({"ready_oscillation": {"oscillating": True, "period_s": 4.0, "amplitude": 2.0}}) == (
+        "oscillation: OSCILLATING ready buffer (period 4 s, amplitude 2); 0 other signals judged steady")

@@ -711,10 +711,43 @@ def _simulate_answer(setup, m: dict, res, trace_label: str) -> None:
         print(f"the trace's peak ({trace_label}, as replayed): {human(peak)} req/s over {window:.0f} s needs "
               f"{need['fill']} fill + {need['decode']} decode workers at the SLO (this run has {nf} + {nd})")
         _misses_answer(res, arr.min() + float(np.argmax(counts)) * window, window)
-    verdicts = _verdicts(m)
-    if verdicts:
-        print("oscillation: " + "; ".join(f"{k.replace('_', ' ')} {'OSCILLATING' if v else 'no'}"
-                                          + (f" ({more})" if v and more else "") for k, v, more in verdicts))
+    line = _oscillation_answer(m)
+    if line:
+        print(line)
+
+
+def _oscillation_answer(m: dict) -> str:
+    """One line for every oscillation and churn verdict of a run: the signals judged (buffers from
+    ``*_oscillation``, every actuator from ``oscillation.signals``) and which oscillate, then churn;
+    other verdicts a run carries (a detector report elsewhere) follow as ``name yes/no``."""
+    buffers = {"fill": "fill_queue"}  # what fill_oscillation judges (the actuator report's name)
+    judged = {buffers.get(k[: -len("_oscillation")], k[: -len("_oscillation")]): v for k, v in m.items()
+              if k.endswith("_oscillation") and isinstance(v, dict) and isinstance(v.get("oscillating"), bool)}
+    report = m.get("oscillation") if isinstance(m.get("oscillation"), dict) else {}
+    for k, v in (report.get("signals") or {}).items():
+        if isinstance(v, dict):   # one verdict per signal: the actuator report's, when both judge it
+            judged[k] = v if not judged.get(k, {}).get("oscillating") else judged[k]
+    if not judged:
+        verdicts = _verdicts(m)
+        return ("oscillation: " + "; ".join(f"{k.replace('_', ' ')} {'OSCILLATING' if v else 'no'}"
+                                            + (f" ({more})" if v and more else "") for k, v, more in verdicts)
+                if verdicts else "")
+    label = {"ready": "ready buffer"}
+    names = [label.get(k, k.replace("_", " ")) for k in judged]
+    bad = [(label.get(k, k.replace("_", " ")), v) for k, v in judged.items() if v.get("oscillating")]
+    if bad:
+        said = "oscillation: OSCILLATING " + ", ".join(
+            n + (f" (period {v['period_s']:.3g} s, amplitude {v['amplitude']:.3g})"
+                 if isinstance(v.get("period_s"), float) and isinstance(v.get("amplitude"), float) else "")
+            for n, v in bad) + f"; {len(judged) - len(bad)} other signals judged steady"
+    else:
+        said = f"oscillation: none in the {len(judged)} signals judged ({', '.join(names)})"
+    if isinstance(report.get("churning"), bool):
+        rev = report.get("reversals", 0)
+        plural = "" if rev == 1 else "s"
+        said += (f"; CHURNING: {rev} scale reversal{plural} ({report.get('reversals_per_hour', 0.0):.1f}/h)"
+                 if report["churning"] else f"; churn: no ({rev} scale reversal{plural})")
+    return said
 
 
 def _misses_answer(res, peak_s: float, window: float) -> None:
@@ -736,7 +769,8 @@ def _misses_answer(res, peak_s: float, window: float) -> None:
     in_peak = peak["requests"] - peak["met"]
     line = f"{in_peak:,} of them arrived in the peak {window:.0f} s window (from {peak_s:.0f} s)"
     dyn = cl.get("dynamics") or {}
-    if res.config.get("autoscalers") and dyn.get("startup_s") is not None:
+    # what a new worker can do about the peak matters only when the peak holds most of the misses
+    if res.config.get("autoscalers") and dyn.get("startup_s") is not None and in_peak >= 0.5 * missed:
         reach = float(cl["measurement_delay_s"]) + float(dyn["startup_s"])
         longest = max(v["slo_ttft_s"] for v in slo.values())
         if reach >= window + longest:
