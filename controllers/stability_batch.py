@@ -608,7 +608,9 @@ def _kernel_chunk(gain, zeros, poles, m0: int, delay) -> _ChunkResult:
         bb, aa = roots.imag, np.abs(roots.real)
         light = (bb > 0) & (aa > 0) & (aa < 0.05 * bb)
         if light.any():
-            k_max = int(np.ceil(np.log2(np.max(bb[light] / (32.0 * aa[light]))))) + 1
+            with np.errstate(over="ignore", divide="ignore"):   # a subnormal damping: b / 32|a| = inf
+                spread = float(np.max(bb[light] / (32.0 * aa[light])))
+            k_max = int(np.ceil(np.log2(spread))) + 1 if math.isfinite(spread) else 24
             off = aa[:, :, None] * 2.0 ** (4 + np.arange(min(k_max, 24)))[None, None, :]
             ok_ = light[:, :, None] & (off < 0.5 * bb[:, :, None])
             for sign in (-1.0, 1.0):
