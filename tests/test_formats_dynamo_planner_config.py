@@ -208,3 +208,16 @@ def test_rewrite_edits_a_field_the_file_spells_by_its_alias():
     out = rewrite_control_plane(LOAD, new, comment=lambda p, o, v: f"tokenfactory: was {o}")
     assert parse_control_plane(out) == new
     assert "load_adjustment_interval: 15" in out and "load_adjustment_interval_seconds" not in out
+
+
+def test_the_readme_example_file_reads_and_round_trips():
+    """The planner config the README's tour runs (docs/examples/dynamo-planner.yaml)."""
+    from pathlib import Path
+
+    from tokenfactory.controllers.formats import dump_control_plane, parse_control_plane, read_control_plane
+
+    path = Path(__file__).resolve().parents[1] / "docs" / "examples" / "dynamo-planner.yaml"
+    setting = read_control_plane(path)
+    assert setting.format == "dynamo-planner" and setting == parse_control_plane(LOAD.replace(
+        "max_gpu_budget: 16", "max_gpu_budget: 32"))
+    assert parse_control_plane(dump_control_plane(setting)) == setting
