@@ -43,7 +43,7 @@ import pandas as pd
 from tokenfactory.plant_models.des import ClusterConfig
 from tokenfactory.registry import PlantContext, build_admission
 from tokenfactory.replay import ReplayScenario, ReplaySetup, build_replay, class_outputs, replay_scenario_from_dict
-from tokenfactory.core.validation import ConfigError, check_int, check_number, load_toml, reject_unknown_keys, setting
+from tokenfactory.core.validation import ConfigError, check_settings, load_toml, setting
 
 __all__ = ["LiveScenario", "live_scenario_from_dict", "load_live_scenario", "LIVE_DEFAULTS", "LIVE_SCHEMA", "CLASS_HEADER",
            "saturated_rate", "decode_batch"]
@@ -54,9 +54,6 @@ LIVE_SCHEMA = {
                              meaning="the nominal request's prompt, where the service model's tables are exact"),
     "output_tokens": setting(100, kind=int, low=1, unit="tokens",
                              meaning="the nominal output, and a request's output when it gives no max_tokens"),
-    "output_cv": setting(0.0, low=0.0, high=10.0, meaning="coefficient of variation of output lengths (accepted and "
-                                                          "checked, but neither the emulator nor the gateway reads "
-                                                          "it yet)"),
     "model_name": setting("tokenfactory-emulator", kind=str, meaning="the model name the emulator serves (non-empty)"),
     "scrape_interval_s": setting(0.05, unit="s", low=0.001, high=60.0,
                                  meaning="the gateway's scrape period of the upstream /metrics"),
@@ -65,9 +62,6 @@ LIVE_SCHEMA = {
                                meaning="how late the emulator publishes its /metrics (absent: the plant's "
                                        "measurement delay)"),
     "tick_s": setting(0.002, unit="s", low=0.0005, high=0.1, meaning="the emulator's clock tick"),
-    "max_in_flight": setting(10_000, kind=int, low=1, unit="requests",
-                             meaning="a bound on requests in flight (accepted and checked, but neither the emulator "
-                                     "nor the gateway reads it yet)"),
 }
 #: defaults of the ``[live]`` section
 LIVE_DEFAULTS: dict[str, Any] = {k: f.default for k, f in LIVE_SCHEMA.items()}
@@ -167,15 +161,7 @@ def live_scenario_from_dict(d: Mapping[str, Any], name: str = "live") -> LiveSce
     live = dict(d.pop("live", {}))
     if not isinstance(live, dict):
         raise ConfigError("live", "expected a table")
-    reject_unknown_keys("live", live, LIVE_SCHEMA)
-    live = {**LIVE_DEFAULTS, **live}
-    for k in ("prompt_tokens", "output_tokens", "capacity", "max_in_flight"):
-        check_int(f"live.{k}", live[k], low=1)
-    check_number("live.output_cv", live["output_cv"], low=0.0, high=10.0)
-    check_number("live.scrape_interval_s", live["scrape_interval_s"], low=0.001, high=60.0)
-    check_number("live.tick_s", live["tick_s"], low=0.0005, high=0.1)
-    if live["metrics_delay_s"] is not None:
-        check_number("live.metrics_delay_s", live["metrics_delay_s"], low=0.0, high=60.0)
+    live = {**LIVE_DEFAULTS, **check_settings("live", live, LIVE_SCHEMA)}  # types and ranges: the schema's
     if not isinstance(live["model_name"], str) or not live["model_name"]:
         raise ConfigError("live.model_name", "expected a non-empty string")
     rs = replay_scenario_from_dict(d, name=name)
