@@ -166,9 +166,10 @@ class MarginLoopConfig:
     initial_margin : float
         r at the start, in [-1, ``margin_max``] (default 0: the gate's own margins).
     margin_max : float
-        Largest r, in [1, 2] (default 2). Above 1 the margin corrects the model itself: the fill
-        queue's predicted wait counts (2 - r) of its predicted value (r = 2: the TTFT side admits
-        what its own fill allows, as open admission does; the own fill against the SLO - the hard
+        Largest r, in [1, 2] (default 2). Above 1 the margin corrects the model itself: the TTFT
+        check counts (2 - r) of what other work is predicted to add to a request's fill alone
+        (the queue wait, its steps' stretching on a busy pool; r = 2: the TTFT side admits what
+        its own fill allows, as open admission does; the own fill against the SLO - the hard
         limit - is always checked). 1: the model's expectation is the loosest the gate goes (the
         rule before; mooncake-conversation, whole trace: r sat at 1.0 from t = 7,400 s with 1,675
         interactive requests refused on their predicted TTFT, 972 of which met the SLO under open
@@ -198,8 +199,9 @@ class MarginLoopConfig:
                                meaning="completions a class needs before its margin moves")
     initial_margin: float = setting(0.0, low=-1.0, high=2.0, meaning="the admission margin at the start")
     margin_max: float = setting(2.0, low=1.0, high=2.0,
-                                meaning="largest margin; above 1 the predicted fill-queue wait counts (2 - r) of "
-                                        "itself (the own fill is always checked)")
+                                meaning="largest margin; above 1 the TTFT check counts (2 - r) of what other work "
+                                        "is predicted to add to a request's fill alone (its own fill is always "
+                                        "checked)")
     enabled: bool = setting(True, kind=bool, meaning="false: the margin stays at initial_margin")
 
     def __post_init__(self) -> None:
