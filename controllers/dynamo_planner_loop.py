@@ -32,9 +32,14 @@ integrates the deficit. So the rule is a relay on whole workers:
   cycle at a demand the dead band does not cover (e.g. the defaults 60 / 90 % flap 1 <-> 2 for any
   demand between 0.9 and 1.2 workers' worth);
 * the metric is noisy: a Poisson stream keeps ``lambda x occupancy`` requests in the pool with
-  standard deviation its square root (M/G/inf occupancy), so a band that covers the mean but not
-  :data:`NOISE_Z` standard deviations on either side is crossed by chance every few ticks - the
-  model counts such a setting as flapping too (period: the same phases, a lower bound);
+  standard deviation its square root (M/G/inf occupancy). ``z`` (:func:`predict_planner_cycle`)
+  asks the band to clear that many standard deviations on either side; the certificate uses the
+  mean (:data:`NOISE_Z` = 0) because how often noise crosses depends on how fast the occupancy
+  decorrelates against the tick, which the model does not know: on the pool model the example
+  config's prefill pool flaps 1 <-> 2 by chance at 1.5 decode workers' demand (its mean clears
+  the band by 0.4 sigma), while in the request simulator a decode pool whose mean cleared the
+  up level by 0.6 sigma held for 400 s (a 279 s decode time decorrelates slowly). A cycle that
+  only the noise makes is flagged ``noise_driven`` (its period is then a lower bound);
 * its period is the phases of the relay, each rounded up to the tick: at n + 1, the start-up and
   warm-up (the adapter counts a worker ready when it serves at full speed, and the rule waits for
   it) plus the metric delay; at n, the metric delay (at least one tick);
@@ -52,6 +57,7 @@ n in (m_total / up, m_total / down) - no loop to destabilise.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -61,16 +67,15 @@ from tokenfactory.controllers.autoscaler_loops import AutoscalerCertificate, Aut
     RelayCycle
 from tokenfactory.controllers.formats.common import NotModelled
 from tokenfactory.controllers.stability import DelayedLoop, stability_margins
+from tokenfactory.core.errors import ConfigError
 from tokenfactory.core.validation import check_choice, check_number
 
 __all__ = ["PlannerPoolLoop", "planner_pool_loops", "predict_planner_cycle", "planner_startup_peak",
            "certify_planner", "NOISE_Z", "PlannerCycle"]
 
-#: standard deviations of the pool's occupancy noise the dead band must clear on each side (a
-#: choice, checked against the real planner on the pool model: at 1 sigma the example config's
-#: prefill pool holds 1 worker at 1.05 decode workers' demand and flaps 1 <-> 2 at 1.5, as the
-#: simulated planner does; at 2 sigma the first would be called flapping too)
-NOISE_Z = 1.0
+#: standard deviations of the occupancy noise the dead band must clear on each side in the
+#: certificate (0: the mean; see the module docstring for why not more)
+NOISE_Z = 0.0
 
 
 @dataclass(frozen=True)
@@ -141,9 +146,15 @@ class PlannerPoolLoop:
         """``s`` rounded up to whole ticks (at least one)."""
         return max(1, math.ceil(s / self.tick_s - 1e-9)) * self.tick_s
 
+    @property
+    def gain(self) -> float:
+        """The linear part's integrator gain (1/s): queue_unit x mu / (up - down)."""
+        return self.queue_unit * self.point.per_worker_rps / max(self.up - self.down, 1e-12)
+
     def linear(self) -> DelayedLoop:
-        k = self.queue_unit * self.point.per_worker_rps / max(self.up - self.down, 1e-12)
-        return DelayedLoop(control.tf([k], [1.0, 0.0]), self.delay_s, f"dynamo-planner on {self.pool} {self.signal}")
+        """L(s) = gain e^{-delay s} / s, where the pool is short (the module docstring)."""
+        return DelayedLoop(control.tf([self.gain], [1.0, 0.0]), self.delay_s,
+                           f"dynamo-planner on {self.pool} {self.signal}")
 
     def as_autoscaler_loop(self) -> AutoscalerLoop:
         """The same loop in :class:`AutoscalerLoop`'s fields (what certificates and reports read):
@@ -167,7 +178,7 @@ class PlannerCycle(RelayCycle):
 
 def planner_pool_loops(setting, plant, *, demand_rps: float, metric_delay_s: float, startup_s: float,
                        warmup_s: float = 0.0, gpus_per_worker: int = 1, service_rate_factor: float = 1.0,
-                       fill_token_budget: float | None = None) -> dict[str, PlannerPoolLoop]:
+                       capabilities=None) -> dict[str, PlannerPoolLoop]:
     """The two pools' loops of a Dynamo planner config on a plant at a demand.
 
     Parameters
@@ -185,12 +196,15 @@ def planner_pool_loops(setting, plant, *, demand_rps: float, metric_delay_s: flo
         GPUs of one worker (the budget's unit).
     service_rate_factor : float
         Scales both pools' worker rates (the stack's envelope; default 1).
-    fill_token_budget : float, optional
-        Prompt tokens one prefill step schedules (default: the plant's nominal prompt, as the
-        adapter's fluid path does).
+    capabilities : DynamoCapabilities, optional
+        What the adapter tells the planner of the engines (prompt, a prefill step's token budget,
+        decode slots and context); default: from ``plant`` as the adapter's fluid path does (a
+        step of one nominal prompt).
 
     Raises
     ------
+    ConfigError
+        For a ``min_endpoint`` the GPU budget cannot hold on both pools.
     NotModelled
         For a config the loop model does not cover (a target other than ``load``, load scaling
         off, or what :meth:`DynamoPlannerSetting.planner_fields` rejects), naming the field.
@@ -207,11 +221,22 @@ def planner_pool_loops(setting, plant, *, demand_rps: float, metric_delay_s: flo
     prompt = plant.prompt_tokens if plant.prompt_tokens > 0 else 1.0
     ctx = float((plant.provenance or {}).get("decode_context_tokens", prompt + plant.output_tokens / 2.0))
     slots = plant.decode_slots_per_worker
-    budget = float(prompt if fill_token_budget is None else fill_token_budget)
+    budget = float(prompt)
+    if capabilities is not None:   # DynamoPlanner's WorkerCapabilities and FPM split (dynamo_planner.py)
+        prompt, ctx = capabilities.prompt_tokens, capabilities.context_tokens
+        slots, budget = capabilities.decode_slots, float(capabilities.fill_token_budget)
     hold = startup_s + warmup_s
     gpus = max(int(gpus_per_worker), 1)
-    budget_workers = max(int(fields["max_gpu_budget"]) // gpus - 1, 1) if fields["max_gpu_budget"] > 0 else 10 ** 6
     lo = max(int(fields["min_endpoint"]), 1)
+    # _apply_global_budget (state_machine.py) clamps both pools in proportion to max_gpu_budget GPUs:
+    # a pool gets at most what the other pool's floor leaves; a floor the budget cannot hold on both
+    # pools is no setting (Dynamo would clamp both pools below min_endpoint)
+    budget_workers = 10 ** 6
+    if fields["max_gpu_budget"] > 0:
+        if 2 * lo * gpus > fields["max_gpu_budget"]:
+            raise ConfigError("min_endpoint", f"{lo} workers on each pool need {2 * lo * gpus} GPUs; max_gpu_budget "
+                              f"is {fields['max_gpu_budget']} (at {gpus} GPUs per worker)")
+        budget_workers = int(fields["max_gpu_budget"]) // gpus - lo
     mu_d = plant.decode_capacity(1) * service_rate_factor
     mu_f = plant.fill_rate_per_worker * service_rate_factor
     tick = float(fields["load_adjustment_interval_seconds"])
@@ -278,6 +303,17 @@ def planner_startup_peak(loop: PlannerPoolLoop, from_replicas: int, demand_rps: 
     return int(peak)
 
 
+def _margins(loop: PlannerPoolLoop):
+    """Margins of the loop's linear part, computed once per (gain, delay, name): a knob search
+    certifies hundreds of candidates that share a few linear parts."""
+    return _integrator_margins(round(loop.gain, 12), round(loop.delay_s, 9), loop.linear().name)
+
+
+@functools.lru_cache(maxsize=256)
+def _integrator_margins(k: float, delay_s: float, name: str):
+    return stability_margins(DelayedLoop(control.tf([k], [1.0, 0.0]), delay_s, name))
+
+
 def certify_planner(loop: PlannerPoolLoop, *, gm_floor: float = 2.0, pm_floor_deg: float = 45.0,
                     z: float = NOISE_Z) -> AutoscalerCertificate:
     """One pool's certificate in :class:`AutoscalerCertificate`'s terms: the margins of the linear
@@ -293,6 +329,6 @@ def certify_planner(loop: PlannerPoolLoop, *, gm_floor: float = 2.0, pm_floor_de
     z : float
         Noise sigmas (:func:`predict_planner_cycle`).
     """
-    return AutoscalerCertificate(loop.as_autoscaler_loop(), stability_margins(loop.linear()),
+    return AutoscalerCertificate(loop.as_autoscaler_loop(), _margins(loop),
                                  predict_planner_cycle(loop, z), planner_startup_peak(loop, max(1, loop.min_replicas)),
                                  loop.point.workers_needed, gm_floor, pm_floor_deg)
