@@ -12,7 +12,8 @@ The rule, from the installed package (``dynamo/planner/core/load_scaling.py``), 
   (``state_machine.py`` ``_scaling_in_progress``: expected != ready), so the rule takes one step
   per start-up: it never cascades;
 * prefill (``_prefill_easy_decision``): a worker's queued prompt tokens (beyond the tokens its
-  step schedules); +1 when any worker has >= ``prefill_scale_up_queue_tokens``, -1 when every
+  step schedules; the adapter counts the pool's prompts in fill, split evenly - modelled as
+  arrivals x fill latency, which the pool model's 1 s fill step does not hold: there it is a queue); +1 when any worker has >= ``prefill_scale_up_queue_tokens``, -1 when every
   worker has <= ``prefill_scale_down_queue_tokens`` (and more than one worker);
 * decode (``_decode_easy_decision``): a worker's KV use, (scheduled + queued KV tokens) /
   ``max_kv_tokens``; +1 when any worker is >= ``decode_scale_up_kv_rate`` %, -1 when every worker is
@@ -35,10 +36,9 @@ integrates the deficit. So the rule is a relay on whole workers:
   standard deviation its square root (M/G/inf occupancy). ``z`` (:func:`predict_planner_cycle`)
   asks the band to clear that many standard deviations on either side; the certificate uses the
   mean (:data:`NOISE_Z` = 0) because how often noise crosses depends on how fast the occupancy
-  decorrelates against the tick, which the model does not know: on the pool model the example
-  config's prefill pool flaps 1 <-> 2 by chance at 1.5 decode workers' demand (its mean clears
-  the band by 0.4 sigma), while in the request simulator a decode pool whose mean cleared the
-  up level by 0.6 sigma held for 400 s (a 279 s decode time decorrelates slowly). A cycle that
+  decorrelates against the tick, which the model does not know: in the request simulator a
+  decode pool whose mean cleared the up level by 0.6 sigma held for 400 s (a 279 s decode time
+  decorrelates slowly). A cycle that
   only the noise makes is flagged ``noise_driven`` (its period is then a lower bound);
 * its period is the phases of the relay, each rounded up to the tick: at n + 1, the start-up and
   warm-up (the adapter counts a worker ready when it serves at full speed, and the rule waits for
