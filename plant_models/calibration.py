@@ -51,6 +51,8 @@ __all__ = [
     "steady_state_run",
     "predict_runs",
     "error_metrics",
+    "CONTEXT_BANDS",
+    "residual_by_batch_and_context",
     "cross_check",
     "CALIBRATION_PARAMETERS",
     "TTFT_RESIDUAL_WEIGHT",
@@ -357,6 +359,8 @@ def predict_runs(runs: MeasuredRuns | Sequence[MeasuredRun], settings: RunSettin
         d["predicted_ttft_s"], d["predicted_tpot_s"] = pred["ttft_s"], pred["tpot_s"]
         d["ttft_error"] = pred["ttft_s"] / r.ttft_s - 1.0 if r.ttft_s == r.ttft_s else math.nan
         d["tpot_error"] = pred["tpot_s"] / r.tpot_s - 1.0 if r.tpot_s == r.tpot_s else math.nan
+        # decodes per worker the steady-state solve settled on (NaN for the simulator and the points)
+        d["predicted_batch"] = float(pred.get("batch", math.nan))
         if "sim_wall_s" in pred:
             d["sim_wall_s"] = pred["sim_wall_s"]
         rows.append(d)
@@ -397,6 +401,46 @@ def error_metrics(table: pd.DataFrame, splits: Sequence[str] = SPLITS) -> dict[s
                 m[f"by_{s}"] = {str(k): _summary(g[col]) for k, g in table.groupby(s)}
         out[q] = m
     return out
+
+
+#: mean-context bands (tokens, ISL + OSL / 2) of :func:`residual_by_batch_and_context`
+CONTEXT_BANDS = (0.0, 1500.0, 3000.0, 6000.0, math.inf)
+
+
+def residual_by_batch_and_context(table: pd.DataFrame) -> pd.DataFrame:
+    """What the TPOT error grows with: signed median error and the decode time missing per
+    sequence, by batch band (sequences per attention rank) x mean-context band (issue 24).
+
+    A cost that grows with batch x context (KV reads charged too cheaply) leaves a missing time
+    per sequence that grows with the context; a cost per sequence (per-request runtime work) one
+    that does not.
+
+    Parameters
+    ----------
+    table : pandas.DataFrame
+        :func:`predict_runs` rows of the steady-state solve (``predicted_batch`` set).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per (``batch_band``, ``context_band``) with runs: ``rows``, ``tpot_signed_median``
+        (predicted / measured - 1) and ``missing_us_per_sequence`` (median of (measured - predicted
+        TPOT) / sequences per attention rank, microseconds; negative: over-predicted).
+    """
+    t = table.dropna(subset=["tpot_error", "predicted_batch"]).copy()
+    if not len(t):
+        return pd.DataFrame(columns=["batch_band", "context_band", "rows", "tpot_signed_median",
+                                     "missing_us_per_sequence"])
+    ctx = t["isl"] + t["osl"] / 2.0
+    edges = list(CONTEXT_BANDS)
+    labels = [f"{int(a)}-{int(b)}" if math.isfinite(b) else f">{int(a)}" for a, b in zip(edges, edges[1:])]
+    t["context_band"] = pd.cut(ctx, edges, labels=labels, right=True).astype(str)
+    replicas = (t["gpus_per_worker"] / (t["pp"] * t["tp"])).clip(lower=1.0)
+    per_rank = (t["predicted_batch"] / replicas).clip(lower=1.0)
+    t["missing_us"] = (t["measured_tpot_s"] - t["predicted_tpot_s"]) / per_rank * 1e6
+    g = t.groupby(["batch_band", "context_band"])
+    return pd.DataFrame({"rows": g.size(), "tpot_signed_median": g["tpot_error"].median(),
+                         "missing_us_per_sequence": g["missing_us"].median()}).reset_index()
 
 
 def cross_check(runs: Sequence[MeasuredRun], settings: RunSettings = RunSettings()) -> pd.DataFrame:
