@@ -174,3 +174,24 @@ def test_residual_by_batch_and_context_tells_the_costs_apart(name, missing_s, sh
 def test_predict_runs_records_the_steady_state_batch(runs):
     table, _ = cal.predict_runs(runs.runs[:3], method="steady-state")
     assert (table["predicted_batch"] >= 1).all()
+
+
+def test_fit_recovers_planted_large_batch_terms(runs):
+    """Synthetic runs at three client counts whose 'measurements' are the model's own at a planted
+    per-sequence cost and KV-read efficiency: fitting just those two from FIT_START recovers them."""
+    truth = cal.settings_from({"sequence_overhead_s": 25e-6, "attention_memory": 0.15})
+    synth = []
+    for r in (x for x in runs.runs if x.model in ("deepseek-v3", "llama-3.1-70b")):
+        for n in (8, 96, 384):
+            run = dataclasses.replace(r, concurrency=n, max_batch=0)
+            p = cal.steady_state_run(run, truth)
+            synth.append(dataclasses.replace(run, tpot_s=p["tpot_s"], ttft_s=p["ttft_s"]))
+    fit = cal.fit_calibration(synth, max_nfev=10, choose_kv=False, published=(),
+                              free=("sequence_overhead_s", "attention_memory"))
+    assert fit.params["sequence_overhead_s"] == pytest.approx(25e-6, rel=0.15)
+    assert fit.params["attention_memory"] == pytest.approx(0.15, rel=0.15)
+    # the parameters not freed stay at the start, with no standard error
+    assert fit.params["memory"] == cal.params_of(cal.FIT_START)["memory"] and fit.std_error["memory"] == 0.0
+    assert np.median(np.abs(cal._log_residuals(synth, fit.settings))) < 0.01
+    with pytest.raises(ConfigError, match="free"):
+        cal.fit_calibration(synth, free=("no_such_parameter",))
