@@ -2,6 +2,7 @@
 registry's controller decides, rejections carry a reason, every request is accounted for."""
 
 import asyncio
+import json
 import math
 
 import aiohttp
@@ -96,9 +97,10 @@ class _Scripted:
         return AdmissionAction(self.rate, self.bound)
 
 
-def test_deferral_ends_at_the_class_deadline(sc):
+def test_deferral_ends_at_the_class_deadline(sc, tmp_path):
     async def main():
-        async with emulator_and_gateway(sc, controller=_Scripted(gate=True)) as (eu, gu, em, gw):
+        async with emulator_and_gateway(sc, controller=_Scripted(gate=True),
+                                        request_log=str(tmp_path / "g.jsonl")) as (eu, gu, em, gw):
             gw.max_defer[gw.top] = 0.4
             async with aiohttp.ClientSession() as s:
                 t0 = asyncio.get_running_loop().time()
@@ -109,6 +111,8 @@ def test_deferral_ends_at_the_class_deadline(sc):
     (status, reason, waited), acc, deferred = asyncio.run(main())
     assert (status, reason) == (429, "deferral_expired")
     assert 0.35 <= waited <= 1.0 and deferred == 1 and acc["balanced"]
+    (line,) = [json.loads(x) for x in (tmp_path / "g.jsonl").read_text().splitlines()]
+    assert (line["status"], line["reason"], line["deferred"]) == ("rejected", "deferral_expired", True)
 
 
 def test_a_rate_controller_queues_within_its_bound(sc):
@@ -125,3 +129,31 @@ def test_a_rate_controller_queues_within_its_bound(sc):
     assert codes.count(200) >= 2 and codes.count(429) >= 1
     assert all(r[2]["reason"] == "backlog_over_bound" for r in res if r[0] == 429)
     assert acc["balanced"] and acc["completed"] + acc["rejected"] == 8
+
+
+def test_request_logs_of_gateway_and_emulator_join_by_request_id(sc, tmp_path):
+    gw_log, em_log = tmp_path / "gateway.jsonl", tmp_path / "emulator.jsonl"
+
+    async def main():
+        async with emulator_and_gateway(sc, emulator_log=str(em_log), request_log=str(gw_log)) as (eu, gu, em, gw):
+            async with aiohttp.ClientSession() as s:
+                body = {"prompt_token_ids": list(range(500)), "max_tokens": 5, "stream": True}
+                res = await asyncio.gather(*(_tokens(s, gu + "/v1/completions", body, {"x-request-id": f"r{k}"})
+                                             for k in range(3)))
+            return res, em.engine.times(0)
+
+    res, times = asyncio.run(main())
+    assert [r[0] for r in res] == [200] * 3
+    g = {r["request_id"]: r for r in map(json.loads, gw_log.read_text().splitlines())}
+    e = {r["request_id"]: r for r in map(json.loads, em_log.read_text().splitlines())}
+    assert set(g) == set(e) == {"r0", "r1", "r2"}
+    for rid in g:
+        gr, er = g[rid], e[rid]
+        assert gr["status"] == "completed" and gr["deferred"] is False and er["tokens_written"] == 5
+        # each hop after the one before it (unix stamps of one machine; monotonic clocks
+        # mapped once to unix by each process, hence the 1 ms allowances)
+        assert gr["arrived_unix_s"] <= gr["sent_unix_s"] <= er["received_unix_s"] + 1e-3 <= er["arrival_unix_s"] + 2e-3
+        assert er["arrival_unix_s"] <= er["first_token_unix_s"] <= er["first_write_unix_s"] + 1e-3
+        assert er["first_write_unix_s"] <= gr["first_token_unix_s"] + 1e-3
+        assert er["first_token_unix_s"] - er["arrival_unix_s"] > 0
+    assert times.first_token_s > times.arrival_s  # the log's engine times are the engine's records

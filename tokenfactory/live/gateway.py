@@ -91,7 +91,10 @@ class Gateway:
     request_log : str, optional
         A file to append one JSON line per finished request to: ``class``, ``status``
         (``completed``, ``rejected``, ``failed_upstream``), ``reason``, ``arrived_unix_s``,
-        ``sent_unix_s``, ``first_token_unix_s``, ``end_unix_s``, ``prompt_tokens``, ``chunks``.
+        ``sent_unix_s``, ``first_token_unix_s``, ``end_unix_s``, ``prompt_tokens``, ``chunks``,
+        ``request_id`` (the client's ``x-request-id`` header, or null) and ``deferred`` (held for a
+        later sample before its decision): what separates the client's lateness, the gateway's
+        decision time and the upstream's time when a run is taken apart.
     """
 
     def __init__(self, scenario: LiveScenario, upstreams: list[str], controller=None, open_gate: bool = False,
@@ -123,6 +126,7 @@ class Gateway:
         # own counts
         self.backlog: deque = deque()       # rate controllers: (future) waiting for a token
         self.held = 0                       # deferred, waiting for the next sample
+        self._was_held: set = set()         # ids of arrivals being decided that were deferred once
         self.in_flight = 0                  # sent upstream, not finished
         self.prefilling = 0                 # sent, no first token yet
         self.prefill_tokens = 0             # their prompt tokens
@@ -222,13 +226,15 @@ class Gateway:
             self.log = None
 
     def _log(self, cls: str, status: str, reason: str, arrived: float, sent: float = math.nan,
-             first: float = math.nan, prompt: int = 0, chunks: int = 0) -> None:
+             first: float = math.nan, prompt: int = 0, chunks: int = 0, request_id: str | None = None,
+             deferred: bool = False) -> None:
         if self.log is None:
             return
         u = self.unix0
         self.log.write(json.dumps({"class": cls, "status": status, "reason": reason, "arrived_unix_s": u + arrived,
                                    "sent_unix_s": u + sent, "first_token_unix_s": u + first,
-                                   "end_unix_s": u + self.now(), "prompt_tokens": prompt, "chunks": chunks}) + "\n")
+                                   "end_unix_s": u + self.now(), "prompt_tokens": prompt, "chunks": chunks,
+                                   "request_id": request_id, "deferred": deferred}) + "\n")
 
     async def _scrape_one(self, u: _Upstream) -> None:
         try:
@@ -347,8 +353,8 @@ class Gateway:
 
     # -- a request ----------------------------------------------------------------------------
     def _reject(self, cls: str, reason: str, status: int = 429, retry_s: float = 1.0,
-                arrived: float = math.nan) -> web.Response:
-        self._log(cls, "rejected", reason, arrived)
+                arrived: float = math.nan, request_id: str | None = None, deferred: bool = False) -> web.Response:
+        self._log(cls, "rejected", reason, arrived, request_id=request_id, deferred=deferred)
         self.c_rejected.inc(1.0, {"request_class": cls, "reason": reason})
         self.ended["rejected"] += 1
         self.deciding -= 1
@@ -372,6 +378,7 @@ class Gateway:
                 if d.verdict == "defer" and self.now() < deadline:
                     if not deferred:
                         deferred = True
+                        self._was_held.add(id(arrival))
                         self.c_deferred.inc(1.0, {"request_class": cls})
                     self.held += 1
                     try:
@@ -430,27 +437,32 @@ class Gateway:
             self.c_rejected.inc(1.0, {"request_class": cls, "reason": "bad_request"})
             return web.json_response({"object": "error", "message": str(e), "reason": "bad_request", "code": 400},
                                      status=400)
+        rid = request.headers.get("x-request-id")
         if self._pick() is None:
-            return self._reject(cls, "upstream_unavailable", 503, self.scrape_s)
+            return self._reject(cls, "upstream_unavailable", 503, self.scrape_s, request_id=rid)
         arrival = Arrival(cls, prompt, 0, float(max_tokens or self.nominal_output), self.now())
         try:
             ok, reason = await self._decide(cls, arrival)
         except asyncio.CancelledError:  # the client left while held: a rejection it will not read
-            self._reject(cls, "deferral_expired")
+            self._was_held.discard(id(arrival))
+            self._reject(cls, "deferral_expired", request_id=rid, deferred=True)
             raise
+        deferred = id(arrival) in self._was_held
+        self._was_held.discard(id(arrival))
         if not ok:
             retry = self.max_defer.get(cls, 0.0) if reason == "deferral_expired" else self.period
-            return self._reject(cls, reason, 429, retry, arrival.arrived_s)
+            return self._reject(cls, reason, 429, retry, arrival.arrived_s, rid, deferred)
         u = self._pick()
         if u is None:  # every upstream went down while it was held
-            return self._reject(cls, "upstream_unavailable", 503, self.scrape_s)
+            return self._reject(cls, "upstream_unavailable", 503, self.scrape_s, request_id=rid, deferred=deferred)
         self.c_admitted.inc(1.0, {"request_class": cls})
         self.admitted_since += 1
         return await self._proxy(request, u, path, raw, cls, prompt, bool(body.get("stream", False)),
-                                 arrival.arrived_s)
+                                 arrival.arrived_s, rid, deferred)
 
     async def _proxy(self, request, u: _Upstream, path: str, raw: bytes, cls: str, prompt: int,
-                     stream: bool, arrived: float) -> web.StreamResponse:
+                     stream: bool, arrived: float, request_id: str | None = None,
+                     deferred: bool = False) -> web.StreamResponse:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         u.in_flight += 1
         self.in_flight += 1
@@ -492,7 +504,7 @@ class Gateway:
                 self.decoding -= 1
             self.ended[outcome] += 1
             (self.c_completed if outcome == "completed" else self.c_failed).inc(1.0, {"request_class": cls})
-            self._log(cls, outcome, "", arrived, t_sent, first, prompt, events)
+            self._log(cls, outcome, "", arrived, t_sent, first, prompt, events, request_id, deferred)
             if outcome == "completed":
                 self.completed_since += 1
                 tokens = events - 1 - (path.endswith("chat/completions"))  # [DONE] and chat's role chunk
