@@ -528,7 +528,7 @@ def _pass_law_from_tokens(col: dict, t: np.ndarray, running: np.ndarray, workers
         how = f"less prefilling by Little's law on vLLM's prefill time (observed {d_s:.2f} s later)"
     else:
         prefilling = np.zeros(len(k))
-        how = "running as reported (no prefill series: a prefilling request counts as decoding)"
+        how = "as reported (no prefill series: a prefilling request counts as decoding)"
         notes.append("pass-time law: no prefilling count or vllm:request_prefill_time_seconds: the decode batch "
                      "includes the requests in their prefill (biased high)")
     tokens = (gen[k] - gen[j]) / dt
