@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from tokenfactory.live.exposition import parse_text, sample_value
-from tokenfactory.live.gateway import GATEWAY_KEY, REASON_HEADER, gateway_app
+from tokenfactory.live.gateway import GATEWAY_KEY, REASON_HEADER, Gateway, gateway_app
 from tokenfactory.live.prometheus_server import free_port
 from tokenfactory.live.live_scenario import load_live_scenario
 from tokenfactory.core.signals import AdmissionAction, Decision
@@ -157,3 +157,24 @@ def test_request_logs_of_gateway_and_emulator_join_by_request_id(sc, tmp_path):
         assert er["first_write_unix_s"] <= gr["first_token_unix_s"] + 1e-3
         assert er["first_token_unix_s"] - er["arrival_unix_s"] > 0
     assert times.first_token_s > times.arrival_s  # the log's engine times are the engine's records
+
+
+def test_measurement_is_the_simulators_when_the_upstream_publishes_it(sc):
+    gw = Gateway(sc, ["http://127.0.0.1:9"])  # no I/O until started
+    u = gw.upstreams[0]
+    u.healthy, u.scraped_s = True, gw.now()
+    L = 'model_name="m"'
+    emulator = "\n".join([*(f'tokenfactory:emulator_requests{{{L},stage="{k}"}} {v}' for k, v in (
+        ("fill_queue", 2), ("prefilling", 1), ("transfer", 1), ("ready", 0), ("decoding", 20))),
+        f"tokenfactory:emulator_fill_queued_tokens{{{L}}} 9500", f"tokenfactory:emulator_decode_pass_seconds{{{L}}} "
+        "0.061"]) + "\n"
+    u.samples = parse_text(emulator)
+    gw.tpot_sum, gw.tpot_n = 0.5, 2  # the streams' figure is not used when the upstream publishes its own
+    m = gw.measurement()
+    assert (m.fill_queued_tokens, m.decode_pass_s, m.active_decodes) == (9500.0, 0.061, 20.0)
+    # a vLLM upstream: the waiting requests' prompts, the streams' pass time, held through an empty sample
+    u.samples = parse_text("vllm:num_requests_running 12\nvllm:num_requests_waiting 3\n")
+    gw.tpot_sum, gw.tpot_n = 0.14, 2
+    m = gw.measurement()
+    assert m.fill_queued_tokens == 3 * sc.live["prompt_tokens"] and m.decode_pass_s == pytest.approx(0.07)
+    assert gw.measurement().decode_pass_s == pytest.approx(0.07)  # no stream finished in this sample

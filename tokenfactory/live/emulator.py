@@ -162,6 +162,11 @@ class Emulator:
         # the emulator's own figures (pools as the scenario has them; what identify is checked against)
         PL = ("model_name", "pool")
         self.g_workers = r.gauge("tokenfactory:emulator_workers", "Serving workers by pool.", PL)
+        self.g_fill_tokens = r.gauge("tokenfactory:emulator_fill_queued_tokens", "Prompt tokens admitted and not "
+                                     "yet prefilled (the request simulator's measurement).", ("model_name",))
+        self.g_pass = r.gauge("tokenfactory:emulator_decode_pass_seconds", "Mean pass time of the busy decode "
+                              "workers now (s; NaN when none decodes; the request simulator's measurement).",
+                              ("model_name",))
         self.g_stage = r.gauge("tokenfactory:emulator_requests", "Requests by stage (fill_queue, prefilling, "
                                "transfer, ready, decoding).", ("model_name", "stage"))
         # how late the clock loop wakes (a starved process falls behind the wall clock: its timing
@@ -282,6 +287,9 @@ class Emulator:
             self._later(now, self.g_running.set, c["decoding"] + c["prefilling"], L)
             self._later(now, self.g_waiting.set, c["fill_queue"] + c["backlog"] + c["transfer"] + c["ready"], L)
             self._later(now, self.g_kv.set, eng.kv_usage(), L)
+            ML = {"model_name": self.model_name}
+            self._later(now, self.g_fill_tokens.set, eng.fill_queued_tokens(), ML)
+            self._later(now, self.g_pass.set, eng.decode_pass_now(), ML)
             for st in ("fill_queue", "prefilling", "transfer", "ready", "decoding"):
                 self._later(now, self.g_stage.set, c[st], {"model_name": self.model_name, "stage": st})
             pre = int(eng.rec.preemptions[:eng.used].sum()) if eng.used else 0

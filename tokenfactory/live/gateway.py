@@ -15,8 +15,17 @@ What the controller sees (:class:`tokenfactory.core.signals.Measurement`, one pe
   is the in-flight credit of gateway-api-inference-extension PR #2066 (requests dispatched since
   the metrics were produced count against the backend at once);
 * its own counts: requests it holds (backlog, deferred), arrival, admission and completion rates
-  over the sample, and the measured TPOT of the streams passing through (mean over the sample,
-  the decode pass time a sequence sees).
+  over the sample;
+* the quantities the request simulator's measurement holds, when the upstream publishes them (the
+  emulator: ``tokenfactory:emulator_fill_queued_tokens``, the prompt tokens still to prefill, and
+  ``tokenfactory:emulator_decode_pass_seconds``, the busy decode workers' pass time now), so the
+  controller sees on the wire what it sees in simulation. Otherwise (vLLM) the queued tokens are
+  the waiting requests x their prompt, and the pass time is the streams' own: the mean gap from a
+  stream's second token to its last over the streams finished in the sample (the last value held
+  through a sample without one). A whole request's TPOT would also carry its wait for a decode
+  slot after the first token and overstate the pass time at saturation (before, the gateway fed
+  that TPOT, the controller's default pass time in a sample with none, and counted transferring
+  and half-prefilled requests with their whole prompt: figures the simulator's gate never sees).
 
 Decisions. A controller with ``decide`` (SLO-aware admission) answers each arrival: admit, defer
 (held, offered again at every sample until the class's ``max_defer_s``) or reject. Any other
@@ -168,8 +177,9 @@ class Gateway:
         self.g_prefill = r.gauge("tokenfactory:gateway_prefilling", "Requests sent upstream with no first token "
                                  "yet (the gateway's own count).")
         self.g_prefill.set_function(lambda: self.prefilling)
-        self.g_tpot = r.gauge("tokenfactory:gateway_measured_tpot_seconds", "Mean TPOT of the streams finished in "
-                              "the last sample (s).")
+        self.g_tpot = r.gauge("tokenfactory:gateway_measured_tpot_seconds", "The decode pass time the controller "
+                              "saw in the last sample (s; the upstream's, else the streams' gaps after their "
+                              "second token).")
         self.g_in_flight.set_function(lambda: self.in_flight)
         self.g_held.set_function(lambda: self.held + len(self.backlog))
         self.g_pred.set_function(lambda: self.predicted_ttft)
@@ -264,8 +274,10 @@ class Gateway:
         t = self.now()
         T = self.period
         ups = [u for u in self.upstreams if u.healthy and u.samples]
-        fill_q = ready = decoding = 0.0
+        fill_q = ready = decoding = tokens = 0.0
         fill_w = dec_w = 0.0
+        passes = []
+        prompt = float(self.sc.live["prompt_tokens"])
         stamp = min((u.scraped_s for u in ups), default=t) - self.delay_s
         for u in ups:
             s = u.samples
@@ -275,19 +287,28 @@ class Gateway:
                 fill_q += st["fill_queue"] + st["prefilling"] + st["transfer"]
                 ready += st["ready"]
                 decoding += st["decoding"]
+                tok = sample_value(s, "tokenfactory:emulator_fill_queued_tokens")
+                tokens += tok if tok == tok else (st["fill_queue"] + st["prefilling"]) * prompt
+                ps = sample_value(s, "tokenfactory:emulator_decode_pass_seconds")
+                if ps == ps:
+                    passes.append(ps)
             else:  # a vLLM server: running sequences decode, waiting ones wait for prefill
                 decoding += sample_value(s, "vllm:num_requests_running", 0.0)
-                fill_q += sample_value(s, "vllm:num_requests_waiting", 0.0)
+                waiting = sample_value(s, "vllm:num_requests_waiting", 0.0)
+                fill_q += waiting
+                tokens += waiting * prompt
             fw = sample_value(s, "tokenfactory:emulator_workers", pool="fill")
             dw = sample_value(s, "tokenfactory:emulator_workers", pool="decode")
             fill_w += fw if fw == fw else self.sc.cluster.fill_workers
             dec_w += dw if dw == dw else self.sc.cluster.decode_workers
-        tpot = self.tpot_sum / self.tpot_n if self.tpot_n else math.nan
+        if passes:
+            tpot = sum(passes) / len(passes)
+        else:  # the streams' pass time, held through a sample in which none finished
+            tpot = self.tpot_sum / self.tpot_n if self.tpot_n else self._last_tpot
         # slots: KV's, under the batch cap in force (the gate's, else the scenario's)
         cap = self.batch_cap if self.batch_cap == self.batch_cap else (self.sc.cluster.batch_cap or math.inf)
         slots_per_worker = min(self.kv_slots_per_worker, cap)
         self._last_tpot = tpot
-        tokens = fill_q * self.sc.live["prompt_tokens"]
         m = Measurement(time_s=stamp, backlog=float(len(self.backlog) + self.held), fill_in_progress=fill_q,
                         ready=ready, active_decodes=decoding, completion_rate=self.completed_since / T,
                         admitted_rate=self.admitted_since / T, decode_slots=dec_w * slots_per_worker,
@@ -470,8 +491,9 @@ class Gateway:
         self.prefilling += 1
         self.prefill_tokens += prompt
         t_sent = self.now()
-        first = math.nan
+        first = second = math.nan
         events = 0
+        second_at = 3 if path.endswith("chat/completions") else 2  # events up to the second token
         resp = None
         outcome = "failed_upstream"
         try:
@@ -486,6 +508,8 @@ class Gateway:
                         self.prefill_tokens -= prompt
                         self.decoding += 1
                     events += chunk.count(b"data: ") if stream else 0
+                    if second != second and events >= second_at:
+                        second = self.now()
                     await resp.write(chunk)
                 await resp.write_eof()
                 outcome = "completed" if up.status < 400 else "failed_upstream"
@@ -508,8 +532,8 @@ class Gateway:
             if outcome == "completed":
                 self.completed_since += 1
                 tokens = events - 1 - (path.endswith("chat/completions"))  # [DONE] and chat's role chunk
-                if first == first and tokens > 1:
-                    self.tpot_sum += (self.now() - first) / (tokens - 1)
+                if second == second and tokens > 2:  # passes after the slot wait (module notes)
+                    self.tpot_sum += (self.now() - second) / (tokens - 2)
                     self.tpot_n += 1
         return resp
 
