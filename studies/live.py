@@ -12,7 +12,16 @@ recorded by a real Prometheus, against the request simulator on the same arrival
     the emulator) at the overload; the same arrivals through the request simulator with the same
     scenario and the same registered controller (none without the gateway). TTFT p50 / p99 of
     completed requests and goodput (completed requests meeting the TTFT and TPOT SLO per second of
-    arrivals), live over simulated.
+    arrivals), live over simulated. "The same arrivals" are those the gate actually saw (the
+    gateway's log; the emulator's without a gateway): a client that falls behind its schedule
+    sends a different load than planned, so the simulator runs both (``simact_*``, the ratios;
+    ``sim_*``, the ``*_ratio_planned``). Locust's schedule starts once its users have spawned.
+    The client's, the gateway's and the emulator's request logs, joined by ``x-request-id``,
+    split each first token into hops (``ttft_decomposition.csv``: client lateness, client to
+    gateway, the gateway's decision, gateway to engine, the service model's TTFT, the emulator's
+    tick and loop lag before the first write, back to the gateway and the client), and the
+    gateway's decisions are tallied against the simulator's on the same arrivals
+    (``admission_decisions.csv``).
 (c) **Overload.** Goodput at 2x against 0.9x with the gateway, and without it at 2x, live and
     simulated.
 
