@@ -57,3 +57,17 @@ def test_builder_reads_its_default_from_the_settings(ctx, monkeypatch, kind, key
     monkeypatch.setitem(spec, key, setting(value, **spec[key].metadata))
     got = build_admission(kind, ctx, {})
     assert getattr(got, attr) == value
+
+
+def test_slo_aware_admission_reads_compared_fields_not_provenance(ctx):
+    # two plants equal in every compared field are the same plant: the controller built for one
+    # is the one built for the other (provenance is compared by nothing, so nothing may read it)
+    import dataclasses
+
+    from tokenfactory.registry import slo_aware_admission
+
+    other = dataclasses.replace(ctx.params, provenance={"shape": {"prompt_tokens": 1}})
+    assert other == ctx.params
+    a = slo_aware_admission(ctx, {"batch_gate": False})
+    b = slo_aware_admission(dataclasses.replace(ctx, params=other), {"batch_gate": False})
+    assert a.config == b.config

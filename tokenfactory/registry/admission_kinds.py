@@ -377,7 +377,7 @@ def slo_aware_admission(ctx: PlantContext, p: Mapping[str, Any] | None = None,
         cached_cost = svc.fill_s_per_cached_token * token_rate
         transfer = svc.kv_transfer_s(svc.kv_blob_bytes)
     else:
-        prompt = float((fp.provenance or {}).get("shape", {}).get("prompt_tokens", 1.0))
+        prompt = fp.prompt_tokens if fp.prompt_tokens > 0 else 1.0  # a compared field, not the provenance
         token_rate, step, cached_cost, transfer = fp.fill_rate_per_worker * prompt, fp.fill_latency_s, 0.0, \
             fp.kv_transfer_s
         chunk = math.inf

@@ -16,8 +16,8 @@ from tokenfactory.plant_models.fleet import PoolDynamics
 from tokenfactory.plant_models.fluid import FluidParams, FluidPlant
 
 __all__ = ["PlantContext", "ControllerKind", "register", "ADMISSION_KINDS", "AUTOSCALER_KINDS", "build_admission",
-           "build_autoscalers", "admission_kinds", "autoscaler_kinds", "with_defaults", "TARGET_UTILIZATION", "RECOMMENDED_ADMISSION",
-           "DEFAULT_TPOT_FRACTION"]
+           "build_autoscalers", "admission_kinds", "autoscaler_kinds", "with_defaults", "TARGET_UTILIZATION",
+           "RECOMMENDED_ADMISSION", "DEFAULT_TPOT_FRACTION"]
 
 #: the admission kind tokenfactory recommends (``simulate`` uses it when ``--admission`` is omitted)
 RECOMMENDED_ADMISSION = "slo-aware"
