@@ -164,10 +164,10 @@ def _dominant_period_s(x, dt):
     return 1.0 / f[1 + int(np.argmax(pxx[1:]))]
 
 
-def test_agreement_on_which_loops_oscillate(prefit):
+def _oscillation_agreement(prefit, seeds):
     """At 1.05 x decode capacity (pre-fit rates, see ``prefit``) the naive loop cycles at the fluid
-    model's period in the request simulator too, and the smoothed loop does not cycle, on three
-    seeded traces.
+    model's period in the request simulator too, and the smoothed loop does not cycle, on each seeded
+    trace; returns how many seeds the detector's full verdict calls regular.
 
     The stochastic naive loop's cycle is less regular than the fluid one's (completion counts are
     Poisson-noisy and fill adds chunking delay): over a 240 s window Thornhill's regularity index
@@ -186,7 +186,7 @@ def test_agreement_on_which_loops_oscillate(prefit):
         fluid[name] = assess(f.sampled("ready", 0.1, 60), 0.1, min_amplitude=1.0)
     assert fluid["naive"].oscillating and not fluid["smoothed"].oscillating
     regular = 0
-    for seed in (1, 2, 3):
+    for seed in seeds:
         tr = poisson_trace(1.05 * c, 300.0, seed)
         for name, sc in (("naive", naive_scenario), ("smoothed", smoothed_scenario)):
             d = simulate(tr, params, cl, sc.controller).series
@@ -199,7 +199,18 @@ def test_agreement_on_which_loops_oscillate(prefit):
                 regular += v.oscillating
             else:
                 assert not v.oscillating and peak < 0.4, f"seed {seed}: {v}"
-    assert regular >= 1
+    return regular
+
+
+def test_agreement_on_which_loops_oscillate(prefit):
+    # one seed in the default run: every per-seed assertion (the naive spectrum at the fluid period,
+    # the smoothed loop quiet) on the same code path as the slow three-seed test below
+    _oscillation_agreement(prefit, (1,))
+
+
+@pytest.mark.slow
+def test_agreement_on_which_loops_oscillate_on_three_seeds(prefit):
+    assert _oscillation_agreement(prefit, (1, 2, 3)) >= 1
 
 
 def test_prefix_hit_ratio_on_mooncake(params):
