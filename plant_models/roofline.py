@@ -271,7 +271,9 @@ class Efficiency:
     default: the chunk spread evenly, as a fill step is) is the part of a mixed pass's chunk of
     ``C`` tokens beyond an even share that lands on the busiest of ``D = ep / tp`` replicas: that
     replica prefills ``C / D + u C (1 - 1 / D)`` tokens (u = 1: the whole chunk on one replica).
-    It does not act without attention DP (D = 1) nor in decode-only or fill passes.
+    Its attention and its dense FFN layers and routers (replica-local work) are timed for those
+    tokens; the experts see the pass's tokens as before. It does not act without attention DP
+    (D = 1) nor in decode-only or fill passes.
 
     Parameters
     ----------
@@ -1182,9 +1184,15 @@ class Worker:
         microbatches = int(min(p.pp, max(1, math.floor(batch))))
         micro, piece = batch / microbatches, chunk_tokens / microbatches
         tokens = micro + piece
+        # dense FFN layers and routers run on each attention replica's own tokens (sharded over its
+        # tp GPUs), so with attention-DP imbalance the busiest replica's chunk sets their time too:
+        # timed as the even spread of D x its piece (the defaults' form exactly without imbalance)
+        dense_tokens = tokens
+        if self.efficiency.attention_dp_imbalance and p.dp_attention > 1:
+            dense_tokens = micro + p.dp_attention * self.busiest_chunk_tokens(piece)
         ph = (self._mixed_attention_phase(micro, context_tokens, piece),
               self._expert_phase(tokens, per_node_dedup=True),
-              self._dense_phase(tokens, micro + p.dp_attention))
+              self._dense_phase(dense_tokens, micro + p.dp_attention))
         return PassTime("mixed", ph, tokens, micro, microbatches, self.num_gpus, p.pp,
                         (self._stage_time(ph, micro),), self.handoff_s(tokens), self.fixed_stage_s)
 
