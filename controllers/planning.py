@@ -92,7 +92,7 @@ from tokenfactory.core.signals import Measurement, ScaleAction
 from tokenfactory.core.validation import ConfigError, check_int, check_number
 
 __all__ = ["DemandPlanner", "PlannedPoolController", "rise_profile", "calibrate_headroom", "interval_volatility",
-           "correction_certificate", "lead_forecast_error", "HEADROOM_GRID", "VOLATILITY_SCALE_BOUNDS", "EXCESS_BUDGET_SHARE"]
+           "correction_certificate", "lead_forecast_error", "rising_trend", "hour_phase_scale", "HEADROOM_GRID", "VOLATILITY_SCALE_BOUNDS", "EXCESS_BUDGET_SHARE"]
 
 DAY_S = 86400.0
 #: the share of the SLO's miss budget (1 - attainment) the headroom's replay may leave unserved.
@@ -121,6 +121,17 @@ def _ahead_max(v: np.ndarray, k: int) -> np.ndarray:
     size = k + 1
     # maximum_filter1d centres its window on i (origin 0); origin -(size // 2) moves it to [i, i + k]
     return maximum_filter1d(v, size=size, origin=-(size // 2), mode="nearest")
+
+
+def rising_trend(v: np.ndarray, k: int) -> np.ndarray:
+    """max(v, v + (v - v k points earlier)) for every point: the rise of the last k points carried
+    on for k more (Holt's linear trend with the smoothing left to the measured rate's filter,
+    Hyndman & Athanasopoulos, FPP 3rd ed., sec. 8.2), falls not extrapolated (the pool holds for
+    the dwell anyway). Before the first k points: v."""
+    if k <= 0:
+        return v.copy()
+    back = np.r_[v[:1].repeat(k), v[:-k]]
+    return np.maximum(v, 2.0 * v - back)
 
 
 def rise_profile(demand: pd.Series, lead_s: float, *, days: int = 3, fine_s: float = 60.0,
@@ -221,6 +232,65 @@ def interval_volatility(demand: pd.Series, window_s: float) -> pd.Series:
     return pd.Series(np.r_[np.nan, s], index=demand.index)
 
 
+#: the period of the headroom's phase scale (s): jobs scheduled by the clock start on the hour
+HOUR_S = 3600.0
+
+
+def hour_phase_scale(demand: pd.Series, profile: pd.Series | None, lead_s: float, *, days: int = 3,
+                     interval_s: float = 600.0, fine_s: float = 60.0, time_offset_s: float = 0.0) -> np.ndarray:
+    """w(p): how the plan's lead error depends on the phase of the hour, one weight per planning
+    interval of the hour (p = floor((t mod 1 h) / interval_s)), mean 1 before the clip.
+
+    The lead error is e(u) = log(demand(u + lead) / (demand(u) rho(u))), the error of the pool
+    rule's forecast made at u (the headroom covers its upper tail); w(p) is the root mean square
+    of its positive part over the decisions of phase p on the last ``days`` days, over the mean of
+    those, clipped to :data:`VOLATILITY_SCALE_BOUNDS`. The optimal allocation of a fixed
+    unserved budget gives every decision the same exceedance probability (minimising sum(capacity)
+    + lambda sum(E[(demand - capacity)+]) sets P(demand > capacity) = 1 / lambda at every t), so
+    for errors of one shape the headroom goes in proportion to their scale: a tenant's clock-driven
+    jobs make the scale depend on the minute of the hour (on ServeGen m-large decisions at :10-:30
+    carry three times the mean positive error of the others).
+
+    Parameters
+    ----------
+    demand : pandas.Series
+        Offered demand (requests/s), regular grid, absolute time index (s).
+    profile : pandas.Series or None
+        The rise profile (None: rho = 1).
+    lead_s : float
+        The lead (s).
+    days : int
+        Days used (the last ones).
+    interval_s, fine_s : float
+        The planner's interval (the phase's width) and the replay grid (s).
+    time_offset_s : float
+        Added to the index.
+
+    Returns
+    -------
+    numpy.ndarray
+        w per phase (length 3600 / ``interval_s``, rounded up).
+    """
+    n = max(1, int(math.ceil(HOUR_S / interval_s)))
+    t, v = _fine(demand, fine_s)
+    t = t + time_offset_s
+    k = max(int(round(lead_s / fine_s)), 0)
+    i = np.nonzero(t >= t[-1] - days * DAY_S)[0]
+    i = i[i + k < len(v)]
+    if len(i) < n:
+        return np.ones(n)
+    base = v[i]
+    if profile is not None:
+        base = base * profile.to_numpy()[np.mod(np.round(t[i] / fine_s).astype(np.int64), len(profile))]
+    e = np.maximum(np.log(np.maximum(v[i + k], 1e-9) / np.maximum(base, 1e-9)), 0.0)
+    ph = np.minimum((np.mod(t[i], HOUR_S) // interval_s).astype(np.int64), n - 1)
+    rms = np.array([math.sqrt(float(np.mean(e[ph == p] ** 2))) if np.any(ph == p) else math.nan for p in range(n)])
+    ref = float(np.nanmean(rms)) if np.isfinite(rms).any() else 0.0
+    if not ref > 0:
+        return np.ones(n)
+    return np.clip(np.where(np.isfinite(rms), rms / ref, 1.0), *VOLATILITY_SCALE_BOUNDS)
+
+
 #: how many time constants of past intervals the live scale is computed over (e^-6: the rest)
 _VOLATILITY_SPAN = 6.0
 
@@ -228,7 +298,8 @@ _VOLATILITY_SPAN = 6.0
 def calibrate_headroom(demand: pd.Series, profile: pd.Series | None, lead_s: float, *, excess_budget: float,
                        utilization: float = 1.0, hold_s: float = 0.0, days: int = 3, fine_s: float = 60.0,
                        time_offset_s: float = 0.0, grid=HEADROOM_GRID,
-                       scale: pd.Series | None = None, correction=None) -> tuple[float, float]:
+                       scale: pd.Series | None = None, correction=None, trend_s: float = 0.0,
+                       phase_scale: np.ndarray | None = None, interval_s: float = 600.0) -> tuple[float, float]:
     """The smallest headroom whose replay leaves at most ``excess_budget`` of the demand unserved.
 
     The replayed rule is the pool rule of :class:`PlannedPoolController` with perfect measurement
@@ -266,6 +337,12 @@ def calibrate_headroom(demand: pd.Series, profile: pd.Series | None, lead_s: flo
     correction : callable, optional
         ``correction(times, rates) -> factors``: the lead correction of the forecast
         (:meth:`DemandPlanner.lead_correction`), applied to the base at each decision time.
+    trend_s : float
+        The pool rule's rising trend (:func:`rising_trend` over ``trend_s``, s, >= 0; 0 = none):
+        the replayed rule sizes for the demand's rise over the last ``trend_s`` carried on for as long.
+    phase_scale : numpy.ndarray, optional
+        The headroom's weight by phase of the hour (:func:`hour_phase_scale`), applied at each
+        decision time with ``interval_s`` the phase's width (s).
 
     Returns
     -------
@@ -281,7 +358,8 @@ def calibrate_headroom(demand: pd.Series, profile: pd.Series | None, lead_s: flo
     use = use[use >= k]
     if not len(use):
         raise ConfigError("planner.history", "too short to replay the pool rule over one lead")
-    base = v[use - k]
+    kt = int(round(check_number("planner.trend_s", trend_s, low=0.0) / fine_s))
+    base = rising_trend(v, kt)[use - k]
     if profile is not None:
         per_day = len(profile)
         tod = np.mod(np.round(t[use - k] / fine_s).astype(np.int64), per_day)
@@ -299,6 +377,10 @@ def calibrate_headroom(demand: pd.Series, profile: pd.Series | None, lead_s: flo
         sv = scale.to_numpy(dtype=float)
         vs = np.where(j_s >= 0, sv[np.clip(j_s, 0, len(sv) - 1)], 1.0)
         vs = np.where(np.isfinite(vs), vs, 1.0)
+    if phase_scale is not None:
+        w = np.asarray(phase_scale, dtype=float)
+        ph = np.minimum((np.mod(t[use - k], HOUR_S) // interval_s).astype(np.int64), len(w) - 1)
+        vs = vs * w[ph]
     j = int(round(check_number("planner.hold_s", hold_s, low=0.0) / fine_s))
 
     def held(x: np.ndarray) -> np.ndarray:  # max over [t - hold, t]: the forward max of the reversed series
@@ -306,7 +388,7 @@ def calibrate_headroom(demand: pd.Series, profile: pd.Series | None, lead_s: flo
 
     want = v[use]
     total = want.sum()
-    const = held(base) if scale is None else None
+    const = held(base) if scale is None and phase_scale is None else None
     h_best, e_best = float(grid[-1]), math.nan
     for h in grid:
         cap = const * (1.0 + h) if const is not None else held(base * (1.0 + h * vs))
@@ -400,6 +482,13 @@ class DemandPlanner(SampledController):
         Athanasopoulos, Forecasting: Principles and Practice, 3rd ed., ch. 9-10: the forecast of an
         AR(1) error h steps ahead is phi^h times the current one), so the plan is multiplied by
         exp((phi^(lead / interval_s) - 1) r(t)); the headroom's replay includes it.
+    trend_s : float
+        The pools' rising trend (s, [0, ``interval_s``]; default 0 = none): a pool sizes for its
+        filtered rate's rise over the last ``trend_s`` carried on for as long
+        (:func:`rising_trend`); the headroom's replay includes it.
+    hour_phase : bool
+        Weight the headroom by the phase of the hour (:func:`hour_phase_scale`, refit daily with
+        the rest; the replay includes it; default False).
     """
 
     name = "planner"
@@ -409,7 +498,8 @@ class DemandPlanner(SampledController):
                  refit_s: float = DAY_S, fine_s: float = 60.0, history: pd.Series | None = None,
                  time_offset_s: float = 0.0, max_headroom: float = HEADROOM_GRID[-1], utilization: float = 1.0,
                  hold_s: float = 0.0, use_profile: bool = True, volatility_window_s: float = 3600.0,
-                 profile_smooth_s: float | None = None, residual_ar1: bool = False):
+                 profile_smooth_s: float | None = None, residual_ar1: bool = False, trend_s: float = 0.0,
+                 hour_phase: bool = False):
         super().__init__(check_number("planner.interval_s", interval_s, low=1.0, high=3600.0))
         self.lead_s = check_number("planner.lead_s", lead_s, low=0.0, high=4 * 3600.0)
         self.excess_budget = check_number("planner.excess_budget", excess_budget, low=0.0, high=0.5,
@@ -431,6 +521,8 @@ class DemandPlanner(SampledController):
             raise ConfigError("planner.volatility_window_s", f"must span at least one interval ({interval_s:g} s) "
                               f"or be 0 (no correction), got {volatility_window_s:g}")
         self.residual_ar1 = bool(residual_ar1)
+        self.trend_s = check_number("planner.trend_s", trend_s, low=0.0, high=interval_s)
+        self.hour_phase = bool(hour_phase)
         if history is not None:
             if not isinstance(history, pd.Series) or history.empty:
                 raise ConfigError("planner.history", "expected a non-empty pandas Series indexed by time_s")
@@ -451,6 +543,7 @@ class DemandPlanner(SampledController):
         self.volatility_scale = 1.0      # v now: s over the last window / volatility_mean
         self._level: np.ndarray | None = None  # median demand by time of day (the AR(1)'s mean), per interval
         self.residual_phi = math.nan     # the residual's AR(1) coefficient per interval (fitted)
+        self.phase_scale: np.ndarray | None = None  # the headroom's weight by phase of the hour (fitted)
         self._last_fit = -math.inf
         self.events: list[dict] = []  # every refit: time, headroom, its replayed excess, peak rise
         self.trace: list[dict] = []   # every sample: time, observed rate, rise, headroom
@@ -468,14 +561,19 @@ class DemandPlanner(SampledController):
         Parameters
         ----------
         t : float
-            Plant time (s; the scale is the one of the last observed interval).
+            Plant time (s; the volatility scale is the one of the last observed interval; the
+            phase weight, with ``hour_phase``, the one of ``t``'s phase of the hour - NaN: none).
 
         Returns
         -------
         float
             A fraction of the planned demand.
         """
-        return self.headroom * self.volatility_scale
+        w = 1.0
+        if self.phase_scale is not None and math.isfinite(t):
+            ph = int(((t + self.time_offset_s) % HOUR_S) // self.interval_s)
+            w = float(self.phase_scale[min(ph, len(self.phase_scale) - 1)])
+        return self.headroom * self.volatility_scale * w
 
     def lead_correction(self, t, rate):
         """The AR(1) lead correction exp((phi^(lead / interval_s) - 1) r), r = log(rate / level(t)).
@@ -563,9 +661,13 @@ class DemandPlanner(SampledController):
         if self.residual_ar1:
             self._fit_residual_ar1(y, days)
             corr = self.lead_correction
+        phase = (hour_phase_scale(y, prof, self.lead_s, days=days, interval_s=self.interval_s, fine_s=self.fine_s)
+                 if self.hour_phase else None)
         h, e = calibrate_headroom(y, prof, self.lead_s, excess_budget=self.excess_budget, days=days,
                                   utilization=self.utilization, hold_s=self.hold_s, fine_s=self.fine_s, grid=grid,
-                                  scale=scale, correction=corr)
+                                  scale=scale, correction=corr, trend_s=self.trend_s, phase_scale=phase,
+                                  interval_s=self.interval_s)
+        self.phase_scale = phase
         self._profile = prof.to_numpy()
         self.headroom, self.replay_excess = h, e
         self.volatility_mean = vmean if scale is not None else math.nan
@@ -609,7 +711,8 @@ class DemandPlanner(SampledController):
                 "sample_period": self.sample_period, "max_headroom": self.max_headroom,
                 "utilization": self.utilization, "hold_s": self.hold_s, "use_profile": self.use_profile,
                 "volatility_window_s": self.volatility_window_s, "profile_smooth_s": self.profile_smooth_s,
-                "residual_ar1": self.residual_ar1,
+                "residual_ar1": self.residual_ar1, "trend_s": self.trend_s,
+                "hour_phase": self.hour_phase,
                 "history_points": 0 if self.history is None else int(len(self.history))}
 
 
@@ -818,20 +921,43 @@ class PlannedPoolController(HystereticPoolController):
         self._passes: float | None = None  # filtered output tokens per request (measured)
         self._t_passes: float | None = None
         self.last_hold = math.nan
+        self._rates: list[tuple[float, float]] = []  # (time, filtered rate) over the planner's trend window
 
     @property
     def headroom(self) -> float:
         """The headroom in force: the planner's (x its volatility scale) once it has fitted, else
         the fixed one; never below ``min_headroom``."""
-        h = self.planner.headroom_at(math.nan) if self.planner is not None else math.nan
+        return self.headroom_in_force(math.nan)
+
+    def headroom_in_force(self, t: float) -> float:
+        """:attr:`headroom` at plant time ``t`` (the planner's phase weight of ``t`` included)."""
+        h = self.planner.headroom_at(t) if self.planner is not None else math.nan
         return max(h if math.isfinite(h) else self.fixed_headroom, self.min_headroom)
 
+    def trend_rate(self, t: float, rate: float) -> float:
+        """The filtered rate with the planner's rising trend: max(rate, 2 rate - the rate
+        ``trend_s`` ago) (:func:`rising_trend`; the rate itself without a trend or until the
+        window has been seen)."""
+        w = self.planner.trend_s if self.planner is not None else 0.0
+        if not w:
+            return rate
+        self._rates.append((t, rate))
+        while len(self._rates) > 2 and self._rates[1][0] <= t - w + 1e-9:
+            self._rates.pop(0)
+        t0, r0 = self._rates[0]
+        if t - t0 < w - 1e-9:
+            return rate
+        return max(rate, 2.0 * rate - r0)
+
     def hold(self, t: float, rate: float) -> float:
-        """The filtered rate x the planner's rise over the lead x its lead correction x (1 + headroom)."""
+        """The filtered rate (with the rising trend) x the planner's rise over the lead x its lead
+        correction x (1 + headroom)."""
         corr = 1.0
         if self.planner is not None and self.planner.residual_ar1:
             corr = self.planner.lead_correction(t + self.planner.time_offset_s, rate)
-        self.last_hold = rate * (self._rise if math.isfinite(self._rise) else 1.0) * corr * (1.0 + self.headroom)
+        rate = self.trend_rate(t, rate)
+        self.last_hold = (rate * (self._rise if math.isfinite(self._rise) else 1.0) * corr
+                          * (1.0 + self.headroom_in_force(t)))
         return self.last_hold
 
     def down_allowed(self, t: float) -> bool:
