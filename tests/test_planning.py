@@ -301,6 +301,7 @@ TEN_MINUTE_ROWS = [
     ("servegen:m-small", 1.0, {}, 1.128, 0.01, 0.99, 1.0001),
     ("servegen:m-large", 5.0, {"residual_ar1": True}, 1.179, 0.01, 0.975, 0.99),
     ("servegen:m-small", 1.0, TREND_AND_PHASE, 1.113, 0.01, 0.99, 1.0001),
+    ("servegen:m-large", 5.0, TREND_AND_PHASE, 1.151, 0.01, 0.985, 1.0001),  # measured 0.99004: at the edge
 ]
 
 
