@@ -68,7 +68,11 @@ dt 2 s, seed 0; GPU-hours / oracle, SLO attainment at 2 / 5 / 10-minute start-up
 
 Both together: m-large x5 1.061 / 0.9987, 1.074 / 0.9921, 1.151 / 0.9900; m-small 1.050 / 0.9996,
 1.057 / 0.9951, 1.113 / 0.9906 - the 10-minute rows 1.9 % / 1.3 % cheaper, the 2-minute ones 1.6 % /
-1.2 % dearer, still short of 1.10. Where the 10-minute cost goes (m-large x5, decode pool, 85 % of
+1.2 % dearer. So each refit keeps the trend only when its replay meets the budget with less
+capacity than without it (at a 2-minute lead the headroom is already 0 and the trend can only add):
+with that rule, both together give m-large x5 1.044 / 0.9955, 1.072 / 0.9907, 1.151 / 0.9900 and
+m-small 1.038 / 0.9965, 1.057 / 0.9951, 1.113 / 0.9906 - no row dearer than the default, every SLO
+>= 0.99 (m-large's 10-minute row at 0.99004, at the edge), the 10-minute rows still short of 1.10. Where the 10-minute cost goes (m-large x5, decode pool, 85 % of
 the GPU-hours; from the run's series and the planner's trace): target utilisation below the ceiling
 x1.026, rise profile x1.041, headroom in force x1.108 (mean 0.126), the rest (whole workers, dead
 band, the hold over falls, the backlog term) x1.052 against the oracle's own x1.061 (whole workers,
@@ -329,7 +333,8 @@ def calibrate_headroom(demand: pd.Series, profile: pd.Series | None, lead_s: flo
                        utilization: float = 1.0, hold_s: float = 0.0, days: int = 3, fine_s: float = 60.0,
                        time_offset_s: float = 0.0, grid=HEADROOM_GRID,
                        scale: pd.Series | None = None, correction=None, trend_s: float = 0.0,
-                       phase_scale: np.ndarray | None = None, interval_s: float = 600.0) -> tuple[float, float]:
+                       phase_scale: np.ndarray | None = None, interval_s: float = 600.0,
+                       with_capacity: bool = False) -> tuple[float, ...]:
     """The smallest headroom whose replay leaves at most ``excess_budget`` of the demand unserved.
 
     The replayed rule is the pool rule of :class:`PlannedPoolController` with perfect measurement
@@ -373,11 +378,14 @@ def calibrate_headroom(demand: pd.Series, profile: pd.Series | None, lead_s: flo
     phase_scale : numpy.ndarray, optional
         The headroom's weight by phase of the hour (:func:`hour_phase_scale`), applied at each
         decision time with ``interval_s`` the phase's width (s).
+    with_capacity : bool
+        Also return the replayed capacity over the demand (sum over sum) at that headroom.
 
     Returns
     -------
     tuple
-        ``(headroom, excess at that headroom)``; the last grid value if none meets the budget.
+        ``(headroom, excess at that headroom)`` (and the capacity ratio with ``with_capacity``); the
+        last grid value if none meets the budget.
     """
     check_number("planner.excess_budget", excess_budget, low=0.0, high=1.0, low_inclusive=False,
                  high_inclusive=False)
@@ -419,14 +427,15 @@ def calibrate_headroom(demand: pd.Series, profile: pd.Series | None, lead_s: flo
     want = v[use]
     total = want.sum()
     const = held(base) if scale is None and phase_scale is None else None
-    h_best, e_best = float(grid[-1]), math.nan
+    h_best, e_best, c_best = float(grid[-1]), math.nan, math.nan
     for h in grid:
         cap = const * (1.0 + h) if const is not None else held(base * (1.0 + h * vs))
         e = float(np.maximum(want - cap, 0.0).sum() / total) if total > 0 else 0.0
+        c = float(cap.sum() / total) if total > 0 else math.nan
         if e <= excess_budget:
-            return float(h), e
-        e_best = e
-    return h_best, e_best
+            return (float(h), e, c) if with_capacity else (float(h), e)
+        e_best, c_best = e, c
+    return (h_best, e_best, c_best) if with_capacity else (h_best, e_best)
 
 
 def correction_certificate(volatility_window_s: float, interval_s: float = 600.0) -> dict:
@@ -515,7 +524,9 @@ class DemandPlanner(SampledController):
     trend_s : float
         The pools' rising trend (s, [0, ``interval_s``]; default 0 = none): a pool sizes for its
         filtered rate's rise over the last ``trend_s`` carried on for as long
-        (:func:`rising_trend`); the headroom's replay includes it.
+        (:func:`rising_trend`); the headroom's replay includes it, and each refit keeps the trend
+        (:attr:`trend_in_force_s`) only when its replay meets the budget with less capacity than
+        without it.
     hour_phase : bool
         Weight the headroom by the phase of the hour (:func:`hour_phase_scale`, refit daily with
         the rest; the replay includes it; default False).
@@ -574,6 +585,7 @@ class DemandPlanner(SampledController):
         self._level: np.ndarray | None = None  # median demand by time of day (the AR(1)'s mean), per interval
         self.residual_phi = math.nan     # the residual's AR(1) coefficient per interval (fitted)
         self.phase_scale: np.ndarray | None = None  # the headroom's weight by phase of the hour (fitted)
+        self.trend_in_force_s = 0.0      # the trend the pools apply: trend_s when its replay is cheaper, else 0
         self._last_fit = -math.inf
         self.events: list[dict] = []  # every refit: time, headroom, its replayed excess, peak rise
         self.trace: list[dict] = []   # every sample: time, observed rate, rise, headroom
@@ -693,10 +705,17 @@ class DemandPlanner(SampledController):
             corr = self.lead_correction
         phase = (hour_phase_scale(y, prof, self.lead_s, days=days, interval_s=self.interval_s, fine_s=self.fine_s)
                  if self.hour_phase else None)
-        h, e = calibrate_headroom(y, prof, self.lead_s, excess_budget=self.excess_budget, days=days,
-                                  utilization=self.utilization, hold_s=self.hold_s, fine_s=self.fine_s, grid=grid,
-                                  scale=scale, correction=corr, trend_s=self.trend_s, phase_scale=phase,
-                                  interval_s=self.interval_s)
+        kw = dict(excess_budget=self.excess_budget, days=days, utilization=self.utilization, hold_s=self.hold_s,
+                  fine_s=self.fine_s, grid=grid, scale=scale, correction=corr, phase_scale=phase,
+                  interval_s=self.interval_s, with_capacity=True)
+        h, e, cap = calibrate_headroom(y, prof, self.lead_s, **kw)
+        self.trend_in_force_s = 0.0
+        if self.trend_s:
+            # the trend only adds capacity where the headroom is already 0 (short leads): keep it
+            # only when its replay meets the budget with less capacity
+            ht, et, capt = calibrate_headroom(y, prof, self.lead_s, trend_s=self.trend_s, **kw)
+            if capt < cap and et <= self.excess_budget:
+                h, e, self.trend_in_force_s = ht, et, self.trend_s
         self.phase_scale = phase
         self._profile = prof.to_numpy()
         self.headroom, self.replay_excess = h, e
@@ -704,7 +723,8 @@ class DemandPlanner(SampledController):
         self.volatility_scale = self._scale_now(t + self.time_offset_s)
         self.events.append({"time_s": t, "headroom": h, "replay_excess": e, "days": days,
                             "max_rise": float(prof.max()), "mean_rise": float(prof.mean()),
-                            "volatility_mean": self.volatility_mean, "residual_phi": self.residual_phi})
+                            "volatility_mean": self.volatility_mean, "residual_phi": self.residual_phi,
+                            "trend_s": self.trend_in_force_s})
         return True
 
     def update(self, t: float, m: Measurement) -> None:
@@ -968,7 +988,7 @@ class PlannedPoolController(HystereticPoolController):
         """The filtered rate with the planner's rising trend: max(rate, 2 rate - the rate
         ``trend_s`` ago) (:func:`rising_trend`; the rate itself without a trend or until the
         window has been seen)."""
-        w = self.planner.trend_s if self.planner is not None else 0.0
+        w = self.planner.trend_in_force_s if self.planner is not None else 0.0
         if not w:
             return rate
         self._rates.append((t, rate))

@@ -233,6 +233,7 @@ def test_the_rising_trend_lowers_the_headroom_a_ramp_needs():
 
 def test_the_pool_rule_carries_the_rate_rise_on():
     p = DemandPlanner(lead_s=670.0, trend_s=300.0)
+    p.trend_in_force_s = 300.0  # what a refit that found the trend cheaper sets
     c = PlannedPoolController("fill", 10.0, planner=p, target_utilization=1.0, filter_s=0.0, sample_period=10.0)
     assert c.trend_rate(0.0, 100.0) == 100.0      # no window seen yet: the rate
     assert c.trend_rate(200.0, 110.0) == 110.0
@@ -241,6 +242,16 @@ def test_the_pool_rule_carries_the_rate_rise_on():
     c.reset()
     assert c.trend_rate(0.0, 50.0) == 50.0
     assert PlannedPoolController("fill", 10.0, planner=DemandPlanner(lead_s=670.0)).trend_rate(0.0, 7.0) == 7.0
+
+
+@pytest.mark.parametrize("lead, kept", [(670.0, True), (60.0, False)])
+def test_the_planner_keeps_the_trend_only_where_its_replay_is_cheaper(lead, kept):
+    y = _ramp_days()
+    p = DemandPlanner(lead_s=lead, history=y[y.index < 3 * DAY], time_offset_s=3 * DAY, trend_s=300.0,
+                      excess_budget=0.002, hold_s=600.0, volatility_window_s=0.0)
+    assert p.refit(0.0)
+    assert p.trend_in_force_s == (300.0 if kept else 0.0)
+    assert p.events[-1]["trend_s"] == p.trend_in_force_s
 
 
 def test_the_stack_scenario_takes_the_trend():
