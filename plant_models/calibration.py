@@ -51,6 +51,8 @@ __all__ = [
     "steady_state_run",
     "predict_runs",
     "error_metrics",
+    "CONTEXT_BANDS",
+    "residual_by_batch_and_context",
     "cross_check",
     "CALIBRATION_PARAMETERS",
     "TTFT_RESIDUAL_WEIGHT",
@@ -357,6 +359,8 @@ def predict_runs(runs: MeasuredRuns | Sequence[MeasuredRun], settings: RunSettin
         d["predicted_ttft_s"], d["predicted_tpot_s"] = pred["ttft_s"], pred["tpot_s"]
         d["ttft_error"] = pred["ttft_s"] / r.ttft_s - 1.0 if r.ttft_s == r.ttft_s else math.nan
         d["tpot_error"] = pred["tpot_s"] / r.tpot_s - 1.0 if r.tpot_s == r.tpot_s else math.nan
+        # decodes per worker the steady-state solve settled on (NaN for the simulator and the points)
+        d["predicted_batch"] = float(pred.get("batch", math.nan))
         if "sim_wall_s" in pred:
             d["sim_wall_s"] = pred["sim_wall_s"]
         rows.append(d)
@@ -397,6 +401,46 @@ def error_metrics(table: pd.DataFrame, splits: Sequence[str] = SPLITS) -> dict[s
                 m[f"by_{s}"] = {str(k): _summary(g[col]) for k, g in table.groupby(s)}
         out[q] = m
     return out
+
+
+#: mean-context bands (tokens, ISL + OSL / 2) of :func:`residual_by_batch_and_context`
+CONTEXT_BANDS = (0.0, 1500.0, 3000.0, 6000.0, math.inf)
+
+
+def residual_by_batch_and_context(table: pd.DataFrame) -> pd.DataFrame:
+    """What the TPOT error grows with: signed median error and the decode time missing per
+    sequence, by batch band (sequences per attention rank) x mean-context band (issue 24).
+
+    A cost that grows with batch x context (KV reads charged too cheaply) leaves a missing time
+    per sequence that grows with the context; a cost per sequence (per-request runtime work) one
+    that does not.
+
+    Parameters
+    ----------
+    table : pandas.DataFrame
+        :func:`predict_runs` rows of the steady-state solve (``predicted_batch`` set).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per (``batch_band``, ``context_band``) with runs: ``rows``, ``tpot_signed_median``
+        (predicted / measured - 1) and ``missing_us_per_sequence`` (median of (measured - predicted
+        TPOT) / sequences per attention rank, microseconds; negative: over-predicted).
+    """
+    t = table.dropna(subset=["tpot_error", "predicted_batch"]).copy()
+    if not len(t):
+        return pd.DataFrame(columns=["batch_band", "context_band", "rows", "tpot_signed_median",
+                                     "missing_us_per_sequence"])
+    ctx = t["isl"] + t["osl"] / 2.0
+    edges = list(CONTEXT_BANDS)
+    labels = [f"{int(a)}-{int(b)}" if math.isfinite(b) else f">{int(a)}" for a, b in zip(edges, edges[1:])]
+    t["context_band"] = pd.cut(ctx, edges, labels=labels, right=True).astype(str)
+    replicas = (t["gpus_per_worker"] / (t["pp"] * t["tp"])).clip(lower=1.0)
+    per_rank = (t["predicted_batch"] / replicas).clip(lower=1.0)
+    t["missing_us"] = (t["measured_tpot_s"] - t["predicted_tpot_s"]) / per_rank * 1e6
+    g = t.groupby(["batch_band", "context_band"])
+    return pd.DataFrame({"rows": g.size(), "tpot_signed_median": g["tpot_error"].median(),
+                         "missing_us_per_sequence": g["missing_us"].median()}).reset_index()
 
 
 def cross_check(runs: Sequence[MeasuredRun], settings: RunSettings = RunSettings()) -> pd.DataFrame:
@@ -440,6 +484,13 @@ CALIBRATION_PARAMETERS: dict[str, tuple[float, float, float, str]] = {
     "scale_up_latency_s": (0.0, 20e-6, 1e-6, "efficiency"),
     "pass_overhead_s": (0.0, 20e-3, 1e-3, "efficiency"),
     "routing_locality": (0.02, 1.0, 1.0, "efficiency"),
+    # the large-batch costs (Efficiency's notes): runtime work per sequence on its attention rank,
+    # and the decode attention kernel's own HBM efficiency on KV traffic. The per-sequence cost in
+    # units of 100 us: the fit's difference step (5 % of a unit) is then 5 us, whose effect on a
+    # pass stands above the steady-state solve's 1e-3 tolerance; at 1 us units the step was 0.05 us,
+    # inside that noise, and the fit never moved the cost off its start
+    "sequence_overhead_s": (0.0, 200e-6, 1e-4, "efficiency"),
+    "attention_memory": (0.05, 1.0, 1.0, "efficiency"),
     "first_wave_weight": (0.0, 1.0, 1.0, "settings"),
     "ttft_overhead_s": (0.0, 1.0, 1e-3, "settings"),
     "ttft_s_per_input_token": (0.0, 1e-4, 1e-6, "settings"),
@@ -454,7 +505,8 @@ CALIBRATION_PARAMETERS: dict[str, tuple[float, float, float, str]] = {
 PRE_CALIBRATION_EFFICIENCY = Efficiency(compute=0.52, memory=0.23, network=0.49, layer_overhead_s=84e-6,
                                         scale_up_latency_s=2e-6, scale_out_latency_s=5e-6,
                                         pass_overhead_s=0.0, routing_locality=1.0, network_scale_out=None,
-                                        collective_latency_s=0.0)
+                                        collective_latency_s=0.0, sequence_overhead_s=0.0,
+                                        attention_memory=None)
 #: the pre-calibration settings (the "before" tables): those efficiencies, no front-end TTFT,
 #: half the TTFT weight on the first wave
 BASE_SETTINGS = RunSettings(efficiency=PRE_CALIBRATION_EFFICIENCY)
@@ -462,9 +514,12 @@ BASE_SETTINGS = RunSettings(efficiency=PRE_CALIBRATION_EFFICIENCY)
 #: at NCCL's own tuning model (``src/graph/tuning.cc`` of NVIDIA/nccl: base latency 6.6 us of a
 #: ring in the LL protocol, 0.6 us per NVLink step) and the NVLink bandwidth efficiency at the
 #: large-message bus bandwidth nccl-tests reaches on 8 x H100 SXM (about 370-480 GB/s of the
-#: 450 GB/s per direction, ring to NVLink SHARP: 0.8)
+#: 450 GB/s per direction, ring to NVLink SHARP: 0.8), and the per-sequence runtime cost at what
+#: vLLM's ``Scheduler.update_from_output`` alone takes per decode (0.29 ms for 256: 1.1 us,
+#: vllm-project/vllm pull request 46112)
 FIT_START = dataclasses.replace(BASE_SETTINGS, efficiency=dataclasses.replace(
-    PRE_CALIBRATION_EFFICIENCY, collective_latency_s=6.6e-6, scale_up_latency_s=0.6e-6, network=0.8))
+    PRE_CALIBRATION_EFFICIENCY, collective_latency_s=6.6e-6, scale_up_latency_s=0.6e-6, network=0.8,
+    sequence_overhead_s=1.1e-6))
 
 
 def settings_from(params: Mapping[str, float], kv_precision: Mapping[str, str] | None = None,
@@ -506,6 +561,8 @@ def params_of(settings: RunSettings) -> dict[str, float]:
             out[k] = float(settings.engine_ttft_factor.get(k.removeprefix("ttft_factor_"), 1.0))
         elif k == "network_scale_out":
             out[k] = float(settings.efficiency.scale_out_network)
+        elif k == "attention_memory":
+            out[k] = float(settings.efficiency.kv_memory)
         else:
             out[k] = float(getattr(settings.efficiency if where == "efficiency" else settings, k))
     return out
@@ -600,7 +657,8 @@ def _published_residuals(points, settings: RunSettings) -> np.ndarray:
 def fit_calibration(runs: Sequence[MeasuredRun], *, x0: RunSettings = FIT_START, robust_scale: float = 0.2,
                     prior_weight: float = 0.01, max_nfev: int = 60, choose_kv: bool = True,
                     engines: Sequence[str] | None = None, published: Sequence = PUBLISHED_POINTS,
-                    published_weight: float = 3.0, ttft_weight: float = TTFT_RESIDUAL_WEIGHT) -> CalibrationFit:
+                    published_weight: float = 3.0, ttft_weight: float = TTFT_RESIDUAL_WEIGHT,
+                    free: Sequence[str] | None = None) -> CalibrationFit:
     """Robust least squares of :data:`CALIBRATION_PARAMETERS` on the runs' TTFT and TPOT.
 
     Residuals are log(predicted / measured) of TPOT and TTFT per run (the steady-state solve,
@@ -636,6 +694,9 @@ def fit_calibration(runs: Sequence[MeasuredRun], *, x0: RunSettings = FIT_START,
         Weight of each published point's residual (default 3).
     ttft_weight : float
         Weight of each TTFT residual (default :data:`TTFT_RESIDUAL_WEIGHT`).
+    free : sequence of str, optional
+        The parameters fitted (default: all of :data:`CALIBRATION_PARAMETERS`); the others stay at
+        ``x0``'s values (standard error 0).
 
     Returns
     -------
@@ -645,9 +706,11 @@ def fit_calibration(runs: Sequence[MeasuredRun], *, x0: RunSettings = FIT_START,
 
     check_int("max_nfev", max_nfev, low=1)
     runs = list(runs)
-    if 2 * len(runs) < len(CALIBRATION_PARAMETERS):  # a TTFT and a TPOT residual per run
-        raise ConfigError("runs", f"{len(runs)} runs cannot fit {len(CALIBRATION_PARAMETERS)} parameters")
-    names = list(CALIBRATION_PARAMETERS)
+    names = list(CALIBRATION_PARAMETERS) if free is None else list(free)
+    for n in names:
+        check_choice("free", n, tuple(CALIBRATION_PARAMETERS))
+    if 2 * len(runs) < len(names):  # a TTFT and a TPOT residual per run
+        raise ConfigError("runs", f"{len(runs)} runs cannot fit {len(names)} parameters")
     scale = np.array([CALIBRATION_PARAMETERS[n][2] for n in names])
     lo = np.array([CALIBRATION_PARAMETERS[n][0] for n in names]) / scale
     hi = np.array([CALIBRATION_PARAMETERS[n][1] for n in names]) / scale
@@ -698,8 +761,9 @@ def fit_calibration(runs: Sequence[MeasuredRun], *, x0: RunSettings = FIT_START,
         se = np.sqrt(np.clip(np.diag(cov), 0.0, None)) * scale
     except np.linalg.LinAlgError:
         se = np.full(len(names), math.nan)
-    params = {n: float(v) for n, v in zip(names, best.x * scale)}
-    return CalibrationFit(params, {n: float(v) for n, v in zip(names, se)}, kv, float(best.cost), len(runs), nfev[0])
+    params = {**params_of(x0), **{n: float(v) for n, v in zip(names, best.x * scale)}}
+    errors = {**{n: 0.0 for n in CALIBRATION_PARAMETERS}, **{n: float(v) for n, v in zip(names, se)}}
+    return CalibrationFit(params, errors, kv, float(best.cost), len(runs), nfev[0])
 
 
 def _fold(runs: Sequence[MeasuredRun], by: str, v: str, per_group: int, seed: int, kw: dict):
@@ -876,7 +940,9 @@ def write_calibrated(report: Mapping[str, Any], path=None):
             'predicted by the closed-loop steady-state solve of :mod:`tokenfactory.plant_models.calibration`,\n'
             'together with the 13 published DeepSeek-V3/R1 deployments (which bind the scale-out network).\n'
             'Collectives cost a latency (``collective_latency_s`` per collective plus ``scale_up_latency_s``\n'
-            'per NVLink round, fitted) plus bytes over the link; ``fixed`` holds what is not fitted: the\n'
+            'per NVLink round, fitted) plus bytes over the link; a pass pays ``sequence_overhead_s`` per\n'
+            'sequence on its attention rank and reads KV at ``attention_memory`` of HBM bandwidth (both\n'
+            'fitted); ``fixed`` holds what is not fitted: the\n'
             'NVLink bandwidth efficiency at its documented bus bandwidth and the NIC round latency.\n'
             '``std_error`` is the Gauss-Newton standard error at the optimum; ``cross_validated`` the\n'
             'held-out errors leaving one GPU / one engine out; ``in_sample`` the errors on every run.\n"""\n\n'

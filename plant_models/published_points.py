@@ -272,14 +272,16 @@ FIT_PARAMETERS: dict[str, tuple[float, float]] = {
 #: The efficiencies assumed before the fit (the prior and the "old assumptions" column).
 ASSUMED_EFFICIENCY = Efficiency(compute=0.6, memory=0.8, network=0.7, layer_overhead_s=0.0, pass_overhead_s=0.0,
                                 scale_up_latency_s=2e-6, scale_out_latency_s=5e-6,
-                                routing_locality=1.0, network_scale_out=None, collective_latency_s=0.0)
+                                routing_locality=1.0, network_scale_out=None, collective_latency_s=0.0,
+                                sequence_overhead_s=0.0, attention_memory=None)
 
 #: The roofline's constants before issue 13: the assumed efficiencies and no collective latency.
 #: Test beds tuned on that plant (the DES-vs-fluid agreement tests, the describing-function check
 #: of study ``reconfiguration``) keep it explicitly.
 PRE_FIT_EFFICIENCY = Efficiency(compute=0.6, memory=0.8, network=0.7, layer_overhead_s=0.0,
                                 scale_up_latency_s=0.0, scale_out_latency_s=0.0, pass_overhead_s=0.0,
-                                routing_locality=1.0, network_scale_out=None, collective_latency_s=0.0)
+                                routing_locality=1.0, network_scale_out=None, collective_latency_s=0.0,
+                                sequence_overhead_s=0.0, attention_memory=None)
 
 #: The fit on all points (``fit_efficiency()``, 3 significant digits; study
 #: ``roofline-validation`` recomputes and checks it). :class:`Efficiency`'s defaults are these

@@ -243,6 +243,23 @@ class Efficiency:
     of standing in for latency-bound small decode all-reduces.
     ``pass_overhead_s`` is an optional fixed cost per stage pass.
 
+    **Large decode batches (issue 24).** Two costs grow with the batch beyond what the roofline of
+    the kernels charges, each 0 / absent by default (the defaults stay the 13-point fit):
+
+    * ``sequence_overhead_s`` - runtime work per running sequence per pass on its attention
+      replica (each attention-DP rank schedules its own sequences): scheduler bookkeeping,
+      per-request input metadata, sampling and output processing. A pass of ``B`` decodes on
+      ``ep / tp`` replicas pays ``sequence_overhead_s x ceil(B / (ep / tp))`` once per token.
+      vLLM measured the time between two steps at batch 200 at up to 20 ms of sampling, input
+      preparation, output processing and scheduling (vllm-project/vllm issue 6801, 2024) and
+      `Scheduler.update_from_output` alone at 0.29 ms for 256 decodes (pull request 46112);
+      engines overlap part of it with the GPU, so its share is fitted.
+    * ``attention_memory`` - the fraction of HBM bandwidth the decode attention kernel reaches on
+      KV reads, apart from ``memory`` (weights): ``t_KV = KV bytes / (HBM bw x attention_memory)``.
+      Paged decode kernels range widely with shape: FlashMLA reaches 3,000 of 3,350 GB/s on H800
+      when memory-bound (deepseek-ai/FlashMLA README), FlashAttention-3's paged decode 1,014 of
+      4,000 GB/s on H20 at 1k context and batch 16 (Dao-AILab/flash-attention issue 1572).
+
     Parameters
     ----------
     compute : float
@@ -272,6 +289,11 @@ class Efficiency:
         How independently a decode batch's tokens pick experts, in (0, 1] (default 1: uniform
         routing). A batch of B tokens reads the distinct experts of 1 + l (B - 1) independent
         tokens; correlated routing (tokens of similar text choosing the same experts) is l < 1.
+    sequence_overhead_s : float
+        Runtime cost per sequence of a pass on its attention replica (s, in [0, 0.01]; default 0).
+    attention_memory : float, optional
+        Fraction of HBM bandwidth reached by attention's KV reads and writes, in (0, 1]; ``None``
+        (default) is ``memory``.
 
     Raises
     ------
@@ -308,6 +330,23 @@ class Efficiency:
                                           source="0 by default; NCCL's tuning model has a base latency of this "
                                                  "form (src/graph/tuning.cc)")
 
+    sequence_overhead_s: float = setting(
+        0.0, unit="s", low=0.0, high=0.01,
+        meaning="runtime cost per running sequence per pass on its attention replica (scheduling, input "
+                "metadata, sampling, output processing)",
+        source="0 by default; vLLM measured up to 20 ms between steps at batch 200 (vllm-project/vllm issue "
+               "6801); fitted in the calibrated set")
+    attention_memory: float | None = setting(
+        None, low=0.0, high=1.0, low_inclusive=False,
+        meaning="fraction of HBM bandwidth reached by attention's KV reads and writes (absent: memory)",
+        source="absent by default; decode kernels reach 0.25-0.9 of HBM bandwidth by shape (FlashMLA README; "
+               "Dao-AILab/flash-attention issue 1572)")
+
+    @property
+    def kv_memory(self) -> float:
+        """Fraction of HBM bandwidth reached on KV traffic (``attention_memory``, else ``memory``)."""
+        return self.memory if self.attention_memory is None else self.attention_memory
+
     @property
     def scale_out_network(self) -> float:
         """Fraction of the scale-out NIC bandwidth reached (``network_scale_out``, else ``network``)."""
@@ -317,6 +356,10 @@ class Efficiency:
         if self.network_scale_out is not None:
             check_number("efficiency.network_scale_out", self.network_scale_out, low=0.0, high=1.0,
                          low_inclusive=False)
+        if self.attention_memory is not None:
+            check_number("efficiency.attention_memory", self.attention_memory, low=0.0, high=1.0,
+                         low_inclusive=False)
+        check_number("efficiency.sequence_overhead_s", self.sequence_overhead_s, low=0.0, high=0.01)
         for f in ("compute", "memory", "network"):
             check_number(f"efficiency.{f}", getattr(self, f), low=0.0, high=1.0, low_inclusive=False)
         for f in ("layer_overhead_s", "scale_up_latency_s", "scale_out_latency_s", "pass_overhead_s",
@@ -782,16 +825,20 @@ class Worker:
 
     # -- phases -------------------------------------------------------------------------
     def _phase(self, name: str, flops: float, hbm_bytes: float, gpus: float, *,
-               precision: str | None = None, kv_flops: float = 0.0,
+               precision: str | None = None, kv_flops: float = 0.0, kv_bytes: float = 0.0,
                up_bytes: float = 0.0, out_bytes: float = 0.0, span: int | None = None) -> PhaseTime:
         """Roofline one phase on ``gpus``. ``flops`` run at ``precision``'s tensor rate (default
         the weights'), ``kv_flops`` (attention scores and values over the cache) at the KV
-        precision's rate; ``up_bytes`` cross the scale-up fabric, ``out_bytes`` the scale-out
+        precision's rate; ``kv_bytes`` (KV-cache traffic, part of ``hbm_bytes``) move at the KV
+        bandwidth efficiency (``Efficiency.kv_memory``); ``up_bytes`` cross the scale-up fabric, ``out_bytes`` the scale-out
         NICs (a group wider than the domain, ``span`` GPUs, sends everything scale-out)."""
         a, e, m = self.accelerator, self.efficiency, self.model
         compute_s = (flops / a.peak_flops(precision or m.weight_precision)
                      + kv_flops / a.peak_flops(m.kv_precision)) / (gpus * e.compute)
-        memory_s = hbm_bytes / (gpus * a.hbm_bandwidth * e.memory)
+        if e.attention_memory is None:  # one efficiency for all HBM traffic (the defaults' form, exactly)
+            memory_s = hbm_bytes / (gpus * a.hbm_bandwidth * e.memory)
+        else:
+            memory_s = ((hbm_bytes - kv_bytes) / e.memory + kv_bytes / e.kv_memory) / (gpus * a.hbm_bandwidth)
         if span is not None and span > a.scale_up_domain:
             up_bytes, out_bytes = 0.0, up_bytes + out_bytes
         network_s = max(up_bytes / (gpus * a.scale_up_bandwidth * e.network),
@@ -815,11 +862,12 @@ class Worker:
         act = m.activation_bytes_per_element * m.hidden_size
         kv_read = per_replica * (m.kv_bytes(cached_tokens) if cached_tokens else 0.0)
         kv_write = per_replica * new_tokens * m.kv_bytes_per_token
+        kv = self._kv_replication * (kv_read + kv_write)
         hbm = (m.num_layers * m.attention_params_per_layer * m.weight_bytes_per_param
-               + self._kv_replication * (kv_read + kv_write) + 2 * q_tokens * act * m.num_layers)
+               + kv + 2 * q_tokens * act * m.num_layers)
         # TP: one ring all-reduce of the attention output per layer, 2 (tp-1)/tp of it per GPU.
         allreduce = 2.0 * (p.tp - 1) * q_tokens * act * m.num_layers
-        return self._phase("attention", flops, hbm, p.tp, kv_flops=kv_flops, up_bytes=allreduce,
+        return self._phase("attention", flops, hbm, p.tp, kv_flops=kv_flops, kv_bytes=kv, up_bytes=allreduce,
                            span=p.tp)
 
     def _expert_phase(self, tokens: float, per_node_dedup: bool = False) -> PhaseTime:
@@ -890,13 +938,34 @@ class Worker:
         eff = e.network if p.pp * p.ep <= self.accelerator.scale_up_domain else e.scale_out_network
         return lat + tokens * m.hidden_size * m.activation_bytes_per_element / (p.ep * bw * eff)
 
-    def _stage_time(self, phases: tuple[PhaseTime, ...]) -> float:
-        """Time one stage takes for its 1/pp share of the phases' work, plus its fixed costs."""
+    def sequence_overhead_s(self, sequences: float) -> float:
+        """Runtime cost of a pass over ``sequences`` of one micro-batch (a decode or mixed pass's
+        decodes, a fill's prompts): ``Efficiency.sequence_overhead_s`` per sequence on the busiest
+        attention replica (ceil(sequences / (ep / tp))), paid once per token; 0 by default.
+
+        Parameters
+        ----------
+        sequences : float
+            Sequences of the micro-batch on the worker (>= 0).
+
+        Returns
+        -------
+        float
+            Seconds added to the pass (a stage carries 1/pp of it).
+        """
+        c = self.efficiency.sequence_overhead_s
+        if not c or sequences <= 0:
+            return 0.0
+        return c * math.ceil(sequences / self.parallelism.dp_attention)
+
+    def _stage_time(self, phases: tuple[PhaseTime, ...], sequences: float = 0.0) -> float:
+        """Time one stage takes for its 1/pp share of the phases' work and of the per-sequence
+        runtime cost of ``sequences``, plus its fixed costs."""
         if self.overlap_communication:
             work = max(sum(p.busy_s for p in phases), sum(p.network_s for p in phases))
         else:
             work = sum(p.time_s for p in phases)
-        return work / self.parallelism.pp + self.fixed_stage_s
+        return (work + self.sequence_overhead_s(sequences)) / self.parallelism.pp + self.fixed_stage_s
 
     def _phases(self, sequences: float, new_tokens: float, cached_tokens: float,
                 output_sequences: float) -> tuple[PhaseTime, ...]:
@@ -950,7 +1019,7 @@ class Worker:
         for j in range(chunks):
             last = j == chunks - 1
             ph = self._phases(sequences, size, cached_tokens + j * size, sequences if last else 0)
-            stage_times.append(self._stage_time(ph))
+            stage_times.append(self._stage_time(ph, sequences))
             phases = ph if phases is None else tuple(
                 dataclasses.replace(a, flops=a.flops + b.flops, hbm_bytes=a.hbm_bytes + b.hbm_bytes,
                                     network_bytes=a.network_bytes + b.network_bytes,
@@ -1006,7 +1075,7 @@ class Worker:
         micro = batch / microbatches
         ph = self._phases(micro, 1, context_tokens, micro)
         return PassTime("decode", ph, micro, micro, microbatches, self.num_gpus, p.pp,
-                        (self._stage_time(ph),), self.handoff_s(micro), self.fixed_stage_s)
+                        (self._stage_time(ph, micro),), self.handoff_s(micro), self.fixed_stage_s)
 
     def _mixed_attention_phase(self, decode_sequences: float, context_tokens: float,
                                chunk_tokens: float) -> PhaseTime:
@@ -1024,10 +1093,12 @@ class Worker:
         act = m.activation_bytes_per_element * m.hidden_size
         kv_read = per_replica * (m.kv_bytes(context_tokens) if context_tokens else 0.0)
         kv_write = (per_replica + piece) * m.kv_bytes_per_token
+        kv = self._kv_replication * (kv_read + kv_write)
         hbm = (m.num_layers * m.attention_params_per_layer * m.weight_bytes_per_param
-               + self._kv_replication * (kv_read + kv_write) + 2 * q_tokens * act * m.num_layers)
+               + kv + 2 * q_tokens * act * m.num_layers)
         allreduce = 2.0 * (p.tp - 1) * q_tokens * act * m.num_layers
-        return self._phase("attention", flops, hbm, p.tp, kv_flops=kv_flops, up_bytes=allreduce, span=p.tp)
+        return self._phase("attention", flops, hbm, p.tp, kv_flops=kv_flops, kv_bytes=kv, up_bytes=allreduce,
+                           span=p.tp)
 
     def mixed(self, batch: float, context_tokens: float, chunk_tokens: float) -> PassTime:
         """One pass of an aggregated worker: ``batch`` decodes at ``context_tokens`` each generate
@@ -1070,7 +1141,7 @@ class Worker:
               self._expert_phase(tokens, per_node_dedup=True),
               self._dense_phase(tokens, micro + p.dp_attention))
         return PassTime("mixed", ph, tokens, micro, microbatches, self.num_gpus, p.pp,
-                        (self._stage_time(ph),), self.handoff_s(tokens), self.fixed_stage_s)
+                        (self._stage_time(ph, micro),), self.handoff_s(tokens), self.fixed_stage_s)
 
     def decode_attention(self, batch: int, context_tokens: int) -> PhaseTime:
         """The attention phase of a decode pass (KV reads private to each sequence)."""

@@ -185,6 +185,29 @@ def _fmt(m: dict) -> str:
             f"{100 * m['p90_error']:+.0f} %, {100 * m['within_25pct']:.0f} % within +-25 %")
 
 
+def _batch_context_lines(report: StudyReport, table: pd.DataFrame, lines: list, out: dict) -> None:
+    """The last parameter set's TPOT error by batch band x context band (what a missing
+    large-batch cost grows with), as a table and a sentence from its numbers."""
+    from tokenfactory.plant_models import calibration as cal
+
+    res = cal.residual_by_batch_and_context(table)
+    if not len(res):
+        return
+    report.save_table(res, "tpot_by_batch_and_context.csv")
+    big = res[res["batch_band"] == ">128"]
+    out["tpot_by_batch_and_context"] = res.to_dict(orient="records")
+    if len(big) < 2:
+        return
+    miss = big["missing_us_per_sequence"].to_numpy()
+    short, long_ = miss[0], miss[-1]
+    flat = short != 0 and 0.5 <= long_ / short <= 2.0
+    lines.append(f"* **Above 128 sequences per rank** ({table['params'].iloc[0]} set): decode time missing per "
+                 "sequence " + ", ".join(f"{v:+.0f} us at {c} tokens ({n} runs)" for v, c, n in
+                                        zip(miss, big["context_band"], big["rows"]))
+                 + ("; about flat in the context, the signature of a cost per sequence rather than of KV reads."
+                    if flat else "; it changes with the context."))
+
+
 def _measured_runs_section(report: StudyReport, cfg: dict, quick: bool, metrics: dict, lines: list) -> None:
     """The service model against the measured serving runs (issue 24): every mappable run of the
     file predicted with the pre-calibration efficiencies and with the calibrated set (closed-loop
@@ -227,6 +250,7 @@ def _measured_runs_section(report: StudyReport, cfg: dict, quick: bool, metrics:
                 for v, mm in m.get(f"by_{sp}", {}).items():
                     split_rows.append({"params": name, "quantity": q, "split": sp, "value": v, **mm})
     report.save_table(pd.DataFrame(split_rows), "measured_runs_errors.csv")
+    _batch_context_lines(report, tables[-1], lines, out)
     chk = cal.cross_check(cal.training_sample(items, per_group=1, seed=cfg["seed"] + 1)[: cfg["cross_check_rows"]],
                           sets.get("calibrated", cal.BASE_SETTINGS)) if cfg["cross_check_rows"] else pd.DataFrame()
     if len(chk):

@@ -142,3 +142,56 @@ def test_nvlink_bandwidth_efficiency_is_fixed_and_ttft_weighted(runs):
     half = cal._log_residuals(runs.runs[:3], cal.BASE_SETTINGS, ttft_weight=0.5)
     np.testing.assert_allclose(half[0::2], full[0::2])
     np.testing.assert_allclose(half[1::2], 0.5 * full[1::2])
+
+
+def _residual_table(missing_s):
+    """Rows at two contexts and two batches on 1-GPU workers; measured = predicted + missing_s(B, ctx)."""
+    rows = []
+    for batch, band in ((16, "9-32"), (256, ">128")):
+        for isl in (1000, 8000):
+            pred = 0.02
+            meas = pred + missing_s(batch, isl + 500)
+            rows.append({"isl": isl, "osl": 1000, "gpus_per_worker": 1, "pp": 1, "tp": 1, "batch_band": band,
+                         "predicted_batch": batch, "predicted_tpot_s": pred, "measured_tpot_s": meas,
+                         "tpot_error": pred / meas - 1.0})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("name, missing_s, short_us, long_us", [
+    # a cost per sequence: the same missing time per sequence at 1.5k and 8.5k context
+    ("per-sequence", lambda b, c: 20e-6 * b, 20.0, 20.0),
+    # a cost per sequence per context token: it grows with the context (1.5k -> 8.5k tokens)
+    ("per-sequence-per-token", lambda b, c: 10e-9 * b * c, 15.0, 85.0),
+])
+def test_residual_by_batch_and_context_tells_the_costs_apart(name, missing_s, short_us, long_us):
+    r = cal.residual_by_batch_and_context(_residual_table(missing_s)).set_index(["batch_band", "context_band"])
+    big = r.loc[">128"]
+    assert big.loc["0-1500", "missing_us_per_sequence"] == pytest.approx(short_us, rel=1e-6)
+    assert big.loc[">6000", "missing_us_per_sequence"] == pytest.approx(long_us, rel=1e-6)
+    assert (r["rows"] == 1).all() and (r["tpot_signed_median"] < 0).all()
+
+
+def test_predict_runs_records_the_steady_state_batch(runs):
+    table, _ = cal.predict_runs(runs.runs[:3], method="steady-state")
+    assert (table["predicted_batch"] >= 1).all()
+
+
+def test_fit_recovers_planted_large_batch_terms(runs):
+    """Synthetic runs at three client counts whose 'measurements' are the model's own at a planted
+    per-sequence cost and KV-read efficiency: fitting just those two from FIT_START recovers them."""
+    truth = cal.settings_from({"sequence_overhead_s": 25e-6, "attention_memory": 0.15})
+    synth = []
+    for r in (x for x in runs.runs if x.model in ("deepseek-v3", "llama-3.1-70b")):
+        for n in (8, 96, 384):
+            run = dataclasses.replace(r, concurrency=n, max_batch=0)
+            p = cal.steady_state_run(run, truth)
+            synth.append(dataclasses.replace(run, tpot_s=p["tpot_s"], ttft_s=p["ttft_s"]))
+    fit = cal.fit_calibration(synth, max_nfev=10, choose_kv=False, published=(),
+                              free=("sequence_overhead_s", "attention_memory"))
+    assert fit.params["sequence_overhead_s"] == pytest.approx(25e-6, rel=0.15)
+    assert fit.params["attention_memory"] == pytest.approx(0.15, rel=0.15)
+    # the parameters not freed stay at the start, with no standard error
+    assert fit.params["memory"] == cal.params_of(cal.FIT_START)["memory"] and fit.std_error["memory"] == 0.0
+    assert np.median(np.abs(cal._log_residuals(synth, fit.settings))) < 0.01
+    with pytest.raises(ConfigError, match="free"):
+        cal.fit_calibration(synth, free=("no_such_parameter",))

@@ -362,3 +362,58 @@ def test_energy_and_residency(toy):
     base = w.resident_bytes_per_gpu(0, 1000)
     assert base == pytest.approx(w.weight_bytes_per_gpu)
     assert w.resident_bytes_per_gpu(8, 1000) - base == pytest.approx(8 * model.kv_bytes(1000) / 8)
+
+
+# -- the large-batch terms (issue 24): per-sequence runtime cost, KV-read bandwidth efficiency ----
+@pytest.mark.parametrize("model, hw, tp, pp, ep, batch, cost_s, added_s", [
+    # added TPOT = cost x ceil((batch / min(pp, batch)) / (ep / tp)), worked by hand
+    ("deepseek-v3", "h200", 1, 1, 8, 256, 20e-6, 20e-6 * 32),     # 8 DP-attention ranks: 32 each
+    ("deepseek-v3", "h200", 8, 1, 8, 256, 20e-6, 20e-6 * 256),    # attention TP8: one rank holds all 256
+    ("deepseek-v3", "h200", 1, 2, 8, 100, 10e-6, 10e-6 * 7),      # 2 micro-batches of 50 over 8 ranks: 7
+    ("deepseek-v3", "h200", 1, 1, 8, 3, 10e-6, 10e-6 * 1),        # fewer sequences than ranks: 1 each
+    ("llama-3.1-70b", "h200", 4, 1, 4, 33, 5e-6, 5e-6 * 33),
+])
+def test_sequence_overhead_closed_form(model, hw, tp, pp, ep, batch, cost_s, added_s):
+    par = Parallelism(tp=tp, pp=pp, ep=ep)
+    base = Worker(model_preset(model), accelerator_preset(hw), par)
+    with_cost = Worker(model_preset(model), accelerator_preset(hw), par,
+                       dataclasses.replace(Efficiency(), sequence_overhead_s=cost_s))
+    got = with_cost.decode(batch, 2048, check_memory=False).time_s - base.decode(batch, 2048, check_memory=False).time_s
+    assert got == pytest.approx(added_s, rel=1e-9, abs=1e-12)
+    mixed = (with_cost.mixed(batch, 2048, 512).time_s - base.mixed(batch, 2048, 512).time_s)
+    assert mixed == pytest.approx(added_s, rel=1e-9, abs=1e-12)  # a mixed pass's decodes pay it too
+
+
+@pytest.mark.parametrize("batch, context, kv_eff, delta_s", [
+    # DeepSeek-V3 on H200, DP8 attention (tp 1): a rank reads ceil(B / 8) sequences' latent KV,
+    # 61 layers x 576 x 2 bytes = 70,272 bytes per token, plus the new token's write; at 4.8 TB/s
+    # the memory time moves by KV / bw x (1 / kv_eff - 1 / 0.23)
+    (64, 4096, 0.5, 8 * 4097 * 70272 / 4.8e12 * (1 / 0.5 - 1 / 0.23)),
+    (256, 1024, 0.1, 32 * 1025 * 70272 / 4.8e12 * (1 / 0.1 - 1 / 0.23)),
+    (8, 8192, 0.23, 0.0),
+])
+def test_attention_memory_closed_form(dsv3_h200, batch, context, kv_eff, delta_s):
+    w = dataclasses.replace(dsv3_h200, efficiency=dataclasses.replace(Efficiency(), attention_memory=kv_eff))
+    a = w.decode(batch, context).phase("attention")
+    b = dsv3_h200.decode(batch, context).phase("attention")
+    assert a.memory_s - b.memory_s == pytest.approx(delta_s, rel=1e-6, abs=1e-12)
+    assert a.hbm_bytes == b.hbm_bytes and a.compute_s == b.compute_s
+    # expert weights keep the weight-read efficiency
+    assert w.decode(batch, context).phase("experts").memory_s == pytest.approx(
+        dsv3_h200.decode(batch, context).phase("experts").memory_s, rel=1e-12)
+
+
+def test_large_batch_terms_leave_the_defaults_unchanged(dsv3_h200):
+    e = Efficiency()
+    assert e.sequence_overhead_s == 0.0 and e.attention_memory is None and e.kv_memory == e.memory
+    explicit = dataclasses.replace(dsv3_h200, efficiency=dataclasses.replace(e, sequence_overhead_s=0.0,
+                                                                             attention_memory=None))
+    for b, c in ((1, 1024), (64, 4096), (256, 2048)):
+        assert explicit.decode(b, c).time_s == dsv3_h200.decode(b, c).time_s
+    # attention_memory equal to memory is the same time up to rounding
+    same = dataclasses.replace(dsv3_h200, efficiency=dataclasses.replace(e, attention_memory=e.memory))
+    assert same.decode(64, 4096).time_s == pytest.approx(dsv3_h200.decode(64, 4096).time_s, rel=1e-12)
+    with pytest.raises(ConfigError, match="efficiency.sequence_overhead_s"):
+        Efficiency(sequence_overhead_s=-1e-6)
+    with pytest.raises(ConfigError, match="efficiency.attention_memory"):
+        Efficiency(attention_memory=0.0)

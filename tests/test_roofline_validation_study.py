@@ -72,3 +72,8 @@ def test_measured_runs_section(report):
         assert set(cp["signed_error"]) == {p.key for p in PUBLISHED_POINTS}
         assert cp["median_abs_error"] == pytest.approx(np.median(np.abs(list(cp["signed_error"].values()))))
         assert f"median |error| {100 * cp['median_abs_error']:.1f} %" in text
+    if "tpot_by_batch_and_context" in m:  # what the large-batch error grows with, from the table
+        res = pd.read_csv(report / "tpot_by_batch_and_context.csv")
+        assert res["rows"].sum() == m["calibrated"]["tpot"]["rows"]
+        if (res["batch_band"] == ">128").sum() >= 2:
+            assert "Above 128 sequences per rank" in text

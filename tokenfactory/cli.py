@@ -1024,6 +1024,8 @@ def build_parser() -> argparse.ArgumentParser:
     em.add_argument("--scenario", required=True, help="live scenario TOML (studies/scenarios/live_small.toml)")
     em.add_argument("--port", type=int, default=8000)
     em.add_argument("--host", default="127.0.0.1")
+    em.add_argument("--request-log", default=None, help="append one JSON line per finished request to this file "
+                    "(engine and wall-clock times of its arrival, first token and first write)")
     em.set_defaults(func=_cmd_emulate)
 
     gw = sub.add_parser("gateway", help="an admission gateway (reverse proxy) running the scenario's controller")
@@ -1070,7 +1072,7 @@ def _cmd_emulate(args) -> int:
 
     sc = load_live_scenario(args.scenario)
     print(f"emulating {sc.name} ({sc.live['model_name']}) on http://{args.host}:{args.port}", flush=True)
-    web.run_app(emulator_app(sc), host=args.host, port=args.port, print=None, access_log=None)
+    web.run_app(emulator_app(sc, request_log=args.request_log), host=args.host, port=args.port, print=None, access_log=None)
     return 0
 
 
