@@ -949,8 +949,8 @@ def build_parser() -> argparse.ArgumentParser:
     ce.set_defaults(func=_cmd_certify)
 
     ad = sub.add_parser("advise", help="certify a control plane's own settings file (Kubernetes HPA, KEDA, Knative, "
-                                       "Ray Serve, AIBrix) on a scenario, search its knobs, simulate, and write the "
-                                       "recommended file in the same format")
+                                       "Ray Serve, AIBrix, a Dynamo planner config) on a scenario, search its knobs, "
+                                       "simulate, and write the recommended file in the same format")
     ad.add_argument("--control-plane", dest="control_plane", required=True, help="the settings file (YAML)")
     ad.add_argument("--scenario", required=True, help="the plant and cluster (the simulate scenario TOML)")
     ad.add_argument("--trace", default=None, help="requests to replay: registered name, path, or 'synthetic' "

@@ -331,17 +331,16 @@ class ControlPlaneLayer(StackLayerConfig):
 
         if not self.file:
             raise ConfigError("layers.reconfiguration.file", "the control-plane layer needs its settings file")
-        setting = read_control_plane(self.file)
-        if hasattr(setting, "registered_autoscaler"):
-            raise ConfigError("layers.reconfiguration.file", "a Dynamo planner config: the real planner sizes both "
-                              "pools from its own perf model, and the layer's certificate needs a one-pool loop "
-                              "model, which it does not have yet; run it with `simulate --control-plane FILE`")
-        return setting
+        return read_control_plane(self.file)
 
     @property
     def sample_period_s(self) -> float:
-        """The control plane's own decision period (its sync period, tick or control loop)."""
-        return float(self.read().build(self.pool).sample_period)
+        """The control plane's own decision period (its sync period, tick or control loop; a
+        Dynamo planner's pipeline tick)."""
+        setting = self.read()
+        if hasattr(setting, "scale_interval_s"):   # Dynamo's planner: built on the plant, its tick is the file's
+            return float(setting.scale_interval_s())
+        return float(setting.build(self.pool).sample_period)
 
     @property
     def filter_s(self) -> float:

@@ -276,7 +276,12 @@ def build_control_plane(cfg, b: LayerBuild) -> StackLayer:
     if "planning" in b.sc.layers:
         raise ConfigError("layers.planning", "the planning layer drives tokenfactory's planned-hysteretic pools; "
                           "with a control plane's own file as the reconfiguration layer, set kind = \"none\"")
-    ctl = cfg.read().build(cfg.pool)
+    setting = cfg.read()
+    if hasattr(setting, "registered_autoscaler"):   # Dynamo's real planner: both pools, the plant's engines
+        ctx = _context(b.sc, b.plant, service=b.service, dynamics=b.sc.dynamics)
+        ctl = setting.build(cfg.pool, ctx)
+    else:
+        ctl = setting.build(cfg.pool)
     return StackLayer("reconfiguration", [ctl], ctl.sample_period)
 
 
