@@ -347,7 +347,8 @@ def utilization_ceiling(params: FluidParams, slo_ttft_s: float, slo_tpot_s: floa
     dict
         ``{"fill": ceiling, "decode": ceiling}`` (the first grid point if even that misses).
     """
-    return _ceiling(params, float(slo_ttft_s), float(slo_tpot_s),
+    # the cache's key is what the pool model reads (provenance, compared by nothing, dropped)
+    return _ceiling(params.model_inputs(), float(slo_ttft_s), float(slo_tpot_s),
                     tuple(sorted((workers if isinstance(workers, dict) else
                                   {"fill": workers, "decode": workers}).items())),
                     tuple(grid), float(duration_s), float(dt), int(seed))

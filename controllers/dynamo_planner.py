@@ -133,7 +133,8 @@ class DynamoCapabilities:
             ctx_tokens = float(svc.decode_context_tokens)
             return cls(prompt, p.output_tokens, svc.fill_token_budget, p.decode_slots_per_worker, ctx_tokens,
                        svc.fill_step_s, svc.decode_pass_s, ctx.dynamics.gpus_per_worker, p.fill_rate_per_worker)
-        ctx_tokens = float((p.provenance or {}).get("decode_context_tokens", prompt + p.output_tokens / 2))
+        ctx_tokens = float(p.decode_context_tokens if p.decode_context_tokens is not None
+                           else prompt + p.output_tokens / 2)  # a compared field, not the provenance
         lat = p.fill_latency_s
 
         def fill_step_s(tokens):

@@ -191,6 +191,12 @@ class FluidParams:
         """Decode duration of one request at full batch."""
         return self.output_tokens * self.decode_step_s(self.decode_slots_per_worker)
 
+    def model_inputs(self) -> "FluidParams":
+        """These params without ``provenance``: exactly what the plants read and what equality and
+        the hash compare. A cache keyed by params computes on this copy, so its result cannot
+        depend on a field its key does not hold."""
+        return dataclasses.replace(self, provenance={}) if self.provenance else self
+
     def scaled(self, *, delay_factor: float = 1.0, service_rate_factor: float = 1.0) -> "FluidParams":
         """A perturbed plant: fill-to-ready and measurement delays x ``delay_factor``; fill and
         decode service rates x ``service_rate_factor`` (fill latency scales inversely)."""

@@ -126,7 +126,7 @@ class RequestPlant:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     prefix_cache: Any = None
 
-    def run(self, workload: pd.DataFrame, controllers: Sequence = ()) -> SimulationResult:
+    def run(self, workload: pd.DataFrame, controllers: Sequence = (), *, admission: Any = None) -> SimulationResult:
         """Replay ``workload`` under ``controllers``.
 
         Parameters
@@ -136,21 +136,24 @@ class RequestPlant:
         controllers : sequence
             Control stacks (each split into its admission view, sampled per request, and its
             slower layers, sampled as autoscalers) and pool autoscalers; at most one admission
-            (a bare admission controller runs as a stack's admission layer).
+            (a bare admission controller runs as a stack's admission layer, or as ``admission``).
+        admission : controller, optional
+            A bare admission controller, sampled per request (``None``: open admission unless a
+            stack brings one).
 
         Returns
         -------
         SimulationResult
         """
-        admission, scalers = [], []
+        admissions, scalers = ([admission] if admission is not None else []), []
         for c in controllers:
             if hasattr(c, "split"):
                 adm, scale = c.split()
-                admission += [adm] if adm is not None else []
+                admissions += [adm] if adm is not None else []
                 scalers += scale
             else:
                 scalers.append(c)
-        if len(admission) > 1:
-            raise ConfigError("controllers", f"{len(admission)} admission layers; the request simulator samples one")
-        return simulate(workload, self.params, self.cluster, admission[0] if admission else None, scalers,
+        if len(admissions) > 1:
+            raise ConfigError("controllers", f"{len(admissions)} admission layers; the request simulator samples one")
+        return simulate(workload, self.params, self.cluster, admissions[0] if admissions else None, scalers,
                         prefix_cache=self.prefix_cache)

@@ -39,6 +39,13 @@ Incidents:
   the rule is :class:`~tokenfactory.controllers.dynamo_sla_scaling.DynamoSLALoadScaling` on the
   plant's pass time, the flat rule the PR replaced and, beside it, the consolidation-aware one it
   shipped (ai-dynamo 1.4.2). No period reported.
+* ``dynamo-planner-plateau`` - NVIDIA Dynamo's own planner (ai-dynamo 1.4.2, run unchanged by
+  :class:`~tokenfactory.controllers.dynamo_planner.DynamoPlanner`) with the load target's
+  thresholds of ``docs/examples/dynamo-planner.yaml`` (KV use 60 / 90 %) at a constant demand of
+  1.05 decode workers: one worker reads 100 %, two 52.5 % - no pool size sits in the band, so it
+  plateau-cycles 1 <-> 2 (the real planner's version of the 2 <-> 1 reports). Predicted by
+  :func:`~tokenfactory.controllers.dynamo_planner_loop.certify_planner`, advised over the
+  planner's own knobs with the real planner replaying. Not a reported incident: no numbers.
 * ``mooncake-seesaw`` - Mooncake (arXiv 2407.00079, sec. 7.3): early rejection on the decode load
   measured now makes prefill and decode load swing in anti-phase; the reconfiguration study's
   seesaw plant (:func:`tokenfactory.reproduction.run_seesaw`) with the settings
@@ -130,6 +137,18 @@ load_adjustment_interval_seconds: 5
 min_endpoint: 1
 """
 
+DYNAMO_PLANNER_PLATEAU = """\
+# Dynamo planner, load target with the thresholds of Dynamo's docs (docs/examples/dynamo-planner.yaml)
+optimization_target: load
+load_adjustment_interval: 10
+prefill_scale_up_queue_tokens: 8192
+prefill_scale_down_queue_tokens: 819
+decode_scale_up_kv_rate: 90
+decode_scale_down_kv_rate: 60
+max_gpu_budget: 64                  # 8 workers of 8 GPUs over both pools
+min_endpoint: 1
+"""
+
 #: the fields of an early-rejection settings file (EarlyRejection's own, the plant's fill latency aside)
 EARLY_REJECTION_FIELDS = {"slo_ttft_s": 10.0, "decode_threshold": 1.0, "predictive": False, "sample_period": 0.5}
 
@@ -169,6 +188,10 @@ INCIDENTS: dict[str, dict[str, Any]] = {
                     "startup_s": 120.0, "demand_workers": (1.4, 1.4), "step_at_s": 0.0, "start_workers": 2,
                     "max_replicas": 8, "sensitivities": (70, 60, 50, 40),
                     "reported": {"sequence": "2 <-> 1 under constant load"}},
+    "dynamo-planner-plateau": {"kind": "dynamo-planner", "file": DYNAMO_PLANNER_PLATEAU,
+                               "source": "ai-dynamo 1.4.2 planner, docs/examples/dynamo-planner.yaml thresholds",
+                               "startup_s": 120.0, "demand_workers": (1.05, 1.05), "step_at_s": 0.0,
+                               "start_workers": 1, "reported": {}},
     "mooncake-seesaw": {"kind": "admission", "file": MOONCAKE_EARLY_REJECTION,
                         "source": "Mooncake, arXiv 2407.00079 sec. 7.3 (the reconfiguration study's seesaw plant)",
                         "reported": {"sequence": "prefill and decode load swing in anti-phase"}},
@@ -180,7 +203,11 @@ INCIDENTS: dict[str, dict[str, Any]] = {
 DEFAULT_CONFIG: dict[str, Any] = {"incidents": list(INCIDENTS), "duration_s": 3 * 3600.0, "dt": 1.0, "seed": 1,
                                   "warmup_s": 30.0, "candidates": 4, "slo_target": 0.99, "slo_ttft_s": 2.0,
                                   "slo_tpot_s": 0.155}
-QUICK = {"duration_s": 3600.0, "candidates": 2}
+#: the quick variant leaves out the real planner's row: its replays run Dynamo's code (about 2.5 min
+#: on a loaded 2-core machine); `tests/test_dynamo_planner_loop.py` checks the same loop model
+#: against the real planner in the default test run, the slow test of the study runs the row
+QUICK = {"duration_s": 3600.0, "candidates": 2,
+         "incidents": [n for n in INCIDENTS if INCIDENTS[n].get("kind") != "dynamo-planner"]}
 
 
 #: every incident's workers: DeepSeek-V3 on 8 x H200
@@ -419,7 +446,69 @@ def _dynamo_sla_incident(name: str, inc: dict, params: FluidParams, cfg: dict, q
     return row, result, series
 
 
-_RUNNERS = {"autoscaler": _autoscaler_incident, "admission": _admission_incident, "dynamo-sla": _dynamo_sla_incident}
+def _planner_incident(name: str, inc: dict, params: FluidParams, cfg: dict, quick: bool):
+    """Dynamo's real planner from its config file: both pools certified by the planner's loop model
+    (:func:`~tokenfactory.controllers.dynamo_planner_loop.certify_planner`), simulated on the pool
+    model with the real planner sizing both pools, advised over its own knobs (replays through the
+    real planner)."""
+    import types
+
+    from tokenfactory.controllers.dynamo_planner_loop import certify_planner, planner_pool_loops, planner_startup_peak
+
+    setting = parse_control_plane(inc["file"])
+    mu = params.decode_capacity(1)
+    lam = max(inc["demand_workers"]) * mu
+    dyn = PoolDynamics(startup_s=inc["startup_s"], warmup_s=cfg["warmup_s"])
+
+    def loops(s):
+        return planner_pool_loops(s, params, demand_rps=lam, metric_delay_s=params.measurement_delay_s,
+                                  startup_s=inc["startup_s"], warmup_s=cfg["warmup_s"],
+                                  gpus_per_worker=dyn.gpus_per_worker)
+
+    def certs(s):
+        return {f"demand {pool}": certify_planner(lp) for pool, lp in loops(s).items()}
+
+    def built(s):
+        ctx = types.SimpleNamespace(params=params, service=None, dynamics=dyn, slo_ttft_s=cfg["slo_ttft_s"],
+                                    slo_tpot_s=cfg["slo_tpot_s"], max_replicas=64)
+        return _Built(lambda: s.build(None, ctx))
+
+    def simulate(s):
+        out = _simulate(built(s), inc, params, cfg)
+        out.pop("_series")
+        return out
+
+    cert = certs(setting)["demand decode"]
+    peak = planner_startup_peak(loops(setting)["decode"], inc["start_workers"])
+    sim = _simulate(built(setting), inc, params, cfg)
+    series = {"current": sim.pop("_series")}
+    adv = search_settings(setting, certs, simulate, slo_target=cfg["slo_target"],
+                          simulated_candidates=cfg["candidates"])
+    adv_cert = certs(adv.recommended)["demand decode"]
+    adv_sim = _simulate(built(adv.recommended), inc, params, cfg)
+    series["advised"] = adv_sim.pop("_series")
+    pred, apred = cert.predicted_cycle, adv_cert.predicted_cycle
+    result = {"source": inc["source"], "reported": inc["reported"], "settings": setting.planner_fields(),
+              "predicted": {**cert.to_dict(), "cascade_peak_replicas": peak,
+                            "cascade_from_replicas": inc["start_workers"]},
+              "simulated": sim, "advice": adv.to_dict(), "advised_predicted": adv_cert.to_dict(),
+              "advised_simulated": adv_sim}
+    row = {"incident": name, "reported": "-",
+           "predicted": (f"cycle {pred.period_s:.0f} s, {pred.low_replicas}<->{pred.high_replicas}"
+                         if pred else "no cycle") + f"; start-up peak {peak}",
+           "simulated": (f"cycle {sim['period_s']:.0f} s" if sim["period_s"] else "no cycle")
+                        + f"; {sim['sequence']}; peak {sim['peak_replicas']}, {sim['reversals_per_hour']:.1f} rev/h",
+           "advised": ", ".join(f"{k} {v['from']:g}->{v['to']:g}" for k, v in adv.changes.items()) or "(unchanged)",
+           "advised predicted": ("pass" if adv_cert.passed else "fail")
+                                + (f", cycle {apred.period_s:.0f} s" if apred else ", no cycle")
+                                + f", peak {adv_cert.cascade_peak}",
+           "advised simulated": f"peak {adv_sim['peak_replicas']}, {adv_sim['reversals_per_hour']:.1f} rev/h, "
+                                f"SLO {adv_sim['slo_attainment']:.3f}, {adv_sim['gpu_hours']:.1f} GPU-h"}
+    return row, result, series
+
+
+_RUNNERS = {"autoscaler": _autoscaler_incident, "admission": _admission_incident, "dynamo-sla": _dynamo_sla_incident,
+            "dynamo-planner": _planner_incident}
 
 
 def run(out_dir, quick: bool = False, config: dict | None = None) -> dict:

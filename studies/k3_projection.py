@@ -165,6 +165,16 @@ def check_claims(df: pd.DataFrame, cfg: dict[str, Any]) -> list[dict[str, Any]]:
     def add(cid, claim, ok, evidence, partly=False):
         claims.append({"id": cid, "claim": claim, "verdict": _verdict(ok, partly), "evidence": evidence})
 
+    decodes = _decode_claims(df, fr, hws, wls, add)
+    _midfill_claims(df, fr, hws, wls, cfg, add)
+    _prefill_claims(df, fr, hws, wls, cfg, add)
+    _energy_memory_network_claims(fr, cfg, wls, decodes, add)
+    return claims
+
+
+def _decode_claims(df: pd.DataFrame, fr: pd.DataFrame, hws: list, wls: set, add) -> list[str]:
+    """C1-C3 (decode: the lowest-latency and highest-throughput layouts, GB200's share of the
+    front); returns the decode workloads swept."""
     decodes = [w for w in ("decode-8k", "decode-32k") if w in wls]
     if decodes:
         lows = []
@@ -219,6 +229,11 @@ def check_claims(df: pd.DataFrame, cfg: dict[str, Any]) -> list[dict[str, Any]]:
             gb / n >= 0.5 if n else None,
             f"GB200 holds {gb} of the {n} points of the decode fronts drawn across all GPU types "
             + "(" + ", ".join(f"{hw} {sum(share.get(hw, [0]))}" for hw in hws) + ")")
+    return decodes
+
+
+def _midfill_claims(df: pd.DataFrame, fr: pd.DataFrame, hws: list, wls: set, cfg: dict[str, Any], add) -> None:
+    """C4-C6 (midfill: GB200's low-TTFT layouts, B300 catching up, PP4 on B200/B300)."""
     if "midfill-127k+1k" in wls:
         g = df[df.workload == "midfill-127k+1k"]
         r = g.loc[g["latency_s"].idxmin()]
@@ -252,6 +267,10 @@ def check_claims(df: pd.DataFrame, cfg: dict[str, Any]) -> list[dict[str, Any]]:
                    "throughput: at 127k cached tokens attention dominates the pass, so a cross-node "
                    "all-to-all hides behind it" if gap == gap and n4 <= len(hg) / 2 else ""),
                 partly=n4 > 0)
+
+
+def _prefill_claims(df: pd.DataFrame, fr: pd.DataFrame, hws: list, wls: set, cfg: dict[str, Any], add) -> None:
+    """C7-C9 (prefill: PP4, TP2/TP4 at the low-TTFT end, the GPU types close)."""
     pre = [w for w in ("prefill-8k", "prefill-32k") if w in wls]
     if pre:
         pf = fr[fr.workload.isin(pre)]
@@ -294,6 +313,10 @@ def check_claims(df: pd.DataFrame, cfg: dict[str, Any]) -> list[dict[str, Any]]:
             worst <= cfg["close_fraction"],
             "; ".join(f"{w}: best tok/s/GPU {lo:.0f}-{hi:.0f} across GPUs" for w, lo, hi in spread)
             + f" (largest gap {100 * worst:.0f} %)")
+
+
+def _energy_memory_network_claims(fr: pd.DataFrame, cfg: dict[str, Any], wls: set, decodes: list[str], add) -> None:
+    """C10-C13 (energy per query, HBM per GPU, network peaks, expert traffic on NVLink)."""
     med = {w: float(fr[fr.workload == w]["energy_per_query_j"].median()) for w in cfg["workloads"] if (fr.workload == w).any()}
     order = ["midfill-127k+1k", "prefill-8k", "prefill-32k"]
     if all(w in med for w in order) and decodes:
@@ -324,7 +347,6 @@ def check_claims(df: pd.DataFrame, cfg: dict[str, Any]) -> list[dict[str, Any]]:
                 f"{inside} of {len(hg)} B200/B300 prefill/midfill front points have EP<=8 "
                 f"({int(((hg.ep <= 8) & (hg.pp > 1)).sum())} of them with PP>1)",
                 partly=inside > 0)
-    return claims
 
 
 def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None) -> dict[str, Any]:

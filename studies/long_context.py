@@ -139,7 +139,30 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
               f"/{setup.shape.output_tokens})": setup.shape, **CONTROL_SHAPES}
     costs = _shape_costs(setup, shapes)
     report.save_table(costs, "shapes.csv", "What each study's nominal request costs one worker of this plant.")
+    _workload_figure(report, cfg, day, stats)
 
+    # (b) replay under admission control ----------------------------------------------------------
+    rows, runs = _replays(cfg, setup)
+    table = pd.DataFrame(rows)
+    report.save_table(table, "replay.csv", "One row per (load, admission) replay.")
+    _replay_figure(report, cfg, setup, runs)
+
+    # summary ---------------------------------------------------------------------------------------
+    lines = _summary_lines(cfg, stats, costs, setup, table)
+    best = table.loc[table.groupby("load")["slo_attainment"].idxmax()]
+    lines += ["", "Best SLO attainment per load: " + "; ".join(
+        f"x{r.load:g}: {r.admission} ({r.slo_attainment:.3f})" for r in best.itertuples()) + ".",
+              _first_vs_mid(table), _closed_loop(table, setup.capacity_rps), *_ties(table)]
+    for r in best.itertuples():
+        report.headline(f"best SLO attainment at load {r.load:g}", round(float(r.slo_attainment), 3),
+                        note=f"{r.admission} admission")
+    report.headline("calls above 250k tokens", round(stats["share_over_250k"], 3), note=f"max {stats['input_tokens']['max']}")
+    return report.finish({"workload": stats, "shapes": costs.to_dict("records"), "rows": rows,
+                          "capacity_rps": setup.capacity_rps, "bottleneck": setup.bottleneck}, lines)
+
+
+def _workload_figure(report: StudyReport, cfg, day: pd.DataFrame, stats: dict) -> None:
+    """(a)'s figure: the contexts, the five longest sessions, the new tokens per call."""
     fig = Figure(figsize=(13, 4), layout="constrained")
     ax = fig.subplots(1, 3)
     _cdf(ax[0], day["input_tokens"].to_numpy() / 1e3, "context of a call (k tokens)", "C0")
@@ -164,7 +187,10 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                        f"{stats['input_tokens']['p99'] / 1e3:.0f}k), sessions growing turn by turn and compacting at "
                        f"the window, and new tokens per call (median {stats['new_tokens']['p50']:.0f}).")
 
-    # (b) replay under admission control ----------------------------------------------------------
+
+
+def _replays(cfg, setup) -> tuple[list[dict], dict]:
+    """(b): one row per (load, admission) replay of the closed sessions, and the runs by key."""
     rows, runs = [], {}
     cluster = {"slo_ttft_s": cfg["slo_ttft_s"], "slo_tpot_s": cfg["slo_tpot_s"], "drain_s": 120.0, "seed": cfg["seed"]}
     # closed sessions: a load is a population of sessions (generated at load x capacity calls/s,
@@ -198,8 +224,11 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                          "fill_busy": m["utilization"].get("fill", {}).get("busy_fraction", 0.0),
                          "decode_busy": m["utilization"].get("decode", {}).get("busy_fraction", 0.0)})
             runs[(load, adm)] = res
-    table = pd.DataFrame(rows)
-    report.save_table(table, "replay.csv", "One row per (load, admission) replay.")
+    return rows, runs
+
+
+def _replay_figure(report: StudyReport, cfg, setup, runs: dict) -> None:
+    """(b)'s figure: backlog and active decodes at the highest load."""
     fig = Figure(figsize=(12, 6), layout="constrained")
     ax = fig.subplots(2, 1)
     top = max(cfg["loads"])
@@ -217,7 +246,10 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     report.save_figure(fig, "replay.png", "Backlog and active decodes at the highest load for each admission "
                        "controller (closed sessions: a rejected or late turn delays its session's next one).")
 
-    # summary ---------------------------------------------------------------------------------------
+
+
+def _summary_lines(cfg, stats: dict, costs: pd.DataFrame, setup, table: pd.DataFrame) -> list[str]:
+    """The summary's workload, shape-cost and replay tables (sentences from the run's numbers)."""
     p = cfg["plant"]
     lines = [f"Workload over {cfg['statistics_hours']:g} h at {cfg['rate_rps']:g} calls/s: {stats['requests']} calls in "
              f"{stats['sessions']} sessions; context median {stats['input_tokens']['p50'] / 1e3:.0f}k, 90th percentile "
@@ -247,16 +279,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                      f"{r.ttft_p99:.1f} | "
                      f"{r.prefill_ttft_p50:.1f} / {r.prefill_ttft_p99:.1f} | {r.midfill_ttft_p50:.2f} / "
                      f"{r.midfill_ttft_p99:.1f} | {r.tpot_p99:.3f} | {r.oscillating} |")
-    best = table.loc[table.groupby("load")["slo_attainment"].idxmax()]
-    lines += ["", "Best SLO attainment per load: " + "; ".join(
-        f"x{r.load:g}: {r.admission} ({r.slo_attainment:.3f})" for r in best.itertuples()) + ".",
-              _first_vs_mid(table), _closed_loop(table, setup.capacity_rps), *_ties(table)]
-    for r in best.itertuples():
-        report.headline(f"best SLO attainment at load {r.load:g}", round(float(r.slo_attainment), 3),
-                        note=f"{r.admission} admission")
-    report.headline("calls above 250k tokens", round(stats["share_over_250k"], 3), note=f"max {stats['input_tokens']['max']}")
-    return report.finish({"workload": stats, "shapes": costs.to_dict("records"), "rows": rows,
-                          "capacity_rps": setup.capacity_rps, "bottleneck": setup.bottleneck}, lines)
+    return lines
 
 
 def _ties(table: pd.DataFrame) -> list[str]:

@@ -45,11 +45,11 @@ from tokenfactory.plant_models import (
     DemandStep,
     FluidParams,
     PoolDynamics,
+    PoolPlant,
     PoolScenario,
+    RequestPlant,
     RequestShape,
     Worker,
-    simulate,
-    simulate_pools,
 )
 from tokenfactory.registry import CONTROL_PLANES, TARGET_UTILIZATION, PlantContext, build_admission, control_plane
 from tokenfactory.core.classes import INTERACTIVE, RequestClass
@@ -164,7 +164,7 @@ def reproduce_flapping(quick: bool = False, dynamics: PoolDynamics = PoolDynamic
     }
     out, resps = {}, {}
     for key, ctrl in runs.items():
-        r = simulate_pools(fp, 4, 2, sc, controllers=[ctrl], dynamics=dynamics)
+        r = PoolPlant(fp, 4, 2, dynamics).run(sc, [ctrl])
         rep = _verdict(r.series, "decode_workers", sc.dt, 600.0)
         after = _provisioned(r.series[r.series["time_s"] >= 600.0], "decode")
         out[key] = _outcome(r.metrics, rep, controller=type(ctrl).__name__, params=ctrl.params(),
@@ -194,7 +194,7 @@ def reproduce_cascade(quick: bool = False, startup_s: float = 300.0) -> tuple[di
     justified = fixed.demand_justified(2 * lam0)
     out, resps = {}, {}
     for key, ctrl in runs.items():
-        r = simulate_pools(fp, 8, 2, sc, controllers=[ctrl], dynamics=dyn)
+        r = PoolPlant(fp, 8, 2, dyn).run(sc, [ctrl])
         prov = _provisioned(r.series, "decode")
         r.series["decode_provisioned"] = prov
         rep = _verdict(r.series, "decode_provisioned", sc.dt, 0.0)
@@ -260,8 +260,8 @@ def describing_function_check(quick: bool = False) -> tuple[list[dict], dict]:
     for startup, (lo, hi) in cases:
         dyn = PoolDynamics(startup_s=startup, warmup_s=0.0, drain_s=0.0)
         dur = max(4 * 3600.0 if not quick else 2 * 3600.0, 30 * startup)
-        r = simulate_pools(fp, 4, 2, PoolScenario(1.5 * mu, dur, dt=0.5, poisson=False, control_start_s=60.0),
-                           controllers=[QueueRelayScaler("decode", 1, 2, lo, hi, sample_period=sample)], dynamics=dyn)
+        r = PoolPlant(fp, 4, 2, dyn).run(PoolScenario(1.5 * mu, dur, dt=0.5, poisson=False, control_start_s=60.0),
+                                         [QueueRelayScaler("decode", 1, 2, lo, hi, sample_period=sample)])
         q = r.series.loc[r.series["time_s"] >= dur / 4, "ready"].to_numpy()
         rep = assess(q, 0.5)
         # the loop's dead time: scale-up waits for start-up, scale-down does not; the describing
@@ -316,7 +316,7 @@ def measured_worker_rps(trace: pd.DataFrame, setup, dynamics: PoolDynamics, seco
         cl = ClusterConfig(fill_workers=nf, decode_workers=nd, measurement_delay_s=fp.measurement_delay_s,
                            slo_ttft_s=SLO_TTFT_S, slo_tpot_s=SLO_TPOT_S, drain_s=0.0, dynamics=dynamics,
                            snapshot_dt=0.5, seed=6, progress=False)
-        rec = simulate(replay, setup.params, cl, None).records
+        rec = RequestPlant(setup.params, cl).run(replay).records
         done = rec["kv_ready_s"] if pool == "fill" else rec["completion_s"]
         half = (done >= seconds / 2) & (done < seconds)
         out[pool] = float(half.sum() / (seconds / 2))
@@ -345,7 +345,7 @@ def _servegen_plane(pt: dict):
     scaler, _ = CONTROL_PLANES[name]
     nf, nd = _pools_for(fp, pt["mean_rate"] if scaler is None else pt["first_rate"])
     scalers, adm = control_plane(name, _ctx(fp, pt["mean_rate"], dynamics, nf, nd))
-    r = simulate_pools(fp, nf, nd, sc, controllers=[*scalers, *([adm] if adm else [])], dynamics=dynamics)
+    r = PoolPlant(fp, nf, nd, dynamics).run(sc, [*scalers, *([adm] if adm else [])])
     osc, reps = _pool_oscillation(r, 600.0)
     return _row(name, pt["workload"], r.metrics, osc, reps), r
 
@@ -393,7 +393,7 @@ def _azure_plane(pt: dict):
     cl = ClusterConfig(fill_workers=nf, decode_workers=nd, measurement_delay_s=fp.measurement_delay_s,
                        slo_ttft_s=SLO_TTFT_S, slo_tpot_s=SLO_TPOT_S, drain_s=60.0, dynamics=dynamics,
                        autoscale_start_s=60.0, snapshot_dt=0.5, seed=6)
-    r = simulate(pt["replay"], pt["params"], cl, adm, autoscalers=scalers)
+    r = RequestPlant(pt["params"], cl).run(pt["replay"], scalers, admission=adm)
     osc, reps = _pool_oscillation(r, 120.0)
     return _row(plane, pt["workload"], r.metrics, osc, reps), r
 
@@ -617,63 +617,86 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
              f"come from the detectors (`tokenfactory.controllers.oscillation.assess`) on the pool sizes, swings under "
              f"{MIN_AMPLITUDE_WORKERS} workers ignored.", ""]
     if cfg["reproductions"]:
-        flap, flap_r = reproduce_flapping(quick)
-        casc, casc_r = reproduce_cascade(quick)
-        see, see_r = reproduce_seesaw(quick)
-        metrics["reproductions"] = {"flapping": flap, "cascade": casc, "seesaw": see}
-        report.save_figure(_reproduction_figure(
-            f"(a) flapping: constant demand {flap['demand_rps']:.0f} req/s = 1.3 decode workers", flap_r,
-            ["decode"]), "flapping.png",
-            f"HPA on waiting requests (baseline) {_pool_behaviour(flap['baseline'])}; the hysteretic controller "
-            f"{_pool_behaviour(flap['fixed'])}.")
-        report.save_figure(_reproduction_figure(
-            "(b) cascade: demand doubles at 10 min, start-up 300 s", casc_r, ["decode"],
-            justified=casc["demand_justified_workers"]), "cascade.png",
-            "HPA counts starting pods in its replica count but averages the metric over serving ones: "
-            + _cascade_sentence(casc))
-        report.save_figure(_seesaw_figure(see_r, (2.0, 4.0) if quick else (5.0, 7.0)), "seesaw.png",
-            "Decode load (sequences per slot) and prefill load (work in fill per fill capacity x latency): "
-            + "; ".join(f"{label} {_seesaw_behaviour(see[k])}" for k, label in
-                        (("baseline", "early rejection on the current decode load"),
-                         ("predictive", "prediction-based early rejection"), ("fixed", "smoothed admission"))
-                        if k in see) + ".")
-        lines += ["## Reproductions (pool-level fluid model)", ""]
-        rep_rows = []
-        for k, d in metrics["reproductions"].items():
-            for v in ("baseline", "predictive", "fixed"):
-                if v in d:
-                    x = d[v]
-                    rep_rows.append({"case": k, "variant": v, "controller": x["controller"],
-                                     "oscillating": x["oscillating"], "actions_per_hour": x["actions_per_hour"],
-                                     "slo_attainment": x["slo_attainment"], "gpu_hours": x["gpu_hours"],
-                                     "reversals_per_hour": x["reversals_per_hour"],
-                                     "rejected": x["rejected"], "thornhill_r": x["thornhill_r"],
-                                     "period_s": x["period_s"] if x["oscillating"] else None})
-        lines += markdown_table(rep_rows, ["case", "variant", "controller", "oscillating", "actions_per_hour",
-                                      "reversals_per_hour", "slo_attainment", "gpu_hours", "rejected", "thornhill_r", "period_s"])
-        b, f = casc["baseline"], casc["fixed"]
-        lines += ["", f"Cascade: peak provisioned decode workers {b['peak_provisioned']} (HPA) vs {f['peak_provisioned']} "
-                      f"(hysteretic); demand-justified count {casc['demand_justified_workers']}.",
-                  f"Seesaw: decode-load swing (first harmonic) {see['baseline']['decode_load_harmonic_amplitude']:.3f} of the "
-                  f"slots, prefill load {see['baseline']['fill_vs_decode_phase_deg']:.0f} deg out of phase with decode "
-                  f"load; throughput {see['baseline']['throughput_rps']:.1f} (early rejection) / "
-                  f"{see['predictive']['throughput_rps']:.1f} (predictive) / {see['fixed']['throughput_rps']:.1f} "
-                  f"(smoothed) req/s of a decode capacity of {see['decode_capacity_rps']:.1f}.", ""]
+        lines += _reproductions_section(report, quick, metrics)
     if cfg["describing_function"]:
-        rows, _ = describing_function_check(quick)
-        metrics["describing_function"] = rows
-        report.save_table(pd.DataFrame(rows), "describing_function.csv")
-        report.save_figure(_df_figure(rows), "describing_function.png",
-                           "Predicted (relay with hysteresis, whole-worker step, start-up delay, decode-slot jump) "
-                           "vs simulated period and first-harmonic amplitude of the ready queue.")
-        lines += ["## Describing function of the reconfiguration loop", "",
-                  "Queue relay between 1 and 2 decode workers at 1.5 workers' demand; L(s) = (mu + S s) e^{-tau s} / s "
-                  "(mu per-worker completions, S slots per worker), tau the mean of the up (start-up) and down delays. "
-                  "Test bed: the plant at the pre-fit roofline constants (compute 0.6, memory 0.8, network 0.7, "
-                  "no per-layer or collective latency), on which these cases were chosen.", ""]
-        lines += markdown_table(rows, ["startup_s", "queue_low", "queue_high", "predicted_period_s", "simulated_period_s",
-                                  "period_error", "predicted_amplitude", "simulated_amplitude", "amplitude_error"])
-        lines += [""]
+        lines += _describing_function_section(report, quick, metrics)
+    comparison = _comparison_section(report, quick, cfg, planes, sweep, metrics, lines)
+    _reproduction_verdicts(report, metrics)
+    _cheapest_answers(report, comparison)
+    return report.finish(metrics, lines)
+
+
+def _reproductions_section(report: StudyReport, quick: bool, metrics: dict[str, Any]) -> list[str]:
+    """(a)-(c): flapping, cascade and seesaw reproduced on the pool model, their figures and table."""
+    lines: list[str] = []
+    flap, flap_r = reproduce_flapping(quick)
+    casc, casc_r = reproduce_cascade(quick)
+    see, see_r = reproduce_seesaw(quick)
+    metrics["reproductions"] = {"flapping": flap, "cascade": casc, "seesaw": see}
+    report.save_figure(_reproduction_figure(
+        f"(a) flapping: constant demand {flap['demand_rps']:.0f} req/s = 1.3 decode workers", flap_r,
+        ["decode"]), "flapping.png",
+        f"HPA on waiting requests (baseline) {_pool_behaviour(flap['baseline'])}; the hysteretic controller "
+        f"{_pool_behaviour(flap['fixed'])}.")
+    report.save_figure(_reproduction_figure(
+        "(b) cascade: demand doubles at 10 min, start-up 300 s", casc_r, ["decode"],
+        justified=casc["demand_justified_workers"]), "cascade.png",
+        "HPA counts starting pods in its replica count but averages the metric over serving ones: "
+        + _cascade_sentence(casc))
+    report.save_figure(_seesaw_figure(see_r, (2.0, 4.0) if quick else (5.0, 7.0)), "seesaw.png",
+        "Decode load (sequences per slot) and prefill load (work in fill per fill capacity x latency): "
+        + "; ".join(f"{label} {_seesaw_behaviour(see[k])}" for k, label in
+                    (("baseline", "early rejection on the current decode load"),
+                     ("predictive", "prediction-based early rejection"), ("fixed", "smoothed admission"))
+                    if k in see) + ".")
+    lines += ["## Reproductions (pool-level fluid model)", ""]
+    rep_rows = []
+    for k, d in metrics["reproductions"].items():
+        for v in ("baseline", "predictive", "fixed"):
+            if v in d:
+                x = d[v]
+                rep_rows.append({"case": k, "variant": v, "controller": x["controller"],
+                                 "oscillating": x["oscillating"], "actions_per_hour": x["actions_per_hour"],
+                                 "slo_attainment": x["slo_attainment"], "gpu_hours": x["gpu_hours"],
+                                 "reversals_per_hour": x["reversals_per_hour"],
+                                 "rejected": x["rejected"], "thornhill_r": x["thornhill_r"],
+                                 "period_s": x["period_s"] if x["oscillating"] else None})
+    lines += markdown_table(rep_rows, ["case", "variant", "controller", "oscillating", "actions_per_hour",
+                                  "reversals_per_hour", "slo_attainment", "gpu_hours", "rejected", "thornhill_r", "period_s"])
+    b, f = casc["baseline"], casc["fixed"]
+    lines += ["", f"Cascade: peak provisioned decode workers {b['peak_provisioned']} (HPA) vs {f['peak_provisioned']} "
+                  f"(hysteretic); demand-justified count {casc['demand_justified_workers']}.",
+              f"Seesaw: decode-load swing (first harmonic) {see['baseline']['decode_load_harmonic_amplitude']:.3f} of the "
+              f"slots, prefill load {see['baseline']['fill_vs_decode_phase_deg']:.0f} deg out of phase with decode "
+              f"load; throughput {see['baseline']['throughput_rps']:.1f} (early rejection) / "
+              f"{see['predictive']['throughput_rps']:.1f} (predictive) / {see['fixed']['throughput_rps']:.1f} "
+              f"(smoothed) req/s of a decode capacity of {see['decode_capacity_rps']:.1f}.", ""]
+    return lines
+
+
+def _describing_function_section(report: StudyReport, quick: bool, metrics: dict[str, Any]) -> list[str]:
+    """(d): the reconfiguration loop's describing function against simulated limit cycles."""
+    lines: list[str] = []
+    rows, _ = describing_function_check(quick)
+    metrics["describing_function"] = rows
+    report.save_table(pd.DataFrame(rows), "describing_function.csv")
+    report.save_figure(_df_figure(rows), "describing_function.png",
+                       "Predicted (relay with hysteresis, whole-worker step, start-up delay, decode-slot jump) "
+                       "vs simulated period and first-harmonic amplitude of the ready queue.")
+    lines += ["## Describing function of the reconfiguration loop", "",
+              "Queue relay between 1 and 2 decode workers at 1.5 workers' demand; L(s) = (mu + S s) e^{-tau s} / s "
+              "(mu per-worker completions, S slots per worker), tau the mean of the up (start-up) and down delays. "
+              "Test bed: the plant at the pre-fit roofline constants (compute 0.6, memory 0.8, network 0.7, "
+              "no per-layer or collective latency), on which these cases were chosen.", ""]
+    lines += markdown_table(rows, ["startup_s", "queue_low", "queue_high", "predicted_period_s", "simulated_period_s",
+                              "period_error", "predicted_amplitude", "simulated_amplitude", "amplitude_error"])
+    lines += [""]
+    return lines
+
+
+def _comparison_section(report: StudyReport, quick: bool, cfg, planes: tuple, sweep, metrics: dict[str, Any],
+                        lines: list[str]) -> list[dict]:
+    """(e): the control planes on the Azure replay and the ServeGen day; its rows (lines appended)."""
     comparison: list[dict] = []
     infos = {}
     if "azure" in cfg["comparison"]:
@@ -705,6 +728,11 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                       "per hour); `reversals_per_hour` counts scale actions that undo the previous one's direction."]
         lines += ["", "Winners per column (ties all named):", ""] + _winners(
             comparison, {i["workload"]: i for i in infos.values() if "workload" in i})
+    return comparison
+
+
+def _reproduction_verdicts(report: StudyReport, metrics: dict[str, Any]) -> None:
+    """The reproductions' headlines and one loop verdict per run."""
     if "reproductions" in metrics:
         rp = metrics["reproductions"]
         report.headline("HPA flapping", f"{rp['flapping']['baseline']['reversals_per_hour']:.1f}", "reversals/h",
@@ -724,6 +752,10 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                                        + (f", peak {x['peak_provisioned']} workers provisioned (demand justifies "
                                           f"{d['demand_justified_workers']})" if "peak_provisioned" in x
                                           and "demand_justified_workers" in d else ""))
+
+
+def _cheapest_answers(report: StudyReport, comparison: list[dict]) -> None:
+    """Per workload, the cheapest control plane holding SLO attainment >= 0.99."""
     for workload in dict.fromkeys(r["workload"] for r in comparison):
         ok = [r for r in comparison if r["workload"] == workload and r["slo_attainment"] >= 0.99]
         if ok:
@@ -733,4 +765,3 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                           f"{human(c['reversals_per_hour'])} reversals/h).")
             report.headline("cheapest at SLO >= 0.99", c["controller"],
                             note=f"{workload.split(' (')[0]}: {human(c['gpu_hours'])} GPU-h")
-    return report.finish(metrics, lines)

@@ -25,8 +25,8 @@ async def serving(app: web.Application):
 
 
 @contextlib.asynccontextmanager
-async def emulator_and_gateway(sc, **gateway_kw):
+async def emulator_and_gateway(sc, emulator_log=None, **gateway_kw):
     """An emulator and a gateway in front of it: yields (emulator url, gateway url, emulator, gateway)."""
-    async with serving(emulator_app(sc)) as (eu, eapp):
+    async with serving(emulator_app(sc, request_log=emulator_log)) as (eu, eapp):
         async with serving(gateway_app(sc, [eu], **gateway_kw)) as (gu, gapp):
             yield eu, gu, eapp[EMULATOR_KEY], gapp[GATEWAY_KEY]

@@ -216,3 +216,58 @@ def test_advise_on_the_small_plant_finds_the_floor_that_meets_the_slo(tmp_path, 
     assert f"Recommended (min_replicas 1 -> 4): certificate passes; simulated SLO attainment {rec['slo_attainment']:.3f}, " \
            f"{rec['gpu_hours']:.2f} GPU-hours" in printed
     assert "minReplicas: 4  # tokenfactory advise: 1 -> 4" in (out / "recommended.yaml").read_text()
+
+
+PLANNER = """\
+# the user's Dynamo planner: load target, the thresholds of Dynamo's docs
+optimization_target: load
+load_adjustment_interval: 5
+prefill_scale_up_queue_tokens: 8192
+prefill_scale_down_queue_tokens: 819
+decode_scale_up_kv_rate: 90   # scale decode up at 90 % KV use
+decode_scale_down_kv_rate: 60
+max_gpu_budget: 8
+min_endpoint: 1
+"""
+
+
+def test_advise_on_a_dynamo_planner_config_stops_its_plateau_cycle(tmp_path, capsys):
+    """A Dynamo planner file: the loop model (dynamo_planner_loop) certifies both pools, the search
+    replays candidates through the real planner, and recommended.yaml changes only the knob's line.
+    The plant: the small-plant model, open admission, 10 s start-up, requests of
+    1,200 output tokens (700 requests at 3.25 req/s) - 1.05 decode workers' worth, where one worker reads 100 % KV use and two
+    52 %: outside 60-90 % both, so the user's setting cycles 1 <-> 2 (predicted: 15 s at 2 = start-up
+    + metric delay in 5 s ticks, 5 s at 1) and the real planner does (measured: up every 20 s)."""
+    (tmp_path / "model.toml").write_text(MODEL)
+    (tmp_path / "sim.toml").write_text(SCENARIO.format(model=(tmp_path / "model.toml").as_posix())
+                                       .replace("measurement_delay_s = 5.0", "measurement_delay_s = 0.5")
+                                       .replace("slo_tpot_s = 0.05", "slo_tpot_s = 0.2")
+                                       .replace("startup_s = 90.0", "startup_s = 10.0")
+                                       .replace("warmup_s = 30.0", "warmup_s = 0.0") + '\n[controller]\nkind = "open"\n')
+    (tmp_path / "planner.yaml").write_text(PLANNER)
+    rng = np.random.default_rng(0)
+    arr = np.cumsum(rng.exponential(1 / 3.25, 700))
+    rows = ["arrival_s,input_tokens,output_tokens,cached_tokens"] + [f"{a:.3f},1600,1200,0" for a in arr]
+    (tmp_path / "requests.csv").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "advice"
+    assert main(["advise", "--control-plane", str(tmp_path / "planner.yaml"), "--scenario", str(tmp_path / "sim.toml"),
+                 "--trace", str(tmp_path / "requests.csv"), "--seed", "1", "--candidates", "1", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    m = json.loads((out / "metrics.json").read_text())
+    cur, rec = m["current"], m["recommended"]
+    cyc = cur["predicted_cycle"]
+    assert not cur["passed"] and (cyc["low_replicas"], cyc["high_replicas"], cyc["period_s"]) == (1, 2, 20.0)
+    assert cur["simulated"]["reversals_per_hour"] > 20.0            # the real planner cycles
+    assert m["changes"] and rec["passed"] and rec["predicted_cycle"] is None
+    assert rec["simulated"]["reversals_per_hour"] <= 2.0 and not rec["simulated"]["oscillating"]
+    assert rec["simulated"]["slo_attainment"] >= cur["simulated"]["slo_attainment"] - 1e-9
+    assert set(cur["levels"]) == {"median fill", "median decode", "p90 fill", "p90 decode"}
+    text = (out / "recommended.yaml").read_text()
+    before, after = PLANNER.splitlines(), text.splitlines()
+    changed = [b for a, b in zip(before, after) if a != b]
+    assert len(before) == len(after) and len(changed) == len(m["changes"])
+    assert all("# tokenfactory advise:" in line for line in changed)
+    assert "decode_scale_up_kv_rate: 90   # scale decode up at 90 % KV use" in text or \
+        "decode_scale_up_kv_rate" in m["changes"]
+    assert printed.startswith("Current setting: certificate fails (predicts a 20 s cycle between 1 and 2 workers)")
+    assert parse_control_plane(text).format == "dynamo-planner"

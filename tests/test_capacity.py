@@ -78,3 +78,31 @@ def test_oracle_follows_a_shifting_mix_and_the_static_split():
     with pytest.raises(ConfigError, match="oracle.work_factors.fill"):
         oracle_plan(demand, {"fill": 5.0, "decode": 2.0}, {"fill": 1.0, "decode": 1.0}, startup_s=0.0,
                     work_factors={"fill": pd.Series([1.0, -1.0], index=[0.0, 600.0])})
+
+
+def test_utilization_ceiling_cache_computes_on_its_key(monkeypatch):
+    # the ceiling is cached by the plant's params; the pool model must see only what the key holds
+    # (provenance is compared by nothing), so no hit can return a result computed for other inputs
+    import dataclasses
+    import types
+
+    from tokenfactory.controllers import capacity
+    from tokenfactory.plant_models import pools
+    from tokenfactory.scenario import build_plant
+
+    seen = []
+
+    def fake_pools(params, nf, nd, scenario):
+        seen.append(params.provenance)
+        return types.SimpleNamespace(metrics={"slo_attainment": 1.0})
+
+    monkeypatch.setattr(pools, "simulate_pools", fake_pools)
+    capacity._ceiling.cache_clear()
+    p = build_plant({"model": "deepseek-v3", "hardware": "h200", "fill_workers": 1, "decode_workers": 1}).params
+    assert p.provenance and p.model_inputs() == p and hash(p.model_inputs()) == hash(p)
+    q = dataclasses.replace(p, provenance={"decode_context_tokens": 1.0})
+    a = capacity.utilization_ceiling(p, 2.0, 0.1, workers=2, grid=(0.8, 0.9))
+    b = capacity.utilization_ceiling(q, 2.0, 0.1, workers=2, grid=(0.8, 0.9))
+    assert a == b == {"fill": 0.9, "decode": 0.9}
+    assert len(seen) == 4 and all(s == {} for s in seen)  # computed once, on the provenance-free key
+    capacity._ceiling.cache_clear()

@@ -191,16 +191,27 @@ def test_simulate_runs_the_file_through_the_real_planner(tmp_path):
     assert m["requests"] == m["completed"] + m["rejected"] + m["in_flight_end"]
 
 
-def test_stack_layer_and_advise_say_what_the_planner_lacks(tmp_path):
-    """Neither the stack's control-plane layer nor ``advise`` has a loop model of Dynamo's planner:
-    both refuse the file with a reason instead of mis-certifying it."""
+def test_stack_layer_reads_the_load_target_and_the_loop_model_names_what_it_lacks(tmp_path):
+    """The stack's control-plane layer takes a planner file (its tick is the file's); the loop model
+    that certifies it covers the load target only: an sla file is NotModelled, naming the field."""
+    from tokenfactory.controllers.dynamo_planner_loop import planner_pool_loops
+    from tokenfactory.controllers.formats.common import NotModelled
+    from tokenfactory.plant_models import FluidParams, RequestShape, Worker
     from tokenfactory.registry.stack_layers import ControlPlaneLayer
 
     f = tmp_path / "planner.yaml"
     f.write_text(LOAD)
-    with pytest.raises(ConfigError, match="loop model") as err:
-        ControlPlaneLayer(file=str(f)).read()
-    assert err.value.field == "layers.reconfiguration.file"
+    layer = ControlPlaneLayer(file=str(f))
+    assert layer.read().format == "dynamo-planner" and layer.sample_period_s == 10.0
+    w = Worker.from_dict({"model": "deepseek-v3", "hardware": "h200"})
+    plant = FluidParams.from_workers(w, w, RequestShape(2048, 512))
+    with pytest.raises(NotModelled, match="sla") as err:
+        planner_pool_loops(parse_control_plane(SLA), plant, demand_rps=10.0, metric_delay_s=1.0, startup_s=60.0)
+    assert err.value.field == "optimization_target"
+    with pytest.raises(ConfigError, match="max_gpu_budget") as err:   # 2 pools x 9 workers x 1 GPU > 16
+        planner_pool_loops(parse_control_plane(LOAD).with_params(min_endpoint=9), plant, demand_rps=10.0,
+                           metric_delay_s=1.0, startup_s=60.0)
+    assert err.value.field == "min_endpoint"
 
 
 def test_rewrite_edits_a_field_the_file_spells_by_its_alias():

@@ -179,3 +179,40 @@ def test_pass_law_from_token_throughput_carries_no_slot_wait(saturate):
     err = tpot_law["pass_at_median_s"].value / (0.02 + 0.001 * tpot_law["median_batch"]) - 1.0
     if not saturate:
         assert abs(err) < 0.05
+
+
+def _prefill_record(prefill_s: float = 0.5, decode_s: float = 4.0, output_tokens: int = 100):
+    """One decode worker with T(B) = 0.02 + 0.001 B behind a prefill stage: ``running`` counts the
+    requests in their prefill too (as vLLM's ``num_requests_running`` does), each request's first
+    token comes from its prefill, and the finished-request observations (success counter, vLLM's
+    prefill/decode time histograms) arrive ``decode_s`` after the first token."""
+    t = np.arange(0, 300, 1.0)
+    batch = 4 + 40 * (0.5 - 0.5 * np.cos(2 * np.pi * t / 150))
+    pass_s = 0.02 + 0.001 * batch
+    decode_tokens = batch / pass_s
+    firsts = decode_tokens / (output_tokens - 1)       # requests/s reaching their first token
+    prefilling = firsts * prefill_s                     # Little's law on the prefill stage
+    late = lambda x: np.interp(t - decode_s, t, x, left=0.0)  # noqa: E731  (observed at completion)
+    done = np.cumsum(late(firsts))
+    return {"running": pd.Series(batch + prefilling, t), "decode_workers": pd.Series(np.ones_like(t), t),
+            "success_total": pd.Series(done, t), "generation_total": pd.Series(np.cumsum(decode_tokens + firsts), t),
+            "prefilling": pd.Series(prefilling, t), "prefill_time_sum": pd.Series(np.cumsum(late(prefilling)), t),
+            "decode_time_sum": pd.Series(done * decode_s, t), "decode_time_count": pd.Series(done, t)}, batch
+
+
+@pytest.mark.parametrize("source", ["prefilling", "prefill_time_sum"])
+def test_pass_law_subtracts_the_requests_in_their_prefill(source):
+    series, batch = _prefill_record()
+    true = lambda b: 0.02 + 0.001 * b  # noqa: E731
+    keep = {"running", "decode_workers", "success_total", "generation_total", source, "decode_time_sum",
+            "decode_time_count"}
+    law = identify({k: v for k, v in series.items() if k in keep}).pass_law
+    share = np.mean(series["prefilling"].to_numpy() / series["running"].to_numpy())
+    assert 0.08 < share < 0.2  # the record's prefilling share is large enough to matter
+    assert law["prefilling_share"] == pytest.approx(share, rel=0.1)
+    assert law["pass_at_median_s"].value == pytest.approx(true(law["median_batch"]), rel=0.02)
+    assert law["b_s_per_seq"].value == pytest.approx(0.001, rel=0.05)
+    # without a prefill series the decode batch is overstated by the prefilling share, and a note says so
+    biased = identify({k: v for k, v in series.items() if k in keep - {source}})
+    err = biased.pass_law["pass_at_median_s"].value / true(biased.pass_law["median_batch"]) - 1.0
+    assert err > 0.05 and any("prefill" in n for n in biased.notes)

@@ -76,3 +76,34 @@ def test_prefix_blocks_chain_and_ignore_partial_blocks():
     b = block_hashes(list(range(1024)) + [7] * 76, 512)
     c = block_hashes([9] + list(range(1, 1100)), 512)
     assert len(a) == 2 and a == b and c[0] != a[0] and c[1] != a[1]
+
+
+def test_published_pass_time_and_queued_tokens_are_the_simulators_measurement(sc):
+    # what the emulator publishes for the gateway's controller is what the request simulator's
+    # controller measures (its snapshot series) at the same instants of the same arrivals
+    trace = _arrivals(n=80, rate=16.0)
+    series = simulate(trace, sc.setup.params, sc.cluster).series
+    clock = ManualClock()
+    eng = RealtimeEngine(sc.setup.params, sc.cluster, nominal_input=1000, nominal_output=64, capacity=len(trace),
+                         clock=clock)
+    arrivals = iter(trace.itertuples())
+    nxt = next(arrivals)
+    got = []
+    times = series["time_s"].to_numpy(float) if "time_s" in series else series.index.to_numpy(float)
+    for t in times:
+        while nxt is not None and nxt.arrival_s <= t:
+            clock.t = nxt.arrival_s
+            eng.submit(nxt.input_tokens, nxt.output_tokens)
+            nxt = next(arrivals, None)
+        clock.t = t + 1e-7
+        eng.advance()
+        got.append((eng.decode_pass_now(), eng.fill_queued_tokens()))
+    got = np.array(got)
+    for col, k in (("decode_pass_s", 0), ("fill_queued_tokens", 1)):
+        want = series[col].to_numpy(float)
+        busy = np.isfinite(want) & (want > 0)  # the instants with something to measure
+        assert busy.sum() >= 20, col
+        same = np.isclose(got[busy, k], want[busy], rtol=1e-9)
+        assert same.mean() >= 0.95, col  # (an event between a snapshot and 0.1 us later may differ)
+        idle = ~np.isfinite(want)
+        assert np.isnan(got[idle, k]).all() if k == 0 else True  # NaN while nothing decodes

@@ -2,13 +2,14 @@
 registry's controller decides, rejections carry a reason, every request is accounted for."""
 
 import asyncio
+import json
 import math
 
 import aiohttp
 import pytest
 
 from tokenfactory.live.exposition import parse_text, sample_value
-from tokenfactory.live.gateway import GATEWAY_KEY, REASON_HEADER, gateway_app
+from tokenfactory.live.gateway import GATEWAY_KEY, REASON_HEADER, Gateway, gateway_app
 from tokenfactory.live.prometheus_server import free_port
 from tokenfactory.live.live_scenario import load_live_scenario
 from tokenfactory.core.signals import AdmissionAction, Decision
@@ -96,9 +97,10 @@ class _Scripted:
         return AdmissionAction(self.rate, self.bound)
 
 
-def test_deferral_ends_at_the_class_deadline(sc):
+def test_deferral_ends_at_the_class_deadline(sc, tmp_path):
     async def main():
-        async with emulator_and_gateway(sc, controller=_Scripted(gate=True)) as (eu, gu, em, gw):
+        async with emulator_and_gateway(sc, controller=_Scripted(gate=True),
+                                        request_log=str(tmp_path / "g.jsonl")) as (eu, gu, em, gw):
             gw.max_defer[gw.top] = 0.4
             async with aiohttp.ClientSession() as s:
                 t0 = asyncio.get_running_loop().time()
@@ -109,6 +111,8 @@ def test_deferral_ends_at_the_class_deadline(sc):
     (status, reason, waited), acc, deferred = asyncio.run(main())
     assert (status, reason) == (429, "deferral_expired")
     assert 0.35 <= waited <= 1.0 and deferred == 1 and acc["balanced"]
+    (line,) = [json.loads(x) for x in (tmp_path / "g.jsonl").read_text().splitlines()]
+    assert (line["status"], line["reason"], line["deferred"]) == ("rejected", "deferral_expired", True)
 
 
 def test_a_rate_controller_queues_within_its_bound(sc):
@@ -125,3 +129,52 @@ def test_a_rate_controller_queues_within_its_bound(sc):
     assert codes.count(200) >= 2 and codes.count(429) >= 1
     assert all(r[2]["reason"] == "backlog_over_bound" for r in res if r[0] == 429)
     assert acc["balanced"] and acc["completed"] + acc["rejected"] == 8
+
+
+def test_request_logs_of_gateway_and_emulator_join_by_request_id(sc, tmp_path):
+    gw_log, em_log = tmp_path / "gateway.jsonl", tmp_path / "emulator.jsonl"
+
+    async def main():
+        async with emulator_and_gateway(sc, emulator_log=str(em_log), request_log=str(gw_log)) as (eu, gu, em, gw):
+            async with aiohttp.ClientSession() as s:
+                body = {"prompt_token_ids": list(range(500)), "max_tokens": 5, "stream": True}
+                res = await asyncio.gather(*(_tokens(s, gu + "/v1/completions", body, {"x-request-id": f"r{k}"})
+                                             for k in range(3)))
+            return res, em.engine.times(0)
+
+    res, times = asyncio.run(main())
+    assert [r[0] for r in res] == [200] * 3
+    g = {r["request_id"]: r for r in map(json.loads, gw_log.read_text().splitlines())}
+    e = {r["request_id"]: r for r in map(json.loads, em_log.read_text().splitlines())}
+    assert set(g) == set(e) == {"r0", "r1", "r2"}
+    for rid in g:
+        gr, er = g[rid], e[rid]
+        assert gr["status"] == "completed" and gr["deferred"] is False and er["tokens_written"] == 5
+        # each hop after the one before it (unix stamps of one machine; monotonic clocks
+        # mapped once to unix by each process, hence the 1 ms allowances)
+        assert gr["arrived_unix_s"] <= gr["sent_unix_s"] <= er["received_unix_s"] + 1e-3 <= er["arrival_unix_s"] + 2e-3
+        assert er["arrival_unix_s"] <= er["first_token_unix_s"] <= er["first_write_unix_s"] + 1e-3
+        assert er["first_write_unix_s"] <= gr["first_token_unix_s"] + 1e-3
+        assert er["first_token_unix_s"] - er["arrival_unix_s"] > 0
+    assert times.first_token_s > times.arrival_s  # the log's engine times are the engine's records
+
+
+def test_measurement_is_the_simulators_when_the_upstream_publishes_it(sc):
+    gw = Gateway(sc, ["http://127.0.0.1:9"])  # no I/O until started
+    u = gw.upstreams[0]
+    u.healthy, u.scraped_s = True, gw.now()
+    L = 'model_name="m"'
+    emulator = "\n".join([*(f'tokenfactory:emulator_requests{{{L},stage="{k}"}} {v}' for k, v in (
+        ("fill_queue", 2), ("prefilling", 1), ("transfer", 1), ("ready", 0), ("decoding", 20))),
+        f"tokenfactory:emulator_fill_queued_tokens{{{L}}} 9500", f"tokenfactory:emulator_decode_pass_seconds{{{L}}} "
+        "0.061"]) + "\n"
+    u.samples = parse_text(emulator)
+    gw.tpot_sum, gw.tpot_n = 0.5, 2  # the streams' figure is not used when the upstream publishes its own
+    m = gw.measurement()
+    assert (m.fill_queued_tokens, m.decode_pass_s, m.active_decodes) == (9500.0, 0.061, 20.0)
+    # a vLLM upstream: the waiting requests' prompts, the streams' pass time, held through an empty sample
+    u.samples = parse_text("vllm:num_requests_running 12\nvllm:num_requests_waiting 3\n")
+    gw.tpot_sum, gw.tpot_n = 0.14, 2
+    m = gw.measurement()
+    assert m.fill_queued_tokens == 3 * sc.live["prompt_tokens"] and m.decode_pass_s == pytest.approx(0.07)
+    assert gw.measurement().decode_pass_s == pytest.approx(0.07)  # no stream finished in this sample

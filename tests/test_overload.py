@@ -453,6 +453,51 @@ def test_outer_loop_integrates_the_miss_share_in_budget_units():
         MarginLoopConfig(miss_setpoint=0.0)
 
 
+def test_outer_loop_past_the_model_discounts_the_queue_prediction_while_outcomes_allow():
+    """Issue 21: the margin may pass r = 1 (the model's expectation) up to ``margin_max`` = 2,
+    where the TTFT check counts (2 - r) of the predicted fill-queue wait. A measured queue of 1.5 s
+    (30,000 tokens at 20,000 tokens/s) over the top class's fill limit of 0.85 s: while every
+    admitted request meets its SLO and the gate refuses, the margin climbs; stopped at 1 (the old
+    rule) the gate refuses every such arrival for ever, past 1 it admits once 1.5 (2 - r) <= 0.85,
+    and misses bring it back below 1, refusing again. The own fill is still a hard limit."""
+    m0 = Measurement(time_s=0.0, backlog=0, fill_in_progress=0, ready=0, active_decodes=0, completion_rate=0,
+                     admitted_rate=0, decode_slots=64, fill_capacity=10, fill_workers=1, decode_workers=1,
+                     fill_queued_tokens=30000.0, fill_token_capacity=20000.0)
+
+    def run(margin_max):
+        ctrl = _gate(fill_ki=0.0, outer=MarginLoopConfig(sample_period_s=1.0, ki=0.05, min_samples=20,
+                                                         margin_max=margin_max))
+        ctrl.observe(0.0, [("interactive", 0.5, 0.04)] * 200)  # every admitted request met its SLO
+        verdicts = []
+        for k in range(1, 61):
+            t = float(k)
+            ctrl.update(t, dataclasses.replace(m0, time_s=t))
+            ctrl.ledger.clear()  # the queue stays as measured (nothing admitted joins it here)
+            ctrl.led_tokens = {n: 0.0 for n in ctrl.classes}
+            ctrl.led_count = {n: 0 for n in ctrl.classes}
+            verdicts.append(ctrl.decide(t, Arrival("interactive", 2000, 0, 200, t)).verdict)
+        return ctrl, verdicts
+
+    old, v_old = run(1.0)
+    assert old.margin["interactive"] == 1.0 and set(v_old) == {"reject"}
+    new, v_new = run(2.0)
+    assert new.margin["interactive"] > 1.4
+    assert new.queue_weight("interactive") == pytest.approx(2.0 - new.margin["interactive"])
+    assert v_new[-1] == "admit" and v_new[0] == "reject"
+    # the own fill stays a hard limit at any margin (2,000,000 tokens: 100 s alone)
+    assert new.decide(61.0, Arrival("interactive", 2_000_000, 0, 200, 61.0)).verdict == "reject"
+    # misses: back below 1, refusing again
+    new.observe(61.0, [("interactive", 3.0, 0.2)] * 200)
+    for k in range(62, 80):
+        new.update(float(k), dataclasses.replace(m0, time_s=float(k)))
+    assert new.margin["interactive"] < 1.0
+    assert new.decide(79.0, Arrival("interactive", 2000, 0, 200, 79.0)).verdict == "reject"
+    with pytest.raises(ConfigError, match="slo_aware.outer.margin_max"):
+        MarginLoopConfig(margin_max=2.5)
+    with pytest.raises(ConfigError, match="slo_aware.outer.initial_margin"):
+        MarginLoopConfig(initial_margin=1.5, margin_max=1.0)
+
+
 def test_gate_rejects_little_below_the_measured_capacity():
     """Issue 21: at 0.9 x the capacity measured under open admission the gate should reject
     (almost) nothing and keep its admitted requests within their SLO. Seeded Poisson classes

@@ -76,3 +76,16 @@ def test_the_request_simulator_samples_a_stacks_admission_per_request(des_params
     assert _conserves(r) and r.metrics["rejected"] > 0   # admitting 1 of 2 req/s sheds the rest
     with pytest.raises(ConfigError, match="2 admission layers"):
         plant.run(trace, [_stack(1.0), _stack(1.0)])
+
+
+def test_the_request_simulator_takes_a_bare_admission_controller(des_params):
+    # what run_replay (tokenfactory simulate) and the studies pass: one admission controller, sampled
+    # per request, equal to the simulator's own function; with a stack's admission too it is an error
+    trace = poisson_trace(2.0, 60.0, seed=5)
+    cluster = ClusterConfig(fill_workers=1, decode_workers=1, seed=5)
+    r = RequestPlant(des_params, cluster).run(trace, admission=ConstantAdmission(1.0, 2.0, sample_period=1.0))
+    direct = simulate(trace, des_params, cluster, ConstantAdmission(1.0, 2.0, sample_period=1.0))
+    pd.testing.assert_frame_equal(r.records, direct.records)
+    assert _conserves(r) and r.metrics["rejected"] > 0
+    with pytest.raises(ConfigError, match="2 admission layers"):
+        RequestPlant(des_params, cluster).run(trace, [_stack(1.0)], admission=ConstantAdmission(1.0, 2.0))

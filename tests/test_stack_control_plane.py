@@ -103,3 +103,41 @@ def test_the_file_is_required(tmp_path):
     (tmp_path / "hpa.yaml").unlink()
     with pytest.raises(ConfigError, match="does not exist"):
         certify(sc)
+
+
+PLANNER = """\
+optimization_target: load
+load_adjustment_interval: 10
+prefill_scale_up_queue_tokens: 8192
+prefill_scale_down_queue_tokens: 819
+decode_scale_up_kv_rate: 90
+decode_scale_down_kv_rate: 60
+max_gpu_budget: 32
+min_endpoint: 1
+"""
+
+
+def test_dynamo_planner_file_is_certified_by_its_loop_model_and_built(tmp_path):
+    """A Dynamo planner config as the layer: at 1.05 decode workers' demand one worker reads 100 % KV
+    use and two 52.5 %, outside 60-90 % both - the planner's loop model predicts a 1 <-> 2 cycle,
+    the certificate fails and names a knob of the file that passes; at 1.5 two workers read 75 %
+    and it passes. The layer builds Dynamo's real planner at the file's tick."""
+    sc = _scenario(tmp_path, 1.05)
+    (tmp_path / "planner.yaml").write_text(PLANNER)
+    text = (tmp_path / "stack.toml").read_text().replace('file = "hpa.yaml"', 'file = "planner.yaml"')
+    (tmp_path / "stack.toml").write_text(text)
+    cert = certify(load_stack_scenario(tmp_path / "stack.toml"))
+    rec = cert.layers["reconfiguration"]
+    assert rec["control_plane"] == "dynamo-planner" and rec["controller"] == "DynamoPlanner"
+    assert not rec["meets_floors"] and rec["sample_period_s"] == 10.0
+    fail = next(f for f in cert.failures if f["layer"] == "reconfiguration")
+    assert "cycle between 1 and 2 workers" in fail["detail"]
+    assert "decode_scale_down_kv_rate 60 -> 30 passes" in fail["detail"]
+    mu = sc.rate_rps / 1.05
+    (tmp_path / "stack.toml").write_text(text.replace(f"rate_rps = {1.05 * mu}", f"rate_rps = {1.5 * mu}"))
+    sc15 = load_stack_scenario(tmp_path / "stack.toml")
+    assert certify(sc15).layers["reconfiguration"]["meets_floors"]
+    stack, _ = build_stack(sc15)
+    (layer,) = [la for la in stack.layers if la.name == "reconfiguration"]
+    (planner,) = layer.controllers
+    assert type(planner).__name__ == "DynamoPlanner" and layer.sample_period == 10.0

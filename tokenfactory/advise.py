@@ -45,7 +45,7 @@ from tokenfactory.core.signals import count_reversals
 from tokenfactory.core.validation import check_choice, check_number
 
 __all__ = ["advise", "search_settings", "current_knobs", "scale_churn", "Advice", "KNOB_GRID", "MAX_REVERSALS_PER_HOUR", "operating_points", "DEFAULT_ATTAINMENT",
-           "slo_shortfall", "MAX_FLOORS", "EXTRA_FLOOR_COMBOS"]
+           "slo_shortfall", "MAX_FLOORS", "EXTRA_FLOOR_COMBOS", "FLOOR_KNOB"]
 
 #: reversals per hour above which a pool is churning (issue 21's bound for a pool that holds)
 MAX_REVERSALS_PER_HOUR = 2.0
@@ -93,7 +93,16 @@ KNOB_GRID: dict[str, dict[str, Any]] = {
                   "upscale_delay_s": _also(0.0, 30.0), "min_replicas": _floor_up, "max_replicas": _ceiling},
     "aibrix": {"target": _times(0.5, 1.0, 2.0), "up_band": _also(0.2), "down_band": _also(0.3, 0.5),
                "min_replicas": _floor_up, "max_replicas": _ceiling},
+    # Dynamo's load target (controllers/dynamo_planner_loop.py): the KV band's levels decide whether
+    # a worker's share sits inside it, the prefill levels the same for queued prompt tokens, the
+    # tick the period; min_endpoint floors both pools (its ceiling is the GPU budget of both pools)
+    "dynamo-planner": {"decode_scale_up_kv_rate": _also(95.0), "decode_scale_down_kv_rate": _also(30.0, 40.0, 50.0),
+                       "prefill_scale_up_queue_tokens": _times(1.0, 2.0, 4.0),
+                       "prefill_scale_down_queue_tokens": _also(0),
+                       "load_adjustment_interval_seconds": _also(5, 30), "min_endpoint": _floor_up},
 }
+#: format -> its floor knob, when it is not ``min_replicas`` (the floor axis of the search)
+FLOOR_KNOB = {"dynamo-planner": "min_endpoint"}
 
 
 def current_knobs(setting, controller) -> dict:
@@ -111,6 +120,8 @@ def current_knobs(setting, controller) -> dict:
     dict
         Knob name (the model's, as ``with_params`` takes it) -> current value.
     """
+    if setting.format in FLOOR_KNOB:   # a planner config: its own fields are the knobs
+        return {knob: setting[knob] for knob in KNOB_GRID[setting.format]}
     p = controller.params()
     out = {}
     for knob in KNOB_GRID[setting.format]:
@@ -143,7 +154,8 @@ def operating_points(trace: pd.DataFrame, mu: float, *, metric_delay_s: float, s
     service_s : float
         Time a request occupies a slot (s, > 0).
     window_s : float
-        Width of the windows the rates are counted over (s, > 0; default 300); empty windows are left out.
+        Width of the windows the rates are counted over (s, > 0; default 300; a shorter trace is one
+        window); empty windows are left out.
 
     Returns
     -------
@@ -151,6 +163,8 @@ def operating_points(trace: pd.DataFrame, mu: float, *, metric_delay_s: float, s
         ``"median"`` and ``"p90"`` -> :class:`PoolOperatingPoint` at that demand.
     """
     arr = trace["arrival_s"].to_numpy(dtype=float)
+    # a trace shorter than the window is one window of its own length (else its rate reads low)
+    window_s = min(window_s, float(arr.max() - arr.min())) if arr.max() > arr.min() else window_s
     span = max(float(arr.max() - arr.min()), window_s)
     bins = np.arange(float(arr.min()), float(arr.min()) + span + window_s, window_s)
     rates = np.histogram(arr, bins=bins)[0] / window_s
@@ -219,7 +233,7 @@ class Advice:
             why = "no predicted cycle" if rec["predicted_cycle"] is None else "a shorter cycle"
             was = (f"was a {cur['predicted_cycle']['period_s']:.0f} s cycle" if cur["predicted_cycle"] else
                    f"start-up peak {cur['cascade_peak_replicas']} -> {rec['cascade_peak_replicas']} workers")
-            floor = self.changes.get("min_replicas")
+            floor = self.changes.get(FLOOR_KNOB.get(self.recommended.format, "min_replicas"))
             miss = cur["simulated"].get("misses") or {}
             if floor and (old, new) == (floor["from"], floor["to"]) and miss.get("reach_s") is not None:
                 # a floor buys what no rule can: workers serving before a burst that outruns the start-up
@@ -255,7 +269,7 @@ class Advice:
                          f"serve it")
                 if self.floor_search:
                     top = self.floor_search[-1]
-                    text += (f", and the highest floor searched (min_replicas {top['min_replicas']}, the ceiling) "
+                    text += (f", and the highest floor searched ({top.get('knob', 'min_replicas')} {top['min_replicas']}, the ceiling) "
                              f"reaches {top['slo_attainment']:.3f}")
             else:
                 text += f"; a worker ordered when it shows serves {miss['reach_s']:.0f} s later, within the window"
@@ -285,7 +299,7 @@ class Advice:
                          f"{rs['reversals_per_hour']:.1f} reversals/h.")
         if self.floor_search:
             lines.append("Floors replayed (bisection on the SLO attainment): " + ", ".join(
-                f"min_replicas {f['min_replicas']} -> {f['slo_attainment']:.3f} at {f['gpu_hours']:.2f} GPU-hours"
+                f"{f.get('knob', 'min_replicas')} {f['min_replicas']} -> {f['slo_attainment']:.3f} at {f['gpu_hours']:.2f} GPU-hours"
                 for f in self.floor_search) + ".")
         if not self.met_target:
             lines.append(self.shortfall_text())
@@ -341,15 +355,16 @@ def search_settings(setting, certify: Callable[[Any], dict], simulate: Callable[
         The pool the setting sizes (to read its knobs off the built controller).
     """
     check_number("simulated_candidates", simulated_candidates, low=1)
-    knobs0 = current_knobs(setting, setting.build(pool))
+    knobs0 = current_knobs(setting, None if setting.format in FLOOR_KNOB else setting.build(pool))
     grid = KNOB_GRID[setting.format]
+    fk = FLOOR_KNOB.get(setting.format, "min_replicas")   # the format's floor (the model's name)
     current_certs = certify(setting)
     need = max(math.ceil(c.workers_needed - 1e-9) for c in current_certs.values())
     axes = {k: grid[k](knobs0[k], need) for k in grid}
     rows = []
 
     def add(knobs):
-        if knobs.get("min_replicas", 0) > knobs.get("max_replicas", math.inf):
+        if knobs.get(fk, 0) > knobs.get("max_replicas", math.inf):
             return   # a floor above the ceiling is no setting
         changed = {k: v for k, v in knobs.items() if v != knobs0[k]}
         try:
@@ -359,31 +374,33 @@ def search_settings(setting, certify: Callable[[Any], dict], simulate: Callable[
             rows.append({**knobs, "changed": len(changed), "passed": False, "simulated": False, "error": str(exc)})
             return
         rows.append({**knobs, "changed": len(changed), "passed": all(c.passed for c in certs.values()),
-                     "held_workers": knobs.get("min_replicas", 1), "simulated": False, "setting": cand,
+                     "held_workers": knobs.get(fk, 1), "simulated": False, "setting": cand,
                      "certs": certs, "changes": changed})
 
     for values in itertools.product(*axes.values()):
         add(dict(zip(axes, values)))
-    if "min_replicas" in axes:
+    if fk in axes:
         # the floors above the grid's, up to the ceiling, each with the user's other knobs and the
         # nearest other-knob combinations that passed at the grid's top floor (a bounded cost: the
         # bisection replays each floor's nearest candidate, the budget's rest a few more)
-        top = max(axes["min_replicas"])
-        others = [k for k in axes if k not in ("min_replicas", "max_replicas")]
-        at_top = sorted((r for r in rows if r["min_replicas"] == top and r["passed"]), key=lambda r: r["changed"])
+        top = max(axes[fk])
+        others = [k for k in axes if k not in (fk, "max_replicas")]
+        at_top = sorted((r for r in rows if r[fk] == top and r["passed"]), key=lambda r: r["changed"])
         combos = [{k: knobs0[k] for k in others}]
         for r in at_top:
             combo = {k: r[k] for k in others}
             if combo not in combos and len(combos) <= EXTRA_FLOOR_COMBOS:
                 combos.append(combo)
-        ceilings = axes.get("max_replicas", [knobs0.get("max_replicas", top)])
-        for floor in _floor_axis(axes["min_replicas"], ceilings):
-            if floor in axes["min_replicas"]:
+        # a format without a ceiling knob (Dynamo's GPU budget spans both pools): the loop model's
+        ceilings = axes.get("max_replicas", [knobs0.get("max_replicas", max(top, min(
+            c.loop.max_replicas for c in current_certs.values())))])
+        for floor in _floor_axis(axes[fk], ceilings):
+            if floor in axes[fk]:
                 continue
             for ceiling in ceilings:
                 for combo in combos:
-                    add({**combo, "min_replicas": floor, "max_replicas": ceiling} if "max_replicas" in axes
-                        else {**combo, "min_replicas": floor})
+                    add({**combo, fk: floor, "max_replicas": ceiling} if "max_replicas" in axes
+                        else {**combo, fk: floor})
     table = pd.DataFrame(rows)
     current_sim = simulate(setting)
     sims: dict[Any, dict] = {}
@@ -440,7 +457,7 @@ def search_settings(setting, certify: Callable[[Any], dict], simulate: Callable[
         key = (ok, -sim["gpu_hours"] if ok else sim["slo_attainment"])
         if best_key is None or key > best_key:
             best, best_key = idx, key
-    floor_search = [{"min_replicas": f, "slo_attainment": sims[nearest[f]]["slo_attainment"],
+    floor_search = [{"min_replicas": f, "knob": fk, "slo_attainment": sims[nearest[f]]["slo_attainment"],
                      "gpu_hours": sims[nearest[f]]["gpu_hours"], "meets_target": meets(sims[nearest[f]])}
                     for f in floors if nearest[f] in sims]
     if best is None:   # nothing passes the certificate: keep the user's setting, say so
@@ -490,11 +507,15 @@ def advise(control_plane, scenario, trace: pd.DataFrame, *, pool: str = "decode"
     setting = read_control_plane(control_plane) if isinstance(control_plane, (str, Path)) else control_plane
     cluster = scenario_cluster(scenario, seed)
     setup = build_replay(trace, dict(scenario.plant))
-    if setting.format == "vllm":
-        return _advise_batch_cap(setting, scenario, trace, setup, cluster, slo_target)
+    # formats whose setting is not a pool autoscaler's: each has its own search (by format name,
+    # which the formats' table defines; a kind of the same name lives in the registry)
+    special = {"vllm": lambda: _advise_batch_cap(setting, scenario, trace, setup, cluster, slo_target),
+               "dynamo-planner": lambda: _advise_planner(setting, scenario, trace, setup, cluster, slo_target, seed,
+                                                         simulated_candidates)}
+    if setting.format in special:
+        return special[setting.format]()
     if setting.format not in KNOB_GRID:
-        raise ConfigError("control_plane", f"advise has no loop model for a {setting.format} setting (Dynamo's "
-                          "planner decides from its own perf model); run it with `simulate --control-plane FILE`")
+        raise ConfigError("control_plane", f"advise has no loop model for a {setting.format} setting")
     p = setup.plant.params
     mu = p.decode_capacity(1) if pool == "decode" else p.fill_rate_per_worker
     dyn = cluster.get("dynamics", {})
@@ -519,6 +540,53 @@ def advise(control_plane, scenario, trace: pd.DataFrame, *, pool: str = "decode"
 
     return search_settings(setting, certify, simulate, slo_target=slo_target,
                            simulated_candidates=simulated_candidates, pool=pool)
+
+
+def _advise_planner(setting, scenario, trace, setup, cluster, slo_target, seed, simulated_candidates) -> Advice:
+    """A Dynamo planner config: both pools certified by the planner's loop model
+    (:func:`tokenfactory.controllers.dynamo_planner_loop.certify_planner`) at the trace's sustained
+    levels, its own knobs searched (:data:`KNOB_GRID`), the candidates replayed through the real
+    planner (ai-dynamo) sizing both pools of the request simulator."""
+    from tokenfactory.controllers.dynamo_planner import DynamoCapabilities
+    from tokenfactory.controllers.dynamo_planner_loop import certify_planner, planner_pool_loops
+    from tokenfactory.replay import run_replay
+
+    setting.planner_fields()   # NotModelled for a config the planner adapter cannot run
+    p = setup.plant.params
+    dyn = cluster.get("dynamics", {})
+    delay = float(cluster.get("measurement_delay_s", p.measurement_delay_s))
+    startup, warmup = float(dyn.get("startup_s", 0.0)), float(dyn.get("warmup_s", 0.0))
+    gpus = int(dyn.get("gpus_per_worker", 1))
+    ctx = setup.context(cluster.get("slo_ttft_s", 2.0), cluster.get("slo_tpot_s", 0.1))
+    caps = DynamoCapabilities(p.prompt_tokens if p.prompt_tokens > 0 else 1.0, p.output_tokens,
+                              ctx.service.fill_token_budget if ctx.service is not None else p.prompt_tokens,
+                              p.decode_slots_per_worker, ctx.service.decode_context_tokens if ctx.service is not None
+                              else p.prompt_tokens + p.output_tokens / 2.0, None, None, gpus)
+    levels = operating_points(trace, p.decode_capacity(1), metric_delay_s=delay, startup_s=startup,
+                              slots_per_worker=p.decode_slots_per_worker, service_s=1.0)
+
+    def certify(s):
+        s.validate()   # Dynamo's own cross-field rules (a scale-down level above the scale-up one ...)
+        out = {}
+        for name, pt in levels.items():
+            loops = planner_pool_loops(s, p, demand_rps=pt.demand_rps, metric_delay_s=delay, startup_s=startup,
+                                       warmup_s=warmup, gpus_per_worker=gpus, capabilities=caps)
+            for pool, loop in loops.items():
+                out[f"{name} {pool}"] = certify_planner(loop)
+        return out
+
+    reach_s = delay + startup
+
+    def simulate(s) -> dict:
+        kind, params = s.registered_autoscaler()
+        m, res = run_replay(trace, setup, scenario.admission or "slo-aware", 1.0, cluster, autoscaler=kind,
+                            autoscaler_params=params, admission_params=dict(scenario.admission_params))
+        return {"slo_attainment": float(m["slo_attainment"]), "gpu_hours": float(m["gpu_hours"]),
+                **scale_churn(res.actions, float(m["duration_s"])), "oscillating": bool(m["oscillating"]),
+                "rejected": int(m["rejected"]), "misses": slo_shortfall(res, reach_s)}
+
+    return search_settings(setting, certify, simulate, slo_target=slo_target,
+                           simulated_candidates=simulated_candidates)
 
 
 #: vLLM's max-num-seqs when a config does not set it (vllm/engine/arg_utils.py default for most GPUs)

@@ -949,8 +949,8 @@ def build_parser() -> argparse.ArgumentParser:
     ce.set_defaults(func=_cmd_certify)
 
     ad = sub.add_parser("advise", help="certify a control plane's own settings file (Kubernetes HPA, KEDA, Knative, "
-                                       "Ray Serve, AIBrix) on a scenario, search its knobs, simulate, and write the "
-                                       "recommended file in the same format")
+                                       "Ray Serve, AIBrix, a Dynamo planner config) on a scenario, search its knobs, "
+                                       "simulate, and write the recommended file in the same format")
     ad.add_argument("--control-plane", dest="control_plane", required=True, help="the settings file (YAML)")
     ad.add_argument("--scenario", required=True, help="the plant and cluster (the simulate scenario TOML)")
     ad.add_argument("--trace", default=None, help="requests to replay: registered name, path, or 'synthetic' "
@@ -1024,6 +1024,8 @@ def build_parser() -> argparse.ArgumentParser:
     em.add_argument("--scenario", required=True, help="live scenario TOML (studies/scenarios/live_small.toml)")
     em.add_argument("--port", type=int, default=8000)
     em.add_argument("--host", default="127.0.0.1")
+    em.add_argument("--request-log", default=None, help="append one JSON line per finished request to this file "
+                    "(engine and wall-clock times of its arrival, first token and first write)")
     em.set_defaults(func=_cmd_emulate)
 
     gw = sub.add_parser("gateway", help="an admission gateway (reverse proxy) running the scenario's controller")
@@ -1070,7 +1072,7 @@ def _cmd_emulate(args) -> int:
 
     sc = load_live_scenario(args.scenario)
     print(f"emulating {sc.name} ({sc.live['model_name']}) on http://{args.host}:{args.port}", flush=True)
-    web.run_app(emulator_app(sc), host=args.host, port=args.port, print=None, access_log=None)
+    web.run_app(emulator_app(sc, request_log=args.request_log), host=args.host, port=args.port, print=None, access_log=None)
     return 0
 
 

@@ -23,8 +23,9 @@ import pandas as pd
 
 from tokenfactory.core.classes import DEFAULT_CLASSES, class_table
 from tokenfactory.controllers.oscillation import judge_actuators
-from tokenfactory.plant_models.des import ClusterConfig, DESParams, simulate
+from tokenfactory.plant_models.des import ClusterConfig, DESParams
 from tokenfactory.plant_models.fluid import FluidParams, FluidPlant
+from tokenfactory.plant_models.plant_protocol import RequestPlant
 from tokenfactory.plant_models.roofline import Worker
 from tokenfactory.plant_models.service import (
     DEFAULT_KV_SETUP_S,
@@ -396,7 +397,7 @@ def _measure_capacity(setup: ReplaySetup, cl: ClusterConfig, model: ClusterCapac
 
     def attained(rate: float) -> float:
         replay, _ = _replay_at_rate(setup.trace, rate, duration_s, run.seed)
-        res = simulate(replay, setup.params, _run_cluster(replay, run, duration_s), None, [])
+        res = RequestPlant(setup.params, _run_cluster(replay, run, duration_s)).run(replay)
         a = float(res.metrics["slo_attainment"])
         points.append((rate, a))
         return a
@@ -796,8 +797,8 @@ def run_replay(trace: pd.DataFrame, setup: ReplaySetup, admission: str, scale: f
         raise ConfigError("autoscaler", "autoscaler parameters were given without an autoscaler kind")
     scalers = list(autoscalers) if autoscalers is not None else (
         build_autoscalers(autoscaler, ctx, autoscaler_params) if autoscaler else [])
-    res = simulate(replay, setup.params, cl, build_admission(admission, ctx, admission_params, where=admission_where),
-                   scalers)
+    res = RequestPlant(setup.params, cl).run(
+        replay, scalers, admission=build_admission(admission, ctx, admission_params, where=admission_where))
     verdict = result_verdict(res, float(setup.params.fill_token_budget))
     sig = verdict.signals
     m = {**res.metrics, "admission": admission, "autoscaler": autoscaler, "scale": scale, "load": load,

@@ -104,10 +104,16 @@ class Emulator:
     ----------
     scenario : LiveScenario
         The scenario (service model, cluster, ``[live]`` section).
+    request_log : str, optional
+        A file to append one JSON line per finished request to (:meth:`log_request`): the engine's
+        times of its arrival, first token and completion and the wall-clock times it was received
+        and its first token written, in unix seconds - what separates the service model's time
+        from the server's (HTTP, the clock loop's tick and lag) when a run is taken apart.
     """
 
-    def __init__(self, scenario: LiveScenario):
+    def __init__(self, scenario: LiveScenario, request_log: str | None = None):
         self.sc = scenario
+        self.log = open(request_log, "a", buffering=1 << 16) if request_log else None
         live = scenario.live
         self.model_name = live["model_name"]
         self.engine = RealtimeEngine(scenario.setup.params, scenario.cluster, nominal_input=live["prompt_tokens"],
@@ -156,6 +162,11 @@ class Emulator:
         # the emulator's own figures (pools as the scenario has them; what identify is checked against)
         PL = ("model_name", "pool")
         self.g_workers = r.gauge("tokenfactory:emulator_workers", "Serving workers by pool.", PL)
+        self.g_fill_tokens = r.gauge("tokenfactory:emulator_fill_queued_tokens", "Prompt tokens admitted and not "
+                                     "yet prefilled (the request simulator's measurement).", ("model_name",))
+        self.g_pass = r.gauge("tokenfactory:emulator_decode_pass_seconds", "Mean pass time of the busy decode "
+                              "workers now (s; NaN when none decodes; the request simulator's measurement).",
+                              ("model_name",))
         self.g_stage = r.gauge("tokenfactory:emulator_requests", "Requests by stage (fill_queue, prefilling, "
                                "transfer, ready, decoding).", ("model_name", "stage"))
         # how late the clock loop wakes (a starved process falls behind the wall clock: its timing
@@ -168,6 +179,21 @@ class Emulator:
             g.set(0.0, self.labels)
         self.requests_total = self.completed_total = 0
         self.max_lag_s = 0.0
+        # the engine's clock (monotonic since its start) in unix seconds
+        self.unix0 = time.time() - self.engine.now()
+
+    def log_request(self, o: "_Open", request_id: str | None, received_unix_s: float, first_write_unix_s: float,
+                    tokens_written: int) -> None:
+        """Append request ``o``'s line to the request log (class notes; nothing without a log)."""
+        if self.log is None:
+            return
+        t = self.engine.times(o.index)
+        u = self.unix0
+        self.log.write(json.dumps({
+            "request_id": request_id, "received_unix_s": received_unix_s, "arrival_unix_s": u + t.arrival_s,
+            "first_token_unix_s": u + t.first_token_s, "completion_unix_s": u + t.completion_s,
+            "first_write_unix_s": first_write_unix_s, "end_unix_s": time.time(), "input_tokens": t.input_tokens,
+            "output_tokens": t.output_tokens, "tokens_written": tokens_written, "done": o.done}) + "\n")
 
     # -- the clock loop ----------------------------------------------------------------------
     def start(self) -> None:
@@ -184,6 +210,9 @@ class Emulator:
             except asyncio.CancelledError:
                 pass
             self._task = None
+        if self.log is not None:
+            self.log.close()
+            self.log = None
 
     async def _run(self) -> None:
         eng = self.engine
@@ -258,6 +287,9 @@ class Emulator:
             self._later(now, self.g_running.set, c["decoding"] + c["prefilling"], L)
             self._later(now, self.g_waiting.set, c["fill_queue"] + c["backlog"] + c["transfer"] + c["ready"], L)
             self._later(now, self.g_kv.set, eng.kv_usage(), L)
+            ML = {"model_name": self.model_name}
+            self._later(now, self.g_fill_tokens.set, eng.fill_queued_tokens(), ML)
+            self._later(now, self.g_pass.set, eng.decode_pass_now(), ML)
             for st in ("fill_queue", "prefilling", "transfer", "ready", "decoding"):
                 self._later(now, self.g_stage.set, c[st], {"model_name": self.model_name, "stage": st})
             pre = int(eng.rec.preemptions[:eng.used].sum()) if eng.used else 0
@@ -367,7 +399,7 @@ def request_tokens(body: dict, chat: bool) -> tuple[int, int | None]:
     return n, _int_field(body, "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens")
 
 
-def emulator_app(scenario: LiveScenario) -> web.Application:
+def emulator_app(scenario: LiveScenario, request_log: str | None = None) -> web.Application:
     """The aiohttp application of an emulator for ``scenario`` (its clock loop starts and stops
     with the application).
 
@@ -375,6 +407,8 @@ def emulator_app(scenario: LiveScenario) -> web.Application:
     ----------
     scenario : LiveScenario
         The scenario.
+    request_log : str, optional
+        :class:`Emulator`'s per-request log file.
 
     Returns
     -------
@@ -384,7 +418,7 @@ def emulator_app(scenario: LiveScenario) -> web.Application:
     holder: dict = {}
 
     async def on_startup(app):
-        em = Emulator(scenario)
+        em = Emulator(scenario, request_log)
         holder["em"] = em
         app[EMULATOR_KEY] = em
         em.start()
@@ -412,6 +446,8 @@ def emulator_app(scenario: LiveScenario) -> web.Application:
 
     async def completions(request, chat: bool):
         em = holder["em"]
+        received = time.time()
+        request_id = request.headers.get("x-request-id")
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -442,6 +478,7 @@ def emulator_app(scenario: LiveScenario) -> web.Application:
             while not o.done:
                 await o.event.wait()
                 o.event.clear()
+            em.log_request(o, request_id, received, math.nan, 0)
             text_out = "".join(" tok" for _ in range(n_out))
             choice = ({"index": 0, "message": {"role": "assistant", "content": text_out}, "finish_reason": o.reason}
                       if chat else {"index": 0, "text": text_out, "logprobs": None, "finish_reason": o.reason})
@@ -451,6 +488,7 @@ def emulator_app(scenario: LiveScenario) -> web.Application:
         await resp.prepare(request)
         chunk_obj = "chat.completion.chunk" if chat else "text_completion"
         sent = 0
+        first_write = math.nan
 
         def event(delta: str | None, finish: str | None, first: bool = False) -> bytes:
             if chat:
@@ -476,6 +514,8 @@ def emulator_app(scenario: LiveScenario) -> web.Application:
                     buf.append(event(" tok", o.reason if last else None))
                 sent += new
                 if buf:
+                    if first_write != first_write:
+                        first_write = time.time()
                     await resp.write(b"".join(buf))
                 if o.done and sent >= n_out:
                     break
@@ -488,6 +528,8 @@ def emulator_app(scenario: LiveScenario) -> web.Application:
         except (ConnectionResetError, asyncio.CancelledError):
             pass  # the client left: the engine finishes the request (its metrics still count it)
             raise
+        finally:
+            em.log_request(o, request_id, received, first_write, sent)
         return resp
 
     async def completions_route(request):

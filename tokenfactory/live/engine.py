@@ -245,6 +245,26 @@ class RealtimeEngine(Simulator):
                    for w in (*self.decode_workers, *self.aggregated_workers))
         return float(min(used / cap, 1.0))
 
+    def decode_pass_now(self) -> float:
+        """Mean pass time the busy decode workers' sequences see now (s; NaN when none decodes):
+        the quantity the request simulator's measurement reports as ``decode_pass_s``
+        (``plant_models/des/measure.py``, ``snapshot``), so the gateway's controller sees what the
+        simulator's sees."""
+        p = self.p
+        total, busy = 0.0, 0
+        for w in self.decode_workers:
+            B = len(w.members)
+            if B and w.online:
+                ctx = w.offset_sum + B * w.n
+                total += p.decode_pass(B, ctx / B)[0] / (self.rate_factor * self.speed(w))
+                busy += 1
+        return total / busy if busy else math.nan
+
+    def fill_queued_tokens(self) -> float:
+        """Prompt tokens admitted and not yet prefilled (the simulator's ``fill_queued_tokens``: a
+        request in its prefill counts only its chunks still to run)."""
+        return float(sum(self.tok_fill))
+
     def counts(self) -> dict[str, int]:
         """Requests by stage: ``fill_queue`` (admitted, waiting for a fill step), ``prefilling``
         (in a step or being chunked), ``transfer``, ``ready`` (waiting for a decode slot),

@@ -15,8 +15,17 @@ What the controller sees (:class:`tokenfactory.core.signals.Measurement`, one pe
   is the in-flight credit of gateway-api-inference-extension PR #2066 (requests dispatched since
   the metrics were produced count against the backend at once);
 * its own counts: requests it holds (backlog, deferred), arrival, admission and completion rates
-  over the sample, and the measured TPOT of the streams passing through (mean over the sample,
-  the decode pass time a sequence sees).
+  over the sample;
+* the quantities the request simulator's measurement holds, when the upstream publishes them (the
+  emulator: ``tokenfactory:emulator_fill_queued_tokens``, the prompt tokens still to prefill, and
+  ``tokenfactory:emulator_decode_pass_seconds``, the busy decode workers' pass time now), so the
+  controller sees on the wire what it sees in simulation. Otherwise (vLLM) the queued tokens are
+  the waiting requests x their prompt, and the pass time is the streams' own: the mean gap from a
+  stream's second token to its last over the streams finished in the sample (the last value held
+  through a sample without one). A whole request's TPOT would also carry its wait for a decode
+  slot after the first token and overstate the pass time at saturation (before, the gateway fed
+  that TPOT, the controller's default pass time in a sample with none, and counted transferring
+  and half-prefilled requests with their whole prompt: figures the simulator's gate never sees).
 
 Decisions. A controller with ``decide`` (SLO-aware admission) answers each arrival: admit, defer
 (held, offered again at every sample until the class's ``max_defer_s``) or reject. Any other
@@ -91,7 +100,10 @@ class Gateway:
     request_log : str, optional
         A file to append one JSON line per finished request to: ``class``, ``status``
         (``completed``, ``rejected``, ``failed_upstream``), ``reason``, ``arrived_unix_s``,
-        ``sent_unix_s``, ``first_token_unix_s``, ``end_unix_s``, ``prompt_tokens``, ``chunks``.
+        ``sent_unix_s``, ``first_token_unix_s``, ``end_unix_s``, ``prompt_tokens``, ``chunks``,
+        ``request_id`` (the client's ``x-request-id`` header, or null) and ``deferred`` (held for a
+        later sample before its decision): what separates the client's lateness, the gateway's
+        decision time and the upstream's time when a run is taken apart.
     """
 
     def __init__(self, scenario: LiveScenario, upstreams: list[str], controller=None, open_gate: bool = False,
@@ -123,6 +135,7 @@ class Gateway:
         # own counts
         self.backlog: deque = deque()       # rate controllers: (future) waiting for a token
         self.held = 0                       # deferred, waiting for the next sample
+        self._was_held: set = set()         # ids of arrivals being decided that were deferred once
         self.in_flight = 0                  # sent upstream, not finished
         self.prefilling = 0                 # sent, no first token yet
         self.prefill_tokens = 0             # their prompt tokens
@@ -164,8 +177,9 @@ class Gateway:
         self.g_prefill = r.gauge("tokenfactory:gateway_prefilling", "Requests sent upstream with no first token "
                                  "yet (the gateway's own count).")
         self.g_prefill.set_function(lambda: self.prefilling)
-        self.g_tpot = r.gauge("tokenfactory:gateway_measured_tpot_seconds", "Mean TPOT of the streams finished in "
-                              "the last sample (s).")
+        self.g_tpot = r.gauge("tokenfactory:gateway_measured_tpot_seconds", "The decode pass time the controller "
+                              "saw in the last sample (s; the upstream's, else the streams' gaps after their "
+                              "second token).")
         self.g_in_flight.set_function(lambda: self.in_flight)
         self.g_held.set_function(lambda: self.held + len(self.backlog))
         self.g_pred.set_function(lambda: self.predicted_ttft)
@@ -222,13 +236,15 @@ class Gateway:
             self.log = None
 
     def _log(self, cls: str, status: str, reason: str, arrived: float, sent: float = math.nan,
-             first: float = math.nan, prompt: int = 0, chunks: int = 0) -> None:
+             first: float = math.nan, prompt: int = 0, chunks: int = 0, request_id: str | None = None,
+             deferred: bool = False) -> None:
         if self.log is None:
             return
         u = self.unix0
         self.log.write(json.dumps({"class": cls, "status": status, "reason": reason, "arrived_unix_s": u + arrived,
                                    "sent_unix_s": u + sent, "first_token_unix_s": u + first,
-                                   "end_unix_s": u + self.now(), "prompt_tokens": prompt, "chunks": chunks}) + "\n")
+                                   "end_unix_s": u + self.now(), "prompt_tokens": prompt, "chunks": chunks,
+                                   "request_id": request_id, "deferred": deferred}) + "\n")
 
     async def _scrape_one(self, u: _Upstream) -> None:
         try:
@@ -258,8 +274,10 @@ class Gateway:
         t = self.now()
         T = self.period
         ups = [u for u in self.upstreams if u.healthy and u.samples]
-        fill_q = ready = decoding = 0.0
+        fill_q = ready = decoding = tokens = 0.0
         fill_w = dec_w = 0.0
+        passes = []
+        prompt = float(self.sc.live["prompt_tokens"])
         stamp = min((u.scraped_s for u in ups), default=t) - self.delay_s
         for u in ups:
             s = u.samples
@@ -269,19 +287,28 @@ class Gateway:
                 fill_q += st["fill_queue"] + st["prefilling"] + st["transfer"]
                 ready += st["ready"]
                 decoding += st["decoding"]
+                tok = sample_value(s, "tokenfactory:emulator_fill_queued_tokens")
+                tokens += tok if tok == tok else (st["fill_queue"] + st["prefilling"]) * prompt
+                ps = sample_value(s, "tokenfactory:emulator_decode_pass_seconds")
+                if ps == ps:
+                    passes.append(ps)
             else:  # a vLLM server: running sequences decode, waiting ones wait for prefill
                 decoding += sample_value(s, "vllm:num_requests_running", 0.0)
-                fill_q += sample_value(s, "vllm:num_requests_waiting", 0.0)
+                waiting = sample_value(s, "vllm:num_requests_waiting", 0.0)
+                fill_q += waiting
+                tokens += waiting * prompt
             fw = sample_value(s, "tokenfactory:emulator_workers", pool="fill")
             dw = sample_value(s, "tokenfactory:emulator_workers", pool="decode")
             fill_w += fw if fw == fw else self.sc.cluster.fill_workers
             dec_w += dw if dw == dw else self.sc.cluster.decode_workers
-        tpot = self.tpot_sum / self.tpot_n if self.tpot_n else math.nan
+        if passes:
+            tpot = sum(passes) / len(passes)
+        else:  # the streams' pass time, held through a sample in which none finished
+            tpot = self.tpot_sum / self.tpot_n if self.tpot_n else self._last_tpot
         # slots: KV's, under the batch cap in force (the gate's, else the scenario's)
         cap = self.batch_cap if self.batch_cap == self.batch_cap else (self.sc.cluster.batch_cap or math.inf)
         slots_per_worker = min(self.kv_slots_per_worker, cap)
         self._last_tpot = tpot
-        tokens = fill_q * self.sc.live["prompt_tokens"]
         m = Measurement(time_s=stamp, backlog=float(len(self.backlog) + self.held), fill_in_progress=fill_q,
                         ready=ready, active_decodes=decoding, completion_rate=self.completed_since / T,
                         admitted_rate=self.admitted_since / T, decode_slots=dec_w * slots_per_worker,
@@ -347,8 +374,8 @@ class Gateway:
 
     # -- a request ----------------------------------------------------------------------------
     def _reject(self, cls: str, reason: str, status: int = 429, retry_s: float = 1.0,
-                arrived: float = math.nan) -> web.Response:
-        self._log(cls, "rejected", reason, arrived)
+                arrived: float = math.nan, request_id: str | None = None, deferred: bool = False) -> web.Response:
+        self._log(cls, "rejected", reason, arrived, request_id=request_id, deferred=deferred)
         self.c_rejected.inc(1.0, {"request_class": cls, "reason": reason})
         self.ended["rejected"] += 1
         self.deciding -= 1
@@ -372,6 +399,7 @@ class Gateway:
                 if d.verdict == "defer" and self.now() < deadline:
                     if not deferred:
                         deferred = True
+                        self._was_held.add(id(arrival))
                         self.c_deferred.inc(1.0, {"request_class": cls})
                     self.held += 1
                     try:
@@ -430,27 +458,32 @@ class Gateway:
             self.c_rejected.inc(1.0, {"request_class": cls, "reason": "bad_request"})
             return web.json_response({"object": "error", "message": str(e), "reason": "bad_request", "code": 400},
                                      status=400)
+        rid = request.headers.get("x-request-id")
         if self._pick() is None:
-            return self._reject(cls, "upstream_unavailable", 503, self.scrape_s)
+            return self._reject(cls, "upstream_unavailable", 503, self.scrape_s, request_id=rid)
         arrival = Arrival(cls, prompt, 0, float(max_tokens or self.nominal_output), self.now())
         try:
             ok, reason = await self._decide(cls, arrival)
         except asyncio.CancelledError:  # the client left while held: a rejection it will not read
-            self._reject(cls, "deferral_expired")
+            self._was_held.discard(id(arrival))
+            self._reject(cls, "deferral_expired", request_id=rid, deferred=True)
             raise
+        deferred = id(arrival) in self._was_held
+        self._was_held.discard(id(arrival))
         if not ok:
             retry = self.max_defer.get(cls, 0.0) if reason == "deferral_expired" else self.period
-            return self._reject(cls, reason, 429, retry, arrival.arrived_s)
+            return self._reject(cls, reason, 429, retry, arrival.arrived_s, rid, deferred)
         u = self._pick()
         if u is None:  # every upstream went down while it was held
-            return self._reject(cls, "upstream_unavailable", 503, self.scrape_s)
+            return self._reject(cls, "upstream_unavailable", 503, self.scrape_s, request_id=rid, deferred=deferred)
         self.c_admitted.inc(1.0, {"request_class": cls})
         self.admitted_since += 1
         return await self._proxy(request, u, path, raw, cls, prompt, bool(body.get("stream", False)),
-                                 arrival.arrived_s)
+                                 arrival.arrived_s, rid, deferred)
 
     async def _proxy(self, request, u: _Upstream, path: str, raw: bytes, cls: str, prompt: int,
-                     stream: bool, arrived: float) -> web.StreamResponse:
+                     stream: bool, arrived: float, request_id: str | None = None,
+                     deferred: bool = False) -> web.StreamResponse:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         u.in_flight += 1
         self.in_flight += 1
@@ -458,8 +491,9 @@ class Gateway:
         self.prefilling += 1
         self.prefill_tokens += prompt
         t_sent = self.now()
-        first = math.nan
+        first = second = math.nan
         events = 0
+        second_at = 3 if path.endswith("chat/completions") else 2  # events up to the second token
         resp = None
         outcome = "failed_upstream"
         try:
@@ -474,6 +508,8 @@ class Gateway:
                         self.prefill_tokens -= prompt
                         self.decoding += 1
                     events += chunk.count(b"data: ") if stream else 0
+                    if second != second and events >= second_at:
+                        second = self.now()
                     await resp.write(chunk)
                 await resp.write_eof()
                 outcome = "completed" if up.status < 400 else "failed_upstream"
@@ -492,12 +528,12 @@ class Gateway:
                 self.decoding -= 1
             self.ended[outcome] += 1
             (self.c_completed if outcome == "completed" else self.c_failed).inc(1.0, {"request_class": cls})
-            self._log(cls, outcome, "", arrived, t_sent, first, prompt, events)
+            self._log(cls, outcome, "", arrived, t_sent, first, prompt, events, request_id, deferred)
             if outcome == "completed":
                 self.completed_since += 1
                 tokens = events - 1 - (path.endswith("chat/completions"))  # [DONE] and chat's role chunk
-                if first == first and tokens > 1:
-                    self.tpot_sum += (self.now() - first) / (tokens - 1)
+                if second == second and tokens > 2:  # passes after the slot wait (module notes)
+                    self.tpot_sum += (self.now() - second) / (tokens - 2)
                     self.tpot_n += 1
         return resp
 

@@ -21,7 +21,16 @@ saved file: the inputs of ``diagnose``) and fits:
   (generation tokens/s per decode worker) in each window (Little's law on tokens). This holds at
   saturation too and carries no queueing: a request's TPOT also carries its wait for a decode slot
   (after its first token, which the fill emits), which biased the TPOT fit high (+26 % on the
-  emulator at batch 21, issue 25). Without the counter, the fallback: the mean TPOT of the
+  emulator at batch 21, issue 25). The decode batch is ``running`` less the requests in their
+  prefill (vLLM's ``num_requests_running`` counts every scheduled request, prefilling ones too):
+  the engine's prefilling count when it publishes one (the emulator's
+  ``tokenfactory:emulator_requests{stage="prefilling"}``), else, on vLLM, Little's law on
+  ``vllm:request_prefill_time_seconds_sum`` (prefill seconds per second = mean number prefilling;
+  vLLM observes it when a request finishes, so the window is read one mean decode time later,
+  from ``vllm:request_decode_time_seconds``); and decode tokens are the generation tokens less
+  one first token per request (the prefill emits it; read from the success counter, as late).
+  Without either prefill series the batch keeps the prefilling requests (a note says so; +7 %
+  on the emulator at batch 27). Without the counter, the fallback: the mean TPOT of the
   requests finishing in each window against the mean running batch per decode worker over that
   window and the one before (when they decoded), on the windows whose two windows stayed below
   90 % of the peak batch. ``pass_law["method"]`` says which ran;
@@ -67,6 +76,10 @@ IDENTIFY_METRICS = {
     "tpot_sum": "vllm:time_per_output_token_seconds_sum",
     "tpot_count": "vllm:time_per_output_token_seconds_count",
     "generation_total": "vllm:generation_tokens_total",
+    "prefilling": 'tokenfactory:emulator_requests{stage="prefilling"}',
+    "prefill_time_sum": "vllm:request_prefill_time_seconds_sum",
+    "decode_time_sum": "vllm:request_decode_time_seconds_sum",
+    "decode_time_count": "vllm:request_decode_time_seconds_count",
     "decode_workers": 'tokenfactory:emulator_workers{pool="decode"}',
     "spec_replicas": 'kube_deployment_spec_replicas{deployment=~".*decode.*"}',
     "ready_replicas": 'kube_deployment_status_ready_replicas{deployment=~".*decode.*"}',
@@ -476,6 +489,61 @@ def _windowed(t: np.ndarray, x: np.ndarray, w: float) -> tuple[np.ndarray, np.nd
     return np.nonzero(ok)[0], j[ok]
 
 
+def _cumulative_at(col: dict, name: str, t: np.ndarray) -> np.ndarray:
+    """A counter interpolated at ``t`` (NaN outside its record: no extrapolation)."""
+    s = col[name]
+    x = s.index.to_numpy(float)
+    return np.where((t >= x[0]) & (t <= x[-1]), np.interp(t, x, s.to_numpy(float)), np.nan)
+
+
+def _pass_law_from_tokens(col: dict, t: np.ndarray, running: np.ndarray, workers: np.ndarray, window_s: float,
+                          notes: list) -> dict:
+    """The pass-time law from token throughput (module notes), on the decode batch: ``running``
+    less the requests in their prefill, generation tokens less the first tokens (which the prefill
+    emits)."""
+    k, j = _windowed(t, running, window_s)
+    dt = t[k] - t[j]
+    per_worker = np.maximum(workers[k], 1.0)
+    gen = _cumulative_at(col, "generation_total", t)
+    running_mean = np.array([running[a:b + 1].mean() for a, b in zip(j, k)])
+    # completion-time observations (vLLM's finished-request histograms and success counter) lag
+    # the prefill they describe by the request's decode time D: a window [t_j, t_k] of prefills
+    # and first tokens is observed over [t_j + D, t_k + D]
+    d_s = 0.0
+    if {"decode_time_sum", "decode_time_count"} <= set(col):
+        n = col["decode_time_count"].to_numpy(float)
+        if n[-1] - n[0] > 0:
+            d_s = float((col["decode_time_sum"].to_numpy(float)[-1] - col["decode_time_sum"].to_numpy(float)[0])
+                        / (n[-1] - n[0]))
+    if "prefilling" in col:  # the engine's own count of requests in their prefill (the emulator's)
+        pv = np.interp(t, col["prefilling"].index.to_numpy(float), col["prefilling"].to_numpy(float))
+        prefilling = np.array([pv[a:b + 1].mean() for a, b in zip(j, k)])
+        how = "less the engine's prefilling count"
+    elif "prefill_time_sum" in col:
+        # Little's law: the mean number in their prefill over a window is the prefill time the
+        # window's requests spent, per second (vLLM observes prefill_time = first_token_ts -
+        # scheduled_ts when a request finishes: vllm/v1/metrics/stats.py, update_from_finished_request)
+        ps = _cumulative_at(col, "prefill_time_sum", t + d_s)
+        prefilling = (ps[k] - ps[j]) / dt
+        how = f"less prefilling by Little's law on vLLM's prefill time (observed {d_s:.2f} s later)"
+    else:
+        prefilling = np.zeros(len(k))
+        how = "as reported (no prefill series: a prefilling request counts as decoding)"
+        notes.append("pass-time law: no prefilling count or vllm:request_prefill_time_seconds: the decode batch "
+                     "includes the requests in their prefill (biased high)")
+    tokens = (gen[k] - gen[j]) / dt
+    done = _cumulative_at(col, "success_total", t + d_s)
+    first_tokens = (done[k] - done[j]) / dt  # one first token per request, emitted by its prefill
+    batch = (running_mean - prefilling) / per_worker
+    tokens_per_s = (tokens - np.nan_to_num(first_tokens)) / per_worker
+    ok = np.isfinite(batch) & np.isfinite(tokens_per_s) & np.isfinite(first_tokens) & (tokens_per_s > 0) & (batch > 0)
+    law = fit_pass_law(batch[ok], batch[ok] / tokens_per_s[ok])
+    law["method"] = (f"token throughput: decoding / decode tokens/s per decode worker (running {how}; "
+                     "generation tokens less one first token per request)")
+    law["prefilling_share"] = float(np.nanmean((prefilling / np.maximum(running_mean, 1e-9))[ok]))
+    return law
+
+
 def identify(series: dict[str, pd.Series] | SignalSet, *, modelled_service_rate: float | None = None,
              seed: int = 0, max_delay_s: float = 10.0, window_s: float = WINDOW_S,
              request_log: pd.DataFrame | None = None, pass_window_s: float = 3.0) -> Identification:
@@ -551,17 +619,8 @@ def identify(series: dict[str, pd.Series] | SignalSet, *, modelled_service_rate:
         else:
             notes.append("service rate: no decode worker count (emulator gauge or kube-state-metrics)")
         if "generation_total" in have and np.isfinite(workers).any():
-            gen = np.interp(t, col["generation_total"].index.to_numpy(float),
-                            col["generation_total"].to_numpy(float))
-            k, j = _windowed(t, gen, pass_window_s)
-            per_worker = np.maximum(workers[k], 1.0)
-            tokens_per_s = (gen[k] - gen[j]) / (t[k] - t[j]) / per_worker
-            rv = r.to_numpy(float)
-            batch = np.array([rv[a:b + 1].mean() for a, b in zip(j, k)]) / per_worker
-            ok = (tokens_per_s > 0) & (batch > 0)
             try:
-                law = fit_pass_law(batch[ok], batch[ok] / tokens_per_s[ok])
-                law["method"] = "token throughput: running / generation tokens/s per decode worker"
+                law = _pass_law_from_tokens(col, t, r.to_numpy(float), workers, pass_window_s, notes)
             except ConfigError as e:
                 notes.append(str(e))
         elif {"tpot_sum", "tpot_count"} <= have and np.isfinite(workers).any():

@@ -28,29 +28,95 @@ from tokenfactory.controllers.slo_admission import (
 )
 from tokenfactory.controllers.tuning import PIGains, simc_pi
 from tokenfactory.core.classes import RequestClass
-from tokenfactory.core.validation import check_number, reject_unknown_keys
+from tokenfactory.core.validation import check_number, reject_unknown_keys, setting
 from tokenfactory.plant_models.des import DESParams
-from tokenfactory.registry.kinds import DEFAULT_TPOT_FRACTION, ControllerKind, PlantContext, register
+from tokenfactory.registry.kinds import DEFAULT_TPOT_FRACTION, ControllerKind, PlantContext, register, with_defaults
 
 __all__ = ["smoothed_admission", "slo_aware_admission", "slo_admission_tuning", "margin_tuning", "batch_gate_for",
            "static_batch_cap", "batch_gate_tuning", "cached_gate_tuning"]
 
+#: each kind's parameters (type, unit, range, default, meaning): the one place their defaults are
+#: declared; the builders read them through :func:`~tokenfactory.registry.kinds.with_defaults`
+_POS = dict(low=0.0, low_inclusive=False)
 
+
+_NAIVE = {
+    "sample_period_s": setting(0.05, unit="s", **_POS, meaning="seconds between samples"),
+    "open_gain": setting(0.5, low=0.0, high=1.0, low_inclusive=False,
+                         meaning="fractional swing of admission around the observed completion rate"),
+    "low_water": setting(50.0, unit="requests", low=0.0, meaning="ready-queue level below which admission opens"),
+    "open_floor": setting(1.0, unit="requests/s", low=0.0,
+                          meaning="least admission rate while open, so an empty plant still starts"),
+}
+_THRESHOLD = {
+    "sample_period_s": setting(0.1, unit="s", **_POS, meaning="seconds between samples"),
+    "threshold": setting(1.05, low=0.0, meaning="level of the busy signal at or above which admission closes (a "
+                                                "fraction for kv_occupancy and decode_utilization, requests for "
+                                                "ready)"),
+    "hysteresis": setting(0.0, low=0.0, meaning="width of the dead band below threshold (at most threshold): "
+                                                "re-open below threshold - hysteresis"),
+    "signal": setting("kv_occupancy", kind=str, choices=ThresholdAdmission.SIGNALS, meaning="the busy signal"),
+    "open_rate": setting(None, unit="requests/s", low=0.0,
+                         meaning="admission rate while open (absent: the measured fill capacity)"),
+}
+_SMOOTHED = {
+    "sample_period_s": setting(0.25, unit="s", **_POS, meaning="admission's sample period"),
+    "filter_tau_s": setting(None, unit="s", low=0.0, meaning="ready-buffer filter time constant (absent: the "
+                                                             "sample period)"),
+    "service_filter_tau_s": setting(5.0, unit="s", low=0.0, meaning="service-rate filter time constant"),
+    "safety_z": setting(2.0, low=0.0, meaning="Poisson safety factor of the ready target: safety_z sqrt(c x "
+                                              "theta_eff) requests over c x theta_eff"),
+    "backlog_bound_s": setting(None, unit="s", **_POS,
+                               meaning="shed what would wait longer than this, in seconds of decode capacity "
+                                       "(absent: half the TTFT SLO; a scenario file's default: 30)"),
+    "kc": setting(None, **_POS, meaning="hand-tuned PI gain (absent: SIMC-tuned over the envelope)"),
+    "ti": setting(None, unit="s", **_POS, meaning="hand-tuned PI integral time (absent: SIMC-tuned)"),
+    "target_ready": setting(None, unit="requests", low=0.0,
+                            meaning="hand-set ready-buffer target (absent: tuned from the loop delay)"),
+}
+_SLO_AWARE = {
+    "sample_period_s": setting(0.25, unit="s", **_POS, meaning="admission's sample period"),
+    "ttft_fraction": setting(DEFAULT_TTFT_FRACTION, low=0.0, high=1.0, low_inclusive=False,
+                             source="overload study, mooncake-conversation (controllers.slo_admission)",
+                             meaning="share of the TTFT SLO a request's predicted fill wait may take"),
+    "wait_target_fraction": setting(0.5, low=0.0, high=1.0, low_inclusive=False,
+                                    meaning="share of that limit the fill wait correction aims at"),
+    "tpot_fraction": setting(DEFAULT_TPOT_FRACTION, low=0.0, high=1.0, low_inclusive=False,
+                             meaning="share of the TPOT SLO a decode pass may take (the batch gate's target)"),
+    "filter_tau_s": setting(0.5, unit="s", low=0.0, meaning="rate filter time constant"),
+    "reserve_horizon_s": setting(None, unit="s", **_POS,
+                                 meaning="horizon of the interactive reservation (absent: start-up + warm-up of "
+                                         "the cluster's dynamics)"),
+    "reserve_z": setting(2.33, low=0.0, meaning="quantile (z) of the top class's reservation (2.33: 99 %)"),
+    "completion_z": setting(2.0, low=0.0, meaning="quantile (z) of the completions the gate counts on"),
+    "decode_reserve_z": setting(0.0, low=0.0, meaning="quantile (z) of decode slots held for the top class"),
+    "preempt_z": setting(1.0, low=0.0, meaning="quantile (z) of the occupancy a lower class may be preempted at"),
+    "batch_gate": setting(True, kind=bool, meaning="run the gated decode batch cap with it"),
+    "fill_ki": setting(None, low=0.0, meaning="integral gain of the fill limit correction (absent: SIMC-tuned)"),
+    "decode_ki": setting(None, low=0.0, meaning="integral gain of the decode limit correction (absent: "
+                                                "SIMC-tuned)"),
+    "outer": setting(None, kind="table", meaning="the slow loop on admitted slack (admission.slo-aware.outer; its "
+                                                 "ki absent: tuned for the plant)"),
+}
+_WATERMARK = {
+    "sample_period_s": setting(0.25, unit="s", **_POS, source="the orchestrator samples every 250 ms",
+                               meaning="seconds between samples"),
+}
 
 def _open(ctx: PlantContext, p: dict) -> None:
     return None
 
 
 def _naive(ctx: PlantContext, p: dict) -> CompletionTriggeredAdmission:
-    return CompletionTriggeredAdmission(open_gain=p.get("open_gain", 0.5), low_water=p.get("low_water", 50.0),
-                                        open_floor=p.get("open_floor", 1.0),
-                                        sample_period=p.get("sample_period_s", 0.05))
+    p = with_defaults(_NAIVE, p)
+    return CompletionTriggeredAdmission(open_gain=p["open_gain"], low_water=p["low_water"],
+                                        open_floor=p["open_floor"], sample_period=p["sample_period_s"])
 
 
 def _threshold(ctx: PlantContext, p: dict) -> ThresholdAdmission:
-    return ThresholdAdmission(threshold=p.get("threshold", 1.05), hysteresis=p.get("hysteresis", 0.0),
-                              signal=p.get("signal", "kv_occupancy"), open_rate=p.get("open_rate"),
-                              sample_period=p.get("sample_period_s", 0.1))
+    p = with_defaults(_THRESHOLD, p)
+    return ThresholdAdmission(threshold=p["threshold"], hysteresis=p["hysteresis"], signal=p["signal"],
+                              open_rate=p.get("open_rate"), sample_period=p["sample_period_s"])
 
 
 def smoothed_admission(ctx: PlantContext, p: Mapping[str, Any] | None = None,
@@ -76,12 +142,12 @@ def smoothed_admission(ctx: PlantContext, p: Mapping[str, Any] | None = None,
     tuple
         ``(SmoothedAdmission, TuningReport or None)``.
     """
-    p = dict(p or {})
-    T = p.get("sample_period_s", 0.25)
+    p = with_defaults(_SMOOTHED, dict(p or {}))
+    T = p["sample_period_s"]
     ctrl, report = tune_smoothed_admission(
         ctx.plant, sample_period=T, filter_tau=p.get("filter_tau_s"),
-        service_filter_tau=p.get("service_filter_tau_s", 5.0), envelope=ctx.envelope,
-        safety_z=p.get("safety_z", 2.0), backlog_bound_s=p.get("backlog_bound_s", 0.5 * ctx.slo_ttft_s))
+        service_filter_tau=p["service_filter_tau_s"], envelope=ctx.envelope,
+        safety_z=p["safety_z"], backlog_bound_s=p.get("backlog_bound_s", 0.5 * ctx.slo_ttft_s))
     if "kc" in p or "ti" in p or "target_ready" in p:  # hand tuning overrides the auto-tuner
         gains = simc_pi(1.0, report.effective_delay_s, tau_c=report.tau_c_s)
         kc = check_number(f"{where}.kc", p.get("kc", gains.kc), low=0.0, low_inclusive=False)
@@ -292,14 +358,14 @@ def slo_aware_admission(ctx: PlantContext, p: Mapping[str, Any] | None = None,
     SLOAwareAdmission
     """
     p = dict(p or {})
-    reject_unknown_keys(where, p, _SLO_KEYS)
+    reject_unknown_keys(where, p, _SLO_AWARE)
+    p = with_defaults(_SLO_AWARE, p)
     fp, svc = ctx.params, ctx.service
-    T = check_number(f"{where}.sample_period_s", p.get("sample_period_s", 0.25), low=0.0, low_inclusive=False)
-    frac = check_number(f"{where}.tpot_fraction", p.get("tpot_fraction", DEFAULT_TPOT_FRACTION), low=0.0, high=1.0,
-                        low_inclusive=False)
-    ttft_fraction = p.get("ttft_fraction", DEFAULT_TTFT_FRACTION)
-    wait_fraction = p.get("wait_target_fraction", 0.5)
-    filt = p.get("filter_tau_s", 0.5)
+    T = check_number(f"{where}.sample_period_s", p["sample_period_s"], low=0.0, low_inclusive=False)
+    frac = check_number(f"{where}.tpot_fraction", p["tpot_fraction"], low=0.0, high=1.0, low_inclusive=False)
+    ttft_fraction = p["ttft_fraction"]
+    wait_fraction = p["wait_target_fraction"]
+    filt = p["filter_tau_s"]
     classes = ctx.class_table()
     top = next(iter(classes.values()))
     if svc is not None:
@@ -311,7 +377,7 @@ def slo_aware_admission(ctx: PlantContext, p: Mapping[str, Any] | None = None,
         cached_cost = svc.fill_s_per_cached_token * token_rate
         transfer = svc.kv_transfer_s(svc.kv_blob_bytes)
     else:
-        prompt = float((fp.provenance or {}).get("shape", {}).get("prompt_tokens", 1.0))
+        prompt = fp.prompt_tokens if fp.prompt_tokens > 0 else 1.0  # a compared field, not the provenance
         token_rate, step, cached_cost, transfer = fp.fill_rate_per_worker * prompt, fp.fill_latency_s, 0.0, \
             fp.kv_transfer_s
         chunk = math.inf
@@ -321,7 +387,7 @@ def slo_aware_admission(ctx: PlantContext, p: Mapping[str, Any] | None = None,
     theta_fill, theta_decode = _gate_delays(fp.measurement_delay_s, T, filt, wait_fraction * max(
         ttft_fraction * top.slo_ttft_s - step, 0.0), step, transfer)
     tuning = _slo_tuning(round(theta_fill, 6), round(theta_decode, 6), round(T, 6))
-    gate = batch_gate_for(ctx, {"tpot_fraction": frac, "sample_period_s": T}) if p.get("batch_gate", True) else None
+    gate = batch_gate_for(ctx, {"tpot_fraction": frac, "sample_period_s": T}) if p["batch_gate"] else None
     # no fail-open: the prior sample's pools (decode slots at the static cap of the nominal context)
     kv_slots = float(svc.decode_slots) if svc is not None else float(fp.decode_slots_per_worker)
     slots = ctx.decode_workers * min(kv_slots, static_batch_cap(ctx, frac))
@@ -334,8 +400,8 @@ def slo_aware_admission(ctx: PlantContext, p: Mapping[str, Any] | None = None,
         fill_ki=p.get("fill_ki", tuning["fill"].ki), decode_ki=p.get("decode_ki", tuning["decode"].ki),
         filter_tau_s=filt, cached_token_cost=cached_cost, fill_chunk_tokens=chunk,
         reserve_horizon_s=p.get("reserve_horizon_s", ctx.dynamics.startup_s + ctx.dynamics.warmup_s),
-        reserve_z=p.get("reserve_z", 2.33), completion_z=p.get("completion_z", 2.0),
-        decode_reserve_z=p.get("decode_reserve_z", 0.0), preempt_z=p.get("preempt_z", 1.0), sample_period=T,
+        reserve_z=p["reserve_z"], completion_z=p["completion_z"],
+        decode_reserve_z=p["decode_reserve_z"], preempt_z=p["preempt_z"], sample_period=T,
         fill_workers=float(max(ctx.fill_workers, 1)), decode_slots=float(slots), outer=outer)
     return SLOAwareAdmission(cfg, batch_gate=gate, fill_time_s=svc.request_fill_s if svc is not None else None)
 
@@ -387,7 +453,7 @@ def _margin_config(ctx: PlantContext, p, outcome_delay_s: float, where: str) -> 
 
 
 def _watermark(ctx: PlantContext, p: dict) -> WatermarkAdmission:
-    return WatermarkAdmission(sample_period=p.get("sample_period_s", 0.25))  # the orchestrator samples every 250 ms
+    return WatermarkAdmission(sample_period=with_defaults(_WATERMARK, p)["sample_period_s"])
 
 
 def _one_fill_s(ctx: PlantContext) -> float:
@@ -408,29 +474,24 @@ def _mooncake(predictive: bool) -> Callable[[PlantContext, dict], EarlyRejection
     return build
 
 
-_SMOOTHED_KEYS = ("sample_period_s", "filter_tau_s", "service_filter_tau_s", "safety_z", "backlog_bound_s",
-                  "kc", "ti", "target_ready")
-_SLO_KEYS = ("sample_period_s", "ttft_fraction", "wait_target_fraction", "tpot_fraction", "filter_tau_s",
-             "reserve_horizon_s", "reserve_z", "completion_z", "decode_reserve_z", "preempt_z", "batch_gate", "fill_ki",
-             "decode_ki", "outer")
 register(ControllerKind("open", "admission", "no admission control: every arrival enters the fill queue",
                         _open, baseline=True))
 register(ControllerKind("naive", "admission", "completion-triggered admission (section 18's naive loop)", _naive,
-                        ("sample_period_s", "open_gain", "low_water", "open_floor"), baseline=True))
+                        settings=_NAIVE, baseline=True))
 register(ControllerKind("threshold", "admission", "on/off admission on a busy signal (503 on busy, Dynamo "
                         "frontend style)", _threshold,
-                        ("sample_period_s", "threshold", "hysteresis", "signal", "open_rate"), baseline=True))
+                        settings=_THRESHOLD, baseline=True))
 register(ControllerKind("smoothed", "admission", "tokenfactory: feed-forward + PI on the filtered ready buffer, "
                         "SIMC-tuned over a stability envelope",
-                        lambda ctx, p: smoothed_admission(ctx, p)[0], _SMOOTHED_KEYS,
+                        lambda ctx, p: smoothed_admission(ctx, p)[0], settings=_SMOOTHED,
                         build_tuned=smoothed_admission,
                         # a scenario's loop sheds above 30 s of backlog (the feedback-oscillation study's bound)
                         scenario_defaults={"backlog_bound_s": 30.0}))
 register(ControllerKind("slo-aware", "admission", "tokenfactory (recommended): admit, defer or reject each request "
                         "on its predicted TTFT and decode wait, per class, interactive capacity reserved, gated "
-                        "decode batch cap", lambda ctx, p: slo_aware_admission(ctx, p), _SLO_KEYS))
+                        "decode batch cap", lambda ctx, p: slo_aware_admission(ctx, p), settings=_SLO_AWARE))
 register(ControllerKind("vllm-watermark", "admission", "vLLM's 1 % KV watermark: admit while KV has room",
-                        _watermark, ("sample_period_s",), baseline=True))
+                        _watermark, settings=_WATERMARK, baseline=True))
 register(ControllerKind("mooncake", "admission", "Mooncake early rejection on the current decode load "
                         "(FAST'25 sec. 7.2-7.3)", _mooncake(False), baseline=True))
 register(ControllerKind("mooncake-predictive", "admission", "Mooncake prediction-based early rejection "

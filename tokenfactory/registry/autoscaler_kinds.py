@@ -17,12 +17,36 @@ from tokenfactory.controllers.autoscaling import (
     HorizontalPodAutoscaler,
     KnativeAutoscaler,
 )
+from tokenfactory.controllers.dynamo_planner import PLANNER_MODES, PLANNER_PREDICTORS
 from tokenfactory.controllers.reconfiguration import HystereticPoolController, measured_need_noise
 from tokenfactory.core.validation import ConfigError, check_choice, check_int, resolve_config, setting
 from tokenfactory.registry.admission_kinds import static_batch_cap
-from tokenfactory.registry.kinds import TARGET_UTILIZATION, ControllerKind, PlantContext, register
+from tokenfactory.registry.kinds import TARGET_UTILIZATION, ControllerKind, PlantContext, register, with_defaults
 
 __all__ = ["HystereticParams"]   # the kinds are reached through the registry's tables
+
+#: each kind's parameters (type, unit, range, default, meaning): the one place their defaults are
+#: declared; the builders read them through :func:`~tokenfactory.registry.kinds.with_defaults`
+_DYNAMO_THROUGHPUT = {
+    "predictor": setting("constant", kind=str, choices=("constant", "arima", "kalman"),
+                         meaning="the load predictor Dynamo's throughput mode uses"),
+    "demand": setting("admitted", kind=str, choices=("admitted", "offered"),
+                      meaning="the request count it predicts: admitted, or offered (the frontend's arrivals, "
+                              "before an admission layer's rejections)"),
+    "warmup": setting(None, kind="list of numbers", unit="requests/s",
+                      meaning="interval rates before the run, oldest first (Dynamo's warm-up trace)"),
+}
+_DYNAMO_LOAD = {
+    "target": setting("load", kind=str, choices=("throughput", "load"),
+                      meaning="Dynamo's optimisation target: its load thresholds or its throughput ones"),
+}
+_DYNAMO_PLANNER = {
+    "mode": setting("throughput", kind=str, choices=PLANNER_MODES, meaning="Dynamo's optimization_target"),
+    "predictor": setting("constant", kind=str, choices=PLANNER_PREDICTORS, meaning="Dynamo's load predictor"),
+    "planner_config": setting(None, kind="table",
+                              meaning="Dynamo PlannerConfig fields, passed to the real planner (unknown ones "
+                                      "rejected by it)"),
+}
 
 
 
@@ -49,11 +73,12 @@ def _kpa(ctx: PlantContext, p: dict) -> list:  # concurrency per replica at the 
 def _dynamo_throughput(ctx: PlantContext, p: dict) -> list:
     from tokenfactory.controllers.load_predictors import make_load_predictor
 
+    p = with_defaults(_DYNAMO_THROUGHPUT, p)
     mu_f, mu_d = _rates(ctx)
     # Dynamo predicts the request count once per interval for both pools: one shared predictor
-    pred = make_load_predictor(check_choice("autoscaler.predictor", p.get("predictor", "constant"),
-                                            ("constant", "arima", "kalman")))
-    demand = check_choice("autoscaler.demand", p.get("demand", "admitted"), ("admitted", "offered"))
+    pred = make_load_predictor(check_choice("autoscaler.predictor", p["predictor"],
+                                            _DYNAMO_THROUGHPUT["predictor"].metadata["choices"]))
+    demand = check_choice("autoscaler.demand", p["demand"], _DYNAMO_THROUGHPUT["demand"].metadata["choices"])
     # "offered": the frontend's request count (arrivals, before an admission layer's rejections)
     metric = (lambda m: m.arrival_rate) if demand == "offered" else None
     warmup = p.get("warmup")
@@ -73,7 +98,8 @@ def _dynamo_load(ctx: PlantContext, p: dict) -> list:
     from tokenfactory.controllers.dynamo_planner import DynamoCapabilities
 
     caps = DynamoCapabilities.from_context(ctx)
-    target = check_choice("autoscaler.target", p.get("target", "load"), ("throughput", "load"))
+    target = check_choice("autoscaler.target", with_defaults(_DYNAMO_LOAD, p)["target"],
+                          _DYNAMO_LOAD["target"].metadata["choices"])
     th = dynamo_load_thresholds(caps.fill_token_budget) if target == "load" else DYNAMO_THROUGHPUT_TARGET
     kw = dict(target=target, prompt_tokens=caps.prompt_tokens, context_tokens=caps.context_tokens,
               output_tokens=caps.output_tokens, fill_step_tokens=caps.fill_token_budget,
@@ -85,11 +111,11 @@ def _dynamo_planner(ctx: PlantContext, p: dict) -> list:
     # the real planner (ai-dynamo), one controller sizing both pools; imported here: it is an extra
     from tokenfactory.controllers.dynamo_planner import DynamoCapabilities, DynamoPlanner
 
+    p = with_defaults(_DYNAMO_PLANNER, p)
     cfg = p.get("planner_config") or {}
     if not isinstance(cfg, Mapping):
         raise ConfigError("autoscaler.planner_config", "must be a table of Dynamo PlannerConfig fields")
-    return [DynamoPlanner(DynamoCapabilities.from_context(ctx), p.get("mode", "throughput"),
-                          p.get("predictor", "constant"), config=cfg, slo_ttft_s=ctx.slo_ttft_s,
+    return [DynamoPlanner(DynamoCapabilities.from_context(ctx), p["mode"], p["predictor"], config=cfg, slo_ttft_s=ctx.slo_ttft_s,
                           slo_tpot_s=ctx.slo_tpot_s, max_replicas=ctx.max_replicas)]
 
 
@@ -151,17 +177,17 @@ register(ControllerKind("kpa", "reconfiguration", "Knative KPA (stable window 60
                         "concurrency", _kpa, baseline=True))
 register(ControllerKind("dynamo-throughput", "reconfiguration", "NVIDIA Dynamo planner, throughput mode "
                         "(ceil(predicted demand / capacity) every 180 s)", _dynamo_throughput,
-                        ("predictor", "demand", "warmup"), baseline=True))
+                        settings=_DYNAMO_THROUGHPUT, baseline=True))
 register(ControllerKind("dynamo-load", "reconfiguration", "NVIDIA Dynamo planner's load-based rules "
                         "re-implemented (+-1 per 5 s tick on queued prompt tokens and KV use; target load or "
-                        "throughput; agrees with dynamo-planner tick by tick)", _dynamo_load, ("target",),
-                        baseline=True))
+                        "throughput; agrees with dynamo-planner tick by tick)", _dynamo_load,
+                        settings=_DYNAMO_LOAD, baseline=True))
 register(ControllerKind("dynamo-planner", "reconfiguration", "NVIDIA Dynamo's own planner (ai-dynamo 1.4.2, "
                         "unchanged; modes throughput, load, sla; Dynamo PlannerConfig fields in planner_config)",
-                        _dynamo_planner, ("mode", "predictor", "planner_config"), baseline=True))
+                        _dynamo_planner, settings=_DYNAMO_PLANNER, baseline=True))
 register(ControllerKind("apa", "reconfiguration", "AIBrix APA (fluctuation tolerances, 60 s window)", _apa,
                         baseline=True))
 register(ControllerKind("hysteretic", "reconfiguration", "tokenfactory: pending-aware hysteretic pool "
                         "controller with a noise-derived dead band, dwell and cooldown (a floor per pool: fill_min_replicas, "
                         "decode_min_replicas)", _hysteretic,
-                        tuple(f.name for f in dataclasses.fields(HystereticParams))))
+                        settings={f.name: f for f in dataclasses.fields(HystereticParams)}))

@@ -16,8 +16,8 @@ from tokenfactory.plant_models.fleet import PoolDynamics
 from tokenfactory.plant_models.fluid import FluidParams, FluidPlant
 
 __all__ = ["PlantContext", "ControllerKind", "register", "ADMISSION_KINDS", "AUTOSCALER_KINDS", "build_admission",
-           "build_autoscalers", "admission_kinds", "autoscaler_kinds", "TARGET_UTILIZATION", "RECOMMENDED_ADMISSION",
-           "DEFAULT_TPOT_FRACTION"]
+           "build_autoscalers", "admission_kinds", "autoscaler_kinds", "with_defaults", "TARGET_UTILIZATION",
+           "RECOMMENDED_ADMISSION", "DEFAULT_TPOT_FRACTION"]
 
 #: the admission kind tokenfactory recommends (``simulate`` uses it when ``--admission`` is omitted)
 RECOMMENDED_ADMISSION = "slo-aware"
@@ -121,7 +121,8 @@ class ControllerKind:
         ``build(ctx, params) -> controller`` (admission; ``None`` for no controller) or a list of
         controllers, one per pool (reconfiguration).
     keys : tuple of str
-        Parameters the builder accepts; anything else is rejected.
+        Parameters the builder accepts; anything else is rejected (default: the keys of
+        ``settings``).
     baseline : bool
         True for today's systems, False for tokenfactory's own controllers.
     build_tuned : callable, optional
@@ -129,6 +130,11 @@ class ControllerKind:
         from the plant (scenario files report the tuning).
     scenario_defaults : mapping
         Parameters a scenario file's ``[controller]`` table gets unless it sets them.
+    settings : mapping
+        ``{key: setting(...)}``: each parameter's type, unit, range, default and meaning (what
+        ``describe schema kinds`` prints and :func:`build_admission` checks). The one place a
+        parameter's default is declared: the builder reads it through :func:`with_defaults`
+        (a default of ``None`` is derived from the plant, as the meaning says).
     """
 
     name: str
@@ -139,6 +145,33 @@ class ControllerKind:
     baseline: bool = False
     build_tuned: Callable[..., tuple[Any, Any]] | None = None
     scenario_defaults: Mapping[str, Any] = field(default_factory=dict)
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.settings and not self.keys:
+            object.__setattr__(self, "keys", tuple(self.settings))
+        if self.settings and tuple(self.settings) != tuple(self.keys):
+            raise ConfigError("kind.keys", f"{self.name}: keys {self.keys} differ from its settings' "
+                              f"{tuple(self.settings)}")
+
+
+def with_defaults(settings: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` over the declared defaults of ``settings`` (``{key: setting(...)}``; a default of
+    ``None`` - derived from the plant by the builder - is left out, so ``key in params`` still says
+    the user set it).
+
+    Parameters
+    ----------
+    settings : mapping
+        A kind's ``{key: setting(...)}``.
+    params : mapping
+        The parameters given.
+
+    Returns
+    -------
+    dict
+    """
+    return {**{k: f.default for k, f in settings.items() if f.default is not None}, **params}
 
 
 ADMISSION_KINDS: dict[str, ControllerKind] = {}
@@ -260,9 +293,7 @@ def build_autoscalers(kind: str, ctx: PlantContext, params: Mapping[str, Any] | 
 
 
 def _check_documented(where: str, k: ControllerKind, p: Mapping[str, Any]) -> None:
-    """Check a kind's parameters against their documented types and ranges
-    (:data:`tokenfactory.registry.kind_settings.KIND_SETTINGS`), naming the key the user wrote."""
-    from tokenfactory.registry.kind_settings import KIND_SETTINGS  # it imports the kinds' modules
-
-    if k.name in KIND_SETTINGS.get(k.layer, {}):
-        check_settings(where, p, KIND_SETTINGS[k.layer][k.name])
+    """Check a kind's parameters against their documented types and ranges (its ``settings``),
+    naming the key the user wrote."""
+    if k.settings:
+        check_settings(where, p, k.settings)

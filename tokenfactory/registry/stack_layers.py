@@ -331,17 +331,16 @@ class ControlPlaneLayer(StackLayerConfig):
 
         if not self.file:
             raise ConfigError("layers.reconfiguration.file", "the control-plane layer needs its settings file")
-        setting = read_control_plane(self.file)
-        if hasattr(setting, "registered_autoscaler"):
-            raise ConfigError("layers.reconfiguration.file", "a Dynamo planner config: the real planner sizes both "
-                              "pools from its own perf model, and the layer's certificate needs a one-pool loop "
-                              "model, which it does not have yet; run it with `simulate --control-plane FILE`")
-        return setting
+        return read_control_plane(self.file)
 
     @property
     def sample_period_s(self) -> float:
-        """The control plane's own decision period (its sync period, tick or control loop)."""
-        return float(self.read().build(self.pool).sample_period)
+        """The control plane's own decision period (its sync period, tick or control loop; a
+        Dynamo planner's pipeline tick)."""
+        setting = self.read()
+        if hasattr(setting, "scale_interval_s"):   # Dynamo's planner: built on the plant, its tick is the file's
+            return float(setting.scale_interval_s())
+        return float(setting.build(self.pool).sample_period)
 
     @property
     def filter_s(self) -> float:
@@ -379,6 +378,11 @@ class SeasonalRiseLayer(StackLayerConfig):
     residual_ar1 : bool
         The AR(1) lead correction of the plan (the residual from the median daily level decays
         over the lead; off by default: it did not lower the cost on ServeGen).
+    trend_s : float
+        The pools size for their rate's rise over the last ``trend_s`` carried on for as long (s,
+        at most ``interval_s``; 0 = none).
+    hour_phase : bool
+        Weight the headroom by the phase of the hour (the lead error's scale there, fitted daily).
     """
 
     layer: ClassVar[str] = "planning"
@@ -402,6 +406,11 @@ class SeasonalRiseLayer(StackLayerConfig):
                                                      "plan's grid)")
     residual_ar1: bool = setting(False, kind=bool, meaning="AR(1) lead correction: the residual from the median "
                                                            "daily level decays over the lead (phi fitted daily)")
+    trend_s: float = setting(0.0, unit="s", low=0.0, high=3600.0,
+                             meaning="rising trend: the pools size for their rate's rise over the last trend_s "
+                                     "carried on for as long (0: none)")
+    hour_phase: bool = setting(False, kind=bool, meaning="weight the headroom by the phase of the hour (the plan's "
+                                                         "lead error there, fitted daily)")
 
 
 #: the stack's layers, bottom (fastest) first, and each layer's kinds by name (the first is the default)

@@ -276,7 +276,12 @@ def build_control_plane(cfg, b: LayerBuild) -> StackLayer:
     if "planning" in b.sc.layers:
         raise ConfigError("layers.planning", "the planning layer drives tokenfactory's planned-hysteretic pools; "
                           "with a control plane's own file as the reconfiguration layer, set kind = \"none\"")
-    ctl = cfg.read().build(cfg.pool)
+    setting = cfg.read()
+    if hasattr(setting, "registered_autoscaler"):   # Dynamo's real planner: both pools, the plant's engines
+        ctx = _context(b.sc, b.plant, service=b.service, dynamics=b.sc.dynamics)
+        ctl = setting.build(cfg.pool, ctx)
+    else:
+        ctl = setting.build(cfg.pool)
     return StackLayer("reconfiguration", [ctl], ctl.sample_period)
 
 
@@ -302,7 +307,8 @@ def build_seasonal_rise(cfg, b: LayerBuild) -> StackLayer:
                             max_headroom=cfg.max_headroom, history=b.history, time_offset_s=b.time_offset_s,
                             utilization=target_utilization(sc), hold_s=scale_down_dwell_s(sc),
                             use_profile=cfg.use_profile, volatility_window_s=cfg.volatility_window_s,
-                            profile_smooth_s=cfg.profile_smooth_s, residual_ar1=cfg.residual_ar1)
+                            profile_smooth_s=cfg.profile_smooth_s, residual_ar1=cfg.residual_ar1,
+                            trend_s=cfg.trend_s, hour_phase=cfg.hour_phase)
     return StackLayer("planning", [planner], planner.sample_period)
 
 

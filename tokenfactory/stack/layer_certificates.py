@@ -424,11 +424,31 @@ def certify_control_plane(cfg, d: CertificateDraft) -> LayerLoops:
 
     sc, p = d.sc, d.plant.params
     setting = cfg.read()
-    ctl = setting.build(cfg.pool)
+    planner = hasattr(setting, "registered_autoscaler")   # Dynamo's planner: its own loop model, both pools
+    ctl = None if planner else setting.build(cfg.pool)
     mu0 = p.decode_capacity(1) if cfg.pool == "decode" else p.fill_rate_per_worker
     startup0 = sc.dynamics.startup_s + sc.dynamics.warmup_s * (1.0 - sc.dynamics.warmup_factor)
 
+    def planner_points(s):
+        from tokenfactory.controllers.dynamo_planner_loop import certify_planner, planner_pool_loops
+
+        out = {}
+        for dem in sc.demand_factors:
+            for sf in sc.startup_factors:
+                for rfac in sc.envelope.service_rate_factors:
+                    loops = planner_pool_loops(s, p, demand_rps=sc.rate_rps * dem, metric_delay_s=p.measurement_delay_s,
+                                               startup_s=sc.dynamics.startup_s * sf, warmup_s=sc.dynamics.warmup_s * sf,
+                                               gpus_per_worker=sc.dynamics.gpus_per_worker, service_rate_factor=rfac)
+                    certs = {pool: certify_planner(lp, gm_floor=sc.envelope.gm_floor,
+                                                   pm_floor_deg=sc.envelope.pm_floor_deg) for pool, lp in loops.items()}
+                    # the layer's pool, unless the other pool (which the planner sizes too) fails there
+                    own, other = certs[cfg.pool], certs["fill" if cfg.pool == "decode" else "decode"]
+                    out[(dem, sf, rfac)] = other if own.passed and not other.passed else own
+        return out
+
     def points(s):
+        if planner:
+            return planner_points(s)
         out = {}
         c = s.build(cfg.pool)
         for dem in sc.demand_factors:
@@ -455,8 +475,10 @@ def certify_control_plane(cfg, d: CertificateDraft) -> LayerLoops:
     worst = min(rows, key=lambda r: (r["meets_floors"], -(r["predicted_cycle_s"] or 0.0)))
     d.layers["reconfiguration"] = {"points": rows, "worst": worst,
                                    "meets_floors": all(r["meets_floors"] for r in rows),
-                                   "control_plane": setting.format, "controller": type(ctl).__name__,
-                                   "params": ctl.params(), "pool": cfg.pool, "sample_period_s": ctl.sample_period}
+                                   "control_plane": setting.format,
+                                   "controller": "DynamoPlanner" if planner else type(ctl).__name__,
+                                   "params": setting.planner_fields() if planner else ctl.params(), "pool": cfg.pool,
+                                   "sample_period_s": setting.scale_interval_s() if planner else ctl.sample_period}
     if not d.layers["reconfiguration"]["meets_floors"]:
         c = certs[(worst["demand_factor"], worst["startup_factor"], worst["service_rate_factor"])]
         why = (f"predicts a {worst['predicted_cycle_s']:.0f} s cycle between {c.predicted_cycle.low_replicas} and "
@@ -501,9 +523,9 @@ def certify_control_plane(cfg, d: CertificateDraft) -> LayerLoops:
 def _passing_knob(setting, points, pool, need: int) -> str | None:
     """The first single-knob change of the control plane's grid whose every envelope point passes
     (``need``: the workers the highest envelope demand needs)."""
-    from tokenfactory.advise import KNOB_GRID, current_knobs
+    from tokenfactory.advise import FLOOR_KNOB, KNOB_GRID, current_knobs
 
-    knobs0 = current_knobs(setting, setting.build(pool))
+    knobs0 = current_knobs(setting, None if setting.format in FLOOR_KNOB else setting.build(pool))
     for key, values in KNOB_GRID.get(setting.format, {}).items():
         for v in list(values(knobs0[key], need)) + ([need + 1] if key == "max_replicas" else []):
             if v == knobs0[key]:

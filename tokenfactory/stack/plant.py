@@ -182,8 +182,8 @@ def gate_fraction(sc: StackScenario) -> float:
     if adm.bounds_own_ready_wait:
         # an admission that bounds each request's ready wait itself: the cap aims at its pass target
         return float(adm.tpot_fraction if adm.tpot_fraction is not None else DEFAULT_TPOT_FRACTION)
-    return _auto_gate_fraction(sc.params, sc.slo_ttft_s, sc.slo_tpot_s, sc.rate_rps, target_utilization(sc),
-                               tuple(sorted(adm.builder_params().items())), sc.envelope)
+    return _auto_gate_fraction(sc.params.model_inputs(), sc.slo_ttft_s, sc.slo_tpot_s, sc.rate_rps,
+                               target_utilization(sc), tuple(sorted(adm.builder_params().items())), sc.envelope)
 
 
 @functools.lru_cache(maxsize=32)
