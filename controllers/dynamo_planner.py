@@ -264,12 +264,35 @@ def planner_config(mode: str = "throughput", predictor: str = "constant", *, ove
                           "(a simulated disaggregated deployment without servers or reports)")
     d.update(extra)
     check_choice("planner_config.load_predictor", d["load_predictor"], (*PLANNER_PREDICTORS, "prophet"))
+    _say_once(logging.getLogger(PlannerConfig.__module__))
     try:
         return PlannerConfig.model_validate(d)
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(x) for x in err.get("loc", ())) or "planner_config"
         raise ConfigError(f"planner_config.{loc}" if loc != "planner_config" else loc, err.get("msg", str(e))) from None
+
+
+class _OncePerMessage(logging.Filter):
+    """Pass each distinct message once: Dynamo's config validation warns on every PlannerConfig it
+    builds (e.g. "optimization_target='load' disables throughput-based scaling"), and advise builds
+    one per candidate and pool - the user should read it once, not dozens of times."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        if msg in self.seen:
+            return False
+        self.seen.add(msg)
+        return True
+
+
+def _say_once(logger: logging.Logger) -> None:
+    if not any(isinstance(f, _OncePerMessage) for f in logger.filters):
+        logger.addFilter(_OncePerMessage())
 
 
 class DynamoPlanner(SampledController):

@@ -491,6 +491,9 @@ CALIBRATION_PARAMETERS: dict[str, tuple[float, float, float, str]] = {
     # inside that noise, and the fit never moved the cost off its start
     "sequence_overhead_s": (0.0, 200e-6, 1e-4, "efficiency"),
     "attention_memory": (0.05, 1.0, 1.0, "efficiency"),
+    # attention-DP imbalance of mixed passes (Efficiency's notes): the part of a prompt chunk beyond
+    # an even share that the busiest attention replica prefills (the others wait for it)
+    "attention_dp_imbalance": (0.0, 1.0, 1.0, "efficiency"),
     "first_wave_weight": (0.0, 1.0, 1.0, "settings"),
     "ttft_overhead_s": (0.0, 1.0, 1e-3, "settings"),
     "ttft_s_per_input_token": (0.0, 1e-4, 1e-6, "settings"),
@@ -506,7 +509,7 @@ PRE_CALIBRATION_EFFICIENCY = Efficiency(compute=0.52, memory=0.23, network=0.49,
                                         scale_up_latency_s=2e-6, scale_out_latency_s=5e-6,
                                         pass_overhead_s=0.0, routing_locality=1.0, network_scale_out=None,
                                         collective_latency_s=0.0, sequence_overhead_s=0.0,
-                                        attention_memory=None)
+                                        attention_memory=None, attention_dp_imbalance=0.0)
 #: the pre-calibration settings (the "before" tables): those efficiencies, no front-end TTFT,
 #: half the TTFT weight on the first wave
 BASE_SETTINGS = RunSettings(efficiency=PRE_CALIBRATION_EFFICIENCY)

@@ -52,7 +52,8 @@ class FluidLoopPlant:
 
     plant: FluidPlant
 
-    def run(self, workload: LoopScenario, controllers: Sequence = ()) -> SimulationResult:
+    def run(self, workload: LoopScenario, controllers: Sequence = (), *,
+            x0: Sequence[float] | None = None) -> SimulationResult:
         """The loop under ``controllers`` (admission and batch gates) for ``workload``.
 
         Parameters
@@ -61,6 +62,9 @@ class FluidLoopPlant:
             Demand, duration, step, noise and disturbances.
         controllers : sequence
             Sampled controllers (at least one).
+        x0 : sequence of float, optional
+            Initial state, one value per :data:`~tokenfactory.plant_models.fluid.STATES` entry
+            (``None``: the plant's empty start, :func:`simulate_loop`'s default).
 
         Returns
         -------
@@ -68,7 +72,7 @@ class FluidLoopPlant:
         """
         if not controllers:
             raise ConfigError("controllers", "the fluid loop needs a controller (an open loop: a constant admission)")
-        return simulate_loop(self.plant, list(controllers), workload)
+        return simulate_loop(self.plant, list(controllers), workload, x0=x0)
 
 
 @dataclass(frozen=True)

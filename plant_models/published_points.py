@@ -338,10 +338,18 @@ def predict_point(point: PublishedPoint, efficiency: Efficiency | None = None) -
         return w.decode(point.sequences, point.context_tokens).tokens_per_s_per_gpu
     if point.mode == "tpot":
         return w.decode(point.sequences, point.context_tokens).time_s
-    # aggregated: a request's prefill and its decode steps time-share the worker
+    # aggregated: a request's prefill and its decode steps time-share the worker; with attention-DP
+    # imbalance (Efficiency.attention_dp_imbalance) the prompt enters a pass on the replica holding
+    # it and the other replicas wait: the pass it enters is longer than with the prompt spread
+    # evenly by that much (0.0 exactly when the imbalance is 0, so the defaults' form is kept)
     fill = w.prefill(point.prompt_tokens, sequences=w.parallelism.dp_attention).tokens_per_s
     dec = w.decode(point.sequences, point.context_tokens).tokens_per_s
-    seconds_per_request = point.prompt_tokens / fill + point.output_tokens / dec
+    wait = 0.0
+    if w.efficiency.attention_dp_imbalance and w.parallelism.dp_attention > 1:
+        even = dataclasses.replace(w, efficiency=dataclasses.replace(w.efficiency, attention_dp_imbalance=0.0))
+        wait = (w.mixed(point.sequences, point.context_tokens, point.prompt_tokens).time_s
+                - even.mixed(point.sequences, point.context_tokens, point.prompt_tokens).time_s)
+    seconds_per_request = point.prompt_tokens / fill + point.output_tokens / dec + wait
     return point.output_tokens / seconds_per_request / w.num_gpus
 
 

@@ -260,6 +260,21 @@ class Efficiency:
       when memory-bound (deepseek-ai/FlashMLA README), FlashAttention-3's paged decode 1,014 of
       4,000 GB/s on H20 at 1k context and batch 16 (Dao-AILab/flash-attention issue 1572).
 
+    **Attention-DP imbalance in mixed passes (issue 24).** With attention data parallelism each
+    replica schedules its own requests, so a prompt chunk entering an aggregated pass is prefilled
+    by the replica that holds the request while the others decode; every replica then waits for
+    it at the MoE all-to-all, and the pass takes the busiest replica's time. TensorRT-LLM's
+    round-robin scheduler measured a mean per-iteration balance ratio (mean / max tokens over the
+    ranks) of 54 % on DeepSeek-V3 at attention DP 8 (EP 8, 8 x GB200; "ADP Balance Strategy",
+    TensorRT-LLM tech blog 10, ``docs/source/blogs/tech_blog/blog10_ADP_Balance_Strategy.md``),
+    and 84-88 % when contexts wait to be co-scheduled. ``attention_dp_imbalance`` (u, 0 by
+    default: the chunk spread evenly, as a fill step is) is the part of a mixed pass's chunk of
+    ``C`` tokens beyond an even share that lands on the busiest of ``D = ep / tp`` replicas: that
+    replica prefills ``C / D + u C (1 - 1 / D)`` tokens (u = 1: the whole chunk on one replica).
+    Its attention and its dense FFN layers and routers (replica-local work) are timed for those
+    tokens; the experts see the pass's tokens as before. It does not act without attention DP
+    (D = 1) nor in decode-only or fill passes.
+
     Parameters
     ----------
     compute : float
@@ -294,6 +309,9 @@ class Efficiency:
     attention_memory : float, optional
         Fraction of HBM bandwidth reached by attention's KV reads and writes, in (0, 1]; ``None``
         (default) is ``memory``.
+    attention_dp_imbalance : float
+        Part of a mixed pass's prompt chunk beyond an even share that the busiest attention-DP
+        replica prefills, in [0, 1] (default 0: spread evenly; 1: the whole chunk on one replica).
 
     Raises
     ------
@@ -341,6 +359,12 @@ class Efficiency:
         meaning="fraction of HBM bandwidth reached by attention's KV reads and writes (absent: memory)",
         source="absent by default; decode kernels reach 0.25-0.9 of HBM bandwidth by shape (FlashMLA README; "
                "Dao-AILab/flash-attention issue 1572)")
+    attention_dp_imbalance: float = setting(
+        0.0, low=0.0, high=1.0,
+        meaning="part of a mixed pass's prompt chunk beyond an even share that the busiest attention-DP replica "
+                "prefills (0: spread evenly over the ep/tp replicas; 1: the whole chunk on one replica)",
+        source="0 by default; TensorRT-LLM measured a 54 % mean balance ratio (mean / max tokens per rank) at "
+               "attention DP 8 with round-robin scheduling (tech blog 10, ADP Balance Strategy)")
 
     @property
     def kv_memory(self) -> float:
@@ -360,6 +384,7 @@ class Efficiency:
             check_number("efficiency.attention_memory", self.attention_memory, low=0.0, high=1.0,
                          low_inclusive=False)
         check_number("efficiency.sequence_overhead_s", self.sequence_overhead_s, low=0.0, high=0.01)
+        check_number("efficiency.attention_dp_imbalance", self.attention_dp_imbalance, low=0.0, high=1.0)
         for f in ("compute", "memory", "network"):
             check_number(f"efficiency.{f}", getattr(self, f), low=0.0, high=1.0, low_inclusive=False)
         for f in ("layer_overhead_s", "scale_up_latency_s", "scale_out_latency_s", "pass_overhead_s",
@@ -1080,11 +1105,11 @@ class Worker:
     def _mixed_attention_phase(self, decode_sequences: float, context_tokens: float,
                                chunk_tokens: float) -> PhaseTime:
         """Attention of a pass that decodes ``decode_sequences`` at ``context_tokens`` and
-        prefills ``chunk_tokens`` (no cached prefix) spread as one piece per attention replica;
-        timed on the busiest replica (its decodes plus its piece), attention weights read once."""
+        prefills ``chunk_tokens`` (no cached prefix); timed on the busiest replica (its decodes
+        plus its piece, :meth:`busiest_chunk_tokens`), attention weights read once."""
         m, p = self.model, self.parallelism
         per_replica = math.ceil(decode_sequences / p.dp_attention) if decode_sequences else 0
-        piece = chunk_tokens / p.dp_attention
+        piece = self.busiest_chunk_tokens(chunk_tokens)
         q_tokens = per_replica + piece
         flops = 2.0 * q_tokens * m.num_layers * m.attention_params_per_layer
         kv_flops = per_replica * m.attention_core_flops(1, context_tokens + 1.0, True)
@@ -1100,13 +1125,35 @@ class Worker:
         return self._phase("attention", flops, hbm, p.tp, kv_flops=kv_flops, kv_bytes=kv, up_bytes=allreduce,
                            span=p.tp)
 
+    def busiest_chunk_tokens(self, chunk_tokens: float) -> float:
+        """Prompt tokens of a mixed pass's chunk that its busiest attention replica prefills:
+        ``C / D + u C (1 - 1 / D)`` for a chunk of ``C`` tokens over ``D = ep / tp`` replicas and
+        ``u = Efficiency.attention_dp_imbalance`` (``C / D`` by default: spread evenly).
+
+        Parameters
+        ----------
+        chunk_tokens : float
+            New prompt tokens in the pass on one micro-batch (>= 0).
+
+        Returns
+        -------
+        float
+            Tokens, in [C / D, C].
+        """
+        d, u = self.parallelism.dp_attention, self.efficiency.attention_dp_imbalance
+        even = chunk_tokens / d
+        if not u or d == 1:  # the defaults' form, exactly
+            return even
+        return even + u * (chunk_tokens - even)
+
     def mixed(self, batch: float, context_tokens: float, chunk_tokens: float) -> PassTime:
         """One pass of an aggregated worker: ``batch`` decodes at ``context_tokens`` each generate
         a token while ``chunk_tokens`` new prompt tokens are prefilled in the same pass (chunked
         prefill sharing the pass, as vLLM and SGLang run it; Sarathi-Serve's stall-free batching).
 
         The chunk has no cached prefix and is spread over the attention replicas as a fill step
-        is; attention does both parts on the replicas (FLOPs and KV traffic add, attention weights
+        is, or with attention DP concentrated on the busiest replica by
+        ``Efficiency.attention_dp_imbalance`` (:meth:`busiest_chunk_tokens`); attention does both parts on the replicas (FLOPs and KV traffic add, attention weights
         are read once, compute and memory overlap inside the phase); experts and dense layers see
         the decodes' and the chunk's tokens together, so the expert weights a decode pass reads
         serve the chunk as well (the shared expert set of the article's section 19). The decode
@@ -1137,9 +1184,15 @@ class Worker:
         microbatches = int(min(p.pp, max(1, math.floor(batch))))
         micro, piece = batch / microbatches, chunk_tokens / microbatches
         tokens = micro + piece
+        # dense FFN layers and routers run on each attention replica's own tokens (sharded over its
+        # tp GPUs), so with attention-DP imbalance the busiest replica's chunk sets their time too:
+        # timed as the even spread of D x its piece (the defaults' form exactly without imbalance)
+        dense_tokens = tokens
+        if self.efficiency.attention_dp_imbalance and p.dp_attention > 1:
+            dense_tokens = micro + p.dp_attention * self.busiest_chunk_tokens(piece)
         ph = (self._mixed_attention_phase(micro, context_tokens, piece),
               self._expert_phase(tokens, per_node_dedup=True),
-              self._dense_phase(tokens, micro + p.dp_attention))
+              self._dense_phase(dense_tokens, micro + p.dp_attention))
         return PassTime("mixed", ph, tokens, micro, microbatches, self.num_gpus, p.pp,
                         (self._stage_time(ph, micro),), self.handoff_s(tokens), self.fixed_stage_s)
 

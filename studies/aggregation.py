@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from tokenfactory.plant_models import ClusterConfig, UnboundedPrefixCache, simulate
+from tokenfactory.plant_models import ClusterConfig, RequestPlant, UnboundedPrefixCache
 from tokenfactory.replay import build_replay
 from tokenfactory.studies.report import StudyReport
 from tokenfactory.traces import (
@@ -317,7 +317,7 @@ def _run_grid(cfg, configs: list) -> tuple[list[dict], list[str], dict[str, dict
                 if primed is not None:  # each run starts from the same primed cache
                     cache = UnboundedPrefixCache(primed.block_tokens)
                     cache.blocks = set(primed.blocks)
-                res = simulate(replay, one.params, cl, prefix_cache=cache)
+                res = RequestPlant(one.params, cl, prefix_cache=cache).run(replay)
                 m = res.metrics
                 pools = {"aggregated": na} if na else {"fill": nf, "decode": nd}
                 rec = res.records

@@ -34,9 +34,9 @@ from tokenfactory.plant_models import (
     DecodeRateDip,
     DecodeWorkersLost,
     DemandStep,
+    FluidLoopPlant,
     FluidPlant,
     LoopScenario,
-    simulate_loop,
 )
 from tokenfactory.plant_models.plots import loop_response_plot
 from tokenfactory.studies.study_config import StudyVariants, resolve_study_config
@@ -122,7 +122,7 @@ def _simulate(plant: FluidPlant, controller, sim: LoopScenario, ready0: float, b
               **over):
     sim = dataclasses.replace(sim, **over)
     x0 = plant.initial_state(ready0, backlog0_s * plant.decode_capacity)
-    return simulate_loop(plant, controller, sim, x0=x0)
+    return FluidLoopPlant(plant).run(sim, [controller], x0=x0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,7 +245,7 @@ def _responses_section(lp: _Loops, cfg, report: StudyReport) -> dict[str, Any]:
     x_low[3] = step["from"] * plant.params.decode_slots(plant.decode_workers)
     x_low[1] = step["from"] * c * plant.params.fill_to_ready_s
     x_low[4] = x_low[1] + x_low[3]
-    step_runs = {name: simulate_loop(plant, ctrl, step_sim, x0=x_low)
+    step_runs = {name: FluidLoopPlant(plant).run(step_sim, [ctrl], x0=x_low)
                  for name, ctrl in (("smoothed", smoothed), ("naive", naive))}
     step_m = {name: {**step_metrics(r.time, r.column("ready"), t0=step["at_s"], initial=0.0, final=target,
                                     band=SETTLE_BAND),

@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from tokenfactory.plant_models import ClusterConfig, KVTier, TieredKVStore, kv_tiers, replay_store, simulate
+from tokenfactory.plant_models import ClusterConfig, KVTier, RequestPlant, TieredKVStore, kv_tiers, replay_store
 from tokenfactory.replay import build_replay
 from tokenfactory.studies.report import StudyReport
 from tokenfactory.traces import generate_requests, long_context_workload
@@ -229,7 +229,7 @@ def _midfill_section(cfg, plant: dict, workload, st: dict[str, Any], report: Stu
         replay_store(des_warm, store, end_s=0.0, rows=des_warm["row"])
         store.reset_counts()
         store.bind(window["row"])
-        res = simulate(window.drop(columns=["row"]), des_setup.params, cl, prefix_cache=store)
+        res = RequestPlant(des_setup.params, cl, prefix_cache=store).run(window.drop(columns=["row"]))
         r = res.records
         is_mid = (window["cached_tokens"] > 0).to_numpy() & (r["state"] != "not_arrived").to_numpy()
         mid = r[is_mid & (r["state"] == "completed").to_numpy()]

@@ -342,8 +342,18 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     body = {"prompt": "x" * (4 * int(sc.live["prompt_tokens"])), "max_tokens": int(sc.live["output_tokens"]),
             "stream": True}
     work = Path(tempfile.mkdtemp(prefix="tf-live-", dir=report.out_dir))
+    id_table, ident = _identification(cfg, sc, path, cap, mu, body, work, report)
+    table, hop_table, decisions = _live_vs_simulated(cfg, sc, path, cap, slo, body, work, report)
+    metrics, lines = _findings(report, cfg, sc, cap, mu, fill_rps, slo, ident, id_table, table, hop_table,
+                               decisions)
+    return report.finish(metrics, lines)
+
+
+def _identification(cfg: dict, sc, path: Path, cap: float, mu: float, body: dict, work: Path,
+                    report: StudyReport) -> tuple[pd.DataFrame, Any]:
+    """(a) identification on an open gateway: a load sweep and step, Prometheus every second; the
+    identified parameters against the scenario's."""
     rng = np.random.default_rng(cfg["seed"])
-    # (a) identification: an open gateway, a load step, Prometheus every second
     # a sweep below capacity (the pass-time law) then a step to 2x (saturation: the service rate)
     lo_s, hi_s = cfg["step_s"]
     levels = [(0.3, lo_s / 3), (0.6, lo_s / 3), (0.9, lo_s / 3), (2.0, hi_s)]
@@ -393,6 +403,13 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                          "primary": suffix == ""})
     id_table = pd.DataFrame(rows)
     report.save_table(id_table, "identified.csv", "Identified vs true parameters of the emulator (95 % intervals).")
+    return id_table, ident
+
+
+def _live_vs_simulated(cfg: dict, sc, path: Path, cap: float, slo: tuple, body: dict, work: Path,
+                       report: StudyReport) -> tuple[pd.DataFrame, pd.DataFrame, list]:
+    """(b) every load live (gateway or direct) and simulated; the per-run table, the TTFT hops and the
+    admission decisions."""
     # (b) live vs simulated on the trace's arrivals; the request logs of client, gateway and emulator
     # joined by request id take each run apart (:func:`_joined`), and the simulator runs both the
     # planned arrivals and the ones the gate actually saw (the client's lateness included)
@@ -451,6 +468,13 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     table = pd.DataFrame(out_rows)
     report.save_table(table, "live_vs_simulated.csv", "Per load: live (locust -> gateway -> emulator) and simulated "
                       "(request simulator, same arrivals, same controller) TTFT, TPOT and goodput.")
+    return table, hop_table, decisions
+
+
+def _findings(report: StudyReport, cfg: dict, sc, cap: float, mu: float, fill_rps: float, slo: tuple, ident,
+              id_table: pd.DataFrame, table: pd.DataFrame, hop_table: pd.DataFrame,
+              decisions: list) -> tuple[dict, list]:
+    """The metrics, the summary's sentences (from the runs' numbers) and the headlines."""
     g = table[table["gateway"]]
     at = lambda x: g[np.isclose(g["load"], x)].iloc[0] if np.isclose(g["load"], x).any() else None  # noqa: E731
     hi_row, base_row = at(cfg["overload"]), at(0.9)
@@ -499,4 +523,4 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         report.headline("goodput held at 2x with the gateway", round(held, 3), "x the 0.9x value")
     report.headline("largest identification error", round(100 * worst, 1), "%")
     report.headline("largest live-vs-simulated deviation", round(100 * dev, 1), "%")
-    return report.finish(metrics, lines)
+    return metrics, lines

@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,14 @@ from matplotlib.figure import Figure
 
 from tokenfactory.core.classes import BATCH, DEFAULT_CLASSES, INTERACTIVE
 from tokenfactory.controllers import assess, batch_gate_loop, margin_separation, predict_batch_cycle
-from tokenfactory.plant_models import ClusterConfig, FluidParams, FluidPlant, LoopScenario, simulate, simulate_loop
+from tokenfactory.plant_models import (
+    ClusterConfig,
+    FluidLoopPlant,
+    FluidParams,
+    FluidPlant,
+    LoopScenario,
+    RequestPlant,
+)
 from tokenfactory.registry import (
     RECOMMENDED_ADMISSION,
     PlantContext,
@@ -526,7 +534,7 @@ def gate_before_after_fluid(fp: FluidParams, fill_workers: int, decode_workers: 
     out = {}
     for key, params in (("ungated", {"gated": False, "gain": 1.0}), ("gated", {"gated": True})):
         gate = batch_gate_for(ctx, params)
-        r = simulate_loop(plant, gate, LoopScenario(demand=demand, duration_s=duration_s, dt=0.01))
+        r = FluidLoopPlant(plant).run(LoopScenario(demand=demand, duration_s=duration_s, dt=0.01), [gate])
         s = r.series
         after = s[s["time_s"] >= 0.2 * duration_s]
         samp = after.iloc[::10]
@@ -578,7 +586,7 @@ def gate_before_after_des(tr: pd.DataFrame, setup, load: float, cluster: dict, r
                                       "decode_workers": int(setup.plant.decode_workers),
                                       "measurement_delay_s": setup.plant.params.measurement_delay_s,
                                       **cluster, "batch_cap": static_batch_cap(ctx)})
-        res = simulate(replay, setup.params, cl, None, [gate])
+        res = RequestPlant(setup.params, cl).run(replay, [gate])
         s = res.series
         after = s[(s["time_s"] >= 0.2 * s["time_s"].iloc[-1]) & (s["time_s"] <= float(replay["arrival_s"].max()))]
         out[key] = {"series": s[["time_s", "decode_batch_cap", "active_decodes", "decode_pass_s", "ready"]],
@@ -938,6 +946,41 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     report = StudyReport("overload", Path(out_dir), {**cfg, "quick": quick})
     classes = DEFAULT_CLASSES
     cluster = {**cfg["cluster"], "classes": classes}
+    sweep = _sweep(cfg, quick, cluster, classes)
+    table = _save_sweep(report, sweep, cfg)
+    surge = _surge(cfg, quick, report)
+    fluid, des = _gate_section(cfg, full, report)
+    # (d) margins of the new loops
+    margin_setup = sweep.setups.get(COLLAPSE_TRACES[0]) or next(iter(sweep.setups.values()))
+    margins = _margins(margin_setup, cfg, report)
+    faults = _faults_section(cfg, quick, sweep, report)
+    tg = targets(table, surge["rows"], margins)
+    metrics = {"rows": sweep.rows, "absent_traces": sweep.absent, "surge": surge["rows"], "margins": margins,
+               "targets": tg, "faults": faults,
+               "gate": {k: {v: {x: y for x, y in d.items() if x != "series"} for v, d in g.items()}
+                        for k, g in (("fluid", fluid), ("des", des))},
+               "sweep_wall_seconds": sweep.wall_s}
+    lines = _summary_lines(cfg, table, surge, fluid, des, margins, tg, sweep.absent, sweep.setups)
+    lines += ["", "## Faults under overload", "", *_fault_lines(faults)]
+    _headlines(report, table, sweep.labels, margins, sweep.setups, cfg, tg)
+    return report.finish(metrics, lines)
+
+
+@dataclass
+class _Sweep:
+    """What the collapse sweep (a) produced: one row per trace, load and policy, and what later sections read."""
+
+    rows: list
+    cdfs: dict            # (trace, policy) -> completed requests' TTFT and TPOT at ``cdf_load``
+    absent: list          # traces replaced by a synthetic stand-in
+    setups: dict          # trace label -> its replay setup
+    labels: list          # trace labels in run order (stand-ins labelled with what they stand in for)
+    cdf_load: float
+    wall_s: float
+
+
+def _sweep(cfg: dict, quick: bool, cluster: dict, classes) -> _Sweep:
+    """(a) every trace at every load under every admission policy."""
     rows, cdfs, absent, setups = [], {}, [], {}
     t0 = time.perf_counter()
     cdf_load = 1.3 if 1.3 in cfg["loads"] else max(cfg["loads"])
@@ -969,18 +1012,25 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                 if np.isclose(load, cdf_load):
                     done = res.records[res.records["state"] == "completed"]
                     cdfs[(name, policy)] = {"ttft_s": done["ttft_s"].to_numpy(), "tpot_s": done["tpot_s"].to_numpy()}
-    sweep_wall = time.perf_counter() - t0
-    table = pd.DataFrame(rows)
+    return _Sweep(rows, cdfs, absent, setups, labels, cdf_load, time.perf_counter() - t0)
+
+
+def _save_sweep(report: StudyReport, sweep: _Sweep, cfg: dict) -> pd.DataFrame:
+    """The sweep's table, collapse curve and latency CDFs."""
+    table = pd.DataFrame(sweep.rows)
     report.save_table(table, "overload_table.csv", "One row per trace, load and admission policy: goodput, SLO "
                       "attainment (all arrivals, admitted, per class), latency percentiles, rejections and deferrals by "
                       "reason, wasted prefill, oscillation verdicts.")
-    report.save_figure(_collapse_figure(table, cfg["policies"], labels), "goodput_vs_load.png",
+    report.save_figure(_collapse_figure(table, cfg["policies"], sweep.labels), "goodput_vs_load.png",
                        "Goodput and SLO attainment against offered load for every admission policy (the collapse "
                        "curve). " + _collapse_sentence(table))
-    report.save_figure(_cdf_figure(cdfs, labels, cfg["policies"], cdf_load), "latency_cdfs.png",
-                       f"TTFT and TPOT of completed requests at {cdf_load:g}x capacity (red: the interactive SLO).")
-    surge = _surge(cfg, quick, report)
-    # (c) the gate before/after
+    report.save_figure(_cdf_figure(sweep.cdfs, sweep.labels, cfg["policies"], sweep.cdf_load), "latency_cdfs.png",
+                       f"TTFT and TPOT of completed requests at {sweep.cdf_load:g}x capacity (red: the interactive SLO).")
+    return table
+
+
+def _gate_section(cfg: dict, full: bool, report: StudyReport) -> tuple[dict, dict]:
+    """(c) the decode batch gate before/after, in the fluid plant and the request simulator."""
     gcfg = cfg["gate"]
     gtr, _ = _load(gcfg["trace"], 1800.0, cfg["seed"])
     gsetup = build_replay(gtr, cfg["plant"])
@@ -994,25 +1044,24 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                     f"{_verdict_words(fluid['gated']['verdict'])} in the fluid plant and "
                     f"{_verdict_words(des['gated']['verdict'])} in the request simulator.")
     report.save_figure(_gate_figure(fluid, des), "gate_before_after.png", gate_caption)
-    # (d) margins of the new loops
-    margin_setup = setups.get(COLLAPSE_TRACES[0]) or next(iter(setups.values()))
-    margins = _margins(margin_setup, cfg, report)
-    # (e) faults under overload, on the sweep's first trace
-    fname = labels[0]   # the sweep's first trace, or the stand-in run for it
+    return fluid, des
+
+
+def _faults_section(cfg: dict, quick: bool, sweep: _Sweep, report: StudyReport) -> dict:
+    """(e) faults under overload, on the sweep's first trace."""
+    fname = sweep.labels[0]   # the sweep's first trace, or the stand-in run for it
     ftr, fsyn = _load(cfg["traces"][0], 1800.0 if not quick else 600.0, cfg["seed"])
     if fsyn:
         ftr.attrs["name"] = fname
-    faults = _faults(cfg, ftr, setups[fname], fname, fsyn)
+    faults = _faults(cfg, ftr, sweep.setups[fname], fname, fsyn)
     report.save_table(pd.DataFrame(faults["rows"]), "faults_table.csv", "Faults under overload: every policy at the "
                       "fault loads with a fill and a decode worker crash and a KV-link slowdown in the window.")
-    tg = targets(table, surge["rows"], margins)
-    metrics = {"rows": rows, "absent_traces": absent, "surge": surge["rows"], "margins": margins, "targets": tg,
-               "faults": faults,
-               "gate": {k: {v: {x: y for x, y in d.items() if x != "series"} for v, d in g.items()}
-                        for k, g in (("fluid", fluid), ("des", des))},
-               "sweep_wall_seconds": sweep_wall}
-    lines = _summary_lines(cfg, table, surge, fluid, des, margins, tg, absent, setups)
-    lines += ["", "## Faults under overload", "", *_fault_lines(faults)]
+    return faults
+
+
+def _headlines(report: StudyReport, table: pd.DataFrame, labels: list, margins, setups: dict, cfg: dict,
+               tg: list) -> None:
+    """The headline numbers: SLO-aware goodput per trace at its top load, the answers, the targets met."""
     mine = table[table["policy"] == RECOMMENDED_ADMISSION]
     for trace in labels:
         t = mine[mine["trace"] == trace]
@@ -1023,7 +1072,6 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     _answers(report, table, margins, setups, cfg)
     report.headline("targets met", f"{sum(1 for t in tg if t['met'])} of {len(tg)}",
                     note="see the targets table in the summary")
-    return report.finish(metrics, lines)
 
 
 def _collapse_sentence(table: pd.DataFrame) -> str:

@@ -195,3 +195,17 @@ def test_fit_recovers_planted_large_batch_terms(runs):
     assert np.median(np.abs(cal._log_residuals(synth, fit.settings))) < 0.01
     with pytest.raises(ConfigError, match="free"):
         cal.fit_calibration(synth, free=("no_such_parameter",))
+
+
+def test_attention_dp_imbalance_is_fitted_and_slows_aggregated_attention_dp_runs(runs):
+    """The imbalance is a free parameter of the fit (start 0: the defaults), round-trips through
+    the settings, and reaches the benchmark's prediction: an aggregated attention-DP run's TPOT
+    grows with it, an aggregated TP-attention run's does not move."""
+    assert cal.CALIBRATION_PARAMETERS["attention_dp_imbalance"][:2] == (0.0, 1.0)
+    assert cal.params_of(cal.FIT_START)["attention_dp_imbalance"] == 0.0
+    on = cal.settings_from({"attention_dp_imbalance": 1.0})
+    assert cal.params_of(on)["attention_dp_imbalance"] == 1.0
+    dp = next(r for r in runs.runs if r.fill_parallelism is None and r.parallelism.dp_attention > 1)
+    tp = next(r for r in runs.runs if r.fill_parallelism is None and r.parallelism.dp_attention == 1)
+    assert cal.steady_state_run(dp, on)["tpot_s"] > cal.steady_state_run(dp, cal.FIT_START)["tpot_s"]
+    assert cal.steady_state_run(tp, on)["tpot_s"] == cal.steady_state_run(tp, cal.FIT_START)["tpot_s"]

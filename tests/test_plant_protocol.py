@@ -62,6 +62,13 @@ def test_the_fluid_loop_and_the_pool_model_run_one_stack_as_their_own_functions(
     pd.testing.assert_frame_equal(r.series, simulate_pools(fluid_params, 1, 1, psc, controllers=[_stack(rate)]).series)
     with pytest.raises(ConfigError, match="controllers"):
         loop.run(lsc, [])
+    # a run from a given state (the loop half full) is simulate_loop's from that state, not the empty start
+    x0 = FluidPlant(fluid_params, 1, 1).initial_state(ready=20.0, backlog=5.0)
+    r0 = loop.run(lsc, [_stack(rate)], x0=x0)
+    pd.testing.assert_frame_equal(r0.series, simulate_loop(FluidPlant(fluid_params, 1, 1), [_stack(rate)], lsc,
+                                                           x0=x0).series)
+    assert r0.series["ready"].iloc[0] == pytest.approx(20.0)
+    assert loop.run(lsc, [_stack(rate)]).series["ready"].iloc[0] == 0.0  # the empty start
 
 
 def test_the_request_simulator_samples_a_stacks_admission_per_request(des_params):

@@ -417,3 +417,61 @@ def test_large_batch_terms_leave_the_defaults_unchanged(dsv3_h200):
         Efficiency(sequence_overhead_s=-1e-6)
     with pytest.raises(ConfigError, match="efficiency.attention_memory"):
         Efficiency(attention_memory=0.0)
+
+
+# -- attention-DP imbalance of mixed passes (issue 24): the chunk lands on the busiest replica ------
+@pytest.mark.parametrize("tp, ep, chunk, u, busiest", [
+    # C / D + u C (1 - 1 / D), worked by hand
+    (1, 8, 2048, 0.0, 256.0),       # DP8, even spread (the default)
+    (1, 8, 2048, 1.0, 2048.0),      # DP8, the whole chunk on one replica
+    (1, 8, 2048, 0.5, 1152.0),      # 256 + 0.5 x 1792
+    (2, 8, 1000, 0.25, 437.5),      # DP4: 250 + 0.25 x 750
+    (8, 8, 2048, 1.0, 2048.0),      # attention TP8 (one replica): no imbalance to have
+])
+def test_busiest_chunk_tokens_closed_form(tp, ep, chunk, u, busiest):
+    w = Worker(model_preset("deepseek-v3"), accelerator_preset("h200"), Parallelism(tp=tp, ep=ep),
+               dataclasses.replace(Efficiency(), attention_dp_imbalance=u))
+    assert w.busiest_chunk_tokens(chunk) == pytest.approx(busiest, rel=1e-12)
+
+
+@pytest.mark.parametrize("batch, context, chunk, u", [(64, 2048, 2048, 1.0), (256, 1024, 4096, 0.5),
+                                                      (8, 4096, 512, 0.2)])
+def test_attention_dp_imbalance_moves_the_chunk_onto_one_replica(dsv3_h200, batch, context, chunk, u):
+    """DP8 attention: the imbalanced pass's attention is the even pass's attention for a chunk
+    whose even share is the busiest replica's piece; its bytes grow by that piece's KV writes and
+    activations, worked by hand (DeepSeek-V3: 70,272 KV bytes per token over 61 layers, BF16
+    activations of 7,168 read and written per layer)."""
+    w = dataclasses.replace(dsv3_h200, efficiency=dataclasses.replace(Efficiency(), attention_dp_imbalance=u))
+    piece = chunk / 8 + u * chunk * 7 / 8
+    a = w.mixed(batch, context, chunk).phase("attention")
+    even = dsv3_h200.mixed(batch, context, 8 * piece).phase("attention")
+    assert (a.flops, a.hbm_bytes, a.time_s) == pytest.approx((even.flops, even.hbm_bytes, even.time_s), rel=1e-12)
+    b = dsv3_h200.mixed(batch, context, chunk).phase("attention")
+    extra = (piece - chunk / 8) * (70272 + 2 * 61 * 7168 * 2)
+    assert a.hbm_bytes - b.hbm_bytes == pytest.approx(extra, rel=1e-9)
+    # the dense layers (replica-local) are timed for the busiest replica's piece as well; the
+    # experts see the pass's tokens unchanged
+    d = w.mixed(batch, context, chunk).phase("dense")
+    d_even = dsv3_h200.mixed(batch, context, 8 * piece).phase("dense")
+    assert (d.flops, d.time_s) == pytest.approx((d_even.flops, d_even.time_s), rel=1e-12)
+    assert w.mixed(batch, context, chunk).phase("experts") == dsv3_h200.mixed(batch, context, chunk).phase("experts")
+    assert w.mixed(batch, context, chunk).time_s > dsv3_h200.mixed(batch, context, chunk).time_s
+
+
+def test_attention_dp_imbalance_leaves_the_defaults_and_other_passes_unchanged(dsv3_h200):
+    e = Efficiency()
+    assert e.attention_dp_imbalance == 0.0
+    on = dataclasses.replace(dsv3_h200, efficiency=dataclasses.replace(e, attention_dp_imbalance=1.0))
+    zero = dataclasses.replace(dsv3_h200, efficiency=dataclasses.replace(e, attention_dp_imbalance=0.0))
+    assert zero.mixed(64, 2048, 2048).time_s == dsv3_h200.mixed(64, 2048, 2048).time_s
+    # decode and fill passes have no chunk to concentrate
+    assert on.decode(64, 2048).time_s == dsv3_h200.decode(64, 2048).time_s
+    assert on.mixed(64, 2048, 0).time_s == dsv3_h200.mixed(64, 2048, 0).time_s
+    assert on.prefill(2048, sequences=8).time_s == dsv3_h200.prefill(2048, sequences=8).time_s
+    # without attention DP (TP8: one replica) it has no effect
+    tp8 = dataclasses.replace(dsv3_h200, parallelism=Parallelism(tp=8, ep=8))
+    tp8_on = dataclasses.replace(tp8, efficiency=on.efficiency)
+    assert tp8_on.mixed(64, 2048, 2048).time_s == tp8.mixed(64, 2048, 2048).time_s
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ConfigError, match="efficiency.attention_dp_imbalance"):
+            Efficiency(attention_dp_imbalance=bad)

@@ -94,3 +94,22 @@ def test_defaults_are_the_stored_fit_rounded():
         assert getattr(d, name) == pytest.approx(round(FITTED_EFFICIENCY[name], 2))
     assert d.layer_overhead_s == pytest.approx(round(FITTED_EFFICIENCY["layer_overhead_s"], 6))
     assert np.all([lo <= FITTED_EFFICIENCY[k] <= hi for k, (lo, hi) in FIT_PARAMETERS.items()])
+
+
+@pytest.mark.parametrize("key", ["trtllm-b200-throughput-fp8kv", "trtllm-h200-throughput"])
+def test_aggregated_point_pays_the_attention_dp_wait(key):
+    """An aggregated point with attention-DP imbalance spends, per request, the time its prompt's
+    pass takes beyond the even spread (hand form: O / per-GPU throughput rises by that wait)."""
+    point = next(p for p in PUBLISHED_POINTS if p.key == key)
+    eff = dataclasses.replace(Efficiency(), attention_dp_imbalance=1.0)
+    w, even = point_worker(point, eff), point_worker(point)
+    wait = (w.mixed(point.sequences, point.context_tokens, point.prompt_tokens).time_s
+            - even.mixed(point.sequences, point.context_tokens, point.prompt_tokens).time_s)
+    assert wait > 0
+    base, imb = predict_point(point), predict_point(point, eff)
+    # tokens/s per GPU = O / (seconds per request x GPUs): the seconds grow by exactly the wait
+    n = w.num_gpus
+    assert point.output_tokens / (imb * n) - point.output_tokens / (base * n) == pytest.approx(wait, rel=1e-9)
+    # no imbalance: the defaults' value exactly
+    zero = dataclasses.replace(Efficiency(), attention_dp_imbalance=0.0)
+    assert predict_point(point, zero) == base

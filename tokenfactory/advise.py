@@ -507,10 +507,13 @@ def advise(control_plane, scenario, trace: pd.DataFrame, *, pool: str = "decode"
     setting = read_control_plane(control_plane) if isinstance(control_plane, (str, Path)) else control_plane
     cluster = scenario_cluster(scenario, seed)
     setup = build_replay(trace, dict(scenario.plant))
-    if setting.format == "vllm":
-        return _advise_batch_cap(setting, scenario, trace, setup, cluster, slo_target)
-    if setting.format == "dynamo-planner":
-        return _advise_planner(setting, scenario, trace, setup, cluster, slo_target, seed, simulated_candidates)
+    # formats whose setting is not a pool autoscaler's: each has its own search (by format name,
+    # which the formats' table defines; a kind of the same name lives in the registry)
+    special = {"vllm": lambda: _advise_batch_cap(setting, scenario, trace, setup, cluster, slo_target),
+               "dynamo-planner": lambda: _advise_planner(setting, scenario, trace, setup, cluster, slo_target, seed,
+                                                         simulated_candidates)}
+    if setting.format in special:
+        return special[setting.format]()
     if setting.format not in KNOB_GRID:
         raise ConfigError("control_plane", f"advise has no loop model for a {setting.format} setting")
     p = setup.plant.params

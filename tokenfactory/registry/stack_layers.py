@@ -378,6 +378,11 @@ class SeasonalRiseLayer(StackLayerConfig):
     residual_ar1 : bool
         The AR(1) lead correction of the plan (the residual from the median daily level decays
         over the lead; off by default: it did not lower the cost on ServeGen).
+    trend_s : float
+        The pools size for their rate's rise over the last ``trend_s`` carried on for as long (s,
+        at most ``interval_s``; 0 = none).
+    hour_phase : bool
+        Weight the headroom by the phase of the hour (the lead error's scale there, fitted daily).
     """
 
     layer: ClassVar[str] = "planning"
@@ -401,6 +406,11 @@ class SeasonalRiseLayer(StackLayerConfig):
                                                      "plan's grid)")
     residual_ar1: bool = setting(False, kind=bool, meaning="AR(1) lead correction: the residual from the median "
                                                            "daily level decays over the lead (phi fitted daily)")
+    trend_s: float = setting(0.0, unit="s", low=0.0, high=3600.0,
+                             meaning="rising trend: the pools size for their rate's rise over the last trend_s "
+                                     "carried on for as long (0: none)")
+    hour_phase: bool = setting(False, kind=bool, meaning="weight the headroom by the phase of the hour (the plan's "
+                                                         "lead error there, fitted daily)")
 
 
 #: the stack's layers, bottom (fastest) first, and each layer's kinds by name (the first is the default)

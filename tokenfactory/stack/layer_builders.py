@@ -307,7 +307,8 @@ def build_seasonal_rise(cfg, b: LayerBuild) -> StackLayer:
                             max_headroom=cfg.max_headroom, history=b.history, time_offset_s=b.time_offset_s,
                             utilization=target_utilization(sc), hold_s=scale_down_dwell_s(sc),
                             use_profile=cfg.use_profile, volatility_window_s=cfg.volatility_window_s,
-                            profile_smooth_s=cfg.profile_smooth_s, residual_ar1=cfg.residual_ar1)
+                            profile_smooth_s=cfg.profile_smooth_s, residual_ar1=cfg.residual_ar1,
+                            trend_s=cfg.trend_s, hour_phase=cfg.hour_phase)
     return StackLayer("planning", [planner], planner.sample_period)
 
 
