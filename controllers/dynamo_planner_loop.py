@@ -167,8 +167,16 @@ class PlannerPoolLoop:
 
 @dataclass(frozen=True)
 class PlannerCycle(RelayCycle):
-    """A :class:`RelayCycle` of the planner's rule; ``noise_driven``: the mean holds a pool and
-    only the occupancy noise crosses the band (the period is then a lower bound)."""
+    """A :class:`RelayCycle` of the planner's rule.
+
+    Parameters
+    ----------
+    period_s, low_replicas, high_replicas, queue_peak, phases_s, describing_function : see RelayCycle
+        As for :class:`~tokenfactory.controllers.autoscaler_loops.RelayCycle`.
+    noise_driven : bool
+        The mean holds a pool and only the occupancy noise crosses the band (the period is then
+        a lower bound).
+    """
 
     noise_driven: bool = False
 
@@ -283,9 +291,23 @@ def predict_planner_cycle(loop: PlannerPoolLoop, z: float = NOISE_Z) -> RelayCyc
 
 
 def planner_startup_peak(loop: PlannerPoolLoop, from_replicas: int, demand_rps: float | None = None) -> int:
-    """Peak workers after a demand step to ``demand_rps`` (default the loop's) from
-    ``from_replicas``: one step per start-up while a worker's metric, with the backlog the short
-    pool built, reads >= up (the mean; noise is the cycle's business)."""
+    """Peak workers after a demand step: one step per start-up while a worker's metric, with the
+    backlog the short pool built, reads >= up (the mean; noise is the cycle's business).
+
+    Parameters
+    ----------
+    loop : PlannerPoolLoop
+        One pool's loop (:func:`planner_pool_loops`).
+    from_replicas : int
+        Workers before the step (>= 1).
+    demand_rps : float, optional
+        The demand after the step (req/s; default the loop's operating point).
+
+    Returns
+    -------
+    int
+        The largest pool size the rule reaches.
+    """
     lam = loop.point.demand_rps if demand_rps is None else float(demand_rps)
     mu = loop.point.per_worker_rps
     n, q, peak = max(int(from_replicas), 1), 0.0, max(int(from_replicas), 1)

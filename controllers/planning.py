@@ -161,7 +161,19 @@ def rising_trend(v: np.ndarray, k: int) -> np.ndarray:
     """max(v, v + (v - v k points earlier)) for every point: the rise of the last k points carried
     on for k more (Holt's linear trend with the smoothing left to the measured rate's filter,
     Hyndman & Athanasopoulos, FPP 3rd ed., sec. 8.2), falls not extrapolated (the pool holds for
-    the dwell anyway). Before the first k points: v."""
+    the dwell anyway). Before the first k points: v.
+
+    Parameters
+    ----------
+    v : array
+        The rate, on a regular grid.
+    k : int
+        The trend's span in grid points (<= 0: no trend, ``v`` returned).
+
+    Returns
+    -------
+    array
+    """
     if k <= 0:
         return v.copy()
     back = np.r_[v[:1].repeat(k), v[:-k]]
@@ -377,7 +389,9 @@ def calibrate_headroom(demand: pd.Series, profile: pd.Series | None, lead_s: flo
         the replayed rule sizes for the demand's rise over the last ``trend_s`` carried on for as long.
     phase_scale : numpy.ndarray, optional
         The headroom's weight by phase of the hour (:func:`hour_phase_scale`), applied at each
-        decision time with ``interval_s`` the phase's width (s).
+        decision time.
+    interval_s : float
+        Width of one phase of ``phase_scale`` (s; the planner's interval).
     with_capacity : bool
         Also return the replayed capacity over the demand (sum over sum) at that headroom.
 
