@@ -101,3 +101,22 @@ def run_study_without_traces(name, tmp_path_factory):
     finally:
         mp.undo()
     return out, json.loads((out / "metrics.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def quick_study(tmp_path_factory):
+    """A study's quick-variant report folder, run once per session for every module that reads it
+    (the study's own tests and the HTML report's); returns ``get(name) -> folder``. Tests read it
+    only: a test that writes beside it copies it first."""
+    from tokenfactory.studies import run_study
+
+    done = {}
+
+    def get(name):
+        if name not in done:
+            out = tmp_path_factory.mktemp(name)
+            run_study(name, out, quick=True)
+            done[name] = out
+        return done[name]
+
+    return get

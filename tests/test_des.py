@@ -109,8 +109,18 @@ def test_queueing_matches_exact_fcfs_recursion(servers):
         free[j] = start + s
     q = r.records
     np.testing.assert_allclose((q["decode_start_s"] - q["kv_ready_s"]).to_numpy(), waits, atol=1e-6)
+    # Little's law over the same run: time-average number in system = total sojourn time / duration
+    # (agrees to 1e-4 here; the 2 % of the large Erlang-C run below)
+    s = r.series
+    L = (s["backlog"] + s["fill_in_progress"] + s["ready"] + s["active_decodes"]).mean()
+    done = q[q["state"] == "completed"]
+    assert L == pytest.approx((done["completion_s"] - done["arrival_s"]).sum() / r.metrics["duration_s"], rel=0.02)
 
 
+# Slow (2 x 100,000 requests per point, about a quarter of the default suite's time): in the default
+# run the exact FCFS recursion above checks every request's wait on the same M/M/c plant (the mean
+# Erlang C predicts follows from those samples), and Little's law on that run.
+@pytest.mark.slow
 @pytest.mark.parametrize("servers", [1, 4])
 def test_erlang_c_and_littles_law(servers):
     waits, expect = [], None
@@ -154,10 +164,10 @@ def _dominant_period_s(x, dt):
     return 1.0 / f[1 + int(np.argmax(pxx[1:]))]
 
 
-def test_agreement_on_which_loops_oscillate(prefit):
+def _oscillation_agreement(prefit, seeds):
     """At 1.05 x decode capacity (pre-fit rates, see ``prefit``) the naive loop cycles at the fluid
-    model's period in the request simulator too, and the smoothed loop does not cycle, on three
-    seeded traces.
+    model's period in the request simulator too, and the smoothed loop does not cycle, on each seeded
+    trace; returns how many seeds the detector's full verdict calls regular.
 
     The stochastic naive loop's cycle is less regular than the fluid one's (completion counts are
     Poisson-noisy and fill adds chunking delay): over a 240 s window Thornhill's regularity index
@@ -176,7 +186,7 @@ def test_agreement_on_which_loops_oscillate(prefit):
         fluid[name] = assess(f.sampled("ready", 0.1, 60), 0.1, min_amplitude=1.0)
     assert fluid["naive"].oscillating and not fluid["smoothed"].oscillating
     regular = 0
-    for seed in (1, 2, 3):
+    for seed in seeds:
         tr = poisson_trace(1.05 * c, 300.0, seed)
         for name, sc in (("naive", naive_scenario), ("smoothed", smoothed_scenario)):
             d = simulate(tr, params, cl, sc.controller).series
@@ -189,7 +199,18 @@ def test_agreement_on_which_loops_oscillate(prefit):
                 regular += v.oscillating
             else:
                 assert not v.oscillating and peak < 0.4, f"seed {seed}: {v}"
-    assert regular >= 1
+    return regular
+
+
+def test_agreement_on_which_loops_oscillate(prefit):
+    # one seed in the default run: every per-seed assertion (the naive spectrum at the fluid period,
+    # the smoothed loop quiet) on the same code path as the slow three-seed test below
+    _oscillation_agreement(prefit, (1,))
+
+
+@pytest.mark.slow
+def test_agreement_on_which_loops_oscillate_on_three_seeds(prefit):
+    assert _oscillation_agreement(prefit, (1, 2, 3)) >= 1
 
 
 def test_prefix_hit_ratio_on_mooncake(params):

@@ -2,13 +2,10 @@ import json
 
 import pytest
 
-from tokenfactory.studies import run_study
-
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fo")
-    run_study("feedback-oscillation", out, quick=True)
+def study(quick_study):
+    out = quick_study("feedback-oscillation")  # the same run the HTML report's tests read
     return out, json.loads((out / "metrics.json").read_text())
 
 

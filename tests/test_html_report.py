@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from tokenfactory.studies import run_study
 from tokenfactory.studies.html import GLOSSARY, render_index, write_index
 from tokenfactory.studies.report import human, markdown_table, table_problems
 
@@ -19,10 +18,12 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory):
+def reports(tmp_path_factory, quick_study):
     root = tmp_path_factory.mktemp("reports")
     for name in ("operating-modes", "feedback-oscillation"):
-        run_study(name, root / name, quick=True)
+        # the session's quick run of each (the studies' own tests read the same), copied: the
+        # index is written beside them
+        shutil.copytree(quick_study(name), root / name)
     write_index(root, order=["operating-modes", "feedback-oscillation"])
     return root
 
@@ -70,9 +71,15 @@ def _open(root: Path, shot: Path | None = None, page_name: str = "index.html") -
     return info
 
 
-def test_page_renders_in_headless_chromium(reports, tmp_path):
-    shot = tmp_path / "report.png"
-    info = _open(reports, shot)
+@pytest.fixture(scope="module")
+def rendered(reports, tmp_path_factory):
+    """The index opened once in Chromium (with a screenshot) for the tests that read that page."""
+    shot = tmp_path_factory.mktemp("shot") / "report.png"
+    return _open(reports, shot), shot
+
+
+def test_page_renders_in_headless_chromium(reports, rendered):
+    info, shot = rendered
     errors = [c for c in info["console"] if c[0] in ("error", "pageerror")]
     assert not errors, errors
     assert info["sections"] == 2
@@ -91,8 +98,8 @@ def test_page_renders_in_headless_chromium(reports, tmp_path):
     assert shot.stat().st_size > 20_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_first_screen_states_each_loops_verdict_and_margins(reports):
-    info = _open(reports)
+def test_first_screen_states_each_loops_verdict_and_margins(reports, rendered):
+    info, _ = rendered
     m = json.loads((reports / "feedback-oscillation" / "metrics.json").read_text())
     screen = "\n".join(info["first_screen"])
     for lp in m["report"]["loops"]:

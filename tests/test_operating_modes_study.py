@@ -2,14 +2,10 @@ import json
 
 import pytest
 
-from tokenfactory.studies import run_study
-
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    out = tmp_path_factory.mktemp("om")
-    run_study("operating-modes", out, quick=True)
-    return out
+def report(quick_study):
+    return quick_study("operating-modes")  # the same run the HTML report's tests read
 
 
 def test_writes_figures_metrics_summary(report):
