@@ -8,7 +8,7 @@ decode workers of the pool model, the report's start-up and demand). For each:
 1. **prediction** - :func:`tokenfactory.controllers.autoscaler_loops.certify_autoscaler` at the
    demand the report describes: the cycle the rule settles into (period, the two pool sizes) and
    the start-up overshoot (peak replicas asked for before new workers serve);
-2. **simulation** - the pool model (:func:`tokenfactory.plant_models.pools.simulate_pools`) with
+2. **simulation** - the pool model (:class:`tokenfactory.plant_models.plant_protocol.PoolPlant`) with
    the same controller object: peak workers, reversals per hour, the measured cycle period,
    SLO attainment and GPU-hours;
 3. **advice** - :func:`tokenfactory.advise.search_settings` over the same control plane's knobs,
@@ -70,7 +70,8 @@ from tokenfactory.controllers.autoscaler_loops import PoolOperatingPoint, certif
 from tokenfactory.controllers.formats import parse_control_plane
 from tokenfactory.plant_models import FluidParams, RequestShape, Worker
 from tokenfactory.plant_models.fleet import PoolDynamics
-from tokenfactory.plant_models.pools import PoolScenario, simulate_pools
+from tokenfactory.plant_models.plant_protocol import PoolPlant
+from tokenfactory.plant_models.pools import PoolScenario
 from tokenfactory.studies.report import StudyReport, markdown_table
 from tokenfactory.core.errors import ConfigError
 from tokenfactory.core.validation import check_number, reject_unknown_keys
@@ -254,12 +255,12 @@ def _simulate(setting, inc: dict, params: FluidParams, cfg: dict) -> dict:
     mu = params.decode_capacity(1)
     lam = max(inc["demand_workers"]) * mu
     fill = math.ceil(2.0 * lam / params.fill_rate_per_worker)   # the fill pool never limits
-    res = simulate_pools(params, fill, inc["start_workers"],
-                         PoolScenario(_demand(inc, mu, cfg["duration_s"]), cfg["duration_s"], dt=cfg["dt"],
-                                      seed=cfg["seed"], control_start_s=60.0, slo_ttft_s=cfg["slo_ttft_s"],
-                                      slo_tpot_s=cfg["slo_tpot_s"]),
-                         controllers=[setting.build("decode")],
-                         dynamics=PoolDynamics(startup_s=inc["startup_s"], warmup_s=cfg["warmup_s"]))
+    plant = PoolPlant(params, fill, inc["start_workers"],
+                      PoolDynamics(startup_s=inc["startup_s"], warmup_s=cfg["warmup_s"]))
+    res = plant.run(PoolScenario(_demand(inc, mu, cfg["duration_s"]), cfg["duration_s"], dt=cfg["dt"],
+                                 seed=cfg["seed"], control_start_s=60.0, slo_ttft_s=cfg["slo_ttft_s"],
+                                 slo_tpot_s=cfg["slo_tpot_s"]),
+                    [setting.build("decode")])
     s = res.series
     after = s[s["time_s"] >= inc["step_at_s"]]
     m = res.metrics

@@ -45,7 +45,7 @@ from matplotlib.figure import Figure
 from scipy import signal as sps
 
 from tokenfactory.controllers.separation import required_ratio
-from tokenfactory.plant_models import PoolScenario, simulate_pools
+from tokenfactory.plant_models import PoolPlant, PoolScenario
 from tokenfactory.registry import BASELINE_STACKS
 from tokenfactory.stack import (
     STATIC_SPLIT,
@@ -99,10 +99,9 @@ def separation_in_simulation(sc, *, period_s: float = 20.0, depth: float = 0.15,
     for key, amp in (("quiet", 0.0), ("disturbed", depth)):
         ctrl, plant = build_stack(s, name=key, plant_step_s=dt)
         demand = pd.Series(s.rate_rps * (1.0 + amp * np.sin(2 * np.pi * t / period_s)), index=t)
-        r = simulate_pools(plant.params, plant.fill_workers, plant.decode_workers,
-                           PoolScenario(demand, duration_s, dt=dt, control_start_s=60.0, seed=seed,
-                                        slo_ttft_s=s.slo_ttft_s, slo_tpot_s=s.slo_tpot_s),
-                           controllers=[ctrl], dynamics=s.dynamics)
+        r = PoolPlant(plant.params, plant.fill_workers, plant.decode_workers, s.dynamics).run(
+            PoolScenario(demand, duration_s, dt=dt, control_start_s=60.0, seed=seed,
+                         slo_ttft_s=s.slo_ttft_s, slo_tpot_s=s.slo_tpot_s), [ctrl])
         after = r.series[r.series["time_s"] >= 300.0]
         prov = (after["fill_workers"] + after["fill_workers_starting"] + after["decode_workers"]
                 + after["decode_workers_starting"]).to_numpy(dtype=float)

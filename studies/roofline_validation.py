@@ -73,10 +73,25 @@ CONFIG = StudyVariants("roofline-validation", DEFAULT_CONFIG, quick={"starts": 1
 def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None = None) -> dict[str, Any]:
     cfg = resolve_study_config(CONFIG, config, quick=quick)
     report = StudyReport("roofline-validation", Path(out_dir), cfg)
+    fit, cv = _fit_published_points(cfg)
+    table = _points_table(report, fit, cv, cfg)
+    metrics = _published_metrics(table, fit, cv, cfg)
+    lines = _published_lines(report, table, fit, cv, metrics, cfg)
+    _measured_runs_section(report, cfg, quick, metrics, lines)
+    return report.finish(metrics, lines)
+
+
+def _fit_published_points(cfg: dict) -> tuple:
+    """The fit on all published points and its leave-one-out refits."""
     kw = dict(prior_weight=cfg["prior_weight"], robust_scale=cfg["robust_scale"])
     fit = fit_efficiency(PUBLISHED_POINTS, starts=cfg["starts"], seed=cfg["seed"], **kw)
     cv = cross_validate(PUBLISHED_POINTS, full_fit=fit, starts=cfg["cv_starts"], seed=cfg["seed"], **kw)
+    return fit, cv
 
+
+def _points_table(report: StudyReport, fit, cv: pd.DataFrame, cfg: dict) -> pd.DataFrame:
+    """Each point's in-sample and held-out error (saved with the leave-one-out fits, the excluded
+    sources and the error figure)."""
     table = fit.to_pandas().drop(columns=["held_out"])
     table = table.merge(cv[["point", "predicted", "error", "abs_error"]].rename(columns={
         "predicted": "held_out_predicted", "error": "held_out_error", "abs_error": "held_out_abs_error"}),
@@ -90,14 +105,17 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                        "Error of the roofline per published point: held out (leave-one-out fit), "
                        "with all points fitted, and with the old assumed efficiencies; the bands "
                        "are the issue's 20 % median and 40 % worst-case targets.")
+    return table
 
+
+def _published_metrics(table: pd.DataFrame, fit, cv: pd.DataFrame, cfg: dict) -> dict[str, Any]:
+    """The fit, its errors held out and in sample, and the old assumptions' errors."""
     held = table["held_out_abs_error"].to_numpy()
     old = table["error_old_assumptions"].abs().to_numpy()
     worst = table.loc[table["held_out_abs_error"] > cfg["target_max"]]
     fitted = fit.params
-    defaults = {k: getattr(Efficiency(), k) for k in FIT_PARAMETERS}
     stored = dict(FITTED_EFFICIENCY)
-    metrics: dict[str, Any] = {
+    return {
         "points": len(table),
         "fitted": fitted,
         "identified": fit.identified,
@@ -105,7 +123,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         "stored_fit": stored,
         "stored_fit_matches": {k: abs(fitted[k] - stored[k]) <= 0.01 * max(abs(stored[k]), 1e-6) + 1e-6
                                for k in FIT_PARAMETERS},
-        "defaults": defaults,
+        "defaults": {k: getattr(Efficiency(), k) for k in FIT_PARAMETERS},
         "old_assumptions": {k: getattr(ASSUMED_EFFICIENCY, k) for k in FIT_PARAMETERS},
         "held_out_median_abs_error": float(np.median(held)),
         "held_out_max_abs_error": float(held.max()),
@@ -121,7 +139,14 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         "excluded_sources": [e["system"] for e in EXCLUDED_SOURCES],
     }
 
-    f = fitted
+
+def _published_lines(report: StudyReport, table: pd.DataFrame, fit, cv: pd.DataFrame, metrics: dict,
+                     cfg: dict) -> list[str]:
+    """The headlines and the summary's lines on the published points."""
+    held = table["held_out_abs_error"].to_numpy()
+    worst = table.loc[table["held_out_abs_error"] > cfg["target_max"]]
+    defaults = metrics["defaults"]
+    f = fit.params
     report.headline("held-out median error", 100 * metrics["held_out_median_abs_error"], "%",
                     f"leave-one-out over {len(table)} published points; old assumptions "
                     f"{100 * metrics['old_assumptions_median_abs_error']:.0f} %")
@@ -151,24 +176,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
         f"old assumptions it was {100 * metrics['old_assumptions_median_abs_error']:.0f} % "
         f"(worst {100 * metrics['old_assumptions_max_abs_error']:.0f} %).",
     ]
-    if len(worst):
-        lines.append(f"* **Held-out points worse than {100 * cfg['target_max']:.0f} %** "
-                     f"({len(worst)} of {len(table)}), with what the roofline leaves out:")
-        loo = cv.set_index("point")
-        for r in worst.itertuples():
-            parts = [r.caveat] if r.caveat else []
-            # a parameter the point alone pins down moves when the point is left out
-            moves = {k: loo.loc[r.point, f"fit_{k}"] / fitted[k] for k in FIT_PARAMETERS if fitted[k] > 0}
-            k, ratio = max(moves.items(), key=lambda kv: abs(np.log(max(kv[1], 1e-9))))
-            if abs(np.log(max(ratio, 1e-9))) > np.log(1.5):
-                scale = 1e6 if k.endswith("_s") else 1.0
-                unit = " us" if k.endswith("_s") else ""
-                parts.append(f"without it the fit moves {k} from {fitted[k] * scale:.3g}{unit} to "
-                             f"{loo.loc[r.point, f'fit_{k}'] * scale:.3g}{unit}: no other point binds it")
-            lines.append(f"  * `{r.point}`: {100 * r.held_out_error:+.0f} % - "
-                         f"{'; '.join(parts) or 'no stated reason'}.")
-    else:
-        lines.append(f"* No held-out point is worse than {100 * cfg['target_max']:.0f} %.")
+    lines += _worst_point_lines(worst, cv, f, len(table), cfg)
     lines.append(f"* Across the leave-one-out fits compute ranges "
                  f"{metrics['loo_parameter_range']['compute'][0]:.2f}-{metrics['loo_parameter_range']['compute'][1]:.2f}, "
                  f"memory {metrics['loo_parameter_range']['memory'][0]:.2f}-{metrics['loo_parameter_range']['memory'][1]:.2f}, "
@@ -176,8 +184,29 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     if not all(metrics["stored_fit_matches"].values()):
         lines.append("* **The stored fit (`FITTED_EFFICIENCY`) no longer matches this run's fit**: "
                      "refit and update the defaults.")
-    _measured_runs_section(report, cfg, quick, metrics, lines)
-    return report.finish(metrics, lines)
+    return lines
+
+
+def _worst_point_lines(worst: pd.DataFrame, cv: pd.DataFrame, fitted: dict, points: int, cfg: dict) -> list[str]:
+    """The held-out points over the worst-case target, each with what the roofline leaves out."""
+    if not len(worst):
+        return [f"* No held-out point is worse than {100 * cfg['target_max']:.0f} %."]
+    lines = [f"* **Held-out points worse than {100 * cfg['target_max']:.0f} %** "
+             f"({len(worst)} of {points}), with what the roofline leaves out:"]
+    loo = cv.set_index("point")
+    for r in worst.itertuples():
+        parts = [r.caveat] if r.caveat else []
+        # a parameter the point alone pins down moves when the point is left out
+        moves = {k: loo.loc[r.point, f"fit_{k}"] / fitted[k] for k in FIT_PARAMETERS if fitted[k] > 0}
+        k, ratio = max(moves.items(), key=lambda kv: abs(np.log(max(kv[1], 1e-9))))
+        if abs(np.log(max(ratio, 1e-9))) > np.log(1.5):
+            scale = 1e6 if k.endswith("_s") else 1.0
+            unit = " us" if k.endswith("_s") else ""
+            parts.append(f"without it the fit moves {k} from {fitted[k] * scale:.3g}{unit} to "
+                         f"{loo.loc[r.point, f'fit_{k}'] * scale:.3g}{unit}: no other point binds it")
+        lines.append(f"  * `{r.point}`: {100 * r.held_out_error:+.0f} % - "
+                     f"{'; '.join(parts) or 'no stated reason'}.")
+    return lines
 
 
 def _fmt(m: dict) -> str:

@@ -85,7 +85,8 @@ def run_on_rates(sc: StackScenario, wl: RateWorkload, *, startup_s: float | None
         ``(metrics row, SimulationResult, ControlStack)``.
     """
     from tokenfactory.controllers.capacity import oracle_plan, static_split
-    from tokenfactory.plant_models.pools import PoolScenario, simulate_pools
+    from tokenfactory.plant_models.plant_protocol import PoolPlant
+    from tokenfactory.plant_models.pools import PoolScenario
 
     params = plant_for(sc, wl.prompt_tokens, wl.output_tokens)
     dyn = sc.dynamics if startup_s is None else dataclasses.replace(sc.dynamics, startup_s=float(startup_s))
@@ -113,7 +114,7 @@ def run_on_rates(sc: StackScenario, wl: RateWorkload, *, startup_s: float | None
     psc = PoolScenario(wl.demand, wl.duration_s, dt=dt, control_start_s=control_start_s, seed=seed,
                        slo_ttft_s=s.slo_ttft_s, slo_tpot_s=s.slo_tpot_s, prompt_factor=wl.prompt_factor,
                        output_factor=wl.output_factor)
-    r = simulate_pools(run_params, nf, nd, psc, controllers=[ctrl], dynamics=dyn)
+    r = PoolPlant(run_params, nf, nd, dyn).run(psc, [ctrl])
     verdict = _judge_oscillation(r, dt, control_start_s, mu, ceil_)
     row = _score_row(stack, wl, dyn, r, verdict, oracle_gpu_h, ceil_, mu)
     if split is not None:
