@@ -300,10 +300,12 @@ class PlannedHystereticLayer(StackLayerConfig):
 @dataclass(frozen=True)
 class ControlPlaneLayer(StackLayerConfig):
     """``control-plane``: the control plane a user runs, from its own settings file (a Kubernetes
-    HPA, KEDA ScaledObject, Knative Service, Ray Serve config or AIBrix PodAutoscaler;
-    :mod:`tokenfactory.controllers.formats`), sizing one pool with exactly the file's parameters;
-    the other pool stays at the scenario's size. Certified with its loop model
-    (:mod:`tokenfactory.controllers.autoscaler_loops`).
+    HPA, KEDA ScaledObject, Knative Service, Ray Serve config, AIBrix PodAutoscaler or Dynamo
+    planner config; :mod:`tokenfactory.controllers.formats`), with exactly the file's parameters.
+    An autoscaler sizes one pool (the other stays at the scenario's size), certified with its loop
+    model (:mod:`tokenfactory.controllers.autoscaler_loops`); Dynamo's real planner sizes both,
+    certified with :mod:`tokenfactory.controllers.dynamo_planner_loop` (the layer's pool, or the
+    other where that one fails).
 
     Parameters
     ----------
