@@ -298,16 +298,23 @@ def _autoscaler_incident(name: str, inc: dict, params: FluidParams, cfg: dict, q
     adv_cert = certify_autoscaler(adv.recommended.build("decode"), point)
     adv_sim = _simulate(adv.recommended, inc, params, cfg)
     series["advised"] = adv_sim.pop("_series")
-    pred = cert.predicted_cycle
-    apred = adv_cert.predicted_cycle
     # the start-up peak from the pool the report starts at (the certificate's is from the floor)
     peak = predict_startup_cascade(cert.loop, inc["start_workers"])
-    result = {"source": inc["source"], "reported": inc["reported"],
+    row, result = _pool_incident_outcome(name, inc, inc["reported"].get("sequence", "-"), cert, adv, adv_cert, sim,
+                                         adv_sim, peak)
+    return row, result, series
+
+
+def _pool_incident_outcome(name: str, inc: dict, reported: str, cert, adv, adv_cert, sim: dict, adv_sim: dict,
+                           peak: int, **extra):
+    """A pool incident's table row and result block: prediction, simulation, advice, advised run."""
+    pred, apred = cert.predicted_cycle, adv_cert.predicted_cycle
+    result = {"source": inc["source"], "reported": inc["reported"], **extra,
               "predicted": {**cert.to_dict(), "cascade_peak_replicas": peak,
                             "cascade_from_replicas": inc["start_workers"]},
               "simulated": sim, "advice": adv.to_dict(), "advised_predicted": adv_cert.to_dict(),
               "advised_simulated": adv_sim}
-    row = {"incident": name, "reported": inc["reported"].get("sequence", "-"),
+    row = {"incident": name, "reported": reported,
            "predicted": (f"cycle {pred.period_s:.0f} s, {pred.low_replicas}<->{pred.high_replicas}"
                          if pred else "no cycle") + f"; start-up peak {peak}",
            "simulated": (f"cycle {sim['period_s']:.0f} s" if sim["period_s"] else "no cycle")
@@ -318,7 +325,7 @@ def _autoscaler_incident(name: str, inc: dict, params: FluidParams, cfg: dict, q
                                 + f", peak {adv_cert.cascade_peak}",
            "advised simulated": f"peak {adv_sim['peak_replicas']}, {adv_sim['reversals_per_hour']:.1f} rev/h, "
                                 f"SLO {adv_sim['slo_attainment']:.3f}, {adv_sim['gpu_hours']:.1f} GPU-h"}
-    return row, result, series
+    return row, result
 
 
 def _admission_incident(name: str, inc: dict, params: FluidParams, cfg: dict, quick: bool):
@@ -488,23 +495,8 @@ def _planner_incident(name: str, inc: dict, params: FluidParams, cfg: dict, quic
     adv_cert = certs(adv.recommended)["demand decode"]
     adv_sim = _simulate(built(adv.recommended), inc, params, cfg)
     series["advised"] = adv_sim.pop("_series")
-    pred, apred = cert.predicted_cycle, adv_cert.predicted_cycle
-    result = {"source": inc["source"], "reported": inc["reported"], "settings": setting.planner_fields(),
-              "predicted": {**cert.to_dict(), "cascade_peak_replicas": peak,
-                            "cascade_from_replicas": inc["start_workers"]},
-              "simulated": sim, "advice": adv.to_dict(), "advised_predicted": adv_cert.to_dict(),
-              "advised_simulated": adv_sim}
-    row = {"incident": name, "reported": "-",
-           "predicted": (f"cycle {pred.period_s:.0f} s, {pred.low_replicas}<->{pred.high_replicas}"
-                         if pred else "no cycle") + f"; start-up peak {peak}",
-           "simulated": (f"cycle {sim['period_s']:.0f} s" if sim["period_s"] else "no cycle")
-                        + f"; {sim['sequence']}; peak {sim['peak_replicas']}, {sim['reversals_per_hour']:.1f} rev/h",
-           "advised": ", ".join(f"{k} {v['from']:g}->{v['to']:g}" for k, v in adv.changes.items()) or "(unchanged)",
-           "advised predicted": ("pass" if adv_cert.passed else "fail")
-                                + (f", cycle {apred.period_s:.0f} s" if apred else ", no cycle")
-                                + f", peak {adv_cert.cascade_peak}",
-           "advised simulated": f"peak {adv_sim['peak_replicas']}, {adv_sim['reversals_per_hour']:.1f} rev/h, "
-                                f"SLO {adv_sim['slo_attainment']:.3f}, {adv_sim['gpu_hours']:.1f} GPU-h"}
+    row, result = _pool_incident_outcome(name, inc, "-", cert, adv, adv_cert, sim, adv_sim, peak,
+                                         settings=setting.planner_fields())
     return row, result, series
 
 
