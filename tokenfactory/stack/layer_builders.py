@@ -36,6 +36,29 @@ __all__ = ["LayerBuild", "smoothed_admission_controller", "slo_aware_admission_c
            "build_planned_pools", "build_control_plane", "build_seasonal_rise"]
 
 
+# the Parameters and Returns every layer function shares (numpydoc; tests/test_docstrings.py reads
+# them), written once and appended to each one's own summary
+_LAYER_BUILDER_DOC = """
+
+    Parameters
+    ----------
+    cfg : layer config
+        The layer's resolved settings (its kind's config class in
+        :mod:`tokenfactory.registry.stack_layers`).
+    b : LayerBuild
+        What the stack is built from: the scenario, its plant and the layers built so far.
+
+    Returns
+    -------
+    StackLayer
+"""
+
+
+def _layer_builder_doc(f):
+    f.__doc__ = f.__doc__.rstrip() + _LAYER_BUILDER_DOC
+    return f
+
+
 @dataclass
 class LayerBuild:
     """What a layer's builder is given besides its config: the scenario, the gated plant, the
@@ -176,39 +199,16 @@ def _slot_note(p) -> str:
             f"(pass {p.decode_step_s(p.decode_slots_per_worker) * 1e3:.1f} ms)")
 
 
+@_layer_builder_doc
 def build_slot_limit(cfg, b: LayerBuild) -> StackLayer:
-    """``slot-limit``: no controller; the plant's slot limit is the cap.
-
-    Parameters
-    ----------
-    cfg : layer config
-        The layer's resolved settings (its kind's config class in
-        :mod:`tokenfactory.registry.stack_layers`).
-    b : LayerBuild
-        What the stack is built from: the scenario, its plant and the layers built so far.
-
-    Returns
-    -------
-    StackLayer
-    """
+    """``slot-limit``: no controller; the plant's slot limit is the cap."""
     return StackLayer("batch_gate", note=_slot_note(b.plant.params))
 
 
+@_layer_builder_doc
 def build_gated_cap(cfg, b: LayerBuild) -> StackLayer:
     """``gated``: the gated cap, or - on a plant stepping slower than the cap samples (the pool
     model's seconds) - its cap at the nominal context, which is the slot limit the plant has.
-
-    Parameters
-    ----------
-    cfg : layer config
-        The layer's resolved settings (its kind's config class in
-        :mod:`tokenfactory.registry.stack_layers`).
-    b : LayerBuild
-        What the stack is built from: the scenario, its plant and the layers built so far.
-
-    Returns
-    -------
-    StackLayer
     """
     T = gate_sample_period_s(b.sc)
     if b.plant_step_s is None or b.plant_step_s <= T + 1e-12:
@@ -219,60 +219,24 @@ def build_gated_cap(cfg, b: LayerBuild) -> StackLayer:
         "nominal context stands"))
 
 
+@_layer_builder_doc
 def build_smoothed_admission(cfg, b: LayerBuild) -> StackLayer:
-    """``smoothed``: its backlog bound scaled with the decode pool's capacity.
-
-    Parameters
-    ----------
-    cfg : layer config
-        The layer's resolved settings (its kind's config class in
-        :mod:`tokenfactory.registry.stack_layers`).
-    b : LayerBuild
-        What the stack is built from: the scenario, its plant and the layers built so far.
-
-    Returns
-    -------
-    StackLayer
-    """
+    """``smoothed``: its backlog bound scaled with the decode pool's capacity."""
     ctrl, _ = smoothed_admission_controller(b.sc, b.plant, b.plant_step_s or 0.0)
     ctrl = CapacityScaledBound(ctrl, b.plant.params.decode_slots(b.plant.decode_workers))
     return StackLayer("admission", [ctrl], ctrl.sample_period)
 
 
+@_layer_builder_doc
 def build_slo_aware_admission(cfg, b: LayerBuild) -> StackLayer:
-    """``slo-aware``: as built (it reads the capacities it has).
-
-    Parameters
-    ----------
-    cfg : layer config
-        The layer's resolved settings (its kind's config class in
-        :mod:`tokenfactory.registry.stack_layers`).
-    b : LayerBuild
-        What the stack is built from: the scenario, its plant and the layers built so far.
-
-    Returns
-    -------
-    StackLayer
-    """
+    """``slo-aware``: as built (it reads the capacities it has)."""
     ctrl = slo_aware_admission_controller(b.sc, b.plant, b.service, b.plant_step_s or 0.0, b.class_outputs)
     return StackLayer("admission", [ctrl], ctrl.sample_period)
 
 
+@_layer_builder_doc
 def build_control_plane(cfg, b: LayerBuild) -> StackLayer:
-    """``control-plane``: the user's control plane from its own file, exactly as configured.
-
-    Parameters
-    ----------
-    cfg : layer config
-        The layer's resolved settings (its kind's config class in
-        :mod:`tokenfactory.registry.stack_layers`).
-    b : LayerBuild
-        What the stack is built from: the scenario, its plant and the layers built so far.
-
-    Returns
-    -------
-    StackLayer
-    """
+    """``control-plane``: the user's control plane from its own file, exactly as configured."""
     if "planning" in b.sc.layers:
         raise ConfigError("layers.planning", "the planning layer drives tokenfactory's planned-hysteretic pools; "
                           "with a control plane's own file as the reconfiguration layer, set kind = \"none\"")
@@ -285,21 +249,9 @@ def build_control_plane(cfg, b: LayerBuild) -> StackLayer:
     return StackLayer("reconfiguration", [ctl], ctl.sample_period)
 
 
+@_layer_builder_doc
 def build_seasonal_rise(cfg, b: LayerBuild) -> StackLayer:
-    """``seasonal-rise``: the demand planner, holding a scale-down as long as the pools do.
-
-    Parameters
-    ----------
-    cfg : layer config
-        The layer's resolved settings (its kind's config class in
-        :mod:`tokenfactory.registry.stack_layers`).
-    b : LayerBuild
-        What the stack is built from: the scenario, its plant and the layers built so far.
-
-    Returns
-    -------
-    StackLayer
-    """
+    """``seasonal-rise``: the demand planner, holding a scale-down as long as the pools do."""
     sc = b.sc
     budget = cfg.excess_budget if cfg.excess_budget is not None else EXCESS_BUDGET_SHARE * (1.0 - sc.slo_attainment)
     planner = DemandPlanner(lead_s=planning_lead_s(sc), excess_budget=budget, days=cfg.days,
@@ -312,21 +264,10 @@ def build_seasonal_rise(cfg, b: LayerBuild) -> StackLayer:
     return StackLayer("planning", [planner], planner.sample_period)
 
 
+@_layer_builder_doc
 def build_planned_pools(cfg, b: LayerBuild) -> StackLayer:
     """``planned-hysteretic``: both pools' planned hysteretic controllers (with the planner of the
     layer above, when there is one), role moves in a fixed fleet.
-
-    Parameters
-    ----------
-    cfg : layer config
-        The layer's resolved settings (its kind's config class in
-        :mod:`tokenfactory.registry.stack_layers`).
-    b : LayerBuild
-        What the stack is built from: the scenario, its plant and the layers built so far.
-
-    Returns
-    -------
-    StackLayer
     """
     sc, p = b.sc, b.plant.params
     dyn = sc.dynamics

@@ -53,6 +53,30 @@ from tokenfactory.stack.stack_scenario import StackScenario
 __all__ = ["LayerLoops", "CertificateDraft", "certify_slot_limit", "certify_gated_cap", "certify_smoothed_admission",
            "certify_slo_aware_admission", "certify_planned_pools", "certify_control_plane", "certify_seasonal_rise"]
 
+
+# the Parameters and Returns every layer function shares (numpydoc; tests/test_docstrings.py reads
+# them), written once and appended to each one's own summary
+_LAYER_CERTIFICATE_DOC = """
+
+    Parameters
+    ----------
+    cfg : layer config
+        The layer's resolved settings (its kind's config class in
+        :mod:`tokenfactory.registry.stack_layers`).
+    d : CertificateDraft
+        The certificate so far; the layer's points, failures and checks are recorded in it.
+
+    Returns
+    -------
+    LayerLoops
+        The layer's loops, for the separation and describing-function checks of the layers above.
+"""
+
+
+def _layer_certificate_doc(f):
+    f.__doc__ = f.__doc__.rstrip() + _LAYER_CERTIFICATE_DOC
+    return f
+
 _MARGIN_KEYS = ("gain_margin", "phase_margin_deg", "delay_margin_s", "ms", "crossover_rad_s")
 
 
@@ -141,22 +165,9 @@ class CertificateDraft:
 # -- batch gate --------------------------------------------------------------------------------
 
 
+@_layer_certificate_doc
 def certify_slot_limit(cfg, d: CertificateDraft) -> LayerLoops:
-    """``slot-limit``: static; its response is one decode pass.
-
-    Parameters
-    ----------
-    cfg : layer config
-        The layer's resolved settings (its kind's config class in
-        :mod:`tokenfactory.registry.stack_layers`).
-    d : CertificateDraft
-        The certificate so far; the layer's points, failures and checks are recorded in it.
-
-    Returns
-    -------
-    LayerLoops
-        The layer's loops, for the separation and describing-function checks of the layers above.
-    """
+    """``slot-limit``: static; its response is one decode pass."""
     p = d.plant.params
     d.layers["batch_gate"] = {"static": True, "decode_slots_per_worker": p.decode_slots_per_worker,
                               "pass_time_s": p.decode_step_s(p.decode_slots_per_worker),
@@ -164,22 +175,10 @@ def certify_slot_limit(cfg, d: CertificateDraft) -> LayerLoops:
     return LayerLoops(response_s=p.dispatch_s)
 
 
+@_layer_certificate_doc
 def certify_gated_cap(cfg, d: CertificateDraft) -> LayerLoops:
     """``gated``: the cap's integral loop over delay x pass-time slope (the envelope's service-rate
     factors), and the describing function of its saturation between one sequence and the KV slots.
-
-    Parameters
-    ----------
-    cfg : layer config
-        The layer's resolved settings (its kind's config class in
-        :mod:`tokenfactory.registry.stack_layers`).
-    d : CertificateDraft
-        The certificate so far; the layer's points, failures and checks are recorded in it.
-
-    Returns
-    -------
-    LayerLoops
-        The layer's loops, for the separation and describing-function checks of the layers above.
     """
     sc = d.sc
     gate_tau = d.plant.params.dispatch_s
@@ -236,23 +235,11 @@ def _separate_from_gate(d: CertificateDraft, adm_loop: DelayedLoop) -> None:
             note="decode batch responds to a freed or filled slot within one pass (first-order lag)"))
 
 
+@_layer_certificate_doc
 def certify_slo_aware_admission(cfg, d: CertificateDraft) -> LayerLoops:
     """``slo-aware``: the gate's two limit corrections (fill wait, decode wait), SIMC-tuned over
     delay x prediction gain (:func:`tokenfactory.controllers.slo_admission.tune_slo_admission`),
     and the describing function of each limit's clamp.
-
-    Parameters
-    ----------
-    cfg : layer config
-        The layer's resolved settings (its kind's config class in
-        :mod:`tokenfactory.registry.stack_layers`).
-    d : CertificateDraft
-        The certificate so far; the layer's points, failures and checks are recorded in it.
-
-    Returns
-    -------
-    LayerLoops
-        The layer's loops, for the separation and describing-function checks of the layers above.
     """
     p = d.plant.params
     adm = slo_aware_admission_controller(d.sc, d.plant)
@@ -277,22 +264,10 @@ def certify_slo_aware_admission(cfg, d: CertificateDraft) -> LayerLoops:
     return LayerLoops(inner=inner, outer=outer)
 
 
+@_layer_certificate_doc
 def certify_smoothed_admission(cfg, d: CertificateDraft) -> LayerLoops:
     """``smoothed``: margins over demand level x delay x service rate on the fluid plant, and the
     describing function of its rate clip.
-
-    Parameters
-    ----------
-    cfg : layer config
-        The layer's resolved settings (its kind's config class in
-        :mod:`tokenfactory.registry.stack_layers`).
-    d : CertificateDraft
-        The certificate so far; the layer's points, failures and checks are recorded in it.
-
-    Returns
-    -------
-    LayerLoops
-        The layer's loops, for the separation and describing-function checks of the layers above.
     """
     sc, plant, env = d.sc, d.plant, d.sc.envelope
     p = plant.params
@@ -339,23 +314,11 @@ def certify_smoothed_admission(cfg, d: CertificateDraft) -> LayerLoops:
 # -- reconfiguration ---------------------------------------------------------------------------
 
 
+@_layer_certificate_doc
 def certify_planned_pools(cfg, d: CertificateDraft) -> LayerLoops:
     """``planned-hysteretic``: the pools' backlog loop over start-up x service rate, its separation
     from admission's closed loop, and the describing function of each pool's whole-worker
     hysteresis relay.
-
-    Parameters
-    ----------
-    cfg : layer config
-        The layer's resolved settings (its kind's config class in
-        :mod:`tokenfactory.registry.stack_layers`).
-    d : CertificateDraft
-        The certificate so far; the layer's points, failures and checks are recorded in it.
-
-    Returns
-    -------
-    LayerLoops
-        The layer's loops, for the separation and describing-function checks of the layers above.
     """
     sc, plant, env = d.sc, d.plant, d.sc.envelope
     p = plant.params
@@ -400,25 +363,13 @@ def certify_planned_pools(cfg, d: CertificateDraft) -> LayerLoops:
     return LayerLoops(inner=rec_loop, outer=rec_loop)
 
 
+@_layer_certificate_doc
 def certify_control_plane(cfg, d: CertificateDraft) -> LayerLoops:
     """``control-plane``: a control plane run from its own settings file - its loop model at every
     envelope point (demand x start-up x service rate), the cycle and start-up overshoot its rule
     predicts, the separation of its linear part from admission, and - when it fails - the knob of
     the same control plane and the value that passes (:func:`tokenfactory.advise.search_settings`
     on the loop model alone).
-
-    Parameters
-    ----------
-    cfg : layer config
-        The layer's resolved settings (its kind's config class in
-        :mod:`tokenfactory.registry.stack_layers`).
-    d : CertificateDraft
-        The certificate so far; the layer's points, failures and checks are recorded in it.
-
-    Returns
-    -------
-    LayerLoops
-        The layer's loops, for the separation and describing-function checks of the layers above.
     """
     from tokenfactory.controllers.autoscaler_loops import PoolOperatingPoint, certify_autoscaler
 
@@ -542,22 +493,10 @@ def _passing_knob(setting, points, pool, need: int) -> str | None:
 # -- planning ----------------------------------------------------------------------------------
 
 
+@_layer_certificate_doc
 def certify_seasonal_rise(cfg, d: CertificateDraft) -> LayerLoops:
     """``seasonal-rise``: feed-forward (the offered rate is exogenous; no loop through the plant):
     its lead against the time a worker takes to serve at full speed, and its correction's margins.
-
-    Parameters
-    ----------
-    cfg : layer config
-        The layer's resolved settings (its kind's config class in
-        :mod:`tokenfactory.registry.stack_layers`).
-    d : CertificateDraft
-        The certificate so far; the layer's points, failures and checks are recorded in it.
-
-    Returns
-    -------
-    LayerLoops
-        The layer's loops, for the separation and describing-function checks of the layers above.
     """
     sc = d.sc
     rec = d.loops.get("reconfiguration")
