@@ -114,7 +114,8 @@ from tokenfactory.core.validation import ConfigError, check_int, check_number, s
 
 __all__ = ["DEFAULT_TTFT_FRACTION", "SLOAdmissionConfig", "MarginLoopConfig", "SLOAwareAdmission", "GateLoopTuning",
            "MarginLoopTuning", "slo_gate_loop", "tune_slo_admission", "margin_loop", "tune_margin_loop",
-           "margin_separation", "reserve_share", "MARGIN_GAIN", "MISS_ERROR_FLOOR"]
+           "margin_separation", "tune_flat_margin_gain", "reserve_share", "MARGIN_GAIN", "FLAT_MARGIN_GAIN",
+           "FLAT_OVERSHOOT", "MISS_ERROR_FLOOR"]
 
 
 #: share of the TTFT slack (the SLO less the request's own fill alone) its predicted TTFT may
@@ -177,6 +178,16 @@ class MarginLoopConfig:
         admitted interactive 0.9954; 1.5 - 206 tokens/s (open admission's 206), 0.9949; 2.0 - 221,
         0.965: the misses' gain past 1.5 is about 6 budgets per unit of r, inside the certified
         envelope (2.5 x 0.25-4), and near 0 between 1 and 1.5.
+    ki_flat : float, optional
+        Integral gain of the start, where the loop's local gain is low (>= ``ki``; default None:
+        ``ki``, no scheduling). The top class's margin integrates at it while its window holds no
+        miss at all and no window of it has yet been over the setpoint: the margin is then in the
+        flat region below the knee, where a unit of r moves the misses by about
+        :data:`FLAT_MARGIN_GAIN` budgets, not :data:`MARGIN_GAIN`. A window with a miss, every
+        window after the first one over the setpoint, and every lower class integrate at ``ki``.
+        The registry sets it with :func:`tune_flat_margin_gain`: SIMC at the flat gain, capped so
+        the start overshoots the knee by at most :data:`FLAT_OVERSHOOT` before misses can show,
+        its margins certified over the delay x gain envelope (module notes).
     enabled : bool
         False: the margin stays at ``initial_margin`` (default True).
     """
@@ -205,6 +216,9 @@ class MarginLoopConfig:
                                 meaning="largest margin; above 1 the TTFT check counts (2 - r) of what other work "
                                         "is predicted to add to a request's fill alone (its own fill is always "
                                         "checked)")
+    ki_flat: float | None = setting(None, low=0.0,
+                                    meaning="integral gain while the window holds no miss (the flat region below "
+                                            "the knee; the registry tunes it at FLAT_MARGIN_GAIN; absent: ki)")
     enabled: bool = setting(True, kind=bool, meaning="false: the margin stays at initial_margin")
 
     def __post_init__(self) -> None:
@@ -218,6 +232,13 @@ class MarginLoopConfig:
         check_int(f"{w}.min_samples", self.min_samples, low=1)
         check_number(f"{w}.margin_max", self.margin_max, low=1.0, high=2.0)
         check_number(f"{w}.initial_margin", self.initial_margin, low=-1.0, high=self.margin_max)
+        if self.ki_flat is not None:
+            check_number(f"{w}.ki_flat", self.ki_flat, low=self.ki)
+
+    @property
+    def ki_scheduled(self) -> float:
+        """The gain used while the window holds no miss (``ki_flat``, else ``ki``)."""
+        return self.ki if self.ki_flat is None else self.ki_flat
 
 
 @dataclass(frozen=True)
@@ -497,6 +518,7 @@ class SLOAwareAdmission(SampledController):
         self.last_refused_s = {n: -math.inf for n in self.classes}
         self.slack_t = {n: deque(maxlen=self.outer.window) for n in self.classes}
         self.outer_last_s = 0.0
+        self.flat_done = {n: False for n in self.classes}
         self.outer_log: list = []
         self._gate_target = None
         if self.batch_gate is not None:
@@ -546,7 +568,8 @@ class SLOAwareAdmission(SampledController):
         for n in self.classes:
             buf = self.slack[n]
             if len(buf) >= o.min_samples:
-                y = sum(1 for x in buf if x < o.slack_target) / len(buf)  # the misses' share
+                misses = sum(1 for x in buf if x < o.slack_target)
+                y = misses / len(buf)  # the misses' share
                 # in units of the budget, a window's excess clipped at MISS_ERROR_FLOOR budgets
                 e = max((o.miss_setpoint * o.quantile - y) / o.quantile, MISS_ERROR_FLOOR)
                 # relax only while it refuses (no windup): refused in this period, or since the
@@ -554,8 +577,16 @@ class SLOAwareAdmission(SampledController):
                 # a gate that was binding (bursty traces refuse in short stretches)
                 binding = self.refused_class[n] > 0 or \
                     self.last_refused_s[n] >= self.slack_t[n][0] - self.outcome_delay_s
+                if e < 0:
+                    self.flat_done[n] = True  # the start is over: the knee was found
                 if e < 0 or binding:
-                    self.margin[n] = min(max(self.margin[n] + o.ki * T * e, -1.0), o.margin_max)
+                    # gain scheduled on the measured misses (the top class only: a lower class's
+                    # relaxation spends the top class's latency before its misses show): until
+                    # its first window over the setpoint, a window with no miss in it is in the
+                    # flat region, whose low local gain the scheduled ki compensates
+                    flat = n == self.top and not self.flat_done[n] and misses == 0
+                    ki = o.ki_scheduled if flat else o.ki
+                    self.margin[n] = min(max(self.margin[n] + ki * T * e, -1.0), o.margin_max)
                 row[f"{n}:miss_share"] = y
             row[f"{n}:margin"] = self.margin[n]
             self.refused_class[n] = 0
@@ -1083,6 +1114,22 @@ def tune_slo_admission(theta_fill_s: float, theta_decode_s: float, gate_time_s: 
 #: conversation). 2.5 with the envelope's gain factors 0.25-4 covers 0.6-10.
 MARGIN_GAIN = 2.5
 
+#: the outer loop's plant gain in the flat region below the knee (budget units of misses per unit
+#: of margin): measured on mooncake-conversation at 1.3x (whole trace, the loop held at fixed r):
+#: admitted interactive attainment 0.9954 at r = 1.0 and 0.9949 at r = 1.5 (r = 0: the window's
+#: misses mostly 0-0.5 %), i.e. about 0.1 budgets per unit of r where a whole window holds no miss;
+#: past r = 1.5 about 6. The scheduled gain is SIMC-tuned at this gain (MarginLoopConfig.ki_flat)
+FLAT_MARGIN_GAIN = 0.1
+
+#: the most the scheduled gain moves the margin over the delay from a margin change to its first
+#: outcome (theta + half an outer sample): the start passes the knee by at most this before the
+#: first misses can show. At the envelope's steepest gain (MARGIN_GAIN x 4 = 10 budgets per unit
+#: of r) that is one budget of extra misses until the nominal loop tightens. Measured on the
+#: synthetic default at 1.1x (whole trace): uncapped (0.029/s, 0.71 per delay) the start reached
+#: r = 0.58 before the first miss showed, and the admitted interactive misses ran at 1.5-5 % for
+#: 300 s (attainment 0.989 over the run)
+FLAT_OVERSHOOT = 0.1
+
 
 def margin_loop(ki: float, theta_s: float, window_s: float, *, gain: float = MARGIN_GAIN,
                 name: str = "outer margin") -> DelayedLoop:
@@ -1199,11 +1246,78 @@ def tune_margin_loop(theta_s: float, window_s: float, *, gain: float = MARGIN_GA
     return MarginLoopTuning(theta_s, window_s, gain, t.tau_c_s, t.controller, t.nominal, t.envelope)
 
 
+def tune_flat_margin_gain(ki: float, theta_s: float, window_s: float, *, sample_period_s: float = 5.0,
+                          miss_setpoint: float = 0.8, flat_gain: float = FLAT_MARGIN_GAIN,
+                          overshoot: float = FLAT_OVERSHOOT, delay_factors=(0.5, 1.0, 2.0),
+                          gain_factors=(0.25, 1.0, 4.0), gm_floor: float = 2.0,
+                          pm_floor_deg: float = 45.0) -> MarginLoopTuning:
+    """The scheduled gain of the flat region (``MarginLoopConfig.ki_flat``) and its certificate:
+    SIMC at the flat region's gain ``flat_gain`` (:func:`tune_margin_loop`), capped so the margin
+    moves by at most ``overshoot`` over theta + half a sample while no miss can show yet
+    (ki_flat <= overshoot / (miss_setpoint (theta + T / 2)): the error with no miss is the
+    setpoint), and never below ``ki``; the margins are evaluated at that gain over the same delay
+    x gain envelope around ``flat_gain`` (a capped gain only widens them).
+
+    Parameters
+    ----------
+    ki : float
+        The nominal gain (the floor of the scheduled one).
+    theta_s, window_s : float
+        The outer loop's delay and window span (s), as for :func:`tune_margin_loop`.
+    sample_period_s : float
+        T, the outer loop's sample period (s).
+    miss_setpoint : float
+        The setpoint's share of the budget (the error while the window holds no miss).
+    flat_gain : float
+        The flat region's plant gain (default :data:`FLAT_MARGIN_GAIN`).
+    overshoot : float
+        The cap's margin change per delay (default :data:`FLAT_OVERSHOOT`).
+    delay_factors, gain_factors : sequence of float
+        The envelope.
+    gm_floor, pm_floor_deg : float
+        Margin floors.
+
+    Returns
+    -------
+    MarginLoopTuning
+        ``ki`` is the scheduled gain; ``tau_c_s`` the closed-loop time constant it implies
+        (1 / (K ki) - theta - tau_w).
+
+    Raises
+    ------
+    ConfigError
+        When the scheduled gain misses the floors somewhere on the envelope.
+    """
+    check_number("outer.ki", ki, low=0.0)
+    check_number("outer.overshoot", overshoot, low=0.0, low_inclusive=False)
+    check_number("outer.flat_gain", flat_gain, low=0.0, low_inclusive=False)
+    simc = tune_margin_loop(theta_s, window_s, gain=flat_gain, delay_factors=delay_factors,
+                            gain_factors=gain_factors, gm_floor=gm_floor, pm_floor_deg=pm_floor_deg)
+    cap = overshoot / (miss_setpoint * (theta_s + 0.5 * sample_period_s))
+    k = max(min(simc.ki, cap), ki)
+    eff = theta_s + 0.5 * window_s
+    points = [{"delay_factor": d, "gain_factor": g} for d in delay_factors for g in gain_factors]
+    t = simc_search(eff, lambda f: k,
+                    lambda ki_: [margin_loop(ki_, theta_s * p["delay_factor"], window_s,
+                                             gain=flat_gain * p["gain_factor"]) for p in points],
+                    points, nominal_loop=lambda ki_: margin_loop(ki_, theta_s, window_s, gain=flat_gain),
+                    tau_c_factors=(1.0,), gm_floor=gm_floor, pm_floor_deg=pm_floor_deg, field="outer.ki_flat")
+    tau_c = 1.0 / (flat_gain * k) - eff if k > 0 else math.inf
+    return MarginLoopTuning(theta_s, window_s, flat_gain, tau_c, k, t.nominal, t.envelope)
+
+
 def margin_separation(outer: MarginLoopTuning, fast: GateLoopTuning):
     """Separation of the outer margin loop from the fast gate's fill-limit loop: the fast loop's
     closed-loop bandwidth over the outer crossover, and the outer loop's margins with the fast
     closed loop (Pade model of its delay) in series
-    (:func:`tokenfactory.controllers.separation.cascade_separation`).
+    (:func:`tokenfactory.controllers.separation.cascade_separation`). **Its start is gain-scheduled**
+  on the measured misses (``MarginLoopConfig.ki_flat``): below the knee a unit of margin moves the
+  misses by about :data:`FLAT_MARGIN_GAIN` budgets (mooncake-conversation), 25 x less than the
+  gain ki is tuned for, so from r = 0 the loop took the whole trace to climb where open admission
+  already met the SLO. Until the top class's first window over the setpoint, a window without a
+  miss integrates at ki_flat: SIMC at the flat gain, capped at :data:`FLAT_OVERSHOOT` of margin
+  per delay (the knee is passed by at most that before a miss can show), its margins and
+  separation certified at that gain (:func:`tune_flat_margin_gain`); after it, the nominal loop.
 
     Parameters
     ----------

@@ -34,6 +34,7 @@ from tokenfactory.registry.admission_kinds import (
     batch_gate_for,
     batch_gate_tuning,
     cached_gate_tuning,
+    flat_margin_tuning,
     margin_tuning,
     slo_admission_tuning,
     slo_aware_admission,
@@ -59,6 +60,6 @@ from tokenfactory.registry.kinds import (
 __all__ = ["PlantContext", "ControllerKind", "register", "ADMISSION_KINDS", "AUTOSCALER_KINDS",
            "CONTROL_PLANES", "build_admission", "build_autoscalers", "control_plane", "admission_kinds",
            "autoscaler_kinds", "smoothed_admission", "TARGET_UTILIZATION", "BASELINE_STACKS", "baseline_stack",
-           "slo_aware_admission", "slo_admission_tuning", "margin_tuning", "batch_gate_for", "static_batch_cap",
-           "batch_gate_tuning", "cached_gate_tuning", "RECOMMENDED_ADMISSION", "DEFAULT_TPOT_FRACTION",
+           "slo_aware_admission", "slo_admission_tuning", "margin_tuning", "flat_margin_tuning", "batch_gate_for",
+           "static_batch_cap", "batch_gate_tuning", "cached_gate_tuning", "RECOMMENDED_ADMISSION", "DEFAULT_TPOT_FRACTION",
            "HystereticParams"]

@@ -23,6 +23,7 @@ from tokenfactory.controllers.slo_admission import (
     MarginLoopTuning,
     SLOAdmissionConfig,
     SLOAwareAdmission,
+    tune_flat_margin_gain,
     tune_margin_loop,
     tune_slo_admission,
 )
@@ -32,8 +33,8 @@ from tokenfactory.core.validation import check_number, reject_unknown_keys, sett
 from tokenfactory.plant_models.des import DESParams
 from tokenfactory.registry.kinds import DEFAULT_TPOT_FRACTION, ControllerKind, PlantContext, register, with_defaults
 
-__all__ = ["smoothed_admission", "slo_aware_admission", "slo_admission_tuning", "margin_tuning", "batch_gate_for",
-           "static_batch_cap", "batch_gate_tuning", "cached_gate_tuning"]
+__all__ = ["smoothed_admission", "slo_aware_admission", "slo_admission_tuning", "margin_tuning", "flat_margin_tuning",
+           "batch_gate_for", "static_batch_cap", "batch_gate_tuning", "cached_gate_tuning"]
 
 #: each kind's parameters (type, unit, range, default, meaning): the one place their defaults are
 #: declared; the builders read them through :func:`~tokenfactory.registry.kinds.with_defaults`
@@ -447,9 +448,43 @@ def _margin_tuning(theta: float, window_s: float) -> MarginLoopTuning:
 def _margin_config(ctx: PlantContext, p, outcome_delay_s: float, where: str) -> MarginLoopConfig:
     p = dict(p or {})
     reject_unknown_keys(where, p, _MARGIN_KEYS)
-    base = MarginLoopConfig(**{k: v for k, v in p.items() if k != "ki"})
+    base = MarginLoopConfig(**{k: v for k, v in p.items() if k not in ("ki", "ki_flat")})
     ki = p.get("ki", margin_tuning(ctx, base, outcome_delay_s).ki)
-    return dataclasses.replace(base, ki=ki)
+    # the flat region's scheduled gain: SIMC at its measured gain, capped by the start's overshoot
+    ki_flat = p.get("ki_flat", flat_margin_tuning(ctx, base, outcome_delay_s, ki).ki)
+    return dataclasses.replace(base, ki=ki, ki_flat=ki_flat)
+
+
+def flat_margin_tuning(ctx: PlantContext, outer: MarginLoopConfig, outcome_delay_s: float,
+                       ki: float) -> MarginLoopTuning:
+    """The outer loop's scheduled gain for the flat region and its certificate
+    (:func:`tokenfactory.controllers.slo_admission.tune_flat_margin_gain`), at the delay and
+    window :func:`margin_tuning` uses.
+
+    Parameters
+    ----------
+    ctx : PlantContext
+        The plant.
+    outer : MarginLoopConfig
+        The loop's configuration.
+    outcome_delay_s : float
+        Admission to outcome of the top class's mean request (s).
+    ki : float
+        The nominal gain.
+
+    Returns
+    -------
+    MarginLoopTuning
+    """
+    return _flat_tuning(round(0.5 * outer.sample_period_s + outcome_delay_s, 3),
+                        round(_margin_window_s(ctx, outer.window), 3), float(ki), float(outer.sample_period_s),
+                        float(outer.miss_setpoint))
+
+
+@functools.lru_cache(maxsize=64)
+def _flat_tuning(theta: float, window_s: float, ki: float, sample_period_s: float,
+                 miss_setpoint: float) -> MarginLoopTuning:
+    return tune_flat_margin_gain(ki, theta, window_s, sample_period_s=sample_period_s, miss_setpoint=miss_setpoint)
 
 
 def _watermark(ctx: PlantContext, p: dict) -> WatermarkAdmission:
