@@ -453,6 +453,81 @@ def test_outer_loop_integrates_the_miss_share_in_budget_units():
         MarginLoopConfig(miss_setpoint=0.0)
 
 
+def test_outer_loop_schedules_a_faster_start_on_windows_without_misses():
+    """Issue 21: the outer loop's start. A full window with no miss in it (the flat region below the
+    knee) integrates the top class's margin at ``ki_flat``; a window with a miss at ``ki``; the
+    first window over the setpoint ends the start (a later missless window integrates at ``ki``
+    again); a lower class always integrates at ``ki`` (its relaxation spends the top class's
+    latency). The old rule integrated at ``ki`` everywhere (0.008 per second here where this moves
+    0.08)."""
+    o = MarginLoopConfig(sample_period_s=1.0, ki=0.01, ki_flat=0.1, min_samples=20, window=200)
+    ctrl = _gate(outer=o)
+    m = Measurement(time_s=0.0, backlog=0, fill_in_progress=0, ready=0, active_decodes=0, completion_rate=0,
+                    admitted_rate=0, decode_slots=64, fill_capacity=10, fill_workers=1, decode_workers=1,
+                    fill_queued_tokens=0.0, fill_token_capacity=20000.0)
+    met, missed = ("interactive", 1.0, 0.05), ("interactive", 3.0, 0.05)
+    for n in ctrl.classes:
+        ctrl.refused_class[n] = 1
+        ctrl.last_refused_s[n] = 1e9  # binding throughout
+    ctrl.observe(0.5, [met] * 200)
+    ctrl.observe(0.5, [("batch", 10.0, 0.05)] * 200)
+    ctrl.update(1.0, m)
+    flat = o.ki_flat * o.miss_setpoint
+    assert ctrl.margin["interactive"] == pytest.approx(flat, rel=1e-9)
+    step = o.ki * o.miss_setpoint
+    assert ctrl.margin["batch"] == pytest.approx(step, rel=1e-9)  # a lower class: ki
+    # one miss in the window: e = (0.008 - 0.005) / 0.01 = 0.3 at ki
+    ctrl.observe(1.5, [missed] + [met] * 199)
+    ctrl.update(2.0, m)
+    assert ctrl.margin["interactive"] == pytest.approx(flat + o.ki * 0.3, rel=1e-6)
+    assert ctrl.margin["batch"] == pytest.approx(2 * step, rel=1e-6)
+    # the knee: 2 % missed tightens at ki and ends the start, so a missless window relaxes at ki
+    r = ctrl.margin["interactive"]
+    ctrl.observe(2.5, [missed] * 4 + [met] * 196)
+    ctrl.update(3.0, m)
+    assert ctrl.margin["interactive"] == pytest.approx(r - o.ki * 1.2, rel=1e-6)
+    r = ctrl.margin["interactive"]
+    ctrl.observe(3.5, [met] * 200)
+    ctrl.update(4.0, m)
+    assert ctrl.margin["interactive"] == pytest.approx(r + o.ki * o.miss_setpoint, rel=1e-6)
+    assert MarginLoopConfig(ki=0.01).ki_scheduled == 0.01  # no ki_flat: no scheduling
+    with pytest.raises(ConfigError, match="slo_aware.outer.ki_flat"):
+        MarginLoopConfig(ki=0.01, ki_flat=0.005)
+
+
+def test_flat_region_gain_is_certified_and_capped_by_the_start_overshoot(setup):
+    """The scheduled gain: SIMC at the flat region's gain (FLAT_MARGIN_GAIN) over the delay x gain
+    envelope, capped so that over theta + half a sample it moves the margin by at most
+    FLAT_OVERSHOOT; its margins meet the floors there and it stays separated from the fast gate.
+    The registry gives it to the recommended gate."""
+    from tokenfactory.controllers import (FLAT_MARGIN_GAIN, FLAT_OVERSHOOT, margin_separation, tune_flat_margin_gain,
+                                          tune_margin_loop)
+    from tokenfactory.registry import flat_margin_tuning, margin_tuning, slo_admission_tuning
+
+    nominal = tune_margin_loop(35.0, 245.0)
+    f = tune_flat_margin_gain(nominal.ki, 35.0, 245.0, sample_period_s=5.0)
+    simc = tune_margin_loop(35.0, 245.0, gain=FLAT_MARGIN_GAIN)
+    cap = FLAT_OVERSHOOT / (0.8 * (35.0 + 2.5))
+    assert f.ki == pytest.approx(max(min(simc.ki, cap), nominal.ki))
+    assert nominal.ki < f.ki <= cap * (1 + 1e-12)
+    d = f.to_dict()
+    assert f.envelope_ok and d["worst_gm"] >= 2.0 and d["worst_pm_deg"] >= 45.0 and f.gain == FLAT_MARGIN_GAIN
+    # a short delay: the cap does not bind, SIMC's ki at the flat gain is K / K_flat x the nominal one
+    short = tune_flat_margin_gain(1e-6, 1.0, 2.0, sample_period_s=0.1, overshoot=1.0)
+    assert short.ki == pytest.approx(tune_margin_loop(1.0, 2.0, gain=FLAT_MARGIN_GAIN).ki)
+    ctx = setup.context(classes=DEFAULT_CLASSES, class_outputs=class_outputs(setup.trace), rate_rps=2.0)
+    ctrl = build_admission("slo-aware", ctx)
+    ft = flat_margin_tuning(ctx, ctrl.outer, ctrl.outcome_delay_s, ctrl.outer.ki)
+    assert ctrl.outer.ki_flat == pytest.approx(ft.ki) and ctrl.outer.ki_flat > ctrl.outer.ki and ft.envelope_ok
+    assert ft.ki == pytest.approx(tune_flat_margin_gain(ctrl.outer.ki, margin_tuning(ctx, ctrl.outer,
+                                                                                    ctrl.outcome_delay_s).theta_s,
+                                                        ft.window_s, sample_period_s=ctrl.outer.sample_period_s).ki)
+    sep = margin_separation(ft, slo_admission_tuning(ctrl, setup.plant.params.measurement_delay_s)["fill"])
+    assert sep.ratio >= 5.0 and sep.real.stable
+    with pytest.raises(ConfigError, match="outer.overshoot"):
+        tune_flat_margin_gain(0.001, 35.0, 245.0, overshoot=0.0)
+
+
 def test_outer_loop_past_the_model_discounts_the_queue_prediction_while_outcomes_allow():
     """Issue 21: the margin may pass r = 1 (the model's expectation) up to ``margin_max`` = 2,
     where the TTFT check counts (2 - r) of the predicted fill-queue wait. A measured queue of 1.5 s
