@@ -49,59 +49,40 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from tokenfactory.core.classes import BATCH, DEFAULT_CLASSES, INTERACTIVE
-from tokenfactory.controllers import assess, batch_gate_loop, margin_separation, predict_batch_cycle
-from tokenfactory.plant_models import (
-    ClusterConfig,
-    FluidLoopPlant,
-    FluidParams,
-    FluidPlant,
-    LoopScenario,
-    RequestPlant,
-)
-from tokenfactory.registry import (
-    RECOMMENDED_ADMISSION,
-    PlantContext,
-    batch_gate_for,
-    batch_gate_tuning,
-    build_admission,
-    margin_tuning,
-    slo_admission_tuning,
-    static_batch_cap,
-)
-from tokenfactory.replay import (
-    DEFAULT_PLANT,
-    build_replay,
-    class_outputs,
-    infeasible,
-    request_costs,
-    run_replay,
-    service_capacity,
-)
+from tokenfactory.core.classes import DEFAULT_CLASSES, INTERACTIVE
+from tokenfactory.registry import RECOMMENDED_ADMISSION
+from tokenfactory.replay import DEFAULT_PLANT, build_replay, infeasible, run_replay, service_capacity
 from tokenfactory.studies.report import StudyReport, human, vllm_batch_flag
-from tokenfactory.traces import (
-    SyntheticWorkload,
-    generate_requests,
-    load_trace,
-    scale_trace,
-    spread_quantized_arrivals,
-    trace_available,
-)
 from tokenfactory.core.validation import ConfigError
 from tokenfactory.studies.study_config import StudyVariants, resolve_study_config
+from tokenfactory.studies.overload.common import (
+    COLLAPSE_TRACES,
+    POLICIES,
+    TRACES,
+    _LABEL,
+    _capacity,
+    _for_load,
+    _fmt,
+    _load,
+    _row,
+    _standin_labels,
+    goodput_in_window,
+    miss_causes,
+)
+from tokenfactory.studies.overload.faults import _fault_lines, _faults, fault_events
+from tokenfactory.studies.overload.gate import (
+    _gate_figure,
+    _verdict_words,
+    gate_before_after_des,
+    gate_before_after_fluid,
+)
+from tokenfactory.studies.overload.margins import loop_margins
+from tokenfactory.studies.overload.surge import _surge, surge_trace
 
-__all__ = ["CONFIG", "run", "POLICIES", "TRACES", "goodput_in_window", "surge_trace", "fault_events", "gate_before_after_fluid",
-           "gate_before_after_des", "targets", "miss_causes"]
+__all__ = ["CONFIG", "run", "POLICIES", "TRACES", "goodput_in_window", "surge_trace", "fault_events",
+           "gate_before_after_fluid", "gate_before_after_des", "targets", "miss_causes"]
 
-#: admission policies compared (registry kinds), baselines first
-POLICIES = ("open", "vllm-watermark", "mooncake", "mooncake-predictive", "smoothed", RECOMMENDED_ADMISSION)
-#: the traces of the load sweep
-TRACES = ("mooncake-conversation", "azure-conv-2023", "azure-code-2023", "agentic-coding")
-#: traces the no-collapse target is checked on
-COLLAPSE_TRACES = ("mooncake-conversation", "azure-conv-2023", "azure-code-2023")
-_LABEL = {"open": "open", "vllm-watermark": "vLLM watermark", "mooncake": "Mooncake early rejection",
-          "mooncake-predictive": "Mooncake predictive rejection", "smoothed": "smoothed (previous)",
-          RECOMMENDED_ADMISSION: "SLO-aware (new)"}
+
 def _defaults(quick: bool, full: bool) -> dict[str, Any]:
     loads = [0.6, 0.9, 1.1, 1.3, 1.6, 2.0] if full else ([0.9, 1.3, 2.0] if quick else [0.6, 0.9, 1.3, 2.0])
     return {
@@ -141,34 +122,6 @@ def _variant(values: dict[str, Any]) -> dict[str, Any]:
 CONFIG = StudyVariants("overload", {**_defaults(False, False), "full": False}, quick=_variant(_defaults(True, False)),
                        full=_variant(_defaults(False, True)), check=_check)
 
-
-# ------------------------------------------------------------------------------------------
-# traces
-
-
-def _synthetic(name: str, span_s: float, seed: int) -> pd.DataFrame:
-    """The stand-in when a trace is absent: the synthetic workload (agentic sessions on one clock
-    for the agentic trace)."""
-    w = SyntheticWorkload(mean_rate_rps=5.0, idc=4.0, daily_amplitude=0.0, daily_second_harmonic=0.0,
-                          weekend_factor=1.0, agentic_fraction=0.5 if "agentic" in name else 0.0, seed=seed)
-    tr = generate_requests(w, span_s)
-    tr.attrs["name"] = f"synthetic stand-in for {name}"
-    return tr
-
-
-def _load(name: str, span_s: float, seed: int) -> tuple[pd.DataFrame, bool]:
-    """(trace, synthetic?): the registered trace with quantized arrivals spread over their slot."""
-    if trace_available(name):
-        return spread_quantized_arrivals(load_trace(name), seed=seed), False
-    return _synthetic(name, span_s, seed), True
-
-
-def _standin_labels(names: list[str]) -> dict[str, str]:
-    """Each trace's label should it be absent: ``synthetic stand-in for A, B`` over the absent
-    traces that share a stand-in (the agentic one has its own: sessions)."""
-    absent = [n for n in names if not trace_available(n)]
-    groups = {kind: [n for n in absent if ("agentic" in n) == kind] for kind in (False, True)}
-    return {n: f"synthetic stand-in for {', '.join(groups['agentic' in n])}" for n in absent}
 
 
 def _answers(report, table: pd.DataFrame, margins: dict, setups: dict, cfg: dict) -> None:
@@ -221,548 +174,6 @@ def _answers(report, table: pd.DataFrame, margins: dict, setups: dict, cfg: dict
         report.answer("change", f"{head}: on {trace} at {hi:g}x capacity it gives {said(me)}; the most goodput of "
                       f"the other policies is {_LABEL.get(best['policy'], best['policy'])}'s ({said(best)}), the least "
                       f"{_LABEL.get(worst['policy'], worst['policy'])}'s ({said(worst)}).")
-
-
-def _window(tr: pd.DataFrame, start_s: float, end_s: float) -> pd.DataFrame:
-    out = tr[(tr["arrival_s"] >= start_s) & (tr["arrival_s"] < end_s)].copy()
-    out["arrival_s"] -= start_s
-    out.attrs = dict(tr.attrs)
-    return out
-
-
-def _capacity(setup, cluster: dict) -> tuple[float, str, float]:
-    """(capacity, bottleneck, batch cap) of the cluster the study simulates
-    (:meth:`tokenfactory.replay.ReplaySetup.capacity`: its pools, SLOs and classes)."""
-    c = setup.capacity(cluster)
-    return c.model_rps, c.bottleneck, c.batch_cap
-
-
-def _for_load(tr: pd.DataFrame, setup, load: float, replay_s: float | None, cluster: dict) -> pd.DataFrame:
-    """The part of the trace that replays for about ``replay_s`` seconds at ``load`` (the whole trace
-    for ``None`` or when shorter)."""
-    if replay_s is None or tr.attrs.get("per_session_clock"):
-        return tr
-    rate = len(tr) / max(float(tr["arrival_s"].max()), 1e-9)
-    scale = load * _capacity(setup, cluster)[0] / rate
-    return _window(tr, 0.0, replay_s * scale)
-
-
-def goodput_in_window(records: pd.DataFrame, slo: np.ndarray, span_s: float) -> float:
-    """Output tokens per second of requests that met their SLO, over the arrival window.
-
-    Parameters
-    ----------
-    records : DataFrame
-        The request simulator's records.
-    slo : array of bool
-        Which requests met their class's SLO.
-    span_s : float
-        The arrival window (s): goodput per second of offered traffic, so the drain after the
-        last arrival does not dilute it.
-
-    Returns
-    -------
-    float
-        Tokens/s.
-    """
-    return float(records.loc[slo, "output_tokens"].sum() / max(span_s, 1e-9))
-
-
-def _slo_met(records: pd.DataFrame, classes) -> np.ndarray:
-    table = {c.name: c for c in classes}
-    ttft = records["request_class"].map(lambda c: table[c].slo_ttft_s).to_numpy(dtype=float)
-    tpot = records["request_class"].map(lambda c: table[c].slo_tpot_s).to_numpy(dtype=float)
-    return ((records["state"] == "completed").to_numpy() & (records["ttft_s"].to_numpy() <= ttft)
-            & (records["tpot_s"].to_numpy() <= tpot))
-
-
-def miss_causes(records: pd.DataFrame, params, classes) -> dict[str, float]:
-    """Why completed requests missed their SLO, as shares of all arrivals: TTFT or TPOT, each
-    split into *intrinsic* (the request's own service alone on an empty cluster already misses:
-    its chunked fill for TTFT, its KV transfer and batch-1 decode passes for TPOT;
-    :func:`tokenfactory.replay.request_costs`) and *queueing* (everything else: waits for fill, for
-    a decode slot, shared steps and batches). A request missing both counts in both; the
-    ``infeasible`` share counts every arrival whose own service misses (completed or not).
-
-    Parameters
-    ----------
-    records : DataFrame
-        The request simulator's records (the prefix each fill found in the cache is used where
-        the request was filled, the trace's own ``cached_tokens`` otherwise); requests that never
-        arrived (closed sessions cut short) are left out.
-    params : DESParams
-        The request simulator's parameters.
-    classes : iterable of RequestClass
-        The SLOs.
-
-    Returns
-    -------
-    dict
-        ``infeasible``, ``ttft_intrinsic``, ``ttft_queueing``, ``tpot_intrinsic``,
-        ``tpot_queueing`` (shares of the arrivals).
-    """
-    records = records[records["state"] != "not_arrived"]
-    n = max(len(records), 1)
-    filled = records["fill_start_s"].notna().to_numpy()
-    given = records["trace_cached_tokens"] if "trace_cached_tokens" in records else 0
-    costs = request_costs(records.assign(cached_tokens=np.where(filled, records["cached_tokens"], given)), params)
-    bad = infeasible(costs, classes)
-    table = {c.name: c for c in classes}
-    first = next(iter(table.values()))
-    cl = records["request_class"].map(lambda c: table.get(c, first))
-    done = (records["state"] == "completed").to_numpy()
-    ttft = done & (records["ttft_s"].to_numpy() > cl.map(lambda c: c.slo_ttft_s).to_numpy(dtype=float))
-    tpot = done & (records["tpot_s"].to_numpy() > cl.map(lambda c: c.slo_tpot_s).to_numpy(dtype=float))
-    bt, bp = bad["ttft"].to_numpy(), bad["tpot"].to_numpy()
-    return {"infeasible": float(bad["any"].mean()), "ttft_intrinsic": float((ttft & bt).sum() / n),
-            "ttft_queueing": float((ttft & ~bt).sum() / n), "tpot_intrinsic": float((tpot & bp).sum() / n),
-            "tpot_queueing": float((tpot & ~bp).sum() / n)}
-
-
-def _row(trace: str, load: float, policy: str, m: dict, res, setup, cap: tuple, classes, span_s: float,
-         synthetic: bool) -> dict:
-    rec = res.records
-    met = _slo_met(rec, classes)
-    row = {"trace": trace, "synthetic": synthetic, "load": load, "policy": policy, "scale": m["scale"],
-           "capacity_rps": cap[0], "bottleneck": cap[1], "batch_cap": cap[2], "kv_capacity_rps": setup.capacity_rps,
-           "requests": m["requests"], "admitted": m["admitted"], "completed": m["completed"],
-           "rejected": m["rejected"], "deferred": m["deferred"], "in_flight_end": m["in_flight_end"],
-           "goodput_tokens_per_s": goodput_in_window(rec, met, span_s), "slo_attainment": m["slo_attainment"],
-           "slo_attainment_admitted": m["slo_attainment_admitted"], "ttft_p50": m["ttft_p50"], "ttft_p99": m["ttft_p99"],
-           "tpot_p50": m["tpot_p50"], "tpot_p99": m["tpot_p99"], "wasted_prefill_fraction": m["wasted_prefill_fraction"],
-           "wasted_prefill_tokens": m["wasted_prefill_tokens"], "prefill_tokens": m["prefill_tokens"],
-           "oscillating": m["oscillating"], "batch_cap_changes": m["batch_cap_changes"],
-           "preempted": m["preempted"], "wall_seconds": m["wall_seconds"]}
-    for k, v in miss_causes(rec, setup.params, classes).items():
-        row[f"miss:{k}"] = v
-    for r, v in m["rejected_by_reason"].items():
-        row[f"rejected:{r}"] = v
-    for r, v in m["deferred_by_reason"].items():
-        row[f"deferred:{r}"] = v
-    for c, cm in m["classes"].items():
-        for k in ("requests", "slo_attainment", "slo_attainment_admitted", "ttft_p99", "tpot_p99", "rejected"):
-            row[f"{c}:{k}"] = cm[k]
-    for sig in ("ready", "fill"):
-        o = m[f"{sig}_oscillation"] or {}
-        row[f"{sig}_oscillating"] = o.get("oscillating")
-        row[f"{sig}_period_s"] = o.get("period_s")
-        row[f"{sig}_reason"] = o.get("reason")
-    return row
-
-
-# ------------------------------------------------------------------------------------------
-# (b) the class surge
-
-
-def surge_trace(tr: pd.DataFrame, rate_interactive: float, rate_batch: float, before_s: float, surge_s: float,
-                after_s: float, surge: bool = True, seed: int = 0) -> pd.DataFrame:
-    """Interactive requests at ``rate_interactive`` over before + surge + after, and (``surge``)
-    batch requests at ``rate_batch`` during the surge: both drawn from the trace's own requests
-    (the interactive stream from its start, the batch stream from its middle), replayed at the
-    rate by speeding the trace up.
-
-    Parameters
-    ----------
-    tr : DataFrame
-        A request table on one clock.
-    rate_interactive, rate_batch : float
-        Requests/s of each class.
-    before_s, surge_s, after_s : float
-        The three phases (s).
-    surge : bool
-        Add the batch surge (default True; False gives the no-surge reference).
-    seed : int
-        Unused draws are seeded from it (default 0).
-
-    Returns
-    -------
-    DataFrame
-        The request table, ``request_class`` set, sorted by arrival.
-    """
-    span = float(tr["arrival_s"].max())
-    rate = len(tr) / max(span, 1e-9)
-    total = before_s + surge_s + after_s
-    inter = scale_trace(tr, rate_interactive / rate)
-    inter = _window(inter, 0.0, total)
-    inter["request_class"] = INTERACTIVE
-    parts = [inter]
-    if surge:
-        b = scale_trace(tr, rate_batch / rate)
-        mid = float(b["arrival_s"].max()) / 2.0
-        b = _window(b, mid, mid + surge_s)
-        b["arrival_s"] += before_s
-        b["request_class"] = BATCH
-        if "session_id" in b:
-            b["session_id"] = np.where(b["session_id"].astype(str) != "", b["session_id"].astype(str) + "#batch", "")
-        parts.append(b)
-    out = pd.concat(parts, ignore_index=True).sort_values("arrival_s", kind="stable").reset_index(drop=True)
-    out.attrs = {k: v for k, v in tr.attrs.items() if k not in ("class_mix", "class_seed")}
-    return out
-
-
-def _surge(cfg: dict, quick: bool, report: StudyReport) -> dict:
-    sc = cfg["surge"]
-    classes = DEFAULT_CLASSES
-    tr, synthetic = _load(sc["trace"], 3600.0, cfg["seed"])
-    if tr.attrs.get("per_session_clock"):
-        raise ConfigError("overload.surge.trace", "the surge needs a trace on one clock")
-    setup = build_replay(tr, cfg["plant"])
-    cluster = {**cfg["cluster"], "classes": classes}
-    cap = _capacity(setup, cluster)
-    runs, rows = {}, []
-    for surge in (False, True):
-        st = surge_trace(tr, sc["interactive_load"] * cap[0], sc["batch_load"] * cap[0], sc["before_s"], sc["surge_s"],
-                         sc["after_s"], surge=surge, seed=cfg["seed"])
-        for policy in sc["policies"]:
-            m, res = run_replay(st, setup, policy, 1.0, cluster, batch_cap="static")
-            rec = res.records
-            ci = m["classes"].get(INTERACTIVE, {})
-            inter = rec[rec["request_class"] == INTERACTIVE]
-            during = inter[(inter["arrival_s"] >= sc["before_s"]) & (inter["arrival_s"] < sc["before_s"] + sc["surge_s"])]
-            met = _slo_met(during, classes) if len(during) else np.zeros(0, bool)
-            rows.append({"surge": surge, "policy": policy,
-                         "trace": tr.attrs["name"] if synthetic else sc["trace"], "synthetic": synthetic,
-                         "interactive_requests": ci.get("requests", 0),
-                         "interactive_slo_attainment": ci.get("slo_attainment"),
-                         "interactive_slo_attainment_admitted": ci.get("slo_attainment_admitted"),
-                         "interactive_ttft_p99": ci.get("ttft_p99"), "interactive_tpot_p99": ci.get("tpot_p99"),
-                         "interactive_slo_during_surge": float(met.mean()) if len(met) else None,
-                         "interactive_ttft_p99_during_surge": float(np.nanpercentile(during["ttft_s"], 99))
-                         if during["ttft_s"].notna().any() else None,
-                         "batch_requests": m["classes"].get(BATCH, {}).get("requests", 0),
-                         "batch_slo_attainment": m["classes"].get(BATCH, {}).get("slo_attainment"),
-                         "batch_rejected": m["classes"].get(BATCH, {}).get("rejected", 0),
-                         "batch_deferred": m["classes"].get(BATCH, {}).get("deferred", 0),
-                         "goodput_tokens_per_s": goodput_in_window(rec, _slo_met(rec, classes),
-                                                                   float(st["arrival_s"].max())),
-                         "oscillating": m["oscillating"], "capacity_rps": cap[0]})
-            runs[(surge, policy)] = res
-    table = pd.DataFrame(rows)
-    report.save_table(table, "surge_table.csv", "Class surge: interactive and batch outcomes with and without the "
-                      "batch surge, per policy.")
-    fig = Figure(figsize=(11, 8), layout="constrained")
-    ax = fig.subplots(3, 1, sharex=True)
-    for i, policy in enumerate(sc["policies"]):
-        res = runs[(True, policy)]
-        s = res.series
-        ax[0].plot(s["time_s"], s["active_decodes_batch"], color=f"C{i}", lw=1.0, ls="--",
-                   label=f"{_LABEL[policy]}: batch decoding")
-        ax[0].plot(s["time_s"], s["active_decodes_interactive"], color=f"C{i}", lw=1.0,
-                   label=f"{_LABEL[policy]}: interactive decoding")
-        rec = res.records
-        q = rec[(rec["request_class"] == INTERACTIVE) & rec["ttft_s"].notna()].sort_values("arrival_s")
-        roll = q.set_index("arrival_s")["ttft_s"].rolling(100, min_periods=10).quantile(0.99)
-        ax[1].plot(roll.index, roll.to_numpy(), color=f"C{i}", lw=1.2, label=_LABEL[policy])
-        tq = q.set_index("arrival_s")["tpot_s"].dropna().rolling(100, min_periods=10).quantile(0.99)
-        ax[2].plot(tq.index, tq.to_numpy(), color=f"C{i}", lw=1.2, label=_LABEL[policy])
-    ref = runs[(False, RECOMMENDED_ADMISSION)] if (False, RECOMMENDED_ADMISSION) in runs else None
-    if ref is not None:
-        q = ref.records[(ref.records["request_class"] == INTERACTIVE) & ref.records["ttft_s"].notna()]
-        ax[1].axhline(float(np.percentile(q["ttft_s"], 99)), color="k", ls=":", lw=1,
-                      label="SLO-aware without surge: TTFT p99")
-    for a in ax:
-        a.axvspan(sc["before_s"], sc["before_s"] + sc["surge_s"], color="0.9", zorder=0)
-        a.grid(True, alpha=0.3)
-        a.legend(fontsize=7, ncol=2)
-    ax[0].set_ylabel("sequences decoding")
-    ax[1].set_ylabel("interactive TTFT p99 (s, rolling)")
-    ax[2].set_ylabel("interactive TPOT p99 (s, rolling)")
-    ax[2].axhline(cfg["cluster"]["slo_tpot_s"], color="r", ls=":", lw=1)
-    ax[2].set_xlabel("time (s); shaded: batch surge")
-    lines = _surge_lines(table, sc)
-    report.save_figure(fig, "surge.png", "Batch surge to {:g} x capacity for {:.0f} s with interactive load at {:g} x: "
-                       "decoding sequences by class, interactive TTFT and TPOT p99 (rolling). ".format(
-                           sc["batch_load"], sc["surge_s"], sc["interactive_load"]) + " ".join(lines[:1]))
-    return {"rows": rows, "lines": lines}
-
-
-def _surge_lines(table: pd.DataFrame, sc: dict) -> list[str]:
-    out = []
-    for policy in sc["policies"]:
-        a = table[(table["policy"] == policy) & table["surge"]]
-        b = table[(table["policy"] == policy) & ~table["surge"]]
-        if not len(a) or not len(b):
-            continue
-        a, b = a.iloc[0], b.iloc[0]
-        ta, tb = a["interactive_ttft_p99"], b["interactive_ttft_p99"]
-        growth = (ta / tb - 1.0) if ta and tb else math.nan
-        out.append(f"{_LABEL[policy]}: interactive SLO attainment {a['interactive_slo_attainment']:.3f} with the surge "
-                   f"({b['interactive_slo_attainment']:.3f} without), TTFT p99 {ta:.2f} s vs {tb:.2f} s "
-                   f"({growth:+.0%}); batch SLO attainment {a['batch_slo_attainment'] if a['batch_slo_attainment'] is not None else float('nan'):.3f}, "
-                   f"{int(a['batch_rejected'])} batch requests rejected, {int(a['batch_deferred'])} deferred.")
-    return out
-
-
-# ------------------------------------------------------------------------------------------
-# (c) the gated batch cap, before and after
-
-
-def _cap_verdict(series: pd.Series, dt: float) -> dict:
-    x = series.to_numpy(dtype=float)
-    x = x[np.isfinite(x)]
-    return assess(x, dt, min_amplitude=2.0).to_dict() if len(x) >= 16 else {"oscillating": False, "reason": "too short"}
-
-
-def gate_before_after_fluid(fp: FluidParams, fill_workers: int, decode_workers: int, slo_tpot_s: float,
-                            duration_s: float, overload: float = 1.5) -> dict:
-    """The batch cap adjusted from the measured pass time every sample (ungated, gain 1) vs gated,
-    in the admission-loop fluid plant under ``overload`` x its decode capacity at the cap with
-    no admission control (a ready backlog is always there, so the cap binds).
-
-    Parameters
-    ----------
-    fp : FluidParams
-        The plant.
-    fill_workers, decode_workers : int
-        Pools.
-    slo_tpot_s : float
-        TPOT SLO.
-    duration_s : float
-        Simulated time (s).
-    overload : float
-        Demand over the decode capacity at the static cap.
-
-    Returns
-    -------
-    dict
-        Per variant: the series, the cap's oscillation verdict, the pass time's range and mean.
-    """
-    ctx = PlantContext(fp, fill_workers, decode_workers, slo_tpot_s=slo_tpot_s)
-    cap = static_batch_cap(ctx)
-    plant = FluidPlant(fp, fill_workers, decode_workers)
-    demand = overload * decode_workers * cap / (fp.output_tokens * fp.decode_step_s(cap))
-    out = {}
-    for key, params in (("ungated", {"gated": False, "gain": 1.0}), ("gated", {"gated": True})):
-        gate = batch_gate_for(ctx, params)
-        r = FluidLoopPlant(plant).run(LoopScenario(demand=demand, duration_s=duration_s, dt=0.01), [gate])
-        s = r.series
-        after = s[s["time_s"] >= 0.2 * duration_s]
-        samp = after.iloc[::10]
-        out[key] = {"series": s[["time_s", "decode_batch_cap", "active_decodes", "decode_pass_s"]].iloc[::10],
-                    "verdict": _cap_verdict(samp["decode_batch_cap"], 0.1),
-                    "pass_verdict": assess(samp["decode_pass_s"].to_numpy(), 0.1,
-                                           min_amplitude=0.02 * gate.target_s).to_dict(),
-                    "cap_min": float(after["decode_batch_cap"].min()), "cap_max": float(after["decode_batch_cap"].max()),
-                    "pass_mean_s": float(after["decode_pass_s"].mean()), "pass_max_s": float(after["decode_pass_s"].max()),
-                    "target_s": gate.target_s, "changes": int((r.actions["kind"] == "batch_cap").sum())}
-    return out
-
-
-def gate_before_after_des(tr: pd.DataFrame, setup, load: float, cluster: dict, replay_s: float | None,
-                          slo_tpot_s: float) -> dict:
-    """The same before/after in the request simulator: a trace at ``load`` x the capacity at the SLO
-    with no admission control, the batch cap from the ungated or the gated rule.
-
-    Parameters
-    ----------
-    tr : DataFrame
-        The request table.
-    setup : ReplaySetup
-        From :func:`tokenfactory.replay.build_replay`.
-    load : float
-        Offered load (x capacity at the SLO).
-    cluster : dict
-        :class:`ClusterConfig` fields.
-    replay_s : float or None
-        Replayed seconds (None: the whole trace).
-    slo_tpot_s : float
-        TPOT SLO.
-
-    Returns
-    -------
-    dict
-        Per variant: series, verdicts, pass time, TPOT p99 and goodput.
-    """
-    cl = {"slo_tpot_s": slo_tpot_s, **cluster}
-    part = _for_load(tr, setup, load, replay_s, cl)
-    rate = len(part) / max(float(part["arrival_s"].max()), 1e-9)
-    scale = load * _capacity(setup, cl)[0] / rate
-    replay = scale_trace(part, scale)
-    ctx = setup.context(slo_tpot_s=slo_tpot_s, class_outputs=class_outputs(replay))
-    out = {}
-    for key, params in (("ungated", {"gated": False, "gain": 1.0}), ("gated", {"gated": True})):
-        gate = batch_gate_for(ctx, params)
-        cl = ClusterConfig.from_dict({"fill_workers": int(setup.plant.fill_workers),
-                                      "decode_workers": int(setup.plant.decode_workers),
-                                      "measurement_delay_s": setup.plant.params.measurement_delay_s,
-                                      **cluster, "batch_cap": static_batch_cap(ctx)})
-        res = RequestPlant(setup.params, cl).run(replay, [gate])
-        s = res.series
-        after = s[(s["time_s"] >= 0.2 * s["time_s"].iloc[-1]) & (s["time_s"] <= float(replay["arrival_s"].max()))]
-        out[key] = {"series": s[["time_s", "decode_batch_cap", "active_decodes", "decode_pass_s", "ready"]],
-                    "verdict": _cap_verdict(after["decode_batch_cap"], cl.snapshot_dt),
-                    "cap_min": float(after["decode_batch_cap"].min()), "cap_max": float(after["decode_batch_cap"].max()),
-                    "pass_mean_s": float(after["decode_pass_s"].mean()),
-                    "tpot_p99": res.metrics["tpot_p99"], "preempted": res.metrics["preempted"],
-                    "changes": res.metrics["batch_cap_changes"], "target_s": gate.target_s}
-    return out
-
-
-def _gate_figure(fluid: dict, des: dict) -> Figure:
-    fig = Figure(figsize=(11, 7), layout="constrained")
-    ax = fig.subplots(2, 2, sharex="col")
-    for j, (name, d) in enumerate((("fluid plant", fluid), ("request simulator", des))):
-        for i, key in enumerate(("ungated", "gated")):
-            s = d[key]["series"]
-            ax[0, j].plot(s["time_s"], s["decode_batch_cap"], color=f"C{i}", lw=1.0, label=f"{key}: cap")
-            ax[0, j].plot(s["time_s"], s["active_decodes"], color=f"C{i}", lw=0.6, alpha=0.6, ls="--",
-                          label=f"{key}: batch")
-            ax[1, j].plot(s["time_s"], s["decode_pass_s"], color=f"C{i}", lw=0.8, label=key)
-        ax[1, j].axhline(d["gated"]["target_s"], color="k", ls=":", lw=1, label="target pass time")
-        ax[0, j].set_title(name)
-        ax[0, j].set_ylabel("decode batch (per worker)")
-        ax[1, j].set_ylabel("decode pass time (s)")
-        ax[1, j].set_xlabel("time (s)")
-        for a in ax[:, j]:
-            a.grid(True, alpha=0.3)
-            a.legend(fontsize=7)
-    return fig
-
-
-def _verdict_words(v: dict) -> str:
-    if v.get("oscillating"):
-        return f"oscillates (period {v['period_s']:.1f} s)"
-    return "does not oscillate"
-
-
-# ------------------------------------------------------------------------------------------
-# (d) margins
-
-
-def _margins(setup, cfg: dict, report: StudyReport) -> dict:
-    ctx = setup.context(cfg["cluster"]["slo_ttft_s"], cfg["cluster"]["slo_tpot_s"], classes=DEFAULT_CLASSES,
-                        class_outputs=class_outputs(setup.trace))
-    ctrl = build_admission(RECOMMENDED_ADMISSION, ctx)
-    tuning = slo_admission_tuning(ctrl, setup.plant.params.measurement_delay_s)
-    gate = ctrl.batch_gate if ctrl.batch_gate is not None else batch_gate_for(ctx)
-    gt = batch_gate_tuning(gate, setup.plant.params.measurement_delay_s)
-    rows = []
-    for name, t in tuning.items():
-        for r in t.envelope:
-            rows.append({"loop": f"{name} limit", **{k: r[k] for k in ("delay_factor", "gain_factor", "stable",
-                                                                          "gain_margin", "lower_gain_margin",
-                                                                          "phase_margin_deg", "delay_margin_s",
-                                                                          "meets_floors")}})
-    for r in gt.envelope:
-        rows.append({"loop": "batch gate", "delay_factor": r["delay_factor"], "gain_factor": r["slope_factor"],
-                     **{k: r[k] for k in ("stable", "gain_margin", "lower_gain_margin", "phase_margin_deg",
-                                          "delay_margin_s", "meets_floors")}})
-    table = pd.DataFrame(rows)
-    report.save_table(table, "margins.csv", "Exact-delay Nyquist verdict and margins of the SLO-aware admission's "
-                      "fill and decode limit loops and of the gated batch cap at every envelope point.")
-    out = {}
-    for name, t in tuning.items():
-        w = t.worst
-        out[name] = {"ki": t.ki, "tau_c_s": t.tau_c_s, "theta_s": t.theta_s, "envelope_ok": t.envelope_ok,
-                     "nominal_gm": t.nominal.gain_margin, "nominal_pm_deg": t.nominal.phase_margin_deg,
-                     "nominal_dm_s": t.nominal.delay_margin_s, "worst_gm": min(r["gain_margin"] for r in t.envelope),
-                     "worst_pm_deg": min(abs(r["phase_margin_deg"]) for r in t.envelope),
-                     "worst_dm_s": min(r["delay_margin_s"] for r in t.envelope),
-                     "worst_point": {"delay_factor": w["delay_factor"], "gain_factor": w["gain_factor"]},
-                     "limit_cycle": t.limit_cycle}
-    out["batch_gate"] = {"gain": gt.gain, "hold_s": gt.hold_s, "theta_s": gt.theta_s, "envelope_ok": gt.envelope_ok,
-                         "nominal_gm": gt.nominal.gain_margin, "nominal_pm_deg": gt.nominal.phase_margin_deg,
-                         "nominal_dm_s": gt.nominal.delay_margin_s,
-                         "worst_gm": min(r["gain_margin"] for r in gt.envelope),
-                         "worst_pm_deg": min(abs(r["phase_margin_deg"]) for r in gt.envelope),
-                         "worst_dm_s": min(r["delay_margin_s"] for r in gt.envelope),
-                         "ungated_stable": gt.ungated.stable if gt.ungated else None,
-                         "ungated_gm": gt.ungated.gain_margin if gt.ungated else None,
-                         "ungated_cycle": gt.ungated_cycle, "gated_cycle": None}
-    # the gated loop's saturation check (the ungated one's cycle is in ungated_cycle)
-    cyc = predict_batch_cycle(batch_gate_loop(gt.gain, gt.hold_s, gt.theta_s), 1.0)
-    out["batch_gate"]["gated_cycle"] = cyc.to_dict() if cyc else None
-    # the outer loop on outcomes and its separation from the fast gate (fill-limit loop)
-    ot = margin_tuning(ctx, ctrl.outer, ctrl.outcome_delay_s)
-    sep = margin_separation(ot, tuning["fill"])
-    d = ot.to_dict()
-    out["outer"] = {"sample_period_s": ctrl.outer.sample_period_s, "ki": ot.ki, "tau_c_s": ot.tau_c_s, "theta_s": ot.theta_s, "window_s": ot.window_s,
-                    "gain": ot.gain, "envelope_ok": ot.envelope_ok, "nominal_gm": ot.nominal.gain_margin,
-                    "nominal_pm_deg": ot.nominal.phase_margin_deg, "nominal_dm_s": ot.nominal.delay_margin_s,
-                    "worst_gm": d["worst_gm"], "worst_pm_deg": d["worst_pm_deg"], "worst_dm_s": d["worst_dm_s"],
-                    "limit_cycle": None, "separation_ratio": sep.ratio, "pm_loss_deg": sep.pm_loss_deg,
-                    "inner_bandwidth_rad_s": sep.inner_bandwidth_rad_s,
-                    "outer_crossover_rad_s": sep.outer_crossover_rad_s, "with_fast_gate_stable": sep.real.stable}
-    return out
-
-
-# ------------------------------------------------------------------------------------------
-# (e) faults under overload
-
-
-def fault_events(span_s: float, fc: dict) -> list[dict]:
-    """The fault case's events inside a replayed window of ``span_s`` seconds: fill worker 1 and
-    decode worker 0 crash (each back after ``restart_share`` of the window), then the KV links
-    slow down to ``link_factor`` x bandwidth.
-
-    Parameters
-    ----------
-    span_s : float
-        The replayed window (s).
-    fc : dict
-        ``fill_crash_at``, ``decode_crash_at``, ``restart_share``, ``link_at``, ``link_share``,
-        ``link_factor`` (shares of the window, and the bandwidth factor).
-
-    Returns
-    -------
-    list of dict
-        ``cluster.events`` tables.
-    """
-    restart = fc["restart_share"] * span_s
-    return [{"kind": "worker_crash", "at_s": fc["fill_crash_at"] * span_s, "pool": "fill", "index": 1,
-             "restart_s": restart},
-            {"kind": "worker_crash", "at_s": fc["decode_crash_at"] * span_s, "pool": "decode", "index": 0,
-             "restart_s": restart},
-            {"kind": "link_slowdown", "start_s": fc["link_at"] * span_s, "duration_s": fc["link_share"] * span_s,
-             "factor": fc["link_factor"]}]
-
-
-def _faults(cfg: dict, tr: pd.DataFrame, setup, name: str, synthetic: bool) -> dict:
-    """Every policy at the fault loads with :func:`fault_events` inside the replayed window."""
-    fc = cfg["faults"]
-    classes = DEFAULT_CLASSES
-    cluster = {**cfg["cluster"], "classes": classes}
-    cap = _capacity(setup, cluster)
-    rows = []
-    for load in fc["loads"]:
-        part = _for_load(tr, setup, load, cfg["replay_s"], cluster)
-        closed = bool(part.attrs.get("per_session_clock"))
-        rate = len(part) / max(float(part["arrival_s"].max()), 1e-9)
-        span = (cfg["replay_s"] or 1800.0) if closed else float(part["arrival_s"].max()) * rate / (load * cap[0])
-        events = fault_events(span, fc)
-        for policy in cfg["policies"]:
-            m, res = run_replay(part, setup, policy, cluster={**cluster, "events": events}, load=load,
-                                batch_cap="static", duration_s=(cfg["replay_s"] or 1800.0) if closed else None)
-            arr = res.records["arrival_s"]
-            window = float(arr.max() - arr.min()) if arr.notna().any() else 1.0
-            row = _row(name, load, policy, m, res, setup, cap, classes, window, synthetic)
-            row["conserved"] = m["requests"] == m["completed"] + m["rejected"] + m["in_flight_end"]
-            row["requeued"] = m.get("requeued")
-            row["events"] = len(events)
-            rows.append(row)
-    return {"rows": rows, "events": fault_events(1.0, fc)}
-
-
-def _fault_lines(f: dict) -> list[str]:
-    t = pd.DataFrame(f["rows"])
-    if not len(t):
-        return []
-    ok = bool(t["conserved"].all())
-    lines = [f"A fill worker crash, a decode worker crash and a KV-link slowdown inside each replayed window "
-             f"({t['trace'].iloc[0]}): every request ended completed, rejected with a reason or in flight in "
-             f"{int(t['conserved'].sum())} of {len(t)} runs" + ("." if ok else " - CONSERVATION FAILED."), "",
-             "| load | policy | goodput (tok/s) | SLO attainment | admitted | rejected | requeued | in flight |",
-             "|---|---|---|---|---|---|---|---|"]
-    for _, r in t.sort_values(["load", "policy"]).iterrows():
-        lines.append(f"| {r['load']:g}x | {_LABEL.get(r['policy'], r['policy'])} | {r['goodput_tokens_per_s']:.0f} | "
-                     f"{r['slo_attainment']:.3f} | {_fmt(r['slo_attainment_admitted'])} | {int(r['rejected'])} | "
-                     f"{int(r['requeued'] or 0)} | {int(r['in_flight_end'])} |")
-    for load, g in t.groupby("load"):
-        best = g.loc[g["goodput_tokens_per_s"].idxmax()]
-        lines.append("")
-        lines.append(f"At {load:g}x with faults the most goodput is {_LABEL.get(best['policy'], best['policy'])}'s "
-                     f"({best['goodput_tokens_per_s']:.0f} tokens/s).")
-    return lines
 
 
 # ------------------------------------------------------------------------------------------
@@ -863,10 +274,6 @@ def targets(table: pd.DataFrame, surge_rows: list, margins: dict, new: str = REC
     return out
 
 
-def _fmt(x, spec=".3f") -> str:
-    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
-
-
 def _collapse_figure(table: pd.DataFrame, policies: list, traces: list) -> Figure:
     n = len(traces)
     fig = Figure(figsize=(4.2 * n, 7.2), layout="constrained")
@@ -952,7 +359,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     fluid, des = _gate_section(cfg, full, report)
     # (d) margins of the new loops
     margin_setup = sweep.setups.get(COLLAPSE_TRACES[0]) or next(iter(sweep.setups.values()))
-    margins = _margins(margin_setup, cfg, report)
+    margins = loop_margins(margin_setup, cfg, report)
     faults = _faults_section(cfg, quick, sweep, report)
     tg = targets(table, surge["rows"], margins)
     metrics = {"rows": sweep.rows, "absent_traces": sweep.absent, "surge": surge["rows"], "margins": margins,
