@@ -50,6 +50,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from tokenfactory.core.classes import DEFAULT_CLASSES, INTERACTIVE
+from tokenfactory.controllers import FLAT_OVERSHOOT
 from tokenfactory.registry import RECOMMENDED_ADMISSION
 from tokenfactory.replay import DEFAULT_PLANT, build_replay, infeasible, run_replay, service_capacity
 from tokenfactory.studies.report import StudyReport, human, vllm_batch_flag
@@ -572,7 +573,7 @@ def _summary_lines(cfg, table, surge, fluid, des, margins, tg, absent, setups) -
               "", "## Margins of the new loops", "",
               "| loop | envelope ok | worst GM | worst PM (deg) | worst DM (s) | nominal GM / PM / DM | DF limit cycle |",
               "|---|---|---|---|---|---|---|"]
-    for k in ("fill", "decode", "batch_gate", "outer"):
+    for k in ("fill", "decode", "batch_gate", "outer", "outer_start"):
         mg = margins[k]
         cyc = mg.get("limit_cycle") if k != "batch_gate" else mg.get("gated_cycle")
         lines.append(f"| {k} | {mg['envelope_ok']} | {mg['worst_gm']:.2f} | {mg['worst_pm_deg']:.0f} | {mg['worst_dm_s']:.2f} | "
@@ -587,6 +588,12 @@ def _summary_lines(cfg, table, surge, fluid, des, margins, tg, absent, setups) -
                  f"({og['inner_bandwidth_rad_s']:.2f} rad/s); the fast gate in series costs it "
                  f"{og['pm_loss_deg']:.1f} deg of phase margin and it stays "
                  f"{'stable' if og['with_fast_gate_stable'] else 'UNSTABLE'}.")
+    os_ = margins["outer_start"]
+    lines.append(f"Its start is gain-scheduled: until the first window over the setpoint, a window without a miss "
+                 f"integrates at ki {os_['ki']:.4f}/s (SIMC at the flat region's gain {os_['gain']:g}, at most "
+                 f"{FLAT_OVERSHOOT:g} of margin per delay), certified at that gain: worst GM {os_['worst_gm']:.2f}, PM "
+                 f"{os_['worst_pm_deg']:.0f} deg over the envelope, {os_['separation_ratio']:.0f} x below the fast "
+                 f"gate and {'stable' if os_['with_fast_gate_stable'] else 'UNSTABLE'} with it in series.")
     lines.append(f"The ungated batch rule (gain 1 every sample) is {'stable' if bg['ungated_stable'] else 'unstable'} by the "
                  "Nyquist count" + (f"; the describing function of the cap's saturation predicts a cycle of period "
                                     f"{bg['ungated_cycle']['period_s']:.1f} s" if bg["ungated_cycle"] else "") + ".")

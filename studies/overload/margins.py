@@ -14,6 +14,7 @@ from tokenfactory.registry import (
     batch_gate_for,
     batch_gate_tuning,
     build_admission,
+    flat_margin_tuning,
     margin_tuning,
     slo_admission_tuning,
 )
@@ -81,5 +82,16 @@ def loop_margins(setup, cfg: dict, report: StudyReport) -> dict:
                     "limit_cycle": None, "separation_ratio": sep.ratio, "pm_loss_deg": sep.pm_loss_deg,
                     "inner_bandwidth_rad_s": sep.inner_bandwidth_rad_s,
                     "outer_crossover_rad_s": sep.outer_crossover_rad_s, "with_fast_gate_stable": sep.real.stable}
+    # its gain-scheduled start: certified at the scheduled gain around the flat region's plant gain
+    ft = flat_margin_tuning(ctx, ctrl.outer, ctrl.outcome_delay_s, ctrl.outer.ki)
+    fsep = margin_separation(ft, tuning["fill"])
+    fd = ft.to_dict()
+    out["outer_start"] = {"ki": ft.ki, "gain": ft.gain, "theta_s": ft.theta_s, "window_s": ft.window_s,
+                          "envelope_ok": ft.envelope_ok, "nominal_gm": ft.nominal.gain_margin,
+                          "nominal_pm_deg": ft.nominal.phase_margin_deg, "nominal_dm_s": ft.nominal.delay_margin_s,
+                          "worst_gm": fd["worst_gm"], "worst_pm_deg": fd["worst_pm_deg"],
+                          "worst_dm_s": fd["worst_dm_s"], "limit_cycle": None, "separation_ratio": fsep.ratio,
+                          "pm_loss_deg": fsep.pm_loss_deg, "outer_crossover_rad_s": fsep.outer_crossover_rad_s,
+                          "with_fast_gate_stable": fsep.real.stable}
     return out
 
