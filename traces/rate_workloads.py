@@ -223,11 +223,7 @@ def mixed_workload(fill_rate: Callable[[int, int], float], run_rates: Callable[[
                 "need_ratio_swing_per_day": [float(x) for x in swings.to_numpy()],
                 "need_ratio_range": [float(ratio.min()), float(ratio.max())]}
     if hours is not None:
-        check_number("mixed.hours", hours, low=0.0, high=days * 24.0, low_inclusive=False)
-        keep = fine <= hours * 3600.0 + 1e-9
-        wl.demand, wl.prompt_factor, wl.output_factor = (x[keep] for x in (wl.demand, wl.prompt_factor,
-                                                                          wl.output_factor))
-        wl.name += f" first {hours:g} h"
+        _keep_first_hours(wl, hours, days, fine)
     return wl
 
 
@@ -281,3 +277,12 @@ def _need_ratio_swings(need_f: np.ndarray, need_d: np.ndarray, fine: np.ndarray)
     whole = hourly.index // 24
     swings = ratio.groupby(whole).agg(lambda x: float(x.max() / x.min()) if len(x) >= 24 else math.nan).dropna()
     return ratio, swings
+
+
+def _keep_first_hours(wl: RateWorkload, hours: float, days: float, fine: np.ndarray) -> None:
+    """Cut ``wl``'s demand and factors to the run's first ``hours`` (its fleet and mean request stay)."""
+    check_number("mixed.hours", hours, low=0.0, high=days * 24.0, low_inclusive=False)
+    keep = fine <= hours * 3600.0 + 1e-9
+    wl.demand, wl.prompt_factor, wl.output_factor = (x[keep] for x in (wl.demand, wl.prompt_factor,
+                                                                      wl.output_factor))
+    wl.name += f" first {hours:g} h"
