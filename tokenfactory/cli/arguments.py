@@ -1,4 +1,6 @@
-"""The command line's arguments: one small function per subcommand, in the order ``--help`` lists them."""
+"""The command line's arguments: one small function per subcommand, in the order ``--help`` lists
+them.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""``tokenfactory margins``, ``certify`` and ``advise``: a scenario's margins, a stack's certificate, a control plane's file judged and tuned."""
+"""``tokenfactory margins``, ``certify`` and ``advise``: a scenario's margins, a stack's
+certificate, a control plane's file judged and tuned.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""What the commands share: a table printed for a person, a result written as JSON, a duration read."""
+"""What the commands share: a table printed for a person, a result written as JSON, a duration
+read.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""``tokenfactory describe``: a model's, an accelerator's or a worker's figures, the registered kinds, the schema."""
+"""``tokenfactory describe``: a model's, an accelerator's or a worker's figures, the registered
+kinds, the schema.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""``tokenfactory emulate``, ``gateway``, ``diagnose``, ``identify``: the live tools over a real or emulated deployment."""
+"""``tokenfactory emulate``, ``gateway``, ``diagnose``, ``identify``: the live tools over a real or
+emulated deployment.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""The plain answer printed after a replay: the cluster, its capacity at the SLO, the peak's workers, where the SLO was missed, every oscillation verdict."""
+"""The plain answer printed after a replay: the cluster, its capacity at the SLO, the peak's
+workers, where the SLO was missed, every oscillation verdict.
+"""
 
 from __future__ import annotations
 

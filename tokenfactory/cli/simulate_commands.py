@@ -1,4 +1,6 @@
-"""``tokenfactory simulate``: a trace replayed request by request (the request simulator) or as rates (the pool model under a stack)."""
+"""``tokenfactory simulate``: a trace replayed request by request (the request simulator) or as
+rates (the pool model under a stack).
+"""
 
 from __future__ import annotations
 

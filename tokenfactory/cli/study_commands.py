@@ -1,4 +1,6 @@
-"""``tokenfactory study`` and ``report``: run studies (one, or the suite on a process pool) and build the HTML page."""
+"""``tokenfactory study`` and ``report``: run studies (one, or the suite on a process pool) and
+build the HTML page.
+"""
 
 from __future__ import annotations
 

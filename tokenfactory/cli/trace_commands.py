@@ -1,4 +1,6 @@
-"""``tokenfactory traces`` and ``forecast``: list, fetch, describe, fit, synthesise traces; backtest forecasters on one."""
+"""``tokenfactory traces`` and ``forecast``: list, fetch, describe, fit, synthesise traces;
+backtest forecasters on one.
+"""
 
 from __future__ import annotations
 
