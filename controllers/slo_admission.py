@@ -74,7 +74,14 @@ request class (:mod:`tokenfactory.core.classes`):
   behind the delay from admission to outcome; :func:`tune_margin_loop` SIMC-tunes ki over a
   delay x gain envelope and :func:`margin_separation` measures its separation from the fast gate
   (the fill-limit loop's closed-loop bandwidth over the outer crossover) with
-  :func:`tokenfactory.controllers.separation.cascade_separation`.
+  :func:`tokenfactory.controllers.separation.cascade_separation`. **Its start is gain-scheduled**
+  on the measured misses (``MarginLoopConfig.ki_flat``): below the knee a unit of margin moves the
+  misses by about :data:`FLAT_MARGIN_GAIN` budgets (mooncake-conversation), 25 x less than the
+  gain ki is tuned for, so from r = 0 the loop took the whole trace to climb where open admission
+  already met the SLO. Until the top class's first window over the setpoint, a window without a
+  miss integrates at ki_flat: SIMC at the flat gain, capped at :data:`FLAT_OVERSHOOT` of margin
+  per delay (the knee is passed by at most that before a miss can show), its margins and
+  separation certified at that gain (:func:`tune_flat_margin_gain`); after it, the nominal loop.
 * **Preemption the reservation causes.** A lower-priority request borrows slots the top level
   may take back (preemption). It plans on the slots left by the top level's occupancy quantile
   over its own decode time (``preempt_z`` standard deviations above the mean, relaxed by the
@@ -1310,14 +1317,7 @@ def margin_separation(outer: MarginLoopTuning, fast: GateLoopTuning):
     """Separation of the outer margin loop from the fast gate's fill-limit loop: the fast loop's
     closed-loop bandwidth over the outer crossover, and the outer loop's margins with the fast
     closed loop (Pade model of its delay) in series
-    (:func:`tokenfactory.controllers.separation.cascade_separation`). **Its start is gain-scheduled**
-  on the measured misses (``MarginLoopConfig.ki_flat``): below the knee a unit of margin moves the
-  misses by about :data:`FLAT_MARGIN_GAIN` budgets (mooncake-conversation), 25 x less than the
-  gain ki is tuned for, so from r = 0 the loop took the whole trace to climb where open admission
-  already met the SLO. Until the top class's first window over the setpoint, a window without a
-  miss integrates at ki_flat: SIMC at the flat gain, capped at :data:`FLAT_OVERSHOOT` of margin
-  per delay (the knee is passed by at most that before a miss can show), its margins and
-  separation certified at that gain (:func:`tune_flat_margin_gain`); after it, the nominal loop.
+    (:func:`tokenfactory.controllers.separation.cascade_separation`).
 
     Parameters
     ----------
