@@ -371,7 +371,7 @@ def _step_pools(p: FluidParams, scenario: PoolScenario, dynamics: PoolDynamics, 
     fill_rate_w, fill_lat, ttr, L = p.fill_rate_per_worker, p.fill_latency_s, p.fill_to_ready_s, p.output_tokens
     slo_ttft, slo_tpot, slots_per_worker = scenario.slo_ttft_s, scenario.slo_tpot_s, p.decode_slots_per_worker
     step_s, rate_fn, slots_fn = p.decode_step_s, p.completion_rate, p.decode_slots
-    roles = _RoleBook(dynamics.fleet_size)
+    roles, role_moves = _RoleBook(dynamics.fleet_size), 0
     isinf, inf, nan, check_tol = math.isinf, math.inf, math.nan, 1e-6
     for k in range(len(t_list)):
         t = t_list[k]
@@ -383,6 +383,7 @@ def _step_pools(p: FluidParams, scenario: PoolScenario, dynamics: PoolDynamics, 
             rate, bound, reason, cap = sampler.held()
         if fill_fleet.waiting or dec_fleet.waiting:
             roles.place(t, fleets, dynamics)
+            role_moves = roles.moves
         # -- arrivals, rejection, admission
         a_in = arr_list[k]
         arrived += a_in
@@ -439,7 +440,7 @@ def _step_pools(p: FluidParams, scenario: PoolScenario, dynamics: PoolDynamics, 
         rows.append((t, B, F + served / dt * ttr, R, D, batch_slots, fill_cap, len(fill_fleet.serving), n_dec,
                      rate, a_in / dt, admit / dt, done / dt, arrived, completed, rejected_total, lam_list[k],
                      rej / dt, in_pipe, fill_fleet.in_transit, dec_fleet.in_transit, fill_fleet.billed,
-                     dec_fleet.billed, ttft, tpot, ok, pass_s if D > 0.0 else nan, cap, pf, of, roles.moves))
+                     dec_fleet.billed, ttft, tpot, ok, pass_s if D > 0.0 else nan, cap, pf, of, role_moves))
         cum_arr(arrived)
         cum_adm(admitted)
         cum_done(completed)
@@ -449,7 +450,7 @@ def _step_pools(p: FluidParams, scenario: PoolScenario, dynamics: PoolDynamics, 
         if abs(resid) > check_tol * (arrived if arrived > 1.0 else 1.0):
             raise ConservationError(f"pool model lost requests at t={t:.1f} s: residual {resid:.3g}")
     return _PoolRun(rows, len(t_list), B + F + in_pipe + R + D, arrived, admitted, completed, rejected_total,
-                    preempted, rejected, in_slo, roles.moves)
+                    preempted, rejected, in_slo, role_moves)
 
 
 def _pool_result(run: _PoolRun, p: FluidParams, fill_workers: int, decode_workers: int, scenario: PoolScenario,
