@@ -365,8 +365,7 @@ def _step_pools(p: FluidParams, scenario: PoolScenario, dynamics: PoolDynamics, 
     B = F = R = D = 0.0
     arrived = admitted = completed = rejected_total = preempted = in_slo = 0.0
     rejected = {r: 0.0 for r in REJECT_REASONS}
-    rate, bound, reason, cap = sampler.held()
-    next_due = sampler.next_due
+    (rate, bound, reason, cap), next_due = sampler.held(), sampler.next_due
     fill_fleet, dec_fleet = fleets["fill"], fleets["decode"]
     fill_rate_w, fill_lat, ttr, L = p.fill_rate_per_worker, p.fill_latency_s, p.fill_to_ready_s, p.output_tokens
     slo_ttft, slo_tpot, slots_per_worker = scenario.slo_ttft_s, scenario.slo_tpot_s, p.decode_slots_per_worker
