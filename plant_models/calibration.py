@@ -113,11 +113,12 @@ class RunSettings:
         TTFT multiplier per engine (default: none, 1): the engines schedule prefill differently
         (chunk sizes, prefill priority, DP-attention balancing) in ways the file does not state;
         fitted, and 1 for an engine the fit has not seen.
-    benchmark_requests : float
-        Requests the benchmark sends in all per run (> 0; default ``inf``: unstated, the
-        first wave's share is ``first_wave_weight`` alone; fitted). A benchmark of N clients
-        that sends R requests in all has N of them in the first wave, all sent at t = 0, so the
-        wave's share of the mean TTFT is s = min(1, N / R) and the later requests' TTFT is
+    client_request_share : float
+        One client's share of the requests the benchmark sends in all, 1 / R (in [0, 1];
+        default 0: R unstated, the first wave's weight is ``first_wave_weight`` alone; fitted,
+        as 1 / R so that the fit's gradient at the default is not flat). A benchmark of N
+        clients that sends R requests in all has N of them in the first wave, all sent at t = 0,
+        so the wave's share of the mean TTFT is s = min(1, N / R) and the later requests' TTFT is
         ``first_wave_weight`` of the way from the steady state to the wave's (the clients of a
         constant-OSL benchmark stay partly in step after the first wave): weight
         s + (1 - s) ``first_wave_weight`` on the wave (:func:`predicted_ttft_s`). Why: on the
@@ -133,10 +134,10 @@ class RunSettings:
     ttft_overhead_s: float = 0.0
     ttft_s_per_input_token: float = 0.0
     engine_ttft_factor: Mapping[str, float] = field(default_factory=dict)
-    benchmark_requests: float = math.inf
+    client_request_share: float = 0.0
 
     def __post_init__(self) -> None:
-        check_number("settings.benchmark_requests", self.benchmark_requests, low=0.0, low_inclusive=False, allow_inf=True)
+        check_number("settings.client_request_share", self.client_request_share, low=0.0, high=1.0)
         for eng, v in self.engine_ttft_factor.items():
             check_number(f"settings.engine_ttft_factor.{eng}", v, low=0.0, low_inclusive=False)
         check_number("settings.ttft_overhead_s", self.ttft_overhead_s, low=0.0, high=10.0)
@@ -149,9 +150,9 @@ class RunSettings:
 
 def first_wave_share(run: MeasuredRun, settings: RunSettings) -> float:
     """Weight of the first wave's TTFT in the benchmark's mean TTFT: s + (1 - s) w with
-    s = min(1, N / ``settings.benchmark_requests``) and w = ``settings.first_wave_weight``
+    s = min(1, N x ``settings.client_request_share``) (N / R) and w = ``settings.first_wave_weight``
     (:class:`RunSettings`' notes; w alone when the request count is unstated)."""
-    s = min(1.0, run.concurrency / settings.benchmark_requests)
+    s = min(1.0, run.concurrency * settings.client_request_share)
     return s + (1.0 - s) * settings.first_wave_weight
 
 
@@ -542,9 +543,9 @@ CALIBRATION_PARAMETERS: dict[str, tuple[float, float, float, str]] = {
     # front-end terms and the first-wave weight)
     "ttft_factor_sglang": (0.2, 5.0, 1.0, "engine_ttft_factor"),
     "ttft_factor_vllm": (0.2, 5.0, 1.0, "engine_ttft_factor"),
-    # the benchmark's total request count (RunSettings' notes), in units of 100 requests; the
-    # upper bound (100,000) makes the first wave's own share negligible for every run's N
-    "benchmark_requests": (10.0, 1e5, 100.0, "settings"),
+    # one client's share of the benchmark's requests, 1 / R (RunSettings' notes), in units of
+    # 1/1,000 requests; 0 (R unstated) at the start, up to 1/10 (a benchmark of 10 requests)
+    "client_request_share": (0.0, 0.1, 1e-3, "settings"),
 }
 #: the efficiencies before the calibration: the fit to the 13 published points
 #: (:data:`~tokenfactory.plant_models.published_points.FITTED_EFFICIENCY`, rounded as the

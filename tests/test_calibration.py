@@ -233,39 +233,39 @@ def test_predicted_ttft_closed_form():
     s = min(1, N / R) the first wave's share of the benchmark's R requests."""
     run = type("Run", (), {"engine": "sglang", "input_tokens": 2000, "concurrency": 50})()  # the fields read
     st = cal.RunSettings(first_wave_weight=0.2, ttft_overhead_s=0.05, ttft_s_per_input_token=1e-5,
-                         engine_ttft_factor={"sglang": 2.0}, benchmark_requests=200.0)
+                         engine_ttft_factor={"sglang": 2.0}, client_request_share=1 / 200)
     assert cal.first_wave_share(run, st) == pytest.approx(0.25 + 0.75 * 0.2, rel=1e-12)
     got = cal.predicted_ttft_s(run, st, wave_s=0.8, steady_s=0.2)
     assert got == pytest.approx(2.0 * (0.4 * 0.8 + 0.6 * 0.2 + 0.05 + 0.02), rel=1e-12)
     # more clients than requests: every request is in the first wave
-    assert cal.first_wave_share(run, dataclasses.replace(st, benchmark_requests=30.0)) == 1.0
+    assert cal.first_wave_share(run, dataclasses.replace(st, client_request_share=1 / 30)) == 1.0
     # unstated (the default): the first-wave weight alone, as before the request count existed
-    assert cal.first_wave_share(run, dataclasses.replace(st, benchmark_requests=math.inf)) == 0.2
+    assert cal.first_wave_share(run, dataclasses.replace(st, client_request_share=0.0)) == 0.2
 
 
-def test_benchmark_requests_weights_the_wave_more_at_high_concurrency(runs):
+def test_client_request_share_weights_the_wave_more_at_high_concurrency(runs):
     """With a finite request count the first wave weighs more, the more clients there are: the
     predicted TTFT moves toward the wave's, monotonically in N, TPOT unchanged; the default
     (unstated) leaves every prediction as it was."""
     r = _agg_run(runs)
     base = cal.RunSettings(first_wave_weight=0.3)
-    assert cal.steady_state_run(r, base) == cal.steady_state_run(r, dataclasses.replace(base, benchmark_requests=math.inf))
+    assert cal.steady_state_run(r, base) == cal.steady_state_run(r, dataclasses.replace(base, client_request_share=0.0))
     lifts = []
     for n in (4, 32, 128):
         rn = dataclasses.replace(r, concurrency=n, input_tokens=4096, workers=1, max_batch=0)
         a = cal.steady_state_run(rn, base)
-        b = cal.steady_state_run(rn, dataclasses.replace(base, benchmark_requests=256.0))
+        b = cal.steady_state_run(rn, dataclasses.replace(base, client_request_share=1 / 256))
         # the solve weighs the wave as at least the steady state (max(wave, steady))
         s, gap = n / 256.0, max(a["ttft_wave_s"] - a["ttft_steady_s"], 0.0)
         assert b["tpot_s"] == a["tpot_s"] and (gap > 0 or n < 128)
         assert b["ttft_s"] - a["ttft_s"] == pytest.approx(s * 0.7 * gap, rel=1e-9)
         lifts.append((b["ttft_s"] - a["ttft_s"]) / a["ttft_s"])
     assert lifts == sorted(lifts) and lifts[-1] > lifts[0]
-    p = cal.params_of(cal.settings_from({"benchmark_requests": 500.0}))
-    assert p["benchmark_requests"] == 500.0
+    p = cal.params_of(cal.settings_from({"client_request_share": 0.002}))
+    assert p["client_request_share"] == 0.002
 
 
-@pytest.mark.parametrize("value", [0.0, -5.0, math.nan])
-def test_benchmark_requests_out_of_range_is_a_config_error(value):
-    with pytest.raises(ConfigError, match="benchmark_requests"):
-        cal.RunSettings(benchmark_requests=value)
+@pytest.mark.parametrize("value", [-0.01, 1.5, math.nan, math.inf])
+def test_client_request_share_out_of_range_is_a_config_error(value):
+    with pytest.raises(ConfigError, match="client_request_share"):
+        cal.RunSettings(client_request_share=value)
