@@ -384,13 +384,14 @@ def _admission_incident(name: str, inc: dict, params: FluidParams, cfg: dict, qu
 
 
 def _admitted_outcome(metrics: dict, must_reject: float) -> dict:
-    """An admission run judged on what it admits: the SLO attainment of the admitted requests that
-    completed (those still in flight at the end excluded), the goodput (requests completed within
-    the SLO per second), and the rejected share beyond ``must_reject`` - the share the overload
-    forces out whatever the rule (1 - capacity / demand)."""
+    """An admission run judged on what it admits: the SLO attainment of the admitted requests (the
+    pool model judges each arrival's cohort against the SLO when it arrives), the goodput (admitted
+    requests within the SLO per second), and the rejected share beyond ``must_reject`` - the share
+    the overload forces out whatever the rule (1 - capacity / demand)."""
     met = metrics["slo_attainment"] * metrics["requests"]
+    admitted = metrics["requests"] - metrics["rejected"]
     rejected = metrics["rejected"] / max(metrics["requests"], 1.0)
-    return {"admitted_slo_attainment": met / metrics["completed"] if metrics["completed"] > 0 else 1.0,
+    return {"admitted_slo_attainment": met / admitted if admitted > 0 else 1.0,
             "goodput_rps": met / metrics["duration_s"], "must_reject_fraction": must_reject,
             "rejected_beyond_needed": max(0.0, rejected - must_reject)}
 
