@@ -39,7 +39,8 @@ STACK_SCENARIO_SCHEMA = {
     "slo": setting(None, kind="table", meaning="the promise ([slo])"),
     "workload": setting(REQUIRED, kind="table", meaning="the nominal demand ([workload])"),
     "dynamics": setting(None, kind="table", meaning="start-up, warm-up, drain and fleet size of workers ([dynamics]; "
-                                                    "the cluster.dynamics keys)"),
+                                                    "the cluster.dynamics keys; gpus_per_worker absent: the plant's "
+                                                    "pp x ep)"),
     "layers": setting(REQUIRED, kind="table", meaning="one table per layer with a kind ([layers.NAME]; see "
                                                       "layers.LAYER.KIND)"),
     "envelope": setting(None, kind="table", meaning="the box of plant errors every loop is certified over "
