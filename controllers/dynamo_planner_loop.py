@@ -379,6 +379,8 @@ def certify_planner(loop: PlannerPoolLoop, *, gm_floor: float = 2.0, pm_floor_de
         Noise sigmas (:func:`predict_planner_cycle`).
     """
     # the sla target without load scaling sizes from the predicted demand alone: no loop through the plant
-    return AutoscalerCertificate(loop.as_autoscaler_loop(), _margins(loop) if loop.gain > 0 else None,
+    # floor = ceiling pins the pool: no loop closes, whatever the rule's gain
+    pinned = loop.max_replicas <= max(1, loop.min_replicas)
+    return AutoscalerCertificate(loop.as_autoscaler_loop(), _margins(loop) if loop.gain > 0 and not pinned else None,
                                  predict_planner_cycle(loop, z), planner_startup_peak(loop, max(1, loop.min_replicas)),
                                  loop.workers_needed, gm_floor, pm_floor_deg)
