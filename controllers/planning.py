@@ -119,7 +119,7 @@ import numpy as np
 import pandas as pd
 from scipy.ndimage import maximum_filter1d, median_filter
 
-from tokenfactory.controllers.autoscaling import _current
+from tokenfactory.controllers.autoscaling import serving_replicas
 from tokenfactory.controllers.interface import SampledController, lowpass
 from tokenfactory.controllers.reconfiguration import HystereticPoolController, need_noise_std
 from tokenfactory.core.signals import Measurement, ScaleAction
