@@ -715,7 +715,8 @@ def _percentile(x: np.ndarray, q: float):
 
 
 def simulate(trace: pd.DataFrame, params: DESParams, cluster: ClusterConfig = ClusterConfig(),
-             controller=None, autoscalers=(), *, prefix_cache: PrefixCache | None = None) -> SimulationResult:
+             controller=None, autoscalers=(), *, prefix_cache: PrefixCache | None = None,
+             stages: dict | None = None) -> SimulationResult:
     """Replay ``trace`` (a request table) through the cluster.
 
     Parameters
@@ -733,6 +734,8 @@ def simulate(trace: pd.DataFrame, params: DESParams, cluster: ClusterConfig = Cl
         warm up and drain as ``cluster.dynamics`` says).
     prefix_cache : PrefixCache, optional
         A prefix-cache policy replacing the one ``cluster.prefix_cache_blocks`` names.
+    stages : dict, optional
+        Stage classes replacing the defaults by name (see :class:`Simulator`).
 
     Returns
     -------
@@ -745,5 +748,6 @@ def simulate(trace: pd.DataFrame, params: DESParams, cluster: ClusterConfig = Cl
     ConservationError
         If any request is unaccounted for.
     """
-    return Simulator(trace, params, cluster, controller, autoscalers, prefix_cache=prefix_cache).run()
+    return Simulator(trace, params, cluster, controller, autoscalers, prefix_cache=prefix_cache,
+                     stages=stages).run()
 
