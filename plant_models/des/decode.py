@@ -120,10 +120,11 @@ class DecodeStage:
         B = len(w.members)
         if not B:
             return True
-        p = self.core.p
+        core = self.core
+        p = core.p
         return B < self.batch_cap and (
             (B + 1) * p.sequence_state_bytes
-            + p.kv_bytes_per_token * (w.offset_sum + B * w.n + self.core.ctx_tok[i] + B + 1)) <= self.kv_limit
+            + p.kv_bytes_per_token * (w.offset_sum + B * w.n + core.ctx_tok[i] + B + 1)) <= self.kv_limit
 
     # -- sequences in and out --------------------------------------------------------------
     def join(self, w: DecodeWorker) -> int:
@@ -340,7 +341,8 @@ class DecodeStage:
         if not w.in_leap or w.interrupted:
             return
         start, t0, tk, B, k = w.leap
-        now = self.core.env.now
+        core = self.core
+        now = core.env.now
         s = min(_passes_within(t0, tk, B, now - start), k)
         w.listening = False
         if s >= k:
@@ -349,7 +351,7 @@ class DecodeStage:
         w.interrupted = True
         w.leap_steps = s + 1
         w.token += 1
-        self.core.call_in(max(end - now, 0.0), self._leap_end, w, w.token)
+        core.call_in(max(end - now, 0.0), self._leap_end, w, w.token)
 
     def wake(self) -> None:
         """Ready sequences wait: idle workers take them (after everything else that happens at
@@ -399,12 +401,13 @@ class DecodeStage:
         _, t0, tk, B, _ = w.leap
         s = w.leap_steps
         seconds = s * t0 + tk * B * s * (s - 1) / 2.0
-        work = self.core.p.work
+        core = self.core
+        work = core.p.work
         if work is None:
-            self.core.ledger.add(w.pool, seconds, 0.0, 0.0)
+            core.ledger.add(w.pool, seconds, 0.0, 0.0)
             return
         flops, nbytes = work.decode(B, (w.offset_sum + B * w.n) / B + (s - 1) / 2.0)
-        self.core.ledger.add(w.pool, seconds, s * flops, s * nbytes)
+        core.ledger.add(w.pool, seconds, s * flops, s * nbytes)
 
     def set_rate_factor(self, f: float) -> None:
         """Decode speed changes: every leap is re-timed from its next pass boundary."""
