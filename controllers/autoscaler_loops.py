@@ -489,6 +489,11 @@ class AutoscalerCertificate:
     pm_floor_deg: float
 
     @property
+    def pinned(self) -> bool:
+        """Floor = ceiling: the rule cannot move the pool, so no loop closes (no margins to report)."""
+        return self.loop.max_replicas <= max(1, self.loop.min_replicas)
+
+    @property
     def stable(self) -> bool:
         return self.margins is None or bool(self.margins.stable)
 
@@ -530,12 +535,15 @@ class AutoscalerCertificate:
         lin = self.loop.linear()
         return {"passed": self.passed, "stable": self.stable, "margins_met": self.margins_met,
                 "overshoot_bounded": self.overshoot_bounded, "ceiling_carries": self.ceiling_carries,
-                "linear_part": None if lin is None else "where the pool is short of capacity (the overshoot regime)",
+                "linear_part": None if lin is None else (
+                    f"none: pinned at {self.loop.max_replicas} workers (floor = ceiling)" if self.pinned
+                    else "where the pool is short of capacity (the overshoot regime)"),
                 "gain_reduction_to_stabilize": None if m is None or m.stable else _finite(m.lower_gain_margin),
                 "gain_margin": None if m is None else _finite(m.gain_margin),
                 "phase_margin_deg": None if m is None else _finite(m.phase_margin_deg),
                 "delay_margin_s": None if m is None else _finite(m.delay_margin_s),
-                "loop_delay_s": self.loop.delay_s, "loop": "static feed-forward" if lin is None else lin.name,
+                "loop_delay_s": self.loop.delay_s,
+                "loop": "static feed-forward" if lin is None else "pinned pool" if self.pinned else lin.name,
                 "predicted_cycle": None if cyc is None else cyc.to_dict(),
                 "cascade_peak_replicas": self.cascade_peak, "workers_needed": self.workers_needed,
                 "gm_floor": self.gm_floor, "pm_floor_deg": self.pm_floor_deg}
@@ -546,7 +554,9 @@ class AutoscalerCertificate:
         c = self.predicted_cycle
         cyc = (f"predicts a {c.period_s:.0f} s cycle between {c.low_replicas} and {c.high_replicas} workers "
                f"(queue peak {c.queue_peak:.0f})" if c else "predicts no cycle")
-        if self.margins is None:
+        if self.pinned:
+            loop = f"no closed loop (pinned at {self.loop.max_replicas} workers: floor = ceiling)"
+        elif self.margins is None:
             loop = "no closed loop (a static feed-forward on the demand)"
         else:
             gm = "inf" if d["gain_margin"] is None else f"{d['gain_margin']:.2f}"
@@ -585,6 +595,7 @@ def certify_autoscaler(controller, point: PoolOperatingPoint, *, gm_floor: float
         As :func:`autoscaler_loop`, for a controller or metric with no loop model.
     """
     loop = autoscaler_loop(controller, point)
-    return AutoscalerCertificate(loop, autoscaler_margins(loop), predict_autoscaler_cycle(loop),
+    pinned = loop.max_replicas <= max(1, loop.min_replicas)   # floor = ceiling: no loop closes
+    return AutoscalerCertificate(loop, None if pinned else autoscaler_margins(loop), predict_autoscaler_cycle(loop),
                                  predict_startup_cascade(loop, max(1, loop.min_replicas)), point.workers_needed,
                                  gm_floor, pm_floor_deg)

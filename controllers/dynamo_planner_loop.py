@@ -138,6 +138,11 @@ class PlannerPoolLoop:
         return 0
 
     @property
+    def workers_needed(self) -> float:
+        """Workers the demand needs (what the certificate bounds the peak and the ceiling by)."""
+        return self.point.workers_needed
+
+    @property
     def delay_s(self) -> float:
         """Delay of the integrating part: metric age + half a tick + the start-up."""
         return self.point.metric_delay_s + self.tick_s / 2.0 + self.point.startup_s
@@ -219,11 +224,6 @@ def planner_pool_loops(setting, plant, *, demand_rps: float, metric_delay_s: flo
     """
     fields = setting.planner_fields()   # NotModelled for what the planner adapter cannot run either
     target = fields["optimization_target"]
-    if target != "load":
-        raise NotModelled("optimization_target", f"{target!r}: the loop model covers the load target's thresholds "
-                          "(load_scaling.py, _prefill_easy_decision / _decode_easy_decision); the sla target's perf "
-                          "model and throughput floor and the throughput target's fixed thresholds have none yet - "
-                          "run it with `simulate --control-plane FILE`")
     check_number("demand_rps", demand_rps, low=0.0, low_inclusive=False)
     check_choice("setting.mode", fields["mode"], ("disagg",))
     prompt = plant.prompt_tokens if plant.prompt_tokens > 0 else 1.0
@@ -247,17 +247,43 @@ def planner_pool_loops(setting, plant, *, demand_rps: float, metric_delay_s: flo
         budget_workers = int(fields["max_gpu_budget"]) // gpus - lo
     mu_d = plant.decode_capacity(1) * service_rate_factor
     mu_f = plant.fill_rate_per_worker * service_rate_factor
+    if target == "sla":
+        from tokenfactory.controllers.dynamo_planner_sla_loop import sla_pool_loops
+
+        return sla_pool_loops(fields, plant, demand_rps=demand_rps, metric_delay_s=metric_delay_s, hold_s=hold,
+                              lo=lo, budget_workers=budget_workers, mu_f=mu_f, mu_d=mu_d, slots=slots, prompt=prompt,
+                              service_rate_factor=service_rate_factor)
+    levels = _easy_levels(target, fields, prompt + plant.output_tokens)
     tick = float(fields["load_adjustment_interval_seconds"])
     decode = PlannerPoolLoop(
-        "decode", "KV use", fields["decode_scale_up_kv_rate"] / 100.0, fields["decode_scale_down_kv_rate"] / 100.0,
+        "decode", "KV use", levels["decode_up"], levels["decode_down"],
         1.0 / slots, 0.0, prompt / (ctx * slots), slots / mu_d,
         PoolOperatingPoint(mu_d, demand_rps, metric_delay_s, hold, slots, slots / mu_d), tick, lo, budget_workers)
     fill = PlannerPoolLoop(
-        "fill", "queued prefill tokens", float(fields["prefill_scale_up_queue_tokens"]),
-        float(fields["prefill_scale_down_queue_tokens"]), prompt, budget, prompt, plant.fill_latency_s,
+        "fill", "queued prefill tokens", levels["fill_up"], levels["fill_down"], prompt, budget, prompt, plant.fill_latency_s,
         PoolOperatingPoint(mu_f, demand_rps, metric_delay_s, hold, 1.0, plant.fill_latency_s), tick, lo,
         budget_workers)
     return {"fill": fill, "decode": decode}
+
+
+#: the throughput target's static thresholds (``load_scaling.py`` ``_PREFILL_THROUGHPUT_SCALE_*``:
+#: queued prompt tokens over the engine's ``context_length``; ``_DECODE_THROUGHPUT_SCALE_*``: KV use);
+#: the rule compares them strictly (``>``, ``<``) where the load target uses ``>=``, ``<=`` - the
+#: same relay on a continuous mean
+THROUGHPUT_LEVELS = {"fill_up": 1.0, "fill_down": 0.1, "decode_up": 1.0, "decode_down": 0.6}
+
+
+def _easy_levels(target: str, fields: dict, context_tokens: float) -> dict[str, float]:
+    """The relay's levels per pool: the load target's user thresholds, or the throughput target's
+    fixed ones (prefill in tokens of ``context_length`` = prompt + output, as the adapter reports it)."""
+    if target == "throughput":
+        t = THROUGHPUT_LEVELS
+        return {"fill_up": t["fill_up"] * context_tokens, "fill_down": t["fill_down"] * context_tokens,
+                "decode_up": t["decode_up"], "decode_down": t["decode_down"]}
+    return {"fill_up": float(fields["prefill_scale_up_queue_tokens"]),
+            "fill_down": float(fields["prefill_scale_down_queue_tokens"]),
+            "decode_up": fields["decode_scale_up_kv_rate"] / 100.0,
+            "decode_down": fields["decode_scale_down_kv_rate"] / 100.0}
 
 
 def predict_planner_cycle(loop: PlannerPoolLoop, z: float = NOISE_Z) -> RelayCycle | None:
@@ -278,7 +304,8 @@ def predict_planner_cycle(loop: PlannerPoolLoop, z: float = NOISE_Z) -> RelayCyc
     """
     lo, hi = max(1, loop.min_replicas), loop.max_replicas
     if any(loop.rule(n, 0.0, z) == 0 for n in range(lo, hi + 1)) or hi <= lo:
-        return None
+        # the sla target's feed-forward floor can still flip with the predicted demand's noise
+        return loop.floor_cycle() if hasattr(loop, "floor_cycle") else None
     pairs = [n for n in range(lo, hi) if loop.rule(n, 0.0, z) > 0 and loop.rule(n + 1, 0.0, z) < 0]
     if not pairs:
         return None   # pinned at its ceiling, short of the demand: overloaded, not flapping
@@ -351,6 +378,9 @@ def certify_planner(loop: PlannerPoolLoop, *, gm_floor: float = 2.0, pm_floor_de
     z : float
         Noise sigmas (:func:`predict_planner_cycle`).
     """
-    return AutoscalerCertificate(loop.as_autoscaler_loop(), _margins(loop),
+    # the sla target without load scaling sizes from the predicted demand alone: no loop through the plant
+    # floor = ceiling pins the pool: no loop closes, whatever the rule's gain
+    pinned = loop.max_replicas <= max(1, loop.min_replicas)
+    return AutoscalerCertificate(loop.as_autoscaler_loop(), _margins(loop) if loop.gain > 0 and not pinned else None,
                                  predict_planner_cycle(loop, z), planner_startup_peak(loop, max(1, loop.min_replicas)),
-                                 loop.point.workers_needed, gm_floor, pm_floor_deg)
+                                 loop.workers_needed, gm_floor, pm_floor_deg)

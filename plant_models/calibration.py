@@ -46,6 +46,8 @@ __all__ = [
     "METHODS",
     "SPLITS",
     "RunSettings",
+    "first_wave_share",
+    "predicted_ttft_s",
     "run_service",
     "simulate_run",
     "steady_state_run",
@@ -73,7 +75,11 @@ __all__ = [
 #: chunked-prefill token budget per attention replica of an aggregated engine: vLLM's
 #: ``max_num_batched_tokens``, SGLang's ``chunked_prefill_size`` and TensorRT-LLM's
 #: ``max_num_tokens`` are all 8,192 in the engines' serving defaults (ASSUMPTION: the file does
-#: not state the engines' settings)
+#: not state the engines' settings). vLLM: ``EngineArgs._set_default_args`` in
+#: ``vllm/engine/arg_utils.py``, 8,192 for the OpenAI server on GPUs of >= 70 GiB (not A100),
+#: with ``max_num_seqs`` 1,024; SGLang: ``ServerArgs._handle_chunked_prefill_size`` in
+#: ``python/sglang/srt/server_args.py``, 8,192 below 160 GB of HBM (H100, H200) and 16,384 in
+#: some versions on B200 (kept at 8,192 here)
 AGG_TOKENS_PER_REPLICA = 8192
 #: how a run is predicted: the request simulator, or the closed-loop steady-state solve
 METHODS = ("des", "steady-state")
@@ -107,6 +113,18 @@ class RunSettings:
         TTFT multiplier per engine (default: none, 1): the engines schedule prefill differently
         (chunk sizes, prefill priority, DP-attention balancing) in ways the file does not state;
         fitted, and 1 for an engine the fit has not seen.
+    client_request_share : float
+        One client's share of the requests the benchmark sends in all, 1 / R (in [0, 1];
+        default 0: R unstated, the first wave's weight is ``first_wave_weight`` alone; fitted,
+        as 1 / R so that the fit's gradient at the default is not flat). A benchmark of N
+        clients that sends R requests in all has N of them in the first wave, all sent at t = 0,
+        so the wave's share of the mean TTFT is s = min(1, N / R) and the later requests' TTFT is
+        ``first_wave_weight`` of the way from the steady state to the wave's (the clients of a
+        constant-OSL benchmark stay partly in step after the first wave): weight
+        s + (1 - s) ``first_wave_weight`` on the wave (:func:`predicted_ttft_s`). Why: on the
+        measured runs, with the first-wave weight constant, TTFT is over-predicted at low
+        concurrency (+13 to +25 % median at N <= 4) and under-predicted at high (-25 to -74 % at
+        N > 256) for every engine (issue 24, calib5's diagnosis).
     """
 
     efficiency: Efficiency = field(default_factory=Efficiency)
@@ -116,8 +134,10 @@ class RunSettings:
     ttft_overhead_s: float = 0.0
     ttft_s_per_input_token: float = 0.0
     engine_ttft_factor: Mapping[str, float] = field(default_factory=dict)
+    client_request_share: float = 0.0
 
     def __post_init__(self) -> None:
+        check_number("settings.client_request_share", self.client_request_share, low=0.0, high=1.0)
         for eng, v in self.engine_ttft_factor.items():
             check_number(f"settings.engine_ttft_factor.{eng}", v, low=0.0, low_inclusive=False)
         check_number("settings.ttft_overhead_s", self.ttft_overhead_s, low=0.0, high=10.0)
@@ -126,6 +146,34 @@ class RunSettings:
         check_number("settings.first_wave_weight", self.first_wave_weight, low=0.0, high=1.0)
         for eng, p in self.kv_precision.items():
             check_choice(f"settings.kv_precision.{eng}", p, ("bf16", "fp8"))
+
+
+def first_wave_share(run: MeasuredRun, settings: RunSettings) -> float:
+    """Weight of the first wave's TTFT in the benchmark's mean TTFT: s + (1 - s) w with
+    s = min(1, N x ``settings.client_request_share``) (N / R) and w = ``settings.first_wave_weight``
+    (:class:`RunSettings`' notes; w alone when the request count is unstated)."""
+    s = min(1.0, run.concurrency * settings.client_request_share)
+    return s + (1.0 - s) * settings.first_wave_weight
+
+
+def predicted_ttft_s(run: MeasuredRun, settings: RunSettings, wave_s: float, steady_s: float) -> float:
+    """The benchmark's mean TTFT from the simulated first wave's (``wave_s``) and the later
+    requests' (``steady_s``) pass-and-queue TTFT: weighted by :func:`first_wave_share`, plus the
+    front end (``ttft_overhead_s`` + ``ttft_s_per_input_token`` x ISL), all times the engine's
+    ``engine_ttft_factor``.
+
+    Parameters
+    ----------
+    run : MeasuredRun
+        The measured run (its engine, concurrency and ISL).
+    settings : RunSettings
+        The benchmark's unstated settings.
+    wave_s, steady_s : float
+        Mean TTFT (s) of the first wave and of the later requests, without the front end.
+    """
+    w = first_wave_share(run, settings)
+    front = settings.ttft_overhead_s + settings.ttft_s_per_input_token * run.input_tokens
+    return settings.engine_ttft_factor.get(run.engine, 1.0) * (w * wave_s + (1.0 - w) * steady_s + front)
 
 
 def run_service(run: MeasuredRun, settings: RunSettings = RunSettings()) -> ServiceModel:
@@ -199,10 +247,7 @@ def simulate_run(run: MeasuredRun, settings: RunSettings = RunSettings()) -> dic
     done = rec[rec["completion_s"].notna()]
     turn = trace["turn"].to_numpy()[done["request"].to_numpy()]
     first, later = done[turn == 0], done[turn >= 1]
-    w = settings.first_wave_weight
-    front = settings.ttft_overhead_s + settings.ttft_s_per_input_token * run.input_tokens
-    ttft = settings.engine_ttft_factor.get(run.engine, 1.0) * (
-        w * first["ttft_s"].mean() + (1.0 - w) * later["ttft_s"].mean() + front)
+    ttft = predicted_ttft_s(run, settings, first["ttft_s"].mean(), later["ttft_s"].mean())
     return {"ttft_s": float(ttft), "tpot_s": float(done["tpot_s"].mean()), "ttft_wave_s": float(first["ttft_s"].mean()),
             "ttft_steady_s": float(later["ttft_s"].mean()), "requests": int(len(done)),
             "completed": int(res.metrics["completed"]), "sim_wall_s": time.perf_counter() - t0}
@@ -301,10 +346,7 @@ def steady_state_run(run: MeasuredRun, settings: RunSettings = RunSettings(), it
         ttft, tpot = 0.3 * ttft + 0.7 * f_new, 0.3 * tpot + 0.7 * t_new
         if done:
             break
-    w = settings.first_wave_weight
-    front = settings.ttft_overhead_s + settings.ttft_s_per_input_token * I
-    k = settings.engine_ttft_factor.get(run.engine, 1.0)
-    return {"ttft_s": k * (w * max(wave, ttft) + (1.0 - w) * ttft + front), "tpot_s": tpot, "batch": B,
+    return {"ttft_s": predicted_ttft_s(run, settings, max(wave, ttft), ttft), "tpot_s": tpot, "batch": B,
             "ttft_wave_s": wave, "ttft_steady_s": ttft}
 
 
@@ -501,6 +543,9 @@ CALIBRATION_PARAMETERS: dict[str, tuple[float, float, float, str]] = {
     # front-end terms and the first-wave weight)
     "ttft_factor_sglang": (0.2, 5.0, 1.0, "engine_ttft_factor"),
     "ttft_factor_vllm": (0.2, 5.0, 1.0, "engine_ttft_factor"),
+    # one client's share of the benchmark's requests, 1 / R (RunSettings' notes), in units of
+    # 1/1,000 requests; 0 (R unstated) at the start, up to 1/10 (a benchmark of 10 requests)
+    "client_request_share": (0.0, 0.1, 1e-3, "settings"),
 }
 #: the efficiencies before the calibration: the fit to the 13 published points
 #: (:data:`~tokenfactory.plant_models.published_points.FITTED_EFFICIENCY`, rounded as the
@@ -657,6 +702,31 @@ def _published_residuals(points, settings: RunSettings) -> np.ndarray:
     return np.array([math.log(predict_point(p, settings.efficiency) / p.published) for p in points])
 
 
+def _soft_l1_cost(r: np.ndarray, robust_scale: float) -> float:
+    """``least_squares``' soft-L1 cost of residuals ``r`` at scale ``robust_scale``."""
+    z = (r / robust_scale) ** 2
+    return float(np.sum(robust_scale ** 2 * 2.0 * (np.sqrt(1.0 + z) - 1.0)))
+
+
+def _parameter_box(names: Sequence[str], x0: RunSettings) -> tuple[np.ndarray, ...]:
+    """The optimiser's units, bounds (in those units) and start (``x0``'s values, clipped)."""
+    scale = np.array([CALIBRATION_PARAMETERS[n][2] for n in names])
+    lo = np.array([CALIBRATION_PARAMETERS[n][0] for n in names]) / scale
+    hi = np.array([CALIBRATION_PARAMETERS[n][1] for n in names]) / scale
+    return scale, lo, hi, np.clip(np.array([params_of(x0)[n] for n in names]) / scale, lo, hi)
+
+
+def _gauss_newton_std_error(best, n_data: int, scale: np.ndarray) -> np.ndarray:
+    """Standard errors of the parameters: the Gauss-Newton covariance of the first ``n_data``
+    (data, not prior) residuals of the ``least_squares`` result ``best``, in physical units."""
+    J, r = best.jac[:n_data], best.fun[:n_data]
+    s2 = float(np.sum(r ** 2) / max(J.shape[0] - J.shape[1], 1))
+    try:
+        return np.sqrt(np.clip(np.diag(np.linalg.pinv(J.T @ J) * s2), 0.0, None)) * scale
+    except np.linalg.LinAlgError:
+        return np.full(len(scale), math.nan)
+
+
 def fit_calibration(runs: Sequence[MeasuredRun], *, x0: RunSettings = FIT_START, robust_scale: float = 0.2,
                     prior_weight: float = 0.01, max_nfev: int = 60, choose_kv: bool = True,
                     engines: Sequence[str] | None = None, published: Sequence = PUBLISHED_POINTS,
@@ -714,10 +784,7 @@ def fit_calibration(runs: Sequence[MeasuredRun], *, x0: RunSettings = FIT_START,
         check_choice("free", n, tuple(CALIBRATION_PARAMETERS))
     if 2 * len(runs) < len(names):  # a TTFT and a TPOT residual per run
         raise ConfigError("runs", f"{len(runs)} runs cannot fit {len(names)} parameters")
-    scale = np.array([CALIBRATION_PARAMETERS[n][2] for n in names])
-    lo = np.array([CALIBRATION_PARAMETERS[n][0] for n in names]) / scale
-    hi = np.array([CALIBRATION_PARAMETERS[n][1] for n in names]) / scale
-    start = np.clip(np.array([params_of(x0)[n] for n in names]) / scale, lo, hi)
+    scale, lo, hi, start = _parameter_box(names, x0)
     prior = start.copy()
     nfev = [0]
 
@@ -732,9 +799,8 @@ def fit_calibration(runs: Sequence[MeasuredRun], *, x0: RunSettings = FIT_START,
                              diff_step=0.05, max_nfev=max_nfev, x_scale="jac")
 
     def cost_of(x, kv) -> float:
-        r = _log_residuals(runs, settings_from(dict(zip(names, x * scale)), kv, x0), ttft_weight)
-        z = (r / robust_scale) ** 2
-        return float(np.sum(robust_scale ** 2 * 2.0 * (np.sqrt(1.0 + z) - 1.0)))
+        return _soft_l1_cost(_log_residuals(runs, settings_from(dict(zip(names, x * scale)), kv, x0), ttft_weight),
+                             robust_scale)
 
     def choose(x, kv):
         c0 = cost_of(x, kv)
@@ -753,17 +819,7 @@ def fit_calibration(runs: Sequence[MeasuredRun], *, x0: RunSettings = FIT_START,
         again = choose(best.x, kv)
         if again != kv:
             kv, best = again, run_fit(best.x, again)
-    # standard errors: Gauss-Newton covariance of the data residuals at the optimum
-    n_data = 2 * len(runs) + len(published)
-    J = best.jac[:n_data]
-    r = best.fun[:n_data]
-    dof = max(J.shape[0] - J.shape[1], 1)
-    s2 = float(np.sum(r ** 2) / dof)
-    try:
-        cov = np.linalg.pinv(J.T @ J) * s2
-        se = np.sqrt(np.clip(np.diag(cov), 0.0, None)) * scale
-    except np.linalg.LinAlgError:
-        se = np.full(len(names), math.nan)
+    se = _gauss_newton_std_error(best, 2 * len(runs) + len(published), scale)
     params = {**params_of(x0), **{n: float(v) for n, v in zip(names, best.x * scale)}}
     errors = {**{n: 0.0 for n in CALIBRATION_PARAMETERS}, **{n: float(v) for n, v in zip(names, se)}}
     return CalibrationFit(params, errors, kv, float(best.cost), len(runs), nfev[0])

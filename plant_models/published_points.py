@@ -454,6 +454,28 @@ def _names_bounds():
     return names, scale, lo, hi
 
 
+def _soft_l1(r: np.ndarray, robust_scale: float) -> float:
+    """Soft-L1 cost of the log-ratio residuals ``r`` at scale ``robust_scale``."""
+    z = (r / robust_scale) ** 2
+    return float(np.sum(robust_scale ** 2 * 2.0 * (np.sqrt(1.0 + z) - 1.0)))
+
+
+def _identified(x: np.ndarray, names: Sequence[str], lo: np.ndarray, hi: np.ndarray, cost) -> dict[str, bool]:
+    """Which parameters the data binds: moving one by +-20 % of its value (an overhead: +-20 us)
+    from the optimum ``x`` changes ``cost(x)`` by more than 1e-3."""
+    cost0 = cost(x)
+    out = {}
+    for i, n in enumerate(names):
+        step = 0.2 * x[i] if not n.endswith("_s") else 20.0
+        costs = []
+        for sgn in (-1.0, 1.0):
+            y = x.copy()
+            y[i] = np.clip(y[i] + sgn * step, lo[i], hi[i])
+            costs.append(cost(y))
+        out[n] = max(costs) - cost0 > 1e-3
+    return out
+
+
 def fit_efficiency(points: Sequence[PublishedPoint] = PUBLISHED_POINTS, *,
                    train_keys: Sequence[str] | None = None, base: Efficiency | None = None,
                    starts: int = 4, seed: int = 0, prior_weight: float = 0.02,
@@ -520,10 +542,6 @@ def fit_efficiency(points: Sequence[PublishedPoint] = PUBLISHED_POINTS, *,
         e = eff(x)
         return np.array([math.log(predict_point(p, e) / p.published) for p in train])
 
-    def robust_cost(r: np.ndarray) -> float:
-        z = (r / robust_scale) ** 2
-        return float(np.sum(robust_scale ** 2 * 2.0 * (np.sqrt(1.0 + z) - 1.0)))
-
     def residuals(x):
         v = x * scale
         r = data_residuals(x)
@@ -543,19 +561,12 @@ def fit_efficiency(points: Sequence[PublishedPoint] = PUBLISHED_POINTS, *,
         if best is None or r.cost < best.cost:
             best = r
     fitted = eff(best.x)
-    # Identified: moving the parameter by +-20 % (overhead: +-20 us) changes the data cost.
-    cost0 = robust_cost(data_residuals(best.x))
-    identified = {}
-    for i, n in enumerate(names):
-        step = 0.2 * best.x[i] if not n.endswith("_s") else 20.0
-        costs = []
-        for sgn in (-1.0, 1.0):
-            x = best.x.copy()
-            x[i] = np.clip(x[i] + sgn * step, lo[i], hi[i])
-            costs.append(robust_cost(data_residuals(x)))
-        identified[n] = max(costs) - cost0 > 1e-3
-    return EfficiencyFit(fitted, error_table(points, fitted, keys, reference=base), cost0, len(x0s),
-                         identified)
+
+    def data_cost(x):
+        return _soft_l1(data_residuals(x), robust_scale)
+
+    return EfficiencyFit(fitted, error_table(points, fitted, keys, reference=base), data_cost(best.x), len(x0s),
+                         _identified(best.x, names, lo, hi, data_cost))
 
 
 def cross_validate(points: Sequence[PublishedPoint] = PUBLISHED_POINTS, *,

@@ -135,3 +135,19 @@ def test_operating_point_validates():
     with pytest.raises(ConfigError) as err:
         PoolOperatingPoint(0.0, 1.0, 1.0, 1.0)
     assert err.value.field == "operating_point.per_worker_rps"
+
+
+def test_a_pool_pinned_at_floor_equal_ceiling_closes_no_loop():
+    """min = max replicas: the rule cannot move the pool, so the certificate reports no margins (not
+    the integrator's, which would call an immovable pool unstable) and passes iff the pool carries."""
+    free = certify_autoscaler(HorizontalPodAutoscaler("decode", 2.0, "decode_waiting", max_replicas=4), point(3.3))
+    assert free.margins is not None and not free.stable
+    pinned = certify_autoscaler(HorizontalPodAutoscaler("decode", 2.0, "decode_waiting", min_replicas=4,
+                                                        max_replicas=4), point(3.3))
+    d = pinned.to_dict()
+    assert pinned.pinned and pinned.margins is None and pinned.stable and pinned.passed
+    assert d["gain_margin"] is None and d["loop"] == "pinned pool" and "floor = ceiling" in d["linear_part"]
+    assert "pinned at 4 workers" in pinned.summary()
+    short = certify_autoscaler(HorizontalPodAutoscaler("decode", 2.0, "decode_waiting", min_replicas=2,
+                                                       max_replicas=2), point(3.0 * MU))
+    assert short.pinned and not short.passed and not short.ceiling_carries

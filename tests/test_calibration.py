@@ -90,7 +90,10 @@ def test_fit_recovers_a_known_plant(runs):
         p = cal.steady_state_run(r, truth)
         synth.append(dataclasses.replace(r, tpot_s=p["tpot_s"], ttft_s=p["ttft_s"]))
     before = cal._log_residuals(synth, cal.BASE_SETTINGS)
-    fit = cal.fit_calibration(synth, max_nfev=20, choose_kv=False, published=())
+    # the subset's 8 runs give 16 residuals: the first wave's request share (0 in the truth) stays
+    # at its start, the other 16 parameters are free
+    free = [n for n in cal.CALIBRATION_PARAMETERS if n != "client_request_share"]
+    fit = cal.fit_calibration(synth, max_nfev=20, choose_kv=False, published=(), free=free)
     after = cal._log_residuals(synth, fit.settings)
     assert np.median(np.abs(after)) < 0.05 < np.median(np.abs(before))
     assert np.max(np.abs(after)) < np.max(np.abs(before)) / 3
@@ -209,3 +212,63 @@ def test_attention_dp_imbalance_is_fitted_and_slows_aggregated_attention_dp_runs
     tp = next(r for r in runs.runs if r.fill_parallelism is None and r.parallelism.dp_attention == 1)
     assert cal.steady_state_run(dp, on)["tpot_s"] > cal.steady_state_run(dp, cal.FIT_START)["tpot_s"]
     assert cal.steady_state_run(tp, on)["tpot_s"] == cal.steady_state_run(tp, cal.FIT_START)["tpot_s"]
+
+
+def _agg_run(runs, dp: int = 1):
+    return next(r for r in runs.runs if r.mode == "agg" and r.parallelism.dp_attention == dp)
+
+
+@pytest.mark.parametrize("n, isl", [(1, 1024), (4, 3000), (16, 1024), (9, 8192), (32, 2000)])
+def test_first_wave_is_the_sum_of_its_chunk_passes(runs, n, isl):
+    """N prompts of ISL tokens arriving at once on an aggregated worker with a chunked-prefill
+    budget of C tokens per pass: prompt j (1-based, FIFO) finishes with pass ceil(j ISL / C), so
+    the wave's mean TTFT is that pass count averaged over the prompts, times one full pass."""
+    r = dataclasses.replace(_agg_run(runs), concurrency=n, input_tokens=isl, workers=1)
+    s = cal.run_service(r)
+    c = s.fill_token_budget
+    passes = [math.ceil(j * isl / c - 1e-9) for j in range(1, n + 1)]
+    expected = s.fill_step_s(min(c, n * isl)) * sum(passes) / n
+    assert cal.steady_state_run(r)["ttft_wave_s"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_predicted_ttft_closed_form():
+    """k (W wave + (1 - W) steady + overhead + per-token x ISL), W = s + (1 - s) w with
+    s = min(1, N / R) the first wave's share of the benchmark's R requests."""
+    run = type("Run", (), {"engine": "sglang", "input_tokens": 2000, "concurrency": 50})()  # the fields read
+    st = cal.RunSettings(first_wave_weight=0.2, ttft_overhead_s=0.05, ttft_s_per_input_token=1e-5,
+                         engine_ttft_factor={"sglang": 2.0}, client_request_share=1 / 200)
+    assert cal.first_wave_share(run, st) == pytest.approx(0.25 + 0.75 * 0.2, rel=1e-12)
+    got = cal.predicted_ttft_s(run, st, wave_s=0.8, steady_s=0.2)
+    assert got == pytest.approx(2.0 * (0.4 * 0.8 + 0.6 * 0.2 + 0.05 + 0.02), rel=1e-12)
+    # more clients than requests: every request is in the first wave
+    assert cal.first_wave_share(run, dataclasses.replace(st, client_request_share=1 / 30)) == 1.0
+    # unstated (the default): the first-wave weight alone, as before the request count existed
+    assert cal.first_wave_share(run, dataclasses.replace(st, client_request_share=0.0)) == 0.2
+
+
+def test_client_request_share_weights_the_wave_more_at_high_concurrency(runs):
+    """With a finite request count the first wave weighs more, the more clients there are: the
+    predicted TTFT moves toward the wave's, monotonically in N, TPOT unchanged; the default
+    (unstated) leaves every prediction as it was."""
+    r = _agg_run(runs)
+    base = cal.RunSettings(first_wave_weight=0.3)
+    assert cal.steady_state_run(r, base) == cal.steady_state_run(r, dataclasses.replace(base, client_request_share=0.0))
+    lifts = []
+    for n in (4, 32, 128):
+        rn = dataclasses.replace(r, concurrency=n, input_tokens=4096, workers=1, max_batch=0)
+        a = cal.steady_state_run(rn, base)
+        b = cal.steady_state_run(rn, dataclasses.replace(base, client_request_share=1 / 256))
+        # the solve weighs the wave as at least the steady state (max(wave, steady))
+        s, gap = n / 256.0, max(a["ttft_wave_s"] - a["ttft_steady_s"], 0.0)
+        assert b["tpot_s"] == a["tpot_s"] and (gap > 0 or n < 128)
+        assert b["ttft_s"] - a["ttft_s"] == pytest.approx(s * 0.7 * gap, rel=1e-9)
+        lifts.append((b["ttft_s"] - a["ttft_s"]) / a["ttft_s"])
+    assert lifts == sorted(lifts) and lifts[-1] > lifts[0]
+    p = cal.params_of(cal.settings_from({"client_request_share": 0.002}))
+    assert p["client_request_share"] == 0.002
+
+
+@pytest.mark.parametrize("value", [-0.01, 1.5, math.nan, math.inf])
+def test_client_request_share_out_of_range_is_a_config_error(value):
+    with pytest.raises(ConfigError, match="client_request_share"):
+        cal.RunSettings(client_request_share=value)

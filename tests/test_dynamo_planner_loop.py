@@ -95,8 +95,12 @@ def test_narrower_band_holds_where_default_cycles(plant):
     assert not certify_planner(loops(parse_control_plane(CONFIG), plant, 1.05)["decode"]).passed
 
 
-def test_not_modelled_targets_name_the_field(plant):
+def test_targets_the_loop_model_covers_and_the_one_it_names(plant):
+    """load, throughput and sla have loop models (the sla one in dynamo_planner_sla_loop); the
+    latency target, which the adapter does not run, is NotModelled naming the field."""
     sla = parse_control_plane(CONFIG.replace("optimization_target: load", "optimization_target: sla")
                               + "fpm_sample_bucket_size: 1\n")
+    assert loops(sla, plant, 1.0)["decode"].signal == "ITL estimate"
+    latency = parse_control_plane(CONFIG.replace("optimization_target: load", "optimization_target: latency"))
     with pytest.raises(NotModelled, match="optimization_target"):
-        loops(sla, plant, 1.0)
+        loops(latency, plant, 1.0)

@@ -193,9 +193,8 @@ def test_simulate_runs_the_file_through_the_real_planner(tmp_path):
 
 def test_stack_layer_reads_the_load_target_and_the_loop_model_names_what_it_lacks(tmp_path):
     """The stack's control-plane layer takes a planner file (its tick is the file's); the loop model
-    that certifies it covers the load target only: an sla file is NotModelled, naming the field."""
+    that certifies it reads an sla file's targets as its levels (ttft 800 ms, itl 40 ms)."""
     from tokenfactory.controllers.dynamo_planner_loop import planner_pool_loops
-    from tokenfactory.controllers.formats.common import NotModelled
     from tokenfactory.plant_models import FluidParams, RequestShape, Worker
     from tokenfactory.registry.stack_layers import ControlPlaneLayer
 
@@ -205,9 +204,9 @@ def test_stack_layer_reads_the_load_target_and_the_loop_model_names_what_it_lack
     assert layer.read().format == "dynamo-planner" and layer.sample_period_s == 10.0
     w = Worker.from_dict({"model": "deepseek-v3", "hardware": "h200"})
     plant = FluidParams.from_workers(w, w, RequestShape(2048, 512))
-    with pytest.raises(NotModelled, match="sla") as err:
-        planner_pool_loops(parse_control_plane(SLA), plant, demand_rps=10.0, metric_delay_s=1.0, startup_s=60.0)
-    assert err.value.field == "optimization_target"
+    sla = planner_pool_loops(parse_control_plane(SLA), plant, demand_rps=10.0, metric_delay_s=1.0, startup_s=60.0)
+    assert (sla["fill"].up, sla["decode"].up) == pytest.approx((0.8, 0.04))
+    assert sla["decode"].down == pytest.approx(0.8 * 0.04)   # load_scaling_down_sensitivity 80 %
     with pytest.raises(ConfigError, match="max_gpu_budget") as err:   # 2 pools x 9 workers x 1 GPU > 16
         planner_pool_loops(parse_control_plane(LOAD).with_params(min_endpoint=9), plant, demand_rps=10.0,
                            metric_delay_s=1.0, startup_s=60.0)

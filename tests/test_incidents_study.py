@@ -62,6 +62,19 @@ def test_mooncake_seesaw_period_within_20_percent(result):
     assert r["advised_predicted"]["predicted_cycle"] is None
 
 
+def test_mooncake_seesaw_advice_is_judged_on_admitted_requests(result):
+    """Demand at 1.3 x the decode capacity: no rule serves every arrival, so the advised rule is
+    judged on what it admits - the SLO on admitted requests, no rejection beyond the overload's share
+    (1 - capacity / demand), and no less goodput than the seesaw."""
+    r = result["incidents"]["mooncake-seesaw"]
+    cur, adv = r["simulated"], r["advised_simulated"]
+    assert adv["must_reject_fraction"] == pytest.approx(1 - 1 / 1.3, rel=1e-6)
+    assert adv["admitted_slo_attainment"] >= incidents.DEFAULT_ATTAINMENT
+    assert adv["rejected_beyond_needed"] <= 0.01
+    assert adv["goodput_rps"] >= cur["goodput_rps"]
+    assert adv["slo_attainment"] < incidents.DEFAULT_ATTAINMENT   # of arrivals: capped by the overload
+
+
 def test_early_rejection_file_is_read_strictly():
     text = incidents.MOONCAKE_EARLY_REJECTION
     assert incidents.read_early_rejection(text)["slo_ttft_s"] == 10

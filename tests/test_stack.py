@@ -384,3 +384,33 @@ def test_simulate_pools_cli_writes_the_stack_and_baseline_metrics(tmp_path, caps
     assert main(["simulate", "--plant", "pools", "--trace", "synthetic", "--last-days", "1", "--hours", "1",
                  "--baseline", "nope", "--out", str(tmp_path)]) == 2
     assert "baseline" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("plant,dynamics,expected", [
+    ({}, {}, 8),                                                                   # the default 8-GPU worker
+    ({"parallelism": {"tp": 1, "pp": 1, "ep": 16}}, {}, 16),                         # taken from the plant
+    ({"parallelism": {"tp": 1, "pp": 1, "ep": 16}}, {"gpus_per_worker": 16}, 16),     # set, and agreeing
+    ({"parallelism": {"tp": 1, "pp": 1, "ep": 8}, "decode_parallelism": {"tp": 1, "pp": 1, "ep": 16}},
+     {"gpus_per_worker": 16}, 16),                                                   # pools differ: set wins
+])
+def test_gpus_per_worker_follows_the_plants_parallelism(plant, dynamics, expected):
+    d = dict(load_stack_scenario("stack_default").config)
+    d["plant"], d["dynamics"] = {**d["plant"], **plant}, {**d.get("dynamics", {}), **dynamics}
+    if "gpus_per_worker" not in dynamics:
+        d["dynamics"].pop("gpus_per_worker", None)
+    assert stack_scenario_from_dict(d, "gpus").dynamics.gpus_per_worker == expected
+
+
+@pytest.mark.parametrize("plant,dynamics,match", [
+    ({"parallelism": {"tp": 1, "pp": 1, "ep": 16}}, {"gpus_per_worker": 8}, "8 contradicts the plant"),
+    ({"parallelism": {"tp": 1, "pp": 1, "ep": 8}, "decode_parallelism": {"tp": 1, "pp": 1, "ep": 16}}, {},
+     "fill worker has 8 GPUs and a decode worker 16"),
+])
+def test_gpus_per_worker_against_the_plant_is_one_clear_error(plant, dynamics, match):
+    d = dict(load_stack_scenario("stack_default").config)
+    d["plant"], d["dynamics"] = {**d["plant"], **plant}, {**d.get("dynamics", {}), **dynamics}
+    if "gpus_per_worker" not in dynamics:
+        d["dynamics"].pop("gpus_per_worker", None)
+    with pytest.raises(ConfigError, match=match) as err:
+        stack_scenario_from_dict(d, "gpus")
+    assert err.value.field == "dynamics.gpus_per_worker"

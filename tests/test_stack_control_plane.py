@@ -141,3 +141,29 @@ def test_dynamo_planner_file_is_certified_by_its_loop_model_and_built(tmp_path):
     (layer,) = [la for la in stack.layers if la.name == "reconfiguration"]
     (planner,) = layer.controllers
     assert type(planner).__name__ == "DynamoPlanner" and layer.sample_period == 10.0
+
+
+SLA_PLANNER = """\
+optimization_target: sla
+enable_load_scaling: true
+ttft_ms: 2000
+itl_ms: 100
+load_predictor: constant
+throughput_adjustment_interval_seconds: 60
+load_adjustment_interval_seconds: 10
+fpm_sample_bucket_size: 1
+max_gpu_budget: 64
+"""
+
+
+def test_dynamo_planner_sla_file_is_certified_by_its_sla_loop_model(tmp_path):
+    """An sla-target planner file as the layer: certified by the sla loop model (its floor from the
+    predicted demand over a worker's rate at the ITL target, the consolidation-aware rule holding it),
+    which at 2.5 decode workers' demand predicts no cycle and passes."""
+    sc = _scenario(tmp_path, 2.5)
+    (tmp_path / "planner.yaml").write_text(SLA_PLANNER)
+    text = (tmp_path / "stack.toml").read_text().replace('file = "hpa.yaml"', 'file = "planner.yaml"')
+    (tmp_path / "stack.toml").write_text(text)
+    rec = certify(load_stack_scenario(tmp_path / "stack.toml")).layers["reconfiguration"]
+    assert rec["control_plane"] == "dynamo-planner" and rec["meets_floors"], rec
+    assert sc.rate_rps > 0

@@ -44,7 +44,7 @@ from tokenfactory.core.errors import ConfigError
 from tokenfactory.core.signals import count_reversals
 from tokenfactory.core.validation import check_choice, check_number
 
-__all__ = ["advise", "search_settings", "current_knobs", "scale_churn", "Advice", "KNOB_GRID", "MAX_REVERSALS_PER_HOUR", "operating_points", "DEFAULT_ATTAINMENT",
+__all__ = ["advise", "search_settings", "knob_grid", "TARGET_GRIDS", "current_knobs", "scale_churn", "Advice", "KNOB_GRID", "MAX_REVERSALS_PER_HOUR", "operating_points", "DEFAULT_ATTAINMENT",
            "slo_shortfall", "MAX_FLOORS", "EXTRA_FLOOR_COMBOS", "FLOOR_KNOB"]
 
 #: reversals per hour above which a pool is churning (issue 21's bound for a pool that holds)
@@ -101,6 +101,17 @@ KNOB_GRID: dict[str, dict[str, Any]] = {
                        "prefill_scale_down_queue_tokens": _also(0),
                        "load_adjustment_interval_seconds": _also(5, 30), "min_endpoint": _floor_up},
 }
+#: format -> {target field value -> its knobs}, where the format's rule depends on a target:
+#: Dynamo's sla target (controllers/dynamo_planner_sla_loop.py) has no thresholds - its targets are
+#: the user's SLO - so its knobs are the scale-down sensitivity (the band under the target that
+#: holds a pool), the two ticks and min_endpoint; the throughput target's levels are Dynamo's fixed ones
+TARGET_GRIDS: dict[str, dict[str, dict[str, Any]]] = {
+    "dynamo-planner": {
+        "sla": {"load_scaling_down_sensitivity": _also(50, 60), "load_adjustment_interval_seconds": _also(5, 30),
+                "throughput_adjustment_interval_seconds": _also(60, 300), "min_endpoint": _floor_up},
+        "throughput": {"load_adjustment_interval_seconds": _also(5, 30), "min_endpoint": _floor_up},
+    },
+}
 #: format -> its floor knob, when it is not ``min_replicas`` (the floor axis of the search)
 FLOOR_KNOB = {"dynamo-planner": "min_endpoint"}
 
@@ -121,7 +132,7 @@ def current_knobs(setting, controller) -> dict:
         Knob name (the model's, as ``with_params`` takes it) -> current value.
     """
     if setting.format in FLOOR_KNOB:   # a planner config: its own fields are the knobs
-        return {knob: setting[knob] for knob in KNOB_GRID[setting.format]}
+        return {knob: setting[knob] for knob in knob_grid(setting)}
     p = controller.params()
     out = {}
     for knob in KNOB_GRID[setting.format]:
@@ -331,6 +342,63 @@ def _floor_axis(floors: list, ceilings: list) -> list:
     return every
 
 
+def knob_grid(setting) -> dict[str, Any]:
+    """The knobs searched for a setting: its format's (:data:`KNOB_GRID`), or, for a format whose
+    rule depends on a target field (:data:`TARGET_GRIDS`), that target's."""
+    targets = TARGET_GRIDS.get(setting.format)
+    if targets and setting["optimization_target"] in targets:
+        return targets[setting["optimization_target"]]
+    return KNOB_GRID[setting.format]
+
+
+def _candidates(setting, certify, knobs0: dict, grid: dict, fk: str) -> tuple[pd.DataFrame, dict]:
+    """Every grid point certified, plus the floors above the grid's (up to the ceiling), each with
+    the user's other knobs and the nearest other-knob combinations that passed at the grid's top
+    floor (a bounded cost: the bisection replays each floor's nearest candidate, the budget's rest a
+    few more). Returns the candidate table and the current setting's certificates."""
+    current_certs = certify(setting)
+    need = max(math.ceil(c.workers_needed - 1e-9) for c in current_certs.values())
+    axes = {k: grid[k](knobs0[k], need) for k in grid}
+    rows = []
+
+    def add(knobs):
+        if knobs.get(fk, 0) > knobs.get("max_replicas", math.inf):
+            return   # a floor above the ceiling is no setting
+        changed = {k: v for k, v in knobs.items() if v != knobs0[k]}
+        try:
+            cand = setting.with_params(**changed) if changed else setting
+            certs = certify(cand)
+        except ConfigError as exc:   # a knob combination the format or model refuses
+            rows.append({**knobs, "changed": len(changed), "passed": False, "simulated": False, "error": str(exc)})
+            return
+        rows.append({**knobs, "changed": len(changed), "passed": all(c.passed for c in certs.values()),
+                     "held_workers": knobs.get(fk, 1), "simulated": False, "setting": cand,
+                     "certs": certs, "changes": changed})
+
+    for values in itertools.product(*axes.values()):
+        add(dict(zip(axes, values)))
+    if fk in axes:
+        top = max(axes[fk])
+        others = [k for k in axes if k not in (fk, "max_replicas")]
+        at_top = sorted((r for r in rows if r[fk] == top and r["passed"]), key=lambda r: r["changed"])
+        combos = [{k: knobs0[k] for k in others}]
+        for r in at_top:
+            combo = {k: r[k] for k in others}
+            if combo not in combos and len(combos) <= EXTRA_FLOOR_COMBOS:
+                combos.append(combo)
+        # a format without a ceiling knob (Dynamo's GPU budget spans both pools): the loop model's
+        ceilings = axes.get("max_replicas", [knobs0.get("max_replicas", max(top, min(
+            c.loop.max_replicas for c in current_certs.values())))])
+        for floor in _floor_axis(axes[fk], ceilings):
+            if floor in axes[fk]:
+                continue
+            for ceiling in ceilings:
+                for combo in combos:
+                    add({**combo, fk: floor, "max_replicas": ceiling} if "max_replicas" in axes
+                        else {**combo, fk: floor})
+    return pd.DataFrame(rows), current_certs
+
+
 def search_settings(setting, certify: Callable[[Any], dict], simulate: Callable[[Any], dict], *,
                     slo_target: float = DEFAULT_ATTAINMENT, simulated_candidates: int = SIMULATED_CANDIDATES,
                     pool: str = "decode") -> Advice:
@@ -356,52 +424,8 @@ def search_settings(setting, certify: Callable[[Any], dict], simulate: Callable[
     """
     check_number("simulated_candidates", simulated_candidates, low=1)
     knobs0 = current_knobs(setting, None if setting.format in FLOOR_KNOB else setting.build(pool))
-    grid = KNOB_GRID[setting.format]
     fk = FLOOR_KNOB.get(setting.format, "min_replicas")   # the format's floor (the model's name)
-    current_certs = certify(setting)
-    need = max(math.ceil(c.workers_needed - 1e-9) for c in current_certs.values())
-    axes = {k: grid[k](knobs0[k], need) for k in grid}
-    rows = []
-
-    def add(knobs):
-        if knobs.get(fk, 0) > knobs.get("max_replicas", math.inf):
-            return   # a floor above the ceiling is no setting
-        changed = {k: v for k, v in knobs.items() if v != knobs0[k]}
-        try:
-            cand = setting.with_params(**changed) if changed else setting
-            certs = certify(cand)
-        except ConfigError as exc:   # a knob combination the format or model refuses
-            rows.append({**knobs, "changed": len(changed), "passed": False, "simulated": False, "error": str(exc)})
-            return
-        rows.append({**knobs, "changed": len(changed), "passed": all(c.passed for c in certs.values()),
-                     "held_workers": knobs.get(fk, 1), "simulated": False, "setting": cand,
-                     "certs": certs, "changes": changed})
-
-    for values in itertools.product(*axes.values()):
-        add(dict(zip(axes, values)))
-    if fk in axes:
-        # the floors above the grid's, up to the ceiling, each with the user's other knobs and the
-        # nearest other-knob combinations that passed at the grid's top floor (a bounded cost: the
-        # bisection replays each floor's nearest candidate, the budget's rest a few more)
-        top = max(axes[fk])
-        others = [k for k in axes if k not in (fk, "max_replicas")]
-        at_top = sorted((r for r in rows if r[fk] == top and r["passed"]), key=lambda r: r["changed"])
-        combos = [{k: knobs0[k] for k in others}]
-        for r in at_top:
-            combo = {k: r[k] for k in others}
-            if combo not in combos and len(combos) <= EXTRA_FLOOR_COMBOS:
-                combos.append(combo)
-        # a format without a ceiling knob (Dynamo's GPU budget spans both pools): the loop model's
-        ceilings = axes.get("max_replicas", [knobs0.get("max_replicas", max(top, min(
-            c.loop.max_replicas for c in current_certs.values())))])
-        for floor in _floor_axis(axes[fk], ceilings):
-            if floor in axes[fk]:
-                continue
-            for ceiling in ceilings:
-                for combo in combos:
-                    add({**combo, fk: floor, "max_replicas": ceiling} if "max_replicas" in axes
-                        else {**combo, fk: floor})
-    table = pd.DataFrame(rows)
+    table, current_certs = _candidates(setting, certify, knobs0, knob_grid(setting), fk)
     current_sim = simulate(setting)
     sims: dict[Any, dict] = {}
     replays = 0
@@ -451,15 +475,22 @@ def search_settings(setting, certify: Callable[[Any], dict], simulate: Callable[
             if idx not in sims:
                 replay(idx)
                 budget -= 1
+    floor_search = [{"min_replicas": f, "knob": fk, "slo_attainment": sims[nearest[f]]["slo_attainment"],
+                     "gpu_hours": sims[nearest[f]]["gpu_hours"], "meets_target": meets(sims[nearest[f]])}
+                    for f in floors if nearest[f] in sims]
+    return _recommend(setting, table, sims, knobs0, current_certs, current_sim, meets, slo_target, floor_search)
+
+
+def _recommend(setting, table, sims, knobs0, current_certs, current_sim, meets, slo_target,
+               floor_search) -> Advice:
+    """The replayed candidate that meets the target at the least GPU-hours (else the best
+    attainment); the user's setting when it passes and meets the target at no more GPU-hours."""
     best, best_key = None, None
     for idx, sim in sims.items():
         ok = meets(sim)
         key = (ok, -sim["gpu_hours"] if ok else sim["slo_attainment"])
         if best_key is None or key > best_key:
             best, best_key = idx, key
-    floor_search = [{"min_replicas": f, "knob": fk, "slo_attainment": sims[nearest[f]]["slo_attainment"],
-                     "gpu_hours": sims[nearest[f]]["gpu_hours"], "meets_target": meets(sims[nearest[f]])}
-                    for f in floors if nearest[f] in sims]
     if best is None:   # nothing passes the certificate: keep the user's setting, say so
         rec, rec_certs, rec_sim, changes = setting, current_certs, current_sim, {}
         met = meets(current_sim)

@@ -489,10 +489,10 @@ def _control_plane_failure(setting, certs: dict, worst: dict, points, pool: str)
 def _passing_knob(setting, points, pool, need: int) -> str | None:
     """The first single-knob change of the control plane's grid whose every envelope point passes
     (``need``: the workers the highest envelope demand needs)."""
-    from tokenfactory.advise import FLOOR_KNOB, KNOB_GRID, current_knobs
+    from tokenfactory.advise import FLOOR_KNOB, KNOB_GRID, current_knobs, knob_grid
 
     knobs0 = current_knobs(setting, None if setting.format in FLOOR_KNOB else setting.build(pool))
-    for key, values in KNOB_GRID.get(setting.format, {}).items():
+    for key, values in (knob_grid(setting) if setting.format in KNOB_GRID else {}).items():
         for v in list(values(knobs0[key], need)) + ([need + 1] if key == "max_replicas" else []):
             if v == knobs0[key]:
                 continue

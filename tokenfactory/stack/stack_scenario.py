@@ -22,6 +22,7 @@ from tokenfactory.core.validation import (
 )
 from tokenfactory.plant_models.fluid import FluidParams
 from tokenfactory.plant_models.pools import PoolDynamics
+from tokenfactory.plant_models.roofline import Parallelism
 from tokenfactory.registry.stack_layers import STACK_LAYERS, StackLayerConfig, stack_layer_config
 from tokenfactory.scenario import SHAPE_SETTINGS, WORKER_SETTINGS, build_plant, scenario_dir
 
@@ -38,7 +39,8 @@ STACK_SCENARIO_SCHEMA = {
     "slo": setting(None, kind="table", meaning="the promise ([slo])"),
     "workload": setting(REQUIRED, kind="table", meaning="the nominal demand ([workload])"),
     "dynamics": setting(None, kind="table", meaning="start-up, warm-up, drain and fleet size of workers ([dynamics]; "
-                                                    "the cluster.dynamics keys)"),
+                                                    "the cluster.dynamics keys; gpus_per_worker absent: the plant's "
+                                                    "pp x ep)"),
     "layers": setting(REQUIRED, kind="table", meaning="one table per layer with a kind ([layers.NAME]; see "
                                                       "layers.LAYER.KIND)"),
     "envelope": setting(None, kind="table", meaning="the box of plant errors every loop is certified over "
@@ -155,6 +157,26 @@ def _factors(d: Mapping, key: str, default: tuple[float, ...]) -> tuple[float, .
     return tuple(check_number(f"envelope.{key}[{i}]", x, low=0.0, low_inclusive=False) for i, x in enumerate(v))
 
 
+def _dynamics(dyn_d: dict, plant_d: Mapping[str, Any]) -> PoolDynamics:
+    """``[dynamics]`` with ``gpus_per_worker`` taken from the plant when absent: the GPUs of one
+    worker (``Parallelism.num_gpus`` = pp x ep) of the fill and decode parallelism. One number
+    converts both pools' worker-hours (the pool simulators hold one), so pools of different sizes
+    need it set; a value that is neither pool's size contradicts the plant."""
+    gpus = {"fill": Parallelism(**dict(plant_d.get("parallelism", {}))).num_gpus,
+            "decode": Parallelism(**dict(plant_d.get("decode_parallelism", plant_d.get("parallelism", {})))).num_gpus}
+    sizes = f"a fill worker has {gpus['fill']} GPUs and a decode worker {gpus['decode']} (pp x ep of [plant])"
+    if "gpus_per_worker" not in dyn_d:
+        if gpus["fill"] != gpus["decode"]:
+            raise ConfigError("dynamics.gpus_per_worker", f"{sizes}: one number converts both pools' worker-hours "
+                              "to GPU-hours here, so set it (per-pool GPU counts are not modelled)")
+        return PoolDynamics(**{**dyn_d, "gpus_per_worker": gpus["fill"]})
+    dynamics = PoolDynamics(**dyn_d)
+    if dynamics.gpus_per_worker not in gpus.values():
+        raise ConfigError("dynamics.gpus_per_worker", f"{dynamics.gpus_per_worker} contradicts the plant: {sizes}; "
+                          "leave it out to take the plant's")
+    return dynamics
+
+
 def stack_scenario_from_dict(d: Mapping[str, Any], name: str = "stack") -> StackScenario:
     """Validate and resolve a stack scenario (see the module docstring for the layout).
 
@@ -189,7 +211,7 @@ def stack_scenario_from_dict(d: Mapping[str, Any], name: str = "stack") -> Stack
     rate = check_number("workload.rate_rps", wl["rate_rps"], low=0.0, low_inclusive=False)
     dyn_d = dict(d.get("dynamics", {}))
     reject_unknown_keys("dynamics", dyn_d, setting_names(PoolDynamics))
-    dynamics = PoolDynamics(**dyn_d)
+    dynamics = _dynamics(dyn_d, plant_d)
     layers_d = d["layers"]
     if not isinstance(layers_d, Mapping):
         raise ConfigError("layers", "expected a table of layers")
