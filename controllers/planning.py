@@ -601,6 +601,7 @@ class DemandPlanner(SampledController):
         self.phase_scale: np.ndarray | None = None  # the headroom's weight by phase of the hour (fitted)
         self.trend_in_force_s = 0.0      # the trend the pools apply: trend_s when its replay is cheaper, else 0
         self._last_fit = -math.inf
+        self._fits: list[tuple[float, np.ndarray]] = []  # (fit time, profile): the rise in force from then
         self.events: list[dict] = []  # every refit: time, headroom, its replayed excess, peak rise
         self.trace: list[dict] = []   # every sample: time, observed rate, rise, headroom
 
@@ -610,6 +611,28 @@ class DemandPlanner(SampledController):
             return math.nan
         j = int(round((t + self.time_offset_s) / self.fine_s)) % len(self._profile)
         return float(self._profile[j])
+
+    def rise_in_force(self, times) -> np.ndarray:
+        """rho at each of the run's ``times`` from the profile of the fit in force then (NaN before
+        the first fit): the plan replayed after the run, e.g. with the loop through the plant opened.
+
+        Parameters
+        ----------
+        times : array_like
+            Plant times (s).
+
+        Returns
+        -------
+        numpy.ndarray
+        """
+        t = np.asarray(times, dtype=float)
+        out = np.full(t.shape, np.nan)
+        for i, (t_fit, prof) in enumerate(self._fits):
+            nxt = self._fits[i + 1][0] if i + 1 < len(self._fits) else math.inf
+            sel = (t >= t_fit) & (t < nxt)
+            j = np.round((t[sel] + self.time_offset_s) / self.fine_s).astype(np.int64) % len(prof)
+            out[sel] = prof[j]
+        return out
 
     def headroom_at(self, t: float) -> float:
         """The headroom in force: h x the volatility scale (NaN before the first fit).
@@ -732,6 +755,7 @@ class DemandPlanner(SampledController):
                 h, e, self.trend_in_force_s = ht, et, self.trend_s
         self.phase_scale = phase
         self._profile = prof.to_numpy()
+        self._fits.append((t, self._profile))
         self.headroom, self.replay_excess = h, e
         self.volatility_mean = vmean if scale is not None else math.nan
         self.volatility_scale = self._scale_now(t + self.time_offset_s)
