@@ -163,9 +163,9 @@ def _judge_oscillation(r, dt: float, control_start_s: float, mu: dict, ceil_: di
 
     step = max(1, int(round(10.0 / dt)))  # the detectors on 10-s samples
     after = r.series[r.series["time_s"] >= control_start_s + 600.0].iloc[::step]
-    load = {pool: (after["demand"] * after["prompt_factor" if pool == "fill" else "output_factor"]
-                   / mu[pool]).to_numpy(dtype=float) for pool in ("fill", "decode")}
-    justified = {f"{pool}_pool": load[pool] / ceil_[pool] for pool in load}
+    work = {pool: after["demand"] * after["prompt_factor" if pool == "fill" else "output_factor"]
+            for pool in ("fill", "decode")}
+    justified = {f"{pool}_pool": (work[pool] / (mu[pool] * ceil_[pool])).to_numpy(dtype=float) for pool in work}
     open_loop = None
     planning = ctrl.layer("planning") if ctrl is not None else None
     if planning is not None and planning.controllers and planning.controllers[0].trace:
@@ -178,7 +178,7 @@ def _judge_oscillation(r, dt: float, control_start_s: float, mu: dict, ceil_: di
         head = np.nan_to_num(plan["headroom"].to_numpy(dtype=float), nan=0.0)[np.maximum(idx, 0)]
         rise = np.nan_to_num(planner.rise_in_force(t), nan=1.0)
         factor = np.where(idx >= 0, rise * (1.0 + head), 1.0) / utilization
-        open_loop = {f"{pool}_pool": load[pool] * factor for pool in load}
+        open_loop = {f"{pool}_pool": work[pool].to_numpy(dtype=float) / mu[pool] * factor for pool in work}
     return judge_actuators(after, r.actions, start_s=control_start_s + 600.0, references=justified,
                            highpass_s=OSCILLATION_HIGHPASS_S, open_loop=open_loop)
 
