@@ -83,6 +83,20 @@ last hour's demand over the median profile's, times the profile's peak over the 
 more capacity than persistence x rho in the replay of the last four days at 5 and 10 minutes (each
 day planned on the three before, 0.5 % unserved), a geometric half-blend of the two 0.2-10 % more.
 
+The *error state* (``error_state``, :func:`error_state_scale`, off by default) conditions the
+headroom on the lead error the plan has just made (the last interval against the plan one lead
+before it): a weight per tercile of that error, fitted daily with the equal-exceedance allocation
+of ``hour_phase``. On ServeGen's last four days, each planned on the three before, the lead error
+is barely correlated with the one just made (m-large -0.01 to 0.22 by day, m-small -0.26 to 0.19)
+and which tercile carries the tail changes from day to day, as does the 4-hour time-of-day profile
+of the tail (correlation of consecutive days' profiles -0.61 to 0.69 on m-large): no stable
+conditioning found. Measured (same rows): alone m-large x5 1.0442 / 0.9955, 1.0835 / 0.9913, 1.1675 /
+0.9902, m-small 1.0379 / 0.9965, 1.0657 / 0.9937, 1.1234 / 0.9905 (the 5-minute rows dearer than
+without it); with ``trend_s`` and ``hour_phase`` m-large x5 1.0442 / 0.9955, 1.0720 / 0.9906, 1.1501 /
+0.9901, m-small 1.0379 / 0.9965, 1.0571 / 0.9951, 1.1117 / 0.9907: no row dearer than without the
+three corrections and every SLO >= 0.99 (m-large's 10-minute row at the edge), so ``stack_default``
+switches all three on; the 10-minute rows stay short of 1.10 (the tail has no stable predictor here).
+
 The profile is smoothed over one planning interval (the demand's own resolution): a median of a
 few days is jagged minute to minute, and that jitter alone moved pools across a worker boundary
 and back.
@@ -387,6 +401,19 @@ def error_state_scale(y: pd.Series, profile: pd.Series | None, lead_s: float, *,
     it over the mean of those, clipped to :data:`VOLATILITY_SCALE_BOUNDS` (a quantile of the lead
     error conditioned on the recent error, by the equal-exceedance allocation of
     :func:`hour_phase_scale`).
+
+    Parameters
+    ----------
+    y : pandas.Series
+        Observed demand on the planner's intervals (absolute time index, s).
+    profile : pandas.Series or None
+        The rise profile (None: rho = 1).
+    lead_s : float
+        The lead (s).
+    days : int
+        Days used (the last ones).
+    fine_s : float
+        The replay grid and the profile's (s).
 
     Returns
     -------
