@@ -386,7 +386,7 @@ def test_the_headroom_follows_the_error_just_made():
 def test_the_hourly_decode_cycle_on_m_large_is_the_plans_forced_response():
     """The m-large x5 10-minute row's decode pool cycles with a period of an hour (the tenant's
     clock-driven jobs, through the plan): coherent with the pool the plan asks for with the loop
-    opened (0.68 measured without the corrections, 0.67 with them; 23 segments), so forced, not
+    opened (0.68 measured without the corrections, 0.67 with error_state alone; 23 segments), so forced, not
     oscillating; with the demand alone 0.42."""
     from tokenfactory.stack import run_on_rates
     from tokenfactory.traces import trace_available
