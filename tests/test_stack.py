@@ -384,3 +384,17 @@ def test_simulate_pools_cli_writes_the_stack_and_baseline_metrics(tmp_path, caps
     assert main(["simulate", "--plant", "pools", "--trace", "synthetic", "--last-days", "1", "--hours", "1",
                  "--baseline", "nope", "--out", str(tmp_path)]) == 2
     assert "baseline" in capsys.readouterr().err
+
+
+def test_layered_stack_summary_names_the_forced_responses():
+    """A cycle the verdict calls forced is named in the summary with its figures; none, no sentence."""
+    from tokenfactory.studies.layered_stack import _forced_sentence
+
+    row = {"stack": "stack", "workload": "servegen:m-large x5", "startup_s": 600.0,
+           "oscillation": {"signals": {"decode_pool": {"forced": True, "period_s": 3602.3, "coherence": 0.68,
+                                                       "forced_by": "the open-loop replay"},
+                                       "fill_pool": {"forced": False, "oscillating": False}}}}
+    text = _forced_sentence([row, {"stack": "hpa"}])
+    assert "stack on servegen:m-large x5 at 600 s, decode_pool 3602 s (coherence 0.68 with the open-loop replay)" in text
+    assert "fill_pool" not in text
+    assert _forced_sentence([{**row, "oscillation": {"signals": {}}}]) == ""
