@@ -206,7 +206,7 @@ def _pool_day() -> dict:
     """A day of a two-pool cluster under the hysteretic controllers at dt = 0.25 s (the
     reconfiguration study's ServeGen setting)."""
     from tokenfactory.controllers import HystereticPoolController
-    from tokenfactory.plant_models import FluidParams, PoolScenario, RequestShape, Worker, simulate_pools
+    from tokenfactory.plant_models import FluidParams, PoolPlant, PoolScenario, RequestShape, Worker
 
     w = Worker.from_dict({"model": "deepseek-v3", "hardware": "h200"})
     fp = FluidParams.from_workers(w, w, RequestShape(914, 155))
@@ -215,7 +215,7 @@ def _pool_day() -> dict:
              for p, mu in (("fill", fp.fill_rate_per_worker), ("decode", fp.decode_capacity(1)))]
     sc = PoolScenario(rate, 86400.0, dt=0.25, seed=1)
     t0 = time.perf_counter()
-    simulate_pools(fp, 10, 4, sc, controllers=ctrls)
+    PoolPlant(fp, 10, 4).run(sc, ctrls)
     t = time.perf_counter() - t0
     steps = int(sc.duration_s / sc.dt) + 1
     return {"seconds": t, "steps": steps, "steps_per_s": steps / t, "simulated_s_per_wall_s": sc.duration_s / t}
@@ -224,7 +224,7 @@ def _pool_day() -> dict:
 def _pool_fortnight() -> dict:
     """14 days of the pool model at dt = 1 s under the hysteretic controllers (issue 14: < 10 s)."""
     from tokenfactory.controllers import HystereticPoolController
-    from tokenfactory.plant_models import FluidParams, PoolScenario, RequestShape, Worker, simulate_pools
+    from tokenfactory.plant_models import FluidParams, PoolPlant, PoolScenario, RequestShape, Worker
 
     w = Worker.from_dict({"model": "deepseek-v3", "hardware": "h200"})
     fp = FluidParams.from_workers(w, w, RequestShape(914, 155))
@@ -233,7 +233,7 @@ def _pool_fortnight() -> dict:
              for p, mu in (("fill", fp.fill_rate_per_worker), ("decode", fp.decode_capacity(1)))]
     sc = PoolScenario(rate, 14 * 86400.0, dt=1.0, seed=1)
     t0 = time.perf_counter()
-    simulate_pools(fp, 10, 4, sc, controllers=ctrls)
+    PoolPlant(fp, 10, 4).run(sc, ctrls)
     t = time.perf_counter() - t0
     steps = int(sc.duration_s / sc.dt) + 1
     return {"seconds": t, "steps": steps, "steps_per_s": steps / t, "simulated_s_per_wall_s": sc.duration_s / t}

@@ -357,7 +357,8 @@ def utilization_ceiling(params: FluidParams, slo_ttft_s: float, slo_tpot_s: floa
 @functools.lru_cache(maxsize=64)
 def _ceiling(params: FluidParams, slo_ttft_s: float, slo_tpot_s: float, workers: tuple, grid: tuple,
              duration_s: float, dt: float, seed: int) -> dict[str, float]:
-    from tokenfactory.plant_models.pools import PoolScenario, simulate_pools
+    from tokenfactory.plant_models.plant_protocol import PoolPlant
+    from tokenfactory.plant_models.pools import PoolScenario
 
     sizes = dict(workers)
     out = {}
@@ -369,8 +370,8 @@ def _ceiling(params: FluidParams, slo_ttft_s: float, slo_tpot_s: float, workers:
             lam = rho * n * mu
             nf = n if pool == "fill" else math.ceil(lam / (0.5 * params.fill_rate_per_worker))
             nd = n if pool == "decode" else math.ceil(lam / (0.5 * params.decode_capacity(1)))
-            r = simulate_pools(params, nf, nd, PoolScenario(lam, duration_s, dt=dt, seed=seed, slo_ttft_s=slo_ttft_s,
-                                                            slo_tpot_s=slo_tpot_s))
+            r = PoolPlant(params, nf, nd).run(PoolScenario(lam, duration_s, dt=dt, seed=seed, slo_ttft_s=slo_ttft_s,
+                                                           slo_tpot_s=slo_tpot_s))
             if r.metrics["slo_attainment"] >= 0.99:
                 best = rho
             else:

@@ -529,9 +529,13 @@ def simulate_loop(plant: FluidPlant, controller, scenario: LoopScenario, *,
         raise ConfigError("x0", f"expected {len(STATES)} states {STATES}")
     rng = np.random.default_rng(scenario.seed)
     noise = rng.standard_normal(int(scenario.duration_s / scenario.noise_interval_s) + 2)
-    theta, tau_m = p.fill_to_ready_s, p.measurement_delay_s
-    admitted_line = DelayLine(dt, theta + dt, initial=0.0)
-    out_lines = {k: DelayLine(dt, tau_m + dt) for k in OUTPUTS}
+    sample_every = _reset_controllers(controllers, dt)
+    run = _integrate_loop(plant, controllers, sample_every, scenario, t_grid, x, noise)
+    return _loop_result(plant, controllers, scenario, t_grid, run, conservation_rtol)
+
+
+def _reset_controllers(controllers: list, dt: float) -> list[int]:
+    """Reset every controller and return its sample period in steps (a period under ``dt`` is an error)."""
     sample_every = []
     for c in controllers:
         c.reset()
@@ -539,6 +543,31 @@ def simulate_loop(plant: FluidPlant, controller, scenario: LoopScenario, *,
         if period < dt:
             raise ConfigError("controller.sample_period", f"{period} s is shorter than the step {dt} s")
         sample_every.append(max(1, int(round(period / dt))))
+    return sample_every
+
+
+@dataclass
+class _LoopRun:
+    """What the step loop of :func:`simulate_loop` recorded, one row per grid point."""
+
+    outs: np.ndarray
+    sts: np.ndarray
+    demand: np.ndarray
+    command: np.ndarray
+    caps: np.ndarray
+    workers: np.ndarray
+    actions: list
+
+
+def _integrate_loop(plant: FluidPlant, controllers: list, sample_every: list[int], scenario: LoopScenario,
+                    t_grid: np.ndarray, x: np.ndarray, noise: np.ndarray) -> _LoopRun:
+    """The fixed-step loop: plant outputs, the delayed measurement and controller samples, one Euler step."""
+    p = plant.params
+    dt = scenario.dt
+    n = len(t_grid)
+    theta, tau_m = p.fill_to_ready_s, p.measurement_delay_s
+    admitted_line = DelayLine(dt, theta + dt, initial=0.0)
+    out_lines = {k: DelayLine(dt, tau_m + dt) for k in OUTPUTS}
     action = AdmissionAction(0.0 if controllers else math.inf)
     admission_seen = False  # without an admission controller every arrival is admitted
     cap = math.inf
@@ -569,26 +598,7 @@ def simulate_loop(plant: FluidPlant, controller, scenario: LoopScenario, *,
             out_lines[name].push(float(y[j]))
         due = [c for c, every in zip(controllers, sample_every) if k % every == 0]
         if due:
-            fip = out_lines["fill_in_progress"].read(tau_m)
-            fcap = out_lines["fill_capacity"].read(tau_m)
-            m = Measurement(
-                time_s=max(t - tau_m, 0.0),
-                backlog=out_lines["backlog"].read(tau_m),
-                fill_in_progress=fip,
-                ready=out_lines["ready"].read(tau_m),
-                active_decodes=out_lines["active_decodes"].read(tau_m),
-                completion_rate=out_lines["completion_rate"].read(tau_m),
-                admitted_rate=out_lines["admitted_rate"].read(tau_m),
-                decode_slots=out_lines["decode_slots"].read(tau_m),
-                fill_capacity=fcap,
-                fill_workers=plant.fill_workers,
-                decode_workers=plant.decode_workers * scenario.decode_worker_factor(max(t - tau_m, 0.0)),
-                fill_queued_tokens=fip * p.prompt_tokens if p.prompt_tokens > 0 else math.nan,
-                fill_token_capacity=fcap * p.prompt_tokens if p.prompt_tokens > 0 else math.nan,
-                decode_pass_s=out_lines["decode_pass_s"].read(tau_m),
-                decode_context_tokens=nominal_ctx,
-                decode_batch_cap=cap,
-            )
+            m = _delayed_measurement(out_lines, t, tau_m, plant, scenario, nominal_ctx, cap)
             for c in due:
                 acts = sort_actions(c.update(t, m))
                 if acts.admission is not None:
@@ -613,6 +623,41 @@ def simulate_loop(plant: FluidPlant, controller, scenario: LoopScenario, *,
         admitted_line.push(float(y[OUTPUTS.index("admitted_rate")]))
         if k < n - 1:
             x = x + dt * _dynamics(t, x, u, p)
+    return _LoopRun(outs, sts, demand, command, caps, workers, actions)
+
+
+def _delayed_measurement(out_lines: dict, t: float, tau_m: float, plant: FluidPlant, scenario: LoopScenario,
+                         nominal_ctx: float, cap: float) -> Measurement:
+    """What a controller sampling at ``t`` sees: the plant's outputs ``tau_m`` old."""
+    p = plant.params
+    fip = out_lines["fill_in_progress"].read(tau_m)
+    fcap = out_lines["fill_capacity"].read(tau_m)
+    return Measurement(
+        time_s=max(t - tau_m, 0.0),
+        backlog=out_lines["backlog"].read(tau_m),
+        fill_in_progress=fip,
+        ready=out_lines["ready"].read(tau_m),
+        active_decodes=out_lines["active_decodes"].read(tau_m),
+        completion_rate=out_lines["completion_rate"].read(tau_m),
+        admitted_rate=out_lines["admitted_rate"].read(tau_m),
+        decode_slots=out_lines["decode_slots"].read(tau_m),
+        fill_capacity=fcap,
+        fill_workers=plant.fill_workers,
+        decode_workers=plant.decode_workers * scenario.decode_worker_factor(max(t - tau_m, 0.0)),
+        fill_queued_tokens=fip * p.prompt_tokens if p.prompt_tokens > 0 else math.nan,
+        fill_token_capacity=fcap * p.prompt_tokens if p.prompt_tokens > 0 else math.nan,
+        decode_pass_s=out_lines["decode_pass_s"].read(tau_m),
+        decode_context_tokens=nominal_ctx,
+        decode_batch_cap=cap,
+    )
+
+
+def _loop_result(plant: FluidPlant, controllers: list, scenario: LoopScenario, t_grid: np.ndarray, run: _LoopRun,
+                 conservation_rtol: float) -> SimulationResult:
+    """Check conservation over the whole run and assemble the series, metrics, config and actions."""
+    p = plant.params
+    outs, sts, demand, command, caps, workers, actions = (run.outs, run.sts, run.demand, run.command, run.caps,
+                                                          run.workers, run.actions)
     states = {s: sts[:, i] for i, s in enumerate(STATES)}
     in_system = states["backlog"] + states["fill_in_progress"] + states["ready"] + states["active_decodes"]
     residual = states["arrived"] - (states["completed"] + states["rejected"] + in_system)

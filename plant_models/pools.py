@@ -259,99 +259,140 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
     if dynamics.fleet_size is not None and fill_workers + decode_workers > dynamics.fleet_size:
         raise ConfigError("pools.fleet_size", f"{dynamics.fleet_size} workers cannot hold the initial "
                           f"{fill_workers} fill + {decode_workers} decode")
-    p, dt = params, scenario.dt
-    n = int(round(scenario.duration_s / dt)) + 1
-    t_grid = np.arange(n) * dt
-    lam = scenario.demand_grid(t_grid)
-    rng = np.random.default_rng(scenario.seed)
-    arrivals = rng.poisson(lam * dt).astype(float) if scenario.poisson else lam * dt
     fleets = {"fill": PoolFleet("fill", fill_workers, dynamics), "decode": PoolFleet("decode", decode_workers, dynamics)}
-    for c in controllers:
-        c.reset()
-        if c.sample_period < dt - 1e-12:
-            raise ConfigError(f"{type(c).__name__}.sample_period",
-                              f"{c.sample_period} s is shorter than the step {dt} s")
-    next_sample = [scenario.control_start_s] * len(controllers)
-    delay_steps = int(round(p.measurement_delay_s / dt))
-    transfer_steps = int(round(p.fill_to_ready_s / dt))
-    pipeline: deque = deque([0.0] * transfer_steps)  # fill output on its way to the ready buffer
-    in_pipe = 0.0  # sum(pipeline), kept as a running total
-    rows: list[tuple] = []  # one tuple per step, in _SERIES order (this loop runs ~10^5-10^6 times)
-    # cumulative arrived, admitted and completed after each step, behind a leading zero: a rate
-    # over any window is one subtraction (controllers sample every few steps)
-    cum: tuple[list, list, list] = ([0.0], [0.0], [0.0])
-    cum_arr, cum_adm, cum_done = (c.append for c in cum)
-    B = F = R = D = 0.0
-    arrived = admitted = completed = rejected_total = preempted = 0.0
-    rejected = {r: 0.0 for r in REJECT_REASONS}
-    action = AdmissionAction(math.inf)
-    rate, bound, reason = action.rate, action.backlog_bound, action.reason
-    cap = math.inf
-    nominal_ctx = math.nan if p.decode_context_tokens is None else float(p.decode_context_tokens)
-    scale_rows: list[dict] = []
-    L = p.output_tokens
-    in_slo = 0.0
-    fill_fleet, dec_fleet = fleets["fill"], fleets["decode"]
-    fill_rate_w, fill_lat, ttr = p.fill_rate_per_worker, p.fill_latency_s, p.fill_to_ready_s
-    slo_ttft, slo_tpot = scenario.slo_ttft_s, scenario.slo_tpot_s
-    fixed_fleet = dynamics.fleet_size is not None
-    step_s, rate_fn, slots_fn = p.decode_step_s, p.completion_rate, p.decode_slots
-    lam_list, arr_list, t_list = lam.tolist(), arrivals.tolist(), t_grid.tolist()
-    # the request shape over the run (all 1.0 by default: x / 1.0 and x * 1.0 are exact, so the
-    # default path computes exactly what it did before the factors existed)
-    pf_list = scenario.factor_grid("prompt_factor", t_grid).tolist()
-    of_list = scenario.factor_grid("output_factor", t_grid).tolist()
-    # a fixed fleet's idle workers by the role they last held: placing one in the other role is a role move
-    idle = {"fill": 0, "decode": 0}
-    released_seen = {"fill": 0, "decode": 0}
-    role_moves = 0
-    isinf = math.isinf
-    inf = math.inf
-    check_tol = 1e-6
-    for k in range(n):
-        t = t_list[k]
-        fill_fleet.advance(t)
-        dec_fleet.advance(t)
-        # -- controllers: sampled with the measurement delay, actions held until the next sample
-        for j, c in enumerate(controllers):
-            if t + 1e-9 < next_sample[j]:
+    sampler = _ControllerSampler(controllers, fleets, params, scenario)
+    run = _step_pools(params, scenario, dynamics, fleets, sampler)
+    return _pool_result(run, params, fill_workers, decode_workers, scenario, controllers, dynamics, sampler.scale_rows)
+
+
+class _ControllerSampler:
+    """The run's controllers: each sampled at its own period from ``control_start_s``, seeing the plant
+    ``measurement_delay_s`` old; its admission command and batch cap are held until the next sample and
+    its scale actions go to the fleets (logged in ``scale_rows``)."""
+
+    def __init__(self, controllers: Sequence, fleets: dict, p: FluidParams, scenario: PoolScenario):
+        dt = scenario.dt
+        for c in controllers:
+            c.reset()
+            if c.sample_period < dt - 1e-12:
+                raise ConfigError(f"{type(c).__name__}.sample_period",
+                                  f"{c.sample_period} s is shorter than the step {dt} s")
+        self.controllers, self.fleets, self.p, self.dt = controllers, fleets, p, dt
+        self.next_sample = [scenario.control_start_s] * len(controllers)
+        #: the earliest next sample of any controller (the step loop calls :meth:`sample` from then on)
+        self.next_due = min(self.next_sample, default=math.inf)
+        self.delay_steps = int(round(p.measurement_delay_s / dt))
+        self.nominal_ctx = math.nan if p.decode_context_tokens is None else float(p.decode_context_tokens)
+        self.action = AdmissionAction(math.inf)
+        self.cap = math.inf
+        self.scale_rows: list[dict] = []
+        #: the plant's record, written by the step loop: one tuple per step in ``_SERIES`` order, and the
+        #: cumulative arrived, admitted and completed after each step behind a leading zero (a rate over
+        #: any window is one subtraction; controllers sample every few steps)
+        self.rows: list[tuple] = []
+        self.cum: tuple[list, list, list] = ([0.0], [0.0], [0.0])
+
+    def sample(self, t: float, k: int) -> None:
+        """Sample every controller due at step ``k`` (time ``t``) and apply its actions."""
+        fleets, rows, cum = self.fleets, self.rows, self.cum
+        for j, c in enumerate(self.controllers):
+            if t + 1e-9 < self.next_sample[j]:
                 continue
-            next_sample[j] += c.sample_period
-            m = _measure(rows, cum, k, delay_steps, c.sample_period, dt, p, nominal_ctx) if k else _initial_measurement(
-                p, fleets, t)
+            self.next_sample[j] += c.sample_period
+            m = _measure(rows, cum, k, self.delay_steps, c.sample_period, self.dt, self.p, self.nominal_ctx) if k \
+                else _initial_measurement(self.p, fleets, t)
             acts = sort_actions(c.update(t, m))
             if acts.admission is not None:
-                action = acts.admission
-                rate, bound, reason = action.rate, action.backlog_bound, action.reason
+                self.action = acts.admission
             if acts.batch_cap is not None:
-                cap = acts.batch_cap.batch_per_worker
+                self.cap = acts.batch_cap.batch_per_worker
             for a in acts.scales:
                 if a.pool not in fleets:
                     raise ConfigError(f"{type(c).__name__}.pool", f"{a.pool!r} is not one of {POOLS}")
                 before = fleets[a.pool].provisioned
                 if fleets[a.pool].set_target(t, max(int(a.replicas), 0)):
-                    scale_rows.append({"time_s": t, "kind": "scale", "pool": a.pool, "from": before,
-                                       "to": fleets[a.pool].provisioned, "controller": type(c).__name__})
-        # -- placement: elastic fleets start every request at once; a fixed fleet waits for free workers
+                    self.scale_rows.append({"time_s": t, "kind": "scale", "pool": a.pool, "from": before,
+                                            "to": fleets[a.pool].provisioned, "controller": type(c).__name__})
+        self.next_due = min(self.next_sample)
+
+    def held(self) -> tuple[float, float, str, float]:
+        """The held admission rate, backlog bound and rejection reason, and the decode batch cap per worker."""
+        return self.action.rate, self.action.backlog_bound, self.action.reason, self.cap
+
+
+@dataclass
+class _PoolRun:
+    """What the step loop of :func:`simulate_pools` leaves: the series rows, the final queues and the totals."""
+
+    rows: list[tuple]
+    n: int
+    in_system_end: float
+    arrived: float
+    admitted: float
+    completed: float
+    rejected_total: float
+    preempted: float
+    rejected: dict
+    in_slo: float
+    role_moves: int
+
+
+def _arrival_grid(scenario: PoolScenario) -> tuple[list, ...]:
+    """Per step: time, demand, arrivals (Poisson counts, seeded, or the fluid) and the request shape's factors."""
+    dt = scenario.dt
+    n = int(round(scenario.duration_s / dt)) + 1
+    t_grid = np.arange(n) * dt
+    lam = scenario.demand_grid(t_grid)
+    rng = np.random.default_rng(scenario.seed)
+    arrivals = rng.poisson(lam * dt).astype(float) if scenario.poisson else lam * dt
+    # the request shape over the run (all 1.0 by default: x / 1.0 and x * 1.0 are exact, so the
+    # default path computes exactly what it did before the factors existed)
+    return (t_grid.tolist(), lam.tolist(), arrivals.tolist(), scenario.factor_grid("prompt_factor", t_grid).tolist(),
+            scenario.factor_grid("output_factor", t_grid).tolist())
+
+
+def _step_pools(p: FluidParams, scenario: PoolScenario, dynamics: PoolDynamics, fleets: dict,
+                sampler: _ControllerSampler) -> _PoolRun:
+    """The step loop (controllers, placement, admission, fill, decode, cohort SLO estimate, conservation);
+    it runs ~10^5-10^6 times, so its state lives in locals."""
+    dt = scenario.dt
+    t_list, lam_list, arr_list, pf_list, of_list = _arrival_grid(scenario)
+    transfer_steps = int(round(p.fill_to_ready_s / dt))
+    pipeline: deque = deque([0.0] * transfer_steps)  # fill output on its way to the ready buffer
+    in_pipe = 0.0  # sum(pipeline), kept as a running total
+    rows, cum = sampler.rows, sampler.cum  # the loop writes what the controllers measure
+    cum_arr, cum_adm, cum_done = (c.append for c in cum)
+    B = F = R = D = 0.0
+    arrived = admitted = completed = rejected_total = preempted = in_slo = 0.0
+    rejected = {r: 0.0 for r in REJECT_REASONS}
+    (rate, bound, reason, cap), next_due = sampler.held(), sampler.next_due
+    fill_fleet, dec_fleet = fleets["fill"], fleets["decode"]
+    fill_rate_w, fill_lat, ttr, L = p.fill_rate_per_worker, p.fill_latency_s, p.fill_to_ready_s, p.output_tokens
+    slo_ttft, slo_tpot, slots_per_worker = scenario.slo_ttft_s, scenario.slo_tpot_s, p.decode_slots_per_worker
+    step_s, rate_fn, slots_fn = p.decode_step_s, p.completion_rate, p.decode_slots
+    roles, role_moves = _RoleBook(dynamics.fleet_size), 0
+    isinf, inf, nan, check_tol = math.isinf, math.inf, math.nan, 1e-6
+    for k in range(len(t_list)):
+        t = t_list[k]
+        fill_fleet.advance(t)
+        dec_fleet.advance(t)
+        if t + 1e-9 >= next_due:  # a controller is due: sampled with the measurement delay
+            sampler.sample(t, k)
+            next_due = sampler.next_due
+            rate, bound, reason, cap = sampler.held()
         if fill_fleet.waiting or dec_fleet.waiting:
-            free = free_workers(dynamics, fill_fleet.billed + dec_fleet.billed) if fixed_fleet else inf
-            placed_f = fill_fleet.place(t, free)
-            placed_d = dec_fleet.place(t, free - placed_f)
-            if fixed_fleet:
-                role_moves += _assign_roles(fleets, idle, released_seen, dynamics.fleet_size, placed_f, placed_d)
+            roles.place(t, fleets, dynamics)
+            role_moves = roles.moves
         # -- arrivals, rejection, admission
         a_in = arr_list[k]
         arrived += a_in
         B += a_in
         rej = B - bound if B > bound else 0.0
         if rej:
-            B -= rej
+            B, rejected_total = B - rej, rejected_total + rej
             rejected[reason] += rej
-            rejected_total += rej
         admit = B if isinf(rate) else min(B, rate * dt)
-        B -= admit
-        F += admit
-        admitted += admit
+        B, F, admitted = B - admit, F + admit, admitted + admit
         # -- fill (the prompt factor scales the fill work per request)
         pf, of = pf_list[k], of_list[k]
         fill_cap = fill_fleet.effective(t) * fill_rate_w / pf
@@ -370,26 +411,19 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
         speed = dec_fleet.effective(t) / n_dec if n_dec else 0.0
         if D > slots:  # pool shrank: sequences beyond the new slots migrate back with their KV
             ex = D - slots
-            D -= ex
-            R += ex
-            preempted += ex
+            D, R, preempted = D - ex, R + ex, preempted + ex
         rate_d = rate_fn(D, n_dec, speed) / of  # warming workers run at their speed; L x the output factor
         done = min(D, dt * rate_d)
         D -= done
-        if D <= 0.0 and R > 0.0 and n_dec:
-            # every sequence finished within the step (a decode shorter than the step): the freed
-            # slots take ready requests for the rest of it
-            left = dt - (done / rate_d if rate_d > 0.0 else 0.0)
-            extra = min(R, left * rate_fn(R if R < slots else slots, n_dec, speed) / of)
-            R -= extra
-            done += extra
+        if D <= 0.0 and R > 0.0 and n_dec:  # every sequence finished within the step
+            extra = _joins_after_drain(R, done, rate_d, dt, rate_fn, slots, n_dec, speed, of)
+            R, done = R - extra, done + extra
         completed += done
         # a batch cap below the KV slots stops joins (the batch shrinks as sequences complete)
-        batch_slots = slots if cap >= p.decode_slots_per_worker else n_dec * cap
+        batch_slots = slots if cap >= slots_per_worker else n_dec * cap
         free_slots = batch_slots - D
         s_in = min(R, free_slots) if free_slots > 0.0 else 0.0
-        R -= s_in
-        D += s_in
+        R, D = R - s_in, D + s_in
         # -- what an arriving request would see (cohort SLO estimate)
         ttft = (F / fill_cap if fill_cap > 0 else inf) + fill_lat * pf  # its own pass takes the factor too
         if B > 0 and not isinf(rate):
@@ -405,7 +439,7 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
         rows.append((t, B, F + served / dt * ttr, R, D, batch_slots, fill_cap, len(fill_fleet.serving), n_dec,
                      rate, a_in / dt, admit / dt, done / dt, arrived, completed, rejected_total, lam_list[k],
                      rej / dt, in_pipe, fill_fleet.in_transit, dec_fleet.in_transit, fill_fleet.billed,
-                     dec_fleet.billed, ttft, tpot, ok, pass_s if D > 0.0 else math.nan, cap, pf, of, role_moves))
+                     dec_fleet.billed, ttft, tpot, ok, pass_s if D > 0.0 else nan, cap, pf, of, role_moves))
         cum_arr(arrived)
         cum_adm(admitted)
         cum_done(completed)
@@ -414,8 +448,16 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
         resid = arrived - (completed + rejected_total + in_system)
         if abs(resid) > check_tol * (arrived if arrived > 1.0 else 1.0):
             raise ConservationError(f"pool model lost requests at t={t:.1f} s: residual {resid:.3g}")
-    counts = {"arrived": arrived, "admitted": admitted, "completed": completed, "rejected": rejected_total,
-              "preempted": preempted}
+    return _PoolRun(rows, len(t_list), B + F + in_pipe + R + D, arrived, admitted, completed, rejected_total,
+                    preempted, rejected, in_slo, role_moves)
+
+
+def _pool_result(run: _PoolRun, p: FluidParams, fill_workers: int, decode_workers: int, scenario: PoolScenario,
+                 controllers: Sequence, dynamics: PoolDynamics, scale_rows: list[dict]) -> SimulationResult:
+    """The series, metrics (counts, SLO attainment, GPU hours, scale actions, role moves, workers) and config."""
+    dt, n, rows, rejected, role_moves = scenario.dt, run.n, run.rows, run.rejected, run.role_moves
+    counts = {"arrived": run.arrived, "admitted": run.admitted, "completed": run.completed,
+              "rejected": run.rejected_total, "preempted": run.preempted}
     S = {name: col for name, col in zip(_SERIES, np.array(rows, dtype=float).T)} if rows else \
         {name: np.zeros(0) for name in _SERIES}
     series = pd.DataFrame(S)
@@ -424,8 +466,8 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
     metrics = {
         "requests": float(counts["arrived"]), "completed": float(counts["completed"]),
         "rejected": float(sum(rejected.values())), "rejected_by_reason": {k: float(v) for k, v in rejected.items()},
-        "in_flight_end": float(B + F + in_pipe + R + D), "preempted": float(counts["preempted"]),
-        "slo_attainment": float(in_slo / counts["arrived"]) if counts["arrived"] > 0 else 1.0,
+        "in_flight_end": float(run.in_system_end), "preempted": float(counts["preempted"]),
+        "slo_attainment": float(run.in_slo / counts["arrived"]) if counts["arrived"] > 0 else 1.0,
         "gpu_hours": float((billed.sum() * dt if dynamics.fleet_size is None else dynamics.fleet_size * n * dt)
                            / 3600.0 * dynamics.gpus_per_worker),
         "busy_gpu_hours": float(billed.sum() * dt / 3600.0 * dynamics.gpus_per_worker),
@@ -452,6 +494,36 @@ def simulate_pools(params: FluidParams, fill_workers: int, decode_workers: int, 
     return SimulationResult(series=series, records=None, metrics=metrics, config=config,
                             actions=pd.DataFrame(scale_rows, columns=["time_s", "kind", "pool", "from", "to",
                                                                       "controller"]))
+
+
+def _joins_after_drain(R: float, done: float, rate_d: float, dt: float, rate_fn, slots: float, n_dec: int,
+                       speed: float, of: float) -> float:
+    """Ready requests that join in the step after every decoding sequence finished within it (a decode
+    shorter than the step): the freed slots take them for the rest of the step."""
+    left = dt - (done / rate_d if rate_d > 0.0 else 0.0)
+    return min(R, left * rate_fn(R if R < slots else slots, n_dec, speed) / of)
+
+
+class _RoleBook:
+    """Where a fixed fleet places waiting workers: its idle workers by the role they last held (placing
+    one in the other role is a role move) and the role moves so far. An elastic fleet
+    (``fleet_size`` None) starts every waiting worker at once and moves none."""
+
+    def __init__(self, fleet_size: int | None):
+        self.fleet_size = fleet_size
+        self.idle = {"fill": 0, "decode": 0}
+        self.released_seen = {"fill": 0, "decode": 0}
+        self.moves = 0
+
+    def place(self, t: float, fleets: dict, dynamics: PoolDynamics) -> None:
+        """Start the waiting workers of both pools that the fleet has room for at ``t``."""
+        fill_fleet, dec_fleet = fleets["fill"], fleets["decode"]
+        fixed_fleet = self.fleet_size is not None
+        free = free_workers(dynamics, fill_fleet.billed + dec_fleet.billed) if fixed_fleet else math.inf
+        placed_f = fill_fleet.place(t, free)
+        placed_d = dec_fleet.place(t, free - placed_f)
+        if fixed_fleet:
+            self.moves += _assign_roles(fleets, self.idle, self.released_seen, self.fleet_size, placed_f, placed_d)
 
 
 def _assign_roles(fleets: dict, idle: dict, released_seen: dict, fleet_size: int, placed_f: int,

@@ -49,7 +49,7 @@ import pandas as pd
 from tokenfactory.live.identify import identify, read_raw_prometheus
 from tokenfactory.live.prometheus_server import PrometheusServer, free_port
 from tokenfactory.live.live_scenario import load_live_scenario, saturated_rate
-from tokenfactory.plant_models.des import simulate
+from tokenfactory.plant_models import RequestPlant
 from tokenfactory.studies.study_config import StudyVariants, resolve_study_config
 from tokenfactory.studies.report import StudyReport
 from tokenfactory.traces import load_trace
@@ -287,12 +287,12 @@ def _joined(live: pd.DataFrame, gw_log: Path | None, em_log: Path) -> pd.DataFra
 
 
 def _simulate(sc, arrivals: np.ndarray, span: float, gated: bool) -> pd.DataFrame:
-    """The request simulator on ``arrivals`` with the scenario (and its controller when gated)."""
+    """The request simulator (through the Plant protocol) on ``arrivals`` with the scenario, and its
+    admission controller when gated."""
     trace = pd.DataFrame({"arrival_s": np.maximum(np.asarray(arrivals, dtype=float), 0.0),
                           "input_tokens": int(sc.live["prompt_tokens"]), "output_tokens": int(sc.live["output_tokens"])})
-    ctrl = sc.build_admission(trace) if gated else None
-    return simulate(trace, sc.setup.params, dataclasses.replace(sc.cluster, duration_s=span + 120.0, progress=False),
-                    ctrl).records
+    plant = RequestPlant(sc.setup.params, dataclasses.replace(sc.cluster, duration_s=span + 120.0, progress=False))
+    return plant.run(trace, admission=sc.build_admission(trace) if gated else None).records
 
 
 def _decision_counts(state: pd.Series, reason: pd.Series, deferred: pd.Series) -> dict:

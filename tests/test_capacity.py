@@ -87,16 +87,16 @@ def test_utilization_ceiling_cache_computes_on_its_key(monkeypatch):
     import types
 
     from tokenfactory.controllers import capacity
-    from tokenfactory.plant_models import pools
+    from tokenfactory.plant_models.plant_protocol import PoolPlant
     from tokenfactory.scenario import build_plant
 
     seen = []
 
-    def fake_pools(params, nf, nd, scenario):
-        seen.append(params.provenance)
+    def fake_run(plant, workload, controllers=()):  # the ceiling runs the pool model through its Plant
+        seen.append(plant.params.provenance)
         return types.SimpleNamespace(metrics={"slo_attainment": 1.0})
 
-    monkeypatch.setattr(pools, "simulate_pools", fake_pools)
+    monkeypatch.setattr(PoolPlant, "run", fake_run)
     capacity._ceiling.cache_clear()
     p = build_plant({"model": "deepseek-v3", "hardware": "h200", "fill_workers": 1, "decode_workers": 1}).params
     assert p.provenance and p.model_inputs() == p and hash(p.model_inputs()) == hash(p)

@@ -126,12 +126,12 @@ def test_simulate_shows_progress_from_the_start(tmp_path, capsys):
 def test_simulate_prints_every_verdict_the_metrics_hold():
     # whatever a plant or detector adds: boolean *oscillating/churning/flapping keys, at any depth,
     # or detector reports holding one; the run's config is not a verdict
-    from tokenfactory.cli import _verdicts
+    from tokenfactory.cli.replay_answers import verdicts
 
     m = {"ready_oscillation": {"oscillating": False, "reason": "amplitude"}, "oscillating": False,
          "pools": {"decode": {"oscillating": True, "churning": True, "period_s": 40.0},
                    "fill": {"flapping": False}}, "config": {"x_oscillating": True}, "requests": 3}
-    assert _verdicts(m) == [("ready_oscillation", False, ""), ("oscillating", False, ""),
+    assert verdicts(m) == [("ready_oscillation", False, ""), ("oscillating", False, ""),
                             ("pools.decode", True, "period 40 s"), ("pools.decode churning", True, "period 40 s"),
                             ("pools.fill flapping", False, "")]
 
@@ -201,22 +201,22 @@ def test_simulate_load_one_is_the_knee_of_the_scenarios_own_cluster(tmp_path):
 
 
 def test_oscillation_answer_names_every_judged_signal_once_and_the_verdict():
-    from tokenfactory.cli import _oscillation_answer
+    from tokenfactory.cli.replay_answers import oscillation_answer
 
     steady = {"ready_oscillation": {"oscillating": False}, "fill_oscillation": {"oscillating": False},
               "oscillating": False, "churning": False,
               "oscillation": {"oscillating": False, "churning": False, "reversals": 1,
                               "signals": {"ready": {"oscillating": False}, "fill_queue": {"oscillating": False},
                                           "decode_pool": {"oscillating": False}}}}
-    assert _oscillation_answer(steady) == ("oscillation: none in the 3 signals judged (ready buffer, fill queue, "
+    assert oscillation_answer(steady) == ("oscillation: none in the 3 signals judged (ready buffer, fill queue, "
                                            "decode pool); churn: no (1 scale reversal)")
     flapping = {**steady, "oscillation": {**steady["oscillation"], "oscillating": True, "churning": True,
                                           "reversals": 118, "reversals_per_hour": 590.0,
                                           "signals": {**steady["oscillation"]["signals"],
                                                       "decode_pool": {"oscillating": True, "period_s": 10.0,
                                                                       "amplitude": 0.5}}}}
-    assert _oscillation_answer(flapping) == ("oscillation: OSCILLATING decode pool (period 10 s, amplitude 0.5); "
+    assert oscillation_answer(flapping) == ("oscillation: OSCILLATING decode pool (period 10 s, amplitude 0.5); "
                                              "2 other signals judged steady; CHURNING: 118 scale reversals (590.0/h)")
     # a run without the actuator report (e.g. an aggregated cluster) still answers from its verdicts
-    assert _oscillation_answer({"ready_oscillation": {"oscillating": True, "period_s": 4.0, "amplitude": 2.0}}) == (
+    assert oscillation_answer({"ready_oscillation": {"oscillating": True, "period_s": 4.0, "amplitude": 2.0}}) == (
         "oscillation: OSCILLATING ready buffer (period 4 s, amplitude 2); 0 other signals judged steady")

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tokenfactory.studies.live import HOPS, _decision_counts, _joined
+from tokenfactory.studies.live import HOPS, _decision_counts, _joined, _simulate
 
 from tokenfactory.live.prometheus_server import prometheus_binary
 from tokenfactory.studies import run_study
@@ -40,6 +40,30 @@ def _logs(tmp_path, gated: bool):
            "deferred": True}]
     (tmp_path / "gw.jsonl").write_text("".join(json.dumps(r) + "\n" for r in gw))
     return live, (tmp_path / "gw.jsonl") if gated else None, tmp_path / "em.jsonl"
+
+
+# gated: building the scenario's admission controller tunes it (~5 s), so that case is slow; the default run
+# keeps the open one (RequestPlant.run(admission=) equals simulate() is tested in test_plant_protocol)
+@pytest.mark.parametrize("gated", [pytest.param(True, marks=pytest.mark.slow), False])
+def test_the_simulated_side_through_the_plant_protocol_equals_the_simulator_call(gated):
+    """The study's simulated runs go through RequestPlant.run; on the same arrivals (an overload burst,
+    so the gate rejects) they equal the request simulator called directly, record for record."""
+    import dataclasses
+
+    from tokenfactory.live.live_scenario import load_live_scenario
+    from tokenfactory.plant_models.des import simulate
+
+    sc = load_live_scenario("live_small")
+    arrivals = np.sort(np.random.default_rng(1).uniform(0.0, 6.0, 300))
+    trace = pd.DataFrame({"arrival_s": arrivals, "input_tokens": int(sc.live["prompt_tokens"]),
+                          "output_tokens": int(sc.live["output_tokens"])})
+    direct = simulate(trace, sc.setup.params, dataclasses.replace(sc.cluster, duration_s=6.0 + 120.0, progress=False),
+                      sc.build_admission(trace) if gated else None).records
+    via_plant = _simulate(sc, arrivals, 6.0, gated)
+    pd.testing.assert_frame_equal(via_plant, direct, check_exact=True)
+    assert len(via_plant) == len(arrivals)
+    if gated:
+        assert (via_plant["state"].astype(str) == "rejected").any()
 
 
 @pytest.mark.parametrize("gated", [True, False])

@@ -303,12 +303,12 @@ def test_small_plant_misses_are_the_burst_no_ordered_worker_can_reach(small_plan
 
 def test_simulate_answer_says_why_the_small_plant_misses(small_plant_hysteretic, capsys):
     """`simulate`'s plain answer states the diagnosis from the run's own records."""
-    from tokenfactory.cli import _misses_answer
+    from tokenfactory.cli.replay_answers import misses_answer
 
     m, res = small_plant_hysteretic
     miss = res.slo_misses()
     onset, _ = _burst(res.records["arrival_s"].to_numpy())
-    _misses_answer(res, onset, BURST_S)
+    misses_answer(res, onset, BURST_S)
     out = capsys.readouterr().out
     assert miss["met"] == round(m["slo_attainment"] * m["requests"])
     assert (f"SLO missed by {m['requests'] - miss['met']:,} of {m['requests']:,} requests: "

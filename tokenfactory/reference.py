@@ -128,21 +128,99 @@ def schema_tables(section: str | None = None) -> list[SchemaTable]:
     """
     if section is not None:
         check_choice("section", section, SECTIONS)
+    tables = [*_model_tables(), *_replay_scenario_tables(), *_cluster_tables(), *_margins_tables(),
+              *_stack_tables(), *_live_tables(), *_stack_layer_tables(), *_kind_tables()]
+    return [t for t in tables if section is None or t.section == section]
+
+
+def _shared_tables(section: str) -> tuple[SchemaTable, SchemaTable]:
+    """A worker's parallelism and efficiency tables, as a section with a ``[plant]`` reads them."""
+    from tokenfactory.plant_models.roofline import Efficiency, Parallelism
+
+    return (SchemaTable(section, "plant.parallelism", "the layout of one worker: num_gpus = pp x ep, ep/tp attention "
+                        "replicas", config_schema(Parallelism)),
+            SchemaTable(section, "plant.efficiency", "fractions of peak a serving stack reaches, and its fixed costs",
+                        config_schema(Efficiency)))
+
+
+def _envelope_table(section: str) -> SchemaTable:
+    """The stability envelope a tuned admission must hold (a replay's and a loop scenario's)."""
     from tokenfactory.controllers.autotune import StabilityEnvelope
-    from tokenfactory.core.classes import CLASS_SCHEMA
-    from tokenfactory.core.events import EVENT_KINDS
-    from tokenfactory.live.live_scenario import LIVE_SCHEMA
-    from tokenfactory.plant_models.des.config import EVENT_KINDS as CLUSTER_EVENTS, ClusterConfig
-    from tokenfactory.plant_models.fleet import PoolDynamics
-    from tokenfactory.plant_models.fluid import DISTURBANCE_KINDS, LOOP_SIMULATION_SCHEMA
+
+    return SchemaTable(section, "envelope", "the box of plant errors a tuned controller must tolerate, and its margin "
+                       "floors", config_schema(StabilityEnvelope))
+
+
+def _model_tables() -> list[SchemaTable]:
+    """A model file (and its attention table) and a hardware file."""
     from tokenfactory.plant_models.hardware import HARDWARE_SCHEMA
     from tokenfactory.plant_models.moe_model import ATTENTION_SCHEMA, MODEL_SCHEMA
-    from tokenfactory.plant_models.roofline import Efficiency, Parallelism
-    from tokenfactory.registry import ADMISSION_KINDS, AUTOSCALER_KINDS
-    from tokenfactory.registry.kind_settings import KIND_SETTINGS, OUTER_LOOP_SCHEMA
-    from tokenfactory.registry.stack_layers import STACK_LAYER_KINDS
-    from tokenfactory.replay import REPLAY_PLANT_SCHEMA, REPLAY_SCENARIO_SCHEMA, REPLAY_SIMULATION_SCHEMA
+
+    return [
+        SchemaTable("model", "model", "a transformer (mixture-of-experts; a dense one has num_dense_layers = "
+                    "num_layers and one nominal routed expert); sizes are "
+                    "element counts from the model's config.json; with base = PRESET every key is optional (it "
+                    "overrides the preset's)", config_schema(MODEL_SCHEMA)),
+        SchemaTable("model", "model.attention", "the attention layers (in a model TOML: [attention])",
+                    config_schema(ATTENTION_SCHEMA)),
+        SchemaTable("hardware", "hardware", "one GPU in its scale-up domain (SI units); with base = PRESET every key "
+                    "is optional (it overrides the preset's)", config_schema(HARDWARE_SCHEMA)),
+    ]
+
+
+def _replay_scenario_tables() -> list[SchemaTable]:
+    """A replay scenario (``simulate --scenario``): its sections, plant, controller, envelope, simulation."""
+    from tokenfactory.replay_scenario import REPLAY_PLANT_SCHEMA, REPLAY_SCENARIO_SCHEMA, REPLAY_SIMULATION_SCHEMA
+
+    return [
+        SchemaTable("scenario", "", "the sections of a replay scenario", config_schema(REPLAY_SCENARIO_SCHEMA)),
+        SchemaTable("scenario", "plant", "the service model the capacity, batch cap and controllers are derived "
+                    "from", config_schema(REPLAY_PLANT_SCHEMA)),
+        *_shared_tables("scenario"),
+        SchemaTable("scenario", "controller", "the admission controller", _controller_kind_rows()),
+        _envelope_table("scenario"),
+        SchemaTable("scenario", "simulation", "how the trace is replayed", config_schema(REPLAY_SIMULATION_SCHEMA)),
+    ]
+
+
+def _cluster_tables() -> list[SchemaTable]:
+    """The simulated cluster: its fields, its pools' dynamics, its events and request classes."""
+    from tokenfactory.core.classes import CLASS_SCHEMA
+    from tokenfactory.core.events import EVENT_KINDS
+    from tokenfactory.plant_models.des.config import EVENT_KINDS as CLUSTER_EVENTS, ClusterConfig
+    from tokenfactory.plant_models.fleet import PoolDynamics
+
+    return [
+        SchemaTable("cluster", "cluster", "pools, delays, SLOs, prefix cache, KV watermark and run control",
+                    config_schema(ClusterConfig)),
+        SchemaTable("cluster", "cluster.dynamics", "how workers join and leave pools", config_schema(PoolDynamics)),
+        *_event_tables("cluster", "[cluster.events]", {k: EVENT_KINDS[k] for k in CLUSTER_EVENTS}, "an event"),
+        SchemaTable("cluster", "classes.NAME", "one request class (interactive and batch exist; a table for them "
+                    "changes only the keys it gives)", config_schema(CLASS_SCHEMA)),
+    ]
+
+
+def _margins_tables() -> list[SchemaTable]:
+    """A loop scenario (``margins``): its sections, fluid plant, controller, envelope, simulation, disturbances."""
+    from tokenfactory.core.events import EVENT_KINDS
+    from tokenfactory.plant_models.fluid import DISTURBANCE_KINDS, LOOP_SIMULATION_SCHEMA
     from tokenfactory.scenario import PLANT_SCHEMA, SCENARIO_SCHEMA
+
+    return [
+        SchemaTable("margins", "", "the sections of a loop scenario", config_schema(SCENARIO_SCHEMA)),
+        SchemaTable("margins", "plant", "the fluid plant, sampled from the service model", config_schema(PLANT_SCHEMA)),
+        *_shared_tables("margins"),
+        SchemaTable("margins", "controller", "the admission controller (required)", _controller_kind_rows()),
+        _envelope_table("margins"),
+        SchemaTable("margins", "simulation", "the fluid simulation", config_schema(LOOP_SIMULATION_SCHEMA)),
+        *_event_tables("margins", "[simulation.disturbances]", {k: EVENT_KINDS[k] for k in DISTURBANCE_KINDS},
+                       "a disturbance"),
+    ]
+
+
+def _stack_tables() -> list[SchemaTable]:
+    """A stack scenario's fixed tables (its layers' kinds follow, :func:`_stack_layer_tables`)."""
+    from tokenfactory.plant_models.fleet import PoolDynamics
     from tokenfactory.stack.stack_scenario import (
         STACK_CERTIFICATE_SCHEMA,
         STACK_ENVELOPE_SCHEMA,
@@ -152,45 +230,11 @@ def schema_tables(section: str | None = None) -> list[SchemaTable]:
         STACK_WORKLOAD_SCHEMA,
     )
 
-    par = ("plant.parallelism", "the layout of one worker: num_gpus = pp x ep, ep/tp attention replicas",
-           config_schema(Parallelism))
-    eff = ("plant.efficiency", "fractions of peak a serving stack reaches, and its fixed costs", config_schema(Efficiency))
-    env = ("envelope", "the box of plant errors a tuned controller must tolerate, and its margin floors",
-           config_schema(StabilityEnvelope))
-    tables: list[SchemaTable] = [
-        SchemaTable("model", "model", "a transformer (mixture-of-experts; a dense one has num_dense_layers = "
-                    "num_layers and one nominal routed expert); sizes are "
-                    "element counts from the model's config.json; with base = PRESET every key is optional (it "
-                    "overrides the preset's)", config_schema(MODEL_SCHEMA)),
-        SchemaTable("model", "model.attention", "the attention layers (in a model TOML: [attention])",
-                    config_schema(ATTENTION_SCHEMA)),
-        SchemaTable("hardware", "hardware", "one GPU in its scale-up domain (SI units); with base = PRESET every key "
-                    "is optional (it overrides the preset's)", config_schema(HARDWARE_SCHEMA)),
-        SchemaTable("scenario", "", "the sections of a replay scenario", config_schema(REPLAY_SCENARIO_SCHEMA)),
-        SchemaTable("scenario", "plant", "the service model the capacity, batch cap and controllers are derived "
-                    "from", config_schema(REPLAY_PLANT_SCHEMA)),
-        SchemaTable("scenario", *par), SchemaTable("scenario", *eff),
-        SchemaTable("scenario", "controller", "the admission controller", _controller_kind_rows()),
-        SchemaTable("scenario", *env),
-        SchemaTable("scenario", "simulation", "how the trace is replayed", config_schema(REPLAY_SIMULATION_SCHEMA)),
-        SchemaTable("cluster", "cluster", "pools, delays, SLOs, prefix cache, KV watermark and run control",
-                    config_schema(ClusterConfig)),
-        SchemaTable("cluster", "cluster.dynamics", "how workers join and leave pools", config_schema(PoolDynamics)),
-        *_event_tables("cluster", "[cluster.events]", {k: EVENT_KINDS[k] for k in CLUSTER_EVENTS}, "an event"),
-        SchemaTable("cluster", "classes.NAME", "one request class (interactive and batch exist; a table for them "
-                    "changes only the keys it gives)", config_schema(CLASS_SCHEMA)),
-        SchemaTable("margins", "", "the sections of a loop scenario", config_schema(SCENARIO_SCHEMA)),
-        SchemaTable("margins", "plant", "the fluid plant, sampled from the service model", config_schema(PLANT_SCHEMA)),
-        SchemaTable("margins", *par), SchemaTable("margins", *eff),
-        SchemaTable("margins", "controller", "the admission controller (required)", _controller_kind_rows()),
-        SchemaTable("margins", *env),
-        SchemaTable("margins", "simulation", "the fluid simulation", config_schema(LOOP_SIMULATION_SCHEMA)),
-        *_event_tables("margins", "[simulation.disturbances]", {k: EVENT_KINDS[k] for k in DISTURBANCE_KINDS},
-                       "a disturbance"),
+    return [
         SchemaTable("stack", "", "the sections of a stack scenario", config_schema(STACK_SCENARIO_SCHEMA)),
         SchemaTable("stack", "plant", "as a loop scenario's plant, without pool sizes (the stack sizes them)",
                     config_schema(STACK_PLANT_SCHEMA)),
-        SchemaTable("stack", *par), SchemaTable("stack", *eff),
+        *_shared_tables("stack"),
         SchemaTable("stack", "slo", "the promise the stack keeps", config_schema(STACK_SLO_SCHEMA)),
         SchemaTable("stack", "workload", "the nominal demand the stack is tuned for", config_schema(STACK_WORKLOAD_SCHEMA)),
         SchemaTable("stack", "dynamics", "how workers join and leave pools (as cluster.dynamics)",
@@ -198,13 +242,35 @@ def schema_tables(section: str | None = None) -> list[SchemaTable]:
         SchemaTable("stack", "envelope", "the box every loop is certified over", config_schema(STACK_ENVELOPE_SCHEMA)),
         SchemaTable("stack", "certificate", "what the certificate demands of neighbouring loops",
                     config_schema(STACK_CERTIFICATE_SCHEMA)),
-        SchemaTable("live", "live", "what the wire needs beside the scenario file's other tables (section scenario)",
-                    config_schema(LIVE_SCHEMA)),
     ]
+
+
+def _live_tables() -> list[SchemaTable]:
+    """A live scenario's ``[live]`` table."""
+    from tokenfactory.live.live_scenario import LIVE_SCHEMA
+
+    return [SchemaTable("live", "live", "what the wire needs beside the scenario file's other tables (section scenario)",
+                        config_schema(LIVE_SCHEMA))]
+
+
+def _stack_layer_tables() -> list[SchemaTable]:
+    """Each stack layer kind's table (``[layers.LAYER]`` with ``kind = ...``)."""
+    from tokenfactory.registry.stack_layers import STACK_LAYER_KINDS
+
+    tables = []
     for layer, kinds in STACK_LAYER_KINDS.items():
         for kind, cls in kinds.items():
             tables.append(SchemaTable("stack", f"layers.{layer}", (cls.__doc__ or "").strip().split("\n\n")[0]
                                       .replace("\n", " "), config_schema(cls), f'kind = "{kind}"'))
+    return tables
+
+
+def _kind_tables() -> list[SchemaTable]:
+    """Each registered admission and autoscaler kind's parameters, and the slo-aware kind's outer loop."""
+    from tokenfactory.registry import ADMISSION_KINDS, AUTOSCALER_KINDS
+    from tokenfactory.registry.kind_settings import KIND_SETTINGS, OUTER_LOOP_SCHEMA
+
+    tables = []
     for layer, registered, prefix in (("admission", ADMISSION_KINDS, "admission"),
                                       ("reconfiguration", AUTOSCALER_KINDS, "autoscaler")):
         for name, k in registered.items():
@@ -212,7 +278,7 @@ def schema_tables(section: str | None = None) -> list[SchemaTable]:
                                       config_schema(KIND_SETTINGS[layer].get(name, {}))))
     tables.append(SchemaTable("kinds", "admission.slo-aware.outer", "the slo-aware kind's slow loop on admitted "
                               "slack (its outer table)", config_schema(OUTER_LOOP_SCHEMA)))
-    return [t for t in tables if section is None or t.section == section]
+    return tables
 
 
 def _num(x: float) -> str:

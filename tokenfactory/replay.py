@@ -5,6 +5,9 @@ roofline at the trace's own request shape (so a "load" is a multiple of the clus
 capacity whatever the trace); :func:`run_replay` runs one replay with an admission kind and an
 optional autoscaler kind from :mod:`tokenfactory.registry` and adds the ready buffer's oscillation
 verdict to the metrics. Used by ``tokenfactory simulate`` and the studies.
+
+The scenario file a replay reads is :mod:`tokenfactory.replay_scenario`, each request's own
+service cost :mod:`tokenfactory.replay_costs`; their public names are importable from here too.
 """
 
 from __future__ import annotations
@@ -21,48 +24,24 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tokenfactory.core.classes import DEFAULT_CLASSES, class_table
 from tokenfactory.controllers.oscillation import judge_actuators
 from tokenfactory.plant_models.des import ClusterConfig, DESParams
 from tokenfactory.plant_models.fluid import FluidParams, FluidPlant
 from tokenfactory.plant_models.plant_protocol import RequestPlant
 from tokenfactory.plant_models.roofline import Worker
-from tokenfactory.plant_models.service import (
-    DEFAULT_KV_SETUP_S,
-    DEFAULT_KV_STRIPES,
-    KVLink,
-    RequestShape,
-    ServiceModel,
-)
+from tokenfactory.plant_models.service import KVLink, RequestShape, ServiceModel
 from tokenfactory.registry import DEFAULT_TPOT_FRACTION, PlantContext, build_admission, build_autoscalers, static_batch_cap
+from tokenfactory.replay_costs import infeasible, request_costs, service_capacity
+from tokenfactory.replay_scenario import (DEFAULT_PLANT, REPLAY_PLANT_SCHEMA, ReplayScenario, load_replay_scenario,
+                                          replay_scenario_from_dict, scenario_cluster)
 from tokenfactory.traces.transforms import place_sessions, scale_trace
-from tokenfactory.core.validation import (ConfigError, check_choice, check_number, check_settings, load_toml,
-                                          reject_unknown_keys, setting, setting_names)
-from tokenfactory.scenario import WORKER_SETTINGS
+from tokenfactory.core.validation import ConfigError, check_choice, check_number, reject_unknown_keys
 
 __all__ = ["scenario_cluster", "DEFAULT_PLANT", "ReplaySetup", "ClusterCapacity", "KNEE_ATTAINMENT",
            "request_shape_of", "build_replay", "run_replay", "result_verdict", "class_outputs", "request_costs",
            "service_capacity", "infeasible",
            "replay_trace", "ReplayScenario", "replay_scenario_from_dict", "load_replay_scenario"]
 
-#: the preset disaggregated cluster: DeepSeek-V3 on 8xH200 workers, 2 fill + 1 decode
-#: the keys of a replay scenario's ``[plant]`` table (``simulate --scenario``): the shared worker
-#: keys with the replay's defaults (the trace sets the request shape)
-REPLAY_PLANT_SCHEMA = {
-    "model": setting("deepseek-v3", kind="preset, TOML path or table",
-                     meaning=WORKER_SETTINGS["model"].metadata["meaning"]),
-    "hardware": setting("h200", kind="preset, TOML path or table",
-                        meaning=WORKER_SETTINGS["hardware"].metadata["meaning"]),
-    "fill_workers": setting(2, low=0.0, low_inclusive=False, unit="workers",
-                            meaning="fill workers of the service model the capacity and the fluid plant are "
-                                    "sampled at (the simulated pools are cluster.fill_workers)"),
-    "decode_workers": setting(1, low=0.0, low_inclusive=False, unit="workers",
-                              meaning="decode workers of that service model (the simulated pools are "
-                                      "cluster.decode_workers)"),
-    **{k: f for k, f in WORKER_SETTINGS.items() if k not in ("model", "hardware")},
-}
-DEFAULT_PLANT = {k: f.default for k, f in REPLAY_PLANT_SCHEMA.items() if f.default is not None}
-_PLANT_EXTRA_KEYS = set(REPLAY_PLANT_SCHEMA) - set(DEFAULT_PLANT)
 #: the knee the measured capacity sits at: open admission's SLO attainment over the requests that
 #: can meet their SLO at all (the middle of issue 27's knee band, 0.95-0.995 of the arrivals)
 KNEE_ATTAINMENT = 0.98
@@ -448,106 +427,6 @@ def _measure_capacity(setup: ReplaySetup, cl: ClusterConfig, model: ClusterCapac
     return dataclasses.replace(model, measured_rps=rps, measured=measured)
 
 
-def request_costs(trace: pd.DataFrame, params: DESParams) -> pd.DataFrame:
-    """Each request's own service cost, as the request simulator computes it (its prefix as the
-    trace's ``cached_tokens`` say).
-
-    Parameters
-    ----------
-    trace : DataFrame
-        A request table (``cached_tokens`` and ``request_class`` optional).
-    params : DESParams
-        The request simulator's parameters.
-
-    Returns
-    -------
-    DataFrame
-        One row per request: ``new_tokens``, ``cached_tokens``, ``output_tokens``,
-        ``request_class``; ``fill_s`` - fill-worker seconds it takes from full steps
-        (:meth:`DESParams.fill_seconds`, the throughput share); ``solo_fill_s`` - its chunked fill
-        alone on a worker (:meth:`DESParams.request_fill_s`, its TTFT on an empty cluster);
-        ``kv_transfer_s``; ``decode_passes`` - output tokens after the first (the first comes
-        from fill); ``decode_context`` - its mean context while decoding (input + half its
-        output); ``solo_tpot_s`` - its TPOT alone on a decode worker: (transfer + passes at batch
-        1 and its context) / passes.
-    """
-    inp = np.maximum(trace["input_tokens"].to_numpy(dtype=float), 1.0)
-    cached = np.minimum(trace["cached_tokens"].to_numpy(dtype=float), inp) if "cached_tokens" in trace \
-        else np.zeros(len(inp))
-    new = np.maximum(inp - cached, 1.0)
-    out = np.maximum(trace["output_tokens"].to_numpy(dtype=float), 1.0)
-    passes = out - 1.0
-    ctx = inp + out / 2.0
-    xfer = params.kv_bytes(inp) / params.kv_link_bandwidth + params.kv_setup_s
-    solo_fill = np.fromiter((params.request_fill_s(n, c) for n, c in zip(new, cached)), float, len(new))
-    pass1 = np.fromiter((params.decode_pass(1, c)[0] for c in ctx), float, len(ctx))
-    cls = trace["request_class"].astype(str).to_numpy() if "request_class" in trace else np.full(len(inp), "")
-    return pd.DataFrame({"new_tokens": new, "cached_tokens": cached, "output_tokens": out, "request_class": cls,
-                         "fill_s": params.fill_seconds(new, cached), "solo_fill_s": solo_fill, "kv_transfer_s": xfer,
-                         "decode_passes": passes, "decode_context": ctx,
-                         "solo_tpot_s": (xfer + passes * pass1) / np.maximum(passes, 1.0)}, index=trace.index)
-
-
-def service_capacity(costs: pd.DataFrame, params: DESParams, fill_workers: int, decode_workers: int,
-                     batch_cap: float) -> dict[str, float]:
-    """Requests/s each pool serves of a stream of these requests, from their mean own cost (not
-    the cost of the mean request: a long prompt's attention grows with its length, so the mean of
-    the costs is what a pool spends): fill, workers over the mean fill-worker seconds per request;
-    decode, ``batch_cap`` slots per worker over the mean slot time per request, its decode passes
-    at the pass time of a full batch at the token-weighted mean context (the context a decoding
-    sequence holds, averaged over the passes).
-
-    Parameters
-    ----------
-    costs : DataFrame
-        :func:`request_costs`.
-    params : DESParams
-        The request simulator's parameters (the decode pass table).
-    fill_workers, decode_workers : int
-        Pool sizes.
-    batch_cap : float
-        Sequences per decode worker.
-
-    Returns
-    -------
-    dict
-        ``{"fill": requests/s, "decode": requests/s}``.
-    """
-    passes = costs["decode_passes"].to_numpy()
-    weight = max(float(passes.sum()), 1e-9)
-    ctx = float((passes * costs["decode_context"].to_numpy()).sum() / weight) if passes.sum() > 0 \
-        else float(costs["decode_context"].mean())
-    pass_s = params.decode_pass(int(batch_cap), ctx)[0]
-    slot_s = max(float(passes.mean()), 1e-9) * pass_s
-    return {"fill": fill_workers / float(costs["fill_s"].mean()), "decode": decode_workers * batch_cap / slot_s}
-
-
-def infeasible(costs: pd.DataFrame, classes=None) -> pd.DataFrame:
-    """Which requests miss their class's SLO whatever the policy: their own fill alone on an
-    empty cluster is past the TTFT SLO, or their own decode alone (transfer and batch-1 passes)
-    past the TPOT SLO.
-
-    Parameters
-    ----------
-    costs : DataFrame
-        :func:`request_costs`.
-    classes : iterable of RequestClass, optional
-        The SLOs (default :data:`tokenfactory.core.classes.DEFAULT_CLASSES`; a request of a class not
-        among them gets the first class's).
-
-    Returns
-    -------
-    DataFrame
-        Boolean columns ``ttft``, ``tpot`` and ``any``, one row per request.
-    """
-    table = class_table(DEFAULT_CLASSES if classes is None else classes)
-    first = next(iter(table.values()))
-    cls = costs["request_class"].map(lambda c: table.get(c, first))
-    ttft = costs["solo_fill_s"].to_numpy() > cls.map(lambda c: c.slo_ttft_s).to_numpy(dtype=float)
-    tpot = costs["solo_tpot_s"].to_numpy() > cls.map(lambda c: c.slo_tpot_s).to_numpy(dtype=float)
-    return pd.DataFrame({"ttft": ttft, "tpot": tpot, "any": ttft | tpot}, index=costs.index)
-
-
 def request_shape_of(trace: pd.DataFrame) -> RequestShape:
     """The mean request of a request table (:meth:`RequestShape.from_requests`): new (uncached)
     prompt tokens, output tokens, cached tokens and the output length's coefficient of variation.
@@ -594,7 +473,7 @@ def build_replay(trace: pd.DataFrame, plant: dict | None = None) -> ReplaySetup:
         For an unknown key of ``plant`` or an unknown model or hardware preset.
     """
     cfg = {**DEFAULT_PLANT, **(plant or {})}
-    reject_unknown_keys("plant", cfg, set(DEFAULT_PLANT) | _PLANT_EXTRA_KEYS)
+    reject_unknown_keys("plant", cfg, set(REPLAY_PLANT_SCHEMA))  # the defaults and the optional keys
     common = {k: cfg[k] for k in ("parallelism", "efficiency") if k in cfg}
     fill = Worker.from_dict({"model": cfg["model"], "hardware": cfg["hardware"], **common})
     dec = Worker.from_dict({"model": cfg.get("decode_model", cfg["model"]),
@@ -784,13 +663,7 @@ def run_replay(trace: pd.DataFrame, setup: ReplaySetup, admission: str, scale: f
     replay, scale = replay_trace(trace, setup, scale=scale, load=load, slo_tpot_s=cl.slo_tpot_s,
                                  duration_s=duration_s, seed=cl.seed, capacity_rps=cap.rps)
     cl = _run_cluster(replay, cl, duration_s)
-    rate = len(replay) / max(float(replay["arrival_s"].max()), 1e-9)
-    kw = {} if envelope is None else {"envelope": envelope}
-    # controllers are built and tuned for the simulated cluster's pools, SLOs and classes
-    ctx = setup.context(cl.slo_ttft_s, cl.slo_tpot_s, rate_rps=rate, dynamics=cl.dynamics,
-                        arrival_times_s=replay["arrival_s"].to_numpy(), classes=cl.classes,
-                        class_outputs=class_outputs(replay), snapshot_dt=cl.snapshot_dt,
-                        fill_workers=max(int(cl.fill_workers), 1), decode_workers=max(int(cl.decode_workers), 1), **kw)
+    ctx = _controller_context(setup, replay, cl, envelope)
     if autoscalers is not None and autoscaler:
         raise ConfigError("autoscaler", "give a registered kind or autoscaler objects, not both")
     if autoscaler_params and not autoscaler:
@@ -808,203 +681,12 @@ def run_replay(trace: pd.DataFrame, setup: ReplaySetup, admission: str, scale: f
     return m, res
 
 
-def scenario_cluster(scenario: "ReplayScenario | None", seed: int = 0) -> dict:
-    """The cluster fields a replay of ``scenario`` runs with: its ``[cluster]`` table, the seed,
-    and - unless it lists classes - the interactive class at the cluster's SLO with the default
-    batch class (what ``tokenfactory simulate`` runs).
-
-    Parameters
-    ----------
-    scenario : ReplayScenario or None
-        The resolved scenario (:func:`load_replay_scenario`); None: an empty ``[cluster]`` table.
-    seed : int
-        Seed of the replay, used when the ``[cluster]`` table sets none (default 0).
-
-    Returns
-    -------
-    dict
-        A copy of the cluster fields with ``seed`` and ``classes`` filled in.
-    """
-    from tokenfactory.core.classes import DEFAULT_CLASSES, INTERACTIVE, RequestClass
-
-    cluster = dict(scenario.cluster) if scenario else {}
-    cluster.setdefault("seed", seed)
-    if "classes" not in cluster:
-        ttft, tpot = cluster.get("slo_ttft_s", 2.0), cluster.get("slo_tpot_s", 0.1)
-        cluster["classes"] = (RequestClass(INTERACTIVE, ttft, tpot, 0),
-                              *(c for c in DEFAULT_CLASSES if c.name != INTERACTIVE))
-    return cluster
-
-
-#: the keys of a replay scenario's ``[simulation]`` table
-REPLAY_SIMULATION_SCHEMA = {
-    "load": setting(None, low=0.0, low_inclusive=False,
-                    meaning="replay at this multiple of the cluster's capacity at the SLO (not with scale)"),
-    "scale": setting(None, low=0.0, low_inclusive=False, meaning="speed the trace up by this factor (not with load)"),
-    "duration_s": setting(None, unit="s", low=0.0, low_inclusive=False,
-                          meaning="replay this much of the trace (absent: all of it)"),
-    "batch_cap": setting(None, low=1.0, unit="sequences", also=("static",),
-                         meaning='decode batch cap per worker; "static": the largest batch whose pass meets the '
-                                 "TPOT SLO (the vLLM --max-num-seqs to set)"),
-}
-_SIMULATION_KEYS = tuple(REPLAY_SIMULATION_SCHEMA)
-#: the top-level keys of a replay scenario
-REPLAY_SCENARIO_SCHEMA = {
-    "name": setting(None, kind=str, meaning="the scenario's name (absent: the file's stem)"),
-    "description": setting("", kind=str, meaning="one line on what the scenario is"),
-    "plant": setting(None, kind="table", meaning="model, hardware and service-model pools ([plant])"),
-    "cluster": setting(None, kind="table", meaning="the simulated cluster: pools, SLOs, dynamics, events "
-                                                   "([cluster]; see the cluster section)"),
-    "classes": setting(None, kind="table", meaning="request classes, {NAME = {fields}} (or cluster.classes; see "
-                                                   "classes.NAME)"),
-    "controller": setting(None, kind="table", meaning="admission: kind = an admission kind and its parameters "
-                                                      "(see the kinds section)"),
-    "envelope": setting(None, kind="table", meaning="the stability envelope a tuned admission must hold "
-                                                    "([envelope])"),
-    "simulation": setting(None, kind="table", meaning="load, scale, duration and batch cap of the replay "
-                                                      "([simulation])"),
-}
-#: plant keys of a margins scenario that a replay cannot honour, and why
-_PLANT_NOT_IN_REPLAY = {
-    "prompt_tokens": "the trace sets the request shape in a replay",
-    "output_tokens": "the trace sets the request shape in a replay",
-    "cached_tokens": "the trace sets the request shape in a replay",
-    "decode_parallelism": "a replay's fill and decode workers share one parallelism (set plant.parallelism)",
-}
-_SIMULATION_NOT_IN_REPLAY = {
-    "demand_factor": "a replay's demand is the trace's (use simulation.load or simulation.scale)",
-    "dt": "the request simulator is event-driven (cluster.snapshot_dt sets the sample period)",
-    "demand_noise_cv": "a replay's demand is the trace's",
-    "noise_interval_s": "a replay's demand is the trace's",
-    "disturbances": "the request simulator's events are cluster.events",
-    "seed": "set cluster.seed",
-}
-
-
-@dataclasses.dataclass
-class ReplayScenario:
-    """A scenario file resolved for a replay (``tokenfactory simulate --scenario``): every field
-    reaches the simulation, or the file is rejected naming the field.
-
-    Parameters
-    ----------
-    name : str
-        The scenario's name.
-    plant : dict
-        Overrides of :data:`DEFAULT_PLANT` for :func:`build_replay`.
-    cluster : dict
-        :class:`ClusterConfig` fields (``classes`` from the ``[classes]`` section included).
-    admission : str or None
-        The admission kind (``[controller] kind``).
-    admission_params : dict
-        Its parameters.
-    envelope : StabilityEnvelope or None
-        The envelope the admission is tuned over.
-    simulation : dict
-        ``load``, ``scale``, ``duration_s``, ``batch_cap`` (each optional).
-    """
-
-    name: str
-    plant: dict
-    cluster: dict
-    admission: str | None
-    admission_params: dict
-    envelope: Any
-    simulation: dict
-
-
-def replay_scenario_from_dict(d: dict, name: str = "scenario") -> ReplayScenario:
-    """Validate a scenario table for a replay, field by field.
-
-    Sections: ``plant`` (:data:`DEFAULT_PLANT` keys, ``parallelism``, ``efficiency``,
-    ``decode_model``, ``decode_hardware``), ``cluster`` (:class:`ClusterConfig` fields),
-    ``classes`` (request classes, :func:`tokenfactory.core.classes.classes_from_dict`), ``controller``
-    (``kind`` and that kind's parameters), ``envelope`` (:class:`StabilityEnvelope` fields) and
-    ``simulation`` (``load``, ``scale``, ``duration_s``, ``batch_cap``); ``name`` and
-    ``description``.
-
-    Parameters
-    ----------
-    d : dict
-        The parsed TOML.
-    name : str
-        Name when the file has none.
-
-    Returns
-    -------
-    ReplayScenario
-
-    Raises
-    ------
-    ConfigError
-        Naming the first field that is unknown, out of range, or meaningless in a replay (a
-        margins scenario's ``plant.prompt_tokens``, ``simulation.demand_factor``, ...).
-    """
-    from tokenfactory.core.classes import classes_from_dict
-    from tokenfactory.controllers.autotune import StabilityEnvelope
-    from tokenfactory.registry import ADMISSION_KINDS
-
-    d = dict(d)
-    reject_unknown_keys("", d, REPLAY_SCENARIO_SCHEMA)
-    plant = dict(d.get("plant", {}))
-    for k in plant:
-        if k in _PLANT_NOT_IN_REPLAY:
-            raise ConfigError(f"plant.{k}", _PLANT_NOT_IN_REPLAY[k])
-    check_settings("plant", plant, REPLAY_PLANT_SCHEMA)  # unknown keys and out-of-range values, named as written
-    cluster = dict(d.get("cluster", {}))
-    if "classes" in d:
-        if "classes" in cluster:
-            raise ConfigError("classes", "give the classes once: [classes] or cluster.classes")
-        cluster["classes"] = classes_from_dict(d["classes"], "classes")
-    ClusterConfig.from_dict(cluster)  # every field checked now, named
-    ctrl = dict(d.get("controller", {}))
-    kind = ctrl.pop("kind", None)
-    if kind is not None:
-        if kind not in ADMISSION_KINDS:
-            raise ConfigError("controller.kind", f"{kind!r} is not one of {', '.join(ADMISSION_KINDS)}")
-        reject_unknown_keys("controller", ctrl, ADMISSION_KINDS[kind].keys)
-    elif ctrl:
-        raise ConfigError(f"controller.{next(iter(ctrl))}", "controller parameters need a controller.kind")
-    envelope = None
-    if "envelope" in d:
-        env = dict(d["envelope"])
-        reject_unknown_keys("envelope", env, setting_names(StabilityEnvelope))
-        for k in ("delay_factors", "service_rate_factors"):
-            if k in env:
-                env[k] = tuple(env[k])
-        envelope = StabilityEnvelope(**env)
-    sim = dict(d.get("simulation", {}))
-    for k in sim:
-        if k in _SIMULATION_NOT_IN_REPLAY:
-            raise ConfigError(f"simulation.{k}", _SIMULATION_NOT_IN_REPLAY[k])
-    reject_unknown_keys("simulation", sim, _SIMULATION_KEYS)
-    if "load" in sim and "scale" in sim:
-        raise ConfigError("simulation.load", "give simulation.load or simulation.scale, not both")
-    for k in ("load", "scale", "duration_s"):
-        if k in sim:
-            check_number(f"simulation.{k}", sim[k], low=0.0, low_inclusive=False)
-    if "batch_cap" in sim and sim["batch_cap"] != "static":
-        check_number("simulation.batch_cap", sim["batch_cap"], low=1.0)
-    return ReplayScenario(str(d.get("name", name)), plant, cluster, kind, ctrl, envelope, sim)
-
-
-def load_replay_scenario(path) -> ReplayScenario:
-    """:func:`replay_scenario_from_dict` of a TOML file.
-
-    Parameters
-    ----------
-    path : str or Path
-        The file.
-
-    Returns
-    -------
-    ReplayScenario
-
-    Raises
-    ------
-    ConfigError
-        For a missing or unreadable file, bad TOML, or a bad field.
-    """
-    from pathlib import Path
-
-    return replay_scenario_from_dict(load_toml(path), name=Path(path).stem)
+def _controller_context(setup: ReplaySetup, replay: pd.DataFrame, cl: ClusterConfig, envelope) -> PlantContext:
+    """What a replay's controllers are built and tuned for: the simulated cluster's pools, SLOs and
+    classes, the replayed stream's mean rate and arrival times, the classes' output tokens."""
+    rate = len(replay) / max(float(replay["arrival_s"].max()), 1e-9)
+    kw = {} if envelope is None else {"envelope": envelope}
+    return setup.context(cl.slo_ttft_s, cl.slo_tpot_s, rate_rps=rate, dynamics=cl.dynamics,
+                         arrival_times_s=replay["arrival_s"].to_numpy(), classes=cl.classes,
+                         class_outputs=class_outputs(replay), snapshot_dt=cl.snapshot_dt,
+                         fill_workers=max(int(cl.fill_workers), 1), decode_workers=max(int(cl.decode_workers), 1), **kw)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from tokenfactory.controllers import assess, first_harmonic_amplitude
-from tokenfactory.plant_models import FluidParams, PoolScenario, RequestShape, simulate_pools
+from tokenfactory.plant_models import FluidParams, PoolPlant, PoolScenario, RequestShape
 
 __all__ = ["outcome_record", "phase_deg", "run_seesaw", "SEESAW_SHAPE", "SEESAW_SLO_TTFT_S", "SEESAW_DECODE_WORKERS",
            "SEESAW_DEMAND_FACTOR", "SEESAW_MIN_AMPLITUDE"]
@@ -121,7 +121,7 @@ def run_seesaw(fp: FluidParams, runs: Callable[..., dict], *, quick: bool = Fals
                       slo_ttft_s=slo, slo_tpot_s=slo_tpot_s)
     out, resps = {}, {}
     for key, ctrl in runs(fp, slo, nf, nd).items():
-        r = simulate_pools(fp, nf, nd, sc, controllers=[ctrl])
+        r = PoolPlant(fp, nf, nd).run(sc, [ctrl])
         s = r.series
         s["decode_load"] = (s["active_decodes"] + s["ready"]) / s["decode_slots"]
         s["fill_load"] = s["fill_in_progress"] / (nf * mu_f * fp.fill_latency_s)

@@ -195,8 +195,6 @@ def mixed_workload(fill_rate: Callable[[int, int], float], run_rates: Callable[[
         With ``fleet_size``, ``prompt_factor``, ``output_factor`` and ``notes`` (classes, mean request,
         per-day swing of the fill:decode need ratio, fleet, the static split's need).
     """
-    from tokenfactory.traces.synthetic import SyntheticWorkload, generate_rates
-
     u = check_number("mixed.target_utilization", target_utilization, low=0.0, high=1.0, low_inclusive=False)
     check_number("mixed.days", days, low=0.0, high=14.0, low_inclusive=False)
     check_int("mixed.seed", seed, low=0)
@@ -204,6 +202,40 @@ def mixed_workload(fill_rate: Callable[[int, int], float], run_rates: Callable[[
     check_number("mixed.batch_rps", batch_rps, low=0.0, low_inclusive=False)
     check_number("mixed.fleet_headroom", fleet_headroom, low=0.0, high=2.0)
     check_int("mixed.history_days", history_days, low=3)
+    fine, c, b, history, start = _class_rates(chat_rps, batch_rps, seed, days, history_days, interval_s, fine_s)
+    lam = c + b
+    P, L, mu_f, pf, of = _mix_factors(c, b, fill_rate)
+    wl = RateWorkload(f"mixed-week seed={seed}", pd.Series(lam, index=fine), history, start, P, L,
+                      prompt_factor=pd.Series(pf, index=fine), output_factor=pd.Series(of, index=fine))
+    run_fill, run_decode = run_rates(P, L, float(wl.demand.mean()))
+    need_f = lam * pf / (u * run_fill)
+    need_d = lam * of / (u * run_decode)
+    fleet = int(math.ceil(float(np.max(need_f + need_d)) * (1.0 + fleet_headroom) - 1e-9))
+    ratio, swings = _need_ratio_swings(need_f, need_d, fine)
+    wl.fleet_size = fleet
+    wl.notes = {"classes": {k: {"prompt_tokens": v[0], "output_tokens": v[1]} for k, v in MIX_CLASSES.items()},
+                "chat_rps": chat_rps, "batch_rps": batch_rps, "mean_request": [P, L],
+                "fill_rps_per_worker": {str(k): float(v) for k, v in mu_f.items()},
+                "fleet_size": fleet, "fleet_headroom": fleet_headroom, "target_utilization": u,
+                "peak_need": {"fill": float(need_f.max()), "decode": float(need_d.max()),
+                              "total": float(np.max(need_f + need_d))},
+                "static_split_needs": int(math.ceil(need_f.max() - 1e-9) + math.ceil(need_d.max() - 1e-9)),
+                "need_ratio_swing_per_day": [float(x) for x in swings.to_numpy()],
+                "need_ratio_range": [float(ratio.min()), float(ratio.max())]}
+    if hours is not None:
+        _keep_first_hours(wl, hours, days, fine)
+    return wl
+
+
+def _class_rates(chat_rps: float, batch_rps: float, seed: int, days: float, history_days: int, interval_s: float,
+                 fine_s: float):
+    """The two classes' rate series (:func:`mixed_workload`'s daily shapes), on the run's ``fine``
+    grid from t = 0, and the planner's history of their sum before it.
+
+    Returns ``(fine, chat, batch, history, start)``: the grid (s), each class's requests/s on it,
+    the history (absolute time index) and the run's start (absolute s)."""
+    from tokenfactory.traces.synthetic import SyntheticWorkload, generate_rates
+
     day = 86400.0
     chat_w = SyntheticWorkload(mean_rate_rps=chat_rps, daily_amplitude=0.6, daily_second_harmonic=0.1,
                                peak_hour=14.0, weekend_factor=0.8, seed=seed)
@@ -217,7 +249,15 @@ def mixed_workload(fill_rate: Callable[[int, int], float], run_rates: Callable[[
     history = (chat + batch)[t_abs < start]
     rel = t_abs - start
     fine = np.arange(0.0, days * day + fine_s / 2, fine_s)
-    c, b = np.interp(fine, rel, chat.to_numpy()), np.interp(fine, rel, batch.to_numpy())
+    return fine, np.interp(fine, rel, chat.to_numpy()), np.interp(fine, rel, batch.to_numpy()), history, start
+
+
+def _mix_factors(c: np.ndarray, b: np.ndarray, fill_rate: Callable[[int, int], float]):
+    """The run's request-weighted mean request ``(P, L)`` and the mix's factors relative to it.
+
+    Returns ``(P, L, fill rate per worker by prompt length, prompt factor, output factor)``: the
+    prompt factor is the mix's mean fill time per request over the mean request's (each class at
+    its own fill rate), the output factor its mean output over ``L``."""
     lam = c + b
     share = b / np.maximum(lam, 1e-12)
     (pc, lc), (pb, lb) = MIX_CLASSES["chat"], MIX_CLASSES["batch"]
@@ -226,31 +266,23 @@ def mixed_workload(fill_rate: Callable[[int, int], float], run_rates: Callable[[
     mu_f = {x: fill_rate(x, L) for x in (P, pc, pb)}
     pf = mu_f[P] * ((1.0 - share) / mu_f[pc] + share / mu_f[pb])
     of = ((1.0 - share) * lc + share * lb) / L
-    wl = RateWorkload(f"mixed-week seed={seed}", pd.Series(lam, index=fine), history, start, P, L,
-                      prompt_factor=pd.Series(pf, index=fine), output_factor=pd.Series(of, index=fine))
-    run_fill, run_decode = run_rates(P, L, float(wl.demand.mean()))
-    need_f = lam * pf / (u * run_fill)
-    need_d = lam * of / (u * run_decode)
-    fleet = int(math.ceil(float(np.max(need_f + need_d)) * (1.0 + fleet_headroom) - 1e-9))
-    # the ratio's swing within each day, on hourly means (the rate noise would inflate a minute-level swing)
+    return P, L, mu_f, pf, of
+
+
+def _need_ratio_swings(need_f: np.ndarray, need_d: np.ndarray, fine: np.ndarray):
+    """``(hourly fill:decode need ratio, its max/min within each whole day)``: on hourly means
+    (the rate noise would inflate a minute-level swing)."""
     hourly = pd.DataFrame({"f": need_f, "d": need_d}, index=fine // 3600.0).groupby(level=0).mean()
     ratio = hourly["f"] / hourly["d"]
     whole = hourly.index // 24
     swings = ratio.groupby(whole).agg(lambda x: float(x.max() / x.min()) if len(x) >= 24 else math.nan).dropna()
-    wl.fleet_size = fleet
-    wl.notes = {"classes": {k: {"prompt_tokens": v[0], "output_tokens": v[1]} for k, v in MIX_CLASSES.items()},
-                "chat_rps": chat_rps, "batch_rps": batch_rps, "mean_request": [P, L],
-                "fill_rps_per_worker": {str(k): float(v) for k, v in mu_f.items()},
-                "fleet_size": fleet, "fleet_headroom": fleet_headroom, "target_utilization": u,
-                "peak_need": {"fill": float(need_f.max()), "decode": float(need_d.max()),
-                              "total": float(np.max(need_f + need_d))},
-                "static_split_needs": int(math.ceil(need_f.max() - 1e-9) + math.ceil(need_d.max() - 1e-9)),
-                "need_ratio_swing_per_day": [float(x) for x in swings.to_numpy()],
-                "need_ratio_range": [float(ratio.min()), float(ratio.max())]}
-    if hours is not None:
-        check_number("mixed.hours", hours, low=0.0, high=days * 24.0, low_inclusive=False)
-        keep = fine <= hours * 3600.0 + 1e-9
-        wl.demand, wl.prompt_factor, wl.output_factor = (x[keep] for x in (wl.demand, wl.prompt_factor,
-                                                                          wl.output_factor))
-        wl.name += f" first {hours:g} h"
-    return wl
+    return ratio, swings
+
+
+def _keep_first_hours(wl: RateWorkload, hours: float, days: float, fine: np.ndarray) -> None:
+    """Cut ``wl``'s demand and factors to the run's first ``hours`` (its fleet and mean request stay)."""
+    check_number("mixed.hours", hours, low=0.0, high=days * 24.0, low_inclusive=False)
+    keep = fine <= hours * 3600.0 + 1e-9
+    wl.demand, wl.prompt_factor, wl.output_factor = (x[keep] for x in (wl.demand, wl.prompt_factor,
+                                                                      wl.output_factor))
+    wl.name += f" first {hours:g} h"

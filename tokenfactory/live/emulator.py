@@ -415,147 +415,178 @@ def emulator_app(scenario: LiveScenario, request_log: str | None = None) -> web.
     aiohttp.web.Application
     """
     app = web.Application()
-    holder: dict = {}
 
     async def on_startup(app):
         em = Emulator(scenario, request_log)
-        holder["em"] = em
         app[EMULATOR_KEY] = em
         em.start()
 
     async def on_cleanup(app):
-        await holder["em"].stop()
+        await app[EMULATOR_KEY].stop()
 
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
-
-    async def health(request):
-        return web.Response(text="")
-
-    async def models(request):
-        em = holder["em"]
-        return web.json_response({"object": "list", "data": [{"id": em.model_name, "object": "model",
-                                                               "created": 0, "owned_by": "tokenfactory",
-                                                               "max_model_len": None}]})
-
-    async def metrics(request):
-        em = holder["em"]
-        em._publish(em.engine.advance())
-        return web.Response(text=em.registry.render(), content_type="text/plain", charset="utf-8",
-                            headers={"X-Content-Type-Options": "nosniff"})
-
-    async def completions(request, chat: bool):
-        em = holder["em"]
-        received = time.time()
-        request_id = request.headers.get("x-request-id")
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return _bad("the body is not JSON")
-        if not isinstance(body, dict):
-            return _bad("the body must be a JSON object")
-        try:
-            ids, text = _prompt_of(body, chat)
-            max_tokens = _int_field(body, "max_completion_tokens" if chat and "max_completion_tokens" in body
-                                    else "max_tokens")
-            if body.get("n", 1) != 1:
-                raise ConfigError("n", "the emulator serves one choice per request")
-        except ConfigError as e:
-            return _bad(str(e))
-        stream = bool(body.get("stream", False))
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage", False))
-        try:
-            o = em.submit(ids, text, max_tokens, request.headers.get(CLASS_HEADER))
-        except EngineFull as e:
-            return _bad(str(e), 503)
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        created = int(time.time())
-        n_in = em.engine.inp[o.index]
-        n_out = em.engine.out[o.index]
-        usage = {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
-        obj = "chat.completion" if chat else "text_completion"
-        if not stream:
-            while not o.done:
-                await o.event.wait()
-                o.event.clear()
-            em.log_request(o, request_id, received, math.nan, 0)
-            text_out = "".join(" tok" for _ in range(n_out))
-            choice = ({"index": 0, "message": {"role": "assistant", "content": text_out}, "finish_reason": o.reason}
-                      if chat else {"index": 0, "text": text_out, "logprobs": None, "finish_reason": o.reason})
-            return web.json_response({"id": rid, "object": obj, "created": created, "model": em.model_name,
-                                      "choices": [choice], "usage": usage})
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
-        chunk_obj = "chat.completion.chunk" if chat else "text_completion"
-        sent = 0
-        first_write = math.nan
-
-        def event(delta: str | None, finish: str | None, first: bool = False) -> bytes:
-            if chat:
-                d = {"role": "assistant", "content": ""} if first else ({"content": delta} if delta else {})
-                choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
-            else:
-                choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}
-            msg = {"id": rid, "object": chunk_obj, "created": created, "model": em.model_name, "choices": [choice]}
-            return b"data: " + json.dumps(msg, separators=(",", ":")).encode() + b"\n\n"
-
-        try:
-            first = True
-            while True:
-                await o.event.wait()
-                o.event.clear()
-                new = o.emitted - sent
-                buf = []
-                if chat and first and new > 0:
-                    buf.append(event(None, None, first=True))
-                    first = False
-                for k in range(new):
-                    last = o.done and sent + k + 1 == n_out
-                    buf.append(event(" tok", o.reason if last else None))
-                sent += new
-                if buf:
-                    if first_write != first_write:
-                        first_write = time.time()
-                    await resp.write(b"".join(buf))
-                if o.done and sent >= n_out:
-                    break
-            if include_usage:
-                msg = {"id": rid, "object": chunk_obj, "created": created, "model": em.model_name, "choices": [],
-                       "usage": usage}
-                await resp.write(b"data: " + json.dumps(msg, separators=(",", ":")).encode() + b"\n\n")
-            await resp.write(b"data: [DONE]\n\n")
-            await resp.write_eof()
-        except (ConnectionResetError, asyncio.CancelledError):
-            pass  # the client left: the engine finishes the request (its metrics still count it)
-            raise
-        finally:
-            em.log_request(o, request_id, received, first_write, sent)
-        return resp
-
-    async def completions_route(request):
-        return await completions(request, False)
-
-    async def chat_route(request):
-        return await completions(request, True)
-
-    async def batch_cap(request):
-        # the gateway's batch gate actuates here (a vLLM server has no such endpoint: there the
-        # gate's cap is reported, not applied)
-        em = holder["em"]
-        try:
-            cap = float((await request.json())["batch_cap"])
-            if not cap >= 1:
-                raise ValueError
-        except (KeyError, ValueError, TypeError, json.JSONDecodeError):
-            return _bad("expected {\"batch_cap\": number >= 1}")
-        em.engine.advance()
-        em.engine.set_batch_cap(cap)
-        return web.json_response({"batch_cap": em.engine.batch_cap})
-
-    app.router.add_post("/tokenfactory/batch_cap", batch_cap)
-    app.router.add_post("/v1/completions", completions_route)
-    app.router.add_post("/v1/chat/completions", chat_route)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/tokenfactory/batch_cap", _batch_cap)
+    app.router.add_post("/v1/completions", _completions_route)
+    app.router.add_post("/v1/chat/completions", _chat_route)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/metrics", _metrics)
     return app
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.Response(text="")
+
+
+async def _models(request: web.Request) -> web.Response:
+    em = request.app[EMULATOR_KEY]
+    return web.json_response({"object": "list", "data": [{"id": em.model_name, "object": "model",
+                                                           "created": 0, "owned_by": "tokenfactory",
+                                                           "max_model_len": None}]})
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    """The Prometheus text of the metrics published so far (the engine advanced to now first)."""
+    em = request.app[EMULATOR_KEY]
+    em._publish(em.engine.advance())
+    return web.Response(text=em.registry.render(), content_type="text/plain", charset="utf-8",
+                        headers={"X-Content-Type-Options": "nosniff"})
+
+
+async def _batch_cap(request: web.Request) -> web.Response:
+    # the gateway's batch gate actuates here (a vLLM server has no such endpoint: there the
+    # gate's cap is reported, not applied)
+    em = request.app[EMULATOR_KEY]
+    try:
+        cap = float((await request.json())["batch_cap"])
+        if not cap >= 1:
+            raise ValueError
+    except (KeyError, ValueError, TypeError, json.JSONDecodeError):
+        return _bad("expected {\"batch_cap\": number >= 1}")
+    em.engine.advance()
+    em.engine.set_batch_cap(cap)
+    return web.json_response({"batch_cap": em.engine.batch_cap})
+
+
+async def _completions_route(request: web.Request) -> web.StreamResponse:
+    return await _completions(request, False)
+
+
+async def _chat_route(request: web.Request) -> web.StreamResponse:
+    return await _completions(request, True)
+
+
+def _completion_request(body: dict, chat: bool) -> tuple[list[int] | None, str | None, int | None]:
+    """The prompt (token ids or text) and ``max_tokens`` of a completion request body."""
+    ids, text = _prompt_of(body, chat)
+    max_tokens = _int_field(body, "max_completion_tokens" if chat and "max_completion_tokens" in body
+                            else "max_tokens")
+    if body.get("n", 1) != 1:
+        raise ConfigError("n", "the emulator serves one choice per request")
+    return ids, text, max_tokens
+
+
+async def _completions(request: web.Request, chat: bool) -> web.StreamResponse:
+    """``POST /v1/completions`` (``chat`` False) or ``/v1/chat/completions``: submit the request to the
+    engine and answer when it completes, or stream its tokens as the engine emits them."""
+    em = request.app[EMULATOR_KEY]
+    received = time.time()
+    request_id = request.headers.get("x-request-id")
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return _bad("the body is not JSON")
+    if not isinstance(body, dict):
+        return _bad("the body must be a JSON object")
+    try:
+        ids, text, max_tokens = _completion_request(body, chat)
+    except ConfigError as e:
+        return _bad(str(e))
+    stream = bool(body.get("stream", False))
+    include_usage = bool((body.get("stream_options") or {}).get("include_usage", False))
+    try:
+        o = em.submit(ids, text, max_tokens, request.headers.get(CLASS_HEADER))
+    except EngineFull as e:
+        return _bad(str(e), 503)
+    reply = _Reply(em, o, chat)
+    if not stream:
+        while not o.done:
+            await o.event.wait()
+            o.event.clear()
+        em.log_request(o, request_id, received, math.nan, 0)
+        return web.json_response(reply.whole())
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    sent = 0
+    first_write = math.nan
+    try:
+        first = True
+        while True:
+            await o.event.wait()
+            o.event.clear()
+            new = o.emitted - sent
+            buf = []
+            if chat and first and new > 0:
+                buf.append(reply.event(None, None, first=True))
+                first = False
+            for k in range(new):
+                last = o.done and sent + k + 1 == reply.n_out
+                buf.append(reply.event(" tok", o.reason if last else None))
+            sent += new
+            if buf:
+                if first_write != first_write:
+                    first_write = time.time()
+                await resp.write(b"".join(buf))
+            if o.done and sent >= reply.n_out:
+                break
+        if include_usage:
+            await resp.write(reply.usage_event())
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+    except (ConnectionResetError, asyncio.CancelledError):
+        pass  # the client left: the engine finishes the request (its metrics still count it)
+        raise
+    finally:
+        em.log_request(o, request_id, received, first_write, sent)
+    return resp
+
+
+class _Reply:
+    """The OpenAI-format answer to one submitted request: the whole body, or its server-sent events."""
+
+    def __init__(self, em: Emulator, o: _Open, chat: bool):
+        self.o, self.chat, self.model = o, chat, em.model_name
+        self.rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        n_in = em.engine.inp[o.index]
+        self.n_out = em.engine.out[o.index]
+        self.usage = {"prompt_tokens": n_in, "completion_tokens": self.n_out, "total_tokens": n_in + self.n_out}
+        self.chunk_obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def whole(self) -> dict:
+        """The non-streaming body: every token at once, with the usage."""
+        text_out = "".join(" tok" for _ in range(self.n_out))
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text_out}, "finish_reason": self.o.reason}
+                  if self.chat else {"index": 0, "text": text_out, "logprobs": None, "finish_reason": self.o.reason})
+        return {"id": self.rid, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": [choice], "usage": self.usage}
+
+    def event(self, delta: str | None, finish: str | None, first: bool = False) -> bytes:
+        """One token's server-sent event (``first``: a chat stream's opening role event)."""
+        if self.chat:
+            d = {"role": "assistant", "content": ""} if first else ({"content": delta} if delta else {})
+            choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}
+        return self._sse({"id": self.rid, "object": self.chunk_obj, "created": self.created, "model": self.model,
+                          "choices": [choice]})
+
+    def usage_event(self) -> bytes:
+        """The usage chunk (``stream_options.include_usage``)."""
+        return self._sse({"id": self.rid, "object": self.chunk_obj, "created": self.created, "model": self.model,
+                          "choices": [], "usage": self.usage})
+
+    @staticmethod
+    def _sse(msg: dict) -> bytes:
+        return b"data: " + json.dumps(msg, separators=(",", ":")).encode() + b"\n\n"

@@ -580,86 +580,115 @@ def identify(series: dict[str, pd.Series] | SignalSet, *, modelled_service_rate:
         series = series_from_signals(series)
     col = {k: v.dropna().sort_index() for k, v in series.items()}
     notes = []
-    delay = rate = law = startup = gain = None
+    gain = None
+    delay = _identify_delay(col, request_log, max_delay_s, seed, notes)
+    rate, law = _identify_service(col, window_s, pass_window_s, notes)
+    startup = _identify_startup(col, notes)
+    if rate is not None and modelled_service_rate:
+        m = float(modelled_service_rate)
+        gain = Estimate(rate.value / m, rate.lo / m, rate.hi / m, "measured / modelled service rate", rate.samples)
+    return Identification(delay, rate, law, startup, gain, modelled_service_rate, notes, source)
+
+
+def _identify_delay(col: dict, request_log: pd.DataFrame | None, max_delay_s: float, seed: int,
+                    notes: list) -> Estimate | None:
+    """The metric delay: the engine's running + waiting against the exact in-flight count of the
+    gateway's request log, else against the gateway's scraped ``in_flight``."""
     if request_log is not None and {"running", "waiting"} <= set(col):
         eng = _sum_series([col["running"], col["waiting"]])
         sent = request_log["sent_unix_s"].to_numpy(float)
         fin = request_log["end_unix_s"].to_numpy(float)
         keep = np.isfinite(sent) & np.isfinite(fin)
         try:
-            delay = fit_delay_exact(eng.index.to_numpy(float), eng.to_numpy(float),
-                                    in_flight_from_log(sent[keep], fin[keep]), max_delay_s=max_delay_s, seed=seed)
+            return fit_delay_exact(eng.index.to_numpy(float), eng.to_numpy(float),
+                                   in_flight_from_log(sent[keep], fin[keep]), max_delay_s=max_delay_s, seed=seed)
         except ConfigError as e:
             notes.append(str(e))
     elif {"running", "waiting", "in_flight"} <= set(col):
         eng = _sum_series([col["running"], col["waiting"]])
         try:
-            delay = fit_delay(eng.index.to_numpy(float), eng.to_numpy(float), col["in_flight"].to_numpy(float),
-                              source_t=col["in_flight"].index.to_numpy(float), max_delay_s=max_delay_s, seed=seed)
+            return fit_delay(eng.index.to_numpy(float), eng.to_numpy(float), col["in_flight"].to_numpy(float),
+                             source_t=col["in_flight"].index.to_numpy(float), max_delay_s=max_delay_s, seed=seed)
         except ConfigError as e:
             notes.append(str(e))
     else:
         notes.append("metric delay: needs running, waiting and the gateway's in_flight")
+    return None
+
+
+def _identify_service(col: dict, window_s: float, pass_window_s: float, notes: list) -> tuple[Estimate | None,
+                                                                                             dict | None]:
+    """The per-worker service rate (completions against the running batch) and the decode pass-time
+    law (from the generated tokens, else from the TPOT histogram's windows below saturation)."""
+    rate = law = None
     have = set(col)
-    if {"running", "success_total"} <= have:
-        r = col["running"]
-        t = r.index.to_numpy(float)
-        workers = (np.interp(t, col["decode_workers"].index.to_numpy(float), col["decode_workers"].to_numpy(float))
-                   if "decode_workers" in col else np.full(len(t), np.nan))
-        succ = np.interp(t, col["success_total"].index.to_numpy(float), col["success_total"].to_numpy(float))
-        k, j = _windowed(t, succ, window_s)
-        dt = t[k] - t[j]
-        comp = (succ[k] - succ[j]) / dt
-        run_mean = np.array([r.to_numpy(float)[a:b + 1].mean() for a, b in zip(j, k)])
-        if np.isfinite(workers).any():
-            try:
-                rate = fit_service_rate(run_mean, comp, workers[k])
-            except ConfigError as e:
-                notes.append(str(e))
-        else:
-            notes.append("service rate: no decode worker count (emulator gauge or kube-state-metrics)")
-        if "generation_total" in have and np.isfinite(workers).any():
-            try:
-                law = _pass_law_from_tokens(col, t, r.to_numpy(float), workers, pass_window_s, notes)
-            except ConfigError as e:
-                notes.append(str(e))
-        elif {"tpot_sum", "tpot_count"} <= have and np.isfinite(workers).any():
-            # a request's TPOT carries its wait for a decode slot once decode is full, and the requests
-            # finishing in a window decoded over the window before it too: the law is fitted on the
-            # windows whose requests ran below saturation (the batch over both windows, none saturated)
-            rv = r.to_numpy(float)
-            # shorter windows than the rate's: the law needs several windows per load level
-            pw = pass_window_s
-            k, j = _windowed(t, succ, pw)
-            ts = np.interp(t, col["tpot_sum"].index.to_numpy(float), col["tpot_sum"].to_numpy(float))
-            tc = np.interp(t, col["tpot_count"].index.to_numpy(float), col["tpot_count"].to_numpy(float))
-            dc = tc[k] - tc[j]
-            with np.errstate(invalid="ignore", divide="ignore"):
-                tpot = np.where(dc >= 1, (ts[k] - ts[j]) / np.where(dc > 0, dc, 1.0), np.nan)
-            k2, j2 = _windowed(t, succ, 2.0 * pw)
-            span_mean = np.full(len(t), np.nan)
-            span_max = np.full(len(t), np.nan)
-            for a, b in zip(j2, k2):
-                span_mean[b], span_max[b] = rv[a:b + 1].mean(), rv[a:b + 1].max()
-            top = np.nanquantile(rv, 0.95) if len(rv) else np.nan
-            unsat = span_max[k] < 0.9 * top
-            try:
-                law = fit_pass_law((span_mean[k] / np.maximum(workers[k], 1.0))[unsat], tpot[unsat])
-                law["method"] = "TPOT of the windows below 90 % of the peak batch (includes slot waits)"
-            except ConfigError as e:
-                notes.append(str(e))
-    else:
+    if not {"running", "success_total"} <= have:
         notes.append("service rate: needs running and success_total")
-    if {"spec_replicas", "ready_replicas"} <= have:
+        return rate, law
+    r = col["running"]
+    t = r.index.to_numpy(float)
+    workers = (np.interp(t, col["decode_workers"].index.to_numpy(float), col["decode_workers"].to_numpy(float))
+               if "decode_workers" in col else np.full(len(t), np.nan))
+    succ = np.interp(t, col["success_total"].index.to_numpy(float), col["success_total"].to_numpy(float))
+    k, j = _windowed(t, succ, window_s)
+    dt = t[k] - t[j]
+    comp = (succ[k] - succ[j]) / dt
+    run_mean = np.array([r.to_numpy(float)[a:b + 1].mean() for a, b in zip(j, k)])
+    if np.isfinite(workers).any():
+        try:
+            rate = fit_service_rate(run_mean, comp, workers[k])
+        except ConfigError as e:
+            notes.append(str(e))
+    else:
+        notes.append("service rate: no decode worker count (emulator gauge or kube-state-metrics)")
+    if "generation_total" in have and np.isfinite(workers).any():
+        try:
+            law = _pass_law_from_tokens(col, t, r.to_numpy(float), workers, pass_window_s, notes)
+        except ConfigError as e:
+            notes.append(str(e))
+    elif {"tpot_sum", "tpot_count"} <= have and np.isfinite(workers).any():
+        try:
+            law = _pass_law_from_tpot(col, t, r.to_numpy(float), succ, workers, pass_window_s)
+        except ConfigError as e:
+            notes.append(str(e))
+    return rate, law
+
+
+def _pass_law_from_tpot(col: dict, t: np.ndarray, rv: np.ndarray, succ: np.ndarray, workers: np.ndarray,
+                        pw: float) -> dict:
+    """The pass-time law from the TPOT histogram's sum and count over windows of ``pw`` seconds
+    (shorter than the rate's: the law needs several windows per load level)."""
+    # a request's TPOT carries its wait for a decode slot once decode is full, and the requests
+    # finishing in a window decoded over the window before it too: the law is fitted on the
+    # windows whose requests ran below saturation (the batch over both windows, none saturated)
+    k, j = _windowed(t, succ, pw)
+    ts = np.interp(t, col["tpot_sum"].index.to_numpy(float), col["tpot_sum"].to_numpy(float))
+    tc = np.interp(t, col["tpot_count"].index.to_numpy(float), col["tpot_count"].to_numpy(float))
+    dc = tc[k] - tc[j]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(dc >= 1, (ts[k] - ts[j]) / np.where(dc > 0, dc, 1.0), np.nan)
+    k2, j2 = _windowed(t, succ, 2.0 * pw)
+    span_mean = np.full(len(t), np.nan)
+    span_max = np.full(len(t), np.nan)
+    for a, b in zip(j2, k2):
+        span_mean[b], span_max[b] = rv[a:b + 1].mean(), rv[a:b + 1].max()
+    top = np.nanquantile(rv, 0.95) if len(rv) else np.nan
+    unsat = span_max[k] < 0.9 * top
+    law = fit_pass_law((span_mean[k] / np.maximum(workers[k], 1.0))[unsat], tpot[unsat])
+    law["method"] = "TPOT of the windows below 90 % of the peak batch (includes slot waits)"
+    return law
+
+
+def _identify_startup(col: dict, notes: list) -> Estimate | None:
+    """The worker start-up delay: ready replicas against the spec's rises (None for fixed pools)."""
+    startup = None
+    if {"spec_replicas", "ready_replicas"} <= set(col):
         t = col["spec_replicas"].index.to_numpy(float)
         ready = np.interp(t, col["ready_replicas"].index.to_numpy(float), col["ready_replicas"].to_numpy(float))
         startup = fit_startup_delay(t, col["spec_replicas"].to_numpy(float), ready)
     if startup is None:
         notes.append("start-up delay: no replica rise recorded (fixed pools)")
-    if rate is not None and modelled_service_rate:
-        m = float(modelled_service_rate)
-        gain = Estimate(rate.value / m, rate.lo / m, rate.hi / m, "measured / modelled service rate", rate.samples)
-    return Identification(delay, rate, law, startup, gain, modelled_service_rate, notes, source)
+    return startup
 
 
 def _toml_value(v) -> str:

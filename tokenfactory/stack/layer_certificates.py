@@ -371,58 +371,15 @@ def certify_control_plane(cfg, d: CertificateDraft) -> LayerLoops:
     the same control plane and the value that passes (:func:`tokenfactory.advise.search_settings`
     on the loop model alone).
     """
-    from tokenfactory.controllers.autoscaler_loops import PoolOperatingPoint, certify_autoscaler
-
-    sc, p = d.sc, d.plant.params
     setting = cfg.read()
     planner = hasattr(setting, "registered_autoscaler")   # Dynamo's planner: its own loop model, both pools
     ctl = None if planner else setting.build(cfg.pool)
-    mu0 = p.decode_capacity(1) if cfg.pool == "decode" else p.fill_rate_per_worker
-    startup0 = sc.dynamics.startup_s + sc.dynamics.warmup_s * (1.0 - sc.dynamics.warmup_factor)
-
-    def planner_points(s):
-        from tokenfactory.controllers.dynamo_planner_loop import certify_planner, planner_pool_loops
-
-        out = {}
-        for dem in sc.demand_factors:
-            for sf in sc.startup_factors:
-                for rfac in sc.envelope.service_rate_factors:
-                    loops = planner_pool_loops(s, p, demand_rps=sc.rate_rps * dem, metric_delay_s=p.measurement_delay_s,
-                                               startup_s=sc.dynamics.startup_s * sf, warmup_s=sc.dynamics.warmup_s * sf,
-                                               gpus_per_worker=sc.dynamics.gpus_per_worker, service_rate_factor=rfac)
-                    certs = {pool: certify_planner(lp, gm_floor=sc.envelope.gm_floor,
-                                                   pm_floor_deg=sc.envelope.pm_floor_deg) for pool, lp in loops.items()}
-                    # the layer's pool, unless the other pool (which the planner sizes too) fails there
-                    own, other = certs[cfg.pool], certs["fill" if cfg.pool == "decode" else "decode"]
-                    out[(dem, sf, rfac)] = other if own.passed and not other.passed else own
-        return out
 
     def points(s):
-        if planner:
-            return planner_points(s)
-        out = {}
-        c = s.build(cfg.pool)
-        for dem in sc.demand_factors:
-            for sf in sc.startup_factors:
-                for rfac in sc.envelope.service_rate_factors:
-                    pt = PoolOperatingPoint(mu0 * rfac, sc.rate_rps * dem, p.measurement_delay_s, startup0 * sf,
-                                            p.decode_slots_per_worker, p.decode_slots_per_worker / p.decode_capacity(1))
-                    out[(dem, sf, rfac)] = certify_autoscaler(c, pt, gm_floor=sc.envelope.gm_floor,
-                                                             pm_floor_deg=sc.envelope.pm_floor_deg)
-        return out
+        return _control_plane_envelope(s, d, cfg.pool, planner)
 
     certs = points(setting)
-    rows = []
-    for (dem, sf, rfac), c in certs.items():
-        cd = c.to_dict()
-        cyc = cd["predicted_cycle"]
-        rows.append({"demand_factor": dem, "startup_factor": sf, "service_rate_factor": rfac,
-                     "gain_margin": math.inf if cd["gain_margin"] is None else cd["gain_margin"],
-                     "phase_margin_deg": math.nan if cd["phase_margin_deg"] is None else cd["phase_margin_deg"],
-                     "delay_margin_s": cd["delay_margin_s"], "loop_delay_s": cd["loop_delay_s"],
-                     "predicted_cycle_s": cyc["period_s"] if cyc else None,
-                     "cascade_peak_replicas": cd["cascade_peak_replicas"], "workers_needed": cd["workers_needed"],
-                     "score": 1.0 if c.passed else 0.0, "meets_floors": c.passed})
+    rows = _control_plane_rows(certs)
     worst = min(rows, key=lambda r: (r["meets_floors"], -(r["predicted_cycle_s"] or 0.0)))
     d.layers["reconfiguration"] = {"points": rows, "worst": worst,
                                    "meets_floors": all(r["meets_floors"] for r in rows),
@@ -431,19 +388,7 @@ def certify_control_plane(cfg, d: CertificateDraft) -> LayerLoops:
                                    "params": setting.planner_fields() if planner else ctl.params(), "pool": cfg.pool,
                                    "sample_period_s": setting.scale_interval_s() if planner else ctl.sample_period}
     if not d.layers["reconfiguration"]["meets_floors"]:
-        c = certs[(worst["demand_factor"], worst["startup_factor"], worst["service_rate_factor"])]
-        why = (f"predicts a {worst['predicted_cycle_s']:.0f} s cycle between {c.predicted_cycle.low_replicas} and "
-               f"{c.predicted_cycle.high_replicas} workers" if c.predicted_cycle else
-               f"its ceiling of {c.loop.max_replicas} workers cannot carry the {c.workers_needed:.2f} needed"
-               if not c.ceiling_carries else
-               f"a start-up asks for {c.cascade_peak} workers where {c.workers_needed:.2f} are needed")
-        need = max(math.ceil(cc.workers_needed - 1e-9) for cc in certs.values())
-        fix = _passing_knob(setting, points, cfg.pool, need)
-        d.failures.append({"layer": "reconfiguration", "check": "loop model",
-                           "detail": f"{setting.format} on {cfg.pool}: {why} at demand x{worst['demand_factor']:g}, "
-                                     f"start-up x{worst['startup_factor']:g}, service rate "
-                                     f"x{worst['service_rate_factor']:g}"
-                                     + (f"; {fix} passes" if fix else "; no single knob of its grid passes")})
+        d.failures.append(_control_plane_failure(setting, certs, worst, points, cfg.pool))
     for key, c in certs.items():
         if key == (1.0, 1.0, 1.0) or len(certs) == 1:
             cyc = c.predicted_cycle
@@ -469,6 +414,76 @@ def certify_control_plane(cfg, d: CertificateDraft) -> LayerLoops:
                  f"the start-up) over admission's closed loop; the ratio is checked, the phase-margin loss of this "
                  f"stand-in for a relay is not (it would read {pair.pm_loss_deg:.1f} deg)"))
     return LayerLoops(inner=acting, outer=acting)
+
+
+def _control_plane_envelope(s, d: CertificateDraft, pool: str, planner: bool) -> dict:
+    """The control plane ``s``'s loop-model certificate at every envelope point, keyed
+    ``(demand, start-up, service-rate factor)``: Dynamo's planner on both pools (the layer's pool,
+    unless the other fails there), any other rule on ``pool``."""
+    sc, p = d.sc, d.plant.params
+    out = {}
+    if planner:
+        from tokenfactory.controllers.dynamo_planner_loop import certify_planner, planner_pool_loops
+
+        for dem in sc.demand_factors:
+            for sf in sc.startup_factors:
+                for rfac in sc.envelope.service_rate_factors:
+                    loops = planner_pool_loops(s, p, demand_rps=sc.rate_rps * dem, metric_delay_s=p.measurement_delay_s,
+                                               startup_s=sc.dynamics.startup_s * sf, warmup_s=sc.dynamics.warmup_s * sf,
+                                               gpus_per_worker=sc.dynamics.gpus_per_worker, service_rate_factor=rfac)
+                    certs = {pl: certify_planner(lp, gm_floor=sc.envelope.gm_floor,
+                                                 pm_floor_deg=sc.envelope.pm_floor_deg) for pl, lp in loops.items()}
+                    # the layer's pool, unless the other pool (which the planner sizes too) fails there
+                    own, other = certs[pool], certs["fill" if pool == "decode" else "decode"]
+                    out[(dem, sf, rfac)] = other if own.passed and not other.passed else own
+        return out
+    from tokenfactory.controllers.autoscaler_loops import PoolOperatingPoint, certify_autoscaler
+
+    mu0 = p.decode_capacity(1) if pool == "decode" else p.fill_rate_per_worker
+    startup0 = sc.dynamics.startup_s + sc.dynamics.warmup_s * (1.0 - sc.dynamics.warmup_factor)
+    c = s.build(pool)
+    for dem in sc.demand_factors:
+        for sf in sc.startup_factors:
+            for rfac in sc.envelope.service_rate_factors:
+                pt = PoolOperatingPoint(mu0 * rfac, sc.rate_rps * dem, p.measurement_delay_s, startup0 * sf,
+                                        p.decode_slots_per_worker, p.decode_slots_per_worker / p.decode_capacity(1))
+                out[(dem, sf, rfac)] = certify_autoscaler(c, pt, gm_floor=sc.envelope.gm_floor,
+                                                         pm_floor_deg=sc.envelope.pm_floor_deg)
+    return out
+
+
+def _control_plane_rows(certs: dict) -> list[dict]:
+    """One row per envelope point: margins, loop delay, predicted cycle, start-up peak, verdict."""
+    rows = []
+    for (dem, sf, rfac), c in certs.items():
+        cd = c.to_dict()
+        cyc = cd["predicted_cycle"]
+        rows.append({"demand_factor": dem, "startup_factor": sf, "service_rate_factor": rfac,
+                     "gain_margin": math.inf if cd["gain_margin"] is None else cd["gain_margin"],
+                     "phase_margin_deg": math.nan if cd["phase_margin_deg"] is None else cd["phase_margin_deg"],
+                     "delay_margin_s": cd["delay_margin_s"], "loop_delay_s": cd["loop_delay_s"],
+                     "predicted_cycle_s": cyc["period_s"] if cyc else None,
+                     "cascade_peak_replicas": cd["cascade_peak_replicas"], "workers_needed": cd["workers_needed"],
+                     "score": 1.0 if c.passed else 0.0, "meets_floors": c.passed})
+    return rows
+
+
+def _control_plane_failure(setting, certs: dict, worst: dict, points, pool: str) -> dict:
+    """The failure at the worst point - the predicted cycle, the ceiling or the start-up overshoot
+    - and the single knob of the same control plane that passes (:func:`_passing_knob`)."""
+    c = certs[(worst["demand_factor"], worst["startup_factor"], worst["service_rate_factor"])]
+    why = (f"predicts a {worst['predicted_cycle_s']:.0f} s cycle between {c.predicted_cycle.low_replicas} and "
+           f"{c.predicted_cycle.high_replicas} workers" if c.predicted_cycle else
+           f"its ceiling of {c.loop.max_replicas} workers cannot carry the {c.workers_needed:.2f} needed"
+           if not c.ceiling_carries else
+           f"a start-up asks for {c.cascade_peak} workers where {c.workers_needed:.2f} are needed")
+    need = max(math.ceil(cc.workers_needed - 1e-9) for cc in certs.values())
+    fix = _passing_knob(setting, points, pool, need)
+    return {"layer": "reconfiguration", "check": "loop model",
+            "detail": f"{setting.format} on {pool}: {why} at demand x{worst['demand_factor']:g}, "
+                      f"start-up x{worst['startup_factor']:g}, service rate "
+                      f"x{worst['service_rate_factor']:g}"
+                      + (f"; {fix} passes" if fix else "; no single knob of its grid passes")}
 
 
 def _passing_knob(setting, points, pool, need: int) -> str | None:
