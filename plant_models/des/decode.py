@@ -67,7 +67,7 @@ class DecodeWorker(PoolWorker):
         return bool(self.members)
 
 
-def _passes_within(t0: float, tk: float, B: int, elapsed: float) -> int:
+def passes_within(t0: float, tk: float, B: int, elapsed: float) -> int:
     """Whole passes completed in ``elapsed`` when pass j takes t0 + tk B j."""
     a = tk * B / 2.0
     b = t0 - tk * B / 2.0
@@ -343,7 +343,7 @@ class DecodeStage:
         start, t0, tk, B, k = w.leap
         core = self.core
         now = core.env.now
-        s = min(_passes_within(t0, tk, B, now - start), k)
+        s = min(passes_within(t0, tk, B, now - start), k)
         w.listening = False
         if s >= k:
             return  # the leap ends now anyway
