@@ -204,3 +204,14 @@ def test_the_private_import_check_sees_one(tmp_path):
     f.write_text("from tokenfactory.controllers.stability import DelayedLoop, _grid\n")
     assert _private_imports(f, "tokenfactory.controllers.describing") == [
         "tokenfactory.controllers.describing:1 imports _grid from tokenfactory.controllers.stability"]
+
+
+def test_pyproject_lists_every_package():
+    # setuptools installs only the listed packages: a package missing there works in an editable
+    # install and is absent from a wheel
+    import tomllib
+
+    listed = set(tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+                 ["tool"]["setuptools"]["packages"])
+    packages = {name for name, path in MODULES.items() if path.name == "__init__.py"}
+    assert packages - listed == set(), f"pyproject.toml [tool.setuptools] packages lacks {sorted(packages - listed)}"
