@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tokenfactory.controllers.stability import DelayedLoop, _grid
+from tokenfactory.controllers.stability import DelayedLoop, frequency_grid
 
 __all__ = ["nyquist_plot", "stability_map_plot", "forecast_plot", "capacity_plan_plot", "simc_tuning_plot"]
 
@@ -50,7 +50,7 @@ def nyquist_plot(loops: dict[str, DelayedLoop], *, df_locus: dict | None = None,
         r = 1.0 / ms_circle
         ax.plot(-1 + r * np.cos(th), r * np.sin(th), ls=":", color="C3", lw=1, label=f"Ms = {ms_circle:g}")
     for i, (name, loop) in enumerate(loops.items()):
-        w = _grid(loop, 4000)
+        w = frequency_grid(loop, 4000)
         L = loop.response(w)
         keep = np.abs(L) < 10 * limit
         ax.plot(L.real[keep], L.imag[keep], color=f"C{i}", lw=1.5, label=name)

@@ -61,7 +61,7 @@ POOL_METRICS: dict[str, Callable[[Measurement], float]] = {
 }
 
 
-def _current(m: Measurement, pool: str, *, provisioned: bool = False) -> int:
+def serving_replicas(m: Measurement, pool: str, *, provisioned: bool = False) -> int:
     """Serving workers of ``pool``; with ``provisioned``, plus those still starting (a Kubernetes
     deployment's replica count, which HPA and APA scale from)."""
     n = m.decode_workers if pool == "decode" else m.fill_workers
@@ -72,7 +72,7 @@ def _current(m: Measurement, pool: str, *, provisioned: bool = False) -> int:
     return int(round(n))
 
 
-class _PoolAutoscaler(SampledController):
+class PoolAutoscaler(SampledController):
     """What every pool autoscaler shares: the pool it sizes and its replica bounds."""
 
     def _init_pool(self, where: str, pool: str, min_replicas: int, max_replicas: int) -> None:
@@ -84,7 +84,7 @@ class _PoolAutoscaler(SampledController):
         return int(min(max(replicas, self.min_replicas), self.max_replicas))
 
 
-class HorizontalPodAutoscaler(_PoolAutoscaler):
+class HorizontalPodAutoscaler(PoolAutoscaler):
     """Kubernetes HPA on a per-replica average metric (e.g. utilization 0-1) with target ``target``.
 
     The decision follows ``pkg/controller/podautoscaler`` (horizontal.go): the raw recommendation
@@ -312,10 +312,10 @@ class HorizontalPodAutoscaler(_PoolAutoscaler):
         # currentReplicas is the deployment's spec (starting pods included); the metric is the
         # average over pods that report it (serving ones); starting pods are unready: on a
         # scale-up upstream counts them at 0, on a scale-down it sizes from the ready ones
-        provisioned = _current(m, self.pool, provisioned=True)
+        provisioned = serving_replicas(m, self.pool, provisioned=True)
         if not self.starting_unready:  # starting pods that report the metric: every provisioned pod at the average
             return ScaleAction(self.pool, self.recommend(t, provisioned, POOL_METRICS[self.metric](m)))
-        serving = _current(m, self.pool)
+        serving = serving_replicas(m, self.pool)
         return ScaleAction(self.pool, self.recommend(t, provisioned, POOL_METRICS[self.metric](m), serving,
                                                      provisioned - serving))
 
@@ -389,7 +389,7 @@ def _policies(field: str, policies) -> tuple:
     return tuple(out)
 
 
-class KnativeAutoscaler(_PoolAutoscaler):
+class KnativeAutoscaler(PoolAutoscaler):
     """Knative KPA on a total metric (e.g. concurrency) with ``target`` per replica.
 
     Parameters
@@ -516,7 +516,7 @@ class KnativeAutoscaler(_PoolAutoscaler):
 
     def update(self, t: float, m: Measurement) -> ScaleAction:
         """One tick on the plant's sample: :meth:`recommend` as a :class:`ScaleAction`."""
-        return ScaleAction(self.pool, self.recommend(t, _current(m, self.pool), POOL_METRICS[self.metric](m)))
+        return ScaleAction(self.pool, self.recommend(t, serving_replicas(m, self.pool), POOL_METRICS[self.metric](m)))
 
     def params(self) -> dict:
         return {k: getattr(self, k) for k in ("pool", "target", "metric", "min_replicas", "max_replicas",
@@ -524,7 +524,7 @@ class KnativeAutoscaler(_PoolAutoscaler):
                                               "max_scale_up_rate", "max_scale_down_rate", "sample_period")}
 
 
-class DynamoThroughputPlanner(_PoolAutoscaler):
+class DynamoThroughputPlanner(PoolAutoscaler):
     """Dynamo throughput-mode planner: predicted demand / per-engine capacity, every interval.
 
     Each adjustment interval the planner records the interval's request count, asks its load
@@ -653,7 +653,7 @@ def dynamo_load_thresholds(fill_token_budget: int) -> dict[str, tuple[float, flo
     return {"fill": (float(int(fill_token_budget)), float(int(fill_token_budget) // 10)), "decode": (90.0, 60.0)}
 
 
-class DynamoLoadPlanner(_PoolAutoscaler):
+class DynamoLoadPlanner(PoolAutoscaler):
     """Dynamo's load-based scaling (``ai-dynamo`` 1.4.2, ``core/load_scaling.py``, the
     ``throughput`` and ``load`` optimization targets), one pool at a time.
 
@@ -727,14 +727,14 @@ class DynamoLoadPlanner(_PoolAutoscaler):
         """One worker's signal (the pool's mean; Dynamo's forward-pass metrics are integers, so
         the token counts are rounded as they would be in a worker's report)."""
         if self.pool == "fill":
-            n = _current(m, "fill")
+            n = serving_replicas(m, "fill")
             tokens = m.fill_queued_tokens if math.isfinite(m.fill_queued_tokens) else m.fill_in_progress * self.prompt_tokens
             per = max(tokens, 0.0) / n if n else 0.0
             queued = round(per - min(per, self.fill_step_tokens))
             if self.target == "throughput":
                 return queued / int(round(self.prompt_tokens + self.output_tokens))
             return float(queued)
-        n = _current(m, "decode")
+        n = serving_replicas(m, "decode")
         if not n:
             return 0.0
         ctx = m.decode_context_tokens if math.isfinite(m.decode_context_tokens) else self.context_tokens
@@ -776,8 +776,8 @@ class DynamoLoadPlanner(_PoolAutoscaler):
 
     def update(self, t: float, m: Measurement) -> ScaleAction:
         """One tick: hold while either pool is scaling, else :meth:`recommend`."""
-        current = _current(m, self.pool)
-        provisioned = _current(m, self.pool, provisioned=True)
+        current = serving_replicas(m, self.pool)
+        provisioned = serving_replicas(m, self.pool, provisioned=True)
         if self._target is not None and self._target == current and provisioned == current:
             self._target = None  # reached
         starting = m.fill_workers_starting + m.decode_workers_starting
@@ -794,7 +794,7 @@ class DynamoLoadPlanner(_PoolAutoscaler):
                 "sample_period": self.sample_period}
 
 
-class AIBrixAPA(_PoolAutoscaler):
+class AIBrixAPA(PoolAutoscaler):
     """AIBrix APA: a +/-10 % band around the target, scale rates of at most x2 up and /2 down per
     decision (AIBrix's defaults, ``pkg/controller/podautoscaler/context/context.go``) and a 300 s
     scale-down cooldown.
@@ -895,7 +895,7 @@ class AIBrixAPA(_PoolAutoscaler):
 
     def update(self, t: float, m: Measurement) -> ScaleAction:
         """One decision on the plant's sample: :meth:`recommend` as a :class:`ScaleAction`."""
-        return ScaleAction(self.pool, self.recommend(t, _current(m, self.pool, provisioned=True),
+        return ScaleAction(self.pool, self.recommend(t, serving_replicas(m, self.pool, provisioned=True),
                                                      POOL_METRICS[self.metric](m)))
 
     def params(self) -> dict:

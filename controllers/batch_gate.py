@@ -50,7 +50,7 @@ from tokenfactory.controllers.interface import SampledController
 from tokenfactory.controllers.stability import (  # the phase crossovers: where a real N(A) can balance
     DelayedLoop,
     Margins,
-    _phase_crossovers,
+    phase_crossovers,
     loop_transfer,
     stability_margins,
 )
@@ -367,7 +367,7 @@ def predict_batch_cycle(loop: DelayedLoop, cap_range: float) -> LimitCycle | Non
         The lowest-frequency predicted cycle.
     """
     N = control.saturation_nonlinearity(cap_range).describing_function
-    w_pc, mag_pc = _phase_crossovers(loop, 6)
+    w_pc, mag_pc = phase_crossovers(loop, 6)
     for wc, mag in sorted(zip(w_pc, mag_pc)):
         if mag <= 1.0 or not np.isfinite(mag):
             continue

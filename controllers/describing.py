@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from scipy.optimize import brentq, least_squares
 
-from tokenfactory.controllers.stability import DelayedLoop, _grid, _phase_crossovers, pade_order_for
+from tokenfactory.controllers.stability import DelayedLoop, frequency_grid, phase_crossovers, pade_order_for
 from tokenfactory.core.validation import ConfigError, check_number
 
 __all__ = ["LimitCycle", "predict_limit_cycles", "relay_integrator_delay_cycle"]
@@ -60,7 +60,7 @@ def _model(loop: DelayedLoop, method: str, pade_order: int | None) -> tuple[Dela
         raise ConfigError("method", f"{method!r} is not one of 'exact', 'pade'")
     if pade_order is None:
         # resolve the phase up to twice the first phase crossover
-        w, _ = _phase_crossovers(loop, 1)
+        w, _ = phase_crossovers(loop, 1)
         w_top = w[0] if len(w) else 1.0 / max(loop.delay, 1e-9)
         pade_order = pade_order_for(loop.delay, 2.0 * w_top) if loop.delay > 0 else 1
     return DelayedLoop(loop.pade(pade_order), 0.0, loop.name), f"pade-{pade_order}"
@@ -104,10 +104,10 @@ def predict_limit_cycles(loop: DelayedLoop, nonlinearity, *, method: str = "exac
     model, label = _model(loop, method, pade_order)
     f = model.response
     N = nonlinearity.describing_function
-    w = _grid(loop)
+    w = frequency_grid(loop)
     seeds = []
     # the phase crossovers (the stability module's crossing search on the same response)
-    w_pc, mag_pc = _phase_crossovers(model, 6)
+    w_pc, mag_pc = phase_crossovers(model, 6)
     for wc, mag in zip(w_pc, mag_pc):
         target = 1.0 / mag  # N(A) needed with a real N
         lo, hi = amplitude_bounds

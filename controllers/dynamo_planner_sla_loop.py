@@ -70,6 +70,14 @@ class SLAPoolLoop(PlannerPoolLoop):
 
     Parameters
     ----------
+    pool, signal, unit, offset, queue_unit, occupancy_s, point, tick_s : see PlannerPoolLoop
+        As there (``signal`` is the estimated TTFT or ITL here).
+    up : float
+        The SLA target (s): ``ttft_ms`` / 1000 on fill, ``itl_ms`` / 1000 on decode.
+    down : float
+        The scale-down level (s): the target x ``sensitivity``.
+    min_replicas, max_replicas : int
+        ``min_endpoint`` and what the GPU budget leaves this pool.
     sensitivity : float
         ``load_scaling_down_sensitivity`` / 100.
     floor_replicas : int

@@ -27,7 +27,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tokenfactory.controllers.autoscaling import _current, _PoolAutoscaler
+from tokenfactory.controllers.autoscaling import serving_replicas, PoolAutoscaler
 from tokenfactory.core.signals import Measurement, ScaleAction
 from tokenfactory.core.validation import check_number
 
@@ -55,7 +55,7 @@ def itl_estimate(pass_s: Callable[[float], float], slots: float) -> Callable[[fl
     return estimate
 
 
-class DynamoSLALoadScaling(_PoolAutoscaler):
+class DynamoSLALoadScaling(PoolAutoscaler):
     """Dynamo's SLA-mode decode load scaling (see the module docstring), one step per tick.
 
     Parameters
@@ -114,8 +114,8 @@ class DynamoSLALoadScaling(_PoolAutoscaler):
 
     def update(self, t: float, m: Measurement) -> ScaleAction:
         """One tick: hold while a worker starts or the last target is not reached, else :meth:`recommend`."""
-        n = _current(m, "decode")
-        provisioned = _current(m, "decode", provisioned=True)
+        n = serving_replicas(m, "decode")
+        provisioned = serving_replicas(m, "decode", provisioned=True)
         if self._target is not None and self._target == n and provisioned == n:
             self._target = None
         if m.decode_workers_starting > 0 or (self._target is not None and self._target != n):

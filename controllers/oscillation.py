@@ -36,6 +36,20 @@ direction on the same pool, by at least :data:`CHURN_MIN_STEP` of the pool) per 
 and more than :data:`CHURN_MIN_REVERSALS` in all, beyond the turns of the demand itself (its
 10-minute mean moving back by a tenth: a pool that follows its demand reverses where it turns). The
 regular-cycle detectors need a period; churn needs none, so it catches irregular flapping.
+
+**Forced or self-sustained** (:func:`forced_response`). A cycle the detectors find is tested
+against the exogenous inputs - the offered demand (no layer's action changes it) and, where the
+caller gives it, the actuator's open-loop replay (what the plan asks for with the loop through the
+plant opened). When the Welch magnitude-squared coherence (:func:`scipy.signal.coherence`) of the
+cycling signal with an input, read at the input's strongest component within +/-20 % of the
+cycle's frequency, is at least :data:`FORCED_COHERENCE` = 0.5 and above Carter's significance
+level for the segments averaged (1 - 0.01^(1/(K-1)), Carter 1987), the cycle is the input's
+*forced response*: reported per signal (``forced: true``, ``input_period_s``, ``coherence``) and
+not counted as ``oscillating``. A self-sustained cycle (a limit cycle, a loop short of margin) runs
+at its own frequency and phase, incoherent with the input (Nayfeh & Mook 1979, forced vs
+self-excited oscillations); one entrained by the input is counted as forced, since the input then
+sets its period. Without an input, or with fewer than two segments of four periods, every cycle
+counts.
 """
 
 from __future__ import annotations
@@ -44,6 +58,7 @@ import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
+import pandas as pd
 from scipy import signal as sps
 
 from tokenfactory.core.validation import ConfigError, check_number
@@ -60,6 +75,9 @@ __all__ = [
     "assess",
     "ActuatorVerdict",
     "judge_actuators",
+    "forced_response",
+    "FORCED_COHERENCE",
+    "FORCED_SIGNIFICANCE",
     "CHURN_REVERSALS_PER_HOUR",
     "CHURN_MIN_REVERSALS",
     "CHURN_MIN_STEP",
@@ -465,6 +483,80 @@ def assess(signal, dt: float, *, min_amplitude: float = 0.0,
                              first_harmonic_amplitude(x, dt, period), len(x), why)
 
 
+#: a cycle is the forced response of an exogenous input when their Welch magnitude-squared
+#: coherence at the cycle's frequency is at least this (more than half the cycle's power at that
+#: frequency is linearly explained by the input) ...
+FORCED_COHERENCE = 0.5
+#: ... and above what K independent segments of two unrelated signals exceed with this probability
+#: (Carter 1987: P(MSC > c) = (1 - c)^(K - 1) under zero true coherence)
+FORCED_SIGNIFICANCE = 0.01
+#: Welch segments span this many periods of the cycle (bins 1/4 of its frequency apart)
+FORCED_SEGMENT_PERIODS = 4.0
+#: the input's periodic component is looked for within this share of the cycle's frequency (the
+#: band :func:`spectral_peak_fraction` uses)
+FORCED_BAND = 0.2
+
+
+def forced_response(x, u, dt: float, period_s: float) -> dict:
+    """Whether the cycle of ``x`` at ``period_s`` is the forced response to the input ``u``.
+
+    A loop driven by a periodic exogenous input answers at the input's period with a phase that
+    stays fixed to it from one period to the next; a self-sustained cycle (a limit cycle, a loop
+    with too little margin) runs at its own frequency and phase, whatever the input does. The
+    magnitude-squared coherence C(f) = |P_xu(f)|^2 / (P_xx(f) P_uu(f)) (Welch's averaged
+    periodograms, :func:`scipy.signal.coherence`; Bendat & Piersol, Random Data, 4th ed., sec. 5.2.5
+    and 9.2.3) measures exactly that phase locking: it is 1 where x is a linear response of u and
+    tends to 0 where the two are unrelated. The cycle is forced when, in the band
+    (1 +/- :data:`FORCED_BAND`) / ``period_s``, at the frequency where the input has most power, C is
+    at least :data:`FORCED_COHERENCE` and above the significance level of K independent segments
+    (Carter 1987, "Coherence and time delay estimation", Proc. IEEE 75(2):236-255: zero true
+    coherence exceeds c with probability (1 - c)^(K - 1); :data:`FORCED_SIGNIFICANCE`). This is the
+    forced-versus-self-excited distinction of nonlinear oscillations (Nayfeh & Mook, Nonlinear
+    Oscillations, 1979, ch. 4 vs ch. 3; entrainment - a self-excited cycle locked to the forcing -
+    counts as forced, since the input then sets its period).
+
+    Parameters
+    ----------
+    x : array_like
+        The cycling signal (as judged: references and high-pass already applied).
+    u : array_like
+        The exogenous input on the same samples (e.g. the offered demand).
+    dt : float
+        Sample period (s).
+    period_s : float
+        The cycle's period (s, from :func:`assess`).
+
+    Returns
+    -------
+    dict
+        ``forced`` (bool), ``input_period_s`` (the input's component the coherence is read at; nan
+        when undetermined), ``coherence``, ``coherence_threshold``, ``segments`` (K) and ``why``.
+    """
+    x, u = np.asarray(x, dtype=float), np.asarray(u, dtype=float)
+    out = {"forced": False, "input_period_s": math.nan, "coherence": math.nan, "coherence_threshold": math.nan,
+           "segments": 0}
+    if not (period_s > 0 and math.isfinite(period_s)) or len(u) != len(x) or not np.all(np.isfinite(u)):
+        return {**out, "why": "no input or no period to compare"}
+    nper = int(math.ceil(FORCED_SEGMENT_PERIODS * period_s / dt))
+    k = len(x) // max(nper, 1)
+    if k < 2 or np.ptp(u) == 0:
+        return {**out, "why": f"{len(x) * dt:.0f} s hold fewer than 2 segments of {nper * dt:.0f} s, or a constant "
+                              "input: not determinable"}
+    f, c = sps.coherence(x, u, fs=1.0 / dt, nperseg=nper, detrend="linear")
+    _, puu = sps.welch(u, fs=1.0 / dt, nperseg=nper, detrend="linear")
+    f0 = 1.0 / period_s
+    band = np.nonzero((f >= (1 - FORCED_BAND) * f0) & (f <= (1 + FORCED_BAND) * f0) & (f > 0))[0]
+    if not len(band):
+        return {**out, "segments": k, "why": "no frequency bin in the cycle's band"}
+    j = band[int(np.argmax(puu[band]))]
+    threshold = max(FORCED_COHERENCE, 1.0 - FORCED_SIGNIFICANCE ** (1.0 / (k - 1)))
+    forced = bool(c[j] >= threshold)
+    why = (f"coherence {c[j]:.2f} {'>=' if forced else '<'} {threshold:.2f} at its {1 / f[j]:.4g} s component "
+           f"({k} segments)")
+    return {"forced": forced, "input_period_s": float(1.0 / f[j]), "coherence": float(c[j]),
+            "coherence_threshold": float(threshold), "segments": int(k), "why": why}
+
+
 @dataclass(frozen=True)
 class ActuatorVerdict:
     """The verdict on one run: every actuator and buffer through :func:`assess`, pool moves
@@ -567,7 +659,8 @@ def _step_signal(times, at, values, start_value) -> "np.ndarray":
 
 def judge_actuators(series, actions=None, *, start_s: float = 0.0, end_s: float | None = None,
                     step_s: float | None = None, buffer_amplitudes: dict | None = None,
-                    references: dict | None = None, highpass_s: float | None = None) -> ActuatorVerdict:
+                    references: dict | None = None, highpass_s: float | None = None,
+                    exogenous: str | None = "auto", open_loop: dict | None = None) -> ActuatorVerdict:
     """The oscillation and churn verdict of a run, from its series and action log (any plant).
 
     Signals judged (those the series or the actions carry): ``fill_pool`` and ``decode_pool``
@@ -577,7 +670,9 @@ def judge_actuators(series, actions=None, *, start_s: float = 0.0, end_s: float 
     window, so switching between open and closed is a full swing),
     each with a minimum amplitude of :data:`RELATIVE_MIN_AMPLITUDE` x its mean; and the buffers
     named in ``buffer_amplitudes`` (column -> minimum amplitude). An actuator that never moves in
-    the window is not judged (what the detectors would see in it is the plant's noise).
+    the window is not judged (what the detectors would see in it is the plant's noise). A cycle
+    the detectors find is then tested against the exogenous input (:func:`forced_response`): one
+    coherent with the input at its period is reported ``forced`` and does not count as oscillating.
 
     Parameters
     ----------
@@ -602,28 +697,71 @@ def judge_actuators(series, actions=None, *, start_s: float = 0.0, end_s: float 
         its demand is judged on its deviation from it).
     highpass_s : float, optional
         Remove a centred running mean of this width from the pool signals (what is slower is the
-        demand's cycle, not a loop's).
+        demand's cycle, not a loop's); the input is filtered alike before the forced-response test.
+    exogenous : str or None
+        The series column holding the exogenous input a forced cycle follows: ``"auto"`` (default)
+        ``demand``, else ``arrival_rate`` (the offered load: no layer's action changes it); None: no
+        forced-response test.
+    open_loop : dict, optional
+        Per signal an array over the judged samples: what the actuator would do with the loop
+        through the plant opened - e.g. the pool the plan asks for from the offered demand and
+        the clock alone (:func:`tokenfactory.stack.on_rates.run_on_rates`), before ``references``
+        are subtracted (they are subtracted from it too). A cycle coherent with it is the
+        plan's forced response.
 
     Returns
     -------
     ActuatorVerdict
         The verdict, the churn figures and every signal's report.
     """
-    import pandas as pd
+    s = _window(series, start_s, end_s, step_s)
+    end = float(series["time_s"].iloc[-1]) if end_s is None else float(end_s)
+    t = s["time_s"].to_numpy(dtype=float)
+    dt = float(np.median(np.diff(t))) if len(t) > 1 else math.nan
+    acts = pd.DataFrame(actions if actions is not None else [])
+    churn = _churn(s, acts, start_s, end)
+    u = _exogenous_input(s, exogenous)
+    signals = {}
+    for name, (x, amp, is_pool) in _candidates(s, acts, t, buffer_amplitudes).items():
+        inputs = {} if u is None else {"the input": u}
+        if open_loop and name in open_loop:
+            inputs["the open-loop replay"] = np.asarray(open_loop[name], dtype=float)[: len(x)]
+        signals[name] = _judge_signal(name, x, amp, is_pool, dt, references, highpass_s, inputs)
+    flagged = [k for k, v in signals.items() if v.get("oscillating")]
+    forced = [k for k, v in signals.items() if v.get("forced")]
+    parts = []
+    if flagged:
+        parts.append("cycles on " + ", ".join(flagged))
+    if churn["churning"]:
+        parts.append(churn["reason"])
+    if forced:
+        parts.append("forced responses (not counted): " + ", ".join(
+            f"{k} ({signals[k]['period_s']:.4g} s, coherence {signals[k]['coherence']:.2f} with "
+            f"{signals[k]['forced_by']}'s {signals[k]['input_period_s']:.4g} s component)" for k in forced))
+    if not flagged and not churn["churning"]:
+        parts.insert(0, f"no cycle on {len(signals)} signals; {churn['reversals']} pool reversals "
+                        f"({churn['rph']:.1f}/h)")
+    return ActuatorVerdict(bool(flagged) or churn["churning"], churn["churning"], int(churn["reversals"]),
+                           float(churn["rph"]), churn["per_pool"], signals, "; ".join(parts))
 
-    from tokenfactory.core.signals import count_reversals
 
+def _window(series, start_s: float, end_s: float | None, step_s: float | None):
+    """The series between ``start_s`` and ``end_s``, every ``step_s`` seconds."""
     t_all = series["time_s"].to_numpy(dtype=float)
     end = float(t_all[-1]) if end_s is None else float(end_s)
-    keep = (t_all >= start_s) & (t_all <= end)
-    s = series[keep]
+    s = series[(t_all >= start_s) & (t_all <= end)]
     if step_s is not None and len(s) > 1:
         native = float(np.median(np.diff(s["time_s"].to_numpy(dtype=float))))
         stride = max(1, int(round(step_s / native))) if native > 0 else 1
         s = s.iloc[::stride]
-    t = s["time_s"].to_numpy(dtype=float)
-    dt = float(np.median(np.diff(t))) if len(t) > 1 else math.nan
-    acts = pd.DataFrame(actions if actions is not None else [])
+    return s
+
+
+def _churn(s, acts, start_s: float, end: float) -> dict:
+    """The pools' reversals in the window and the churn bound on the worst pool's, beyond the
+    turns of the demand (each pool follows its own demand)."""
+    from tokenfactory.core.signals import count_reversals
+
     kind = acts["kind"] if "kind" in acts else pd.Series([], dtype=object)
     scale_rows = acts[kind == "scale"] if len(acts) else acts
     per_pool: dict[str, int] = {}
@@ -632,17 +770,26 @@ def judge_actuators(series, actions=None, *, start_s: float = 0.0, end_s: float 
         in_window = scale_rows[(scale_rows["time_s"] >= start_s) & (scale_rows["time_s"] <= end)]
         for pool, rows in in_window.sort_values("time_s", kind="stable").groupby("pool", sort=True):
             recs = rows.to_dict("records")
-            per_pool[str(pool)] = count_reversals(recs)
+            per_pool[str(pool)] = int(count_reversals(recs))
             churn_pool[str(pool)] = _churn_reversals(recs)
     reversals = sum(per_pool.values())
     worst = max(churn_pool.values(), default=0)
     hours = max(end - start_s, 0.0) / 3600.0
-    rph = reversals / hours if hours > 0 else 0.0
-    # the bound is a pool's (each pool follows its own demand): the worst pool decides, on the
-    # reversals its demand's own turns do not explain
     turns = _demand_turns(s)
     excess = worst - turns
     churning = excess > CHURN_MIN_REVERSALS and (excess / hours if hours > 0 else 0.0) > CHURN_REVERSALS_PER_HOUR
+    reason = ""
+    if churning:
+        pool = max(churn_pool, key=churn_pool.get)
+        reason = (f"churn: {worst} reversals of the {pool} pool in {hours * 60:.0f} min, {excess} more than the "
+                  f"demand's {turns} turns ({excess / hours:.1f}/h > {CHURN_REVERSALS_PER_HOUR:g}/h)")
+    return {"per_pool": per_pool, "reversals": reversals, "rph": reversals / hours if hours > 0 else 0.0,
+            "churning": churning, "reason": reason}
+
+
+def _candidates(s, acts, t, buffer_amplitudes: dict | None) -> dict[str, tuple]:
+    """Every signal to judge: name -> (samples, minimum amplitude or None for relative, is a pool)."""
+    kind = acts["kind"] if "kind" in acts else pd.Series([], dtype=object)
     candidates: dict[str, tuple] = {}
     for pool in ("fill", "decode"):
         if f"{pool}_workers" in s:
@@ -666,33 +813,52 @@ def judge_actuators(series, actions=None, *, start_s: float = 0.0, end_s: float 
         if col in s:
             candidates["fill_queue" if col == "fill_queued_tokens" else col] = (
                 s[col].to_numpy(dtype=float), float(amp), False)
-    signals: dict[str, dict] = {}
-    for name, (x, amp, is_pool) in candidates.items():
-        if len(x) < 16 or not np.all(np.isfinite(x)):
-            signals[name] = {"oscillating": False, "reason": "too short or not finite to judge"}
-            continue
-        actuator = name not in ("ready", "fill_queue")
-        if actuator and np.ptp(x) == 0:
-            signals[name] = {"oscillating": False, "reason": "never moved in the window"}
-            continue
-        if amp is None:
-            amp = RELATIVE_MIN_AMPLITUDE * max(abs(float(np.mean(x))), 1e-12)
-        if is_pool and references and name in references:
-            x = x - np.asarray(references[name], dtype=float)[: len(x)]
-        if is_pool and highpass_s and math.isfinite(dt):
-            w = int(round(highpass_s / dt))
-            if len(x) > 2 * w > 0:
-                x = x - pd.Series(x).rolling(w, center=True, min_periods=1).mean().to_numpy()
-        signals[name] = assess(x, dt, min_amplitude=amp).to_dict()
-    flagged = [k for k, v in signals.items() if v.get("oscillating")]
-    parts = []
-    if flagged:
-        parts.append("cycles on " + ", ".join(flagged))
-    if churning:
-        pool = max(churn_pool, key=churn_pool.get)
-        parts.append(f"churn: {worst} reversals of the {pool} pool in {hours * 60:.0f} min, {excess} more than the "
-                     f"demand's {turns} turns ({excess / hours:.1f}/h > {CHURN_REVERSALS_PER_HOUR:g}/h)")
-    reason = "; ".join(parts) if parts else (f"no cycle on {len(signals)} signals; {reversals} pool reversals "
-                                             f"({rph:.1f}/h)")
-    return ActuatorVerdict(bool(flagged) or churning, churning, int(reversals), float(rph),
-                           {k: int(v) for k, v in per_pool.items()}, signals, reason)
+    return candidates
+
+
+def _exogenous_input(s, exogenous: str | None):
+    """The input column's samples (None without one)."""
+    if exogenous == "auto":
+        exogenous = "demand" if "demand" in s else "arrival_rate" if "arrival_rate" in s else None
+    elif exogenous is not None and exogenous not in s:
+        raise ConfigError("exogenous", f"no column {exogenous!r} in the series (columns: {', '.join(s.columns)})")
+    return None if exogenous is None else s[exogenous].to_numpy(dtype=float)
+
+
+def _highpass(x: np.ndarray, highpass_s: float | None, dt: float) -> np.ndarray:
+    """``x`` minus its centred running mean over ``highpass_s`` (unchanged when too short)."""
+    if highpass_s and math.isfinite(dt):
+        w = int(round(highpass_s / dt))
+        if len(x) > 2 * w > 0:
+            return x - pd.Series(x).rolling(w, center=True, min_periods=1).mean().to_numpy()
+    return x
+
+
+def _judge_signal(name: str, x, amp, is_pool: bool, dt: float, references: dict | None,
+                  highpass_s: float | None, inputs: dict) -> dict:
+    """One signal's report: :func:`assess`, and for a cycle the forced-response test against each
+    exogenous input (filtered as the signal is); the most coherent one is reported."""
+    if len(x) < 16 or not np.all(np.isfinite(x)):
+        return {"oscillating": False, "reason": "too short or not finite to judge"}
+    if name not in ("ready", "fill_queue") and np.ptp(x) == 0:
+        return {"oscillating": False, "reason": "never moved in the window"}
+    if amp is None:
+        amp = RELATIVE_MIN_AMPLITUDE * max(abs(float(np.mean(x))), 1e-12)
+    ref = np.asarray(references[name], dtype=float)[: len(x)] if is_pool and references and name in references else 0.0
+    x = _highpass(x - ref, highpass_s, dt) if is_pool else x
+    rep = assess(x, dt, min_amplitude=amp).to_dict()
+    if not rep["oscillating"] or not inputs:
+        return rep
+    tests = []
+    for label, v in inputs.items():
+        v = v - ref if label == "the open-loop replay" else v
+        tests.append((label, forced_response(x, _highpass(v, highpass_s, dt) if is_pool else v, dt, rep["period_s"])))
+    label, test = max(tests, key=lambda lt: (lt[1]["forced"], np.nan_to_num(lt[1]["coherence"], nan=-1.0)))
+    rep.update({k: test[k] for k in ("forced", "input_period_s", "coherence", "coherence_threshold", "segments")})
+    rep["forced_by"] = label
+    if test["forced"]:
+        rep["oscillating"] = False
+        rep["reason"] = f"forced response, not a loop's cycle: {label}: {test['why']} (detectors: {rep['reason']})"
+    else:
+        rep["reason"] += "; self-sustained: " + "; ".join(f"{lb}: {ts['why']}" for lb, ts in tests)
+    return rep

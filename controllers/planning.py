@@ -83,6 +83,20 @@ last hour's demand over the median profile's, times the profile's peak over the 
 more capacity than persistence x rho in the replay of the last four days at 5 and 10 minutes (each
 day planned on the three before, 0.5 % unserved), a geometric half-blend of the two 0.2-10 % more.
 
+The *error state* (``error_state``, :func:`error_state_scale`, off by default) conditions the
+headroom on the lead error the plan has just made (the last interval against the plan one lead
+before it): a weight per tercile of that error, fitted daily with the equal-exceedance allocation
+of ``hour_phase``. On ServeGen's last four days, each planned on the three before, the lead error
+is barely correlated with the one just made (m-large -0.01 to 0.22 by day, m-small -0.26 to 0.19)
+and which tercile carries the tail changes from day to day, as does the 4-hour time-of-day profile
+of the tail (correlation of consecutive days' profiles -0.61 to 0.69 on m-large): no stable
+conditioning found. Measured (same rows): alone m-large x5 1.0442 / 0.9955, 1.0835 / 0.9913, 1.1675 /
+0.9902, m-small 1.0379 / 0.9965, 1.0657 / 0.9937, 1.1234 / 0.9905 (the 5-minute rows dearer than
+without it); with ``trend_s`` and ``hour_phase`` m-large x5 1.0442 / 0.9955, 1.0720 / 0.9906, 1.1501 /
+0.9901, m-small 1.0379 / 0.9965, 1.0571 / 0.9951, 1.1117 / 0.9907: no row dearer than without the
+three corrections and every SLO >= 0.99 (m-large's 10-minute row at the edge), so ``stack_default``
+switches all three on; the 10-minute rows stay short of 1.10 (the tail has no stable predictor here).
+
 The profile is smoothed over one planning interval (the demand's own resolution): a median of a
 few days is jagged minute to minute, and that jitter alone moved pools across a worker boundary
 and back.
@@ -119,14 +133,15 @@ import numpy as np
 import pandas as pd
 from scipy.ndimage import maximum_filter1d, median_filter
 
-from tokenfactory.controllers.autoscaling import _current
+from tokenfactory.controllers.autoscaling import serving_replicas
 from tokenfactory.controllers.interface import SampledController, lowpass
 from tokenfactory.controllers.reconfiguration import HystereticPoolController, need_noise_std
 from tokenfactory.core.signals import Measurement, ScaleAction
 from tokenfactory.core.validation import ConfigError, check_int, check_number
 
 __all__ = ["DemandPlanner", "PlannedPoolController", "rise_profile", "calibrate_headroom", "interval_volatility",
-           "correction_certificate", "lead_forecast_error", "rising_trend", "hour_phase_scale", "HEADROOM_GRID", "VOLATILITY_SCALE_BOUNDS", "EXCESS_BUDGET_SHARE"]
+           "correction_certificate", "lead_forecast_error", "rising_trend", "hour_phase_scale", "error_state_scale",
+           "observed_lead_error", "ERROR_STATE_QUANTILES", "HEADROOM_GRID", "VOLATILITY_SCALE_BOUNDS", "EXCESS_BUDGET_SHARE"]
 
 DAY_S = 86400.0
 #: the share of the SLO's miss budget (1 - attainment) the headroom's replay may leave unserved.
@@ -337,6 +352,96 @@ def hour_phase_scale(demand: pd.Series, profile: pd.Series | None, lead_s: float
     return np.clip(np.where(np.isfinite(rms), rms / ref, 1.0), *VOLATILITY_SCALE_BOUNDS)
 
 
+def observed_lead_error(y: pd.Series, profile: np.ndarray | None, lead_s: float, fine_s: float,
+                        times) -> np.ndarray:
+    """e_obs(t): the log error of the plan whose lead ended by ``times``, as the planner sees it then:
+    log(y(b) / (y(b - n I) rho(b - n I))), b the last interval of ``y`` ended by t, I the interval,
+    n = max(1, round(lead / I)) (NaN where those intervals are missing).
+
+    Parameters
+    ----------
+    y : pandas.Series
+        Observed demand on the planner's intervals (absolute time index, s).
+    profile : numpy.ndarray or None
+        The rise profile on the ``fine_s`` grid (None: rho = 1).
+    lead_s, fine_s : float
+        The lead and the profile's grid (s).
+    times : array_like
+        Absolute decision times (s).
+
+    Returns
+    -------
+    numpy.ndarray
+    """
+    idx = y.index.to_numpy(dtype=float)
+    step = float(np.median(np.diff(idx))) if len(idx) > 1 else 1.0
+    vals = y.to_numpy(dtype=float)
+    n = max(1, int(round(lead_s / step)))
+    b = np.searchsorted(idx + step, np.asarray(times, dtype=float), side="right") - 1
+    ok = b - n >= 0
+    now = np.where(ok, vals[np.clip(b, 0, len(vals) - 1)], np.nan)
+    then = np.where(ok, vals[np.clip(b - n, 0, len(vals) - 1)], np.nan)
+    if profile is not None:
+        tod = np.mod(np.round(idx[np.clip(b - n, 0, len(idx) - 1)] / fine_s).astype(np.int64), len(profile))
+        then = then * profile[tod]
+    with np.errstate(all="ignore"):
+        return np.log(np.maximum(now, 1e-9) / np.maximum(then, 1e-9))
+
+
+#: quantiles of the observed lead error that bound the error-state bins (terciles)
+ERROR_STATE_QUANTILES = (1.0 / 3.0, 2.0 / 3.0)
+
+
+def error_state_scale(y: pd.Series, profile: pd.Series | None, lead_s: float, *, days: int = 3,
+                      fine_s: float = 60.0) -> tuple[np.ndarray, np.ndarray]:
+    """w(s): how the plan's lead error depends on the error it has just made - the bins of the
+    observed lead error e_obs (:func:`observed_lead_error`) at the terciles
+    (:data:`ERROR_STATE_QUANTILES`) of the last ``days`` days, and per bin the root mean square of
+    the positive lead error e(u) = log(demand(u + lead) / (demand(u) rho(u))) of the decisions in
+    it over the mean of those, clipped to :data:`VOLATILITY_SCALE_BOUNDS` (a quantile of the lead
+    error conditioned on the recent error, by the equal-exceedance allocation of
+    :func:`hour_phase_scale`).
+
+    Parameters
+    ----------
+    y : pandas.Series
+        Observed demand on the planner's intervals (absolute time index, s).
+    profile : pandas.Series or None
+        The rise profile (None: rho = 1).
+    lead_s : float
+        The lead (s).
+    days : int
+        Days used (the last ones).
+    fine_s : float
+        The replay grid and the profile's (s).
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        ``(edges, weights)``: the bin edges (len 2) and the weight per bin (len 3); weights of 1
+        when the days are too few.
+    """
+    t, v = _fine(y, fine_s)
+    k = max(int(round(lead_s / fine_s)), 0)
+    i = np.nonzero(t >= t[-1] - days * DAY_S)[0]
+    i = i[i + k < len(v)]
+    prof = None if profile is None else profile.to_numpy()
+    base = v[i] if prof is None else v[i] * prof[np.mod(np.round(t[i] / fine_s).astype(np.int64), len(prof))]
+    e = np.maximum(np.log(np.maximum(v[i + k], 1e-9) / np.maximum(base, 1e-9)), 0.0)
+    eo = observed_lead_error(y, prof, lead_s, fine_s, t[i])
+    ok = np.isfinite(eo)
+    if ok.sum() < 3 * len(ERROR_STATE_QUANTILES) + 3:
+        return np.zeros(len(ERROR_STATE_QUANTILES)), np.ones(len(ERROR_STATE_QUANTILES) + 1)
+    edges = np.quantile(eo[ok], ERROR_STATE_QUANTILES)
+    bins = np.digitize(eo[ok], edges)
+    rms = np.array([math.sqrt(float(np.mean(e[ok][bins == b] ** 2))) if np.any(bins == b) else math.nan
+                    for b in range(len(edges) + 1)])
+    ref = float(np.nanmean(rms)) if np.isfinite(rms).any() else 0.0
+    if not ref > 0:
+        return edges, np.ones(len(edges) + 1)
+    return edges, np.clip(np.where(np.isfinite(rms), rms / ref, 1.0), *VOLATILITY_SCALE_BOUNDS)
+
+
 #: how many time constants of past intervals the live scale is computed over (e^-6: the rest)
 _VOLATILITY_SPAN = 6.0
 
@@ -346,7 +451,7 @@ def calibrate_headroom(demand: pd.Series, profile: pd.Series | None, lead_s: flo
                        time_offset_s: float = 0.0, grid=HEADROOM_GRID,
                        scale: pd.Series | None = None, correction=None, trend_s: float = 0.0,
                        phase_scale: np.ndarray | None = None, interval_s: float = 600.0,
-                       with_capacity: bool = False) -> tuple[float, ...]:
+                       decision_weight=None, with_capacity: bool = False) -> tuple[float, ...]:
     """The smallest headroom whose replay leaves at most ``excess_budget`` of the demand unserved.
 
     The replayed rule is the pool rule of :class:`PlannedPoolController` with perfect measurement
@@ -392,6 +497,9 @@ def calibrate_headroom(demand: pd.Series, profile: pd.Series | None, lead_s: flo
         decision time.
     interval_s : float
         Width of one phase of ``phase_scale`` (s; the planner's interval).
+    decision_weight : callable, optional
+        ``decision_weight(times) -> weights``: a further weight of the headroom at each decision
+        time (the error-state scale, :func:`error_state_scale`).
     with_capacity : bool
         Also return the replayed capacity over the demand (sum over sum) at that headroom.
 
@@ -410,29 +518,10 @@ def calibrate_headroom(demand: pd.Series, profile: pd.Series | None, lead_s: flo
     use = use[use >= k]
     if not len(use):
         raise ConfigError("planner.history", "too short to replay the pool rule over one lead")
-    kt = int(round(check_number("planner.trend_s", trend_s, low=0.0) / fine_s))
-    base = rising_trend(v, kt)[use - k]
-    if profile is not None:
-        per_day = len(profile)
-        tod = np.mod(np.round(t[use - k] / fine_s).astype(np.int64), per_day)
-        base = base * profile.to_numpy()[tod]
-    if correction is not None:
-        base = base * np.asarray(correction(t[use - k], v[use - k]), dtype=float)
-    check_number("planner.utilization", utilization, low=0.0, high=1.0, low_inclusive=False)
-    base = base / utilization
-    vs = np.ones(len(use))
-    if scale is not None:
-        # the bin [b, b + interval) is known from its end: the scale of the last bin ended by then
-        ts = scale.index.to_numpy(dtype=float) + time_offset_s
-        step = float(np.median(np.diff(ts))) if len(ts) > 1 else fine_s
-        j_s = np.searchsorted(ts + step, t[use - k], side="right") - 1
-        sv = scale.to_numpy(dtype=float)
-        vs = np.where(j_s >= 0, sv[np.clip(j_s, 0, len(sv) - 1)], 1.0)
-        vs = np.where(np.isfinite(vs), vs, 1.0)
-    if phase_scale is not None:
-        w = np.asarray(phase_scale, dtype=float)
-        ph = np.minimum((np.mod(t[use - k], HOUR_S) // interval_s).astype(np.int64), len(w) - 1)
-        vs = vs * w[ph]
+    base = _replayed_base(t, v, use - k, profile, correction, trend_s, utilization, fine_s)
+    vs = _replayed_scale(t[use - k], scale, phase_scale, interval_s, time_offset_s, fine_s)
+    if decision_weight is not None:
+        vs = vs * np.asarray(decision_weight(t[use - k]), dtype=float)
     j = int(round(check_number("planner.hold_s", hold_s, low=0.0) / fine_s))
 
     def held(x: np.ndarray) -> np.ndarray:  # max over [t - hold, t]: the forward max of the reversed series
@@ -440,7 +529,7 @@ def calibrate_headroom(demand: pd.Series, profile: pd.Series | None, lead_s: flo
 
     want = v[use]
     total = want.sum()
-    const = held(base) if scale is None and phase_scale is None else None
+    const = held(base) if scale is None and phase_scale is None and decision_weight is None else None
     h_best, e_best, c_best = float(grid[-1]), math.nan, math.nan
     for h in grid:
         cap = const * (1.0 + h) if const is not None else held(base * (1.0 + h * vs))
@@ -450,6 +539,39 @@ def calibrate_headroom(demand: pd.Series, profile: pd.Series | None, lead_s: flo
             return (float(h), e, c) if with_capacity else (float(h), e)
         e_best, c_best = e, c
     return (h_best, e_best, c_best) if with_capacity else (h_best, e_best)
+
+
+def _replayed_base(t, v, at, profile, correction, trend_s: float, utilization: float, fine_s: float) -> np.ndarray:
+    """The replayed pool rule's capacity at zero headroom for the decisions at indices ``at``: the
+    demand (with the rising trend) x rho x the lead correction, over the target utilisation."""
+    kt = int(round(check_number("planner.trend_s", trend_s, low=0.0) / fine_s))
+    base = rising_trend(v, kt)[at]
+    if profile is not None:
+        tod = np.mod(np.round(t[at] / fine_s).astype(np.int64), len(profile))
+        base = base * profile.to_numpy()[tod]
+    if correction is not None:
+        base = base * np.asarray(correction(t[at], v[at]), dtype=float)
+    check_number("planner.utilization", utilization, low=0.0, high=1.0, low_inclusive=False)
+    return base / utilization
+
+
+def _replayed_scale(times, scale, phase_scale, interval_s: float, time_offset_s: float, fine_s: float) -> np.ndarray:
+    """The headroom's weight at each decision time: the volatility scale known then (1 without it)
+    x the phase-of-the-hour weight."""
+    vs = np.ones(len(times))
+    if scale is not None:
+        # the bin [b, b + interval) is known from its end: the scale of the last bin ended by then
+        ts = scale.index.to_numpy(dtype=float) + time_offset_s
+        step = float(np.median(np.diff(ts))) if len(ts) > 1 else fine_s
+        j_s = np.searchsorted(ts + step, times, side="right") - 1
+        sv = scale.to_numpy(dtype=float)
+        vs = np.where(j_s >= 0, sv[np.clip(j_s, 0, len(sv) - 1)], 1.0)
+        vs = np.where(np.isfinite(vs), vs, 1.0)
+    if phase_scale is not None:
+        w = np.asarray(phase_scale, dtype=float)
+        ph = np.minimum((np.mod(times, HOUR_S) // interval_s).astype(np.int64), len(w) - 1)
+        vs = vs * w[ph]
+    return vs
 
 
 def correction_certificate(volatility_window_s: float, interval_s: float = 600.0) -> dict:
@@ -544,6 +666,9 @@ class DemandPlanner(SampledController):
     hour_phase : bool
         Weight the headroom by the phase of the hour (:func:`hour_phase_scale`, refit daily with
         the rest; the replay includes it; default False).
+    error_state : bool
+        Weight the headroom by the tercile of the lead error the plan has just made
+        (:func:`error_state_scale`, refit daily; the replay includes it; default False).
     """
 
     name = "planner"
@@ -554,7 +679,7 @@ class DemandPlanner(SampledController):
                  time_offset_s: float = 0.0, max_headroom: float = HEADROOM_GRID[-1], utilization: float = 1.0,
                  hold_s: float = 0.0, use_profile: bool = True, volatility_window_s: float = 3600.0,
                  profile_smooth_s: float | None = None, residual_ar1: bool = False, trend_s: float = 0.0,
-                 hour_phase: bool = False):
+                 hour_phase: bool = False, error_state: bool = False):
         super().__init__(check_number("planner.interval_s", interval_s, low=1.0, high=3600.0))
         self.lead_s = check_number("planner.lead_s", lead_s, low=0.0, high=4 * 3600.0)
         self.excess_budget = check_number("planner.excess_budget", excess_budget, low=0.0, high=0.5,
@@ -578,6 +703,7 @@ class DemandPlanner(SampledController):
         self.residual_ar1 = bool(residual_ar1)
         self.trend_s = check_number("planner.trend_s", trend_s, low=0.0, high=interval_s)
         self.hour_phase = bool(hour_phase)
+        self.error_state = bool(error_state)
         if history is not None:
             if not isinstance(history, pd.Series) or history.empty:
                 raise ConfigError("planner.history", "expected a non-empty pandas Series indexed by time_s")
@@ -600,7 +726,11 @@ class DemandPlanner(SampledController):
         self.residual_phi = math.nan     # the residual's AR(1) coefficient per interval (fitted)
         self.phase_scale: np.ndarray | None = None  # the headroom's weight by phase of the hour (fitted)
         self.trend_in_force_s = 0.0      # the trend the pools apply: trend_s when its replay is cheaper, else 0
+        self._error_edges: np.ndarray | None = None  # the error-state bins' edges and weights (fitted)
+        self._error_weights: np.ndarray | None = None
+        self.error_state_weight = 1.0    # w now: the weight of the last observed lead error's bin
         self._last_fit = -math.inf
+        self._fits: list[tuple[float, np.ndarray]] = []  # (fit time, profile): the rise in force from then
         self.events: list[dict] = []  # every refit: time, headroom, its replayed excess, peak rise
         self.trace: list[dict] = []   # every sample: time, observed rate, rise, headroom
 
@@ -610,6 +740,28 @@ class DemandPlanner(SampledController):
             return math.nan
         j = int(round((t + self.time_offset_s) / self.fine_s)) % len(self._profile)
         return float(self._profile[j])
+
+    def rise_in_force(self, times) -> np.ndarray:
+        """rho at each of the run's ``times`` from the profile of the fit in force then (NaN before
+        the first fit): the plan replayed after the run, e.g. with the loop through the plant opened.
+
+        Parameters
+        ----------
+        times : array_like
+            Plant times (s).
+
+        Returns
+        -------
+        numpy.ndarray
+        """
+        t = np.asarray(times, dtype=float)
+        out = np.full(t.shape, np.nan)
+        for i, (t_fit, prof) in enumerate(self._fits):
+            nxt = self._fits[i + 1][0] if i + 1 < len(self._fits) else math.inf
+            sel = (t >= t_fit) & (t < nxt)
+            j = np.round((t[sel] + self.time_offset_s) / self.fine_s).astype(np.int64) % len(prof)
+            out[sel] = prof[j]
+        return out
 
     def headroom_at(self, t: float) -> float:
         """The headroom in force: h x the volatility scale (NaN before the first fit).
@@ -629,7 +781,7 @@ class DemandPlanner(SampledController):
         if self.phase_scale is not None and math.isfinite(t):
             ph = int(((t + self.time_offset_s) % HOUR_S) // self.interval_s)
             w = float(self.phase_scale[min(ph, len(self.phase_scale) - 1)])
-        return self.headroom * self.volatility_scale * w
+        return self.headroom * self.volatility_scale * w * self.error_state_weight
 
     def lead_correction(self, t, rate):
         """The AR(1) lead correction exp((phi^(lead / interval_s) - 1) r), r = log(rate / level(t)).
@@ -673,6 +825,15 @@ class DemandPlanner(SampledController):
         den = float(np.dot(a, a))
         self._level = level
         self.residual_phi = float(np.clip(np.dot(a, b) / den, 0.0, 1.0)) if den > 0 else 1.0
+
+    def _error_weight(self, y: pd.Series, profile: np.ndarray, times) -> np.ndarray:
+        """The error-state weight at absolute ``times`` from the observed demand ``y`` (1 where the
+        observed error is unknown or without the fit)."""
+        if self._error_weights is None:
+            return np.ones(len(np.atleast_1d(times)))
+        eo = observed_lead_error(y, profile, self.lead_s, self.fine_s, np.atleast_1d(times))
+        w = self._error_weights[np.digitize(np.nan_to_num(eo, nan=0.0), self._error_edges)]
+        return np.where(np.isfinite(eo), w, 1.0)
 
     def _scale_now(self, now_abs: float) -> float:
         """v from the intervals observed before ``now_abs`` (1 before a fit or without the correction)."""
@@ -719,9 +880,14 @@ class DemandPlanner(SampledController):
             corr = self.lead_correction
         phase = (hour_phase_scale(y, prof, self.lead_s, days=days, interval_s=self.interval_s, fine_s=self.fine_s)
                  if self.hour_phase else None)
+        weight = None
+        if self.error_state:
+            self._error_edges, self._error_weights = error_state_scale(y, prof, self.lead_s, days=days,
+                                                                       fine_s=self.fine_s)
+            weight = lambda times: self._error_weight(y, prof.to_numpy(), times)  # noqa: E731
         kw = dict(excess_budget=self.excess_budget, days=days, utilization=self.utilization, hold_s=self.hold_s,
                   fine_s=self.fine_s, grid=grid, scale=scale, correction=corr, phase_scale=phase,
-                  interval_s=self.interval_s, with_capacity=True)
+                  interval_s=self.interval_s, decision_weight=weight, with_capacity=True)
         h, e, cap = calibrate_headroom(y, prof, self.lead_s, **kw)
         self.trend_in_force_s = 0.0
         if self.trend_s:
@@ -732,6 +898,7 @@ class DemandPlanner(SampledController):
                 h, e, self.trend_in_force_s = ht, et, self.trend_s
         self.phase_scale = phase
         self._profile = prof.to_numpy()
+        self._fits.append((t, self._profile))
         self.headroom, self.replay_excess = h, e
         self.volatility_mean = vmean if scale is not None else math.nan
         self.volatility_scale = self._scale_now(t + self.time_offset_s)
@@ -764,6 +931,10 @@ class DemandPlanner(SampledController):
         if t - self._last_fit >= self.refit_s - 1e-9 and self.refit(t):
             self._last_fit = t
         self.volatility_scale = self._scale_now(m.time_s + self.time_offset_s)
+        if self._error_weights is not None and self._profile is not None:
+            now = t + self.time_offset_s
+            y = self._series(now + self.interval_s)  # the bins ended by now (the last one included)
+            self.error_state_weight = float(self._error_weight(y, self._profile, [now])[0]) if len(y) else 1.0
         self.trace.append({"time_s": t, "observed_rps": rate, "rise": self.rise(t), "headroom": self.headroom_at(t),
                            "headroom_base": self.headroom, "volatility_scale": self.volatility_scale})
         return None
@@ -776,7 +947,7 @@ class DemandPlanner(SampledController):
                 "utilization": self.utilization, "hold_s": self.hold_s, "use_profile": self.use_profile,
                 "volatility_window_s": self.volatility_window_s, "profile_smooth_s": self.profile_smooth_s,
                 "residual_ar1": self.residual_ar1, "trend_s": self.trend_s,
-                "hour_phase": self.hour_phase,
+                "hour_phase": self.hour_phase, "error_state": self.error_state,
                 "history_points": 0 if self.history is None else int(len(self.history))}
 
 

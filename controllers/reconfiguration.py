@@ -62,7 +62,7 @@ import math
 
 import control
 
-from tokenfactory.controllers.autoscaling import ScaleAction, _current, _PoolAutoscaler
+from tokenfactory.controllers.autoscaling import ScaleAction, serving_replicas, PoolAutoscaler
 from tokenfactory.controllers.describing import LimitCycle, predict_limit_cycles
 from tokenfactory.controllers.stability import DelayedLoop
 from tokenfactory.core.signals import Measurement
@@ -207,7 +207,7 @@ def measured_need_noise(arrival_times_s, per_worker_rps: float, target_utilizati
     return float(np.std((filt - trend)[core]) / (per_worker_rps * target_utilization))
 
 
-class HystereticPoolController(_PoolAutoscaler):
+class HystereticPoolController(PoolAutoscaler):
     """Pending-aware hysteretic sizing of one pool (see the module docstring for the rule).
 
     Article section 18's "apply hysteresis to worker reconfiguration", made explicit: the dead
@@ -443,7 +443,7 @@ class HystereticPoolController(_PoolAutoscaler):
         once; a measurement taken before the command cannot show it). Re-asserting a count from a
         sample older than the last move would undo that move: the 2 -> 1 -> 2 flapping of issue
         21's small plant, whose 5 s measurement delay equals the sample period."""
-        n = _current(m, self.pool, provisioned=True)
+        n = serving_replicas(m, self.pool, provisioned=True)
         if self._commanded is not None and m.time_s < self._commanded[0] - 1e-9:
             return self._commanded[1]
         return n
@@ -468,7 +468,7 @@ class HystereticPoolController(_PoolAutoscaler):
             "max_replicas", "sample_period", "noise_std")}
 
 
-class QueueRelayScaler(_PoolAutoscaler):
+class QueueRelayScaler(PoolAutoscaler):
     """The textbook threshold autoscaler the describing-function analysis is about: ``high``
     workers while the pool's queue exceeds ``queue_high``, ``low`` workers once it falls under
     ``queue_low`` (a relay with hysteresis, quantised to whole workers). KEDA queue triggers and

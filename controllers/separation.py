@@ -32,7 +32,7 @@ import control
 import numpy as np
 
 from tokenfactory.controllers.envelope_tuner import SIMC_TAU_C_FACTORS, simc_search
-from tokenfactory.controllers.stability import DelayedLoop, Margins, _grid, pade_order_for, stability_margins
+from tokenfactory.controllers.stability import DelayedLoop, Margins, frequency_grid, pade_order_for, stability_margins
 from tokenfactory.core.validation import ConfigError, check_number
 
 __all__ = ["CascadePair", "closed_loop", "closed_loop_bandwidth", "cascade_separation", "first_order_pm_loss",
@@ -131,7 +131,7 @@ def closed_loop_bandwidth(loop: DelayedLoop) -> float:
     float
         The bandwidth (rad/s; inf when |T| never drops below 1/sqrt(2) on the grid).
     """
-    w = _grid(loop, 8000)
+    w = frequency_grid(loop, 8000)
     L = loop.response(w)
     T = np.abs(L / (1.0 + L))
     below = np.nonzero(T < 1.0 / math.sqrt(2.0))[0]

@@ -502,7 +502,7 @@ def _check_not_neutral(loop: DelayedLoop) -> None:
                           f"|L(j inf)| > 1); keep the direct feed-through below 1")
 
 
-def _phase_crossovers(loop: DelayedLoop, count: int) -> tuple[np.ndarray, np.ndarray]:
+def phase_crossovers(loop: DelayedLoop, count: int) -> tuple[np.ndarray, np.ndarray]:
     """The first ``count`` frequencies w > 0 where L(jw) crosses the negative real axis (exact
     delay), with |L| there; fewer if the loop has fewer."""
     ana = _analyse(loop)
@@ -1169,7 +1169,7 @@ def stability_map(make_loop: Callable[[float, float], DelayedLoop], x_name: str,
                          "crossover_rad_s": mb.crossover_rad_s})
 
 
-def _grid(loop: DelayedLoop, n: int = 6000) -> np.ndarray:
+def frequency_grid(loop: DelayedLoop, n: int = 6000) -> np.ndarray:
     """A log-spaced plotting grid from 1e-3 x the slowest to 1e3 x the fastest pole, zero or 1/delay."""
     s_min, s_max = _scales(loop._factored, loop.delay)
     return np.logspace(np.log10(s_min * 1e-3), np.log10(s_max * 1e3), n)

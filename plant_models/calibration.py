@@ -37,7 +37,7 @@ from tokenfactory.plant_models.hardware import accelerator_preset
 from tokenfactory.plant_models.measured_runs import MeasuredRun, MeasuredRuns
 from tokenfactory.plant_models.roofline import Efficiency, Worker
 from tokenfactory.plant_models.service import KVLink, RequestShape, ServiceModel
-from tokenfactory.plant_models.published_points import _model, predict_point, PUBLISHED_POINTS
+from tokenfactory.plant_models.published_points import model_of, predict_point, PUBLISHED_POINTS
 from tokenfactory.traces.closed_loop import closed_loop_clients
 from tokenfactory.core.validation import ConfigError, check_choice, check_int, check_number
 
@@ -151,7 +151,15 @@ class RunSettings:
 def first_wave_share(run: MeasuredRun, settings: RunSettings) -> float:
     """Weight of the first wave's TTFT in the benchmark's mean TTFT: s + (1 - s) w with
     s = min(1, N x ``settings.client_request_share``) (N / R) and w = ``settings.first_wave_weight``
-    (:class:`RunSettings`' notes; w alone when the request count is unstated)."""
+    (:class:`RunSettings`' notes; w alone when the request count is unstated).
+
+    Parameters
+    ----------
+    run : MeasuredRun
+        The benchmark run (its client ``concurrency`` N).
+    settings : RunSettings
+        The fitted run settings (``client_request_share`` 1/R and ``first_wave_weight``).
+    """
     s = min(1.0, run.concurrency * settings.client_request_share)
     return s + (1.0 - s) * settings.first_wave_weight
 
@@ -197,7 +205,7 @@ def run_service(run: MeasuredRun, settings: RunSettings = RunSettings()) -> Serv
     kv = settings.kv_precision.get(run.engine)
     if kv is not None:
         over["kv_precision"] = kv
-    model = _model(run.model, tuple(sorted(over.items())))
+    model = model_of(run.model, tuple(sorted(over.items())))
     acc = accelerator_preset(run.hardware)
     dec = Worker(model, acc, run.parallelism, settings.efficiency)
     if run.fill_parallelism is not None:

@@ -339,9 +339,9 @@ def _silicon(df: pd.DataFrame, source: str) -> MeasuredRuns:
 @functools.lru_cache(maxsize=None)
 def _fits_cached(model: str, overrides: tuple, hw: str, par: Parallelism) -> bool:
     from tokenfactory.plant_models.roofline import Worker
-    from tokenfactory.plant_models.published_points import _model
+    from tokenfactory.plant_models.published_points import model_of
     try:
-        Worker(_model(model, overrides), accelerator_preset(hw), par)
+        Worker(model_of(model, overrides), accelerator_preset(hw), par)
     except ConfigError:
         return False
     return True

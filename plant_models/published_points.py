@@ -292,7 +292,8 @@ FITTED_EFFICIENCY: dict[str, float] = {
 
 
 @functools.lru_cache(maxsize=None)
-def _model(base: str, overrides: tuple) -> Any:
+def model_of(base: str, overrides: tuple) -> Any:
+    """The model descriptor ``base`` with ``overrides`` (sorted key/value pairs), built once per pair."""
     return model_from_dict({"base": base, **dict(overrides)})
 
 
@@ -310,7 +311,7 @@ def point_worker(point: PublishedPoint, efficiency: Efficiency | None = None) ->
     -------
     Worker
     """
-    model = _model(point.model, tuple(sorted(point.model_overrides.items())))
+    model = model_of(point.model, tuple(sorted(point.model_overrides.items())))
     return Worker(model, accelerator_preset(point.hardware), Parallelism(**point.parallelism),
                   efficiency or Efficiency())
 

@@ -314,6 +314,19 @@ CONFIG = StudyVariants("layered-stack", {
     check=_check, merge_tables=("requests",))
 
 
+def _forced_sentence(rows: list[dict]) -> str:
+    """The runs whose cycles the verdict calls the input's forced response, with their figures
+    (empty when there are none)."""
+    forced = [(r, k, v) for r in rows for k, v in r.get("oscillation", {}).get("signals", {}).items()
+              if v.get("forced")]
+    if not forced:
+        return ""
+    return (" Forced responses, not counted (a cycle coherent with the demand or the open-loop plan at its "
+            "period): " + "; ".join(f"{r['stack']} on {r['workload']} at {r['startup_s']:.0f} s, {k} "
+                                    f"{v['period_s']:.0f} s (coherence {v['coherence']:.2f} with {v['forced_by']})"
+                                    for r, k, v in forced) + ".")
+
+
 @dataclass
 class _Sections:
     """What the study's sections computed, for the figures, answers and summary after them."""
@@ -595,7 +608,7 @@ def _summary_runs(sc, metrics: dict, timings: dict, out: _Sections) -> list[str]
               f"Oscillation (detectors on the provisioned pool sizes): "
               f"{sum(r['oscillating'] for r in rows)} of {len(rows)} runs oscillating"
               + (f" ({sum(r['oscillating'] for r in mix_rows)} of {len(mix_rows)} on the mixed week)." if mix_rows
-                 else "."),
+                 else ".") + _forced_sentence(rows),
               "Utilisation ceilings at the SLO (pool model, Poisson): "
               + "; ".join(f"{k} {human(v)}" for k, v in metrics["utilization_ceiling"].items()) + ".",
               "Dynamo's throughput planner runs its ARIMA (default) or Kalman load predictor "

@@ -305,11 +305,12 @@ def test_bad_cluster_config():
 
 
 def test_policies_plug_in(params):
-    """The seams the overload work builds on: a batching rule (a Simulator subclass overriding
-    ``can_join``) and a prefix-cache policy object."""
+    """The seams the overload work builds on: a batching rule (a DecodeStage subclass overriding
+    ``can_join``, passed in ``stages``) and a prefix-cache policy object."""
     from tokenfactory.plant_models import PrefixCache, Simulator
+    from tokenfactory.plant_models.des.decode import DecodeStage
 
-    class CappedBatch(Simulator):
+    class CappedBatch(DecodeStage):
         def can_join(self, w, i):
             return w.batch < 4 and super().can_join(w, i)
 
@@ -319,11 +320,22 @@ def test_policies_plug_in(params):
 
     tr = poisson_trace(40.0, 20.0, 2, inp=1000, out_mean=50)
     cl = ClusterConfig(fill_workers=2, decode_workers=2, progress=False, drain_s=600)
-    r = CappedBatch(tr, params, cl, prefix_cache=HalfCached()).run()
+    r = Simulator(tr, params, cl, prefix_cache=HalfCached(), stages={"decode": CappedBatch}).run()
     assert r.series["active_decodes"].max() <= 2 * 4
     assert r.metrics["completed"] == len(tr)
     assert (r.records["cached_tokens"] == 500).all() and r.metrics["prefix_hit_ratio"] == pytest.approx(0.5)
     assert r.config["prefix_cache"] == {"policy": "HalfCached"}
+    # the old seam (a Simulator subclass overriding a stage's method) would be ignored: refused by name
+    class OldSeam(Simulator):
+        def can_join(self, w, i):
+            return False
+
+    with pytest.raises(ConfigError, match="OldSeam.can_join"):
+        OldSeam(tr, params, cl)
+    with pytest.raises(ConfigError, match="stages.decode"):
+        Simulator(tr, params, cl, stages={"decode": HalfCached})
+    with pytest.raises(ConfigError, match="stages"):
+        Simulator(tr, params, cl, stages={"prefill": CappedBatch})
 
 
 def test_stages_name_the_record_states(params):

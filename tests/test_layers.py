@@ -174,3 +174,49 @@ def test_the_mapped_folders_are_subpackages():
     for pkg in ("controllers", "plant_models", "traces", "studies"):
         assert importlib.util.find_spec(f"tokenfactory.{pkg}") is not None
     assert len(MODULES) > 40
+
+
+def _private_imports(path: Path, module: str) -> list[str]:
+    """``from tokenfactory.x import _name`` where x is another module: a private name shared."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    is_pkg = path.name == "__init__.py"
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            base = module.split(".")
+            base = base if is_pkg else base[:-1]
+            base = base[: len(base) - (node.level - 1)]
+            name = ".".join(base + ([node.module] if node.module else []))
+        else:
+            name = node.module or ""
+        if not name.startswith(ROOT_PACKAGE) or name == module:
+            continue
+        out += [f"{module}:{node.lineno} imports {a.name} from {name}" for a in node.names
+                if a.name.startswith("_") and not a.name.startswith("__")]
+    return out
+
+
+def test_no_module_imports_another_modules_private_name():
+    # issue 20: private names stay private; a name another module needs is public in its own
+    bad = [row for name, path in MODULES.items() for row in _private_imports(path, name)]
+    assert not bad, "cross-module private imports:\n" + "\n".join(bad)
+
+
+def test_the_private_import_check_sees_one(tmp_path):
+    f = tmp_path / "describing.py"
+    f.write_text("from tokenfactory.controllers.stability import DelayedLoop, _grid\n")
+    assert _private_imports(f, "tokenfactory.controllers.describing") == [
+        "tokenfactory.controllers.describing:1 imports _grid from tokenfactory.controllers.stability"]
+
+
+def test_pyproject_lists_every_package():
+    # setuptools installs only the listed packages: a package missing there works in an editable
+    # install and is absent from a wheel
+    import tomllib
+
+    listed = set(tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+                 ["tool"]["setuptools"]["packages"])
+    packages = {name for name, path in MODULES.items() if path.name == "__init__.py"}
+    assert packages - listed == set(), f"pyproject.toml [tool.setuptools] packages lacks {sorted(packages - listed)}"

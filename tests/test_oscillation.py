@@ -94,6 +94,8 @@ import pandas as pd  # noqa: E402
 from tokenfactory.controllers import (  # noqa: E402
     CHURN_MIN_REVERSALS,
     CHURN_REVERSALS_PER_HOUR,
+    FORCED_COHERENCE,
+    forced_response,
     judge_actuators,
 )
 
@@ -128,6 +130,16 @@ def test_recorded_small_plant_flapping_is_judged_oscillating_and_churning():
     assert v.signals["fill_pool"]["reason"] == "never moved in the window"  # the fill pool never moved
     assert set(v.signals) >= {"fill_pool", "decode_pool", "batch_cap", "reservation", "admission_rate", "ready",
                               "fill_queue"}
+    # with the offered demand beside it (the case's arrivals per sample, as the simulator records
+    # arrival_rate), the 10-s flapping is not the input's: still self-sustained, the same verdict
+    arrivals = pd.read_csv(SMALL_PLANT / "requests.csv")["arrival_s"].to_numpy()
+    t = s["time_s"].to_numpy()
+    edges = np.r_[t[0] - (t[1] - t[0]), t]
+    s = s.assign(arrival_rate=np.histogram(arrivals, bins=edges)[0] / np.diff(edges))
+    w = judge_actuators(s, a, start_s=0.1 * s["time_s"].iloc[-1],
+                        buffer_amplitudes={"ready": 1.0, "fill_queued_tokens": 2048.0})
+    assert w.oscillating and w.churning and w.oscillating_signals == v.oscillating_signals, w.reason
+    assert w.signals["decode_pool"]["forced"] is False and w.signals["decode_pool"]["coherence"] < FORCED_COHERENCE
 
 
 def test_irregular_flapping_is_churn_not_a_cycle():
@@ -213,3 +225,75 @@ def test_a_pool_that_follows_its_demands_turns_is_not_churning():
     assert not v.churning, v.reason
     v = judge_actuators(_pools_series(t, pool), acts, start_s=0.0)
     assert v.churning, v.reason
+
+
+# --------------------------------------------------------------------------------------------
+# forced response vs self-sustained cycle
+
+HOURS_6 = np.arange(0.0, 6 * 3600.0, 1.0)
+
+
+def _relay_pool(demand, dt=1.0, delay_s=30.0, per_worker=10.0, n0=10):
+    """A pool under a relay on its queue, sampled every 10 s and measured ``delay_s`` late: the
+    relay-feedback limit cycle (Astrom & Hagglund 1984), whatever the input does."""
+    n = np.empty(len(demand))
+    queue, seen, cur, k = 0.0, np.zeros(len(demand)), n0, int(delay_s / dt)
+    for i, d in enumerate(demand):
+        queue = max(queue + (d - per_worker * cur) * dt, 0.0)
+        seen[i] = queue
+        if i % 10 == 0:
+            cur = max(1, cur + (1 if i >= k and seen[i - k] > 0 else -1))
+        n[i] = cur
+    return n
+
+
+def _with_demand(t, pool, demand):
+    return _pools_series(t, pool, demand=demand), _scale_log(t, pool)
+
+
+def test_a_pool_driven_by_a_sinusoidal_demand_is_a_forced_response():
+    """A feed-forward pool that follows a sinusoidal demand a minute late cycles at the demand's
+    period, phase-locked to it: forced, reported with the input's period, not oscillating."""
+    rng = np.random.default_rng(1)
+    clean = 100.0 + 30.0 * np.sin(2 * np.pi * HOURS_6 / 1800.0)
+    pool = np.ceil(np.r_[np.full(60, clean[0]), clean[:-60]] / 10.0)
+    s, a = _with_demand(HOURS_6, pool, clean + rng.normal(0.0, 2.0, len(HOURS_6)))
+    v = judge_actuators(s, a, step_s=5.0)
+    d = v.signals["decode_pool"]
+    assert d["forced"] and not d["oscillating"] and not v.oscillating, v.reason
+    assert d["input_period_s"] == pytest.approx(1800.0, rel=0.05)
+    assert d["coherence"] >= max(FORCED_COHERENCE, d["coherence_threshold"])
+    assert "forced responses (not counted): decode_pool" in v.reason
+    # the detectors alone call the same cycle oscillating: without an input it counts
+    blind = judge_actuators(s, a, step_s=5.0, exogenous=None)
+    assert blind.oscillating and blind.signals["decode_pool"]["oscillating"]
+
+
+@pytest.mark.parametrize("input_period_s", [None, 3600.0])
+def test_a_relay_limit_cycle_is_self_sustained_under_any_input(input_period_s):
+    """A relay loop's limit cycle (period ~220 s) under a constant (noisy) demand, and under a
+    demand cycling hourly: incoherent with the input at the cycle's period, so oscillating."""
+    rng = np.random.default_rng(2)
+    demand = 100.0 + rng.normal(0.0, 2.0, len(HOURS_6))
+    if input_period_s:
+        demand += 20.0 * np.sin(2 * np.pi * HOURS_6 / input_period_s)
+    pool = _relay_pool(demand)
+    v = judge_actuators(*_with_demand(HOURS_6, pool, demand), step_s=5.0)
+    d = v.signals["decode_pool"]
+    assert v.oscillating and d["oscillating"] and d["forced"] is False, v.reason
+    assert 150.0 < d["period_s"] < 300.0
+    assert d["coherence"] < 0.1 and "self-sustained" in d["reason"]
+
+
+def test_forced_response_needs_two_segments_and_a_moving_input():
+    t = np.arange(0.0, 3000.0, 10.0)
+    x = np.sin(2 * np.pi * t / 1000.0)
+    short = forced_response(x, x, 10.0, 1000.0)  # 3000 s < two 4-period segments
+    assert not short["forced"] and short["segments"] == 0 and "not determinable" in short["why"]
+    assert not forced_response(x, np.ones_like(x), 10.0, 1000.0)["forced"]
+    long_t = np.arange(0.0, 40000.0, 10.0)
+    y = np.sin(2 * np.pi * long_t / 1000.0)
+    ok = forced_response(y, np.roll(y, 7), 10.0, 1000.0)  # a lagged copy: coherence 1
+    assert ok["forced"] and ok["coherence"] == pytest.approx(1.0, abs=1e-6) and ok["segments"] == 10
+    # Carter's level for K = 10 segments is 1 - 0.01^(1/9) = 0.40: the 0.5 floor binds
+    assert ok["coherence_threshold"] == pytest.approx(FORCED_COHERENCE)

@@ -414,3 +414,17 @@ def test_gpus_per_worker_against_the_plant_is_one_clear_error(plant, dynamics, m
     with pytest.raises(ConfigError, match=match) as err:
         stack_scenario_from_dict(d, "gpus")
     assert err.value.field == "dynamics.gpus_per_worker"
+
+
+def test_layered_stack_summary_names_the_forced_responses():
+    """A cycle the verdict calls forced is named in the summary with its figures; none, no sentence."""
+    from tokenfactory.studies.layered_stack import _forced_sentence
+
+    row = {"stack": "stack", "workload": "servegen:m-large x5", "startup_s": 600.0,
+           "oscillation": {"signals": {"decode_pool": {"forced": True, "period_s": 3602.3, "coherence": 0.68,
+                                                       "forced_by": "the open-loop replay"},
+                                       "fill_pool": {"forced": False, "oscillating": False}}}}
+    text = _forced_sentence([row, {"stack": "hpa"}])
+    assert "stack on servegen:m-large x5 at 600 s, decode_pool 3602 s (coherence 0.68 with the open-loop replay)" in text
+    assert "fill_pool" not in text
+    assert _forced_sentence([{**row, "oscillation": {"signals": {}}}]) == ""

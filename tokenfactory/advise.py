@@ -344,7 +344,13 @@ def _floor_axis(floors: list, ceilings: list) -> list:
 
 def knob_grid(setting) -> dict[str, Any]:
     """The knobs searched for a setting: its format's (:data:`KNOB_GRID`), or, for a format whose
-    rule depends on a target field (:data:`TARGET_GRIDS`), that target's."""
+    rule depends on a target field (:data:`TARGET_GRIDS`), that target's.
+
+    Parameters
+    ----------
+    setting : ControlPlaneSetting
+        The user's control-plane setting as read (its ``format`` and fields).
+    """
     targets = TARGET_GRIDS.get(setting.format)
     if targets and setting["optimization_target"] in targets:
         return targets[setting["optimization_target"]]

@@ -63,85 +63,108 @@ class AggregatedWorker(DecodeWorker):
 
 
 class AggregatedStage:
-    """The aggregated pool of :class:`tokenfactory.plant_models.des.simulator.Simulator` (a mixin)."""
+    """The aggregated pool of :class:`tokenfactory.plant_models.des.simulator.Simulator`.
 
-    aggregated_workers: list
-    idle_agg: IdleWorkers
+    Owns its workers and their idle queue. It takes prompts from ``core.fill_q``, reuses the fill
+    stage's :meth:`~tokenfactory.plant_models.des.fill.FillStage.prefix_fetch` and
+    :meth:`~tokenfactory.plant_models.des.fill.FillStage.chunks_attention`, and the decode
+    stage's batch bookkeeping and leaps (``settle``, ``start_leap``, ``overflow``,
+    ``take_newest``, ``cut_leap``, ``complete_due``).
+
+    Interface: :meth:`wake` (prompts wait), :meth:`next` (a worker between passes),
+    :meth:`fits` (the admission rule into a worker: override it for another), :meth:`park`.
+
+    Parameters
+    ----------
+    core : Simulator
+        The simulator whose requests this pool serves.
+    workers : int
+        Aggregated workers (a fixed pool).
+    """
+
+    def __init__(self, core, workers: int):
+        self.core = core
+        self.workers = [AggregatedWorker(i, core.env.event()) for i in range(workers)]
+        self.idle = IdleWorkers()
 
     # -- KV ---------------------------------------------------------------------------------
-    def agg_fits(self, w: AggregatedWorker, context_tokens: float) -> bool:
+    def fits(self, w: AggregatedWorker, context_tokens: float) -> bool:
         """Room on ``w`` for one more sequence of ``context_tokens``: its batch, the prompts it
         is filling and one pass of growth stay under the KV watermark, and the batch under the
         cap. An empty worker always takes one."""
         B = len(w.members)
         if not B and not w.current:
             return True
-        p = self.p
+        p = self.core.p
         return B < p.decode_max_batch and (
             (B + 1) * p.sequence_state_bytes + w.reserved
-            + p.kv_bytes_per_token * (w.offset_sum + B * w.n + context_tokens + B + 1)) <= self.kv_limit
+            + p.kv_bytes_per_token * (w.offset_sum + B * w.n + context_tokens + B + 1)) <= self.core.decode.kv_limit
 
     def park(self, w: AggregatedWorker, count: int) -> None:
         """KV full: the newest ``count`` sequences leave the batch and wait on ``w`` (swapped
         to host; still decoding as far as the counts go) until completions free room."""
-        for i in self.take_newest(w, count):
+        for i in self.core.decode.take_newest(w, count):
             w.parked.appendleft(i)
 
     def _enter_batch(self, w: AggregatedWorker, i: int) -> None:
+        core = self.core
         n = w.n
-        fin = n + self.rem_tok[i]
-        off = self.ctx_tok[i] - n
+        fin = n + core.rem_tok[i]
+        off = core.ctx_tok[i] - n
         w.members[i] = (fin, off)
         heappush(w.heap, (fin, i))
         w.offset_sum += off
 
     # -- the worker's cycle -----------------------------------------------------------------
-    def agg_next(self, w: AggregatedWorker) -> None:
+    def next(self, w: AggregatedWorker) -> None:
         """Between passes: rejoin parked sequences, complete, take prompts, then a mixed pass,
         a decode leap, or idle."""
         if not w.online or w.in_leap or w.busy or w.retired:
             return
-        p, q = self.p, self.fill_q
+        core = self.core
+        decode, fill = core.decode, core.fill
+        p, q = core.p, core.fill_q
         while True:
-            while w.parked and self.agg_fits(w, self.ctx_tok[w.parked[0]] + 1):
+            while w.parked and self.fits(w, core.ctx_tok[w.parked[0]] + 1):
                 self._enter_batch(w, w.parked.popleft())
             B = len(w.members)
-            if B and self.settle(w):
+            if B and decode.settle(w):
                 continue
             budget = p.fill_token_budget - B
             if not w.parked and budget > 0:
                 per_request = p.replica_chunk_tokens
                 pending = sum(min(e[1], per_request) for e in w.current)  # what the next pass could take
-                while q and pending < budget and self.agg_fits(w, self.inp[q[0][0]] + 1):
+                while q and pending < budget and self.fits(w, core.inp[q[0][0]] + 1):
                     i, todo = q.popleft()
                     if todo < 0:
-                        c, load = self.prefix_fetch(i)
+                        c, load = fill.prefix_fetch(i)
                         w.load_s += load
-                        todo = max(self.inp[i] - c, 1)
+                        todo = max(core.inp[i] - c, 1)
                         # the measured fill queue had its expected tokens (request classes)
-                        self.tok_fill[self.cls_l[i]] += todo - self.pred_tok[i]
-                    w.reserved += p.kv_bytes(self.inp[i] + 1)
+                        core.tok_fill[core.cls_l[i]] += todo - core.pred_tok[i]
+                    w.reserved += p.kv_bytes(core.inp[i] + 1)
                     w.current.append([i, todo])
                     pending += min(todo, per_request)
             if w.current and budget > 0:
                 S = w.offset_sum + B * w.n
                 if B > 1 and B * p.sequence_state_bytes + w.reserved + p.kv_bytes_per_token * (S + B) \
                         > p.decode_kv_capacity_bytes:
-                    self.park(w, self._overflow(w, S))  # decodes would outgrow KV in this pass
+                    self.park(w, decode.overflow(w, S))  # decodes would outgrow KV in this pass
                     continue
                 self._mixed_pass(w, budget)
                 return
             if not B:
                 if not w.parked:  # (parked sequences always fit an empty worker)
-                    self.idle_agg.add(w)
+                    self.idle.add(w)
                 return
-            if self.start_leap(w, q):
+            if decode.start_leap(w, q):
                 return
 
     def _mixed_pass(self, w: AggregatedWorker, budget: int) -> None:
         """One pass: every decode of ``w`` generates a token while a chunk of its prompts (oldest
         first, up to ``budget`` tokens) is prefilled."""
-        p = self.p
+        core = self.core
+        p = core.p
         B = len(w.members)
         ctx = (w.offset_sum + B * w.n) / B if B else 0.0
         per_request = p.replica_chunk_tokens
@@ -151,36 +174,36 @@ class AggregatedStage:
                 break
             i, todo = e
             take = min(todo, budget, per_request)
-            chunks.append((take, self.inp[i] - todo))
+            chunks.append((take, core.inp[i] - todo))
             budget -= take
             take_all += take
-            self.tok_fill[self.cls_l[i]] -= take
-            self.rec.filled_tokens[i] += take
+            core.tok_fill[core.cls_l[i]] -= take
+            core.rec.filled_tokens[i] += take
             plan.append((e, take))
-        attention_s, pairs, ctx_tokens = self.chunks_attention(chunks, take_all)
+        attention_s, pairs, ctx_tokens = core.fill.chunks_attention(chunks, take_all)
         decode_s = p.decode_pass(B, ctx)[0] if B else 0.0
         seconds = decode_s + p.mixed_extra(B, ctx, take_all) + attention_s + w.load_s
         w.pass_fill = plan
-        seconds /= self.rate_factor * self.speed(w)
+        seconds /= core.decode.rate_factor * core.fleet.speed(w)
         w.load_s = 0.0
         work = p.work
         if work is None:
-            self.ledger.add("aggregated", seconds, 0.0, 0.0)
+            core.ledger.add("aggregated", seconds, 0.0, 0.0)
         else:
             f0, b0 = work.decode(B, ctx) if B else (0.0, 0.0)
             f1, b1 = work.mixed_extra(B, ctx, take_all)
             f2, b2 = work.context(pairs, ctx_tokens)
-            self.ledger.add("aggregated", seconds, f0 + f1 + f2, b0 + b1 + b2)
+            core.ledger.add("aggregated", seconds, f0 + f1 + f2, b0 + b1 + b2)
         w.busy = True
         w.token += 1
-        self.call_in(seconds, self._mixed_end, w, w.token)
+        core.call_in(seconds, self._mixed_end, w, w.token)
 
     def _mixed_end(self, w: AggregatedWorker, token: int) -> None:
         if token != w.token:
             return
         w.busy = False
         w.n += 1  # every sequence in the batch generated a token
-        self._complete_due(w)
+        self.core.decode.complete_due(w)
         done = []
         for e, take in w.pass_fill:
             e[1] -= take
@@ -189,13 +212,14 @@ class AggregatedStage:
         w.pass_fill = []
         for e in done:
             w.current.remove(e)
-            self._agg_prompt_done(w, e[0])
-        self.agg_next(w)
+            self._prompt_done(w, e[0])
+        self.next(w)
 
-    def _agg_prompt_done(self, w: AggregatedWorker, i: int) -> None:
+    def _prompt_done(self, w: AggregatedWorker, i: int) -> None:
         """A prompt is filled: its first token is out and it joins ``w``'s batch in place."""
-        p, rec, now = self.p, self.rec, self.env.now
-        inp = self.inp[i]
+        core = self.core
+        p, rec, now = core.p, core.rec, core.env.now
+        inp = core.inp[i]
         rec.fill_end_s[i] = now
         rec.kv_ready_s[i] = now  # no transfer: the KV is where decode runs
         if rec.first_token_s[i] != rec.first_token_s[i]:  # NaN: its first fill
@@ -203,32 +227,34 @@ class AggregatedStage:
         w.reserved -= p.kv_bytes(inp + 1)
         if not w.current:
             w.reserved = 0.0  # no float residue once nothing is reserved
-        self.rem_tok[i] = self.out[i] - 1
-        self.ctx_tok[i] = inp + 1
-        self.fill_wip -= 1
-        self.decoding += 1
-        c = self.cls_l[i]  # per-class counts: from fill straight into decode
-        self.c_fip[c] -= 1
-        self.c_dec[c] += 1
+        core.rem_tok[i] = core.out[i] - 1
+        core.ctx_tok[i] = inp + 1
+        core.fill_wip -= 1
+        core.decoding += 1
+        c = core.cls_l[i]  # per-class counts: from fill straight into decode
+        core.c_fip[c] -= 1
+        core.c_dec[c] += 1
         if rec.decode_start_s[i] != rec.decode_start_s[i]:
             rec.decode_start_s[i] = now
         rec.stage[i] = Stage.DECODE
         self._enter_batch(w, i)
 
     # -- waking -----------------------------------------------------------------------------
-    def wake_aggregated(self) -> None:
+    def wake(self) -> None:
         """Prompts wait: idle aggregated workers take them; otherwise one leaping worker with room
         stops at its next pass boundary."""
-        if self.idle_agg:
-            self.idle_agg.wake(self, self.fill_q, self.agg_next, then=self._cut_one_agg_leap)
+        if self.idle:
+            self.idle.wake(self.core, self.core.fill_q, self.next, then=self._cut_one_leap)
         else:
-            self._cut_one_agg_leap()
+            self._cut_one_leap()
 
-    def _cut_one_agg_leap(self) -> None:
-        if not self.fill_q:
+    def _cut_one_leap(self) -> None:
+        q = self.core.fill_q
+        if not q:
             return
-        head = self.fill_q[0][0]
-        for w in self.aggregated_workers:
-            if w.listening and self.agg_fits(w, self.inp[head] + 1):
-                self.cut_leap(w)
+        head = q[0][0]
+        inp = self.core.inp
+        for w in self.workers:
+            if w.listening and self.fits(w, inp[head] + 1):
+                self.core.decode.cut_leap(w)
                 return

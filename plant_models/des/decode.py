@@ -16,7 +16,6 @@ preempting a sequence cost O(log B); nothing is re-summed per leap.
 from __future__ import annotations
 
 import math
-from collections import deque
 from heapq import heappop, heappush
 
 from tokenfactory.plant_models.des.workers import IdleWorkers, PoolWorker
@@ -68,7 +67,7 @@ class DecodeWorker(PoolWorker):
         return bool(self.members)
 
 
-def _passes_within(t0: float, tk: float, B: int, elapsed: float) -> int:
+def passes_within(t0: float, tk: float, B: int, elapsed: float) -> int:
     """Whole passes completed in ``elapsed`` when pass j takes t0 + tk B j."""
     a = tk * B / 2.0
     b = t0 - tk * B / 2.0
@@ -78,11 +77,39 @@ def _passes_within(t0: float, tk: float, B: int, elapsed: float) -> int:
 
 
 class DecodeStage:
-    """The decode pool of :class:`tokenfactory.plant_models.des.simulator.Simulator` (a mixin)."""
+    """The decode pool of :class:`tokenfactory.plant_models.des.simulator.Simulator`.
 
-    decode_workers: list
-    ready: deque
-    idle_decode: IdleWorkers
+    Owns its workers and their idle queue, the batch cap (a
+    :class:`tokenfactory.core.signals.BatchCapAction` sets it), the KV watermark limit and the
+    decode rate factor (a :class:`~tokenfactory.core.events.DecodeRateDip` scales it). It reads
+    the requests and the ready buffer through ``core`` and hands completions to
+    ``core.complete``; aggregated workers reuse its batch bookkeeping and leaps.
+
+    Interface: :meth:`wake` (ready sequences wait), :meth:`next` (a worker between passes),
+    :meth:`crash`, :meth:`set_batch_cap`, :meth:`set_rate_factor`, and for aggregated workers
+    :meth:`settle`, :meth:`start_leap`, :meth:`overflow`, :meth:`take_newest`, :meth:`cut_leap`,
+    :meth:`complete_due`. The batching policy is :meth:`can_join`: override it in a subclass
+    (passed as ``Simulator(..., stages={"decode": MyDecode})``) to try another rule.
+
+    Parameters
+    ----------
+    core : Simulator
+        The simulator whose requests this pool decodes.
+    workers : int
+        Decode workers at the start.
+    batch_cap : float
+        Sequences per worker at most (``inf``: KV memory only).
+    kv_limit : float
+        KV bytes a worker admits sequences up to (capacity less the watermark).
+    """
+
+    def __init__(self, core, workers: int, batch_cap: float, kv_limit: float):
+        self.core = core
+        self.workers = [DecodeWorker(i, core.env.event()) for i in range(workers)]
+        self.idle = IdleWorkers()
+        self.batch_cap = batch_cap
+        self.kv_limit = kv_limit
+        self.rate_factor = 1.0
 
     # -- the batching policy ---------------------------------------------------------------
     def can_join(self, w: DecodeWorker, i: int) -> bool:
@@ -93,48 +120,51 @@ class DecodeStage:
         B = len(w.members)
         if not B:
             return True
-        p = self.p
+        core = self.core
+        p = core.p
         return B < self.batch_cap and (
             (B + 1) * p.sequence_state_bytes
-            + p.kv_bytes_per_token * (w.offset_sum + B * w.n + self.ctx_tok[i] + B + 1)) <= self.kv_limit
+            + p.kv_bytes_per_token * (w.offset_sum + B * w.n + core.ctx_tok[i] + B + 1)) <= self.kv_limit
 
     # -- sequences in and out --------------------------------------------------------------
     def join(self, w: DecodeWorker) -> int:
         """Ready sequences join ``w`` (highest priority, then oldest first) while :meth:`can_join`
         allows; a top-priority sequence that cannot join preempts the newest lower-priority member
         (lower-priority work borrows idle slots and gives them back first)."""
-        ready, rec = self.ready, self.rec
+        core = self.core
+        ready, rec = core.ready, core.rec
         joined = 0
         n = w.n
-        level_of = self.level_of
+        level_of = core.level_of
         while ready:
             i = ready[0]
             if not self.can_join(w, i):
-                if self.multi and level_of[i] == 0 and w.low > 0:
+                if core.multi and level_of[i] == 0 and w.low > 0:
                     self.preempt_low(w)
                     continue
                 break
             ready.popleft()
-            c = self.cls_l[i]
-            self.c_ready[c] -= 1
-            self.c_dec[c] += 1
+            c = core.cls_l[i]
+            core.c_ready[c] -= 1
+            core.c_dec[c] += 1
             if level_of[i]:
                 w.low += 1
-            fin = n + self.rem_tok[i]
-            off = self.ctx_tok[i] - n
+            fin = n + core.rem_tok[i]
+            off = core.ctx_tok[i] - n
             w.members[i] = (fin, off)
             heappush(w.heap, (fin, i))
             w.offset_sum += off
             if rec.decode_start_s[i] != rec.decode_start_s[i]:  # NaN: its first decode
-                rec.decode_start_s[i] = self.env.now
+                rec.decode_start_s[i] = core.env.now
             rec.stage[i] = Stage.DECODE
             joined += 1
-        self.decoding += joined
+        core.decoding += joined
         return joined
 
-    def _complete_due(self, w: DecodeWorker) -> None:
+    def complete_due(self, w: DecodeWorker) -> None:
         """Sequences whose last pass is done leave the batch."""
         heap, members, n = w.heap, w.members, w.n
+        level_of = self.core.level_of
         done = []
         while heap and heap[0][0] <= n:
             fin, i = heappop(heap)
@@ -143,40 +173,18 @@ class DecodeStage:
                 continue  # preempted or re-joined since: a stale entry
             del members[i]
             w.offset_sum -= m[1]
-            if self.level_of[i]:
+            if level_of[i]:
                 w.low -= 1
             done.append(i)
         if done:
-            self.complete(done)
-
-    def complete(self, done: list) -> None:
-        """Record completions; a closed session's next turn returns after its think time."""
-        rec, now = self.rec, self.env.now
-        c_dec, cls = self.c_dec, self.cls_l
-        for i in done:
-            rec.completion_s[i] = now
-            rec.stage[i] = Stage.COMPLETED
-            c_dec[cls[i]] -= 1
-        if self.observer is not None:
-            arr, first, names, out = rec.arrival_s, rec.first_token_s, self.class_names, self.out
-            self.observer(now, [(names[cls[i]], first[i] - arr[i], (now - first[i]) / max(out[i] - 1, 1))
-                                for i in done])
-        k = len(done)
-        self.completed += k
-        self.completed_since += k
-        self.decoding -= k
-        if self.closed_sessions:
-            for i in done:
-                nxt = self.next_turn[i]
-                if nxt >= 0:  # the next turn's think time runs from this turn's completion
-                    self.call_in(self.think[nxt], self.arrive, nxt)
+            self.core.complete(done)
 
     def preempt(self, w: DecodeWorker, count: int) -> None:
         """KV full: the newest ``count`` sequences go back to the front of the ready buffer with
         their state (their KV is swapped out, not lost) and rejoin when memory frees (an
         aggregated worker parks them on itself instead)."""
         if w.parks:
-            self.park(w, count)
+            self.core.aggregated.park(w, count)
             return
         for _ in range(count):
             self._evict(w, next(reversed(w.members)))
@@ -184,7 +192,7 @@ class DecodeStage:
     def preempt_low(self, w: DecodeWorker) -> None:
         """The newest member below the top priority level goes back to the ready buffer (its KV
         swapped out, not lost): a top-priority sequence needs its slot."""
-        level_of = self.level_of
+        level_of = self.core.level_of
         for i in reversed(w.members):
             if level_of[i]:
                 self._evict(w, i)
@@ -197,46 +205,49 @@ class DecodeStage:
 
     def _detach(self, w: DecodeWorker, i: int) -> int:
         """Sequence ``i`` leaves ``w``'s batch with its remaining tokens and context kept."""
+        core = self.core
         n = w.n
         fin, off = w.members.pop(i)
         w.offset_sum -= off
-        if self.level_of[i] and w.low > 0:  # (aggregated workers do not count their low members)
+        if core.level_of[i] and w.low > 0:  # (aggregated workers do not count their low members)
             w.low -= 1
-        self.rem_tok[i] = fin - n
-        self.ctx_tok[i] = off + n
-        self.rec.preemptions[i] += 1
+        core.rem_tok[i] = fin - n
+        core.ctx_tok[i] = off + n
+        core.rec.preemptions[i] += 1
         return i
 
     def _evict(self, w: DecodeWorker, i: int) -> None:
         """Sequence ``i`` leaves ``w`` for the front of the ready buffer."""
+        core = self.core
         self._detach(w, i)
-        self.rec.stage[i] = Stage.READY
-        c = self.cls_l[i]
-        self.c_dec[c] -= 1
-        self.c_ready[c] += 1
-        self.ready.appendleft(i)
-        self.decoding -= 1
+        core.rec.stage[i] = Stage.READY
+        c = core.cls_l[i]
+        core.c_dec[c] -= 1
+        core.c_ready[c] += 1
+        core.ready.appendleft(i)
+        core.decoding -= 1
 
-    def crash_decode(self, w: DecodeWorker) -> None:
+    def crash(self, w: DecodeWorker) -> None:
         """KV is lost with the worker: its sequences go back to the front of the backlog (oldest
         first) and are filled again."""
+        core = self.core
         ids = list(w.members)
         for i in reversed(ids):
-            self.rec.requeues[i] += 1
-            self.rec.stage[i] = Stage.BACKLOG
-            c = self.cls_l[i]
-            self.c_dec[c] -= 1
-            self.c_backlog[c] += 1
-            self.backlog.appendleft(i)
-        self.decoding -= len(ids)
+            core.rec.requeues[i] += 1
+            core.rec.stage[i] = Stage.BACKLOG
+            c = core.cls_l[i]
+            core.c_dec[c] -= 1
+            core.c_backlog[c] += 1
+            core.backlog.appendleft(i)
+        core.decoding -= len(ids)
         w.members, w.heap, w.offset_sum, w.low = {}, [], 0, 0
         w.token += 1
         w.in_leap = w.listening = w.interrupted = False
-        self.unidle(w)
-        self.kick_admission()
+        core.fleet.unidle(w)
+        core.kick_admission()
 
     # -- the worker's cycle ----------------------------------------------------------------
-    def decode_next(self, w: DecodeWorker) -> None:
+    def next(self, w: DecodeWorker) -> None:
         """Between passes: join, complete, preempt, then leap - or go idle, or finish draining."""
         if not w.online or w.in_leap or w.retired:
             return
@@ -245,13 +256,13 @@ class DecodeStage:
                 self.join(w)
             if not w.members:
                 if w.draining:
-                    self.worker_finished(w)
+                    self.core.fleet.worker_finished(w)
                 else:
-                    self.idle_decode.add(w)
+                    self.idle.add(w)
                 return
             if self.settle(w):
                 continue
-            if self.start_leap(w, self.ready):
+            if self.start_leap(w, self.core.ready):
                 return
 
     def settle(self, w: DecodeWorker) -> bool:
@@ -261,7 +272,7 @@ class DecodeStage:
         while members.get(heap[0][1], (None,))[0] != heap[0][0]:
             heappop(heap)  # drop stale tops
         if heap[0][0] <= n:
-            self._complete_due(w)
+            self.complete_due(w)
             return True
         return False
 
@@ -271,7 +282,8 @@ class DecodeStage:
         preempted instead. The leap listens - a new item in ``waiting`` (the ready buffer, or an
         aggregated worker's fill queue) cuts it at the next pass boundary - while the worker has
         room for one more."""
-        p = self.p
+        core = self.core
+        p = core.p
         B, n = len(w.members), w.n
         S = w.offset_sum + B * n
         free = p.decode_kv_capacity_bytes - B * p.sequence_state_bytes - p.kv_bytes_per_token * S
@@ -280,28 +292,28 @@ class DecodeStage:
             (_NO_LIMIT if free >= 0 else 0)
         if k_kv < 1:
             if B > 1:
-                self.preempt(w, self._overflow(w, S))
+                self.preempt(w, self.overflow(w, S))
                 return False
             k_kv = _NO_LIMIT  # a single sequence larger than the worker runs (empty-worker rule)
         k = max(1, min(w.heap[0][0] - n, k_kv))
-        f = self.rate_factor * self.speed(w)  # (a leap keeps its speed if warm-up ends inside it)
+        f = self.rate_factor * core.fleet.speed(w)  # (a leap keeps its speed if warm-up ends inside it)
         t_now, slope = p.decode_pass(B, S / B)
         t0 = t_now / f
         tk = slope / B / f  # per token of growth of the batch's context sum
         total = k * t0 + tk * (B * k * (k - 1) / 2.0)
         w.listening = not waiting and not w.draining and B < self.batch_cap and (
             B * p.sequence_state_bytes + p.kv_bytes_per_token * (S + B * k)) < self.kv_limit
-        w.leap = (self.env.now, t0, tk, B, k)
+        w.leap = (core.env.now, t0, tk, B, k)
         w.leap_steps = k
         w.in_leap = True
         w.interrupted = False
         w.token += 1
-        self.call_in(total, self._leap_end, w, w.token)
+        core.call_in(total, self._leap_end, w, w.token)
         return True
 
-    def _overflow(self, w: DecodeWorker, S: float) -> int:
+    def overflow(self, w: DecodeWorker, S: float) -> int:
         """How many of the newest sequences must leave so the rest fit one more pass (keeps one)."""
-        p, n = self.p, w.n
+        p, n = self.core.p, w.n
         keep_B, keep_S, drop = len(w.members), S, 0
         for fin, off in reversed(w.members.values()):
             drop += 1
@@ -318,18 +330,20 @@ class DecodeStage:
         w.in_leap = w.listening = w.interrupted = False
         self.account_leap(w)
         w.n += w.leap_steps
-        self._complete_due(w)
-        self.worker_next(w)
-        if self.ready:
-            self.wake_decode()
+        self.complete_due(w)
+        core = self.core
+        core.fleet.worker_next(w)
+        if core.ready:
+            self.wake()
 
     def cut_leap(self, w: DecodeWorker) -> None:
         """End ``w``'s leap at the next pass boundary (the pass in progress finishes at its timing)."""
         if not w.in_leap or w.interrupted:
             return
         start, t0, tk, B, k = w.leap
-        now = self.env.now
-        s = min(_passes_within(t0, tk, B, now - start), k)
+        core = self.core
+        now = core.env.now
+        s = min(passes_within(t0, tk, B, now - start), k)
         w.listening = False
         if s >= k:
             return  # the leap ends now anyway
@@ -337,27 +351,29 @@ class DecodeStage:
         w.interrupted = True
         w.leap_steps = s + 1
         w.token += 1
-        self.call_in(max(end - now, 0.0), self._leap_end, w, w.token)
+        core.call_in(max(end - now, 0.0), self._leap_end, w, w.token)
 
-    def wake_decode(self) -> None:
+    def wake(self) -> None:
         """Ready sequences wait: idle workers take them (after everything else that happens at
         this instant, so sequences ready together join together); without an idle worker, one
         leaping worker with room stops at its next pass boundary to let them join."""
-        if not self.ready:
+        core = self.core
+        if not core.ready:
             return
-        if self.idle_decode:
-            self.idle_decode.wake(self, self.ready, self.decode_next, then=self._cut_one_leap)
+        if self.idle:
+            self.idle.wake(core, core.ready, self.next, then=self._cut_one_leap)
         else:
             self._cut_one_leap()
 
     def _cut_one_leap(self) -> None:
-        head = self.ready[0]
-        for w in self.decode_workers:
+        core = self.core
+        head = core.ready[0]
+        for w in self.workers:
             if w.listening and self.can_join(w, head):
                 self.cut_leap(w)
                 return
-        if self.multi and self.level_of[head] == 0:  # a top-priority sequence reclaims a borrowed slot
-            for w in self.decode_workers:
+        if core.multi and core.level_of[head] == 0:  # a top-priority sequence reclaims a borrowed slot
+            for w in self.workers:
                 if w.in_leap and w.low > 0 and not w.draining:
                     if not w.interrupted:
                         self.cut_leap(w)
@@ -367,33 +383,35 @@ class DecodeStage:
         """The decode batch cap per worker changes (:class:`tokenfactory.core.signals.BatchCapAction`).
         A lower cap takes effect as sequences complete; a higher one lets ready sequences join at
         the next pass boundary."""
-        cap = float(min(cap, self.p.decode_max_batch))
+        core = self.core
+        cap = float(min(cap, core.p.decode_max_batch))
         if cap == self.batch_cap:
             return
         raised = cap > self.batch_cap
-        self.actions.append({"time_s": self.env.now, "kind": "batch_cap", "from": self.batch_cap, "to": cap})
+        core.actions.append({"time_s": core.env.now, "kind": "batch_cap", "from": self.batch_cap, "to": cap})
         self.batch_cap = cap
-        if raised and self.ready:
-            for w in self.decode_workers:
+        if raised and core.ready:
+            for w in self.workers:
                 if w.in_leap and not w.draining and len(w.members) < cap:
                     self.cut_leap(w)
-            self.wake_decode()
+            self.wake()
 
     def account_leap(self, w: DecodeWorker) -> None:
         """Book the passes of ``w``'s ending leap (seconds, FLOPs, HBM bytes) on its pool."""
         _, t0, tk, B, _ = w.leap
         s = w.leap_steps
         seconds = s * t0 + tk * B * s * (s - 1) / 2.0
-        work = self.p.work
+        core = self.core
+        work = core.p.work
         if work is None:
-            self.ledger.add(w.pool, seconds, 0.0, 0.0)
+            core.ledger.add(w.pool, seconds, 0.0, 0.0)
             return
         flops, nbytes = work.decode(B, (w.offset_sum + B * w.n) / B + (s - 1) / 2.0)
-        self.ledger.add(w.pool, seconds, s * flops, s * nbytes)
+        core.ledger.add(w.pool, seconds, s * flops, s * nbytes)
 
     def set_rate_factor(self, f: float) -> None:
         """Decode speed changes: every leap is re-timed from its next pass boundary."""
         self.rate_factor = f
-        for w in self.decode_workers:
+        for w in self.workers:
             if w.in_leap:
                 self.cut_leap(w)

@@ -18,8 +18,6 @@ tiered cache serves from host memory or SSD stalls the step for its load.
 
 from __future__ import annotations
 
-from collections import deque
-
 from tokenfactory.plant_models.des.workers import IdleWorkers, PoolWorker
 from tokenfactory.plant_models.des.records import Stage
 
@@ -49,42 +47,68 @@ class FillWorker(PoolWorker):
 
 
 class FillStage:
-    """The fill pool of :class:`tokenfactory.plant_models.des.simulator.Simulator` (a mixin: the
-    simulator's queues, records and clock are its attributes)."""
+    """The fill pool of :class:`tokenfactory.plant_models.des.simulator.Simulator`.
 
-    fill_workers: list
-    fill_q: deque
-    idle_fill: IdleWorkers
+    Owns its workers, their idle queue, the link factor (a :class:`~tokenfactory.core.events.LinkSlowdown`
+    scales it), the reserved share of each step (``reserve``, set by a
+    :class:`tokenfactory.core.signals.ReserveAction`), the prefix-cache counters and the count of
+    KV blobs in transfer. It reads the requests, the fill queue and the ready buffer through
+    ``core`` (the simulator: clock, per-request arrays, queues, flow counters, ledger, prefix
+    cache) and calls the decode stage's :meth:`~DecodeStage.wake`, the aggregated stage's
+    :meth:`wake` and the fleet's ``speed``, ``unidle`` and ``worker_finished``.
 
-    def kick_fill(self) -> None:
+    Interface: :meth:`kick` (work entered the fill queue), :meth:`next` (a worker between steps),
+    :meth:`crash`, :meth:`prefix_fetch` and :meth:`chunks_attention` (shared with aggregated
+    workers); override :meth:`next` or :meth:`finish_fill` in a subclass for another fill policy.
+
+    Parameters
+    ----------
+    core : Simulator
+        The simulator whose requests this pool fills.
+    workers : int
+        Fill workers at the start.
+    """
+
+    def __init__(self, core, workers: int):
+        self.core = core
+        self.workers = [FillWorker(i, core.env.event()) for i in range(workers)]
+        self.idle = IdleWorkers()
+        self.reserve = 0.0       # share of each fill step held for the top priority level
+        self.link_factor = 1.0
+        self.in_transfer = 0     # KV blobs on their way to decode
+        self.hit_tokens = self.lookup_tokens = 0
+
+    def kick(self) -> None:
         """Work entered the fill queue: idle workers start a step (requests admitted at the same
         instant share one); aggregated workers take it at their next pass."""
-        self.idle_fill.wake(self, self.fill_q, self.fill_next)
-        if self.aggregated_workers:
-            self.wake_aggregated()
+        core = self.core
+        self.idle.wake(core, core.fill_q, self.next)
+        if core.aggregated.workers:
+            core.aggregated.wake()
 
-    def fill_next(self, w: FillWorker) -> None:
+    def next(self, w: FillWorker) -> None:
         """Between steps: start the next step, go idle, or finish draining."""
         if not w.online or w.busy or w.retired:
             return
+        core = self.core
         if w.draining and not w.current:
-            self.worker_finished(w)
+            core.fleet.worker_finished(w)
             return
-        if not w.current and not self.fill_q:
-            self.idle_fill.add(w)
+        if not w.current and not core.fill_q:
+            self.idle.add(w)
             return
-        p, rec, q = self.p, self.rec, self.fill_q
+        p, rec, q = core.p, core.rec, core.fill_q
         budget = p.fill_token_budget
         per_request = p.replica_chunk_tokens
         step = []
         cached_read = 0
         load_s = 0.0
         chunks = []
-        multi, level_of, tok, cls = self.multi, self.level_of, self.tok_fill, self.cls_l
+        multi, level_of, tok, cls, inp = core.multi, core.level_of, core.tok_fill, core.cls_l, core.inp
         # lower-priority work may take at most (1 - reserve) of the step's budget, counting the
         # tokens higher-priority work took before it (the reserved share is held, not lent:
         # a step cannot be interrupted when an interactive request arrives)
-        low_cap = int(budget * (1.0 - self.fill_reserve)) if multi else budget
+        low_cap = int(budget * (1.0 - self.reserve)) if multi else budget
         used = 0
         # continue the request this worker was chunking, then take new ones (with classes:
         # higher-priority queued work first, a chunked lower-priority request waits)
@@ -115,10 +139,10 @@ class FillStage:
                 c, load = self.prefix_fetch(i)
                 cached_read += c
                 load_s += load
-                todo = max(self.inp[i] - c, 1)
-                tok[cls[i]] += todo - self.pred_tok[i]  # the measured queue had its expected tokens
+                todo = max(inp[i] - c, 1)
+                tok[cls[i]] += todo - core.pred_tok[i]  # the measured queue had its expected tokens
             take = min(todo, limit, per_request)
-            chunks.append((take, self.inp[i] - todo))  # context: cached prefix plus chunks already filled
+            chunks.append((take, inp[i] - todo))  # context: cached prefix plus chunks already filled
             budget -= take
             used += take
             tok[cls[i]] -= take
@@ -129,13 +153,13 @@ class FillStage:
         w.token += 1
         tokens = p.fill_token_budget - budget
         attention_s, pairs, ctx_tokens = self.chunks_attention(chunks, tokens)
-        seconds = (p.fill_step_time(tokens, cached_read) + attention_s + load_s) / self.speed(w)
+        seconds = (p.fill_step_time(tokens, cached_read) + attention_s + load_s) / core.fleet.speed(w)
         work = p.work
         if work is None:
-            self.ledger.add("fill", seconds, 0.0, 0.0)
+            core.ledger.add("fill", seconds, 0.0, 0.0)
         else:
-            self.ledger.add("fill", seconds, *work.fill(tokens, pairs, ctx_tokens))
-        self.call_in(seconds, self._fill_step_end, w, w.token)
+            core.ledger.add("fill", seconds, *work.fill(tokens, pairs, ctx_tokens))
+        core.call_in(seconds, self._step_end, w, w.token)
 
     def chunks_attention(self, chunks: list, tokens: float) -> tuple[float, float, float]:
         """What the step's chunks ``(new tokens, context before)`` add to a step of ``tokens``:
@@ -155,7 +179,7 @@ class FillStage:
         tuple of float
             ``(seconds, new x context token pairs, context tokens)``.
         """
-        p = self.p
+        p = self.core.p
         total = largest = pairs = context = 0.0
         for n, c in chunks:
             x = p.chunk_context_s(n, c, tokens)
@@ -179,16 +203,18 @@ class FillStage:
         tuple
             ``(cached tokens, load seconds)``.
         """
-        inp = self.inp[i]
-        c, load = self.cache.fetch(i, self.hashes[i] if self.hashes is not None else None, inp,
-                                   self.given_cached[i], self.env.now)
-        self.rec.cached_tokens[i] = c
-        self.rec.fill_start_s[i] = self.env.now
+        core = self.core
+        inp = core.inp[i]
+        now = core.env.now
+        c, load = core.cache.fetch(i, core.hashes[i] if core.hashes is not None else None, inp,
+                                   core.given_cached[i], now)
+        core.rec.cached_tokens[i] = c
+        core.rec.fill_start_s[i] = now
         self.hit_tokens += c
         self.lookup_tokens += inp
         return c, load
 
-    def _fill_step_end(self, w: FillWorker, token: int) -> None:
+    def _step_end(self, w: FillWorker, token: int) -> None:
         if token != w.token:
             return  # the worker crashed during this step
         w.busy = False
@@ -197,50 +223,54 @@ class FillStage:
                 w.current.append([i, left])
             else:
                 self.finish_fill(w, i)
-        if self.multi and len(w.current) > 1:
-            w.current.sort(key=lambda it: self.level_of[it[0]])
+        if self.core.multi and len(w.current) > 1:
+            level_of = self.core.level_of
+            w.current.sort(key=lambda it: level_of[it[0]])
         w.step = []
-        self.fill_next(w)
+        self.next(w)
 
     def finish_fill(self, w: FillWorker, i: int) -> None:
         """Prefill emits the first token; the KV blob queues on the worker's link."""
-        env, p, rec = self.env, self.p, self.rec
-        now = env.now
+        core = self.core
+        p, rec = core.p, core.rec
+        now = core.env.now
         rec.fill_end_s[i] = now
         if rec.first_token_s[i] != rec.first_token_s[i]:  # NaN: the first fill of this request
             rec.first_token_s[i] = now
-        inp = self.inp[i]
-        self.rem_tok[i] = self.out[i] - 1  # decode generates the rest
-        self.ctx_tok[i] = inp + 1
-        self.fill_wip -= 1
+        inp = core.inp[i]
+        core.rem_tok[i] = core.out[i] - 1  # decode generates the rest
+        core.ctx_tok[i] = inp + 1
+        core.fill_wip -= 1
         self.in_transfer += 1
         rec.stage[i] = Stage.TRANSFER
         start = now if now > w.link_free_at else w.link_free_at
         busy = p.kv_bytes(inp) / (p.kv_link_bandwidth * self.link_factor)
         w.link_free_at = start + busy
-        self.call_in(start + busy + p.kv_setup_s - now, self.kv_arrived, i)
+        core.call_in(start + busy + p.kv_setup_s - now, self.kv_arrived, i)
 
     def kv_arrived(self, i: int) -> None:
         """Request ``i``'s KV landed at decode: it joins the ready buffer."""
+        core = self.core
         self.in_transfer -= 1
-        c = self.cls_l[i]
-        self.c_fip[c] -= 1
-        self.c_ready[c] += 1
-        self.rec.stage[i] = Stage.READY
-        self.rec.kv_ready_s[i] = self.env.now
-        self.ready.append(i)
-        self.wake_decode()
+        c = core.cls_l[i]
+        core.c_fip[c] -= 1
+        core.c_ready[c] += 1
+        core.rec.stage[i] = Stage.READY
+        core.rec.kv_ready_s[i] = core.env.now
+        core.ready.append(i)
+        core.decode.wake()
 
-    def crash_fill(self, w: FillWorker) -> None:
+    def crash(self, w: FillWorker) -> None:
         """The worker's step and its chunked request are lost: back to the front of the queue
         (a new fill, prefix cache consulted again)."""
+        core = self.core
         lost = [(i, left) for i, left in w.step] + [(i, left) for i, left in w.current]
         for i, left in reversed(lost):
-            self.rec.requeues[i] += 1
-            self.tok_fill[self.cls_l[i]] += self.pred_tok[i] - left  # its whole fill again (expected)
-            self.fill_q.appendleft([i, -1])
+            core.rec.requeues[i] += 1
+            core.tok_fill[core.cls_l[i]] += core.pred_tok[i] - left  # its whole fill again (expected)
+            core.fill_q.appendleft([i, -1])
         w.step, w.current = [], []
         w.busy = False
-        self.unidle(w)
+        core.fleet.unidle(w)
         w.token += 1
-        self.kick_fill()
+        self.kick()

@@ -41,11 +41,35 @@ class StartTicket:
 
 
 class FleetControl:
-    """Pools, autoscalers and events of :class:`tokenfactory.plant_models.des.simulator.Simulator` (a mixin)."""
+    """Pools, autoscalers and events of :class:`tokenfactory.plant_models.des.simulator.Simulator`.
+
+    Owns the start tickets (requested workers not yet serving) and the fleet-changed event. The
+    worker lists are the stages' own (``core.fill.workers``, ``core.decode.workers``,
+    ``core.aggregated.workers``); it dispatches a worker to its stage's ``next``, ``crash`` and
+    idle queue, applies scale actions through :meth:`reconcile` and the controllers' other actions
+    through ``core.monitor.apply_actions``.
+
+    Interface: :meth:`pool`, :meth:`worker_next`, :meth:`unidle`, :meth:`speed`,
+    :meth:`worker_finished`, :meth:`starting`, :meth:`in_use`, and the processes
+    :meth:`autoscale` and :meth:`event_process` the run starts.
+
+    Parameters
+    ----------
+    core : Simulator
+        The simulator whose pools this controls.
+    """
+
+    def __init__(self, core):
+        self.core = core
+        self.env = core.env
+        self.warmup_factor = core.cfg.dynamics.warmup_factor
+        self.tickets: list = []
+        self.fleet_changed = core.env.event()
 
     # -- workers --------------------------------------------------------------------------
     def pool(self, name: str) -> list:
-        return self.fill_workers if name == "fill" else self.decode_workers
+        """The worker list of pool ``name`` (``"fill"`` or ``"decode"``)."""
+        return self.core.fill.workers if name == "fill" else self.core.decode.workers
 
     def new_worker(self, pool: str):
         """A worker added to ``pool`` and started (the index is its position when added)."""
@@ -56,21 +80,23 @@ class FleetControl:
         return w
 
     def worker_next(self, w) -> None:
+        """``w`` is free to take work: its stage's ``next``."""
         if isinstance(w, FillWorker):
-            self.fill_next(w)
+            self.core.fill.next(w)
         elif isinstance(w, AggregatedWorker):
-            self.agg_next(w)
+            self.core.aggregated.next(w)
         else:
-            self.decode_next(w)
+            self.core.decode.next(w)
 
     def unidle(self, w) -> None:
         """Take ``w`` out of its idle queue (it crashed, drains or leaves)."""
-        (self.idle_fill if isinstance(w, FillWorker) else
-         self.idle_agg if isinstance(w, AggregatedWorker) else self.idle_decode).discard(w)
+        core = self.core
+        (core.fill.idle if isinstance(w, FillWorker) else
+         core.aggregated.idle if isinstance(w, AggregatedWorker) else core.decode.idle).discard(w)
 
     def speed(self, w) -> float:
         """A worker in its first ``warmup_s`` runs at ``warmup_factor`` of full speed."""
-        return self.cfg.dynamics.warmup_factor if self.env.now < w.warm_until else 1.0
+        return self.warmup_factor if self.env.now < w.warm_until else 1.0
 
     def start_draining(self, w) -> None:
         """``w`` takes nothing new and finishes what it holds."""
@@ -88,24 +114,25 @@ class FleetControl:
 
     # -- autoscaling ----------------------------------------------------------------------
     def starting(self, pool: str) -> list:
+        """Requested workers of ``pool`` not yet serving and not cancelled."""
         return [tk for tk in self.tickets if tk.pool == pool and not tk.cancelled]
 
     def in_use(self) -> int:
         """Workers holding a slot of a fixed fleet: in a pool (serving or draining) or starting."""
-        return len(self.fill_workers) + len(self.decode_workers) + sum(
+        return len(self.core.fill.workers) + len(self.core.decode.workers) + sum(
             1 for tk in self.tickets if tk.placed and not tk.cancelled)
 
     def autoscale(self, scaler):
         """An autoscaler's loop (also any other controller run beside admission, such as a
         decode batch gate: its batch caps and reservations are applied, admission commands are
         the admission controller's alone)."""
-        env = self.env
-        yield env.timeout(self.cfg.autoscale_start_s + self.cfg.snapshot_dt / 2)
+        env, cfg, monitor = self.env, self.core.cfg, self.core.monitor
+        yield env.timeout(cfg.autoscale_start_s + cfg.snapshot_dt / 2)
         while True:
-            acts = sort_actions(scaler.update(env.now, self.measure(env.now, scaler.sample_period)))
+            acts = sort_actions(scaler.update(env.now, monitor.measure(env.now, scaler.sample_period)))
             others = [a for a in (acts.batch_cap, acts.reserve) if a is not None]
             if others:
-                self.apply_actions(others, type(scaler).__name__)
+                monitor.apply_actions(others, type(scaler).__name__)
             for a in acts.scales:
                 if a.pool not in POOLS:
                     raise ConfigError(f"{type(scaler).__name__}.pool", f"{a.pool!r} is not one of {POOLS}")
@@ -132,7 +159,7 @@ class FleetControl:
             self.kick_fleet()
         for w in serving[::-1][:plan.drain]:
             self.env.process(self.retire(pool, w))
-        self.actions.append({"time_s": self.env.now, "kind": "scale", "pool": pool, "from": before, "to": target,
+        self.core.actions.append({"time_s": self.env.now, "kind": "scale", "pool": pool, "from": before, "to": target,
                              "controller": who})
 
     def kick_fleet(self) -> None:
@@ -141,7 +168,7 @@ class FleetControl:
         ev.succeed()
 
     def start_worker(self, tk: StartTicket):
-        env, dyn = self.env, self.cfg.dynamics
+        env, dyn = self.env, self.core.cfg.dynamics
         # a fixed fleet: wait (as a pending pod, counted in transit) until a worker is free
         while not tk.cancelled and free_workers(dyn, self.in_use()) < 1:
             yield self.fleet_changed
@@ -178,9 +205,9 @@ class FleetControl:
             w = workers[e.index]
             w.online = False
             if e.pool == "decode":
-                self.crash_decode(w)
+                self.core.decode.crash(w)
             else:
-                self.crash_fill(w)
+                self.core.fill.crash(w)
             if w.draining:
                 self.worker_finished(w)  # it holds nothing now
             yield env.timeout(e.restart_s)
@@ -188,13 +215,15 @@ class FleetControl:
             if not w.retired:
                 self.worker_next(w)
         elif isinstance(e, LinkSlowdown):
-            self.link_factor *= e.factor
+            fill = self.core.fill
+            fill.link_factor *= e.factor
             yield env.timeout(e.duration_s)
-            self.link_factor /= e.factor
+            fill.link_factor /= e.factor
         elif isinstance(e, DecodeRateDip):
-            self.set_rate_factor(self.rate_factor * e.factor)
+            decode = self.core.decode
+            decode.set_rate_factor(decode.rate_factor * e.factor)
             yield env.timeout(e.duration_s)
-            self.set_rate_factor(self.rate_factor / e.factor)
+            decode.set_rate_factor(decode.rate_factor / e.factor)
         elif isinstance(e, Reconfiguration):
             for _ in range(e.count):
                 env.process(self.move_worker(e.source, e.target, e.downtime_s))
@@ -212,4 +241,4 @@ class FleetControl:
         self.remove_worker(source, w)
         yield env.timeout(downtime)
         self.new_worker(target)
-        self.actions.append({"time_s": env.now, "kind": "reconfigured", "source": source, "target": target})
+        self.core.actions.append({"time_s": env.now, "kind": "reconfigured", "source": source, "target": target})

@@ -1,14 +1,19 @@
 """The request simulator's core: the clock, arrivals, admission, and the run.
 
-:class:`Simulator` composes the stages (:class:`~tokenfactory.plant_models.des.fill.FillStage`,
-:class:`~tokenfactory.plant_models.des.decode.DecodeStage`,
-:class:`~tokenfactory.plant_models.des.pool_changes.FleetControl`,
-:class:`~tokenfactory.plant_models.des.measure.Monitor`) around one simpy ``Environment``.
+:class:`Simulator` is the core (clock, requests, queues, flow counters, admission) and holds
+its stages as objects around one simpy ``Environment``: ``fill``
+(:class:`~tokenfactory.plant_models.des.fill.FillStage`), ``decode``
+(:class:`~tokenfactory.plant_models.des.decode.DecodeStage`), ``aggregated``
+(:class:`~tokenfactory.plant_models.des.aggregated.AggregatedStage`), ``fleet``
+(:class:`~tokenfactory.plant_models.des.pool_changes.FleetControl`) and ``monitor``
+(:class:`~tokenfactory.plant_models.des.measure.Monitor`). Each owns its own state and calls the
+others through their documented methods; each takes the core as its context.
 Hot paths - arrivals, admissions, fill steps, KV transfers, decode leaps - are scheduled calls
 (:meth:`Simulator.call_in`: one heap entry, no generator, no exception); control loops, pool
 changes and events are simpy processes. Policies are small overrides: the admission controller
-object, :meth:`~tokenfactory.plant_models.des.decode.DecodeStage.can_join` (batching), the
-prefix cache (:mod:`tokenfactory.plant_models.des.cache`) and the queues (``backlog``,
+object, a stage subclass passed in ``stages`` (e.g. a
+:class:`~tokenfactory.plant_models.des.decode.DecodeStage` overriding ``can_join``, the batching
+rule), the prefix cache (:mod:`tokenfactory.plant_models.des.cache`) and the queues (``backlog``,
 ``fill_q``, ``ready`` are deques; any object with ``append``, ``appendleft``, ``popleft``,
 ``len`` and ``[0]`` can replace one in a subclass).
 
@@ -39,13 +44,12 @@ import pandas as pd
 import simpy
 
 from tokenfactory.core.errors import ConservationError
-from tokenfactory.plant_models.des.aggregated import AggregatedStage, AggregatedWorker
+from tokenfactory.plant_models.des.aggregated import AggregatedStage
 from tokenfactory.plant_models.des.cache import PrefixCache, prefix_cache_for
 from tokenfactory.plant_models.des.config import ClusterConfig
-from tokenfactory.plant_models.des.decode import DecodeStage, DecodeWorker
-from tokenfactory.plant_models.des.fill import FillStage, FillWorker
+from tokenfactory.plant_models.des.decode import DecodeStage
+from tokenfactory.plant_models.des.fill import FillStage
 from tokenfactory.plant_models.des.pool_changes import FleetControl
-from tokenfactory.plant_models.des.workers import IdleWorkers
 from tokenfactory.plant_models.des.measure import Monitor
 from tokenfactory.plant_models.des.params import DESParams
 from tokenfactory.plant_models.des.queues import PriorityQueues
@@ -89,8 +93,19 @@ class OpenAdmission:
         return AdmissionAction(math.inf)
 
 
-class Simulator(FillStage, DecodeStage, AggregatedStage, FleetControl, Monitor):
+class Simulator:
     """One replay of a request table through the cluster.
+
+    The simulator is the core - the clock, the requests (per-request arrays and records, their
+    classes), the queues (``backlog``, ``fill_q``, ``ready``, ``held``), the flow counters, the
+    work ledger, the prefix cache, arrivals, admission and completions - and holds its stages as
+    objects, each owning its own state and calling the others through a small interface:
+    ``fill`` (:class:`~tokenfactory.plant_models.des.fill.FillStage`), ``decode``
+    (:class:`~tokenfactory.plant_models.des.decode.DecodeStage`), ``aggregated``
+    (:class:`~tokenfactory.plant_models.des.aggregated.AggregatedStage`), ``fleet``
+    (:class:`~tokenfactory.plant_models.des.pool_changes.FleetControl`) and ``monitor``
+    (:class:`~tokenfactory.plant_models.des.measure.Monitor`). A policy is a stage subclass
+    passed in ``stages`` (simpy's way: override the method, keep the rest).
 
     Parameters
     ----------
@@ -109,10 +124,19 @@ class Simulator(FillStage, DecodeStage, AggregatedStage, FleetControl, Monitor):
         Pool autoscalers returning :class:`tokenfactory.core.signals.ScaleAction`.
     prefix_cache : PrefixCache, optional
         Replaces the policy ``cluster.prefix_cache_blocks`` names.
+    stages : dict, optional
+        Stage classes replacing the defaults (:attr:`STAGES`), by name: ``"fill"``, ``"decode"``,
+        ``"aggregated"``, ``"fleet"``, ``"monitor"``; each a subclass of the default (e.g. a
+        :class:`~tokenfactory.plant_models.des.decode.DecodeStage` overriding ``can_join``).
     """
 
+    #: the default stage classes, by name (``stages=`` replaces any of them)
+    STAGES = {"fill": FillStage, "decode": DecodeStage, "aggregated": AggregatedStage, "fleet": FleetControl,
+              "monitor": Monitor}
+
     def __init__(self, trace: pd.DataFrame, params: DESParams, cluster: ClusterConfig = ClusterConfig(),
-                 controller=None, autoscalers=(), *, prefix_cache: PrefixCache | None = None):
+                 controller=None, autoscalers=(), *, prefix_cache: PrefixCache | None = None,
+                 stages: dict | None = None):
         if not len(trace):
             raise ConfigError("trace", "the request table is empty")
         for col in ("arrival_s", "input_tokens", "output_tokens"):
@@ -154,40 +178,22 @@ class Simulator(FillStage, DecodeStage, AggregatedStage, FleetControl, Monitor):
             self.fill_q: deque = deque()  # [request, new tokens still to fill] (-1: not started)
             self.ready: deque = deque()
         self.held: deque = deque()  # deferred requests (stale entries skipped: stage tells)
-        self.fill_reserve = 0.0     # share of each fill step held for the top priority level
         self.gate = getattr(controller, "decide", None) if controller is not None else None
         # an arrival gate may also hear the outcomes of the requests it admitted (the orchestrator
         # streams their tokens): ``observe(t, [(class, ttft_s, tpot_s), ...])`` at completion
         self.observer = getattr(controller, "observe", None) if controller is not None else None
-        self.idle_fill = IdleWorkers()
-        self.idle_decode = IdleWorkers()
-        self.idle_agg = IdleWorkers()
         self.ledger = WorkLedger()
         self.arrived = self.completed = self.rejected = self.admitted = 0
         self.arrived_since = self.completed_since = self.admitted_since = 0
-        self.fill_wip = self.in_transfer = self.decoding = 0
-        self.rate_factor = 1.0
-        self.link_factor = 1.0
+        self.fill_wip = self.decoding = 0  # requests in fill (a step, queued or in transfer) and decoding
         self.action = AdmissionAction(0.0 if controller is not None else math.inf)
         self._adm_idle, self._adm_tokens, self._adm_last = True, 0.0, 0.0
-        # -- workers and fleet
-        self.fill_workers = [FillWorker(i, self.env.event()) for i in range(cluster.fill_workers)]
-        self.decode_workers = [DecodeWorker(i, self.env.event()) for i in range(cluster.decode_workers)]
-        self.aggregated_workers = [AggregatedWorker(i, self.env.event()) for i in range(cluster.aggregated_workers)]
-        if self.aggregated_workers:
-            if self.autoscalers:
-                raise ConfigError("autoscalers", "the aggregated pool is fixed: no autoscalers")
-            params.mixed_extra(1, 1.0, 1.0)  # raises ConfigError without a mixed-pass table
-        self.tickets: list = []
-        self.fleet_changed = self.env.event()
         self.cache = prefix_cache if prefix_cache is not None else prefix_cache_for(cluster.prefix_cache_blocks,
                                                                                    params.block_tokens)
-        self.hit_tokens = self.lookup_tokens = 0
         # nominal figures for measurements: the trace's mean active context (length-biased, as the
         # fluid model's) and the fill rate of full-budget steps at the trace's mean new and cached tokens
         mean_in, mean_out = float(self.inp_arr.mean()), float(self.out_arr.mean())
         self.nominal_ctx = mean_active_context(mean_in, mean_out, float(self.out_arr.std()) / mean_out)
-        self.kv_limit = params.decode_kv_capacity_bytes * (1.0 - cluster.kv_watermark)
         cached = np.minimum(np.asarray(self.given_cached, dtype=float), self.inp_arr)
         mean_new = float(np.maximum(self.inp_arr - cached, 1).mean())
         self.nominal_fill_rps = 1.0 / params.fill_seconds(mean_new, float(cached.mean()))
@@ -197,9 +203,26 @@ class Simulator(FillStage, DecodeStage, AggregatedStage, FleetControl, Monitor):
         # long prompts pay attention quadratic in their length)
         new = np.maximum(self.inp_arr - cached, 1.0)
         self.fill_token_rate = float(new.sum() / np.sum(params.fill_seconds(new, cached)))
-        self.batch_cap = float(min(cluster.batch_cap if cluster.batch_cap is not None else math.inf,
-                                   params.decode_max_batch))
         self.actions: list[dict] = []
+        # -- the stages (each owns its workers and its own state)
+        kinds = _stage_classes(self.STAGES, stages)
+        for name in _STAGE_POLICIES:  # a policy overridden here would never be called
+            if hasattr(type(self), name):
+                raise ConfigError(f"{type(self).__name__}.{name}", "a stage's policy: override it in a subclass of "
+                                  f"the stage and pass it in stages= (e.g. stages={{'decode': MyDecodeStage}})")
+        self.fill = kinds["fill"](self, cluster.fill_workers)
+        self.decode = kinds["decode"](
+            self, cluster.decode_workers,
+            batch_cap=float(min(cluster.batch_cap if cluster.batch_cap is not None else math.inf,
+                                params.decode_max_batch)),
+            kv_limit=params.decode_kv_capacity_bytes * (1.0 - cluster.kv_watermark))
+        self.aggregated = kinds["aggregated"](self, cluster.aggregated_workers)
+        if self.aggregated.workers:
+            if self.autoscalers:
+                raise ConfigError("autoscalers", "the aggregated pool is fixed: no autoscalers")
+            params.mixed_extra(1, 1.0, 1.0)  # raises ConfigError without a mixed-pass table
+        self.fleet = kinds["fleet"](self)
+        self.monitor = kinds["monitor"](self)
 
     def _setup_classes(self, trace: pd.DataFrame) -> None:
         """Each request's class index, priority level and SLO; per-class counters."""
@@ -263,7 +286,7 @@ class Simulator(FillStage, DecodeStage, AggregatedStage, FleetControl, Monitor):
 
     def in_system(self) -> int:
         """Requests arrived and neither completed nor rejected (deferred ones included)."""
-        return (len(self.backlog) + self.fill_wip + self.in_transfer + len(self.ready) + self.decoding
+        return (len(self.backlog) + self.fill_wip + self.fill.in_transfer + len(self.ready) + self.decoding
                 + sum(self.c_deferred))
 
     # -- arrivals and admission -------------------------------------------------------------
@@ -431,7 +454,88 @@ class Simulator(FillStage, DecodeStage, AggregatedStage, FleetControl, Monitor):
         self.c_fip[c] += 1
         self.tok_fill[c] += self.pred_tok[i]
         self.fill_q.append([i, -1])  # new tokens decided at fill start (prefix cache lookup)
-        self.kick_fill()
+        self.fill.kick()
+
+    def complete(self, done: list) -> None:
+        """Requests ``done`` generated their last token (a decode stage calls this): recorded; a
+        closed session's next turn returns after its think time."""
+        rec, now = self.rec, self.env.now
+        c_dec, cls = self.c_dec, self.cls_l
+        for i in done:
+            rec.completion_s[i] = now
+            rec.stage[i] = Stage.COMPLETED
+            c_dec[cls[i]] -= 1
+        if self.observer is not None:
+            arr, first, names, out = rec.arrival_s, rec.first_token_s, self.class_names, self.out
+            self.observer(now, [(names[cls[i]], first[i] - arr[i], (now - first[i]) / max(out[i] - 1, 1))
+                                for i in done])
+        k = len(done)
+        self.completed += k
+        self.completed_since += k
+        self.decoding -= k
+        if self.closed_sessions:
+            for i in done:
+                nxt = self.next_turn[i]
+                if nxt >= 0:  # the next turn's think time runs from this turn's completion
+                    self.call_in(self.think[nxt], self.arrive, nxt)
+
+    # -- what the stages own, readable here (controllers, the live engine, tests) ----------
+    @property
+    def fill_workers(self) -> list:
+        """The fill pool's workers (``fill.workers``)."""
+        return self.fill.workers
+
+    @property
+    def decode_workers(self) -> list:
+        """The decode pool's workers (``decode.workers``)."""
+        return self.decode.workers
+
+    @property
+    def aggregated_workers(self) -> list:
+        """The aggregated pool's workers (``aggregated.workers``)."""
+        return self.aggregated.workers
+
+    @property
+    def batch_cap(self) -> float:
+        """Decode batch cap per worker now (``decode.batch_cap``)."""
+        return self.decode.batch_cap
+
+    def set_batch_cap(self, cap: float) -> None:
+        """Change the decode batch cap (:meth:`DecodeStage.set_batch_cap`)."""
+        self.decode.set_batch_cap(cap)
+
+    @property
+    def rate_factor(self) -> float:
+        """Decode speed factor now (``decode.rate_factor``; a rate dip scales it)."""
+        return self.decode.rate_factor
+
+    @property
+    def kv_limit(self) -> float:
+        """KV bytes a decode worker admits sequences up to (``decode.kv_limit``)."""
+        return self.decode.kv_limit
+
+    @property
+    def in_transfer(self) -> int:
+        """KV blobs on their way from fill to decode (``fill.in_transfer``)."""
+        return self.fill.in_transfer
+
+    @property
+    def hit_tokens(self) -> int:
+        """Input tokens the prefix cache served (``fill.hit_tokens``)."""
+        return self.fill.hit_tokens
+
+    @property
+    def lookup_tokens(self) -> int:
+        """Input tokens looked up in the prefix cache (``fill.lookup_tokens``)."""
+        return self.fill.lookup_tokens
+
+    def speed(self, w) -> float:
+        """Worker ``w``'s speed factor now (:meth:`FleetControl.speed`)."""
+        return self.fleet.speed(w)
+
+    def worker_next(self, w) -> None:
+        """Worker ``w`` may take work (:meth:`FleetControl.worker_next`)."""
+        self.fleet.worker_next(w)
 
     # -- the run ----------------------------------------------------------------------------
     @property
@@ -449,19 +553,20 @@ class Simulator(FillStage, DecodeStage, AggregatedStage, FleetControl, Monitor):
         """
         env, cfg = self.env, self.cfg
         duration = self.duration_s
+        fleet, monitor = self.fleet, self.monitor
         self._start_arrivals()
-        self.start_snapshots(duration)
+        monitor.start_snapshots(duration)
         if self.controller is not None:
-            env.process(self.control())
-        for w in (*self.fill_workers, *self.decode_workers, *self.aggregated_workers):
-            self.worker_next(w)
+            env.process(monitor.control())
+        for w in (*self.fill.workers, *self.decode.workers, *self.aggregated.workers):
+            fleet.worker_next(w)
         for e in cfg.events:
-            env.process(self.event_process(e))
+            env.process(fleet.event_process(e))
         for scaler in self.autoscalers:
             scaler.reset()
-            env.process(self.autoscale(scaler))
+            env.process(fleet.autoscale(scaler))
         if cfg.progress if cfg.progress is not None else sys.stderr.isatty():
-            env.process(self.progress(duration))
+            env.process(monitor.progress(duration))
         wall0 = time.perf_counter()
         env.run(until=duration)
         wall = time.perf_counter() - wall0
@@ -489,7 +594,8 @@ class Simulator(FillStage, DecodeStage, AggregatedStage, FleetControl, Monitor):
         rec = self.rec.frame(self.inp_arr, self.out_arr, names[self.cls], np.asarray(self.given_cached, dtype=np.int64))
         for name, col in self.cache.record_columns(self.n).items():
             rec[name] = col
-        series = pd.concat([self.snap.frame(), self.class_snap.frame(len(self.snap))], axis=1)
+        snap, class_snap = self.monitor.snap, self.monitor.class_snap
+        series = pd.concat([snap.frame(), class_snap.frame(len(snap))], axis=1)
         scale_rows = [a for a in self.actions if a["kind"] == "scale"]
         hours = duration / 3600.0
         billed = series["fill_workers_billed"] + series["decode_workers_billed"] + series["aggregated_workers"]
@@ -504,7 +610,8 @@ class Simulator(FillStage, DecodeStage, AggregatedStage, FleetControl, Monitor):
             "requeued": int(self.rec.requeues.sum()), "preempted": int(self.rec.preemptions.sum()),
             **_outcome_metrics(rec, slo, duration, self.arrived),
             "throughput_requests_per_s": float(self.completed / duration),
-            "prefix_hit_ratio": float(self.hit_tokens / self.lookup_tokens) if self.lookup_tokens else 0.0,
+            "prefix_hit_ratio": (float(self.fill.hit_tokens / self.fill.lookup_tokens) if self.fill.lookup_tokens
+                                 else 0.0),
             "gpu_hours": float((billed.sum() * cfg.snapshot_dt if cfg.dynamics.fleet_size is None
                                 else cfg.dynamics.fleet_size * duration) / 3600.0 * gpus),
             "busy_gpu_hours": float(billed.sum() * cfg.snapshot_dt / 3600.0 * gpus),
@@ -557,6 +664,24 @@ class Simulator(FillStage, DecodeStage, AggregatedStage, FleetControl, Monitor):
         return np.where(ok, 1, np.where(late, -1, 0))
 
 
+#: the stages' policy methods a Simulator subclass overrode before the stages were objects
+_STAGE_POLICIES = ("can_join", "agg_fits", "fits", "fill_next", "decode_next", "agg_next", "prefix_fetch",
+                   "chunks_attention", "finish_fill")
+
+
+def _stage_classes(defaults: dict, given: dict | None) -> dict:
+    """The stage classes of a run: the defaults, with ``given`` replacing some by name (each a
+    subclass of the default it replaces)."""
+    kinds = dict(defaults)
+    for name, cls in (given or {}).items():
+        if name not in defaults:
+            raise ConfigError("stages", f"{name!r} is not a stage ({', '.join(defaults)})")
+        if not (isinstance(cls, type) and issubclass(cls, defaults[name])):
+            raise ConfigError(f"stages.{name}", f"{cls!r} is not a subclass of {defaults[name].__name__}")
+        kinds[name] = cls
+    return kinds
+
+
 def _outcome_metrics(rec: pd.DataFrame, slo: np.ndarray, duration: float, arrived: int) -> dict:
     """SLO attainment (over arrivals, and over admitted requests whose outcome is known: met, or
     missed - completed late or already late in flight), goodput, latency percentiles and wasted
@@ -590,7 +715,8 @@ def _percentile(x: np.ndarray, q: float):
 
 
 def simulate(trace: pd.DataFrame, params: DESParams, cluster: ClusterConfig = ClusterConfig(),
-             controller=None, autoscalers=(), *, prefix_cache: PrefixCache | None = None) -> SimulationResult:
+             controller=None, autoscalers=(), *, prefix_cache: PrefixCache | None = None,
+             stages: dict | None = None) -> SimulationResult:
     """Replay ``trace`` (a request table) through the cluster.
 
     Parameters
@@ -608,6 +734,8 @@ def simulate(trace: pd.DataFrame, params: DESParams, cluster: ClusterConfig = Cl
         warm up and drain as ``cluster.dynamics`` says).
     prefix_cache : PrefixCache, optional
         A prefix-cache policy replacing the one ``cluster.prefix_cache_blocks`` names.
+    stages : dict, optional
+        Stage classes replacing the defaults by name (see :class:`Simulator`).
 
     Returns
     -------
@@ -620,5 +748,6 @@ def simulate(trace: pd.DataFrame, params: DESParams, cluster: ClusterConfig = Cl
     ConservationError
         If any request is unaccounted for.
     """
-    return Simulator(trace, params, cluster, controller, autoscalers, prefix_cache=prefix_cache).run()
+    return Simulator(trace, params, cluster, controller, autoscalers, prefix_cache=prefix_cache,
+                     stages=stages).run()
 

@@ -27,7 +27,7 @@ import pandas as pd
 from tokenfactory.core.errors import ConfigError
 from tokenfactory.plant_models.des import ClusterConfig, DESParams
 from tokenfactory.plant_models.des.simulator import Simulator
-from tokenfactory.plant_models.des.decode import _passes_within
+from tokenfactory.plant_models.des.decode import passes_within
 from tokenfactory.plant_models.des.records import Stage
 from tokenfactory.core.validation import check_int
 
@@ -201,7 +201,7 @@ class RealtimeEngine(Simulator):
             n = w.n
             if w.in_leap and w.leap is not None:
                 start, t0, tk, B, _ = w.leap
-                n += min(_passes_within(t0, tk, B, now - start), w.leap_steps)
+                n += min(passes_within(t0, tk, B, now - start), w.leap_steps)
             inp = self.inp
             for i, (_, off) in w.members.items():
                 out[i] = off + n - inp[i]

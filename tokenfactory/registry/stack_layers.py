@@ -385,6 +385,9 @@ class SeasonalRiseLayer(StackLayerConfig):
         at most ``interval_s``; 0 = none).
     hour_phase : bool
         Weight the headroom by the phase of the hour (the lead error's scale there, fitted daily).
+    error_state : bool
+        Weight the headroom by the tercile of the lead error the plan has just made (its scale
+        there, fitted daily; off by default: measured in controllers/planning.py).
     """
 
     layer: ClassVar[str] = "planning"
@@ -413,6 +416,8 @@ class SeasonalRiseLayer(StackLayerConfig):
                                      "carried on for as long (0: none)")
     hour_phase: bool = setting(False, kind=bool, meaning="weight the headroom by the phase of the hour (the plan's "
                                                          "lead error there, fitted daily)")
+    error_state: bool = setting(False, kind=bool, meaning="weight the headroom by the tercile of the lead error the "
+                                                           "plan has just made (fitted daily)")
 
 
 #: the stack's layers, bottom (fastest) first, and each layer's kinds by name (the first is the default)

@@ -58,7 +58,11 @@ def run_on_rates(sc: StackScenario, wl: RateWorkload, *, startup_s: float | None
     every 10 s after the first 10 minutes, with its components slower than
     :data:`OSCILLATION_HIGHPASS_S` removed; the daily cycle of the demand is not the controller's
     oscillation (against a cycling demand a static pool's residual cycles daily too, and the
-    detectors called it regular and persistent on the synthetic week).
+    detectors called it regular and persistent on the synthetic week). A cycle that remains is
+    tested against the demand and against the pool the plan asks for with the loop through the
+    plant opened (the offered demand x the planner's rise x (1 + its headroom in force), at the
+    target utilisation): coherent with either at its period, it is the plan's forced response
+    (:func:`tokenfactory.controllers.oscillation.forced_response`), reported and not counted.
 
     Parameters
     ----------
@@ -115,7 +119,7 @@ def run_on_rates(sc: StackScenario, wl: RateWorkload, *, startup_s: float | None
                        slo_ttft_s=s.slo_ttft_s, slo_tpot_s=s.slo_tpot_s, prompt_factor=wl.prompt_factor,
                        output_factor=wl.output_factor)
     r = PoolPlant(run_params, nf, nd, dyn).run(psc, [ctrl])
-    verdict = _judge_oscillation(r, dt, control_start_s, mu, ceil_)
+    verdict = _judge_oscillation(r, dt, control_start_s, mu, ceil_, ctrl, target_utilization(s))
     row = _score_row(stack, wl, dyn, r, verdict, oracle_gpu_h, ceil_, mu)
     if split is not None:
         row.update({"static_fill_workers": split["fill_workers"], "static_decode_workers": split["decode_workers"],
@@ -148,19 +152,35 @@ def _contender(s: StackScenario, wl: RateWorkload, stack: str, run_params, dyn, 
                       f"{', '.join(BASELINE_STACKS)}")
 
 
-def _judge_oscillation(r, dt: float, control_start_s: float, mu: dict, ceil_: dict):
+def _judge_oscillation(r, dt: float, control_start_s: float, mu: dict, ceil_: dict, ctrl=None,
+                       utilization: float = 1.0):
     """The actuators' verdict on 10-s samples after the first 10 minutes of control: each pool
     judged on its deviation from the demand-justified count (its load in nominal requests/s, demand
     x the pool's work factor, over the pool's rate at its ceiling); what is slower than
-    :data:`OSCILLATION_HIGHPASS_S` is the demand's cycle against the pool's headroom."""
+    :data:`OSCILLATION_HIGHPASS_S` is the demand's cycle against the pool's headroom. With a
+    planning layer in ``ctrl``, each pool's open-loop plan is the forced-response test's second input."""
     from tokenfactory.controllers.oscillation import judge_actuators
 
     step = max(1, int(round(10.0 / dt)))  # the detectors on 10-s samples
     after = r.series[r.series["time_s"] >= control_start_s + 600.0].iloc[::step]
-    justified = {f"{pool}_pool": (after["demand"] * after["prompt_factor" if pool == "fill" else "output_factor"]
-                                  / (mu[pool] * ceil_[pool])).to_numpy(dtype=float) for pool in ("fill", "decode")}
+    work = {pool: after["demand"] * after["prompt_factor" if pool == "fill" else "output_factor"]
+            for pool in ("fill", "decode")}
+    justified = {f"{pool}_pool": (work[pool] / (mu[pool] * ceil_[pool])).to_numpy(dtype=float) for pool in work}
+    open_loop = None
+    planning = ctrl.layer("planning") if ctrl is not None else None
+    if planning is not None and planning.controllers and planning.controllers[0].trace:
+        planner = planning.controllers[0]
+        plan = pd.DataFrame(planner.trace)
+        t = after["time_s"].to_numpy(dtype=float)
+        # what the planner's feed-forward asks for at t: the rise of the fit in force, the headroom
+        # held from its last sample (it changes once per planning interval)
+        idx = np.searchsorted(plan["time_s"].to_numpy(dtype=float), t, side="right") - 1
+        head = np.nan_to_num(plan["headroom"].to_numpy(dtype=float), nan=0.0)[np.maximum(idx, 0)]
+        rise = np.nan_to_num(planner.rise_in_force(t), nan=1.0)
+        factor = np.where(idx >= 0, rise * (1.0 + head), 1.0) / utilization
+        open_loop = {f"{pool}_pool": work[pool].to_numpy(dtype=float) / mu[pool] * factor for pool in work}
     return judge_actuators(after, r.actions, start_s=control_start_s + 600.0, references=justified,
-                           highpass_s=OSCILLATION_HIGHPASS_S)
+                           highpass_s=OSCILLATION_HIGHPASS_S, open_loop=open_loop)
 
 
 def _score_row(stack: str, wl: RateWorkload, dyn, r, verdict, oracle_gpu_h: float, ceil_: dict, mu: dict) -> dict:
