@@ -60,25 +60,25 @@ from tokenfactory.studies.overload.common import (
     COLLAPSE_TRACES,
     POLICIES,
     TRACES,
-    _LABEL,
-    _capacity,
-    _for_load,
-    _fmt,
-    _load,
-    _row,
-    _standin_labels,
+    POLICY_LABELS,
+    load_capacity,
+    trace_for_load,
+    fmt_number,
+    load_named_trace,
+    sweep_row,
+    standin_labels,
     goodput_in_window,
     miss_causes,
 )
-from tokenfactory.studies.overload.faults import _fault_lines, _faults, fault_events
+from tokenfactory.studies.overload.faults import fault_lines, run_faults, fault_events
 from tokenfactory.studies.overload.gate import (
-    _gate_figure,
-    _verdict_words,
+    gate_figure,
+    verdict_words,
     gate_before_after_des,
     gate_before_after_fluid,
 )
 from tokenfactory.studies.overload.margins import loop_margins
-from tokenfactory.studies.overload.surge import _surge, surge_trace
+from tokenfactory.studies.overload.surge import run_surge, surge_trace
 
 __all__ = ["CONFIG", "run", "POLICIES", "TRACES", "goodput_in_window", "surge_trace", "fault_events",
            "gate_before_after_fluid", "gate_before_after_des", "targets", "miss_causes"]
@@ -109,8 +109,8 @@ def _defaults(quick: bool, full: bool) -> dict[str, Any]:
 def _check(cfg: dict[str, Any]) -> None:
     """The resolved settings' policies are known ones."""
     for p in cfg["policies"]:
-        if p not in _LABEL:
-            raise ConfigError("overload.policies", f"unknown policy {p!r}; known: {', '.join(_LABEL)}")
+        if p not in POLICY_LABELS:
+            raise ConfigError("overload.policies", f"unknown policy {p!r}; known: {', '.join(POLICY_LABELS)}")
 
 
 def _variant(values: dict[str, Any]) -> dict[str, Any]:
@@ -173,8 +173,8 @@ def _answers(report, table: pd.DataFrame, margins: dict, setups: dict, cfg: dict
                 "To protect interactive traffic, admit with the SLO-aware gate" if leads_interactive else
                 "The SLO-aware gate does not lead here")
         report.answer("change", f"{head}: on {trace} at {hi:g}x capacity it gives {said(me)}; the most goodput of "
-                      f"the other policies is {_LABEL.get(best['policy'], best['policy'])}'s ({said(best)}), the least "
-                      f"{_LABEL.get(worst['policy'], worst['policy'])}'s ({said(worst)}).")
+                      f"the other policies is {POLICY_LABELS.get(best['policy'], best['policy'])}'s ({said(best)}), the least "
+                      f"{POLICY_LABELS.get(worst['policy'], worst['policy'])}'s ({said(worst)}).")
 
 
 # ------------------------------------------------------------------------------------------
@@ -285,7 +285,7 @@ def _collapse_figure(table: pd.DataFrame, policies: list, traces: list) -> Figur
             tp = t[t["policy"] == p].sort_values("load")
             lw, ls = (2.2, "-") if p == RECOMMENDED_ADMISSION else (1.1, "--")
             ax[0, j].plot(tp["load"], tp["goodput_tokens_per_s"], marker="o", ms=3, lw=lw, ls=ls, color=f"C{i}",
-                          label=_LABEL.get(p, p))
+                          label=POLICY_LABELS.get(p, p))
             ax[1, j].plot(tp["load"], tp["slo_attainment"], marker="o", ms=3, lw=lw, ls=ls, color=f"C{i}")
         ax[0, j].set_title("\n".join(textwrap.wrap(trace, 42)), fontsize=9)
         ax[1, j].set_xlabel("offered load (x capacity at the SLO)")
@@ -312,7 +312,7 @@ def _cdf_figure(cdfs: dict, traces: list, policies: list, load: float) -> Figure
                 x = np.sort(d[key][np.isfinite(d[key])])
                 if len(x):
                     ax[k, j].plot(x, np.arange(1, len(x) + 1) / len(x), color=f"C{i}",
-                                  lw=2.0 if p == RECOMMENDED_ADMISSION else 1.0, label=_LABEL.get(p, p))
+                                  lw=2.0 if p == RECOMMENDED_ADMISSION else 1.0, label=POLICY_LABELS.get(p, p))
         ax[0, j].set_title("\n".join(textwrap.wrap(f"{trace} at {load:g}x", 42)), fontsize=9)
         ax[0, j].set_xscale("log")
         ax[1, j].set_xscale("log")
@@ -356,7 +356,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
     cluster = {**cfg["cluster"], "classes": classes}
     sweep = _sweep(cfg, quick, cluster, classes)
     table = _save_sweep(report, sweep, cfg)
-    surge = _surge(cfg, quick, report)
+    surge = run_surge(cfg, quick, report)
     fluid, des = _gate_section(cfg, full, report)
     # (d) margins of the new loops
     margin_setup = sweep.setups.get(COLLAPSE_TRACES[0]) or next(iter(sweep.setups.values()))
@@ -369,7 +369,7 @@ def run(out_dir: str | Path, quick: bool = False, config: dict[str, Any] | None 
                         for k, g in (("fluid", fluid), ("des", des))},
                "sweep_wall_seconds": sweep.wall_s}
     lines = _summary_lines(cfg, table, surge, fluid, des, margins, tg, sweep.absent, sweep.setups)
-    lines += ["", "## Faults under overload", "", *_fault_lines(faults)]
+    lines += ["", "## Faults under overload", "", *fault_lines(faults)]
     _headlines(report, table, sweep.labels, margins, sweep.setups, cfg, tg)
     return report.finish(metrics, lines)
 
@@ -394,10 +394,10 @@ def _sweep(cfg: dict, quick: bool, cluster: dict, classes) -> _Sweep:
     cdf_load = 1.3 if 1.3 in cfg["loads"] else max(cfg["loads"])
     # an absent trace is replaced by the synthetic workload; the absent traces of one kind share one
     # stand-in, run once and labelled with every trace it stands in for (never under a real name)
-    standins = _standin_labels(cfg["traces"])
+    standins = standin_labels(cfg["traces"])
     labels = []
     for name in cfg["traces"]:
-        tr, synthetic = _load(name, 1800.0 if not quick else 600.0, cfg["seed"])
+        tr, synthetic = load_named_trace(name, 1800.0 if not quick else 600.0, cfg["seed"])
         if synthetic:
             absent.append(name)
             name = standins[name]
@@ -407,16 +407,16 @@ def _sweep(cfg: dict, quick: bool, cluster: dict, classes) -> _Sweep:
         labels.append(name)
         setup = build_replay(tr, cfg["plant"])
         setups[name] = setup
-        cap = _capacity(setup, cluster)
+        cap = load_capacity(setup, cluster)
         for load in cfg["loads"]:
-            part = _for_load(tr, setup, load, cfg["replay_s"], cluster)
+            part = trace_for_load(tr, setup, load, cfg["replay_s"], cluster)
             closed = bool(part.attrs.get("per_session_clock"))
             for policy in cfg["policies"]:
                 m, res = run_replay(part, setup, policy, cluster=cluster, load=load, batch_cap="static",
                                     duration_s=(cfg["replay_s"] or 1800.0) if closed else None)
                 arr = res.records["arrival_s"]
                 span = float(arr.max() - arr.min()) if arr.notna().any() else 1.0
-                rows.append(_row(name, load, policy, m, res, setup, cap, classes, span, synthetic))
+                rows.append(sweep_row(name, load, policy, m, res, setup, cap, classes, span, synthetic))
                 if np.isclose(load, cdf_load):
                     done = res.records[res.records["state"] == "completed"]
                     cdfs[(name, policy)] = {"ttft_s": done["ttft_s"].to_numpy(), "tpot_s": done["tpot_s"].to_numpy()}
@@ -440,28 +440,28 @@ def _save_sweep(report: StudyReport, sweep: _Sweep, cfg: dict) -> pd.DataFrame:
 def _gate_section(cfg: dict, full: bool, report: StudyReport) -> tuple[dict, dict]:
     """(c) the decode batch gate before/after, in the fluid plant and the request simulator."""
     gcfg = cfg["gate"]
-    gtr, _ = _load(gcfg["trace"], 1800.0, cfg["seed"])
+    gtr, _ = load_named_trace(gcfg["trace"], 1800.0, cfg["seed"])
     gsetup = build_replay(gtr, cfg["plant"])
     fluid = gate_before_after_fluid(gsetup.plant.params, int(gsetup.plant.fill_workers), int(gsetup.plant.decode_workers),
                                     cfg["cluster"]["slo_tpot_s"], gcfg["fluid_s"])
     des = gate_before_after_des(gtr, gsetup, gcfg["load"], {k: v for k, v in cfg["cluster"].items()},
                                 gcfg["des_replay_s"] if not full else None, cfg["cluster"]["slo_tpot_s"])
     gate_caption = (f"Decode batch cap adjusted from the measured pass time: ungated (every sample, gain 1) the cap "
-                    f"{_verdict_words(fluid['ungated']['verdict'])} in the fluid plant and "
-                    f"{_verdict_words(des['ungated']['verdict'])} in the request simulator; gated it "
-                    f"{_verdict_words(fluid['gated']['verdict'])} in the fluid plant and "
-                    f"{_verdict_words(des['gated']['verdict'])} in the request simulator.")
-    report.save_figure(_gate_figure(fluid, des), "gate_before_after.png", gate_caption)
+                    f"{verdict_words(fluid['ungated']['verdict'])} in the fluid plant and "
+                    f"{verdict_words(des['ungated']['verdict'])} in the request simulator; gated it "
+                    f"{verdict_words(fluid['gated']['verdict'])} in the fluid plant and "
+                    f"{verdict_words(des['gated']['verdict'])} in the request simulator.")
+    report.save_figure(gate_figure(fluid, des), "gate_before_after.png", gate_caption)
     return fluid, des
 
 
 def _faults_section(cfg: dict, quick: bool, sweep: _Sweep, report: StudyReport) -> dict:
     """(e) faults under overload, on the sweep's first trace."""
     fname = sweep.labels[0]   # the sweep's first trace, or the stand-in run for it
-    ftr, fsyn = _load(cfg["traces"][0], 1800.0 if not quick else 600.0, cfg["seed"])
+    ftr, fsyn = load_named_trace(cfg["traces"][0], 1800.0 if not quick else 600.0, cfg["seed"])
     if fsyn:
         ftr.attrs["name"] = fname
-    faults = _faults(cfg, ftr, sweep.setups[fname], fname, fsyn)
+    faults = run_faults(cfg, ftr, sweep.setups[fname], fname, fsyn)
     report.save_table(pd.DataFrame(faults["rows"]), "faults_table.csv", "Faults under overload: every policy at the "
                       "fault loads with a fill and a decode worker crash and a KV-link slowdown in the window.")
     return faults
@@ -495,7 +495,7 @@ def _collapse_sentence(table: pd.DataFrame) -> str:
         base = at1[at1["policy"] == worst["policy"]]["goodput_tokens_per_s"].iloc[0]
         me_hi = hi[hi["policy"] == RECOMMENDED_ADMISSION]["goodput_tokens_per_s"]
         me_lo = at1[at1["policy"] == RECOMMENDED_ADMISSION]["goodput_tokens_per_s"]
-        s = (f"{trace}: from {at1['load'].iloc[0]:g}x to {hi['load'].iloc[0]:g}x {_LABEL[worst['policy']]} goes from "
+        s = (f"{trace}: from {at1['load'].iloc[0]:g}x to {hi['load'].iloc[0]:g}x {POLICY_LABELS[worst['policy']]} goes from "
              f"{base:.0f} to {worst['goodput_tokens_per_s']:.0f} tokens/s")
         if len(me_hi) and len(me_lo):
             s += f", SLO-aware from {me_lo.iloc[0]:.0f} to {me_hi.iloc[0]:.0f}"
@@ -525,7 +525,7 @@ def _summary_lines(cfg, table, surge, fluid, des, margins, tg, absent, setups) -
               "(req/s, fill / decode) | KV capacity (req/s) | infeasible: TTFT / TPOT / any |",
               "|---|---|---|---|---|---|---|---|"]
     for name, s in setups.items():
-        cap = _capacity(s, {**c, "classes": DEFAULT_CLASSES})
+        cap = load_capacity(s, {**c, "classes": DEFAULT_CLASSES})
         own = service_capacity(s.costs, s.params, int(s.plant.fill_workers), int(s.plant.decode_workers), cap[2])
         svc = s.service
         mean_dec = s.plant.decode_workers * cap[2] / (svc.shape.output_tokens * svc.decode_pass_s(cap[2], svc.decode_context_tokens))
@@ -541,7 +541,7 @@ def _summary_lines(cfg, table, surge, fluid, des, margins, tg, absent, setups) -
     lines += ["| trace | policy | " + " | ".join(f"{l:g}x" for l in piv.columns) + " |",
               "|---|---|" + "---|" * len(piv.columns)]
     for (trace, policy), r in piv.iterrows():
-        lines.append(f"| {trace} | {_LABEL.get(policy, policy)} | " + " | ".join(f"{v:.0f}" for v in r.to_numpy()) + " |")
+        lines.append(f"| {trace} | {POLICY_LABELS.get(policy, policy)} | " + " | ".join(f"{v:.0f}" for v in r.to_numpy()) + " |")
     lines += ["", "## SLO attainment: all arrivals / admitted", ""]
     a = table.pivot_table(index=["trace", "policy"], columns="load", values="slo_attainment")
     b = table.assign(slo_attainment_admitted=table["slo_attainment_admitted"].astype(float)).pivot_table(
@@ -549,8 +549,8 @@ def _summary_lines(cfg, table, surge, fluid, des, margins, tg, absent, setups) -
         index=a.index, columns=a.columns)
     lines += ["| trace | policy | " + " | ".join(f"{l:g}x" for l in a.columns) + " |", "|---|---|" + "---|" * len(a.columns)]
     for idx in a.index:
-        lines.append(f"| {idx[0]} | {_LABEL.get(idx[1], idx[1])} | " + " | ".join(
-            f"{a.loc[idx, l]:.3f} / {_fmt(b.loc[idx, l])}" for l in a.columns) + " |")
+        lines.append(f"| {idx[0]} | {POLICY_LABELS.get(idx[1], idx[1])} | " + " | ".join(
+            f"{a.loc[idx, l]:.3f} / {fmt_number(b.loc[idx, l])}" for l in a.columns) + " |")
     lines += ["", "## Why requests miss", "",
               "Shares of the arrivals (`miss_causes`): infeasible requests (own service alone misses), and "
               "completed requests that missed on TTFT or TPOT, intrinsic (own service alone misses) or through "
@@ -559,17 +559,17 @@ def _summary_lines(cfg, table, surge, fluid, des, margins, tg, absent, setups) -
               "TPOT miss: intrinsic / queueing |", "|---|---|---|---|---|---|---|"]
     for _, r in table[table["policy"].isin(["open", RECOMMENDED_ADMISSION])].sort_values(
             ["trace", "load", "policy"]).iterrows():
-        lines.append(f"| {r['trace']} | {r['load']:g}x | {_LABEL.get(r['policy'], r['policy'])} | "
+        lines.append(f"| {r['trace']} | {r['load']:g}x | {POLICY_LABELS.get(r['policy'], r['policy'])} | "
                      f"{r['slo_attainment']:.3f} | {r['miss:infeasible']:.3f} | {r['miss:ttft_intrinsic']:.3f} / "
                      f"{r['miss:ttft_queueing']:.3f} | {r['miss:tpot_intrinsic']:.3f} / {r['miss:tpot_queueing']:.3f} |")
     lines += ["", "## The class surge", "", *surge["lines"], "",
               "## Gated batch size (section 18: large-batch recovery)", "",
               f"Fluid plant: ungated the cap moves between {fluid['ungated']['cap_min']:.0f} and {fluid['ungated']['cap_max']:.0f} "
-              f"and {_verdict_words(fluid['ungated']['verdict'])}; gated between {fluid['gated']['cap_min']:.0f} and "
-              f"{fluid['gated']['cap_max']:.0f}, {_verdict_words(fluid['gated']['verdict'])}. Request simulator: ungated "
-              f"{des['ungated']['cap_min']:.0f}-{des['ungated']['cap_max']:.0f}, {_verdict_words(des['ungated']['verdict'])}, "
-              f"TPOT p99 {_fmt(des['ungated']['tpot_p99'])} s; gated {des['gated']['cap_min']:.0f}-{des['gated']['cap_max']:.0f}, "
-              f"{_verdict_words(des['gated']['verdict'])}, TPOT p99 {_fmt(des['gated']['tpot_p99'])} s.",
+              f"and {verdict_words(fluid['ungated']['verdict'])}; gated between {fluid['gated']['cap_min']:.0f} and "
+              f"{fluid['gated']['cap_max']:.0f}, {verdict_words(fluid['gated']['verdict'])}. Request simulator: ungated "
+              f"{des['ungated']['cap_min']:.0f}-{des['ungated']['cap_max']:.0f}, {verdict_words(des['ungated']['verdict'])}, "
+              f"TPOT p99 {fmt_number(des['ungated']['tpot_p99'])} s; gated {des['gated']['cap_min']:.0f}-{des['gated']['cap_max']:.0f}, "
+              f"{verdict_words(des['gated']['verdict'])}, TPOT p99 {fmt_number(des['gated']['tpot_p99'])} s.",
               "", "## Margins of the new loops", "",
               "| loop | envelope ok | worst GM | worst PM (deg) | worst DM (s) | nominal GM / PM / DM | DF limit cycle |",
               "|---|---|---|---|---|---|---|"]

@@ -29,7 +29,7 @@ POLICIES = ("open", "vllm-watermark", "mooncake", "mooncake-predictive", "smooth
 TRACES = ("mooncake-conversation", "azure-conv-2023", "azure-code-2023", "agentic-coding")
 #: traces the no-collapse target is checked on
 COLLAPSE_TRACES = ("mooncake-conversation", "azure-conv-2023", "azure-code-2023")
-_LABEL = {"open": "open", "vllm-watermark": "vLLM watermark", "mooncake": "Mooncake early rejection",
+POLICY_LABELS = {"open": "open", "vllm-watermark": "vLLM watermark", "mooncake": "Mooncake early rejection",
           "mooncake-predictive": "Mooncake predictive rejection", "smoothed": "smoothed (previous)",
           RECOMMENDED_ADMISSION: "SLO-aware (new)"}
 
@@ -48,14 +48,14 @@ def _synthetic(name: str, span_s: float, seed: int) -> pd.DataFrame:
     return tr
 
 
-def _load(name: str, span_s: float, seed: int) -> tuple[pd.DataFrame, bool]:
+def load_named_trace(name: str, span_s: float, seed: int) -> tuple[pd.DataFrame, bool]:
     """(trace, synthetic?): the registered trace with quantized arrivals spread over their slot."""
     if trace_available(name):
         return spread_quantized_arrivals(load_trace(name), seed=seed), False
     return _synthetic(name, span_s, seed), True
 
 
-def _standin_labels(names: list[str]) -> dict[str, str]:
+def standin_labels(names: list[str]) -> dict[str, str]:
     """Each trace's label should it be absent: ``synthetic stand-in for A, B`` over the absent
     traces that share a stand-in (the agentic one has its own: sessions)."""
     absent = [n for n in names if not trace_available(n)]
@@ -63,28 +63,28 @@ def _standin_labels(names: list[str]) -> dict[str, str]:
     return {n: f"synthetic stand-in for {', '.join(groups['agentic' in n])}" for n in absent}
 
 
-def _window(tr: pd.DataFrame, start_s: float, end_s: float) -> pd.DataFrame:
+def trace_window(tr: pd.DataFrame, start_s: float, end_s: float) -> pd.DataFrame:
     out = tr[(tr["arrival_s"] >= start_s) & (tr["arrival_s"] < end_s)].copy()
     out["arrival_s"] -= start_s
     out.attrs = dict(tr.attrs)
     return out
 
 
-def _capacity(setup, cluster: dict) -> tuple[float, str, float]:
+def load_capacity(setup, cluster: dict) -> tuple[float, str, float]:
     """(capacity, bottleneck, batch cap) of the cluster the study simulates
     (:meth:`tokenfactory.replay.ReplaySetup.capacity`: its pools, SLOs and classes)."""
     c = setup.capacity(cluster)
     return c.model_rps, c.bottleneck, c.batch_cap
 
 
-def _for_load(tr: pd.DataFrame, setup, load: float, replay_s: float | None, cluster: dict) -> pd.DataFrame:
+def trace_for_load(tr: pd.DataFrame, setup, load: float, replay_s: float | None, cluster: dict) -> pd.DataFrame:
     """The part of the trace that replays for about ``replay_s`` seconds at ``load`` (the whole trace
     for ``None`` or when shorter)."""
     if replay_s is None or tr.attrs.get("per_session_clock"):
         return tr
     rate = len(tr) / max(float(tr["arrival_s"].max()), 1e-9)
-    scale = load * _capacity(setup, cluster)[0] / rate
-    return _window(tr, 0.0, replay_s * scale)
+    scale = load * load_capacity(setup, cluster)[0] / rate
+    return trace_window(tr, 0.0, replay_s * scale)
 
 
 def goodput_in_window(records: pd.DataFrame, slo: np.ndarray, span_s: float) -> float:
@@ -108,7 +108,7 @@ def goodput_in_window(records: pd.DataFrame, slo: np.ndarray, span_s: float) -> 
     return float(records.loc[slo, "output_tokens"].sum() / max(span_s, 1e-9))
 
 
-def _slo_met(records: pd.DataFrame, classes) -> np.ndarray:
+def slo_met(records: pd.DataFrame, classes) -> np.ndarray:
     table = {c.name: c for c in classes}
     ttft = records["request_class"].map(lambda c: table[c].slo_ttft_s).to_numpy(dtype=float)
     tpot = records["request_class"].map(lambda c: table[c].slo_tpot_s).to_numpy(dtype=float)
@@ -159,10 +159,10 @@ def miss_causes(records: pd.DataFrame, params, classes) -> dict[str, float]:
             "tpot_queueing": float((tpot & ~bp).sum() / n)}
 
 
-def _row(trace: str, load: float, policy: str, m: dict, res, setup, cap: tuple, classes, span_s: float,
+def sweep_row(trace: str, load: float, policy: str, m: dict, res, setup, cap: tuple, classes, span_s: float,
          synthetic: bool) -> dict:
     rec = res.records
-    met = _slo_met(rec, classes)
+    met = slo_met(rec, classes)
     row = {"trace": trace, "synthetic": synthetic, "load": load, "policy": policy, "scale": m["scale"],
            "capacity_rps": cap[0], "bottleneck": cap[1], "batch_cap": cap[2], "kv_capacity_rps": setup.capacity_rps,
            "requests": m["requests"], "admitted": m["admitted"], "completed": m["completed"],
@@ -191,6 +191,6 @@ def _row(trace: str, load: float, policy: str, m: dict, res, setup, cap: tuple, 
 
 
 
-def _fmt(x, spec=".3f") -> str:
+def fmt_number(x, spec=".3f") -> str:
     return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
 

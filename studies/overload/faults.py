@@ -8,7 +8,7 @@ import pandas as pd
 
 from tokenfactory.core.classes import DEFAULT_CLASSES
 from tokenfactory.replay import run_replay
-from tokenfactory.studies.overload.common import _LABEL, _capacity, _fmt, _for_load, _row
+from tokenfactory.studies.overload.common import POLICY_LABELS, load_capacity, fmt_number, trace_for_load, sweep_row
 
 __all__ = ["fault_events"]
 
@@ -44,15 +44,15 @@ def fault_events(span_s: float, fc: dict) -> list[dict]:
              "factor": fc["link_factor"]}]
 
 
-def _faults(cfg: dict, tr: pd.DataFrame, setup, name: str, synthetic: bool) -> dict:
+def run_faults(cfg: dict, tr: pd.DataFrame, setup, name: str, synthetic: bool) -> dict:
     """Every policy at the fault loads with :func:`fault_events` inside the replayed window."""
     fc = cfg["faults"]
     classes = DEFAULT_CLASSES
     cluster = {**cfg["cluster"], "classes": classes}
-    cap = _capacity(setup, cluster)
+    cap = load_capacity(setup, cluster)
     rows = []
     for load in fc["loads"]:
-        part = _for_load(tr, setup, load, cfg["replay_s"], cluster)
+        part = trace_for_load(tr, setup, load, cfg["replay_s"], cluster)
         closed = bool(part.attrs.get("per_session_clock"))
         rate = len(part) / max(float(part["arrival_s"].max()), 1e-9)
         span = (cfg["replay_s"] or 1800.0) if closed else float(part["arrival_s"].max()) * rate / (load * cap[0])
@@ -62,7 +62,7 @@ def _faults(cfg: dict, tr: pd.DataFrame, setup, name: str, synthetic: bool) -> d
                                 batch_cap="static", duration_s=(cfg["replay_s"] or 1800.0) if closed else None)
             arr = res.records["arrival_s"]
             window = float(arr.max() - arr.min()) if arr.notna().any() else 1.0
-            row = _row(name, load, policy, m, res, setup, cap, classes, window, synthetic)
+            row = sweep_row(name, load, policy, m, res, setup, cap, classes, window, synthetic)
             row["conserved"] = m["requests"] == m["completed"] + m["rejected"] + m["in_flight_end"]
             row["requeued"] = m.get("requeued")
             row["events"] = len(events)
@@ -70,7 +70,7 @@ def _faults(cfg: dict, tr: pd.DataFrame, setup, name: str, synthetic: bool) -> d
     return {"rows": rows, "events": fault_events(1.0, fc)}
 
 
-def _fault_lines(f: dict) -> list[str]:
+def fault_lines(f: dict) -> list[str]:
     t = pd.DataFrame(f["rows"])
     if not len(t):
         return []
@@ -81,13 +81,13 @@ def _fault_lines(f: dict) -> list[str]:
              "| load | policy | goodput (tok/s) | SLO attainment | admitted | rejected | requeued | in flight |",
              "|---|---|---|---|---|---|---|---|"]
     for _, r in t.sort_values(["load", "policy"]).iterrows():
-        lines.append(f"| {r['load']:g}x | {_LABEL.get(r['policy'], r['policy'])} | {r['goodput_tokens_per_s']:.0f} | "
-                     f"{r['slo_attainment']:.3f} | {_fmt(r['slo_attainment_admitted'])} | {int(r['rejected'])} | "
+        lines.append(f"| {r['load']:g}x | {POLICY_LABELS.get(r['policy'], r['policy'])} | {r['goodput_tokens_per_s']:.0f} | "
+                     f"{r['slo_attainment']:.3f} | {fmt_number(r['slo_attainment_admitted'])} | {int(r['rejected'])} | "
                      f"{int(r['requeued'] or 0)} | {int(r['in_flight_end'])} |")
     for load, g in t.groupby("load"):
         best = g.loc[g["goodput_tokens_per_s"].idxmax()]
         lines.append("")
-        lines.append(f"At {load:g}x with faults the most goodput is {_LABEL.get(best['policy'], best['policy'])}'s "
+        lines.append(f"At {load:g}x with faults the most goodput is {POLICY_LABELS.get(best['policy'], best['policy'])}'s "
                      f"({best['goodput_tokens_per_s']:.0f} tokens/s).")
     return lines
 

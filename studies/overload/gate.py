@@ -16,7 +16,7 @@ from tokenfactory.plant_models import ClusterConfig, FluidLoopPlant, FluidParams
 from tokenfactory.registry import PlantContext, batch_gate_for, static_batch_cap
 from tokenfactory.replay import build_replay, class_outputs
 from tokenfactory.traces import scale_trace
-from tokenfactory.studies.overload.common import _capacity, _for_load
+from tokenfactory.studies.overload.common import load_capacity, trace_for_load
 
 __all__ = ["gate_before_after_fluid", "gate_before_after_des"]
 
@@ -25,7 +25,7 @@ __all__ = ["gate_before_after_fluid", "gate_before_after_des"]
 # (c) the gated batch cap, before and after
 
 
-def _cap_verdict(series: pd.Series, dt: float) -> dict:
+def cap_verdict(series: pd.Series, dt: float) -> dict:
     x = series.to_numpy(dtype=float)
     x = x[np.isfinite(x)]
     return assess(x, dt, min_amplitude=2.0).to_dict() if len(x) >= 16 else {"oscillating": False, "reason": "too short"}
@@ -67,7 +67,7 @@ def gate_before_after_fluid(fp: FluidParams, fill_workers: int, decode_workers: 
         after = s[s["time_s"] >= 0.2 * duration_s]
         samp = after.iloc[::10]
         out[key] = {"series": s[["time_s", "decode_batch_cap", "active_decodes", "decode_pass_s"]].iloc[::10],
-                    "verdict": _cap_verdict(samp["decode_batch_cap"], 0.1),
+                    "verdict": cap_verdict(samp["decode_batch_cap"], 0.1),
                     "pass_verdict": assess(samp["decode_pass_s"].to_numpy(), 0.1,
                                            min_amplitude=0.02 * gate.target_s).to_dict(),
                     "cap_min": float(after["decode_batch_cap"].min()), "cap_max": float(after["decode_batch_cap"].max()),
@@ -102,9 +102,9 @@ def gate_before_after_des(tr: pd.DataFrame, setup, load: float, cluster: dict, r
         Per variant: series, verdicts, pass time, TPOT p99 and goodput.
     """
     cl = {"slo_tpot_s": slo_tpot_s, **cluster}
-    part = _for_load(tr, setup, load, replay_s, cl)
+    part = trace_for_load(tr, setup, load, replay_s, cl)
     rate = len(part) / max(float(part["arrival_s"].max()), 1e-9)
-    scale = load * _capacity(setup, cl)[0] / rate
+    scale = load * load_capacity(setup, cl)[0] / rate
     replay = scale_trace(part, scale)
     ctx = setup.context(slo_tpot_s=slo_tpot_s, class_outputs=class_outputs(replay))
     out = {}
@@ -118,7 +118,7 @@ def gate_before_after_des(tr: pd.DataFrame, setup, load: float, cluster: dict, r
         s = res.series
         after = s[(s["time_s"] >= 0.2 * s["time_s"].iloc[-1]) & (s["time_s"] <= float(replay["arrival_s"].max()))]
         out[key] = {"series": s[["time_s", "decode_batch_cap", "active_decodes", "decode_pass_s", "ready"]],
-                    "verdict": _cap_verdict(after["decode_batch_cap"], cl.snapshot_dt),
+                    "verdict": cap_verdict(after["decode_batch_cap"], cl.snapshot_dt),
                     "cap_min": float(after["decode_batch_cap"].min()), "cap_max": float(after["decode_batch_cap"].max()),
                     "pass_mean_s": float(after["decode_pass_s"].mean()),
                     "tpot_p99": res.metrics["tpot_p99"], "preempted": res.metrics["preempted"],
@@ -126,7 +126,7 @@ def gate_before_after_des(tr: pd.DataFrame, setup, load: float, cluster: dict, r
     return out
 
 
-def _gate_figure(fluid: dict, des: dict) -> Figure:
+def gate_figure(fluid: dict, des: dict) -> Figure:
     fig = Figure(figsize=(11, 7), layout="constrained")
     ax = fig.subplots(2, 2, sharex="col")
     for j, (name, d) in enumerate((("fluid plant", fluid), ("request simulator", des))):
@@ -147,7 +147,7 @@ def _gate_figure(fluid: dict, des: dict) -> Figure:
     return fig
 
 
-def _verdict_words(v: dict) -> str:
+def verdict_words(v: dict) -> str:
     if v.get("oscillating"):
         return f"oscillates (period {v['period_s']:.1f} s)"
     return "does not oscillate"

@@ -17,7 +17,7 @@ from tokenfactory.replay import build_replay, run_replay
 from tokenfactory.studies.report import StudyReport
 from tokenfactory.traces import scale_trace
 from tokenfactory.core.validation import ConfigError
-from tokenfactory.studies.overload.common import _LABEL, _capacity, _load, _slo_met, _window, goodput_in_window
+from tokenfactory.studies.overload.common import POLICY_LABELS, load_capacity, load_named_trace, slo_met, trace_window, goodput_in_window
 
 __all__ = ["surge_trace"]
 
@@ -55,13 +55,13 @@ def surge_trace(tr: pd.DataFrame, rate_interactive: float, rate_batch: float, be
     rate = len(tr) / max(span, 1e-9)
     total = before_s + surge_s + after_s
     inter = scale_trace(tr, rate_interactive / rate)
-    inter = _window(inter, 0.0, total)
+    inter = trace_window(inter, 0.0, total)
     inter["request_class"] = INTERACTIVE
     parts = [inter]
     if surge:
         b = scale_trace(tr, rate_batch / rate)
         mid = float(b["arrival_s"].max()) / 2.0
-        b = _window(b, mid, mid + surge_s)
+        b = trace_window(b, mid, mid + surge_s)
         b["arrival_s"] += before_s
         b["request_class"] = BATCH
         if "session_id" in b:
@@ -72,15 +72,15 @@ def surge_trace(tr: pd.DataFrame, rate_interactive: float, rate_batch: float, be
     return out
 
 
-def _surge(cfg: dict, quick: bool, report: StudyReport) -> dict:
+def run_surge(cfg: dict, quick: bool, report: StudyReport) -> dict:
     sc = cfg["surge"]
     classes = DEFAULT_CLASSES
-    tr, synthetic = _load(sc["trace"], 3600.0, cfg["seed"])
+    tr, synthetic = load_named_trace(sc["trace"], 3600.0, cfg["seed"])
     if tr.attrs.get("per_session_clock"):
         raise ConfigError("overload.surge.trace", "the surge needs a trace on one clock")
     setup = build_replay(tr, cfg["plant"])
     cluster = {**cfg["cluster"], "classes": classes}
-    cap = _capacity(setup, cluster)
+    cap = load_capacity(setup, cluster)
     runs, rows = {}, []
     for surge in (False, True):
         st = surge_trace(tr, sc["interactive_load"] * cap[0], sc["batch_load"] * cap[0], sc["before_s"], sc["surge_s"],
@@ -91,7 +91,7 @@ def _surge(cfg: dict, quick: bool, report: StudyReport) -> dict:
             ci = m["classes"].get(INTERACTIVE, {})
             inter = rec[rec["request_class"] == INTERACTIVE]
             during = inter[(inter["arrival_s"] >= sc["before_s"]) & (inter["arrival_s"] < sc["before_s"] + sc["surge_s"])]
-            met = _slo_met(during, classes) if len(during) else np.zeros(0, bool)
+            met = slo_met(during, classes) if len(during) else np.zeros(0, bool)
             rows.append({"surge": surge, "policy": policy,
                          "trace": tr.attrs["name"] if synthetic else sc["trace"], "synthetic": synthetic,
                          "interactive_requests": ci.get("requests", 0),
@@ -105,7 +105,7 @@ def _surge(cfg: dict, quick: bool, report: StudyReport) -> dict:
                          "batch_slo_attainment": m["classes"].get(BATCH, {}).get("slo_attainment"),
                          "batch_rejected": m["classes"].get(BATCH, {}).get("rejected", 0),
                          "batch_deferred": m["classes"].get(BATCH, {}).get("deferred", 0),
-                         "goodput_tokens_per_s": goodput_in_window(rec, _slo_met(rec, classes),
+                         "goodput_tokens_per_s": goodput_in_window(rec, slo_met(rec, classes),
                                                                    float(st["arrival_s"].max())),
                          "oscillating": m["oscillating"], "capacity_rps": cap[0]})
             runs[(surge, policy)] = res
@@ -118,15 +118,15 @@ def _surge(cfg: dict, quick: bool, report: StudyReport) -> dict:
         res = runs[(True, policy)]
         s = res.series
         ax[0].plot(s["time_s"], s["active_decodes_batch"], color=f"C{i}", lw=1.0, ls="--",
-                   label=f"{_LABEL[policy]}: batch decoding")
+                   label=f"{POLICY_LABELS[policy]}: batch decoding")
         ax[0].plot(s["time_s"], s["active_decodes_interactive"], color=f"C{i}", lw=1.0,
-                   label=f"{_LABEL[policy]}: interactive decoding")
+                   label=f"{POLICY_LABELS[policy]}: interactive decoding")
         rec = res.records
         q = rec[(rec["request_class"] == INTERACTIVE) & rec["ttft_s"].notna()].sort_values("arrival_s")
         roll = q.set_index("arrival_s")["ttft_s"].rolling(100, min_periods=10).quantile(0.99)
-        ax[1].plot(roll.index, roll.to_numpy(), color=f"C{i}", lw=1.2, label=_LABEL[policy])
+        ax[1].plot(roll.index, roll.to_numpy(), color=f"C{i}", lw=1.2, label=POLICY_LABELS[policy])
         tq = q.set_index("arrival_s")["tpot_s"].dropna().rolling(100, min_periods=10).quantile(0.99)
-        ax[2].plot(tq.index, tq.to_numpy(), color=f"C{i}", lw=1.2, label=_LABEL[policy])
+        ax[2].plot(tq.index, tq.to_numpy(), color=f"C{i}", lw=1.2, label=POLICY_LABELS[policy])
     ref = runs[(False, RECOMMENDED_ADMISSION)] if (False, RECOMMENDED_ADMISSION) in runs else None
     if ref is not None:
         q = ref.records[(ref.records["request_class"] == INTERACTIVE) & ref.records["ttft_s"].notna()]
@@ -141,14 +141,14 @@ def _surge(cfg: dict, quick: bool, report: StudyReport) -> dict:
     ax[2].set_ylabel("interactive TPOT p99 (s, rolling)")
     ax[2].axhline(cfg["cluster"]["slo_tpot_s"], color="r", ls=":", lw=1)
     ax[2].set_xlabel("time (s); shaded: batch surge")
-    lines = _surge_lines(table, sc)
+    lines = surge_lines(table, sc)
     report.save_figure(fig, "surge.png", "Batch surge to {:g} x capacity for {:.0f} s with interactive load at {:g} x: "
                        "decoding sequences by class, interactive TTFT and TPOT p99 (rolling). ".format(
                            sc["batch_load"], sc["surge_s"], sc["interactive_load"]) + " ".join(lines[:1]))
     return {"rows": rows, "lines": lines}
 
 
-def _surge_lines(table: pd.DataFrame, sc: dict) -> list[str]:
+def surge_lines(table: pd.DataFrame, sc: dict) -> list[str]:
     out = []
     for policy in sc["policies"]:
         a = table[(table["policy"] == policy) & table["surge"]]
@@ -158,7 +158,7 @@ def _surge_lines(table: pd.DataFrame, sc: dict) -> list[str]:
         a, b = a.iloc[0], b.iloc[0]
         ta, tb = a["interactive_ttft_p99"], b["interactive_ttft_p99"]
         growth = (ta / tb - 1.0) if ta and tb else math.nan
-        out.append(f"{_LABEL[policy]}: interactive SLO attainment {a['interactive_slo_attainment']:.3f} with the surge "
+        out.append(f"{POLICY_LABELS[policy]}: interactive SLO attainment {a['interactive_slo_attainment']:.3f} with the surge "
                    f"({b['interactive_slo_attainment']:.3f} without), TTFT p99 {ta:.2f} s vs {tb:.2f} s "
                    f"({growth:+.0%}); batch SLO attainment {a['batch_slo_attainment'] if a['batch_slo_attainment'] is not None else float('nan'):.3f}, "
                    f"{int(a['batch_rejected'])} batch requests rejected, {int(a['batch_deferred'])} deferred.")
