@@ -428,3 +428,14 @@ def test_layered_stack_summary_names_the_forced_responses():
     assert "stack on servegen:m-large x5 at 600 s, decode_pool 3602 s (coherence 0.68 with the open-loop replay)" in text
     assert "fill_pool" not in text
     assert _forced_sentence([{**row, "oscillation": {"signals": {}}}]) == ""
+
+
+def test_pool_plant_judges_a_run_shorter_than_the_settling_time(tmp_path):
+    # a 9-minute run ends before 10 minutes of control have settled: it is judged on its last three
+    # quarters (this raised IndexError on an empty window before)
+    assert main(["simulate", "--plant", "pools", "--trace", "synthetic", "--last-days", "1", "--hours", "0.15",
+                 "--out", str(tmp_path)]) == 0
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    verdict = m["stack"]["oscillation"]
+    assert verdict["signals"]["decode_pool"]["reason"] == "never moved in the window"
+    assert verdict["reason"].startswith("no cycle on 4 signals")

@@ -154,7 +154,8 @@ def _contender(s: StackScenario, wl: RateWorkload, stack: str, run_params, dyn, 
 
 def _judge_oscillation(r, dt: float, control_start_s: float, mu: dict, ceil_: dict, ctrl=None,
                        utilization: float = 1.0):
-    """The actuators' verdict on 10-s samples after the first 10 minutes of control: each pool
+    """The actuators' verdict on 10-s samples after the first 10 minutes of control (the first
+    quarter of a shorter run): each pool
     judged on its deviation from the demand-justified count (its load in nominal requests/s, demand
     x the pool's work factor, over the pool's rate at its ceiling); what is slower than
     :data:`OSCILLATION_HIGHPASS_S` is the demand's cycle against the pool's headroom. With a
@@ -162,7 +163,11 @@ def _judge_oscillation(r, dt: float, control_start_s: float, mu: dict, ceil_: di
     from tokenfactory.controllers.oscillation import judge_actuators
 
     step = max(1, int(round(10.0 / dt)))  # the detectors on 10-s samples
-    after = r.series[r.series["time_s"] >= control_start_s + 600.0].iloc[::step]
+    # the first 10 minutes of control settle; a run shorter than 40 minutes of control skips its
+    # first quarter instead, so a short trace is judged on what it has rather than on nothing
+    t_end = float(r.series["time_s"].iloc[-1])
+    judged_from = control_start_s + min(600.0, max(0.0, t_end - control_start_s) / 4.0)
+    after = r.series[r.series["time_s"] >= judged_from].iloc[::step]
     work = {pool: after["demand"] * after["prompt_factor" if pool == "fill" else "output_factor"]
             for pool in ("fill", "decode")}
     justified = {f"{pool}_pool": (work[pool] / (mu[pool] * ceil_[pool])).to_numpy(dtype=float) for pool in work}
@@ -179,7 +184,7 @@ def _judge_oscillation(r, dt: float, control_start_s: float, mu: dict, ceil_: di
         rise = np.nan_to_num(planner.rise_in_force(t), nan=1.0)
         factor = np.where(idx >= 0, rise * (1.0 + head), 1.0) / utilization
         open_loop = {f"{pool}_pool": work[pool].to_numpy(dtype=float) / mu[pool] * factor for pool in work}
-    return judge_actuators(after, r.actions, start_s=control_start_s + 600.0, references=justified,
+    return judge_actuators(after, r.actions, start_s=judged_from, references=justified,
                            highpass_s=OSCILLATION_HIGHPASS_S, open_loop=open_loop)
 
 
