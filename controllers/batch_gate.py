@@ -55,9 +55,9 @@ from tokenfactory.controllers.stability import (  # the phase crossovers: where 
     stability_margins,
 )
 from tokenfactory.core.signals import BatchCapAction, Measurement
-from tokenfactory.core.validation import check_number
+from tokenfactory.core.validation import REQUIRED, ConfigError, check_number, setting
 
-__all__ = ["BatchGate", "BatchGateTuning", "batch_gate_delay", "batch_gate_loop", "tune_batch_gate",
+__all__ = ["BatchGateConfig", "BatchGate", "BatchGateTuning", "batch_gate_delay", "batch_gate_loop", "tune_batch_gate",
            "predict_batch_cycle", "largest_batch", "pass_target_s", "JOIN_WAIT_PASSES"]
 
 
@@ -138,6 +138,96 @@ def largest_batch(pass_time_s: Callable[[float, float], float], target_s: float,
     return lo
 
 
+@dataclass(frozen=True)
+class BatchGateConfig:
+    """Everything :class:`BatchGate` is built from but its pass-time model (validated here, fields
+    named ``batch_gate.FIELD``; the registry's :func:`tokenfactory.registry.batch_gate_for` resolves
+    it from a plant). The defaults are declared here only.
+
+    Parameters
+    ----------
+    slo_tpot_s : float
+        The TPOT SLO (s, > 0).
+    max_batch : float
+        Largest cap (sequences per worker; the KV slots at the nominal context, >= 1).
+    nominal_context_tokens : float
+        Context used while nothing decodes (tokens, > 0).
+    tpot_fraction : float
+        Share of the SLO a pass may take (the rest is for ready-buffer waits and the spread of
+        contexts; (0, 1], default 0.95).
+    gain : float
+        Share of the measured error corrected per change (g, (0, 2]; default 0.35, the SIMC gain
+        of :func:`tune_batch_gate` at the default plant).
+    gated : bool
+        Hold every change until its effect is observable (default True; False acts every sample).
+    settle_passes : float
+        Passes after a change before a measurement shows it (>= 0; default 1).
+    min_batch : float
+        Smallest cap (sequences, in [1, ``max_batch``]; default 1).
+    short_output_tokens : float, optional
+        Output tokens of a short request (a low quantile of the outputs, >= 2): its TPOT is
+        (KV transfer + half a pass waiting to join + (k - 1) passes) / (k - 1), so the target is
+        also at most (SLO (k - 1) - transfer) / (k - 1/2). Default None: no such bound.
+    kv_transfer_s : float
+        KV transfer time a request's TPOT carries (s, >= 0; default 0).
+    context_tau_s : float
+        Time constant of the low-pass on the measured context (s, >= 0; default 5): the cap
+        follows the context's drift, not the joining and leaving of single long prompts.
+    drain_timeout_s : float
+        Gated, after lowering the cap the gate waits until the measured batch has come down to
+        it (nobody is evicted: the batch shrinks as sequences complete), at most this long (s,
+        > 0; default 60).
+    sample_period : float
+        Seconds between updates (> 0; default 0.1).
+
+    Raises
+    ------
+    ConfigError
+        For a value out of its range.
+    """
+
+    slo_tpot_s: float = setting(REQUIRED, unit="s", low=0.0, low_inclusive=False, meaning="the TPOT SLO")
+    max_batch: float = setting(REQUIRED, unit="sequences", low=1.0,
+                               meaning="largest cap per worker (the KV slots at the nominal context)")
+    nominal_context_tokens: float = setting(REQUIRED, unit="tokens", low=0.0, low_inclusive=False,
+                                            meaning="context used while nothing decodes")
+    tpot_fraction: float = setting(0.95, low=0.0, high=1.0, low_inclusive=False,
+                                   meaning="share of the TPOT SLO a decode pass may take")
+    gain: float = setting(0.35, low=0.0, high=2.0, low_inclusive=False,
+                          meaning="share of the measured error corrected per change (the SIMC gain of "
+                                  "tune_batch_gate at the default plant)")
+    gated: bool = setting(True, kind=bool, meaning="hold every change until its effect is observable")
+    settle_passes: float = setting(1.0, low=0.0, meaning="passes after a change before a measurement shows it")
+    min_batch: float = setting(1.0, unit="sequences", low=1.0, meaning="smallest cap (at most max_batch)")
+    short_output_tokens: float | None = setting(None, unit="tokens", low=2.0,
+                                                meaning="output tokens of a short request (absent: no "
+                                                        "short-request bound on the target)")
+    kv_transfer_s: float = setting(0.0, unit="s", low=0.0, meaning="KV transfer time a request's TPOT carries")
+    context_tau_s: float = setting(5.0, unit="s", low=0.0, meaning="low-pass time constant of the measured context")
+    drain_timeout_s: float = setting(60.0, unit="s", low=0.0, low_inclusive=False,
+                                     meaning="longest wait for the batch to come down to a lowered cap")
+    sample_period: float = setting(0.1, unit="s", low=0.0, low_inclusive=False, meaning="seconds between updates")
+
+    def __post_init__(self) -> None:  # checked once, held as the floats the gate computes with
+        def put(name: str, **bounds) -> None:
+            object.__setattr__(self, name, check_number(f"batch_gate.{name}", getattr(self, name), **bounds))
+
+        put("slo_tpot_s", low=0.0, low_inclusive=False)
+        put("tpot_fraction", low=0.0, high=1.0, low_inclusive=False)
+        put("max_batch", low=1.0)
+        put("min_batch", low=1.0, high=self.max_batch)
+        put("nominal_context_tokens", low=0.0, low_inclusive=False)
+        put("gain", low=0.0, high=2.0, low_inclusive=False)
+        object.__setattr__(self, "gated", bool(self.gated))
+        put("settle_passes", low=0.0)
+        if self.short_output_tokens is not None:
+            put("short_output_tokens", low=2.0)
+        put("kv_transfer_s", low=0.0)
+        put("context_tau_s", low=0.0)
+        put("drain_timeout_s", low=0.0, low_inclusive=False)
+        put("sample_period", low=0.0, low_inclusive=False)
+
+
 class BatchGate(SampledController):
     """The decode batch cap from the roofline at the live context, corrected by the measured pass
     time, changed only when the previous change's effect has been observed (see the module notes).
@@ -148,71 +238,28 @@ class BatchGate(SampledController):
         ``pass_time_s(batch_per_worker, context_tokens) -> s``: the model's decode pass time (for
         the request simulator :meth:`DESParams.decode_pass`, for the fluid plants the pass-time
         table over batch).
-    slo_tpot_s : float
-        The TPOT SLO (s, > 0).
-    max_batch : float
-        Largest cap (sequences per worker; the KV slots at the nominal context, >= 1).
-    nominal_context_tokens : float
-        Context used while nothing decodes (tokens, > 0).
-    tpot_fraction : float
-        Share of the SLO a pass may take (the rest is for ready-buffer waits and the spread of
-        contexts; (0, 1], default 0.95).
-    short_output_tokens : float, optional
-        Output tokens of a short request (a low quantile of the outputs, >= 2): its TPOT is
-        (KV transfer + half a pass waiting to join + (k - 1) passes) / (k - 1), so the target is
-        also at most (SLO (k - 1) - transfer) / (k - 1/2). Default None: no such bound.
-    kv_transfer_s : float
-        KV transfer time a request's TPOT carries (s, >= 0; default 0).
-    gain : float
-        Share of the measured error corrected per change (g, (0, 2]; default 0.35, the SIMC gain
-        of :func:`tune_batch_gate` at the default plant).
-    gated : bool
-        Hold every change until its effect is observable (default True; False acts every sample).
-    settle_passes : float
-        Passes after a change before a measurement shows it (>= 0; default 1).
-    context_tau_s : float
-        Time constant of the low-pass on the measured context (s, >= 0; default 5): the cap
-        follows the context's drift, not the joining and leaving of single long prompts.
-    drain_timeout_s : float
-        Gated, after lowering the cap the gate waits until the measured batch has come down to
-        it (nobody is evicted: the batch shrinks as sequences complete), at most this long (s,
-        > 0; default 60).
-    min_batch : float
-        Smallest cap (sequences, >= 1; default 1).
-    sample_period : float
-        Seconds between updates (> 0; default 0.1).
+    config : BatchGateConfig
+        The gate's parameters.
 
     Raises
     ------
     ConfigError
-        For a value out of its range.
+        For a config that is not a :class:`BatchGateConfig` (its fields are checked when it is made).
     """
 
     name = "batch-gate"
 
-    def __init__(self, pass_time_s: Callable[[float, float], float], *, slo_tpot_s: float, max_batch: float,
-                 nominal_context_tokens: float, tpot_fraction: float = 0.95, gain: float = 0.35,
-                 gated: bool = True, settle_passes: float = 1.0, min_batch: float = 1.0,
-                 short_output_tokens: float | None = None, kv_transfer_s: float = 0.0,
-                 context_tau_s: float = 5.0, drain_timeout_s: float = 60.0, sample_period: float = 0.1):
-        super().__init__(sample_period)
+    def __init__(self, pass_time_s: Callable[[float, float], float], config: BatchGateConfig):
+        if not isinstance(config, BatchGateConfig):
+            raise ConfigError("batch_gate.config", "must be a BatchGateConfig")
+        super().__init__(config.sample_period)
+        self.config = c = config
         self.pass_time_s = pass_time_s
-        self.slo_tpot_s = check_number("batch_gate.slo_tpot_s", slo_tpot_s, low=0.0, low_inclusive=False)
-        self.tpot_fraction = check_number("batch_gate.tpot_fraction", tpot_fraction, low=0.0, high=1.0,
-                                          low_inclusive=False)
-        self.max_batch = check_number("batch_gate.max_batch", max_batch, low=1.0)
-        self.min_batch = check_number("batch_gate.min_batch", min_batch, low=1.0, high=self.max_batch)
-        self.nominal_context_tokens = check_number("batch_gate.nominal_context_tokens", nominal_context_tokens,
-                                                   low=0.0, low_inclusive=False)
-        self.gain = check_number("batch_gate.gain", gain, low=0.0, high=2.0, low_inclusive=False)
-        self.gated = bool(gated)
-        self.settle_passes = check_number("batch_gate.settle_passes", settle_passes, low=0.0)
-        self.short_output_tokens = None if short_output_tokens is None else check_number(
-            "batch_gate.short_output_tokens", short_output_tokens, low=2.0)
-        self.kv_transfer_s = check_number("batch_gate.kv_transfer_s", kv_transfer_s, low=0.0)
-        self.context_tau_s = check_number("batch_gate.context_tau_s", context_tau_s, low=0.0)
-        self.drain_timeout_s = check_number("batch_gate.drain_timeout_s", drain_timeout_s, low=0.0,
-                                            low_inclusive=False)
+        (self.slo_tpot_s, self.tpot_fraction, self.max_batch, self.min_batch, self.nominal_context_tokens,
+         self.gain, self.gated, self.settle_passes, self.short_output_tokens, self.kv_transfer_s, self.context_tau_s,
+         self.drain_timeout_s) = (c.slo_tpot_s, c.tpot_fraction, c.max_batch, c.min_batch, c.nominal_context_tokens,
+                                  c.gain, c.gated, c.settle_passes, c.short_output_tokens, c.kv_transfer_s,
+                                  c.context_tau_s, c.drain_timeout_s)
         self.target_s = pass_target_s(self.slo_tpot_s, self.tpot_fraction, self.short_output_tokens,
                                       self.kv_transfer_s)
         self.reset()

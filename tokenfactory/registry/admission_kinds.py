@@ -15,7 +15,13 @@ import numpy as np
 
 from tokenfactory.controllers.admission import CompletionTriggeredAdmission, SmoothedAdmission, ThresholdAdmission
 from tokenfactory.controllers.autotune import TuningReport, tune_smoothed_admission
-from tokenfactory.controllers.batch_gate import BatchGate, largest_batch, pass_target_s, tune_batch_gate
+from tokenfactory.controllers.batch_gate import (
+    BatchGate,
+    BatchGateConfig,
+    largest_batch,
+    pass_target_s,
+    tune_batch_gate,
+)
 from tokenfactory.controllers.early_rejection import EarlyRejection, WatermarkAdmission
 from tokenfactory.controllers.slo_admission import (
     DEFAULT_TTFT_FRACTION,
@@ -32,6 +38,7 @@ from tokenfactory.core.classes import RequestClass
 from tokenfactory.core.validation import check_number, reject_unknown_keys, setting
 from tokenfactory.plant_models.des import DESParams
 from tokenfactory.registry.kinds import DEFAULT_TPOT_FRACTION, ControllerKind, PlantContext, register, with_defaults
+from tokenfactory.registry.stack_layers import GatedBatchCap
 
 __all__ = ["smoothed_admission", "slo_aware_admission", "slo_admission_tuning", "margin_tuning", "flat_margin_tuning",
            "batch_gate_for", "static_batch_cap", "batch_gate_tuning", "cached_gate_tuning"]
@@ -98,6 +105,15 @@ _SLO_AWARE = {
                                                 "SIMC-tuned)"),
     "outer": setting(None, kind="table", meaning="the slow loop on admitted slack (admission.slo-aware.outer; its "
                                                  "ki absent: tuned for the plant)"),
+}
+_BATCH_GATE = {
+    "tpot_fraction": setting(DEFAULT_TPOT_FRACTION, low=0.0, high=1.0, low_inclusive=False,
+                             meaning="share of the top class's TPOT SLO a decode pass may take"),
+    "sample_period_s": setting(GatedBatchCap.sample_period_s, unit="s", **_POS,
+                               meaning="the cap's sample period (the stack's gated layer's)"),
+    "gated": setting(None, kind=bool, meaning="hold every change until observed (absent: BatchGateConfig's "
+                                              "default, gated)"),
+    "gain": setting(None, **_POS, meaning="correction per change (absent: SIMC-tuned for the plant)"),
 }
 _WATERMARK = {
     "sample_period_s": setting(0.25, unit="s", **_POS, source="the orchestrator samples every 250 ms",
@@ -276,19 +292,21 @@ def batch_gate_for(ctx: PlantContext, p: Mapping[str, Any] | None = None, where:
     BatchGate
     """
     p = dict(p or {})
-    reject_unknown_keys(where, p, ("tpot_fraction", "sample_period_s", "gated", "gain"))
+    reject_unknown_keys(where, p, _BATCH_GATE)
+    p = with_defaults(_BATCH_GATE, p)
     fn, slots, nominal = _pass_model(ctx)
     top, short = _top_short_output(ctx)
-    frac = check_number(f"{where}.tpot_fraction", p.get("tpot_fraction", DEFAULT_TPOT_FRACTION), low=0.0, high=1.0,
-                        low_inclusive=False)
-    T = check_number(f"{where}.sample_period_s", p.get("sample_period_s", 0.25), low=0.0, low_inclusive=False)
+    frac = check_number(f"{where}.tpot_fraction", p["tpot_fraction"], low=0.0, high=1.0, low_inclusive=False)
+    T = check_number(f"{where}.sample_period_s", p["sample_period_s"], low=0.0, low_inclusive=False)
     gain = p.get("gain")
     if gain is None:
         gain = cached_gate_tuning(round(ctx.params.measurement_delay_s, 6), round(_pass_target(ctx, frac), 6),
                             round(ctx.snapshot_dt, 6), round(T, 6)).gain
-    return BatchGate(fn, slo_tpot_s=top.slo_tpot_s, max_batch=max(slots, 1.0), nominal_context_tokens=nominal,
-                     tpot_fraction=frac, gain=gain, gated=bool(p.get("gated", True)), short_output_tokens=short,
-                     kv_transfer_s=_transfer_s(ctx), sample_period=T)
+    given = {"gated": bool(p["gated"])} if "gated" in p else {}
+    return BatchGate(fn, BatchGateConfig(slo_tpot_s=top.slo_tpot_s, max_batch=max(slots, 1.0),
+                                         nominal_context_tokens=nominal, tpot_fraction=frac, gain=gain,
+                                         short_output_tokens=short, kv_transfer_s=_transfer_s(ctx), sample_period=T,
+                                         **given))
 
 
 @functools.lru_cache(maxsize=64)
