@@ -59,6 +59,7 @@ of the burst buys more (``tests/test_reconfiguration.py`` pins the numbers).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import control
 
@@ -66,9 +67,9 @@ from tokenfactory.controllers.autoscaling import ScaleAction, serving_replicas, 
 from tokenfactory.controllers.describing import LimitCycle, predict_limit_cycles
 from tokenfactory.controllers.stability import DelayedLoop
 from tokenfactory.core.signals import Measurement
-from tokenfactory.core.validation import ConfigError, check_int, check_number
+from tokenfactory.core.validation import ConfigError, check_int, check_number, setting
 
-__all__ = ["HystereticPoolController", "QueueRelayScaler", "pool_relay_loop", "predict_pool_flapping",
+__all__ = ["HystereticConfig", "HystereticPoolController", "QueueRelayScaler", "pool_relay_loop", "predict_pool_flapping",
            "need_noise_std", "measured_need_noise", "pool_demand"]
 
 
@@ -207,21 +208,14 @@ def measured_need_noise(arrival_times_s, per_worker_rps: float, target_utilizati
     return float(np.std((filt - trend)[core]) / (per_worker_rps * target_utilization))
 
 
-class HystereticPoolController(PoolAutoscaler):
-    """Pending-aware hysteretic sizing of one pool (see the module docstring for the rule).
-
-    Article section 18's "apply hysteresis to worker reconfiguration", made explicit: the dead
-    band and dwell keep noise from moving the pool. :meth:`tuned` sets the dead band, dwell and
-    cooldown from the operating point by the documented rule; the constructor takes them as
-    given.
+@dataclass(frozen=True)
+class HystereticConfig:
+    """The tuning of a :class:`HystereticPoolController` (validated here, fields named
+    ``hysteretic.FIELD``; :meth:`HystereticPoolController.tuned` derives the dead band, dwell and
+    cooldown from the operating point). The defaults are declared here only.
 
     Parameters
     ----------
-    pool : {"fill", "decode"}
-        The pool this controller sizes.
-    per_worker_rps : float
-        Requests/s one worker of the pool sustains (> 0), e.g. from
-        :class:`~tokenfactory.controllers.capacity.PoolRates`.
     target_utilization : float
         Fraction of per-worker capacity to plan for, in [0.1, 1] (default 0.85).
     dead_band : float
@@ -258,30 +252,92 @@ class HystereticPoolController(PoolAutoscaler):
     Raises
     ------
     ConfigError
+        For a value outside its range.
+    """
+
+    target_utilization: float = setting(0.85, low=0.1, high=1.0,
+                                        meaning="fraction of per-worker capacity to plan for")
+    dead_band: float = setting(0.5, unit="workers", low=0.0, high=10.0,
+                               meaning="spare workers the need must clear below n - 1 before a scale-down")
+    filter_s: float = setting(30.0, unit="s", low=0.0, meaning="time constant of the demand-rate filter (0: raw)")
+    dwell_s: float = setting(90.0, unit="s", low=0.0, meaning="how long the need stays low before a scale-down")
+    up_dwell_s: float | None = setting(None, unit="s", low=0.0,
+                                       meaning="how long the need stays high before a scale-up (absent: one sample "
+                                               "period)")
+    cooldown_s: float = setting(150.0, unit="s", low=0.0, meaning="least time after any move before a scale-down")
+    max_step_up: int = setting(4, kind=int, low=1, unit="workers", meaning="most workers added per decision")
+    max_step_down: int = setting(1, kind=int, low=1, unit="workers", meaning="most workers removed per decision")
+    queue_clear_s: float = setting(60.0, unit="s", low=0.0, low_inclusive=False,
+                                   meaning="time the backlog term clears the queue in")
+    queue_headroom: float = setting(0.25, low=0.0, high=10.0,
+                                    meaning="cap of the backlog term as a fraction of the demand rate")
+    min_replicas: int = setting(1, kind=int, low=0, unit="workers", meaning="fewest workers")
+    max_replicas: int = setting(1000, kind=int, low=1, unit="workers", meaning="most workers (>= min_replicas)")
+    sample_period: float = setting(5.0, unit="s", low=0.0, low_inclusive=False, meaning="seconds between decisions")
+
+    def __post_init__(self) -> None:  # checked once, held as the numbers the controller computes with
+        def put(check, name: str, **bounds) -> None:
+            object.__setattr__(self, name, check(f"hysteretic.{name}", getattr(self, name), **bounds))
+
+        put(check_int, "min_replicas", low=0)
+        put(check_int, "max_replicas", low=max(1, self.min_replicas))
+        put(check_number, "target_utilization", low=0.1, high=1.0)
+        put(check_number, "dead_band", low=0.0, high=10.0)
+        put(check_number, "filter_s", low=0.0)
+        put(check_number, "dwell_s", low=0.0)
+        if self.up_dwell_s is not None:
+            put(check_number, "up_dwell_s", low=0.0)
+        put(check_number, "cooldown_s", low=0.0)
+        put(check_int, "max_step_up", low=1)
+        put(check_int, "max_step_down", low=1)
+        put(check_number, "queue_clear_s", low=0.0, low_inclusive=False)
+        put(check_number, "queue_headroom", low=0.0, high=10.0)
+
+
+class HystereticPoolController(PoolAutoscaler):
+    """Pending-aware hysteretic sizing of one pool (see the module docstring for the rule).
+
+    Article section 18's "apply hysteresis to worker reconfiguration", made explicit: the dead
+    band and dwell keep noise from moving the pool. :meth:`tuned` sets the dead band, dwell and
+    cooldown from the operating point by the documented rule; the constructor takes them as
+    given.
+
+    Parameters
+    ----------
+    pool : {"fill", "decode"}
+        The pool this controller sizes.
+    per_worker_rps : float
+        Requests/s one worker of the pool sustains (> 0), e.g. from
+        :class:`~tokenfactory.controllers.capacity.PoolRates`.
+    config : HystereticConfig, optional
+        The controller's tuning.
+    **fields
+        :class:`HystereticConfig` fields, when no ``config`` is given.
+
+    Raises
+    ------
+    ConfigError
         For a parameter outside its range (fields ``hysteretic.*``).
     """
 
     name = "hysteretic"
 
-    def __init__(self, pool: str, per_worker_rps: float, *, target_utilization: float = 0.85,
-                 dead_band: float = 0.5, filter_s: float = 30.0, dwell_s: float = 90.0, up_dwell_s: float | None = None,
-                 cooldown_s: float = 150.0, max_step_up: int = 4, max_step_down: int = 1,
-                 queue_clear_s: float = 60.0, queue_headroom: float = 0.25, min_replicas: int = 1,
-                 max_replicas: int = 1000, sample_period: float = 5.0):
-        super().__init__(sample_period)
-        self._init_pool("hysteretic", pool, min_replicas, max_replicas)
+    def __init__(self, pool: str, per_worker_rps: float, config: HystereticConfig | None = None, **fields):
+        if config is None:
+            config = HystereticConfig(**fields)
+        elif fields:
+            raise ConfigError(f"hysteretic.{next(iter(fields))}", "give a config or its fields, not both")
+        if not isinstance(config, HystereticConfig):
+            raise ConfigError("hysteretic.config", "must be a HystereticConfig")
+        self.config = c = config
+        super().__init__(c.sample_period)
+        self._init_pool("hysteretic", pool, c.min_replicas, c.max_replicas)
         self.per_worker_rps = check_number("hysteretic.per_worker_rps", per_worker_rps, low=0.0, low_inclusive=False)
-        self.target_utilization = check_number("hysteretic.target_utilization", target_utilization, low=0.1, high=1.0)
-        self.dead_band = check_number("hysteretic.dead_band", dead_band, low=0.0, high=10.0)
-        self.filter_s = check_number("hysteretic.filter_s", filter_s, low=0.0)
-        self.dwell_s = check_number("hysteretic.dwell_s", dwell_s, low=0.0)
-        self.up_dwell_s = sample_period if up_dwell_s is None else check_number("hysteretic.up_dwell_s", up_dwell_s,
-                                                                                 low=0.0)
-        self.cooldown_s = check_number("hysteretic.cooldown_s", cooldown_s, low=0.0)
-        self.max_step_up = check_int("hysteretic.max_step_up", max_step_up, low=1)
-        self.max_step_down = check_int("hysteretic.max_step_down", max_step_down, low=1)
-        self.queue_clear_s = check_number("hysteretic.queue_clear_s", queue_clear_s, low=0.0, low_inclusive=False)
-        self.queue_headroom = check_number("hysteretic.queue_headroom", queue_headroom, low=0.0, high=10.0)
+        (self.target_utilization, self.dead_band, self.filter_s, self.dwell_s, self.cooldown_s, self.max_step_up,
+         self.max_step_down, self.queue_clear_s, self.queue_headroom) = (
+            c.target_utilization, c.dead_band, c.filter_s, c.dwell_s, c.cooldown_s, c.max_step_up, c.max_step_down,
+            c.queue_clear_s, c.queue_headroom)
+        self.up_dwell_s = self.sample_period if c.up_dwell_s is None else c.up_dwell_s
         self.noise_std: float | None = None  # set by tuned()
         self.reset()
 
