@@ -37,12 +37,13 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from tokenfactory.controllers.interface import SampledController
 from tokenfactory.core.signals import Measurement, ScaleAction
-from tokenfactory.core.validation import ConfigError, check_choice, check_int, check_number
+from tokenfactory.core.validation import REQUIRED, ConfigError, check_choice, check_int, check_number, setting
 
-__all__ = ["ScaleAction", "HorizontalPodAutoscaler", "KnativeAutoscaler", "DynamoThroughputPlanner",
+__all__ = ["ScaleAction", "HPASpec", "HorizontalPodAutoscaler", "KnativeAutoscaler", "DynamoThroughputPlanner",
            "DynamoLoadPlanner", "AIBrixAPA", "POOL_METRICS", "DYNAMO_THROUGHPUT_TARGET", "dynamo_load_thresholds",
            "hpa_policy_limit"]
 
@@ -84,29 +85,21 @@ class PoolAutoscaler(SampledController):
         return int(min(max(replicas, self.min_replicas), self.max_replicas))
 
 
-class HorizontalPodAutoscaler(PoolAutoscaler):
-    """Kubernetes HPA on a per-replica average metric (e.g. utilization 0-1) with target ``target``.
+_SELECT = ("max", "min", "disabled")
 
-    The decision follows ``pkg/controller/podautoscaler`` (horizontal.go): the raw recommendation
-    ceil(current x metric / target) outside the tolerance; stabilization over the recommendations
-    of the last ``upscale_stabilization_s`` (the lowest) and ``downscale_stabilization_s`` (the
-    highest), never moving past the current count (``stabilizeRecommendationWithBehaviors``);
-    then the scaling policies (``convertDesiredReplicasWithBehaviorRate``): each policy allows
-    ``pods`` or ``percent`` of the count at the start of its period, the count the scale events of
-    the period are taken back from; ``select`` picks the policy that allows the largest change
-    (``max``, default), the smallest (``min``) or none (``disabled``); the bounds last.
-    ``tests/test_autoscaling_upstream.py`` ports upstream's unit-test cases.
 
-    The current replica count is the deployment's (serving plus starting workers), the metric the
-    serving workers' average; the starting workers are unready pods, counted at 0 on a scale-up as
-    upstream's replica calculator does (``calcPlainMetricReplicas``: pending and metric-less pods
-    at 0 when the ratio is above 1), so a start-up alone does not compound; the rule still grows
-    with a queue-bearing metric while the queue does.
+@dataclass(frozen=True)
+class HPASpec:
+    """What a :class:`HorizontalPodAutoscaler` runs: the autoscaling/v2 ``HorizontalPodAutoscaler``
+    spec fields the model covers (one ``spec.metrics`` entry's target and metric,
+    ``spec.minReplicas`` / ``maxReplicas``, ``spec.behavior.scaleUp`` / ``scaleDown``:
+    ``stabilizationWindowSeconds``, ``policies``, ``selectPolicy``) and the controller-manager's
+    ``--horizontal-pod-autoscaler-tolerance`` and ``--horizontal-pod-autoscaler-sync-period``
+    (validated here, fields named ``hpa.FIELD``; :mod:`tokenfactory.controllers.formats` builds it
+    from a manifest). The defaults are declared here only (upstream's, as documented below).
 
     Parameters
     ----------
-    pool : str
-        The pool it sizes: ``"fill"`` or ``"decode"``.
     target : float
         Desired value of the metric (> 0; a utilization in 0-1, or KV occupancy).
     metric : str
@@ -139,34 +132,119 @@ class HorizontalPodAutoscaler(PoolAutoscaler):
         (an HPA whose starting pods report the metric; the compounding start-up cascade).
     sample_period : float
         Sync period (s, > 0; default 15).
+
+    Raises
+    ------
+    ConfigError
+        For a value outside its range.
+    """
+
+    target: float = setting(REQUIRED, low=0.0, low_inclusive=False, meaning="desired per-replica metric value")
+    metric: str = setting("decode_utilization", kind=str, choices=tuple(POOL_METRICS),
+                          meaning="the measured signal the target refers to")
+    min_replicas: int = setting(1, kind=int, low=0, meaning="spec.minReplicas")
+    max_replicas: int = setting(1000, kind=int, low=1, meaning="spec.maxReplicas (>= minReplicas)")
+    tolerance: float = setting(0.1, low=0.0, high=1.0, meaning="no change while |metric / target - 1| is at most this")
+    downscale_stabilization_s: float = setting(300.0, unit="s", low=0.0,
+                                               meaning="behavior.scaleDown.stabilizationWindowSeconds")
+    upscale_stabilization_s: float = setting(0.0, unit="s", low=0.0,
+                                             meaning="behavior.scaleUp.stabilizationWindowSeconds")
+    scale_up_pods: int = setting(4, kind=int, low=0, meaning="the default scale-up Pods policy per 15 s")
+    scale_up_percent: float = setting(100.0, low=0.0, meaning="the default scale-up Percent policy per 15 s")
+    scale_down_percent: float = setting(100.0, low=0.0, high=100.0,
+                                        meaning="the default scale-down Percent policy per 15 s")
+    scale_up_policies: tuple | None = setting(None, kind="list of tables",
+                                              meaning="behavior.scaleUp.policies as (kind, value, period_s) "
+                                                      "(absent: the defaults above)")
+    scale_down_policies: tuple | None = setting(None, kind="list of tables",
+                                                meaning="behavior.scaleDown.policies (absent: the default above)")
+    scale_up_select: str = setting("max", kind=str, choices=_SELECT, meaning="behavior.scaleUp.selectPolicy")
+    scale_down_select: str = setting("max", kind=str, choices=_SELECT, meaning="behavior.scaleDown.selectPolicy")
+    starting_unready: bool = setting(True, kind=bool, meaning="starting workers count as unready pods")
+    sample_period: float = setting(15.0, unit="s", low=0.0, low_inclusive=False, meaning="the sync period")
+
+    def __post_init__(self) -> None:  # checked once, held as the values the controller computes with
+        def put(name: str, value) -> None:
+            object.__setattr__(self, name, value)
+
+        put("min_replicas", check_int("hpa.min_replicas", self.min_replicas, low=0))
+        put("max_replicas", check_int("hpa.max_replicas", self.max_replicas, low=max(1, self.min_replicas)))
+        put("starting_unready", bool(self.starting_unready))
+        put("target", check_number("hpa.target", self.target, low=0.0, low_inclusive=False))
+        put("metric", check_choice("hpa.metric", self.metric, POOL_METRICS))
+        put("tolerance", check_number("hpa.tolerance", self.tolerance, low=0.0, high=1.0))
+        put("downscale_stabilization_s", check_number("hpa.downscale_stabilization_s",
+                                                      self.downscale_stabilization_s, low=0.0))
+        put("upscale_stabilization_s", check_number("hpa.upscale_stabilization_s", self.upscale_stabilization_s,
+                                                    low=0.0))
+        put("scale_up_pods", check_int("hpa.scale_up_pods", self.scale_up_pods, low=0))
+        put("scale_up_percent", check_number("hpa.scale_up_percent", self.scale_up_percent, low=0.0))
+        put("scale_down_percent", check_number("hpa.scale_down_percent", self.scale_down_percent, low=0.0,
+                                               high=100.0))
+        if self.scale_up_policies is not None:
+            put("scale_up_policies", _policies("hpa.scale_up_policies", self.scale_up_policies))
+        if self.scale_down_policies is not None:
+            put("scale_down_policies", _policies("hpa.scale_down_policies", self.scale_down_policies))
+        put("scale_up_select", check_choice("hpa.scale_up_select", self.scale_up_select, _SELECT))
+        put("scale_down_select", check_choice("hpa.scale_down_select", self.scale_down_select, _SELECT))
+
+
+class HorizontalPodAutoscaler(PoolAutoscaler):
+    """Kubernetes HPA on a per-replica average metric (e.g. utilization 0-1) with target ``target``.
+
+    The decision follows ``pkg/controller/podautoscaler`` (horizontal.go): the raw recommendation
+    ceil(current x metric / target) outside the tolerance; stabilization over the recommendations
+    of the last ``upscale_stabilization_s`` (the lowest) and ``downscale_stabilization_s`` (the
+    highest), never moving past the current count (``stabilizeRecommendationWithBehaviors``);
+    then the scaling policies (``convertDesiredReplicasWithBehaviorRate``): each policy allows
+    ``pods`` or ``percent`` of the count at the start of its period, the count the scale events of
+    the period are taken back from; ``select`` picks the policy that allows the largest change
+    (``max``, default), the smallest (``min``) or none (``disabled``); the bounds last.
+    ``tests/test_autoscaling_upstream.py`` ports upstream's unit-test cases.
+
+    The current replica count is the deployment's (serving plus starting workers), the metric the
+    serving workers' average; the starting workers are unready pods, counted at 0 on a scale-up as
+    upstream's replica calculator does (``calcPlainMetricReplicas``: pending and metric-less pods
+    at 0 when the ratio is above 1), so a start-up alone does not compound; the rule still grows
+    with a queue-bearing metric while the queue does.
+
+    Parameters
+    ----------
+    pool : str
+        The pool it sizes: ``"fill"`` or ``"decode"``.
+    target : float, optional
+        :attr:`HPASpec.target`, when no ``spec`` is given.
+    metric : str, optional
+        :attr:`HPASpec.metric`, when no ``spec`` is given.
+    spec : HPASpec, optional
+        The autoscaler's settings.
+    **fields
+        The other :class:`HPASpec` fields, when no ``spec`` is given.
     """
 
     name = "hpa"
 
-    def __init__(self, pool: str, target: float, metric: str = "decode_utilization", *, min_replicas: int = 1,
-                 max_replicas: int = 1000, tolerance: float = 0.1, downscale_stabilization_s: float = 300.0,
-                 upscale_stabilization_s: float = 0.0, scale_up_pods: int = 4, scale_up_percent: float = 100.0,
-                 scale_down_percent: float = 100.0, scale_up_policies=None, scale_down_policies=None,
-                 scale_up_select: str = "max", scale_down_select: str = "max", starting_unready: bool = True,
-                 sample_period: float = 15.0):
-        super().__init__(sample_period)
-        self._init_pool("hpa", pool, min_replicas, max_replicas)
-        self.starting_unready = bool(starting_unready)
-        self.target = check_number("hpa.target", target, low=0.0, low_inclusive=False)
-        self.metric = check_choice("hpa.metric", metric, POOL_METRICS)
-        self.tolerance = check_number("hpa.tolerance", tolerance, low=0.0, high=1.0)
-        self.downscale_stabilization_s = check_number("hpa.downscale_stabilization_s", downscale_stabilization_s, low=0.0)
-        self.upscale_stabilization_s = check_number("hpa.upscale_stabilization_s", upscale_stabilization_s, low=0.0)
-        self.scale_up_pods = check_int("hpa.scale_up_pods", scale_up_pods, low=0)
-        self.scale_up_percent = check_number("hpa.scale_up_percent", scale_up_percent, low=0.0)
-        self.scale_down_percent = check_number("hpa.scale_down_percent", scale_down_percent, low=0.0, high=100.0)
-        up = scale_up_policies if scale_up_policies is not None else (
-            ("pods", self.scale_up_pods, 15.0), ("percent", self.scale_up_percent, 15.0))
-        down = scale_down_policies if scale_down_policies is not None else (("percent", self.scale_down_percent, 15.0),)
-        self.scale_up_policies = _policies("hpa.scale_up_policies", up)
-        self.scale_down_policies = _policies("hpa.scale_down_policies", down)
-        self.scale_up_select = check_choice("hpa.scale_up_select", scale_up_select, ("max", "min", "disabled"))
-        self.scale_down_select = check_choice("hpa.scale_down_select", scale_down_select, ("max", "min", "disabled"))
+    def __init__(self, pool: str, target: float | None = None, metric: str | None = None, *,
+                 spec: HPASpec | None = None, **fields):
+        given = {k: v for k, v in (("target", target), ("metric", metric)) if v is not None}
+        if spec is None:
+            spec = HPASpec(**given, **fields)
+        elif given or fields:
+            raise ConfigError(f"hpa.{next(iter({**given, **fields}))}", "give a spec or its fields, not both")
+        if not isinstance(spec, HPASpec):
+            raise ConfigError("hpa.spec", "must be an HPASpec")
+        self.spec = c = spec
+        super().__init__(c.sample_period)
+        self._init_pool("hpa", pool, c.min_replicas, c.max_replicas)
+        (self.starting_unready, self.target, self.metric, self.tolerance, self.downscale_stabilization_s,
+         self.upscale_stabilization_s, self.scale_up_pods, self.scale_up_percent, self.scale_down_percent) = (
+            c.starting_unready, c.target, c.metric, c.tolerance, c.downscale_stabilization_s,
+            c.upscale_stabilization_s, c.scale_up_pods, c.scale_up_percent, c.scale_down_percent)
+        self.scale_up_policies = c.scale_up_policies if c.scale_up_policies is not None else _policies(
+            "hpa.scale_up_policies", (("pods", self.scale_up_pods, 15.0), ("percent", self.scale_up_percent, 15.0)))
+        self.scale_down_policies = c.scale_down_policies if c.scale_down_policies is not None else _policies(
+            "hpa.scale_down_policies", (("percent", self.scale_down_percent, 15.0),))
+        self.scale_up_select, self.scale_down_select = c.scale_up_select, c.scale_down_select
         self.reset()
 
     def reset(self) -> None:

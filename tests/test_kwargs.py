@@ -179,6 +179,8 @@ KWARGS_CASES = {
     "mixed_workload_for": lambda: __import__("tokenfactory.stack", fromlist=["x"]).mixed_workload_for(
         _stack(_stack_dict()), **{BAD: 1}),
     "SLOAwareAdmission": lambda: __import__("tokenfactory.controllers", fromlist=["x"]).SLOAwareAdmission(**{BAD: 1}),
+    "HorizontalPodAutoscaler": lambda: __import__("tokenfactory.controllers", fromlist=["x"]).HorizontalPodAutoscaler(
+        "decode", 0.8, **{BAD: 1}),
     "HystereticPoolController": lambda: __import__("tokenfactory.controllers", fromlist=["x"]).HystereticPoolController(
         "decode", 10.0, **{BAD: 1}),
     "stage_memory_sweep": lambda: __import__("tokenfactory.plant_models", fromlist=["x"]).stage_memory_sweep(

@@ -211,9 +211,9 @@ class HPASetting:
 
     def build(self, pool: str):
         """The :class:`HorizontalPodAutoscaler` this setting runs, sizing ``pool``."""
-        from tokenfactory.controllers.autoscaling import HorizontalPodAutoscaler
+        from tokenfactory.controllers.autoscaling import HorizontalPodAutoscaler, HPASpec
 
-        return HorizontalPodAutoscaler(pool, **self.controller_params())
+        return HorizontalPodAutoscaler(pool, spec=HPASpec(**self.controller_params()))
 
     def with_params(self, **changes) -> HPASetting:
         """This setting with knobs changed by the model's names (``tolerance``,
