@@ -3,6 +3,7 @@ each request's service cost and the capacity of the simulated cluster. Moved fro
 test_overload.py (issue 20 item 8: tests mirror modules)."""
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from conftest import poisson_trace
@@ -80,3 +81,59 @@ def test_capacity_is_the_simulated_clusters_and_doubles_with_both_pools():
     assert setup.capacity(crash).model_rps == small.model_rps
     # a scenario's SLO changes it (the static cap and the model's decode capacity follow the TPOT SLO)
     assert setup.capacity({"slo_tpot_s": 0.05}).batch_cap < small.batch_cap
+
+
+# -- the small public helpers on hand-computed tables (added with the move: no test called them) --
+
+
+def test_class_outputs_are_each_classes_mean_and_short_quantile():
+    """interactive outputs 1, 10, 20, 30: mean 15.25, 5 % quantile (linear) 1 + 0.15 x 9 = 2.35;
+    batch 100, 200: 150 and 105; a class of one-token outputs is floored at 2 tokens; without a
+    request_class column everything is interactive."""
+    from tokenfactory.replay import class_outputs
+
+    tr = pd.DataFrame({"output_tokens": [1, 10, 100, 20, 200, 30],
+                       "request_class": ["interactive", "interactive", "batch", "interactive", "batch", "interactive"]})
+    out = class_outputs(tr)
+    assert out.keys() == {"interactive", "batch"}
+    assert out["interactive"] == pytest.approx((15.25, 2.35), rel=1e-12)
+    assert out["batch"] == pytest.approx((150.0, 105.0), rel=1e-12)
+    assert class_outputs(pd.DataFrame({"output_tokens": [1, 0]})) == {"interactive": (2.0, 2.0)}
+
+
+def test_request_costs_count_tokens_as_the_simulator_does_and_flag_the_infeasible():
+    """Cached tokens are clipped to the prompt, at least one new token is filled, the first output
+    token comes from the fill (passes = output - 1), the decode context is input + output / 2;
+    a request is infeasible when its own fill or decode alone is past its class's SLO (an unknown
+    class gets the first class's: 2 s / 0.1 s)."""
+    from tokenfactory.replay import infeasible, request_costs
+
+    tr = pd.DataFrame({"arrival_s": [0.0, 1.0, 2.0], "input_tokens": [1000, 500, 4000],
+                       "cached_tokens": [200, 900, 0], "output_tokens": [11, 1, 101],
+                       "request_class": ["interactive", "batch", "interactive"]})
+    params = build_replay(poisson_trace(1.0, 30.0, 1)).params
+    c = request_costs(tr, params)
+    assert c["new_tokens"].tolist() == [800.0, 1.0, 4000.0] and c["cached_tokens"].tolist() == [200.0, 500.0, 0.0]
+    assert c["decode_passes"].tolist() == [10.0, 0.0, 100.0]
+    assert c["decode_context"].tolist() == [1005.5, 500.5, 4050.5]
+    np.testing.assert_allclose(c["fill_s"], params.fill_seconds(np.array([800.0, 1.0, 4000.0]),
+                                                                np.array([200.0, 500.0, 0.0])), rtol=1e-12)
+    costs = pd.DataFrame({"request_class": ["interactive", "interactive", "batch", "other"],
+                          "solo_fill_s": [1.9, 2.1, 29.0, 2.5], "solo_tpot_s": [0.05, 0.05, 0.21, 0.01]})
+    bad = infeasible(costs)
+    assert bad["ttft"].tolist() == [False, True, False, True]
+    assert bad["tpot"].tolist() == [False, False, True, False]
+    assert bad["any"].tolist() == [False, True, True, True]
+
+
+def test_scenario_cluster_fills_the_seed_and_the_classes_at_the_clusters_slo():
+    from tokenfactory.core.classes import DEFAULT_CLASSES
+    from tokenfactory.replay import scenario_cluster
+
+    assert scenario_cluster(None, 7) == {"seed": 7, "classes": DEFAULT_CLASSES}
+    sc = replay_scenario_from_dict({"cluster": {"slo_ttft_s": 1.0, "slo_tpot_s": 0.05, "seed": 3}})
+    cl = scenario_cluster(sc, 7)
+    assert cl["seed"] == 3
+    inter, batch = cl["classes"]
+    assert (inter.name, inter.slo_ttft_s, inter.slo_tpot_s) == ("interactive", 1.0, 0.05)
+    assert batch == DEFAULT_CLASSES[1]
