@@ -179,6 +179,10 @@ KWARGS_CASES = {
     "mixed_workload_for": lambda: __import__("tokenfactory.stack", fromlist=["x"]).mixed_workload_for(
         _stack(_stack_dict()), **{BAD: 1}),
     "SLOAwareAdmission": lambda: __import__("tokenfactory.controllers", fromlist=["x"]).SLOAwareAdmission(**{BAD: 1}),
+    "DemandPlanner": lambda: __import__("tokenfactory.controllers", fromlist=["x"]).DemandPlanner(
+        lead_s=600.0, **{BAD: 1}),
+    "PlannedPoolController": lambda: __import__("tokenfactory.controllers", fromlist=["x"]).PlannedPoolController(
+        pool="fill", per_worker_rps=1.0, **{BAD: 1}),
     "stage_memory_sweep": lambda: __import__("tokenfactory.plant_models", fromlist=["x"]).stage_memory_sweep(
         1e9, 1e3, 1e3, **{BAD: 1}),
     "long_context_workload": lambda: __import__("tokenfactory.traces", fromlist=["x"]).long_context_workload(
