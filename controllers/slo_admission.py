@@ -226,6 +226,10 @@ class MarginLoopConfig:
     ki_flat: float | None = setting(None, low=0.0,
                                     meaning="integral gain while the window holds no miss (the flat region below "
                                             "the knee; the registry tunes it at FLAT_MARGIN_GAIN; absent: ki)")
+    fast_start: bool = setting(False, kind=bool,
+                               meaning="true: the registry tunes ki_flat (the scheduled start below the knee); off by "
+                                       "default: it wins goodput on whole traces but lets admitted attainment fall "
+                                       "below 0.99 on some (docs/architecture.md)")
     enabled: bool = setting(True, kind=bool, meaning="false: the margin stays at initial_margin")
 
     def __post_init__(self) -> None:

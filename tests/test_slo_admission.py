@@ -299,7 +299,8 @@ def test_flat_region_gain_is_certified_and_capped_by_the_start_overshoot(setup):
     short = tune_flat_margin_gain(1e-6, 1.0, 2.0, sample_period_s=0.1, overshoot=1.0)
     assert short.ki == pytest.approx(tune_margin_loop(1.0, 2.0, gain=FLAT_MARGIN_GAIN).ki)
     ctx = setup.context(classes=DEFAULT_CLASSES, class_outputs=class_outputs(setup.trace), rate_rps=2.0)
-    ctrl = build_admission("slo-aware", ctx)
+    assert build_admission("slo-aware", ctx).outer.ki_flat is None  # off by default: no scheduled start
+    ctrl = build_admission("slo-aware", ctx, {"outer": {"fast_start": True}})
     ft = flat_margin_tuning(ctx, ctrl.outer, ctrl.outcome_delay_s, ctrl.outer.ki)
     assert ctrl.outer.ki_flat == pytest.approx(ft.ki) and ctrl.outer.ki_flat > ctrl.outer.ki and ft.envelope_ok
     assert ft.ki == pytest.approx(tune_flat_margin_gain(ctrl.outer.ki, margin_tuning(ctx, ctrl.outer,
