@@ -128,6 +128,7 @@ plant; the hysteresis keeps the noise of the measured rate from reversing the po
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -137,9 +138,10 @@ from tokenfactory.controllers.autoscaling import serving_replicas
 from tokenfactory.controllers.interface import SampledController, lowpass
 from tokenfactory.controllers.reconfiguration import HystereticPoolController, need_noise_std
 from tokenfactory.core.signals import Measurement, ScaleAction
-from tokenfactory.core.validation import ConfigError, check_int, check_number
+from tokenfactory.core.validation import ConfigError, check_choice, check_int, check_number
 
-__all__ = ["DemandPlanner", "PlannedPoolController", "rise_profile", "calibrate_headroom", "interval_volatility",
+__all__ = ["DemandPlannerConfig", "DemandPlanner", "PlannedPoolConfig", "PlannedPoolController", "rise_profile",
+           "calibrate_headroom", "interval_volatility",
            "correction_certificate", "lead_forecast_error", "rising_trend", "hour_phase_scale", "error_state_scale",
            "observed_lead_error", "ERROR_STATE_QUANTILES", "HEADROOM_GRID", "VOLATILITY_SCALE_BOUNDS", "EXCESS_BUDGET_SHARE"]
 
@@ -608,8 +610,11 @@ def correction_certificate(volatility_window_s: float, interval_s: float = 600.0
                     f"it by rho (1 + h v), v <= {VOLATILITY_SCALE_BOUNDS[1]:g} (1 + h without it)"}
 
 
-class DemandPlanner(SampledController):
-    """The hours layer: the rise profile and the headroom of the next lead, refit daily.
+@dataclass(frozen=True)
+class DemandPlannerConfig:
+    """Everything :class:`DemandPlanner` is built from but the demand seen before the run (each field
+    validated here, named ``planner.FIELD``; the stack's ``seasonal-rise`` layer resolves it from a
+    scenario).
 
     Parameters
     ----------
@@ -630,10 +635,6 @@ class DemandPlanner(SampledController):
         Recompute profile and headroom this often (s; default one day; >= ``interval_s``).
     fine_s : float
         Grid of the profile (s, <= ``interval_s``; default 60).
-    history : pandas.Series, optional
-        Demand observed before the run (requests/s on the ``interval_s`` grid, indexed by absolute
-        time in seconds, 0 = midnight); without it the planner plans nothing until it has
-        observed one day plus a lead.
     time_offset_s : float
         Absolute time of the run's t = 0 (so the time of day lines up with ``history``).
     max_headroom : float
@@ -671,45 +672,94 @@ class DemandPlanner(SampledController):
         (:func:`error_state_scale`, refit daily; the replay includes it; default False).
     """
 
+    lead_s: float
+    excess_budget: float = EXCESS_BUDGET_SHARE * 0.01
+    days: int = 3
+    interval_s: float = 600.0
+    refit_s: float = DAY_S
+    fine_s: float = 60.0
+    time_offset_s: float = 0.0
+    max_headroom: float = HEADROOM_GRID[-1]
+    utilization: float = 1.0
+    hold_s: float = 0.0
+    use_profile: bool = True
+    volatility_window_s: float = 3600.0
+    profile_smooth_s: float | None = None
+    residual_ar1: bool = False
+    trend_s: float = 0.0
+    hour_phase: bool = False
+    error_state: bool = False
+
+    def __post_init__(self) -> None:
+        w = "planner"
+        interval_s = check_number(f"{w}.interval_s", self.interval_s, low=1.0, high=3600.0)
+        checked = {
+            "lead_s": check_number(f"{w}.lead_s", self.lead_s, low=0.0, high=4 * 3600.0),
+            "excess_budget": check_number(f"{w}.excess_budget", self.excess_budget, low=0.0, high=0.5,
+                                          low_inclusive=False, high_inclusive=False),
+            "days": check_int(f"{w}.days", self.days, low=1, high=14),
+            "refit_s": check_number(f"{w}.refit_s", self.refit_s, low=interval_s, high=30 * DAY_S),
+            "fine_s": check_number(f"{w}.fine_s", self.fine_s, low=1.0, high=interval_s),
+            "time_offset_s": float(self.time_offset_s),
+            "max_headroom": check_number(f"{w}.max_headroom", self.max_headroom, low=0.0, high=HEADROOM_GRID[-1]),
+            "utilization": check_number(f"{w}.utilization", self.utilization, low=0.0, high=1.0,
+                                        low_inclusive=False),
+            "hold_s": check_number(f"{w}.hold_s", self.hold_s, low=0.0),
+            "use_profile": bool(self.use_profile),
+            "profile_smooth_s": None if self.profile_smooth_s is None else check_number(
+                f"{w}.profile_smooth_s", self.profile_smooth_s, low=0.0, high=DAY_S / 4),
+            "volatility_window_s": check_number(f"{w}.volatility_window_s", self.volatility_window_s, low=0.0,
+                                                high=DAY_S),
+            "residual_ar1": bool(self.residual_ar1),
+            "trend_s": None, "hour_phase": bool(self.hour_phase), "error_state": bool(self.error_state),
+        }
+        if checked["volatility_window_s"] and checked["volatility_window_s"] < interval_s:
+            raise ConfigError(f"{w}.volatility_window_s", f"must span at least one interval ({interval_s:g} s) "
+                              f"or be 0 (no correction), got {self.volatility_window_s:g}")
+        checked["trend_s"] = check_number(f"{w}.trend_s", self.trend_s, low=0.0, high=interval_s)
+        for k, v in checked.items():  # the checked values (floats where a number was given), as before
+            object.__setattr__(self, k, v)
+
+
+class DemandPlanner(SampledController):
+    """The hours layer: the rise profile and the headroom of the next lead, refit daily.
+
+    Parameters
+    ----------
+    config : DemandPlannerConfig, optional
+        The planner's settings (every field validated by the config, named ``planner.FIELD``).
+    history : pandas.Series, optional
+        Demand observed before the run (requests/s on the ``interval_s`` grid, indexed by absolute
+        time in seconds, 0 = midnight); without it the planner plans nothing until it has
+        observed one day plus a lead.
+    **fields
+        :class:`DemandPlannerConfig` fields, when no ``config`` is given.
+    """
+
     name = "planner"
 
-    def __init__(self, *, lead_s: float, excess_budget: float = EXCESS_BUDGET_SHARE * 0.01, days: int = 3,
-                 interval_s: float = 600.0,
-                 refit_s: float = DAY_S, fine_s: float = 60.0, history: pd.Series | None = None,
-                 time_offset_s: float = 0.0, max_headroom: float = HEADROOM_GRID[-1], utilization: float = 1.0,
-                 hold_s: float = 0.0, use_profile: bool = True, volatility_window_s: float = 3600.0,
-                 profile_smooth_s: float | None = None, residual_ar1: bool = False, trend_s: float = 0.0,
-                 hour_phase: bool = False, error_state: bool = False):
-        super().__init__(check_number("planner.interval_s", interval_s, low=1.0, high=3600.0))
-        self.lead_s = check_number("planner.lead_s", lead_s, low=0.0, high=4 * 3600.0)
-        self.excess_budget = check_number("planner.excess_budget", excess_budget, low=0.0, high=0.5,
-                                          low_inclusive=False, high_inclusive=False)
-        self.days = check_int("planner.days", days, low=1, high=14)
-        self.interval_s = interval_s
-        self.refit_s = check_number("planner.refit_s", refit_s, low=interval_s, high=30 * DAY_S)
-        self.fine_s = check_number("planner.fine_s", fine_s, low=1.0, high=interval_s)
-        self.time_offset_s = float(time_offset_s)
-        self.max_headroom = check_number("planner.max_headroom", max_headroom, low=0.0, high=HEADROOM_GRID[-1])
-        self.utilization = check_number("planner.utilization", utilization, low=0.0, high=1.0, low_inclusive=False)
-        self.hold_s = check_number("planner.hold_s", hold_s, low=0.0)
-        self.use_profile = bool(use_profile)
-        self.profile_smooth_s = interval_s if profile_smooth_s is None else check_number(
-            "planner.profile_smooth_s", profile_smooth_s, low=0.0, high=DAY_S / 4)
-        self.volatility_window_s = check_number("planner.volatility_window_s", volatility_window_s, low=0.0,
-                                                high=DAY_S)
-        if self.volatility_window_s and self.volatility_window_s < interval_s:
-            raise ConfigError("planner.volatility_window_s", f"must span at least one interval ({interval_s:g} s) "
-                              f"or be 0 (no correction), got {volatility_window_s:g}")
-        self.residual_ar1 = bool(residual_ar1)
-        self.trend_s = check_number("planner.trend_s", trend_s, low=0.0, high=interval_s)
-        self.hour_phase = bool(hour_phase)
-        self.error_state = bool(error_state)
+    def __init__(self, config: DemandPlannerConfig | None = None, *, history: pd.Series | None = None, **fields):
+        if config is None:
+            config = DemandPlannerConfig(**fields)
+        elif fields:
+            raise ConfigError(f"planner.{next(iter(fields))}", "give a config or its fields, not both")
+        if not isinstance(config, DemandPlannerConfig):
+            raise ConfigError("planner.config", "must be a DemandPlannerConfig")
+        self.config = c = config
+        super().__init__(c.interval_s)
+        (self.lead_s, self.excess_budget, self.days, self.interval_s, self.refit_s, self.fine_s, self.time_offset_s,
+         self.max_headroom, self.utilization, self.hold_s, self.use_profile, self.volatility_window_s,
+         self.residual_ar1, self.trend_s, self.hour_phase, self.error_state) = (
+            c.lead_s, c.excess_budget, c.days, c.interval_s, c.refit_s, c.fine_s, c.time_offset_s, c.max_headroom,
+            c.utilization, c.hold_s, c.use_profile, c.volatility_window_s, c.residual_ar1, c.trend_s, c.hour_phase,
+            c.error_state)
+        self.profile_smooth_s = c.interval_s if c.profile_smooth_s is None else c.profile_smooth_s
         if history is not None:
             if not isinstance(history, pd.Series) or history.empty:
                 raise ConfigError("planner.history", "expected a non-empty pandas Series indexed by time_s")
             d = np.diff(history.index.to_numpy(dtype=float))
-            if len(d) and not np.allclose(d, interval_s):
-                raise ConfigError("planner.history", f"must be on the planner's {interval_s:g} s grid")
+            if len(d) and not np.allclose(d, c.interval_s):
+                raise ConfigError("planner.history", f"must be on the planner's {c.interval_s:g} s grid")
         self.history = history
         self.reset()
 
@@ -995,8 +1045,9 @@ def lead_forecast_error(demand: pd.Series, lead_s: float, *, test_days: int = 4,
         hist = y[y.index < d0]
         if hist.empty:
             raise ConfigError("planner.history", f"no demand before test day {d} ({d0:g} s)")
-        p = DemandPlanner(lead_s=lead_s, days=days, interval_s=interval_s, fine_s=fine_s, history=hist,
-                          time_offset_s=d0, volatility_window_s=0.0, residual_ar1=residual_ar1)
+        p = DemandPlanner(DemandPlannerConfig(lead_s=lead_s, days=days, interval_s=interval_s, fine_s=fine_s,
+                                              time_offset_s=d0, volatility_window_s=0.0, residual_ar1=residual_ar1),
+                          history=hist)
         if not p.refit(0.0):
             raise ConfigError("planner.history", f"less than one day plus the lead before test day {d}")
         tf, v = _fine(y[(y.index >= d0 - interval_s) & (y.index < d0 + DAY_S + lead_s + interval_s)], fine_s)
@@ -1012,8 +1063,11 @@ def lead_forecast_error(demand: pd.Series, lead_s: float, *, test_days: int = 4,
             "p99": float(np.quantile(e, 0.99)), "phi": phis}
 
 
-class PlannedPoolController(HystereticPoolController):
-    """The reconfiguration layer's pool rule, led by the planner (see the module docstring).
+@dataclass(frozen=True)
+class PlannedPoolConfig:
+    """Everything :class:`PlannedPoolController` is built from but its planner (each field validated
+    here: ``planned.FIELD``, the hysteretic rule's own fields ``hysteretic.FIELD``; the stack's
+    ``planned-hysteretic`` layer resolves it from a scenario).
 
     Parameters
     ----------
@@ -1021,9 +1075,6 @@ class PlannedPoolController(HystereticPoolController):
         ``"fill"`` or ``"decode"``.
     per_worker_rps : float
         Requests/s one worker carries at full speed (> 0).
-    planner : DemandPlanner, optional
-        Supplies the rise profile and the headroom; without one the rise is 1 and the headroom
-        is ``headroom``.
     headroom : float
         Fixed headroom without a planner (or before its first fit) ([0, 2]; default 0).
     min_headroom : float
@@ -1070,35 +1121,100 @@ class PlannedPoolController(HystereticPoolController):
         Least time between two scale-downs (s, >= 0; default ``dwell_s``).
     """
 
+    pool: str
+    per_worker_rps: float
+    headroom: float = 0.0
+    min_headroom: float = 0.0
+    measured_fill_rate: bool = False
+    measured_decode_rate: bool = False
+    output_tokens: float | None = None
+    down_cooldown_s: float | None = None
+    target_utilization: float = 0.85
+    dead_band: float = 0.5
+    filter_s: float = 30.0
+    dwell_s: float = 90.0
+    up_dwell_s: float | None = None
+    cooldown_s: float = 150.0
+    max_step_up: int = 1000
+    max_step_down: int = 1000
+    queue_clear_s: float = 60.0
+    queue_headroom: float = 0.25
+    min_replicas: int = 1
+    max_replicas: int = 5000
+    sample_period: float = 5.0
+
+    def __post_init__(self) -> None:
+        w, h = "planned", "hysteretic"
+        check_choice(f"{h}.pool", self.pool, ("fill", "decode"))
+        min_replicas = check_int(f"{h}.min_replicas", self.min_replicas, low=0)
+        check_int(f"{h}.max_replicas", self.max_replicas, low=max(1, min_replicas))
+        check_number(f"{h}.per_worker_rps", self.per_worker_rps, low=0.0, low_inclusive=False)
+        check_number(f"{h}.target_utilization", self.target_utilization, low=0.1, high=1.0)
+        check_number(f"{h}.dead_band", self.dead_band, low=0.0, high=10.0)
+        check_number(f"{h}.filter_s", self.filter_s, low=0.0)
+        check_number(f"{h}.dwell_s", self.dwell_s, low=0.0)
+        if self.up_dwell_s is not None:
+            check_number(f"{h}.up_dwell_s", self.up_dwell_s, low=0.0)
+        check_number(f"{h}.cooldown_s", self.cooldown_s, low=0.0)
+        check_int(f"{h}.max_step_up", self.max_step_up, low=1)
+        check_int(f"{h}.max_step_down", self.max_step_down, low=1)
+        check_number(f"{h}.queue_clear_s", self.queue_clear_s, low=0.0, low_inclusive=False)
+        check_number(f"{h}.queue_headroom", self.queue_headroom, low=0.0, high=10.0)
+        if self.measured_decode_rate:
+            if self.pool != "decode":
+                raise ConfigError(f"{w}.measured_decode_rate", "applies to the decode pool only")
+            if self.output_tokens is None:
+                raise ConfigError(f"{w}.output_tokens", "needed with measured_decode_rate (> 0 tokens)")
+        checked = {
+            "headroom": check_number(f"{w}.headroom", self.headroom, low=0.0, high=2.0),
+            "min_headroom": check_number(f"{w}.min_headroom", self.min_headroom, low=0.0, high=2.0),
+            "measured_fill_rate": bool(self.measured_fill_rate),
+            "measured_decode_rate": bool(self.measured_decode_rate),
+            "output_tokens": None if self.output_tokens is None else check_number(
+                f"{w}.output_tokens", self.output_tokens, low=0.0, low_inclusive=False),
+            "down_cooldown_s": None if self.down_cooldown_s is None else check_number(
+                f"{w}.down_cooldown_s", self.down_cooldown_s, low=0.0),
+        }
+        for k, v in checked.items():  # the checked values (floats where a number was given), as before
+            object.__setattr__(self, k, v)
+
+
+class PlannedPoolController(HystereticPoolController):
+    """The reconfiguration layer's pool rule, led by the planner (see the module docstring).
+
+    Parameters
+    ----------
+    config : PlannedPoolConfig, optional
+        The pool rule's settings (every field validated by the config: ``planned.FIELD``, and the
+        hysteretic rule's own fields ``hysteretic.FIELD`` as :class:`HystereticPoolController` names them).
+    planner : DemandPlanner, optional
+        Supplies the rise profile and the headroom; without one the rise is 1 and the headroom
+        is ``headroom``.
+    **fields
+        :class:`PlannedPoolConfig` fields, when no ``config`` is given.
+    """
+
     name = "planned-hysteretic"
 
-    def __init__(self, pool: str, per_worker_rps: float, *, planner: DemandPlanner | None = None,
-                 headroom: float = 0.0, min_headroom: float = 0.0, measured_fill_rate: bool = False, measured_decode_rate: bool = False,
-                 output_tokens: float | None = None, down_cooldown_s: float | None = None,
-                 target_utilization: float = 0.85, dead_band: float = 0.5, filter_s: float = 30.0,
-                 dwell_s: float = 90.0, up_dwell_s: float | None = None, cooldown_s: float = 150.0,
-                 max_step_up: int = 1000, max_step_down: int = 1000, queue_clear_s: float = 60.0,
-                 queue_headroom: float = 0.25, min_replicas: int = 1, max_replicas: int = 5000,
-                 sample_period: float = 5.0):
-        super().__init__(pool, per_worker_rps, target_utilization=target_utilization, dead_band=dead_band,
-                         filter_s=filter_s, dwell_s=dwell_s, up_dwell_s=up_dwell_s, cooldown_s=cooldown_s,
-                         max_step_up=max_step_up, max_step_down=max_step_down, queue_clear_s=queue_clear_s,
-                         queue_headroom=queue_headroom, min_replicas=min_replicas, max_replicas=max_replicas,
-                         sample_period=sample_period)
+    def __init__(self, config: PlannedPoolConfig | None = None, *, planner: DemandPlanner | None = None,
+                 **fields):
+        if config is None:
+            config = PlannedPoolConfig(**fields)
+        elif fields:
+            raise ConfigError(f"planned.{next(iter(fields))}", "give a config or its fields, not both")
+        if not isinstance(config, PlannedPoolConfig):
+            raise ConfigError("planned.config", "must be a PlannedPoolConfig")
+        self.config = c = config
+        super().__init__(c.pool, c.per_worker_rps, target_utilization=c.target_utilization, dead_band=c.dead_band,
+                         filter_s=c.filter_s, dwell_s=c.dwell_s, up_dwell_s=c.up_dwell_s, cooldown_s=c.cooldown_s,
+                         max_step_up=c.max_step_up, max_step_down=c.max_step_down, queue_clear_s=c.queue_clear_s,
+                         queue_headroom=c.queue_headroom, min_replicas=c.min_replicas, max_replicas=c.max_replicas,
+                         sample_period=c.sample_period)
         self.planner = planner
-        self.fixed_headroom = check_number("planned.headroom", headroom, low=0.0, high=2.0)
-        self.min_headroom = check_number("planned.min_headroom", min_headroom, low=0.0, high=2.0)
-        self.measured_fill_rate = bool(measured_fill_rate)
-        self.measured_decode_rate = bool(measured_decode_rate)
-        if self.measured_decode_rate:
-            if pool != "decode":
-                raise ConfigError("planned.measured_decode_rate", "applies to the decode pool only")
-            if output_tokens is None:
-                raise ConfigError("planned.output_tokens", "needed with measured_decode_rate (> 0 tokens)")
-        self.output_tokens = None if output_tokens is None else check_number(
-            "planned.output_tokens", output_tokens, low=0.0, low_inclusive=False)
-        self.down_cooldown_s = self.dwell_s if down_cooldown_s is None else check_number(
-            "planned.down_cooldown_s", down_cooldown_s, low=0.0)
+        self.fixed_headroom, self.min_headroom = c.headroom, c.min_headroom
+        self.measured_fill_rate, self.measured_decode_rate = c.measured_fill_rate, c.measured_decode_rate
+        self.output_tokens = c.output_tokens
+        self.down_cooldown_s = self.dwell_s if c.down_cooldown_s is None else c.down_cooldown_s
         self._nominal_rps = self.per_worker_rps
         self.reset()
 
@@ -1131,7 +1247,7 @@ class PlannedPoolController(HystereticPoolController):
         noise_std : float, optional
             The need signal's noise (workers), e.g. measured; default the Poisson estimate.
         **kw
-            The other parameters of :class:`PlannedPoolController`.
+            The other fields of :class:`PlannedPoolConfig`, and ``planner``.
 
         Returns
         -------
@@ -1142,8 +1258,9 @@ class PlannedPoolController(HystereticPoolController):
         check_number("noise_std", sigma, low=0.0)
         kw.setdefault("dwell_s", 3.0 * filter_s)
         kw.setdefault("cooldown_s", startup_s + warmup_s)
-        c = cls(pool, per_worker_rps, target_utilization=target_utilization, filter_s=filter_s,
-                dead_band=max(min_dead_band, z * sigma), **kw)
+        planner = kw.pop("planner", None)
+        c = cls(PlannedPoolConfig(pool=pool, per_worker_rps=per_worker_rps, target_utilization=target_utilization,
+                                  filter_s=filter_s, dead_band=max(min_dead_band, z * sigma), **kw), planner=planner)
         c.noise_std = sigma
         return c
 

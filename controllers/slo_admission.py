@@ -192,9 +192,12 @@ class MarginLoopConfig:
         flat region below the knee, where a unit of r moves the misses by about
         :data:`FLAT_MARGIN_GAIN` budgets, not :data:`MARGIN_GAIN`. A window with a miss, every
         window after the first one over the setpoint, and every lower class integrate at ``ki``.
-        The registry sets it with :func:`tune_flat_margin_gain`: SIMC at the flat gain, capped so
-        the start overshoots the knee by at most :data:`FLAT_OVERSHOOT` before misses can show,
-        its margins certified over the delay x gain envelope (module notes).
+        With ``fast_start`` the registry sets it with :func:`tune_flat_margin_gain`: SIMC at the
+        flat gain, capped so the start overshoots the knee by at most :data:`FLAT_OVERSHOOT`
+        before misses can show, its margins certified over the delay x gain envelope (module notes).
+    fast_start : bool
+        True: the registry tunes ``ki_flat`` (default False: the faster start wins goodput on
+        whole traces but lets admitted attainment fall below 0.99 on some; docs/architecture.md).
     enabled : bool
         False: the margin stays at ``initial_margin`` (default True).
     """
@@ -226,6 +229,10 @@ class MarginLoopConfig:
     ki_flat: float | None = setting(None, low=0.0,
                                     meaning="integral gain while the window holds no miss (the flat region below "
                                             "the knee; the registry tunes it at FLAT_MARGIN_GAIN; absent: ki)")
+    fast_start: bool = setting(False, kind=bool,
+                               meaning="true: the registry tunes ki_flat (the scheduled start below the knee); off by "
+                                       "default: it wins goodput on whole traces but lets admitted attainment fall "
+                                       "below 0.99 on some (docs/architecture.md)")
     enabled: bool = setting(True, kind=bool, meaning="false: the margin stays at initial_margin")
 
     def __post_init__(self) -> None:

@@ -891,15 +891,16 @@ def cross_validate_runs(runs: Sequence[MeasuredRun], by: str, *, per_group: int 
     return pd.concat([t for t, _ in out], ignore_index=True), {v: f for v, (_, f) in zip(values, out)}
 
 
-def _calibration_task(runs: list, by: str | None, v: str | None, per_group: int, seed: int, max_nfev: int):
+def _calibration_task(runs: list, by: str | None, v: str | None, per_group: int, seed: int, max_nfev: int,
+                      free: list | None = None):
     """The full fit (``by`` None) or one cross-validation fold, for :func:`calibrate`'s pool."""
     if by is None:
-        return fit_calibration(training_sample(runs, per_group, seed), max_nfev=max_nfev)
-    return _fold(runs, by, v, per_group, seed, {"max_nfev": max_nfev})
+        return fit_calibration(training_sample(runs, per_group, seed), max_nfev=max_nfev, free=free)
+    return _fold(runs, by, v, per_group, seed, {"max_nfev": max_nfev, "free": free})
 
 
 def calibrate(runs: Sequence[MeasuredRun], *, per_group: int = 3, max_nfev: int = 40, cv: bool = True,
-              seed: int = 0, source: str = "", jobs: int = 1) -> dict[str, Any]:
+              seed: int = 0, source: str = "", jobs: int = 1, fixed: Sequence[str] = ()) -> dict[str, Any]:
     """The whole calibration: the fit on a training sample of every run, the error tables before
     (:data:`BASE_SETTINGS`) and after it on every run (steady-state solve), and the
     leave-one-GPU-out and leave-one-engine-out cross-validation.
@@ -921,6 +922,9 @@ def calibrate(runs: Sequence[MeasuredRun], *, per_group: int = 3, max_nfev: int 
         The file, for the provenance.
     jobs : int
         The full fit and the folds run in up to ``jobs`` processes (default 1; same results).
+    fixed : sequence of str
+        Parameters of :data:`CALIBRATION_PARAMETERS` held at their start (:data:`FIT_START`) in the
+        fit and every fold: a small file cannot fit them all (two residuals per run).
 
     Returns
     -------
@@ -931,12 +935,17 @@ def calibrate(runs: Sequence[MeasuredRun], *, per_group: int = 3, max_nfev: int 
     """
     t0 = time.perf_counter()
     check_int("jobs", jobs, low=1)
+    unknown = sorted(set(fixed) - set(CALIBRATION_PARAMETERS))
+    if unknown:
+        raise ConfigError("fixed", f"{', '.join(unknown)} is not a calibration parameter; allowed: "
+                          f"{', '.join(CALIBRATION_PARAMETERS)}")
+    free = [n for n in CALIBRATION_PARAMETERS if n not in set(fixed)] if fixed else None
     runs = list(runs)
     train = training_sample(runs, per_group, seed)
     tasks = [(None, None)]
     if cv:
         tasks += [(by, v) for by in ("hardware", "engine") for v in sorted({getattr(r, by) for r in runs})]
-    done = _map(_calibration_task, [(runs, by, v, per_group, seed, max_nfev) for by, v in tasks], jobs)
+    done = _map(_calibration_task, [(runs, by, v, per_group, seed, max_nfev, free) for by, v in tasks], jobs)
     fit = done[0]
     before, _ = predict_runs(runs, BASE_SETTINGS, method="steady-state")
     after, _ = predict_runs(runs, fit.settings, method="steady-state")
@@ -948,7 +957,7 @@ def calibrate(runs: Sequence[MeasuredRun], *, per_group: int = 3, max_nfev: int 
             report["cv"][by] = error_metrics(pd.concat([t for _, (t, _) in got], ignore_index=True))
             report["cv_folds"][by] = {v: f for v, (_, f) in got}
     report["provenance"] = {"source": source, "runs": len(runs), "train_rows": len(train), "per_group": per_group,
-                            "max_nfev": max_nfev, "seed": seed, "method": "steady-state",
+                            "max_nfev": max_nfev, "seed": seed, "method": "steady-state", "fixed": sorted(fixed),
                             "ttft_weight": TTFT_RESIDUAL_WEIGHT, "folds_start": "FIT_START",
                             "wall_s": time.perf_counter() - t0}
     return report

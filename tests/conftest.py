@@ -81,6 +81,19 @@ def poisson_trace(rate, duration, seed, inp=2048, out_mean=512):
                          "output_tokens": rng.geometric(1 / out_mean, len(t))})
 
 
+def classed_trace(rate_interactive, rate_batch, duration, seed=5, inp=3000, out_mean=150):
+    """Poisson interactive and batch streams (seeded) on one clock."""
+    import pandas as pd
+
+    parts = []
+    for k, (name, rate) in enumerate((("interactive", rate_interactive), ("batch", rate_batch))):
+        if rate > 0:
+            t = poisson_trace(rate, duration, seed + k, inp=inp, out_mean=out_mean)
+            t["request_class"] = name
+            parts.append(t)
+    return pd.concat(parts).sort_values("arrival_s", kind="stable").reset_index(drop=True)
+
+
 @pytest.fixture(scope="session")
 def naive_scenario():
     return load_scenario(scenario_path("naive"))

@@ -183,6 +183,10 @@ KWARGS_CASES = {
         "decode", 0.8, **{BAD: 1}),
     "HystereticPoolController": lambda: __import__("tokenfactory.controllers", fromlist=["x"]).HystereticPoolController(
         "decode", 10.0, **{BAD: 1}),
+    "DemandPlanner": lambda: __import__("tokenfactory.controllers", fromlist=["x"]).DemandPlanner(
+        lead_s=600.0, **{BAD: 1}),
+    "PlannedPoolController": lambda: __import__("tokenfactory.controllers", fromlist=["x"]).PlannedPoolController(
+        pool="fill", per_worker_rps=1.0, **{BAD: 1}),
     "stage_memory_sweep": lambda: __import__("tokenfactory.plant_models", fromlist=["x"]).stage_memory_sweep(
         1e9, 1e3, 1e3, **{BAD: 1}),
     "long_context_workload": lambda: __import__("tokenfactory.traces", fromlist=["x"]).long_context_workload(

@@ -65,6 +65,16 @@ def _package_modules() -> dict[str, Path]:
     return mods
 
 
+def _imported_from(node: ast.ImportFrom, module: str, is_pkg: bool) -> str:
+    """The module a ``from ... import`` reads, a relative import resolved against ``module``'s package."""
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    base = base if is_pkg else base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def _imports(path: Path, module: str) -> list[tuple[int, str]]:
     tree = ast.parse(path.read_text(), filename=str(path))
     is_pkg = path.name == "__init__.py"
@@ -73,13 +83,7 @@ def _imports(path: Path, module: str) -> list[tuple[int, str]]:
         if isinstance(node, ast.Import):
             out += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:  # relative import: resolve against the module's package
-                base = module.split(".")
-                base = base if is_pkg else base[:-1]
-                base = base[: len(base) - (node.level - 1)]
-                name = ".".join(base + ([node.module] if node.module else []))
-            else:
-                name = node.module or ""
+            name = _imported_from(node, module, is_pkg)
             out.append((node.lineno, name))
             # `from tokenfactory import studies`-style imports name submodules
             for a in node.names:
@@ -184,13 +188,7 @@ def _private_imports(path: Path, module: str) -> list[str]:
     for node in ast.walk(tree):
         if not isinstance(node, ast.ImportFrom):
             continue
-        if node.level:
-            base = module.split(".")
-            base = base if is_pkg else base[:-1]
-            base = base[: len(base) - (node.level - 1)]
-            name = ".".join(base + ([node.module] if node.module else []))
-        else:
-            name = node.module or ""
+        name = _imported_from(node, module, is_pkg)
         if not name.startswith(ROOT_PACKAGE) or name == module:
             continue
         out += [f"{module}:{node.lineno} imports {a.name} from {name}" for a in node.names

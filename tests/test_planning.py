@@ -4,6 +4,7 @@ that use it."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -14,6 +15,8 @@ from tokenfactory.controllers.planning import (
     EXCESS_BUDGET_SHARE,
     VOLATILITY_SCALE_BOUNDS,
     DemandPlanner,
+    DemandPlannerConfig,
+    PlannedPoolConfig,
     PlannedPoolController,
     calibrate_headroom,
     interval_volatility,
@@ -100,7 +103,8 @@ def test_the_headroom_follows_the_last_hours_volatility():
 def test_the_pool_rule_sizes_for_the_headroom_in_force():
     hist = _volatile_hour_days()
     p = DemandPlanner(lead_s=670.0, history=hist, time_offset_s=4 * DAY, utilization=1.0)
-    c = PlannedPoolController("fill", 10.0, planner=p, target_utilization=1.0, filter_s=0.0, sample_period=10.0)
+    c = PlannedPoolController(PlannedPoolConfig(pool="fill", per_worker_rps=10.0, target_utilization=1.0, filter_s=0.0,
+                                                sample_period=10.0), planner=p)
     p.update(0.0, _m(0.0, 100.0))
     p.volatility_scale = 2.0  # as after a volatile hour
     c.update(0.0, _m(0.0, 100.0))
@@ -186,7 +190,8 @@ def test_the_ar1_correction_misleads_when_the_daily_level_shifts():
 def test_the_pool_rule_applies_the_lead_correction():
     y = _ar1_residual_days()
     p = DemandPlanner(lead_s=670.0, history=y[y.index < 6 * DAY], time_offset_s=6 * DAY, residual_ar1=True)
-    c = PlannedPoolController("fill", 10.0, planner=p, target_utilization=1.0, filter_s=0.0, sample_period=10.0)
+    c = PlannedPoolController(PlannedPoolConfig(pool="fill", per_worker_rps=10.0, target_utilization=1.0, filter_s=0.0,
+                                                sample_period=10.0), planner=p)
     p.update(0.0, _m(0.0, 150.0))
     c.update(0.0, _m(0.0, 150.0))
     corr = p.lead_correction(6 * DAY, 150.0)
@@ -236,14 +241,16 @@ def test_the_rising_trend_lowers_the_headroom_a_ramp_needs():
 def test_the_pool_rule_carries_the_rate_rise_on():
     p = DemandPlanner(lead_s=670.0, trend_s=300.0)
     p.trend_in_force_s = 300.0  # what a refit that found the trend cheaper sets
-    c = PlannedPoolController("fill", 10.0, planner=p, target_utilization=1.0, filter_s=0.0, sample_period=10.0)
+    c = PlannedPoolController(PlannedPoolConfig(pool="fill", per_worker_rps=10.0, target_utilization=1.0, filter_s=0.0,
+                                                sample_period=10.0), planner=p)
     assert c.trend_rate(0.0, 100.0) == 100.0      # no window seen yet: the rate
     assert c.trend_rate(200.0, 110.0) == 110.0
     assert c.trend_rate(300.0, 120.0) == pytest.approx(140.0)  # rose 20 over 300 s: 20 more
     assert c.trend_rate(600.0, 100.0) == 100.0    # fell: not extrapolated
     c.reset()
     assert c.trend_rate(0.0, 50.0) == 50.0
-    assert PlannedPoolController("fill", 10.0, planner=DemandPlanner(lead_s=670.0)).trend_rate(0.0, 7.0) == 7.0
+    c = PlannedPoolController(pool="fill", per_worker_rps=10.0, planner=DemandPlanner(lead_s=670.0))
+    assert c.trend_rate(0.0, 7.0) == 7.0
 
 
 @pytest.mark.parametrize("lead, kept", [(670.0, True), (60.0, False)])
@@ -299,7 +306,8 @@ def test_the_planner_applies_the_phase_of_the_hour():
     assert p.refit(0.0) and p.phase_scale is not None
     assert p.headroom_at(1200.0) == pytest.approx(p.headroom * p.phase_scale[2])
     assert p.headroom_at(math.nan) == pytest.approx(p.headroom)
-    c = PlannedPoolController("fill", 10.0, planner=p, target_utilization=1.0, filter_s=0.0, sample_period=10.0)
+    c = PlannedPoolController(PlannedPoolConfig(pool="fill", per_worker_rps=10.0, target_utilization=1.0, filter_s=0.0,
+                                                sample_period=10.0), planner=p)
     assert c.headroom_in_force(1200.0) == pytest.approx(p.headroom * p.phase_scale[2])
 
 
@@ -404,3 +412,37 @@ def test_the_hourly_decode_cycle_on_m_large_is_the_plans_forced_response():
     assert not row["oscillating"] and d["forced"] and d["forced_by"] == "the open-loop replay", d["reason"]
     assert d["period_s"] == pytest.approx(3600.0, rel=0.02) and d["thornhill_r"] > 1.0
     assert d["coherence"] == pytest.approx(0.68, abs=0.03) and d["segments"] == 23
+
+
+def test_the_configs_are_frozen_and_what_the_controllers_are_built_from():
+    pc = DemandPlannerConfig(lead_s=670, days=2, trend_s=120)
+    assert pc.lead_s == 670.0 and isinstance(pc.lead_s, float)  # checked once, stored as checked
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        pc.days = 3
+    p = DemandPlanner(pc)
+    assert p.config is pc and (p.lead_s, p.days, p.trend_s) == (670.0, 2, 120.0)
+    assert p.params() == DemandPlanner(lead_s=670, days=2, trend_s=120).params()  # fields: the same config
+    cc = PlannedPoolConfig(pool="decode", per_worker_rps=2.0, dwell_s=60.0, headroom=0.1)
+    c = PlannedPoolController(cc, planner=p)
+    assert c.config is cc and c.planner is p and c.down_cooldown_s == 60.0 and c.fixed_headroom == 0.1
+    t = PlannedPoolController.tuned("fill", 5.0, 50.0, startup_s=120.0, planner=p)
+    assert isinstance(t.config, PlannedPoolConfig) and t.planner is p and t.config.cooldown_s == 120.0
+
+
+@pytest.mark.parametrize("make, field", [
+    (lambda: DemandPlannerConfig(lead_s=-1.0), "planner.lead_s"),
+    (lambda: DemandPlannerConfig(lead_s=670.0, days=0), "planner.days"),
+    (lambda: DemandPlannerConfig(lead_s=670.0, fine_s=900.0), "planner.fine_s"),
+    (lambda: DemandPlannerConfig(lead_s=670.0, excess_budget=0.5), "planner.excess_budget"),
+    (lambda: PlannedPoolConfig(pool="both", per_worker_rps=1.0), "hysteretic.pool"),
+    (lambda: PlannedPoolConfig(pool="fill", per_worker_rps=1.0, dead_band=-1.0), "hysteretic.dead_band"),
+    (lambda: PlannedPoolConfig(pool="fill", per_worker_rps=1.0, headroom=3.0), "planned.headroom"),
+    (lambda: PlannedPoolConfig(pool="fill", per_worker_rps=1.0, down_cooldown_s=-1.0), "planned.down_cooldown_s"),
+    (lambda: DemandPlanner(DemandPlannerConfig(lead_s=670.0), days=2), "planner.days"),
+    (lambda: PlannedPoolController(PlannedPoolConfig(pool="fill", per_worker_rps=1.0), headroom=0.1),
+     "planned.headroom"),
+    (lambda: PlannedPoolController({"pool": "fill"}), "planned.config"),
+])
+def test_a_bad_config_field_is_named(make, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        make()

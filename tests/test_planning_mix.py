@@ -17,7 +17,8 @@ def _m(t, *, decoding, completions, pass_s, rate=100.0, workers=10):
 
 
 def test_decode_rate_follows_the_measured_output_length():
-    c = PlannedPoolController("decode", 2.0, measured_decode_rate=True, output_tokens=200.0, filter_s=0.0,
+    c = PlannedPoolController(pool="decode", per_worker_rps=2.0, measured_decode_rate=True, output_tokens=200.0,
+                              filter_s=0.0,
                               target_utilization=1.0, sample_period=10.0)
     # 100 completions/s of 400-token requests at 0.05 s a pass hold 100 x 400 x 0.05 = 2000 sequences
     c.update(0.0, _m(0.0, decoding=2000.0, completions=100.0, pass_s=0.05))
@@ -34,18 +35,18 @@ def test_decode_rate_follows_the_measured_output_length():
 
 
 def test_without_the_flag_the_nominal_rate_stays():
-    c = PlannedPoolController("decode", 2.0, filter_s=0.0, sample_period=10.0)
+    c = PlannedPoolController(pool="decode", per_worker_rps=2.0, filter_s=0.0, sample_period=10.0)
     c.update(0.0, _m(0.0, decoding=2000.0, completions=100.0, pass_s=0.05))
     assert c.per_worker_rps == 2.0
 
 
 def test_measured_decode_rate_needs_the_decode_pool_and_its_output_tokens():
     with pytest.raises(ConfigError, match="planned.measured_decode_rate"):
-        PlannedPoolController("fill", 2.0, measured_decode_rate=True, output_tokens=100.0)
+        PlannedPoolController(pool="fill", per_worker_rps=2.0, measured_decode_rate=True, output_tokens=100.0)
     with pytest.raises(ConfigError, match="planned.output_tokens"):
-        PlannedPoolController("decode", 2.0, measured_decode_rate=True)
+        PlannedPoolController(pool="decode", per_worker_rps=2.0, measured_decode_rate=True)
     with pytest.raises(ConfigError, match="planned.output_tokens"):
-        PlannedPoolController("decode", 2.0, measured_decode_rate=True, output_tokens=0.0)
+        PlannedPoolController(pool="decode", per_worker_rps=2.0, measured_decode_rate=True, output_tokens=0.0)
 
 
 def test_min_headroom_floors_the_planners_headroom():
@@ -58,6 +59,7 @@ def test_min_headroom_floors_the_planners_headroom():
         def headroom_at(self, t):  # the headroom in force (no volatility correction here)
             return self.headroom
 
-    c = PlannedPoolController("fill", 10.0, planner=Plan(), headroom=0.15, min_headroom=0.15)
+    c = PlannedPoolController(pool="fill", per_worker_rps=10.0, planner=Plan(), headroom=0.15, min_headroom=0.15)
     assert c.headroom == pytest.approx(0.15)
-    assert PlannedPoolController("fill", 10.0, planner=Plan(), headroom=0.15).headroom == pytest.approx(0.02)
+    c = PlannedPoolController(pool="fill", per_worker_rps=10.0, planner=Plan(), headroom=0.15)
+    assert c.headroom == pytest.approx(0.02)

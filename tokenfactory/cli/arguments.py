@@ -207,6 +207,8 @@ def _add_calibrate(sub) -> None:
     ca.add_argument("--per-group", type=int, default=3, help="fit: training runs per group")
     ca.add_argument("--max-nfev", type=int, default=40, help="fit: residual evaluations per optimisation")
     ca.add_argument("--no-cv", action="store_true", help="fit: skip the cross-validation")
+    ca.add_argument("--fix", action="append", metavar="PARAM",
+                    help="fit: hold this calibration parameter at its start (repeatable; a small file cannot fit all)")
     ca.add_argument("--jobs", type=int, default=1, help="fit: the full fit and the folds in up to N processes")
     ca.add_argument("--write", action="store_true", help="fit: write the calibrated set (plant_models/calibrated.py)")
     ca.set_defaults(func=cmd_calibrate)

@@ -468,8 +468,9 @@ def _margin_config(ctx: PlantContext, p, outcome_delay_s: float, where: str) -> 
     reject_unknown_keys(where, p, _MARGIN_KEYS)
     base = MarginLoopConfig(**{k: v for k, v in p.items() if k not in ("ki", "ki_flat")})
     ki = p.get("ki", margin_tuning(ctx, base, outcome_delay_s).ki)
-    # the flat region's scheduled gain: SIMC at its measured gain, capped by the start's overshoot
-    ki_flat = p.get("ki_flat", flat_margin_tuning(ctx, base, outcome_delay_s, ki).ki)
+    # the flat region's scheduled gain, on request (fast_start): SIMC at its measured gain, capped by
+    # the start's overshoot
+    ki_flat = p.get("ki_flat", flat_margin_tuning(ctx, base, outcome_delay_s, ki).ki if base.fast_start else None)
     return dataclasses.replace(base, ki=ki, ki_flat=ki_flat)
 
 

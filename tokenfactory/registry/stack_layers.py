@@ -26,7 +26,11 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from tokenfactory.controllers.planning import HEADROOM_GRID
+from tokenfactory.controllers.planning import DemandPlannerConfig, PlannedPoolConfig
+
+#: the controllers' own defaults (declared once, in their configs), for the layer settings that keep them
+_PLANNER = {f.name: f.default for f in dataclasses.fields(DemandPlannerConfig)}
+_POOLS = {f.name: f.default for f in dataclasses.fields(PlannedPoolConfig)}
 from tokenfactory.core.validation import ConfigError, check_choice, config_schema, resolve_config, setting
 
 __all__ = ["StackLayerConfig", "SlotLimitGate", "GatedBatchCap", "SmoothedAdmissionLayer", "SLOAwareAdmissionLayer",
@@ -278,19 +282,23 @@ class PlannedHystereticLayer(StackLayerConfig):
     knobs: ClassVar[tuple[str, ...]] = ("sample_period_s", "target_utilization", "queue_clear_s", "filter_s",
                                         "min_dead_band")
     sample_period_s: float = setting(10.0, unit="s", low=0.1, high=3600.0, meaning="the layer's sample period")
-    target_utilization: float = setting(0.85, low=0.1, high=1.0, meaning="utilisation the pools are sized for")
+    target_utilization: float = setting(_POOLS["target_utilization"], low=0.1, high=1.0,
+                                        meaning="utilisation the pools are sized for")
     queue_clear_s: float | None = setting(None, unit="s", low=0.0, low_inclusive=False,
                                           meaning="backlog-clearance time (default: SIMC over the start-up envelope)")
-    filter_s: float = setting(30.0, unit="s", low=0.0, meaning="rate filter time constant")
+    filter_s: float = setting(_POOLS["filter_s"], unit="s", low=0.0, meaning="rate filter time constant")
     min_dead_band: float = setting(0.25, unit="workers", low=0.0, meaning="smallest dead band of the relay")
-    max_step_up: int = setting(1000, kind=int, unit="workers", low=1, meaning="largest scale-up per decision")
-    max_step_down: int = setting(1000, kind=int, unit="workers", low=1, meaning="largest scale-down per decision")
-    queue_headroom: float = setting(0.25, low=0.0, meaning="cap of the backlog term as a share of the pool")
+    max_step_up: int = setting(_POOLS["max_step_up"], kind=int, unit="workers", low=1,
+                               meaning="largest scale-up per decision")
+    max_step_down: int = setting(_POOLS["max_step_down"], kind=int, unit="workers", low=1,
+                                 meaning="largest scale-down per decision")
+    queue_headroom: float = setting(_POOLS["queue_headroom"], low=0.0,
+                                    meaning="cap of the backlog term as a share of the pool")
     role_moves: bool = setting(True, kind=bool, meaning="in a fixed fleet, release spare workers to the other pool")
     fleet_size: int | None = setting(None, kind=int, unit="workers", low=2, meaning="a fixed fleet (default: none)")
-    headroom: float = setting(0.0, low=0.0, high=2.0, meaning="fixed margin over the need")
+    headroom: float = setting(_POOLS["headroom"], low=0.0, high=2.0, meaning="fixed margin over the need")
     dwell_s: float | None = setting(None, unit="s", low=0.0, meaning="hold before a scale-down (default: max(3 "
-                                    "filter constants, start-up + warm-up))")
+                                                                     "filter constants, start-up + warm-up))")
     cooldown_s: float | None = setting(None, unit="s", low=0.0, meaning="cooldown after a scale-up "
                                        "(default: the controller's)")
     down_cooldown_s: float | None = setting(None, unit="s", low=0.0, meaning="cooldown after a scale-down "
@@ -394,30 +402,35 @@ class SeasonalRiseLayer(StackLayerConfig):
     kind: ClassVar[str] = "seasonal-rise"
     builder: ClassVar[str] = "build_seasonal_rise"
     certificate: ClassVar[str] = "certify_seasonal_rise"  # feed-forward: its lead is checked
-    days: int = setting(3, kind=int, unit="days", low=1, high=14, meaning="days of history the plan is fitted on")
+    days: int = setting(_PLANNER["days"], kind=int, unit="days", low=1, high=14,
+                        meaning="days of history the plan is fitted on")
     excess_budget: float | None = setting(None, low=0.0, high=0.5, low_inclusive=False, high_inclusive=False,
                                           meaning="share of demand allowed above capacity (default 0.5 x (1 - "
                                                   "slo.attainment): controllers.planning.EXCESS_BUDGET_SHARE)")
-    interval_s: float = setting(600.0, unit="s", low=0.0, meaning="the plan's grid")
-    refit_s: float = setting(86400.0, unit="s", low=0.0, meaning="refit period")
-    fine_s: float = setting(60.0, unit="s", low=0.0, meaning="grid of the rise profile")
-    max_headroom: float = setting(HEADROOM_GRID[-1], low=0.0, meaning="largest headroom tried")
-    use_profile: bool = setting(True, kind=bool, meaning="use the daily rise profile (else headroom only)")
-    volatility_window_s: float = setting(3600.0, unit="s", low=0.0, high=86400.0,
+    interval_s: float = setting(_PLANNER["interval_s"], unit="s", low=0.0, meaning="the plan's grid")
+    refit_s: float = setting(_PLANNER["refit_s"], unit="s", low=0.0, meaning="refit period")
+    fine_s: float = setting(_PLANNER["fine_s"], unit="s", low=0.0, meaning="grid of the rise profile")
+    max_headroom: float = setting(_PLANNER["max_headroom"], low=0.0, meaning="largest headroom tried")
+    use_profile: bool = setting(_PLANNER["use_profile"], kind=bool,
+                                meaning="use the daily rise profile (else headroom only)")
+    volatility_window_s: float = setting(_PLANNER["volatility_window_s"], unit="s", low=0.0, high=86400.0,
                                          meaning="time constant of the headroom's volatility scale (0: a constant "
                                                  "headroom)")
     profile_smooth_s: float | None = setting(None, unit="s", low=0.0, high=21600.0,
                                              meaning="width of the rise profile's running median (default the "
                                                      "plan's grid)")
-    residual_ar1: bool = setting(False, kind=bool, meaning="AR(1) lead correction: the residual from the median "
-                                                           "daily level decays over the lead (phi fitted daily)")
-    trend_s: float = setting(0.0, unit="s", low=0.0, high=3600.0,
+    residual_ar1: bool = setting(_PLANNER["residual_ar1"], kind=bool,
+                                 meaning="AR(1) lead correction: the residual from the median "
+                                         "daily level decays over the lead (phi fitted daily)")
+    trend_s: float = setting(_PLANNER["trend_s"], unit="s", low=0.0, high=3600.0,
                              meaning="rising trend: the pools size for their rate's rise over the last trend_s "
                                      "carried on for as long (0: none)")
-    hour_phase: bool = setting(False, kind=bool, meaning="weight the headroom by the phase of the hour (the plan's "
-                                                         "lead error there, fitted daily)")
-    error_state: bool = setting(False, kind=bool, meaning="weight the headroom by the tercile of the lead error the "
-                                                           "plan has just made (fitted daily)")
+    hour_phase: bool = setting(_PLANNER["hour_phase"], kind=bool,
+                               meaning="weight the headroom by the phase of the hour (the plan's "
+                                       "lead error there, fitted daily)")
+    error_state: bool = setting(_PLANNER["error_state"], kind=bool,
+                                meaning="weight the headroom by the tercile of the lead error the "
+                                        "plan has just made (fitted daily)")
 
 
 #: the stack's layers, bottom (fastest) first, and each layer's kinds by name (the first is the default)

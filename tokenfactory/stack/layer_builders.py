@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from tokenfactory.controllers.control_stack import CapacityScaledBound, RoleBalancer, StackLayer
-from tokenfactory.controllers.planning import EXCESS_BUDGET_SHARE, DemandPlanner, PlannedPoolController
+from tokenfactory.controllers.planning import (EXCESS_BUDGET_SHARE, DemandPlanner, DemandPlannerConfig,
+                                               PlannedPoolController)
 from tokenfactory.core.errors import ConfigError
 from tokenfactory.registry import PlantContext, batch_gate_for, slo_aware_admission, smoothed_admission
 from tokenfactory.stack.plant import (
@@ -254,14 +255,13 @@ def build_seasonal_rise(cfg, b: LayerBuild) -> StackLayer:
     """``seasonal-rise``: the demand planner, holding a scale-down as long as the pools do."""
     sc = b.sc
     budget = cfg.excess_budget if cfg.excess_budget is not None else EXCESS_BUDGET_SHARE * (1.0 - sc.slo_attainment)
-    planner = DemandPlanner(lead_s=planning_lead_s(sc), excess_budget=budget, days=cfg.days,
-                            interval_s=cfg.interval_s, refit_s=cfg.refit_s, fine_s=cfg.fine_s,
-                            max_headroom=cfg.max_headroom, history=b.history, time_offset_s=b.time_offset_s,
-                            utilization=target_utilization(sc), hold_s=scale_down_dwell_s(sc),
-                            use_profile=cfg.use_profile, volatility_window_s=cfg.volatility_window_s,
-                            profile_smooth_s=cfg.profile_smooth_s, residual_ar1=cfg.residual_ar1,
-                            trend_s=cfg.trend_s, hour_phase=cfg.hour_phase,
-                            error_state=cfg.error_state)
+    planner = DemandPlanner(DemandPlannerConfig(
+        lead_s=planning_lead_s(sc), excess_budget=budget, days=cfg.days, interval_s=cfg.interval_s,
+        refit_s=cfg.refit_s, fine_s=cfg.fine_s, max_headroom=cfg.max_headroom, time_offset_s=b.time_offset_s,
+        utilization=target_utilization(sc), hold_s=scale_down_dwell_s(sc), use_profile=cfg.use_profile,
+        volatility_window_s=cfg.volatility_window_s, profile_smooth_s=cfg.profile_smooth_s,
+        residual_ar1=cfg.residual_ar1, trend_s=cfg.trend_s, hour_phase=cfg.hour_phase,
+        error_state=cfg.error_state), history=b.history)
     return StackLayer("planning", [planner], planner.sample_period)
 
 
