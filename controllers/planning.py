@@ -1204,12 +1204,13 @@ class PlannedPoolController(HystereticPoolController):
             raise ConfigError(f"planned.{next(iter(fields))}", "give a config or its fields, not both")
         if not isinstance(config, PlannedPoolConfig):
             raise ConfigError("planned.config", "must be a PlannedPoolConfig")
-        self.config = c = config
+        c = config
         super().__init__(c.pool, c.per_worker_rps, target_utilization=c.target_utilization, dead_band=c.dead_band,
                          filter_s=c.filter_s, dwell_s=c.dwell_s, up_dwell_s=c.up_dwell_s, cooldown_s=c.cooldown_s,
                          max_step_up=c.max_step_up, max_step_down=c.max_step_down, queue_clear_s=c.queue_clear_s,
                          queue_headroom=c.queue_headroom, min_replicas=c.min_replicas, max_replicas=c.max_replicas,
                          sample_period=c.sample_period)
+        self.config = c  # the whole config, over the HystereticConfig the base class holds
         self.planner = planner
         self.fixed_headroom, self.min_headroom = c.headroom, c.min_headroom
         self.measured_fill_rate, self.measured_decode_rate = c.measured_fill_rate, c.measured_decode_rate
