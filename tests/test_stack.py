@@ -439,3 +439,17 @@ def test_pool_plant_judges_a_run_shorter_than_the_settling_time(tmp_path):
     verdict = m["stack"]["oscillation"]
     assert verdict["signals"]["decode_pool"]["reason"] == "never moved in the window"
     assert verdict["reason"].startswith("no cycle on 4 signals")
+
+
+@pytest.mark.parametrize("flags,field", [
+    (["--plant", "pools", "--scenario", "sim.toml"], "scenario"),
+    (["--plant", "pools", "--autoscaler", "hysteretic"], "autoscaler"),
+    (["--plant", "pools", "--load", "1.3"], "load"),
+    (["--hours", "1"], "hours"),
+    (["--rate-scale", "2"], "rate_scale"),
+])
+def test_simulate_rejects_the_other_plants_settings_by_name(flags, field, capsys):
+    # each plant reads its own settings: one given to the other plant is an error naming it, not
+    # silently ignored (`--plant pools --scenario sim.toml` ran the default stack scenario before)
+    assert main(["simulate", "--trace", "synthetic", *flags]) == 2
+    assert field in capsys.readouterr().err
