@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from tokenfactory.controllers.interface import SampledController
 from tokenfactory.core.signals import Measurement, ScaleAction
-from tokenfactory.core.validation import REQUIRED, ConfigError, check_choice, check_int, check_number, setting
+from tokenfactory.core.validation import REQUIRED, ConfigError, config_or_fields, check_choice, check_int, check_number, setting
 
 __all__ = ["ScaleAction", "HPASpec", "HorizontalPodAutoscaler", "KnativeAutoscaler", "DynamoThroughputPlanner",
            "DynamoLoadPlanner", "AIBrixAPA", "POOL_METRICS", "DYNAMO_THROUGHPUT_TARGET", "dynamo_load_thresholds",
@@ -227,13 +227,7 @@ class HorizontalPodAutoscaler(PoolAutoscaler):
     def __init__(self, pool: str, target: float | None = None, metric: str | None = None, *,
                  spec: HPASpec | None = None, **fields):
         given = {k: v for k, v in (("target", target), ("metric", metric)) if v is not None}
-        if spec is None:
-            spec = HPASpec(**given, **fields)
-        elif given or fields:
-            raise ConfigError(f"hpa.{next(iter({**given, **fields}))}", "give a spec or its fields, not both")
-        if not isinstance(spec, HPASpec):
-            raise ConfigError("hpa.spec", "must be an HPASpec")
-        self.spec = c = spec
+        self.spec = c = config_or_fields("hpa", HPASpec, spec, {**given, **fields}, name="spec")
         super().__init__(c.sample_period)
         self._init_pool("hpa", pool, c.min_replicas, c.max_replicas)
         (self.starting_unready, self.target, self.metric, self.tolerance, self.downscale_stabilization_s,

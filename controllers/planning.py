@@ -138,7 +138,7 @@ from tokenfactory.controllers.autoscaling import serving_replicas
 from tokenfactory.controllers.interface import SampledController, lowpass
 from tokenfactory.controllers.reconfiguration import HystereticPoolController, need_noise_std
 from tokenfactory.core.signals import Measurement, ScaleAction
-from tokenfactory.core.validation import ConfigError, check_choice, check_int, check_number
+from tokenfactory.core.validation import ConfigError, config_or_fields, check_choice, check_int, check_number
 
 __all__ = ["DemandPlannerConfig", "DemandPlanner", "PlannedPoolConfig", "PlannedPoolController", "rise_profile",
            "calibrate_headroom", "interval_volatility",
@@ -739,13 +739,7 @@ class DemandPlanner(SampledController):
     name = "planner"
 
     def __init__(self, config: DemandPlannerConfig | None = None, *, history: pd.Series | None = None, **fields):
-        if config is None:
-            config = DemandPlannerConfig(**fields)
-        elif fields:
-            raise ConfigError(f"planner.{next(iter(fields))}", "give a config or its fields, not both")
-        if not isinstance(config, DemandPlannerConfig):
-            raise ConfigError("planner.config", "must be a DemandPlannerConfig")
-        self.config = c = config
+        self.config = c = config_or_fields("planner", DemandPlannerConfig, config, fields)
         super().__init__(c.interval_s)
         (self.lead_s, self.excess_budget, self.days, self.interval_s, self.refit_s, self.fine_s, self.time_offset_s,
          self.max_headroom, self.utilization, self.hold_s, self.use_profile, self.volatility_window_s,
@@ -1198,13 +1192,7 @@ class PlannedPoolController(HystereticPoolController):
 
     def __init__(self, config: PlannedPoolConfig | None = None, *, planner: DemandPlanner | None = None,
                  **fields):
-        if config is None:
-            config = PlannedPoolConfig(**fields)
-        elif fields:
-            raise ConfigError(f"planned.{next(iter(fields))}", "give a config or its fields, not both")
-        if not isinstance(config, PlannedPoolConfig):
-            raise ConfigError("planned.config", "must be a PlannedPoolConfig")
-        c = config
+        c = config_or_fields("planned", PlannedPoolConfig, config, fields)
         super().__init__(c.pool, c.per_worker_rps, target_utilization=c.target_utilization, dead_band=c.dead_band,
                          filter_s=c.filter_s, dwell_s=c.dwell_s, up_dwell_s=c.up_dwell_s, cooldown_s=c.cooldown_s,
                          max_step_up=c.max_step_up, max_step_down=c.max_step_down, queue_clear_s=c.queue_clear_s,

@@ -67,7 +67,7 @@ from tokenfactory.controllers.autoscaling import ScaleAction, serving_replicas, 
 from tokenfactory.controllers.describing import LimitCycle, predict_limit_cycles
 from tokenfactory.controllers.stability import DelayedLoop
 from tokenfactory.core.signals import Measurement
-from tokenfactory.core.validation import ConfigError, check_int, check_number, setting
+from tokenfactory.core.validation import ConfigError, config_or_fields, check_int, check_number, setting
 
 __all__ = ["HystereticConfig", "HystereticPoolController", "QueueRelayScaler", "pool_relay_loop", "predict_pool_flapping",
            "need_noise_std", "measured_need_noise", "pool_demand"]
@@ -323,13 +323,7 @@ class HystereticPoolController(PoolAutoscaler):
     name = "hysteretic"
 
     def __init__(self, pool: str, per_worker_rps: float, config: HystereticConfig | None = None, **fields):
-        if config is None:
-            config = HystereticConfig(**fields)
-        elif fields:
-            raise ConfigError(f"hysteretic.{next(iter(fields))}", "give a config or its fields, not both")
-        if not isinstance(config, HystereticConfig):
-            raise ConfigError("hysteretic.config", "must be a HystereticConfig")
-        self.config = c = config
+        self.config = c = config_or_fields("hysteretic", HystereticConfig, config, fields)
         super().__init__(c.sample_period)
         self._init_pool("hysteretic", pool, c.min_replicas, c.max_replicas)
         self.per_worker_rps = check_number("hysteretic.per_worker_rps", per_worker_rps, low=0.0, low_inclusive=False)

@@ -117,7 +117,7 @@ from tokenfactory.controllers.envelope_tuner import SIMC_TAU_C_FACTORS, SIMC_TAU
 from tokenfactory.controllers.interface import SampledController, lowpass
 from tokenfactory.controllers.stability import DelayedLoop, Margins
 from tokenfactory.core.signals import ADMIT, AdmissionAction, Arrival, Decision, Measurement, ReserveAction
-from tokenfactory.core.validation import ConfigError, check_int, check_number, setting
+from tokenfactory.core.validation import ConfigError, config_or_fields, check_int, check_number, setting
 
 __all__ = ["DEFAULT_TTFT_FRACTION", "SLOAdmissionConfig", "MarginLoopConfig", "SLOAwareAdmission", "GateLoopTuning",
            "MarginLoopTuning", "slo_gate_loop", "tune_slo_admission", "margin_loop", "tune_margin_loop",
@@ -420,12 +420,7 @@ class SLOAwareAdmission(SampledController):
 
     def __init__(self, config: SLOAdmissionConfig | None = None, *, batch_gate=None,
                  fill_time_s: Callable[..., float] | None = None, **fields):
-        if config is None:
-            config = SLOAdmissionConfig(**fields)
-        elif fields:
-            raise ConfigError(f"slo_aware.{next(iter(fields))}", "give a config or its fields, not both")
-        if not isinstance(config, SLOAdmissionConfig):
-            raise ConfigError("slo_aware.config", "must be an SLOAdmissionConfig")
+        config = config_or_fields("slo_aware", SLOAdmissionConfig, config, fields)
         if not isinstance(config.outer, MarginLoopConfig):
             raise ConfigError("slo_aware.outer", "must be a MarginLoopConfig")
         self.config = c = config

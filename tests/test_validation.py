@@ -92,3 +92,23 @@ def test_a_parallelism_error_says_which_layout_was_meant():
 
     with pytest.raises(ConfigError, match=r"^parallelism\.tp: tp = 2 with ep = 1 .*tp = 2, ep = 2 \(--tp 2 --ep 2\)"):
         Parallelism(tp=2, ep=1)
+
+
+def test_config_or_fields_takes_one_of_the_two_and_names_the_misuse():
+    import dataclasses as dc
+
+    from tokenfactory.core.validation import config_or_fields
+
+    @dc.dataclass(frozen=True)
+    class Cfg:
+        a: int = 1
+
+    assert config_or_fields("x", Cfg, None, {"a": 2}) == Cfg(2)
+    given = Cfg(3)
+    assert config_or_fields("x", Cfg, given, {}) is given
+    with pytest.raises(ConfigError, match="not both") as err:
+        config_or_fields("x", Cfg, given, {"a": 2})
+    assert err.value.field == "x.a"
+    with pytest.raises(ConfigError, match="must be a Cfg") as err:
+        config_or_fields("x", Cfg, {"a": 2}, {}, name="spec")
+    assert err.value.field == "x.spec"

@@ -21,6 +21,7 @@ __all__ = [
     "check_int",
     "check_choice",
     "reject_unknown_keys",
+    "config_or_fields",
     "setting",
     "resolve_config",
     "config_schema",
@@ -401,3 +402,38 @@ def config_schema(cls: Any) -> list[dict[str, Any]]:
                      "default": default, "required": required, "meaning": m["meaning"],
                      "source": m.get("source", "")})
     return rows
+
+
+def config_or_fields(where: str, cls: type, config: Any, fields: Mapping[str, Any], *, name: str = "config") -> Any:
+    """A constructor's settings, given whole or as fields: ``config`` when it is a ``cls``,
+    ``cls(**fields)`` when it is None.
+
+    Parameters
+    ----------
+    where : str
+        The constructor's field prefix in errors (``"hysteretic"``).
+    cls : type
+        The settings' dataclass.
+    config : cls or None
+        The settings given whole.
+    fields : mapping
+        The settings given as keywords.
+    name : str
+        What the settings are called in errors (``"config"``, ``"spec"``).
+
+    Returns
+    -------
+    cls
+
+    Raises
+    ------
+    ConfigError
+        When both are given, or ``config`` is not a ``cls``.
+    """
+    if config is None:
+        return cls(**fields)
+    if fields:
+        raise ConfigError(f"{where}.{next(iter(fields))}", f"give a {name} or its fields, not both")
+    if not isinstance(config, cls):
+        raise ConfigError(f"{where}.{name}", f"must be a {cls.__name__}")
+    return config
