@@ -45,6 +45,8 @@ What follows from the rule:
   (a Poisson count over the interval: sigma = sqrt(lambda T) / T) straddles k x engine_rps; an
   up-flip is then held by the refused scale-down (the survivors would read about the SLA, above
   s x the SLA), so it is a ratchet of one worker, not a cycle (:attr:`SLAPoolLoop.floor_flip`);
+  a ``min_endpoint`` at or above the upper step (k + 1) pins the floor (the ``max`` takes both
+  sides of the noise to it), so it cannot flip there;
 * where a pool is short the queue integrates the deficit: the linear part is an integrator
   (metric per queued request x mu / (up - down)) behind the metric delay, half a load tick and
   the start-up, as for the load target.
@@ -165,26 +167,40 @@ class SLAPoolLoop(PlannerPoolLoop):
                 return -1
         return 0
 
+    def floor_steps(self) -> tuple[int, int] | None:
+        """The feed-forward floor at the predicted demand two standard deviations below and above
+        its mean: ``max(ceil(demand / engine_rps), min_endpoint)`` (``throughput_scaling.py``
+        ``_compute_decode_replicas`` / ``_compute_prefill_replicas``, ai-dynamo 1.4.2), the demand a
+        Poisson count over the interval (sigma = sqrt(lambda T) / T: the ``constant`` predictor
+        returns the last interval's count, ``load/predictors.py`` ``ConstantPredictor``; the others
+        smooth it, so this is their upper bound). None without a finite engine rate."""
+        lam = self.point.demand_rps
+        if not math.isfinite(self.engine_rps) or self.engine_rps <= 0:
+            return None
+        sigma = math.sqrt(lam * self.interval_s) / self.interval_s
+
+        def floor(demand: float) -> int:
+            return max(math.ceil(demand / self.engine_rps - 1e-9), self.min_replicas, 1)
+
+        return floor(lam - 2 * sigma), floor(lam + 2 * sigma)
+
     @property
     def floor_flip(self) -> bool:
         """The floor's ceil straddles a step within two standard deviations of the predicted demand
-        (a Poisson count over the interval): it may step up once, which the rule then holds."""
-        lam = self.point.demand_rps
-        if not math.isfinite(self.engine_rps) or self.engine_rps <= 0:
-            return False
-        sigma = math.sqrt(lam * self.interval_s) / self.interval_s
-        return math.ceil((lam - 2 * sigma) / self.engine_rps - 1e-9) != math.ceil((lam + 2 * sigma) / self.engine_rps - 1e-9)
-
+        (:meth:`floor_steps`). A ``min_endpoint`` at or above the upper step pins the floor: the
+        ``max`` with it takes both sides to the same size, and nothing flips."""
+        steps = self.floor_steps()
+        return steps is not None and steps[0] != steps[1]
 
     def floor_cycle(self) -> PlannerCycle | None:
         """The cycle the floor's rounding makes, or None: when the floor flips (:attr:`floor_flip`)
-        between k and k + 1 and nothing holds k + 1 - no load scaling, or a load rule that lets the
-        survivors go (its consolidated estimate at k under the scale-down level). Noise-driven: at
-        least one prediction interval at each size, so its period is a lower bound."""
+        between k (its lower step, ``min_endpoint`` included) and k + 1 and nothing holds k + 1 - no
+        load scaling, or a load rule that lets the survivors go (its consolidated estimate at k
+        under the scale-down level). Noise-driven: at least one prediction interval at each size,
+        so its period is a lower bound."""
         if not self.floor_flip:
             return None
-        lam, sigma = self.point.demand_rps, math.sqrt(self.point.demand_rps * self.interval_s) / self.interval_s
-        k = max(math.ceil((lam - 2 * sigma) / self.engine_rps - 1e-9), 1, self.min_replicas)
+        k = self.floor_steps()[0]
         if k + 1 > self.max_replicas:
             return None
         if self.feedback and not (not self.short(k) and self.reading(k) < self.down

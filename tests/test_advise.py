@@ -271,3 +271,30 @@ def test_advise_on_a_dynamo_planner_config_stops_its_plateau_cycle(tmp_path, cap
         "decode_scale_up_kv_rate" in m["changes"]
     assert printed.startswith("Current setting: certificate fails (predicts a 20 s cycle between 1 and 2 workers)")
     assert parse_control_plane(text).format == "dynamo-planner"
+
+
+def test_advise_on_the_small_plant_sla_planner_finds_a_floor_below_the_budget(tmp_path, capsys, monkeypatch):
+    """The sla example (docs/examples/dynamo-planner-sla.yaml) on the small-plant case: the floor's
+    rounding flip cannot move a min_endpoint at or above its upper step, so floors 3-7 pass the
+    certificate (they used to fail with a spurious cycle between min_endpoint and min_endpoint + 1,
+    sending the bisection from 2 to 8: 6.40 GPU-hours) and the search finds 4 (measured on branch
+    advsla: 0.722 -> 0.997 SLO attainment, 0.90 -> 3.20 GPU-hours). candidates.csv says why each
+    failing candidate fails."""
+    import pandas as pd
+
+    example = Path(__file__).parent.parent / "docs" / "examples" / "dynamo-planner-sla.yaml"
+    out = tmp_path / "advice"
+    monkeypatch.chdir(DATA)
+    assert main(["advise", "--control-plane", str(example), "--scenario", "sim.toml", "--trace", "requests.csv",
+                 "--seed", "1", "--out", str(out)]) == 0
+    capsys.readouterr()
+    m = json.loads((out / "metrics.json").read_text())
+    rec = m["recommended"]
+    assert m["met_slo_target"] and rec["passed"] and m["changes"] == {"min_endpoint": {"from": 1, "to": 4}}
+    assert rec["simulated"]["slo_attainment"] >= 0.99 and rec["simulated"]["gpu_hours"] < 4.0
+    assert rec["simulated"]["reversals_per_hour"] <= 2.0
+    t = pd.read_csv(out / "candidates.csv", keep_default_na=False)
+    assert set(t[t["min_endpoint"].between(3, 7)]["passed"].astype(str)) == {"True"}
+    assert (t[t["passed"].astype(str) == "True"]["reason"] == "").all()
+    failing = t[t["passed"].astype(str) == "False"]
+    assert len(failing) and (failing["reason"] != "").all()

@@ -142,3 +142,35 @@ def test_throughput_target_decode_matches_the_real_planner(plant):
         late = late_decode(real_planner(s, plant, workers, duration=1500.0), 700.0)
         assert late.nunique() == 1 and late.iloc[0] == expected
     assert np.isfinite(d.gain)
+
+
+@pytest.mark.parametrize("min_endpoint,flips", [(1, True), (3, True), (4, False), (6, False)])
+def test_floor_flip_needs_the_noise_to_straddle_above_min_endpoint(plant, min_endpoint, flips):
+    """2.97 workers' demand: the predicted demand's +-2 sigma (60 s window) puts the floor's ceil at
+    3 or 4 (``max(ceil(demand / engine_rps), min_endpoint)``, throughput_scaling.py). Without load
+    scaling nothing holds 4, so a floor of 1 or 3 cycles 3 <-> 4; a min_endpoint of 4 or more pins
+    both sides of the noise to it: no flip, no cycle, the certificate passes."""
+    s = parse_control_plane(sla_config(load="false") + f"min_endpoint: {min_endpoint}\n")
+    d = decode_loop(s, plant[0], 2.97)
+    assert d.floor_steps() == (max(3, min_endpoint), max(4, min_endpoint))
+    assert d.floor_flip is flips
+    cert = certify_planner(d)
+    if flips:
+        cyc = cert.predicted_cycle
+        assert cyc is not None and cyc.noise_driven and (cyc.low_replicas, cyc.high_replicas) == (3, 4)
+        assert not cert.passed
+    else:
+        assert d.floor_cycle() is None and cert.predicted_cycle is None and cert.passed
+
+
+def test_failure_reason_comes_from_the_certificate(plant):
+    """advise's candidates.csv ``reason``: the failing level's predicted cycle, "" when all pass."""
+    from tokenfactory.advise import failure_reason
+
+    flip = certify_planner(decode_loop(parse_control_plane(sla_config(load="false")), plant[0], 2.97))
+    held = certify_planner(decode_loop(parse_control_plane(sla_config(load="false") + "min_endpoint: 4\n"),
+                                       plant[0], 2.97))
+    c = flip.predicted_cycle
+    assert failure_reason({"median decode": flip, "p90 decode": held}) == (
+        f"median decode: predicts a {c.period_s:.0f} s cycle between 3 and 4 workers (noise-driven)")
+    assert failure_reason({"median decode": held}) == ""

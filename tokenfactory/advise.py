@@ -45,7 +45,7 @@ from tokenfactory.core.signals import count_reversals
 from tokenfactory.core.validation import check_choice, check_number
 
 __all__ = ["advise", "search_settings", "knob_grid", "TARGET_GRIDS", "current_knobs", "scale_churn", "Advice", "KNOB_GRID", "MAX_REVERSALS_PER_HOUR", "operating_points", "DEFAULT_ATTAINMENT",
-           "slo_shortfall", "MAX_FLOORS", "EXTRA_FLOOR_COMBOS", "FLOOR_KNOB"]
+           "slo_shortfall", "MAX_FLOORS", "EXTRA_FLOOR_COMBOS", "FLOOR_KNOB", "failure_reason"]
 
 #: reversals per hour above which a pool is churning (issue 21's bound for a pool that holds)
 MAX_REVERSALS_PER_HOUR = 2.0
@@ -201,7 +201,8 @@ class Advice:
         ``"current"`` and ``"recommended"`` -> the metrics block: the certificate's verdict and
         margins, the predicted cycle, the start-up peak and the simulated metrics (``"simulated"``).
     candidates : DataFrame
-        One row per candidate certified: its knobs, ``passed``, ``simulated`` and the simulated
+        One row per candidate certified: its knobs, ``passed``, ``reason`` (why it fails, from its
+        certificates: :func:`failure_reason`; "" when it passes), ``simulated`` and the simulated
         metrics as ``sim_*`` columns.
     met_target : bool
         Whether the recommendation meets the SLO attainment target (for a pool autoscaler also
@@ -357,6 +358,33 @@ def knob_grid(setting) -> dict[str, Any]:
     return KNOB_GRID[setting.format]
 
 
+def failure_reason(certs: Mapping[str, Any]) -> str:
+    """Why a candidate fails its certificate, from the certificates' own results ("" when every
+    one passes): for each failing level, its predicted cycle, its start-up overshoot or its
+    ceiling short of the demand (the three terms of ``AutoscalerCertificate.passed``).
+
+    Parameters
+    ----------
+    certs : mapping
+        Level name (e.g. ``"median decode"``) -> ``AutoscalerCertificate``.
+    """
+    parts = []
+    for level, c in certs.items():
+        if c.passed:
+            continue
+        why = []
+        cyc = c.predicted_cycle
+        if cyc is not None:
+            why.append(f"predicts a {cyc.period_s:.0f} s cycle between {cyc.low_replicas} and "
+                       f"{cyc.high_replicas} workers" + (" (noise-driven)" if getattr(cyc, "noise_driven", False) else ""))
+        if not c.overshoot_bounded:
+            why.append(f"start-up asks for {c.cascade_peak} workers, {c.workers_needed:.2f} needed")
+        if not c.ceiling_carries:
+            why.append(f"ceiling of {c.loop.max_replicas} workers < {c.workers_needed:.2f} needed")
+        parts.append(f"{level}: {', '.join(why)}")
+    return "; ".join(parts)
+
+
 def _candidates(setting, certify, knobs0: dict, grid: dict, fk: str) -> tuple[pd.DataFrame, dict]:
     """Every grid point certified, plus the floors above the grid's (up to the ceiling), each with
     the user's other knobs and the nearest other-knob combinations that passed at the grid's top
@@ -375,10 +403,11 @@ def _candidates(setting, certify, knobs0: dict, grid: dict, fk: str) -> tuple[pd
             cand = setting.with_params(**changed) if changed else setting
             certs = certify(cand)
         except ConfigError as exc:   # a knob combination the format or model refuses
-            rows.append({**knobs, "changed": len(changed), "passed": False, "simulated": False, "error": str(exc)})
+            rows.append({**knobs, "changed": len(changed), "passed": False, "reason": f"refused: {exc}",
+                         "simulated": False, "error": str(exc)})
             return
         rows.append({**knobs, "changed": len(changed), "passed": all(c.passed for c in certs.values()),
-                     "held_workers": knobs.get(fk, 1), "simulated": False, "setting": cand,
+                     "reason": failure_reason(certs), "held_workers": knobs.get(fk, 1), "simulated": False, "setting": cand,
                      "certs": certs, "changes": changed})
 
     for values in itertools.product(*axes.values()):
