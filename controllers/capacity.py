@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -243,7 +244,7 @@ def score_plan(plan: pd.DataFrame, actual_hourly_peak_rps: pd.Series, rates: Poo
 
 
 def oracle_plan(demand_rps: pd.Series, per_worker_rps: dict[str, float], utilization_ceiling: dict[str, float], *,
-                startup_s: float, interval_s: float = 600.0, gpus_per_worker: int = 8,
+                startup_s: float, interval_s: float = 600.0, gpus_per_worker: int | Mapping[str, int] = 8,
                 fleet_size: int | None = None,
                 work_factors: dict[str, float | pd.Series] | None = None) -> tuple[pd.DataFrame, float]:
     """The physical floor of any plan: perfect knowledge of the demand, the same start-up delay
@@ -270,8 +271,8 @@ def oracle_plan(demand_rps: pd.Series, per_worker_rps: dict[str, float], utiliza
         Start-up delay.
     interval_s : float
         Planning interval (the demand's resolution).
-    gpus_per_worker : int
-        GPUs per worker.
+    gpus_per_worker : int or dict
+        GPUs per worker, or ``{"fill": .., "decode": ..}`` per pool.
     fleet_size : int, optional
         A fixed fleet: GPU-hours are then the smallest fleet that holds the plan at its peak.
     work_factors : dict, optional
@@ -309,6 +310,12 @@ def oracle_plan(demand_rps: pd.Series, per_worker_rps: dict[str, float], utiliza
     duration = float(t[-1] - t[0]) if len(t) > 1 else interval_s
     w = np.full(len(edges), interval_s)
     w[-1] = max(duration - interval_s * (len(edges) - 1), 0.0)
+    if isinstance(gpus_per_worker, Mapping):   # per-pool GPUs: each pool's billed worker-hours x its GPUs
+        g = {pool: check_int(f"oracle.gpus_per_worker.{pool}", gpus_per_worker[pool], low=1)
+             for pool in ("fill", "decode")}
+        gpu = out["fill_billed"] * g["fill"] + out["decode_billed"] * g["decode"]
+        gpu_s = float((gpu * w).sum()) if fleet_size is None else float(gpu.max() * w.sum())
+        return out, gpu_s / 3600.0
     if fleet_size is None:
         worker_s = float(((out["fill_billed"] + out["decode_billed"]) * w).sum())
     else:

@@ -93,14 +93,18 @@ class DynamoCapabilities:
     decode_pass_s : callable
         ``decode_pass_s(batch, context) -> s``: one decode pass.
     gpus_per_worker : int
-        GPUs of one worker (``*_engine_num_gpu``).
+        GPUs of one worker (``*_engine_num_gpu``; the prefill worker's when
+        ``decode_gpus_per_worker`` is given).
     fill_rate_per_worker : float
         Nominal requests/s of one fill worker (the ISL of the traffic windows is the nominal prompt
         x this over the measured fill capacity per worker; NaN: always the nominal prompt).
+    decode_gpus_per_worker : int, optional
+        GPUs of one decode worker (``decode_engine_num_gpu``) when the pools differ; default
+        ``gpus_per_worker``.
     """
 
     def __init__(self, prompt_tokens, output_tokens, fill_token_budget, decode_slots, context_tokens, fill_step_s,
-                 decode_pass_s, gpus_per_worker, fill_rate_per_worker=math.nan):
+                 decode_pass_s, gpus_per_worker, fill_rate_per_worker=math.nan, decode_gpus_per_worker=None):
         self.fill_rate_per_worker = float(fill_rate_per_worker)
         self.prompt_tokens = float(prompt_tokens)
         self.output_tokens = float(output_tokens)
@@ -110,6 +114,7 @@ class DynamoCapabilities:
         self.fill_step_s = fill_step_s
         self.decode_pass_s = decode_pass_s
         self.gpus_per_worker = int(gpus_per_worker)
+        self.decode_gpus_per_worker = int(gpus_per_worker if decode_gpus_per_worker is None else decode_gpus_per_worker)
 
     @classmethod
     def from_context(cls, ctx) -> "DynamoCapabilities":
@@ -132,7 +137,8 @@ class DynamoCapabilities:
         if svc is not None:
             ctx_tokens = float(svc.decode_context_tokens)
             return cls(prompt, p.output_tokens, svc.fill_token_budget, p.decode_slots_per_worker, ctx_tokens,
-                       svc.fill_step_s, svc.decode_pass_s, ctx.dynamics.gpus_per_worker, p.fill_rate_per_worker)
+                       svc.fill_step_s, svc.decode_pass_s, ctx.dynamics.gpus("fill"), p.fill_rate_per_worker,
+                       ctx.dynamics.gpus("decode"))
         ctx_tokens = float(p.decode_context_tokens if p.decode_context_tokens is not None
                            else prompt + p.output_tokens / 2)  # a compared field, not the provenance
         lat = p.fill_latency_s
@@ -144,7 +150,7 @@ class DynamoCapabilities:
             return p.decode_step_s(float(batch))
 
         return cls(prompt, p.output_tokens, int(prompt), p.decode_slots_per_worker, ctx_tokens, fill_step_s,
-                   decode_pass_s, ctx.dynamics.gpus_per_worker, p.fill_rate_per_worker)
+                   decode_pass_s, ctx.dynamics.gpus("fill"), p.fill_rate_per_worker, ctx.dynamics.gpus("decode"))
 
     @property
     def max_kv_tokens(self) -> int:
@@ -157,7 +163,7 @@ class DynamoCapabilities:
         fill = EngineCapabilities(num_gpu=self.gpus_per_worker, max_num_batched_tokens=self.fill_token_budget,
                                   max_num_seqs=max(int(self.decode_slots), 1), context_length=ctx_len,
                                   max_kv_tokens=self.max_kv_tokens)
-        dec = EngineCapabilities(num_gpu=self.gpus_per_worker, max_num_batched_tokens=self.fill_token_budget,
+        dec = EngineCapabilities(num_gpu=self.decode_gpus_per_worker, max_num_batched_tokens=self.fill_token_budget,
                                  max_num_seqs=max(int(self.decode_slots), 1), context_length=ctx_len,
                                  max_kv_tokens=self.max_kv_tokens)
         return WorkerCapabilities(prefill=fill, decode=dec)
@@ -231,9 +237,11 @@ def planner_config(mode: str = "throughput", predictor: str = "constant", *, ove
     from pydantic import ValidationError
 
     gpus = capabilities.gpus_per_worker if capabilities is not None else 1
+    dgpus = capabilities.decode_gpus_per_worker if capabilities is not None else 1
+    # max_gpu_budget counts GPUs across both pools (_apply_global_budget): max_replicas workers of each
     d: dict[str, Any] = {**_FIXED, "optimization_target": mode, "load_predictor": predictor,
                          "pre_deployment_sweeping_mode": "none", "prefill_engine_num_gpu": gpus,
-                         "decode_engine_num_gpu": gpus, "max_gpu_budget": 2 * int(max_replicas) * gpus}
+                         "decode_engine_num_gpu": dgpus, "max_gpu_budget": int(max_replicas) * (gpus + dgpus)}
     if mode == "load":
         from tokenfactory.controllers.autoscaling import dynamo_load_thresholds
 

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import control
@@ -190,7 +191,8 @@ class PlannerCycle(RelayCycle):
 
 
 def planner_pool_loops(setting, plant, *, demand_rps: float, metric_delay_s: float, startup_s: float,
-                       warmup_s: float = 0.0, gpus_per_worker: int = 1, service_rate_factor: float = 1.0,
+                       warmup_s: float = 0.0, gpus_per_worker: int | Mapping[str, int] = 1,
+                       service_rate_factor: float = 1.0,
                        capabilities=None) -> dict[str, PlannerPoolLoop]:
     """The two pools' loops of a Dynamo planner config on a plant at a demand.
 
@@ -205,8 +207,8 @@ def planner_pool_loops(setting, plant, *, demand_rps: float, metric_delay_s: flo
     metric_delay_s, startup_s, warmup_s : float
         Metric age, start-up and warm-up (s, >= 0): the rule waits for a new worker to be ready,
         which the adapter counts once it serves at full speed (start-up + warm-up).
-    gpus_per_worker : int
-        GPUs of one worker (the budget's unit).
+    gpus_per_worker : int or dict
+        GPUs of one worker (the budget's unit), or ``{"fill": .., "decode": ..}`` per pool.
     service_rate_factor : float
         Scales both pools' worker rates (the stack's envelope; default 1).
     capabilities : DynamoCapabilities, optional
@@ -234,35 +236,43 @@ def planner_pool_loops(setting, plant, *, demand_rps: float, metric_delay_s: flo
         prompt, ctx = capabilities.prompt_tokens, capabilities.context_tokens
         slots, budget = capabilities.decode_slots, float(capabilities.fill_token_budget)
     hold = startup_s + warmup_s
-    gpus = max(int(gpus_per_worker), 1)
+    g = {pool: max(int(gpus_per_worker[pool] if isinstance(gpus_per_worker, Mapping) else gpus_per_worker), 1)
+         for pool in ("fill", "decode")}
     lo = max(int(fields["min_endpoint"]), 1)
-    # _apply_global_budget (state_machine.py) clamps both pools in proportion to max_gpu_budget GPUs:
-    # a pool gets at most what the other pool's floor leaves; a floor the budget cannot hold on both
-    # pools is no setting (Dynamo would clamp both pools below min_endpoint)
-    budget_workers = 10 ** 6
+    # _apply_global_budget (state_machine.py) clamps both pools in proportion to max_gpu_budget GPUs
+    # (counted across pools, each worker at its pool's GPUs): a pool gets at most what the other
+    # pool's floor leaves; a floor the budget cannot hold on both pools is no setting (Dynamo would
+    # clamp both pools below min_endpoint)
+    budget_workers = {"fill": 10 ** 6, "decode": 10 ** 6}
     if fields["max_gpu_budget"] > 0:
-        if 2 * lo * gpus > fields["max_gpu_budget"]:
-            raise ConfigError("min_endpoint", f"{lo} workers on each pool need {2 * lo * gpus} GPUs; max_gpu_budget "
-                              f"is {fields['max_gpu_budget']} (at {gpus} GPUs per worker)")
-        budget_workers = int(fields["max_gpu_budget"]) // gpus - lo
+        floor_gpus = lo * (g["fill"] + g["decode"])
+        if floor_gpus > fields["max_gpu_budget"]:
+            per = f"{g['fill']}" if g["fill"] == g["decode"] else f"{g['fill']} fill / {g['decode']} decode"
+            raise ConfigError("min_endpoint", f"{lo} workers on each pool need {floor_gpus} GPUs; max_gpu_budget "
+                              f"is {fields['max_gpu_budget']} (at {per} GPUs per worker)")
+        other = {"fill": "decode", "decode": "fill"}
+        budget_workers = {pool: (int(fields["max_gpu_budget"]) - lo * g[other[pool]]) // g[pool]
+                          for pool in g}
     mu_d = plant.decode_capacity(1) * service_rate_factor
     mu_f = plant.fill_rate_per_worker * service_rate_factor
     if target == "sla":
         from tokenfactory.controllers.dynamo_planner_sla_loop import sla_pool_loops
 
         return sla_pool_loops(fields, plant, demand_rps=demand_rps, metric_delay_s=metric_delay_s, hold_s=hold,
-                              lo=lo, budget_workers=budget_workers, mu_f=mu_f, mu_d=mu_d, slots=slots, prompt=prompt,
+                              lo=lo, budget_workers=min(budget_workers.values()), mu_f=mu_f, mu_d=mu_d, slots=slots,
+                              prompt=prompt,
                               service_rate_factor=service_rate_factor)
     levels = _easy_levels(target, fields, prompt + plant.output_tokens)
     tick = float(fields["load_adjustment_interval_seconds"])
     decode = PlannerPoolLoop(
         "decode", "KV use", levels["decode_up"], levels["decode_down"],
         1.0 / slots, 0.0, prompt / (ctx * slots), slots / mu_d,
-        PoolOperatingPoint(mu_d, demand_rps, metric_delay_s, hold, slots, slots / mu_d), tick, lo, budget_workers)
+        PoolOperatingPoint(mu_d, demand_rps, metric_delay_s, hold, slots, slots / mu_d), tick, lo,
+        budget_workers["decode"])
     fill = PlannerPoolLoop(
         "fill", "queued prefill tokens", levels["fill_up"], levels["fill_down"], prompt, budget, prompt, plant.fill_latency_s,
         PoolOperatingPoint(mu_f, demand_rps, metric_delay_s, hold, 1.0, plant.fill_latency_s), tick, lo,
-        budget_workers)
+        budget_workers["fill"])
     return {"fill": fill, "decode": decode}
 
 

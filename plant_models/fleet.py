@@ -16,11 +16,13 @@ decides with the same :func:`scale_plan` and :func:`free_workers`.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tokenfactory.core.validation import check_int, check_number, setting
+from tokenfactory.core.validation import (ConfigError, check_choice, check_int, check_number, reject_unknown_keys,
+                                          setting)
 
-__all__ = ["PoolDynamics", "ScalePlan", "scale_plan", "free_workers", "PoolFleet"]
+__all__ = ["PoolDynamics", "GPU_POOLS", "pool_gpus", "ScalePlan", "scale_plan", "free_workers", "PoolFleet"]
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,10 @@ class PoolDynamics:
     run slower (allocator growth, cold caches, lazy graph capture), modelled as half speed for
     30 s; ``drain_s``: a removed worker stays billed while its sequences migrate off (the pool
     model's stand-in; the request simulator drains a worker for real - it finishes what it holds).
-    ``gpus_per_worker`` converts worker-hours to GPU-hours. ``fleet_size`` fixes the number of
+    ``gpus_per_worker`` converts worker-hours to GPU-hours: one number for both pools, or a table
+    ``{fill = .., decode = ..}`` when the pools' parallelism differs (disaggregated deployments
+    commonly run a narrower prefill than decode, e.g. prefill TP2 EP2 = 4 GPUs, decode EP8 = 8;
+    :meth:`gpus` gives a pool's; a table whose two values agree is stored as that number). ``fleet_size`` fixes the number of
     workers (None: elastic, workers come and go): a scale-up then waits until a worker is free, so
     moving a worker between pools costs its drain, then its start-up in the new role; GPU-hours are
     the whole fleet's (owned), ``busy_gpu_hours`` the provisioned ones.
@@ -49,8 +54,8 @@ class PoolDynamics:
         Its speed meanwhile, as a fraction of full speed, in (0, 1].
     drain_s : float
         Billed time of a removed worker in the pool model (s, [0, 3600]).
-    gpus_per_worker : int
-        GPUs per worker (>= 1).
+    gpus_per_worker : int or dict
+        GPUs per worker (>= 1), or ``{"fill": .., "decode": ..}`` per pool.
     fleet_size : int or None
         Fixed number of workers (>= 1), or None for an elastic fleet.
     """
@@ -66,8 +71,9 @@ class PoolDynamics:
     drain_s: float = setting(30.0, unit="s", low=0.0, high=3600.0, source="assumed",
                              meaning="billed time of a removed worker in the pool model (the request simulator "
                                      "drains for real)")
-    gpus_per_worker: int = setting(8, kind=int, low=1, unit="GPUs", meaning="GPUs per worker (worker-hours to "
-                                                                            "GPU-hours)")
+    gpus_per_worker: int | dict = setting(8, kind="int or table", low=1, unit="GPUs",
+                                          meaning="GPUs per worker (worker-hours to GPU-hours): one number for both "
+                                                  "pools, or {fill = .., decode = ..} per pool")
     fleet_size: int | None = setting(None, kind=int, low=1, unit="workers",
                                      meaning="a fixed fleet: scale-ups wait for a free worker (absent: elastic)")
 
@@ -76,9 +82,71 @@ class PoolDynamics:
         check_number("pools.warmup_s", self.warmup_s, low=0.0, high=3600.0)
         check_number("pools.warmup_factor", self.warmup_factor, low=0.0, high=1.0, low_inclusive=False)
         check_number("pools.drain_s", self.drain_s, low=0.0, high=3600.0)
-        check_int("pools.gpus_per_worker", self.gpus_per_worker, low=1)
+        object.__setattr__(self, "gpus_per_worker", pool_gpus("pools.gpus_per_worker", self.gpus_per_worker))
         if self.fleet_size is not None:
             check_int("pools.fleet_size", self.fleet_size, low=1)
+            if not self.uniform_gpus:
+                raise ConfigError("pools.gpus_per_worker", f"{self.gpus_per_worker}: a fixed fleet (fleet_size "
+                                  f"{self.fleet_size}) moves workers between pools, so both pools' workers need "
+                                  "the same GPUs; give one number")
+
+    @property
+    def uniform_gpus(self) -> bool:
+        """Whether both pools' workers have the same GPUs (``gpus_per_worker`` is one number)."""
+        return not isinstance(self.gpus_per_worker, Mapping)
+
+    def gpus(self, pool: str) -> int:
+        """GPUs of one worker of a pool.
+
+        Parameters
+        ----------
+        pool : str
+            ``"fill"`` or ``"decode"``; ``"aggregated"`` (a worker doing both, on the plant's
+            ``parallelism``) counts as a fill worker.
+
+        Returns
+        -------
+        int
+        """
+        if self.uniform_gpus:
+            return int(self.gpus_per_worker)
+        check_choice("pool", pool, GPU_POOLS + ("aggregated",))
+        return int(self.gpus_per_worker["fill" if pool == "aggregated" else pool])
+
+
+#: the pools a per-pool ``gpus_per_worker`` table names
+GPU_POOLS = ("fill", "decode")
+
+
+def pool_gpus(name: str, value) -> int | dict:
+    """Check a ``gpus_per_worker`` value: an int >= 1, or a table naming both pools with ints >= 1
+    (returned as the int when its two values agree, so a uniform table behaves as the scalar).
+
+    Parameters
+    ----------
+    name : str
+        The field's dotted name, for errors (``"dynamics.gpus_per_worker"``).
+    value : int or mapping
+        The value as read.
+
+    Returns
+    -------
+    int or dict
+        The int, or ``{"fill": .., "decode": ..}``.
+
+    Raises
+    ------
+    ConfigError
+        For an unknown or missing pool key, or a value that is not an int >= 1, naming the field.
+    """
+    if not isinstance(value, Mapping):
+        return check_int(name, value, low=1)
+    reject_unknown_keys(name, value, GPU_POOLS)
+    missing = [p for p in GPU_POOLS if p not in value]
+    if missing:
+        raise ConfigError(f"{name}.{missing[0]}", f"missing: a per-pool table gives both {GPU_POOLS}")
+    out = {p: check_int(f"{name}.{p}", value[p], low=1) for p in GPU_POOLS}
+    return out["fill"] if out["fill"] == out["decode"] else out
 
 
 @dataclass(frozen=True)

@@ -463,14 +463,18 @@ def _pool_result(run: _PoolRun, p: FluidParams, fill_workers: int, decode_worker
     series = pd.DataFrame(S)
     billed = series["fill_workers_billed"] + series["decode_workers_billed"]
     hours = scenario.duration_s / 3600.0
+    # per-pool GPUs (a fixed fleet needs one number, PoolDynamics): each pool's billed worker-hours x its GPUs
+    busy_gpu_h = sum(float(series[f"{pool}_workers_billed"].sum() * dt / 3600.0 * dynamics.gpus(pool))
+                     for pool in POOLS) if not dynamics.uniform_gpus else math.nan
     metrics = {
         "requests": float(counts["arrived"]), "completed": float(counts["completed"]),
         "rejected": float(sum(rejected.values())), "rejected_by_reason": {k: float(v) for k, v in rejected.items()},
         "in_flight_end": float(run.in_system_end), "preempted": float(counts["preempted"]),
         "slo_attainment": float(run.in_slo / counts["arrived"]) if counts["arrived"] > 0 else 1.0,
         "gpu_hours": float((billed.sum() * dt if dynamics.fleet_size is None else dynamics.fleet_size * n * dt)
-                           / 3600.0 * dynamics.gpus_per_worker),
-        "busy_gpu_hours": float(billed.sum() * dt / 3600.0 * dynamics.gpus_per_worker),
+                           / 3600.0 * dynamics.gpus_per_worker) if dynamics.uniform_gpus else busy_gpu_h,
+        "busy_gpu_hours": float(billed.sum() * dt / 3600.0 * dynamics.gpus_per_worker) if dynamics.uniform_gpus
+        else busy_gpu_h,
         "scale_actions": len(scale_rows), "actions_per_hour": float(len(scale_rows) / hours),
         "reversals_per_hour": float(count_reversals(scale_rows) / hours),
         "role_moves": int(role_moves), "role_moves_per_hour": float(role_moves / hours),

@@ -104,3 +104,23 @@ def test_targets_the_loop_model_covers_and_the_one_it_names(plant):
     latency = parse_control_plane(CONFIG.replace("optimization_target: load", "optimization_target: latency"))
     with pytest.raises(NotModelled, match="optimization_target"):
         loops(latency, plant, 1.0)
+
+
+def test_gpu_budget_counts_each_pool_at_its_own_gpus(plant):
+    """max_gpu_budget counts GPUs across pools: with 4-GPU prefill and 8-GPU decode workers and
+    min_endpoint 1, a pool's ceiling is what the budget leaves after the other pool's floor, at its
+    own GPUs; the scalar 8 gives 256 // 8 - 1 to both; the adapter tells Dynamo each pool's GPUs."""
+    s = parse_control_plane(CONFIG)
+    kw = dict(demand_rps=4 * plant.decode_capacity(1), metric_delay_s=plant.measurement_delay_s, startup_s=STARTUP,
+              warmup_s=WARMUP)
+    per_pool = planner_pool_loops(s, plant, gpus_per_worker={"fill": 4, "decode": 8}, **kw)
+    assert per_pool["fill"].max_replicas == (256 - 1 * 8) // 4 == 62
+    assert per_pool["decode"].max_replicas == (256 - 1 * 4) // 8 == 31
+    scalar = planner_pool_loops(s, plant, gpus_per_worker=8, **kw)
+    assert scalar["fill"].max_replicas == scalar["decode"].max_replicas == 256 // 8 - 1
+    from tokenfactory.controllers.dynamo_planner import DynamoCapabilities
+
+    ctx = types.SimpleNamespace(params=plant, service=None,
+                                dynamics=PoolDynamics(gpus_per_worker={"fill": 4, "decode": 8}))
+    caps = DynamoCapabilities.from_context(ctx)
+    assert (caps.gpus_per_worker, caps.decode_gpus_per_worker) == (4, 8)

@@ -41,6 +41,26 @@ def test_static_pools_bill_exactly_and_serve_the_demand(fp):
     assert r.metrics["actions_per_hour"] == 0
 
 
+def test_per_pool_gpus_bill_each_pool_at_its_own_gpus(fp):
+    """Prefill TP2 EP2 (4 GPUs) and decode EP8 (8 GPUs): pinned pools bill workers x that pool's
+    GPUs x hours; the scalar form bills both pools at one number; a fixed fleet needs one number."""
+    sc = PoolScenario(0.5 * fp.decode_capacity(2), 3600.0, dt=0.5, poisson=False, slo_tpot_s=0.15)
+    per_pool = simulate_pools(fp, 4, 2, sc, dynamics=PoolDynamics(gpus_per_worker={"fill": 4, "decode": 8}))
+    scalar = simulate_pools(fp, 4, 2, sc, dynamics=PoolDynamics(gpus_per_worker=8))
+    hours = float(per_pool.series["fill_workers_billed"].count()) * sc.dt / 3600.0  # the hour plus the closing step
+    assert per_pool.metrics["gpu_hours"] == pytest.approx((4 * 4 + 2 * 8) * hours, rel=1e-9)
+    assert per_pool.metrics["busy_gpu_hours"] == per_pool.metrics["gpu_hours"]
+    assert scalar.metrics["gpu_hours"] == pytest.approx((4 + 2) * 8 * hours, rel=1e-9)
+    assert per_pool.metrics["completed"] == scalar.metrics["completed"]   # GPUs price the run, not its serving
+    assert PoolDynamics(gpus_per_worker={"fill": 8, "decode": 8}).gpus_per_worker == 8   # uniform table = scalar
+    with pytest.raises(ConfigError) as err:
+        PoolDynamics(gpus_per_worker={"fill": 4, "decode": 8}, fleet_size=10)
+    assert err.value.field == "pools.gpus_per_worker"
+    with pytest.raises(ConfigError) as err:
+        PoolDynamics(gpus_per_worker={"fill": 4, "decoder": 8})
+    assert err.value.field == "pools.gpus_per_worker.decoder"
+
+
 def test_scale_up_serves_after_startup_and_warms_up(fp):
     dyn = PoolDynamics(startup_s=60.0, warmup_s=20.0, warmup_factor=0.5, drain_s=0.0)
     ctrl = Scripted({10.0: ScaleAction("decode", 3)})

@@ -392,6 +392,11 @@ def test_simulate_pools_cli_writes_the_stack_and_baseline_metrics(tmp_path, caps
     ({"parallelism": {"tp": 1, "pp": 1, "ep": 16}}, {"gpus_per_worker": 16}, 16),     # set, and agreeing
     ({"parallelism": {"tp": 1, "pp": 1, "ep": 8}, "decode_parallelism": {"tp": 1, "pp": 1, "ep": 16}},
      {"gpus_per_worker": 16}, 16),                                                   # pools differ: set wins
+    ({"parallelism": {"tp": 1, "pp": 1, "ep": 8}, "decode_parallelism": {"tp": 1, "pp": 1, "ep": 16}}, {},
+     {"fill": 8, "decode": 16}),                                                     # pools differ: each its own
+    ({"parallelism": {"tp": 1, "pp": 1, "ep": 8}, "decode_parallelism": {"tp": 1, "pp": 1, "ep": 16}},
+     {"gpus_per_worker": {"decode": 16}}, {"fill": 8, "decode": 16}),                # one pool set, one the plant's
+    ({"parallelism": {"tp": 1, "pp": 1, "ep": 8}}, {"gpus_per_worker": {"fill": 8, "decode": 8}}, 8),  # a uniform
 ])
 def test_gpus_per_worker_follows_the_plants_parallelism(plant, dynamics, expected):
     d = dict(load_stack_scenario("stack_default").config)
@@ -403,8 +408,8 @@ def test_gpus_per_worker_follows_the_plants_parallelism(plant, dynamics, expecte
 
 @pytest.mark.parametrize("plant,dynamics,match", [
     ({"parallelism": {"tp": 1, "pp": 1, "ep": 16}}, {"gpus_per_worker": 8}, "8 contradicts the plant"),
-    ({"parallelism": {"tp": 1, "pp": 1, "ep": 8}, "decode_parallelism": {"tp": 1, "pp": 1, "ep": 16}}, {},
-     "fill worker has 8 GPUs and a decode worker 16"),
+    ({"parallelism": {"tp": 1, "pp": 1, "ep": 8}, "decode_parallelism": {"tp": 1, "pp": 1, "ep": 16}},
+     {"gpus_per_worker": {"decode": 8}}, "fill worker has 8 GPUs and a decode worker 16"),
 ])
 def test_gpus_per_worker_against_the_plant_is_one_clear_error(plant, dynamics, match):
     d = dict(load_stack_scenario("stack_default").config)
@@ -413,7 +418,23 @@ def test_gpus_per_worker_against_the_plant_is_one_clear_error(plant, dynamics, m
         d["dynamics"].pop("gpus_per_worker", None)
     with pytest.raises(ConfigError, match=match) as err:
         stack_scenario_from_dict(d, "gpus")
-    assert err.value.field == "dynamics.gpus_per_worker"
+    assert err.value.field.startswith("dynamics.gpus_per_worker")
+    if isinstance(dynamics.get("gpus_per_worker"), dict):
+        assert err.value.field == "dynamics.gpus_per_worker.decode"
+
+
+@pytest.mark.parametrize("value,field", [
+    ({"fill": 4, "prefill": 8}, "dynamics.gpus_per_worker.prefill"),     # unknown pool key
+    ({"fill": 0}, "dynamics.gpus_per_worker.fill"),             # non-positive
+    ({"decode": -8}, "dynamics.gpus_per_worker.decode"),
+    (0, "dynamics.gpus_per_worker"),
+])
+def test_bad_per_pool_gpus_per_worker_names_the_field(value, field):
+    d = dict(load_stack_scenario("stack_default").config)
+    d["dynamics"] = {**d.get("dynamics", {}), "gpus_per_worker": value}
+    with pytest.raises(ConfigError) as err:
+        stack_scenario_from_dict(d, "gpus")
+    assert err.value.field == field
 
 
 def test_layered_stack_summary_names_the_forced_responses():

@@ -600,6 +600,11 @@ class Simulator:
         hours = duration / 3600.0
         billed = series["fill_workers_billed"] + series["decode_workers_billed"] + series["aggregated_workers"]
         gpus = cfg.dynamics.gpus_per_worker
+        if not cfg.dynamics.uniform_gpus:   # each pool's billed workers at its GPUs (a fixed fleet needs one number)
+            billed = (series["fill_workers_billed"] * cfg.dynamics.gpus("fill")
+                      + series["decode_workers_billed"] * cfg.dynamics.gpus("decode")
+                      + series["aggregated_workers"] * cfg.dynamics.gpus("aggregated"))
+            gpus = 1
         slo = self.request_slo_met(rec, duration)
         metrics = {
             "requests": self.arrived, "completed": self.completed, "rejected": self.rejected,

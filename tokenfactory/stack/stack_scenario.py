@@ -14,6 +14,7 @@ from tokenfactory.controllers.autotune import StabilityEnvelope
 from tokenfactory.core.validation import (
     REQUIRED,
     ConfigError,
+    check_int,
     check_number,
     load_toml,
     reject_unknown_keys,
@@ -21,6 +22,7 @@ from tokenfactory.core.validation import (
     setting_names,
 )
 from tokenfactory.plant_models.fluid import FluidParams
+from tokenfactory.plant_models.fleet import GPU_POOLS, pool_gpus
 from tokenfactory.plant_models.pools import PoolDynamics
 from tokenfactory.plant_models.roofline import Parallelism
 from tokenfactory.registry.stack_layers import STACK_LAYERS, StackLayerConfig, stack_layer_config
@@ -39,7 +41,8 @@ STACK_SCENARIO_SCHEMA = {
     "slo": setting(None, kind="table", meaning="the promise ([slo])"),
     "workload": setting(REQUIRED, kind="table", meaning="the nominal demand ([workload])"),
     "dynamics": setting(None, kind="table", meaning="start-up, warm-up, drain and fleet size of workers ([dynamics]; "
-                                                    "the cluster.dynamics keys; gpus_per_worker absent: the plant's "
+                                                    "the cluster.dynamics keys; gpus_per_worker absent (or a pool of its "
+                                                    "{fill, decode} table): that pool's "
                                                     "pp x ep)"),
     "layers": setting(REQUIRED, kind="table", meaning="one table per layer with a kind ([layers.NAME]; see "
                                                       "layers.LAYER.KIND)"),
@@ -158,18 +161,28 @@ def _factors(d: Mapping, key: str, default: tuple[float, ...]) -> tuple[float, .
 
 
 def _dynamics(dyn_d: dict, plant_d: Mapping[str, Any]) -> PoolDynamics:
-    """``[dynamics]`` with ``gpus_per_worker`` taken from the plant when absent: the GPUs of one
-    worker (``Parallelism.num_gpus`` = pp x ep) of the fill and decode parallelism. One number
-    converts both pools' worker-hours (the pool simulators hold one), so pools of different sizes
-    need it set; a value that is neither pool's size contradicts the plant."""
+    """``[dynamics]`` with ``gpus_per_worker`` taken from the plant where absent: the GPUs of one
+    worker (``Parallelism.num_gpus`` = pp x ep) of each pool's parallelism (``[plant]
+    parallelism`` for fill, ``decode_parallelism`` for decode). Given as one number it converts
+    both pools' worker-hours and must be one pool's size (a plant whose pools differ then needs the
+    per-pool table for correct GPU-hours); given as ``{fill = .., decode = ..}`` (either key may be
+    left to the plant) each value must be that pool's size."""
     gpus = {"fill": Parallelism(**dict(plant_d.get("parallelism", {}))).num_gpus,
             "decode": Parallelism(**dict(plant_d.get("decode_parallelism", plant_d.get("parallelism", {})))).num_gpus}
     sizes = f"a fill worker has {gpus['fill']} GPUs and a decode worker {gpus['decode']} (pp x ep of [plant])"
-    if "gpus_per_worker" not in dyn_d:
-        if gpus["fill"] != gpus["decode"]:
-            raise ConfigError("dynamics.gpus_per_worker", f"{sizes}: one number converts both pools' worker-hours "
-                              "to GPU-hours here, so set it (per-pool GPU counts are not modelled)")
-        return PoolDynamics(**{**dyn_d, "gpus_per_worker": gpus["fill"]})
+    given = dyn_d.get("gpus_per_worker")
+    if given is None:
+        return PoolDynamics(**{**dyn_d, "gpus_per_worker": pool_gpus("dynamics.gpus_per_worker", gpus)})
+    if isinstance(given, Mapping):
+        reject_unknown_keys("dynamics.gpus_per_worker", given, GPU_POOLS)
+        per_pool = {p: check_int(f"dynamics.gpus_per_worker.{p}", given[p], low=1) if p in given else gpus[p]
+                    for p in GPU_POOLS}
+        for p in GPU_POOLS:
+            if per_pool[p] != gpus[p]:
+                raise ConfigError(f"dynamics.gpus_per_worker.{p}", f"{per_pool[p]} contradicts the plant: {sizes}; "
+                                  "leave it out to take the plant's")
+        return PoolDynamics(**{**dyn_d, "gpus_per_worker": pool_gpus("dynamics.gpus_per_worker", per_pool)})
+    check_int("dynamics.gpus_per_worker", given, low=1)
     dynamics = PoolDynamics(**dyn_d)
     if dynamics.gpus_per_worker not in gpus.values():
         raise ConfigError("dynamics.gpus_per_worker", f"{dynamics.gpus_per_worker} contradicts the plant: {sizes}; "
