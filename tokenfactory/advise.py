@@ -615,6 +615,7 @@ def _advise_planner(setting, scenario, trace, setup, cluster, slo_target, seed, 
     planner (ai-dynamo) sizing both pools of the request simulator."""
     from tokenfactory.controllers.dynamo_planner import DynamoCapabilities
     from tokenfactory.controllers.dynamo_planner_loop import certify_planner, planner_pool_loops
+    from tokenfactory.plant_models.fleet import pool_gpus
     from tokenfactory.replay import run_replay
 
     setting.planner_fields()   # NotModelled for a config the planner adapter cannot run
@@ -622,12 +623,15 @@ def _advise_planner(setting, scenario, trace, setup, cluster, slo_target, seed, 
     dyn = cluster.get("dynamics", {})
     delay = float(cluster.get("measurement_delay_s", p.measurement_delay_s))
     startup, warmup = float(dyn.get("startup_s", 0.0)), float(dyn.get("warmup_s", 0.0))
-    gpus = int(dyn.get("gpus_per_worker", 1))
+    # one number for both pools, or {fill, decode} (plant_models.fleet.pool_gpus checks either)
+    gpus = pool_gpus("cluster.dynamics.gpus_per_worker", dyn.get("gpus_per_worker", 1))
+    fill_gpus, decode_gpus = (gpus["fill"], gpus["decode"]) if isinstance(gpus, dict) else (gpus, gpus)
     ctx = setup.context(cluster.get("slo_ttft_s", 2.0), cluster.get("slo_tpot_s", 0.1))
     caps = DynamoCapabilities(p.prompt_tokens if p.prompt_tokens > 0 else 1.0, p.output_tokens,
                               ctx.service.fill_token_budget if ctx.service is not None else p.prompt_tokens,
                               p.decode_slots_per_worker, ctx.service.decode_context_tokens if ctx.service is not None
-                              else p.prompt_tokens + p.output_tokens / 2.0, None, None, gpus)
+                              else p.prompt_tokens + p.output_tokens / 2.0, None, None, fill_gpus,
+                              decode_gpus_per_worker=decode_gpus)
     levels = operating_points(trace, p.decode_capacity(1), metric_delay_s=delay, startup_s=startup,
                               slots_per_worker=p.decode_slots_per_worker, service_s=1.0)
 
