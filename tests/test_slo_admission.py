@@ -195,6 +195,36 @@ def test_outer_loop_relaxes_on_measured_slack_and_tightens_on_misses():
     assert ctrl.outer_log and "interactive:margin" in ctrl.outer_log[-1]
 
 
+def test_outer_loop_holds_a_starved_class_on_its_stale_window():
+    """fresh_only: a class whose window gained no completions since the last correction keeps its
+    margin (a starved batch class's old misses would otherwise drive it to -1); the next new
+    completion resumes the integration. Without the guard (the default) the same stale window
+    tightens it to the clamp."""
+    m = Measurement(time_s=0.0, backlog=0, fill_in_progress=0, ready=0, active_decodes=0, completion_rate=0,
+                    admitted_rate=0, decode_slots=64, fill_capacity=10, fill_workers=1, decode_workers=1,
+                    fill_queued_tokens=0.0, fill_token_capacity=20000.0)
+    margins = {}
+    for fresh in (True, False):
+        ctrl = _gate(outer=MarginLoopConfig(sample_period_s=1.0, ki=0.05, min_samples=20, fresh_only=fresh))
+        ctrl.observe(0.5, [("batch", 100.0, 1.0)] * 70 + [("batch", 1.0, 0.01)] * 130)  # 35 % missed
+        ctrl.update(1.0, m)
+        first = ctrl.margin["batch"]
+        assert first < 0.0  # the new misses tighten it
+        for k in range(2, 50):  # no completion since: the window is stale
+            ctrl.update(float(k), m)
+        margins[fresh] = (first, ctrl.margin["batch"])
+    assert margins[True][1] == margins[True][0]  # held
+    assert margins[False][1] == -1.0  # the old rule winds up to the clamp
+    ctrl = _gate(outer=MarginLoopConfig(sample_period_s=1.0, ki=0.05, min_samples=20, fresh_only=True))
+    ctrl.observe(0.5, [("batch", 100.0, 1.0)] * 70 + [("batch", 1.0, 0.01)] * 130)
+    ctrl.update(1.0, m)
+    ctrl.update(2.0, m)
+    held = ctrl.margin["batch"]
+    ctrl.observe(2.5, [("batch", 100.0, 1.0)])  # one new completion: it integrates again
+    ctrl.update(3.0, m)
+    assert ctrl.margin["batch"] < held
+
+
 def test_outer_loop_integrates_the_miss_share_in_budget_units():
     """The outer loop seeks goodput: r += ki T (setpoint q - y) / q with y the admitted misses'
     share over the window - a class meeting its SLO relaxes at setpoint budget units while the
