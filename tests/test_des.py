@@ -347,3 +347,33 @@ def test_stages_name_the_record_states(params):
     assert [s.name.lower() for s in Stage] == list(states)
     in_flight = r.records["state"].isin([s.name.lower() for s in Stage.in_system()]).sum()
     assert in_flight == r.metrics["in_flight_end"] > 0
+
+
+def test_per_pool_gpus_bill_each_pool_of_the_request_simulator_at_its_own_gpus():
+    """gpus_per_worker {fill, decode}: pinned pools (no autoscaler) bill each pool's billed workers x
+    that pool's GPUs over the run, where the scalar bills both at one number; serving is unchanged
+    (GPUs price the run, they do not change it)."""
+    from pathlib import Path
+
+    from tokenfactory.replay import build_replay, run_replay
+
+    small = Path(__file__).parent / "data" / "small_plant"
+    plant_cfg = {"model": str(small / "model.toml"), "hardware": "h100-sxm", "parallelism": {"tp": 2, "pp": 1, "ep": 2}}
+    rng = np.random.default_rng(3)
+    arrivals = np.sort(rng.uniform(0.0, 120.0, 60))
+    trace = pd.DataFrame({"arrival_s": arrivals, "input_tokens": np.full(60, 500), "output_tokens": np.full(60, 50),
+                          "cached_tokens": np.zeros(60, dtype=int)})
+    runs = {}
+    for name, gpus in (("scalar", 4), ("per_pool", {"fill": 4, "decode": 12})):
+        cluster = {"fill_workers": 2, "decode_workers": 1, "measurement_delay_s": 1.0, "slo_ttft_s": 2.0,
+                   "slo_tpot_s": 0.05, "dynamics": {"startup_s": 30.0, "gpus_per_worker": gpus}, "seed": 1,
+                   "progress": False}
+        runs[name] = run_replay(trace, build_replay(trace, plant_cfg), "open", 1.0, cluster)
+    (m_s, _), (m_p, r_p) = runs["scalar"], runs["per_pool"]
+    s = r_p.series
+    fill_wh, dec_wh = float(s["fill_workers_billed"].sum()), float(s["decode_workers_billed"].sum())
+    assert fill_wh > 0 and dec_wh > 0
+    # the ratio is exact whatever the snapshot step: (4 fill + 12 decode) / 4 per worker-step
+    assert m_p["gpu_hours"] / m_s["gpu_hours"] == pytest.approx((4 * fill_wh + 12 * dec_wh) / (4 * (fill_wh + dec_wh)),
+                                                                 rel=1e-12)
+    assert m_p["completed"] == m_s["completed"] == 60 and m_p["slo_attainment"] == m_s["slo_attainment"]
