@@ -138,7 +138,8 @@ from tokenfactory.controllers.autoscaling import serving_replicas
 from tokenfactory.controllers.interface import SampledController, lowpass
 from tokenfactory.controllers.reconfiguration import HystereticPoolController, need_noise_std
 from tokenfactory.core.signals import Measurement, ScaleAction
-from tokenfactory.core.validation import ConfigError, config_or_fields, check_choice, check_int, check_number
+from tokenfactory.core.validation import (REQUIRED, ConfigError, check_fields, check_int, check_number,
+                                          config_or_fields, setting)
 
 __all__ = ["DemandPlannerConfig", "DemandPlanner", "PlannedPoolConfig", "PlannedPoolController", "rise_profile",
            "calibrate_headroom", "interval_volatility",
@@ -672,53 +673,48 @@ class DemandPlannerConfig:
         (:func:`error_state_scale`, refit daily; the replay includes it; default False).
     """
 
-    lead_s: float
-    excess_budget: float = EXCESS_BUDGET_SHARE * 0.01
-    days: int = 3
-    interval_s: float = 600.0
-    refit_s: float = DAY_S
-    fine_s: float = 60.0
-    time_offset_s: float = 0.0
-    max_headroom: float = HEADROOM_GRID[-1]
-    utilization: float = 1.0
-    hold_s: float = 0.0
-    use_profile: bool = True
-    volatility_window_s: float = 3600.0
-    profile_smooth_s: float | None = None
-    residual_ar1: bool = False
-    trend_s: float = 0.0
-    hour_phase: bool = False
-    error_state: bool = False
+    lead_s: float = setting(REQUIRED, unit="s", low=0.0, high=4 * 3600.0,
+                            meaning="how far ahead the pools are sized (start-up + warm-up + a reconfiguration "
+                                    "sample + the rate filter's time constant)")
+    excess_budget: float = setting(EXCESS_BUDGET_SHARE * 0.01, low=0.0, high=0.5, low_inclusive=False,
+                                   high_inclusive=False,
+                                   meaning="share of the demand the replayed pool rule may leave above capacity "
+                                           "when the headroom is chosen")
+    days: int = setting(3, kind=int, unit="days", low=1, high=14,
+                        meaning="days of demand the profile and the headroom are computed over")
+    interval_s: float = setting(600.0, unit="s", low=1.0, high=3600.0,
+                                meaning="bin of the observed demand and the planner's sample period")
+    refit_s: float = setting(DAY_S, unit="s", high=30 * DAY_S,
+                             meaning="recompute profile and headroom this often (at least interval_s)")
+    fine_s: float = setting(60.0, unit="s", low=1.0, meaning="grid of the profile (at most interval_s)")
+    time_offset_s: float = setting(0.0, unit="s", meaning="absolute time of the run's t = 0")
+    max_headroom: float = setting(HEADROOM_GRID[-1], low=0.0, high=HEADROOM_GRID[-1],
+                                  meaning="the largest headroom the planner may choose")
+    utilization: float = setting(1.0, low=0.0, high=1.0, low_inclusive=False,
+                                 meaning="the reconfiguration layer's target utilisation, replayed with the rule")
+    hold_s: float = setting(0.0, unit="s", low=0.0,
+                            meaning="the reconfiguration layer's scale-down dwell, replayed with the rule")
+    use_profile: bool = setting(True, kind=bool, meaning="plan the rise profile (false: the headroom only, rho = 1)")
+    volatility_window_s: float = setting(3600.0, unit="s", low=0.0, high=DAY_S,
+                                         meaning="time constant of the headroom's volatility scale (0: a constant "
+                                                 "headroom; else at least interval_s)")
+    profile_smooth_s: float | None = setting(None, unit="s", low=0.0, high=DAY_S / 4,
+                                             meaning="width of the rise profile's running median (absent: "
+                                                     "interval_s)")
+    residual_ar1: bool = setting(False, kind=bool, meaning="the AR(1) lead correction of the log residual")
+    trend_s: float = setting(0.0, unit="s", low=0.0,
+                             meaning="span of the pools' rising trend (at most interval_s; 0: none)")
+    hour_phase: bool = setting(False, kind=bool, meaning="weight the headroom by the phase of the hour")
+    error_state: bool = setting(False, kind=bool,
+                                meaning="weight the headroom by the tercile of the lead error just made")
 
-    def __post_init__(self) -> None:
-        w = "planner"
-        interval_s = check_number(f"{w}.interval_s", self.interval_s, low=1.0, high=3600.0)
-        checked = {
-            "lead_s": check_number(f"{w}.lead_s", self.lead_s, low=0.0, high=4 * 3600.0),
-            "excess_budget": check_number(f"{w}.excess_budget", self.excess_budget, low=0.0, high=0.5,
-                                          low_inclusive=False, high_inclusive=False),
-            "days": check_int(f"{w}.days", self.days, low=1, high=14),
-            "refit_s": check_number(f"{w}.refit_s", self.refit_s, low=interval_s, high=30 * DAY_S),
-            "fine_s": check_number(f"{w}.fine_s", self.fine_s, low=1.0, high=interval_s),
-            "time_offset_s": float(self.time_offset_s),
-            "max_headroom": check_number(f"{w}.max_headroom", self.max_headroom, low=0.0, high=HEADROOM_GRID[-1]),
-            "utilization": check_number(f"{w}.utilization", self.utilization, low=0.0, high=1.0,
-                                        low_inclusive=False),
-            "hold_s": check_number(f"{w}.hold_s", self.hold_s, low=0.0),
-            "use_profile": bool(self.use_profile),
-            "profile_smooth_s": None if self.profile_smooth_s is None else check_number(
-                f"{w}.profile_smooth_s", self.profile_smooth_s, low=0.0, high=DAY_S / 4),
-            "volatility_window_s": check_number(f"{w}.volatility_window_s", self.volatility_window_s, low=0.0,
-                                                high=DAY_S),
-            "residual_ar1": bool(self.residual_ar1),
-            "trend_s": None, "hour_phase": bool(self.hour_phase), "error_state": bool(self.error_state),
-        }
-        if checked["volatility_window_s"] and checked["volatility_window_s"] < interval_s:
-            raise ConfigError(f"{w}.volatility_window_s", f"must span at least one interval ({interval_s:g} s) "
+    def __post_init__(self) -> None:  # checked once against the declarations, held as the values computed with
+        check_fields(self, "planner", names=("interval_s",))
+        i = self.interval_s
+        check_fields(self, "planner", bounds={"refit_s": {"low": i}, "fine_s": {"high": i}, "trend_s": {"high": i}})
+        if self.volatility_window_s and self.volatility_window_s < i:
+            raise ConfigError("planner.volatility_window_s", f"must span at least one interval ({i:g} s) "
                               f"or be 0 (no correction), got {self.volatility_window_s:g}")
-        checked["trend_s"] = check_number(f"{w}.trend_s", self.trend_s, low=0.0, high=interval_s)
-        for k, v in checked.items():  # the checked values (floats where a number was given), as before
-            object.__setattr__(self, k, v)
 
 
 class DemandPlanner(SampledController):
@@ -1115,62 +1111,56 @@ class PlannedPoolConfig:
         Least time between two scale-downs (s, >= 0; default ``dwell_s``).
     """
 
-    pool: str
-    per_worker_rps: float
-    headroom: float = 0.0
-    min_headroom: float = 0.0
-    measured_fill_rate: bool = False
-    measured_decode_rate: bool = False
-    output_tokens: float | None = None
-    down_cooldown_s: float | None = None
-    target_utilization: float = 0.85
-    dead_band: float = 0.5
-    filter_s: float = 30.0
-    dwell_s: float = 90.0
-    up_dwell_s: float | None = None
-    cooldown_s: float = 150.0
-    max_step_up: int = 1000
-    max_step_down: int = 1000
-    queue_clear_s: float = 60.0
-    queue_headroom: float = 0.25
-    min_replicas: int = 1
-    max_replicas: int = 5000
-    sample_period: float = 5.0
+    pool: str = setting(REQUIRED, kind=str, choices=("fill", "decode"), meaning="the pool sized")
+    per_worker_rps: float = setting(REQUIRED, unit="requests/s", low=0.0, low_inclusive=False,
+                                    meaning="requests/s one worker carries at full speed")
+    headroom: float = setting(0.0, low=0.0, high=2.0,
+                              meaning="fixed headroom without a planner (or before its first fit)")
+    min_headroom: float = setting(0.0, low=0.0, high=2.0, meaning="floor of the headroom in force, the planner's "
+                                                                  "included")
+    measured_fill_rate: bool = setting(False, kind=bool,
+                                       meaning="fill pool: read the per-worker rate from the plant every sample")
+    measured_decode_rate: bool = setting(False, kind=bool,
+                                         meaning="decode pool: follow the output length the pool is serving")
+    output_tokens: float | None = setting(None, unit="tokens", low=0.0, low_inclusive=False,
+                                          meaning="the output tokens per_worker_rps was computed at (needed with "
+                                                  "measured_decode_rate)")
+    down_cooldown_s: float | None = setting(None, unit="s", low=0.0,
+                                            meaning="least time between two scale-downs (absent: dwell_s)")
+    target_utilization: float = setting(0.85, low=0.1, high=1.0, meaning="utilisation the pool is sized for")
+    dead_band: float = setting(0.5, unit="workers", low=0.0, high=10.0,
+                               meaning="workers the need must fall below n - 1 before a scale-down")
+    filter_s: float = setting(30.0, unit="s", low=0.0, meaning="time constant of the measured rate's filter")
+    dwell_s: float = setting(90.0, unit="s", low=0.0, meaning="the need must stay low this long before a scale-down")
+    up_dwell_s: float | None = setting(None, unit="s", low=0.0,
+                                       meaning="the need must stay high this long before a scale-up (absent: one "
+                                               "sample)")
+    cooldown_s: float = setting(150.0, unit="s", low=0.0, meaning="no scale-down sooner than this after a scale-up")
+    max_step_up: int = setting(1000, kind=int, unit="workers", low=1, meaning="largest move up")
+    max_step_down: int = setting(1000, kind=int, unit="workers", low=1, meaning="largest move down")
+    queue_clear_s: float = setting(60.0, unit="s", low=0.0, low_inclusive=False,
+                                   meaning="the backlog term clears the queue in this time")
+    queue_headroom: float = setting(0.25, low=0.0, high=10.0, meaning="cap of the backlog term as a share of the "
+                                                                      "rate term")
+    min_replicas: int = setting(1, kind=int, unit="workers", low=0, meaning="smallest pool")
+    max_replicas: int = setting(5000, kind=int, unit="workers", low=1, meaning="largest pool (at least min_replicas)")
+    sample_period: float = setting(5.0, unit="s", low=0.0, low_inclusive=False, meaning="the controller's period")
 
-    def __post_init__(self) -> None:
-        w, h = "planned", "hysteretic"
-        check_choice(f"{h}.pool", self.pool, ("fill", "decode"))
-        min_replicas = check_int(f"{h}.min_replicas", self.min_replicas, low=0)
-        check_int(f"{h}.max_replicas", self.max_replicas, low=max(1, min_replicas))
-        check_number(f"{h}.per_worker_rps", self.per_worker_rps, low=0.0, low_inclusive=False)
-        check_number(f"{h}.target_utilization", self.target_utilization, low=0.1, high=1.0)
-        check_number(f"{h}.dead_band", self.dead_band, low=0.0, high=10.0)
-        check_number(f"{h}.filter_s", self.filter_s, low=0.0)
-        check_number(f"{h}.dwell_s", self.dwell_s, low=0.0)
-        if self.up_dwell_s is not None:
-            check_number(f"{h}.up_dwell_s", self.up_dwell_s, low=0.0)
-        check_number(f"{h}.cooldown_s", self.cooldown_s, low=0.0)
-        check_int(f"{h}.max_step_up", self.max_step_up, low=1)
-        check_int(f"{h}.max_step_down", self.max_step_down, low=1)
-        check_number(f"{h}.queue_clear_s", self.queue_clear_s, low=0.0, low_inclusive=False)
-        check_number(f"{h}.queue_headroom", self.queue_headroom, low=0.0, high=10.0)
-        if self.measured_decode_rate:
-            if self.pool != "decode":
-                raise ConfigError(f"{w}.measured_decode_rate", "applies to the decode pool only")
-            if self.output_tokens is None:
-                raise ConfigError(f"{w}.output_tokens", "needed with measured_decode_rate (> 0 tokens)")
-        checked = {
-            "headroom": check_number(f"{w}.headroom", self.headroom, low=0.0, high=2.0),
-            "min_headroom": check_number(f"{w}.min_headroom", self.min_headroom, low=0.0, high=2.0),
-            "measured_fill_rate": bool(self.measured_fill_rate),
-            "measured_decode_rate": bool(self.measured_decode_rate),
-            "output_tokens": None if self.output_tokens is None else check_number(
-                f"{w}.output_tokens", self.output_tokens, low=0.0, low_inclusive=False),
-            "down_cooldown_s": None if self.down_cooldown_s is None else check_number(
-                f"{w}.down_cooldown_s", self.down_cooldown_s, low=0.0),
-        }
-        for k, v in checked.items():  # the checked values (floats where a number was given), as before
-            object.__setattr__(self, k, v)
+    #: the fields the hysteretic rule shares (named ``hysteretic.FIELD`` in errors, as its own config's)
+    _HYSTERETIC = ("pool", "min_replicas", "max_replicas", "per_worker_rps", "target_utilization", "dead_band",
+                   "filter_s", "dwell_s", "up_dwell_s", "cooldown_s", "max_step_up", "max_step_down",
+                   "queue_clear_s", "queue_headroom", "sample_period")
+
+    def __post_init__(self) -> None:  # checked once against the declarations, held as the values computed with
+        check_fields(self, "hysteretic", names=("min_replicas",))
+        check_fields(self, "hysteretic", names=self._HYSTERETIC,
+                     bounds={"max_replicas": {"low": max(1, self.min_replicas)}})
+        if self.measured_decode_rate is True and self.pool != "decode":
+            raise ConfigError("planned.measured_decode_rate", "applies to the decode pool only")
+        if self.measured_decode_rate is True and self.output_tokens is None:
+            raise ConfigError("planned.output_tokens", "needed with measured_decode_rate (> 0 tokens)")
+        check_fields(self, "planned", names=("headroom", "min_headroom", "measured_fill_rate", "measured_decode_rate",
+                                             "output_tokens", "down_cooldown_s"))
 
 
 class PlannedPoolController(HystereticPoolController):

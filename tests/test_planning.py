@@ -446,3 +446,15 @@ def test_the_configs_are_frozen_and_what_the_controllers_are_built_from():
 def test_a_bad_config_field_is_named(make, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         make()
+
+
+def test_config_errors_name_the_declared_range():
+    """The ranges come from the setting() declarations, a bound set by another field included."""
+    with pytest.raises(ConfigError, match=r"planner\.fine_s.*\[1, 300\]"):
+        DemandPlannerConfig(lead_s=670.0, interval_s=300.0, fine_s=400.0)
+    with pytest.raises(ConfigError, match=r"planner\.days.*\[1, 14\]"):
+        DemandPlannerConfig(lead_s=670.0, days=15)
+    with pytest.raises(ConfigError, match=r"hysteretic\.max_replicas.*\[3, inf\)"):
+        PlannedPoolConfig(pool="fill", per_worker_rps=1.0, min_replicas=3, max_replicas=2)
+    with pytest.raises(ConfigError, match=r"planned\.use_profile|planned\.measured_fill_rate"):
+        PlannedPoolConfig(pool="fill", per_worker_rps=1.0, measured_fill_rate="yes")

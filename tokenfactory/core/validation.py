@@ -28,6 +28,7 @@ __all__ = [
     "REQUIRED",
     "setting_names",
     "check_settings",
+    "check_fields",
 ]
 
 #: the default of a :func:`setting` a file must give (no default)
@@ -437,3 +438,40 @@ def config_or_fields(where: str, cls: type, config: Any, fields: Mapping[str, An
     if not isinstance(config, cls):
         raise ConfigError(f"{where}.{name}", f"must be a {cls.__name__}")
     return config
+
+
+def check_fields(obj: Any, where: str, *, names: Iterable[str] | None = None,
+                 bounds: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    """Validate a frozen config's fields in place against their :func:`setting` declarations (the
+    range, type and choices declared once there) and hold the checked values: numbers as floats,
+    integers as ints. Meant for ``__post_init__``; a field at a ``None`` default is left as None.
+
+    Parameters
+    ----------
+    obj : dataclass instance
+        The config (frozen: the values are set with ``object.__setattr__``).
+    where : str
+        The prefix of the fields' names in errors (``"planner"``: ``planner.FIELD``).
+    names : iterable of str, optional
+        The fields to check (default all of them, in declared order).
+    bounds : mapping, optional
+        Per field, the declared bounds replaced for this instance (``{"fine_s": {"high": 600.0}}``):
+        a range set by another field's value.
+
+    Raises
+    ------
+    ConfigError
+        Naming ``where.FIELD`` and its allowed range, choices or type.
+    """
+    fields = {f.name: f for f in dataclasses.fields(obj) if f.init}
+    bounds = bounds or {}
+    for name in (fields if names is None else names):
+        f = fields[name]
+        value = getattr(obj, name)
+        if value is None and f.default is None:
+            continue
+        meta = {**f.metadata, **bounds.get(name, {})}
+        checked = _resolve_value(f"{where}.{name}", value, meta)
+        if meta["kind"] is float and not isinstance(checked, str):
+            checked = float(checked)
+        object.__setattr__(obj, name, checked)
