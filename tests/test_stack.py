@@ -474,3 +474,28 @@ def test_simulate_rejects_the_other_plants_settings_by_name(flags, field, capsys
     # silently ignored (`--plant pools --scenario sim.toml` ran the default stack scenario before)
     assert main(["simulate", "--trace", "synthetic", *flags]) == 2
     assert field in capsys.readouterr().err
+
+
+def _plant_flags() -> dict:
+    from tokenfactory.cli.arguments import build_parser
+
+    return build_parser().parse_args(["simulate", "--trace", "synthetic"]).plant_flags
+
+
+@pytest.mark.parametrize("dest,plant", sorted((d, p) for d, (p, _) in _plant_flags().items()))
+def test_every_plant_only_flag_is_rejected_on_the_other_plant(dest, plant, capsys):
+    """The table comes from the parser (each plant-only flag is tagged where it is added), so a flag
+    added to one plant is rejected on the other without a second list to keep in step."""
+    flag = "--" + dest.replace("_", "-")
+    value = "k=1" if dest == "autoscaler_param" else "2"
+    other = "des" if plant == "pools" else "pools"
+    assert main(["simulate", "--trace", "synthetic", "--plant", other, flag, value]) == 2
+    err = capsys.readouterr().err
+    assert dest in err and f"needs --plant {plant}" in err
+
+
+def test_the_plant_flag_table_holds_both_plants_settings():
+    table = {d: p for d, (p, _) in _plant_flags().items()}
+    assert {d for d, p in table.items() if p == "des"} >= {"scenario", "scale", "load", "autoscaler", "control_plane"}
+    assert {d for d, p in table.items() if p == "pools"} >= {"stack", "hours", "rate_scale", "last_days"}
+    assert "trace" not in table and "seed" not in table   # shared

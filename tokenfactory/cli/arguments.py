@@ -79,12 +79,22 @@ def _add_forecast(sub) -> None:
     f.set_defaults(func=cmd_forecast)
 
 
+def _plant_flag(parser: argparse.ArgumentParser, plant: str, *names, **kwargs) -> argparse.Action:
+    """Add a flag only ``plant`` reads, recorded with its default in the parser's ``plant_flags``
+    (``dest -> (plant, default)``) so that the other plant can reject it by name."""
+    action = parser.add_argument(*names, **kwargs)
+    parser.get_default("plant_flags")[action.dest] = (plant, action.default)
+    return action
+
+
 def _add_simulate(sub) -> None:
     """``simulate``: a trace replayed through the cluster (request simulator or pool model)."""
     sm = sub.add_parser("simulate", help="replay a trace request by request through the cluster")
+    # flags one plant reads (the rest are shared): cmd_simulate rejects each on the other plant
+    sm.set_defaults(plant_flags={})
     sm.add_argument("--trace", required=True, help="registered name, path, or 'synthetic'")
-    sm.add_argument("--scale", type=float, default=None, help="replay x times faster (default 1)")
-    sm.add_argument("--load", type=float, default=None,
+    _plant_flag(sm, "des", "--scale", type=float, default=None, help="replay x times faster (default 1)")
+    _plant_flag(sm, "des", "--load", type=float, default=None,
                     help="offered load as a multiple of the simulated cluster's capacity at the SLO (instead of "
                          "--scale; closed sessions need it): by default the capacity measured by bisection under "
                          "open admission (cached in --capacity-cache), see --capacity")
@@ -95,25 +105,25 @@ def _add_simulate(sub) -> None:
     sm.add_argument("--capacity-cache", dest="capacity_cache", default=str(Path("reports") / "cache"),
                     help="folder of the measured capacities (one JSON per trace, plant and cluster; default "
                          "reports/cache)")
-    sm.add_argument("--scenario", default=None,
+    _plant_flag(sm, "des", "--scenario", default=None,
                     help="TOML with [plant], [cluster], [classes], [controller], [envelope], [simulation]; every "
                          "field is used or rejected by name")
-    sm.add_argument("--admission", default=None,
+    _plant_flag(sm, "des", "--admission", default=None,
                     help="an admission kind (tokenfactory describe kinds); default the scenario's, else the "
                          "recommended slo-aware")
-    sm.add_argument("--batch-cap", dest="batch_cap", default=None,
+    _plant_flag(sm, "des", "--batch-cap", dest="batch_cap", default=None,
                     help="decode batch cap per worker at the start: 'static' (the largest batch meeting the TPOT "
                          "SLO at the nominal context), 'none' (KV memory only; default) or a number")
-    sm.add_argument("--autoscaler-param", dest="autoscaler_param", action="append", default=None, metavar="KEY=VALUE",
+    _plant_flag(sm, "des", "--autoscaler-param", dest="autoscaler_param", action="append", default=None, metavar="KEY=VALUE",
                     help="a parameter of the --autoscaler kind, repeatable (hysteretic: fill_min_replicas, "
                          "decode_min_replicas - a floor per pool)")
-    sm.add_argument("--autoscaler", default=None,
+    _plant_flag(sm, "des", "--autoscaler", default=None,
                     help="an autoscaler kind sizing both pools (tokenfactory describe kinds); start-up/warm-up "
                          "from the scenario's [cluster.dynamics]")
-    sm.add_argument("--planner-config", dest="planner_config", default=None,
+    _plant_flag(sm, "des", "--planner-config", dest="planner_config", default=None,
                     help="with --autoscaler dynamo-planner: a Dynamo planner config file (YAML/JSON, Dynamo's "
                     "own PlannerConfig fields: optimization_target, load_predictor, ttft_ms, ...)")
-    sm.add_argument("--control-plane", dest="control_plane", default=None,
+    _plant_flag(sm, "des", "--control-plane", dest="control_plane", default=None,
                     help="a control plane's own settings file (Kubernetes HPA, KEDA ScaledObject, Knative Service, "
                          "Ray Serve config, AIBrix PodAutoscaler) sizing --pool with exactly its parameters, or a "
                          "Dynamo planner config (the real planner, sizing both pools)")
@@ -127,14 +137,14 @@ def _add_simulate(sub) -> None:
     sm.add_argument("--plant", choices=["des", "pools"], default="des",
                     help="des: request simulator on a request trace; pools: the pool model on a rate series "
                          "(ServeGen aggregate format included) run by a control stack")
-    sm.add_argument("--stack", default=None, help="pools: stack scenario TOML (default tokenfactory/scenarios/"
+    _plant_flag(sm, "pools", "--stack", default=None, help="pools: stack scenario TOML (default tokenfactory/scenarios/"
                                                   "stack_default.toml)")
-    sm.add_argument("--startup", type=float, default=None, help="pools: worker start-up (s), overrides the scenario")
-    sm.add_argument("--last-days", type=float, default=None, help="pools: run the last N days (the days before "
+    _plant_flag(sm, "pools", "--startup", type=float, default=None, help="pools: worker start-up (s), overrides the scenario")
+    _plant_flag(sm, "pools", "--last-days", type=float, default=None, help="pools: run the last N days (the days before "
                                                                   "are the planner's history)")
-    sm.add_argument("--hours", type=float, default=None, help="pools: run only the first N hours")
-    sm.add_argument("--rate-scale", type=float, default=1.0, help="pools: multiply the rates")
-    sm.add_argument("--baseline", default=None, help="pools: also run a baseline deployment (tokenfactory.registry."
+    _plant_flag(sm, "pools", "--hours", type=float, default=None, help="pools: run only the first N hours")
+    _plant_flag(sm, "pools", "--rate-scale", type=float, default=1.0, help="pools: multiply the rates")
+    _plant_flag(sm, "pools", "--baseline", default=None, help="pools: also run a baseline deployment (tokenfactory.registry."
                                                      "BASELINE_STACKS)")
     sm.set_defaults(func=cmd_simulate)
 
