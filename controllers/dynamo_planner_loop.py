@@ -259,7 +259,7 @@ def planner_pool_loops(setting, plant, *, demand_rps: float, metric_delay_s: flo
         from tokenfactory.controllers.dynamo_planner_sla_loop import sla_pool_loops
 
         return sla_pool_loops(fields, plant, demand_rps=demand_rps, metric_delay_s=metric_delay_s, hold_s=hold,
-                              lo=lo, budget_workers=min(budget_workers.values()), mu_f=mu_f, mu_d=mu_d, slots=slots,
+                              lo=lo, budget_workers=budget_workers, mu_f=mu_f, mu_d=mu_d, slots=slots,
                               prompt=prompt,
                               service_rate_factor=service_rate_factor)
     levels = _easy_levels(target, fields, prompt + plant.output_tokens)

@@ -55,6 +55,7 @@ What follows from the rule:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tokenfactory.controllers.autoscaler_loops import PoolOperatingPoint
@@ -226,7 +227,7 @@ def _capacity_at(loop_pass, slots: float, osl: float, target_s: float) -> float:
 
 
 def sla_pool_loops(fields: dict, plant, *, demand_rps: float, metric_delay_s: float, hold_s: float, lo: int,
-                   budget_workers: int, mu_f: float, mu_d: float, slots: float, prompt: float,
+                   budget_workers: int | Mapping[str, int], mu_f: float, mu_d: float, slots: float, prompt: float,
                    service_rate_factor: float = 1.0) -> dict[str, SLAPoolLoop]:
     """The two pools' ``sla`` loops (called by
     :func:`~tokenfactory.controllers.dynamo_planner_loop.planner_pool_loops`, which resolves the
@@ -240,13 +241,19 @@ def sla_pool_loops(fields: dict, plant, *, demand_rps: float, metric_delay_s: fl
         The plant (its decode pass time ``decode_step_s``, output tokens, fill latency).
     demand_rps, metric_delay_s, hold_s : float
         Demand (req/s), metric age and start-up + warm-up (s).
-    lo, budget_workers : int
-        ``min_endpoint`` and the workers the GPU budget leaves a pool.
+    lo : int
+        ``min_endpoint``.
+    budget_workers : int or mapping
+        The workers the GPU budget leaves each pool: ``{"fill": .., "decode": ..}`` (a pool of
+        fewer GPUs per worker fits more workers in what the other pool's floor leaves), or one
+        number for both.
     mu_f, mu_d, slots, prompt : float
         Worker rates (req/s), decode slots and prompt tokens, as the load loops use them.
     service_rate_factor : float
         Scales the pass times (the stack's envelope).
     """
+    ceiling = (dict(budget_workers) if isinstance(budget_workers, Mapping)
+               else {"fill": int(budget_workers), "decode": int(budget_workers)})
     tick = float(fields["load_adjustment_interval_seconds"])
     s = float(fields["load_scaling_down_sensitivity"]) / 100.0
     interval = float(fields["throughput_adjustment_interval_seconds"])
@@ -258,7 +265,7 @@ def sla_pool_loops(fields: dict, plant, *, demand_rps: float, metric_delay_s: fl
     curve = tuple((b, float(plant.decode_step_s(b)) / service_rate_factor) for b in grid)
     probe = SLAPoolLoop("decode", "", itl, s * itl, 1.0, 0.0, 0.0, 0.0,
                         PoolOperatingPoint(mu_d, demand_rps, metric_delay_s, hold_s, slots, slots / mu_d),
-                        tick, lo, budget_workers, pass_curve=curve)
+                        tick, lo, ceiling["decode"], pass_curve=curve)
     r_d = _capacity_at(probe._pass, slots, osl, itl)
     own = float(plant.fill_latency_s) / service_rate_factor
     # prefill capacity at the TTFT target: an M/D/1 worker whose queueing wait is ttft - own
@@ -273,10 +280,10 @@ def sla_pool_loops(fields: dict, plant, *, demand_rps: float, metric_delay_s: fl
     top = probe._pass(slots)
     slope = (top - probe._pass(slots / 2.0)) / (slots / 2.0)
     decode = SLAPoolLoop("decode", "ITL estimate", itl, s * itl, 1.0, 0.0, slope, slots / mu_d, probe.point, tick,
-                         lo, budget_workers, sensitivity=s, floor_replicas=floor(r_d), engine_rps=r_d,
+                         lo, ceiling["decode"], sensitivity=s, floor_replicas=floor(r_d), engine_rps=r_d,
                          output_tokens=osl, pass_curve=curve, interval_s=interval, feedback=feedback)
     fill = SLAPoolLoop("fill", "TTFT estimate", ttft, own + s * wait, prompt, 0.0, 1.0 / mu_f, float(plant.fill_latency_s),
                        PoolOperatingPoint(mu_f, demand_rps, metric_delay_s, hold_s, 1.0, plant.fill_latency_s), tick,
-                       lo, budget_workers, sensitivity=s, floor_replicas=floor(r_f), engine_rps=r_f, own_s=own,
+                       lo, ceiling["fill"], sensitivity=s, floor_replicas=floor(r_f), engine_rps=r_f, own_s=own,
                        interval_s=interval, feedback=feedback)
     return {"fill": fill, "decode": decode}

@@ -174,3 +174,18 @@ def test_failure_reason_comes_from_the_certificate(plant):
     assert failure_reason({"median decode": flip, "p90 decode": held}) == (
         f"median decode: predicts a {c.period_s:.0f} s cycle between 3 and 4 workers (noise-driven)")
     assert failure_reason({"median decode": held}) == ""
+
+
+def test_sla_gpu_budget_gives_each_pool_its_own_ceiling(plant):
+    """The sla loops get each pool's own ceiling from max_gpu_budget, as the load loops do: with
+    4-GPU prefill and 8-GPU decode workers and min_endpoint 1 the prefill pool may grow to
+    (256 - 8) // 4 and the decode pool to (256 - 4) // 8 (it was the smaller of the two for both)."""
+    p, _ = plant
+    s = parse_control_plane(sla_config())
+    loops = planner_pool_loops(s, p, demand_rps=2 * p.decode_capacity(1), metric_delay_s=p.measurement_delay_s,
+                               startup_s=STARTUP, gpus_per_worker={"fill": 4, "decode": 8})
+    assert loops["fill"].max_replicas == (256 - 1 * 8) // 4 == 62
+    assert loops["decode"].max_replicas == (256 - 1 * 4) // 8 == 31
+    scalar = planner_pool_loops(s, p, demand_rps=2 * p.decode_capacity(1), metric_delay_s=p.measurement_delay_s,
+                                startup_s=STARTUP, gpus_per_worker=8)
+    assert scalar["fill"].max_replicas == scalar["decode"].max_replicas == 256 // 8 - 1
