@@ -217,9 +217,12 @@ class MarginLoopConfig:
         measured misses stay below the setpoint the outer loop goes on to relax the decode side of
         the model too, and their misses bring it back. False (default): above r = 1 only the TTFT
         side moves; a class refused on its predicted ready wait at r = 1 stays refused at r = 2.
-        The loop's certificate is unchanged (the same integrator on the same margin range; the
-        plant gain past r = 1 is checked against the envelope's 0.6-10 budgets per unit of r in
-        docs/architecture.md).
+        The loop's structure is unchanged (the same integrator on the same margin range, so
+        :func:`tune_margin_loop`'s ki and margins stand); what the flag can change is the plant
+        gain past r = 1, certified for 0.6-10 budgets of misses per unit of r. Not measured apart:
+        on the whole-trace cells (benchmarks/results/adm7.json, 0.9x and 1.3x of five traces) the
+        flag changed one request of one cell - no class refused on its decode side had a margin
+        past 1 (azure-conv-2023 at 0.9x: the interactive margin stayed in [-0.05, 0.11]).
     enabled : bool
         False: the margin stays at ``initial_margin`` (default True).
     """
