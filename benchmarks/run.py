@@ -488,7 +488,11 @@ def _whole_trace(argv: list[str]) -> dict:
     ap.add_argument("--out", default="whole_trace.json", help="file under results/ (pieces run in parallel write "
                     "their own and are merged with --merge)")
     ap.add_argument("--merge", default=None, help="comma-separated files under results/ to merge into --out")
+    ap.add_argument("--params", default=None, help="JSON table of admission parameters given to every policy (e.g. "
+                    "'{\"outer\": {\"decode_past_model\": true}}'; recorded in each row as admission_params; "
+                    "write such rows to their own --out)")
     a = ap.parse_args(argv)
+    params = json.loads(a.params) if a.params else None
     path = OUT / a.out
     if a.merge:
         data = json.loads(path.read_text()) if path.exists() else {"rows": [], "capacity": {}}
@@ -515,10 +519,11 @@ def _whole_trace(argv: list[str]) -> dict:
                     continue
                 t0 = time.perf_counter()
                 m, res = run_replay(trace, setup, pol, cluster=cluster, load=load, capacity="measured",
-                                    capacity_cache=OUT / "capacity-cache")
+                                    capacity_cache=OUT / "capacity-cache", admission_params=params)
                 arr = res.records["arrival_s"].dropna()
                 span = max(float(arr.max() - arr.min()), 1.0)
-                row = {"trace": name, "policy": pol, "load": load, "offered_rps": load * cap.rps,
+                row = {"trace": name, "policy": pol, "load": load, "admission_params": params,
+                       "offered_rps": load * cap.rps,
                        "requests": m["requests"], "completed": m["completed"], "rejected": m["rejected"],
                        "deferred": m["deferred"], "in_flight_end": m["in_flight_end"],
                        "conserved": m["requests"] == m["completed"] + m["rejected"] + m["in_flight_end"],

@@ -210,6 +210,19 @@ class MarginLoopConfig:
         measured). The loop's certificate is unchanged: a held sample is a zero-order hold longer
         than ``sample_period_s`` only while no outcome arrives, i.e. the integrator pauses; it
         never integrates faster or on a larger error.
+    decode_past_model : bool
+        True: past r = 1 the decode check is corrected like the TTFT check - it counts (2 - r) of
+        the predicted ready wait (:meth:`SLOAwareAdmission.decode_weight`;
+        r = 2: the decode side admits as open admission does), so where the admitted requests'
+        measured misses stay below the setpoint the outer loop goes on to relax the decode side of
+        the model too, and their misses bring it back. False (default): above r = 1 only the TTFT
+        side moves; a class refused on its predicted ready wait at r = 1 stays refused at r = 2.
+        The loop's structure is unchanged (the same integrator on the same margin range, so
+        :func:`tune_margin_loop`'s ki and margins stand); what the flag can change is the plant
+        gain past r = 1, certified for 0.6-10 budgets of misses per unit of r. Not measured apart:
+        on the whole-trace cells (benchmarks/results/adm7.json, 0.9x and 1.3x of five traces) the
+        flag changed one request of one cell - no class refused on its decode side had a margin
+        past 1 (azure-conv-2023 at 0.9x: the interactive margin stayed in [-0.05, 0.11]).
     enabled : bool
         False: the margin stays at ``initial_margin`` (default True).
     """
@@ -250,6 +263,9 @@ class MarginLoopConfig:
                                       "admitted batch attainment 0.66 -> 0.875",
                                meaning="true: a class's margin tightens only when its window gained completions "
                                        "since the previous correction (no windup on a starved class's stale misses)")
+    decode_past_model: bool = setting(False, kind=bool,
+                                      meaning="true: past r = 1 the decode check counts (2 - r) of the predicted "
+                                              "ready wait (r = 2: the decode side admits as open admission does)")
     enabled: bool = setting(True, kind=bool, meaning="false: the margin stays at initial_margin")
 
     def __post_init__(self) -> None:
@@ -654,6 +670,27 @@ class SLOAwareAdmission(SampledController):
         """
         return min(max(2.0 - self.margin.get(name, 0.0), 0.0), 1.0)
 
+    def decode_weight(self, name: str) -> float:
+        """The share of the predicted ready wait (when positive) that class ``name``'s decode check
+        counts: 1 unless ``MarginLoopConfig.decode_past_model``, then 1 up to r = 1
+        and 2 - r above (r = 2: none - the decode side admits as open admission does). As
+        :meth:`queue_weight` for the TTFT side: the outer loop goes there only while the admitted
+        requests' measured misses stay below the setpoint, and their misses bring it back.
+
+        Parameters
+        ----------
+        name : str
+            The class.
+
+        Returns
+        -------
+        float
+            In [0, 1].
+        """
+        if not self.outer.decode_past_model:
+            return 1.0
+        return self.queue_weight(name)
+
     # -- what the plant looks like now ----------------------------------------------------
     def _mu(self) -> float:
         m = self.m
@@ -847,7 +884,10 @@ class SLOAwareAdmission(SampledController):
             ttft_ok = ttft_ok and self.last_fill_wait <= self.fill_limit()
             decode_limit = self.decode_limit()
         decode_limit = self._decode_margin(name, decode_limit)
-        if ttft_ok and wait <= decode_limit:
+        # past r = 1 (decode_past_model) the check counts decode_weight of the predicted wait (a
+        # negative wait - completions in hand - is counted whole)
+        w = self.decode_weight(name)
+        if ttft_ok and (w * wait if wait > 0 else wait) <= decode_limit:
             self._admitted(t, a)
             return ADMIT
         reason = "predicted_slo_violation" if not ttft_ok else "decode_overloaded"

@@ -387,6 +387,57 @@ def test_outer_loop_past_the_model_discounts_the_queue_prediction_while_outcomes
         MarginLoopConfig(initial_margin=1.5, margin_max=1.0)
 
 
+def test_outer_loop_past_the_model_relaxes_the_decode_check_on_slack_and_tightens_on_misses():
+    """Issue 21 item 3 (decode_past_model): the decode side of the model is corrected by outcomes
+    too. 64 slots full and 24 sequences ready: the predicted ready wait (6 s) is over the decode
+    limit even at r = 1 (3.85 s, what a mean-length request tolerates). With every admitted request
+    meeting its SLO and the gate refusing, the margin climbs to margin_max: main's rule (off)
+    refuses every such arrival for ever - past r = 1 only its TTFT side moved; with the flag the
+    check counts (2 - r) of the predicted wait and admits once 6 (2 - r) <= 3.85; misses bring the
+    margin back and it refuses again."""
+    m0 = Measurement(time_s=0.0, backlog=0, fill_in_progress=0, ready=24, active_decodes=64, completion_rate=0,
+                     admitted_rate=0, decode_slots=64, fill_capacity=10, fill_workers=1, decode_workers=1,
+                     fill_queued_tokens=0.0, fill_token_capacity=20000.0, decode_pass_s=0.08)
+
+    def run(flag):
+        ctrl = _gate(decode_ki=0.0, outer=MarginLoopConfig(sample_period_s=1.0, ki=0.05, min_samples=20,
+                                                           decode_past_model=flag))
+        ctrl.observe(0.0, [("interactive", 0.5, 0.04)] * 200)  # every admitted request met its SLO
+        verdicts = []
+        for k in range(1, 61):
+            t = float(k)
+            ctrl.update(t, dataclasses.replace(m0, time_s=t))
+            ctrl.ledger.clear()  # the decode backlog stays as measured
+            ctrl.led_tokens = {n: 0.0 for n in ctrl.classes}
+            ctrl.led_count = {n: 0 for n in ctrl.classes}
+            verdicts.append(ctrl.decide(t, Arrival("interactive", 2000, 0, 200, t)))
+        return ctrl, verdicts
+
+    old, v_old = run(False)
+    assert old.margin["interactive"] == 2.0 and old.decode_weight("interactive") == 1.0
+    assert {(v.verdict, v.reason) for v in v_old} == {("reject", "decode_overloaded")}
+    new, v_new = run(True)
+    assert v_new[0].reason == "decode_overloaded" and v_new[-1].verdict == "admit"
+    first = next(k for k, v in enumerate(v_new) if v.verdict == "admit")
+    assert new.outer_log[first]["interactive:margin"] > 1.0  # past the model: only the decode side moved
+    new.ledger.clear()
+    new.led_tokens = {n: 0.0 for n in new.classes}
+    new.led_count = {n: 0 for n in new.classes}
+    _, wait = new.predict(60.0, Arrival("interactive", 2000, 0, 200, 60.0))
+    limit = new._decode_margin("interactive", new.decode_limit())
+    assert wait > limit > 0  # the model's prediction alone still refuses
+    assert new.decode_weight("interactive") == pytest.approx(2.0 - new.margin["interactive"])
+    r_open = 2.0 - limit / wait  # where (2 - r) wait = limit
+    assert new.outer_log[first - 1]["interactive:margin"] < r_open <= new.outer_log[first]["interactive:margin"] + 1e-9
+    # misses: the margin comes back below r_open and the decode check refuses again
+    new.observe(61.0, [("interactive", 3.0, 0.2)] * 200)
+    for k in range(62, 80):
+        new.update(float(k), dataclasses.replace(m0, time_s=float(k)))
+    assert new.margin["interactive"] < r_open
+    d = new.decide(79.0, Arrival("interactive", 2000, 0, 200, 79.0))
+    assert d.verdict == "reject" and d.reason == "decode_overloaded"
+
+
 def test_outer_loop_is_certified_and_separated_from_the_fast_gate(setup):
     """The outer loop's SIMC tuning meets GM >= 2 and PM >= 45 deg over delay x 0.5-2 and gain x
     0.25-4, and crosses over well below the fast gate's closed-loop bandwidth (>= 5 x, the stack
