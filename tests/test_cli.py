@@ -171,9 +171,10 @@ def test_calibrate_score_needs_out(capsys):
 
 
 def test_calibrate_fit_writes_its_report(tmp_path, capsys):
-    # 8 runs give 16 residuals: one of the 17 parameters is held (without --fix: a named error)
+    # 8 runs give 16 residuals: in the joint fit one of the 17 parameters is held (without --fix: a
+    # named error); the two-stage fit (the default) fits the 11 efficiencies on them, the TTFT terms apart
     assert main(["calibrate", "fit", str(SILICON_SUBSET), "--per-group", "1", "--max-nfev", "2", "--no-cv",
-                 "--out", str(tmp_path)]) == 2
+                 "--fit-mode", "joint", "--out", str(tmp_path)]) == 2
     assert "8 runs cannot fit 17 parameters" in capsys.readouterr().err
     assert main(["calibrate", "fit", str(SILICON_SUBSET), "--per-group", "1", "--max-nfev", "2", "--no-cv",
                  "--fix", "nope", "--out", str(tmp_path)]) == 2
@@ -181,6 +182,7 @@ def test_calibrate_fit_writes_its_report(tmp_path, capsys):
     assert main(["calibrate", "fit", str(SILICON_SUBSET), "--per-group", "1", "--max-nfev", "2", "--no-cv",
                  "--fix", "client_request_share", "--out", str(tmp_path)]) == 0
     rep = json.loads((tmp_path / "fit.json").read_text())
+    assert rep["provenance"]["two_stage"] is True and "--fit-mode two-stage" in rep["provenance"]["command"]
     assert rep["provenance"]["fixed"] == ["client_request_share"]
     assert rep["fit"]["std_error"]["client_request_share"] == 0.0
     assert set(rep) >= {"fit", "before", "after", "provenance"}
