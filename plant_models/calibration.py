@@ -313,7 +313,9 @@ def steady_state_run(run: MeasuredRun, settings: RunSettings = RunSettings(), it
     Returns
     -------
     dict
-        ``ttft_s``, ``tpot_s``, ``batch`` (decodes per worker), ``ttft_wave_s``, ``ttft_steady_s``.
+        ``ttft_s``, ``tpot_s``, ``batch`` (decodes per worker), ``ttft_wave_s``, ``ttft_steady_s``,
+        ``ttft_queue_s`` (the queueing part of the last iteration's pass-and-queue TTFT: the M/D/1
+        wait for a mixed pass or a prefill worker, plus the wait for a decode slot).
     """
     s = run_service(run, settings)
     dec = s.decode_worker
@@ -335,7 +337,7 @@ def steady_state_run(run: MeasuredRun, settings: RunSettings = RunSettings(), it
         step = s.fill_step_s(min(per_fill, N / run.fill_workers) * I)
         wave = step * _wave_position(N, per_fill * run.fill_workers) + transfer
     ttft, tpot = 0.0, dec.decode(max(1.0, min(n_w, cap)), ctx, check_memory=False).time_s
-    B = 1.0
+    B, queue = 1.0, 0.0
     for _ in range(iterations):
         cycle = ttft + max(O - 1, 0) * tpot + 1e-9
         x_w = n_w / cycle
@@ -349,19 +351,22 @@ def steady_state_run(run: MeasuredRun, settings: RunSettings = RunSettings(), it
             t_mix = s.mixed_step_s(B, ctx, c)
             t_new = (1.0 - f) * t_dec + f * t_mix
             rho = min(f, 0.95)
-            f_new = chunks * t_mix + 0.5 * t_new + rho / (2.0 * (1.0 - rho)) * t_mix
+            queue = rho / (2.0 * (1.0 - rho)) * t_mix
+            f_new = chunks * t_mix + 0.5 * t_new + queue
         else:
             t_new = dec.decode(B, ctx, check_memory=False).time_s
             rho = min(n_w * run.workers / cycle * fill_s / (run.fill_workers * per_fill), 0.95)
-            f_new = fill_s + transfer + rho / (2.0 * (1.0 - rho)) * fill_s
+            queue = rho / (2.0 * (1.0 - rho)) * fill_s
+            f_new = fill_s + transfer + queue
         if n_w > cap:  # clients beyond the decode cap wait for a slot: their share of a cycle
-            f_new += (n_w - cap) / n_w * (f_new + max(O - 1, 0) * t_new)
+            slot = (n_w - cap) / n_w * (f_new + max(O - 1, 0) * t_new)
+            f_new, queue = f_new + slot, queue + slot
         done = abs(t_new - tpot) <= tol * tpot and abs(f_new - ttft) <= tol * max(ttft, 1e-9)
         ttft, tpot = 0.3 * ttft + 0.7 * f_new, 0.3 * tpot + 0.7 * t_new
         if done:
             break
     return {"ttft_s": predicted_ttft_s(run, settings, max(wave, ttft), ttft), "tpot_s": tpot, "batch": B,
-            "ttft_wave_s": wave, "ttft_steady_s": ttft}
+            "ttft_wave_s": wave, "ttft_steady_s": ttft, "ttft_queue_s": queue}
 
 
 def _single_pass(run: MeasuredRun, settings: RunSettings) -> dict[str, float]:
@@ -974,16 +979,17 @@ def fit_ttft_terms(runs: Sequence[MeasuredRun], settings: RunSettings, *, robust
 
 def fit_two_stage(runs: Sequence[MeasuredRun], *, per_group: int = 3, seed: int = 0, alternations: int = 1,
                   x0: RunSettings = FIT_START, ttft_robust_scale: float = TTFT_ROBUST_SCALE,
-                  free: Sequence[str] | None = None, **kw) -> CalibrationFit:
+                  free: Sequence[str] | None = None, joint_first: bool = False, **kw) -> CalibrationFit:
     """The fit in two stages that alternate: the :data:`TTFT_TERMS` on every run of ``runs``
     (:func:`fit_ttft_terms`, cheap: they act after the steady-state solve), then the
     :data:`EFFICIENCY_TERMS` on a training sample of them with those terms held
     (:func:`fit_calibration`, TPOT- and TTFT-driven), then the TTFT terms again on the new
-    efficiencies; ``alternations`` rounds of the last two.
+    efficiencies; ``alternations`` rounds of the last two. With ``joint_first`` the start is
+    the joint fit (:func:`fit_calibration` of every parameter on the sample) followed by
+    stage 1, instead of stage 1 at ``x0``'s efficiencies.
 
-    Why: the joint fit sees the TTFT terms only through the ~100 runs of its sample, and its
-    difference steps spend most evaluations on them; fitted on every run at fixed efficiencies
-    they are cheap and bound by 20 times the rows (issue 24).
+    Why: the joint fit sees the TTFT terms only through the ~100 runs of its sample; fitted on
+    every run at fixed efficiencies they are cheap and bound by 20 times the rows (issue 24).
 
     Parameters
     ----------
@@ -993,24 +999,27 @@ def fit_two_stage(runs: Sequence[MeasuredRun], *, per_group: int = 3, seed: int 
     per_group, seed : int
         Stage 2's training sample.
     alternations : int
-        Rounds of stage 2 followed by stage 1 (>= 1; default 1).
+        Rounds of stage 2 followed by stage 1 (>= 1, or >= 0 with ``joint_first``; default 1).
     x0 : RunSettings
         Start and prior (default :data:`FIT_START`).
     ttft_robust_scale : float
         Stage 1's loss scale on the log ratio (default :data:`TTFT_ROBUST_SCALE`).
     free : sequence of str, optional
         The parameters fitted (default all); the others stay at ``x0``'s values.
+    joint_first : bool
+        Start from the joint fit (default False).
     **kw
-        Passed to :func:`fit_calibration` (stage 2).
+        Passed to :func:`fit_calibration` (stage 2, and the joint fit).
 
     Returns
     -------
     CalibrationFit
-        The efficiencies and KV formats of the last stage 2 with their standard errors (given the
-        TTFT terms), the TTFT terms of the last stage 1 with theirs (given the efficiencies);
-        ``cost`` is stage 2's, ``train_rows`` its sample, ``evaluations`` the sum of both stages'.
+        The efficiencies and KV formats of the last stage 2 (or joint fit) with their standard
+        errors (given the TTFT terms), the TTFT terms of the last stage 1 with theirs (given the
+        efficiencies); ``cost`` is stage 2's (or the joint fit's), ``train_rows`` its sample,
+        ``evaluations`` the sum over the stages.
     """
-    check_int("alternations", alternations, low=1)
+    check_int("alternations", alternations, low=0 if joint_first else 1)
     runs = list(runs)
     names = list(CALIBRATION_PARAMETERS) if free is None else list(free)
     for n in names:
@@ -1020,27 +1029,33 @@ def fit_two_stage(runs: Sequence[MeasuredRun], *, per_group: int = 3, seed: int 
                and (not n.startswith("ttft_factor_") or n.removeprefix("ttft_factor_") in engines)]
     e_names = [n for n in EFFICIENCY_TERMS if n in names]
     sample = training_sample(runs, per_group, seed)
-    evals = 0
-    ttft = fit_ttft_terms(runs, x0, robust_scale=ttft_robust_scale, names=t_names) if t_names else None
-    current = x0 if ttft is None else settings_from({n: ttft.params[n] for n in t_names}, None, x0)
-    eff = None
+    evals, current, eff, ttft = 0, x0, None, None
+    if joint_first:
+        eff = fit_calibration(sample, x0=x0, free=names, **kw)
+        evals += eff.evaluations
+        current = settings_from({n: eff.params[n] for n in names}, eff.kv_precision, x0)
+
+    def stage1(settings):
+        fit = fit_ttft_terms(runs, settings, robust_scale=ttft_robust_scale, names=t_names)
+        return fit, settings_from({n: fit.params[n] for n in t_names}, None, settings)
+
+    if t_names:
+        ttft, current = stage1(current)
+        evals += ttft.evaluations
     for _ in range(alternations):
-        evals += 0 if ttft is None else ttft.evaluations
         if e_names:
             eff = fit_calibration(sample, x0=current, free=e_names, **kw)
             evals += eff.evaluations
             current = settings_from({n: eff.params[n] for n in e_names}, eff.kv_precision, current)
         if t_names:
-            ttft = fit_ttft_terms(runs, current, robust_scale=ttft_robust_scale, names=t_names)
-            current = settings_from({n: ttft.params[n] for n in t_names}, None, current)
-    evals += 0 if ttft is None else ttft.evaluations
+            ttft, current = stage1(current)
+            evals += ttft.evaluations
     errors = {n: 0.0 for n in CALIBRATION_PARAMETERS}
     for part, part_names in ((eff, e_names), (ttft, t_names)):
         if part is not None:
             errors.update({n: part.std_error[n] for n in part_names})
     return CalibrationFit(params_of(current), errors, dict(current.kv_precision),
                           float(eff.cost) if eff is not None else float(ttft.cost), len(sample), evals)
-
 
 def _fold(runs: Sequence[MeasuredRun], by: str, v: str, per_group: int, seed: int, kw: dict,
           two_stage: bool = False):
@@ -1109,9 +1124,11 @@ def cross_validate_runs(runs: Sequence[MeasuredRun], by: str, *, per_group: int 
 
 
 def _calibration_task(runs: list, by: str | None, v: str | None, per_group: int, seed: int, max_nfev: int,
-                      free: list | None = None, two_stage: bool = False, alternations: int = 1):
+                      free: list | None = None, two_stage: bool = False, alternations: int = 1,
+                      joint_first: bool = False):
     """The full fit (``by`` None) or one cross-validation fold, for :func:`calibrate`'s pool."""
-    kw = {"max_nfev": max_nfev, "free": free, **({"alternations": alternations} if two_stage else {})}
+    kw = {"max_nfev": max_nfev, "free": free,
+          **({"alternations": alternations, "joint_first": joint_first} if two_stage else {})}
     if by is None:
         if two_stage:
             return fit_two_stage(runs, per_group=per_group, seed=seed, **kw)
@@ -1121,7 +1138,7 @@ def _calibration_task(runs: list, by: str | None, v: str | None, per_group: int,
 
 def calibrate(runs: Sequence[MeasuredRun], *, per_group: int = 3, max_nfev: int = 40, cv: bool = True,
               seed: int = 0, source: str = "", jobs: int = 1, fixed: Sequence[str] = (), two_stage: bool = False,
-              alternations: int = 1) -> dict[str, Any]:
+              alternations: int = 1, joint_first: bool = False) -> dict[str, Any]:
     """The whole calibration: the fit on a training sample of every run, the error tables before
     (:data:`BASE_SETTINGS`) and after it on every run (steady-state solve), and the
     leave-one-GPU-out and leave-one-engine-out cross-validation.
@@ -1151,7 +1168,10 @@ def calibrate(runs: Sequence[MeasuredRun], *, per_group: int = 3, max_nfev: int 
         training run, the efficiencies on the sample (default False: :func:`fit_calibration`,
         every parameter on the sample at once).
     alternations : int
-        :func:`fit_two_stage`'s rounds (>= 1; default 1; only with ``two_stage``).
+        :func:`fit_two_stage`'s rounds (>= 1, >= 0 with ``joint_first``; default 1; only with
+        ``two_stage``).
+    joint_first : bool
+        :func:`fit_two_stage` starts from the joint fit (default False; only with ``two_stage``).
 
     Returns
     -------
@@ -1162,7 +1182,7 @@ def calibrate(runs: Sequence[MeasuredRun], *, per_group: int = 3, max_nfev: int 
     """
     t0 = time.perf_counter()
     check_int("jobs", jobs, low=1)
-    check_int("alternations", alternations, low=1)
+    check_int("alternations", alternations, low=0 if joint_first else 1)
     unknown = sorted(set(fixed) - set(CALIBRATION_PARAMETERS))
     if unknown:
         raise ConfigError("fixed", f"{', '.join(unknown)} is not a calibration parameter; allowed: "
@@ -1173,8 +1193,8 @@ def calibrate(runs: Sequence[MeasuredRun], *, per_group: int = 3, max_nfev: int 
     tasks = [(None, None)]
     if cv:
         tasks += [(by, v) for by in ("hardware", "engine") for v in sorted({getattr(r, by) for r in runs})]
-    done = _map(_calibration_task, [(runs, by, v, per_group, seed, max_nfev, free, two_stage, alternations)
-                                    for by, v in tasks], jobs)
+    done = _map(_calibration_task, [(runs, by, v, per_group, seed, max_nfev, free, two_stage, alternations,
+                                     joint_first) for by, v in tasks], jobs)
     fit = done[0]
     before, _ = predict_runs(runs, BASE_SETTINGS, method="steady-state")
     after, _ = predict_runs(runs, fit.settings, method="steady-state")
@@ -1189,7 +1209,7 @@ def calibrate(runs: Sequence[MeasuredRun], *, per_group: int = 3, max_nfev: int 
                             "max_nfev": max_nfev, "seed": seed, "method": "steady-state", "fixed": sorted(fixed),
                             "ttft_weight": TTFT_RESIDUAL_WEIGHT, "folds_start": "FIT_START",
                             "two_stage": bool(two_stage),
-                            **({"alternations": alternations, "ttft_rows": len(runs),
+                            **({"alternations": alternations, "joint_first": bool(joint_first), "ttft_rows": len(runs),
                                 "ttft_robust_scale": TTFT_ROBUST_SCALE} if two_stage else {}),
                             "wall_s": time.perf_counter() - t0}
     return report

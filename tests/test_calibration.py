@@ -296,6 +296,7 @@ def test_ttft_terms_act_after_the_fixed_point(runs):
         assert (a["tpot_s"], a["batch"], a["ttft_steady_s"], a["ttft_wave_s"]) == \
             (b["tpot_s"], b["batch"], b["ttft_steady_s"], b["ttft_wave_s"])
         assert got[i] == pytest.approx(b["ttft_s"], rel=1e-12)
+        assert 0.0 <= b["ttft_queue_s"] <= b["ttft_steady_s"] * (1 + 1e-3) + 1e-12  # a part of the steady TTFT
     assert set(cal.TTFT_TERMS) == set(_PLANTED) and not set(cal.TTFT_TERMS) & set(cal.EFFICIENCY_TERMS)
 
 
@@ -327,6 +328,8 @@ def test_stage_one_validates(runs):
         cal.fit_two_stage(runs.runs, alternations=0)
     with pytest.raises(ConfigError, match="alternations"):
         cal.calibrate(runs.runs, cv=False, alternations=0, two_stage=True)
+    with pytest.raises(ConfigError, match="alternations"):
+        cal.fit_two_stage(runs.runs, alternations=-1, joint_first=True)
 
 
 @pytest.mark.parametrize("by", ["hardware", "engine"])
@@ -365,8 +368,29 @@ def test_two_stage_calibrate_records_its_stages(runs):
     rep = cal.calibrate(_varied(runs), per_group=1, max_nfev=1, cv=False, two_stage=True, alternations=2)
     prov = rep["provenance"]
     assert prov["two_stage"] is True and prov["alternations"] == 2 and prov["ttft_rows"] == 32
+    assert prov["joint_first"] is False
     assert set(rep["fit"]["std_error"]) == set(cal.CALIBRATION_PARAMETERS)
     assert all(math.isfinite(v) and v >= 0 for v in rep["fit"]["std_error"].values())
     assert rep["fit"]["train_rows"] == len(cal.training_sample(_varied(runs), 1, 0))
     assert cal.calibrate(runs.runs, per_group=1, max_nfev=1, cv=False, fixed=["client_request_share"])[
         "provenance"]["two_stage"] is False
+
+
+def test_joint_first_starts_from_the_joint_fit(runs, monkeypatch):
+    """joint_first: the joint fit of every free parameter on the sample, then stage 1 on every run;
+    with no alternation the efficiencies are the joint fit's and the TTFT terms stage 1's."""
+    calls = []
+    stage2 = cal.fit_calibration
+
+    def spy(rs, *a, **k):
+        calls.append(list(k.get("free") or cal.CALIBRATION_PARAMETERS))
+        return stage2(rs, *a, **k)
+
+    monkeypatch.setattr(cal, "fit_calibration", spy)
+    rs = _varied(runs)
+    fit = cal.fit_two_stage(rs, per_group=1, alternations=0, joint_first=True, max_nfev=1, published=())
+    assert calls == [list(cal.CALIBRATION_PARAMETERS)]
+    joint = stage2(cal.training_sample(rs, 1, 0), max_nfev=1, published=())
+    assert all(fit.params[k] == joint.params[k] for k in cal.EFFICIENCY_TERMS)
+    stage1 = cal.fit_ttft_terms(rs, joint.settings)
+    assert all(fit.params[k] == pytest.approx(stage1.params[k], rel=1e-9) for k in cal.TTFT_TERMS)
