@@ -66,6 +66,12 @@ __all__ = [
     "training_sample",
     "CalibrationFit",
     "fit_calibration",
+    "TTFT_TERMS",
+    "EFFICIENCY_TERMS",
+    "TTFT_ROBUST_SCALE",
+    "ttft_components",
+    "fit_ttft_terms",
+    "fit_two_stage",
     "cross_validate_runs",
     "calibrate",
     "calibrated_settings",
@@ -307,7 +313,9 @@ def steady_state_run(run: MeasuredRun, settings: RunSettings = RunSettings(), it
     Returns
     -------
     dict
-        ``ttft_s``, ``tpot_s``, ``batch`` (decodes per worker), ``ttft_wave_s``, ``ttft_steady_s``.
+        ``ttft_s``, ``tpot_s``, ``batch`` (decodes per worker), ``ttft_wave_s``, ``ttft_steady_s``,
+        ``ttft_queue_s`` (the queueing part of the last iteration's pass-and-queue TTFT: the M/D/1
+        wait for a mixed pass or a prefill worker, plus the wait for a decode slot).
     """
     s = run_service(run, settings)
     dec = s.decode_worker
@@ -329,7 +337,7 @@ def steady_state_run(run: MeasuredRun, settings: RunSettings = RunSettings(), it
         step = s.fill_step_s(min(per_fill, N / run.fill_workers) * I)
         wave = step * _wave_position(N, per_fill * run.fill_workers) + transfer
     ttft, tpot = 0.0, dec.decode(max(1.0, min(n_w, cap)), ctx, check_memory=False).time_s
-    B = 1.0
+    B, queue = 1.0, 0.0
     for _ in range(iterations):
         cycle = ttft + max(O - 1, 0) * tpot + 1e-9
         x_w = n_w / cycle
@@ -343,19 +351,22 @@ def steady_state_run(run: MeasuredRun, settings: RunSettings = RunSettings(), it
             t_mix = s.mixed_step_s(B, ctx, c)
             t_new = (1.0 - f) * t_dec + f * t_mix
             rho = min(f, 0.95)
-            f_new = chunks * t_mix + 0.5 * t_new + rho / (2.0 * (1.0 - rho)) * t_mix
+            queue = rho / (2.0 * (1.0 - rho)) * t_mix
+            f_new = chunks * t_mix + 0.5 * t_new + queue
         else:
             t_new = dec.decode(B, ctx, check_memory=False).time_s
             rho = min(n_w * run.workers / cycle * fill_s / (run.fill_workers * per_fill), 0.95)
-            f_new = fill_s + transfer + rho / (2.0 * (1.0 - rho)) * fill_s
+            queue = rho / (2.0 * (1.0 - rho)) * fill_s
+            f_new = fill_s + transfer + queue
         if n_w > cap:  # clients beyond the decode cap wait for a slot: their share of a cycle
-            f_new += (n_w - cap) / n_w * (f_new + max(O - 1, 0) * t_new)
+            slot = (n_w - cap) / n_w * (f_new + max(O - 1, 0) * t_new)
+            f_new, queue = f_new + slot, queue + slot
         done = abs(t_new - tpot) <= tol * tpot and abs(f_new - ttft) <= tol * max(ttft, 1e-9)
         ttft, tpot = 0.3 * ttft + 0.7 * f_new, 0.3 * tpot + 0.7 * t_new
         if done:
             break
     return {"ttft_s": predicted_ttft_s(run, settings, max(wave, ttft), ttft), "tpot_s": tpot, "batch": B,
-            "ttft_wave_s": wave, "ttft_steady_s": ttft}
+            "ttft_wave_s": wave, "ttft_steady_s": ttft, "ttft_queue_s": queue}
 
 
 def _single_pass(run: MeasuredRun, settings: RunSettings) -> dict[str, float]:
@@ -833,13 +844,232 @@ def fit_calibration(runs: Sequence[MeasuredRun], *, x0: RunSettings = FIT_START,
     return CalibrationFit(params, errors, kv, float(best.cost), len(runs), nfev[0])
 
 
-def _fold(runs: Sequence[MeasuredRun], by: str, v: str, per_group: int, seed: int, kw: dict):
-    """One fold of :func:`cross_validate_runs`: (held-out table, the fold's fit)."""
-    train = training_sample([r for r in runs if getattr(r, by) != v], per_group, seed)
+# -- the two-stage fit -----------------------------------------------------------------------
+#: the parameters that act on TTFT alone: :func:`predicted_ttft_s` applies them after
+#: :func:`steady_state_run`'s fixed point, so they never feed back into TPOT, the batch or the
+#: pass-and-queue TTFT (the cycle the fixed point solves holds the unscaled TTFT); for given
+#: efficiencies they are a cheap function of each run's (wave, steady, N, ISL, engine), which
+#: :func:`ttft_components` computes once and :func:`fit_ttft_terms` fits on every run
+TTFT_TERMS = tuple(k for k, v in CALIBRATION_PARAMETERS.items() if v[3] != "efficiency")
+#: the parameters that shape the passes (everything but :data:`TTFT_TERMS`), fitted on a training
+#: sample in the second stage of :func:`fit_two_stage`
+EFFICIENCY_TERMS = tuple(k for k in CALIBRATION_PARAMETERS if k not in TTFT_TERMS)
+#: soft-L1 scale of :func:`fit_ttft_terms` on log(predicted / measured) TTFT: the joint fit's 0.2
+#: on a residual weighted by :data:`TTFT_RESIDUAL_WEIGHT` (0.5), i.e. 0.4 on the log ratio
+TTFT_ROBUST_SCALE = 0.4
+
+
+def ttft_components(runs: Sequence[MeasuredRun], settings: RunSettings) -> dict[str, np.ndarray]:
+    """What :func:`predicted_ttft_s` needs of each run, from one :func:`steady_state_run` per run
+    at ``settings``' efficiencies and KV formats (its TTFT terms do not enter them).
+
+    Parameters
+    ----------
+    runs : sequence of MeasuredRun
+        The runs.
+    settings : RunSettings
+        Efficiencies and KV formats.
+
+    Returns
+    -------
+    dict
+        Arrays over the runs: ``wave_s`` (the first wave's TTFT as the solve weighs it, at least
+        the steady state's), ``steady_s``, ``concurrency``, ``input_tokens``, ``measured_ttft_s``,
+        ``engine`` (object array) and ``ok`` (False where the run cannot be served or has no
+        measured TTFT; its other entries are then NaN).
+    """
+    n = len(runs)
+    out = {k: np.full(n, math.nan) for k in ("wave_s", "steady_s", "concurrency", "input_tokens", "measured_ttft_s")}
+    out["engine"] = np.array([r.engine for r in runs], dtype=object)
+    for i, r in enumerate(runs):
+        out["concurrency"][i], out["input_tokens"][i], out["measured_ttft_s"][i] = r.concurrency, r.input_tokens, r.ttft_s
+        try:
+            p = steady_state_run(r, settings)
+        except (ConfigError, ValueError, ZeroDivisionError):
+            continue
+        out["wave_s"][i], out["steady_s"][i] = max(p["ttft_wave_s"], p["ttft_steady_s"]), p["ttft_steady_s"]
+    with np.errstate(invalid="ignore"):
+        out["ok"] = (np.isfinite(out["wave_s"]) & np.isfinite(out["steady_s"]) & (out["measured_ttft_s"] > 0)
+                     & np.isfinite(out["measured_ttft_s"]))
+    return out
+
+
+def _ttft_from_components(comp: Mapping[str, np.ndarray], values: Mapping[str, float]) -> np.ndarray:
+    """:func:`predicted_ttft_s` over the arrays of :func:`ttft_components` (vectorised; the
+    :data:`TTFT_TERMS` by name in ``values``; an engine without a factor gets 1)."""
+    s = np.minimum(1.0, comp["concurrency"] * values["client_request_share"])
+    w = s + (1.0 - s) * values["first_wave_weight"]
+    k = np.ones(len(w))
+    for name, v in values.items():
+        if name.startswith("ttft_factor_"):
+            k[comp["engine"] == name.removeprefix("ttft_factor_")] = v
+    front = values["ttft_overhead_s"] + values["ttft_s_per_input_token"] * comp["input_tokens"]
+    return k * (w * comp["wave_s"] + (1.0 - w) * comp["steady_s"] + front)
+
+
+def fit_ttft_terms(runs: Sequence[MeasuredRun], settings: RunSettings, *, robust_scale: float = TTFT_ROBUST_SCALE,
+                   prior_weight: float = 0.01, components: Mapping[str, np.ndarray] | None = None,
+                   names: Sequence[str] | None = None) -> CalibrationFit:
+    """Stage 1 of :func:`fit_two_stage`: the :data:`TTFT_TERMS` on every run of ``runs`` with
+    ``settings``' efficiencies held.
+
+    Robust least squares (soft-L1 of scale ``robust_scale``, bounded trust-region reflective, the
+    Jacobian by finite differences of the vectorised prediction) of
+    log(predicted / measured) TTFT, plus the weak prior ``prior_weight`` x (x - x0) toward
+    ``settings``' values in the optimiser's units (:data:`CALIBRATION_PARAMETERS`), as in
+    :func:`fit_calibration`. The engine factors of engines not in ``runs`` are not fitted (they
+    keep ``settings``' value). Runs the efficiencies cannot serve are left out.
+
+    Parameters
+    ----------
+    runs : sequence of MeasuredRun
+        The runs (all a fold's training runs; not a sample: the fit is cheap).
+    settings : RunSettings
+        The efficiencies and KV formats held, and the start and prior of the TTFT terms.
+    robust_scale, prior_weight : float
+        Loss scale (on the log ratio) and prior weight.
+    components : mapping, optional
+        :func:`ttft_components` of ``runs`` at ``settings`` (computed when not given).
+    names : sequence of str, optional
+        The terms fitted (default: every :data:`TTFT_TERMS` whose engine is in ``runs``).
+
+    Returns
+    -------
+    CalibrationFit
+        All :data:`CALIBRATION_PARAMETERS` (the efficiencies as in ``settings``, standard error 0),
+        ``train_rows`` the runs fitted.
+    """
+    from scipy.optimize import least_squares
+
+    check_number("robust_scale", robust_scale, low=0.0, low_inclusive=False)
+    check_number("prior_weight", prior_weight, low=0.0)
+    runs = list(runs)
+    comp = ttft_components(runs, settings) if components is None else components
+    if len(comp["ok"]) != len(runs):
+        raise ConfigError("components", f"{len(comp['ok'])} rows for {len(runs)} runs")
+    engines = set(comp["engine"][comp["ok"]])
+    if names is None:
+        names = [n for n in TTFT_TERMS if not n.startswith("ttft_factor_") or n.removeprefix("ttft_factor_") in engines]
+    names = list(names)
+    for n in names:
+        check_choice("names", n, TTFT_TERMS)
+    ok = comp["ok"]
+    if int(ok.sum()) < len(names):
+        raise ConfigError("runs", f"{int(ok.sum())} servable runs cannot fit {len(names)} TTFT terms")
+    sub = {k: v[ok] for k, v in comp.items() if k != "ok"}
+    log_meas = np.log(sub["measured_ttft_s"])
+    base = params_of(settings)
+    scale, lo, hi, start = _parameter_box(names, settings)
+    prior = start.copy()
+    nfev = [0]
+
+    def residuals(x):
+        nfev[0] += 1
+        pred = _ttft_from_components(sub, {**base, **dict(zip(names, x * scale))})
+        r = np.log(np.maximum(pred, 1e-12)) - log_meas
+        return np.concatenate([r, prior_weight * (x - prior)])
+
+    best = least_squares(residuals, start, bounds=(lo, hi), loss="soft_l1", f_scale=robust_scale,
+                         x_scale="jac", max_nfev=2000)
+    se = _gauss_newton_std_error(best, int(ok.sum()), scale)
+    params = {**base, **{n: float(v) for n, v in zip(names, best.x * scale)}}
+    errors = {**{n: 0.0 for n in CALIBRATION_PARAMETERS}, **{n: float(v) for n, v in zip(names, se)}}
+    return CalibrationFit(params, errors, dict(settings.kv_precision), float(best.cost), int(ok.sum()), nfev[0])
+
+
+def fit_two_stage(runs: Sequence[MeasuredRun], *, per_group: int = 3, seed: int = 0, alternations: int = 1,
+                  x0: RunSettings = FIT_START, ttft_robust_scale: float = TTFT_ROBUST_SCALE,
+                  free: Sequence[str] | None = None, joint_first: bool = False, **kw) -> CalibrationFit:
+    """The fit in two stages that alternate: the :data:`TTFT_TERMS` on every run of ``runs``
+    (:func:`fit_ttft_terms`, cheap: they act after the steady-state solve), then the
+    :data:`EFFICIENCY_TERMS` on a training sample of them with those terms held
+    (:func:`fit_calibration`, TPOT- and TTFT-driven), then the TTFT terms again on the new
+    efficiencies; ``alternations`` rounds of the last two. With ``joint_first`` the start is
+    the joint fit (:func:`fit_calibration` of every parameter on the sample) followed by
+    stage 1, instead of stage 1 at ``x0``'s efficiencies.
+
+    Why: the joint fit sees the TTFT terms only through the ~100 runs of its sample; fitted on
+    every run at fixed efficiencies they are cheap and bound by 20 times the rows (issue 24).
+
+    Parameters
+    ----------
+    runs : sequence of MeasuredRun
+        Every training run (all runs, or all runs of a cross-validation fold's other GPUs or
+        engines): stage 1 fits on all of them, stage 2 on their :func:`training_sample`.
+    per_group, seed : int
+        Stage 2's training sample.
+    alternations : int
+        Rounds of stage 2 followed by stage 1 (>= 1, or >= 0 with ``joint_first``; default 1).
+    x0 : RunSettings
+        Start and prior (default :data:`FIT_START`).
+    ttft_robust_scale : float
+        Stage 1's loss scale on the log ratio (default :data:`TTFT_ROBUST_SCALE`).
+    free : sequence of str, optional
+        The parameters fitted (default all); the others stay at ``x0``'s values.
+    joint_first : bool
+        Start from the joint fit (default False).
+    **kw
+        Passed to :func:`fit_calibration` (stage 2, and the joint fit).
+
+    Returns
+    -------
+    CalibrationFit
+        The efficiencies and KV formats of the last stage 2 (or joint fit) with their standard
+        errors (given the TTFT terms), the TTFT terms of the last stage 1 with theirs (given the
+        efficiencies); ``cost`` is stage 2's (or the joint fit's), ``train_rows`` its sample,
+        ``evaluations`` the sum over the stages.
+    """
+    check_int("alternations", alternations, low=0 if joint_first else 1)
+    runs = list(runs)
+    names = list(CALIBRATION_PARAMETERS) if free is None else list(free)
+    for n in names:
+        check_choice("free", n, tuple(CALIBRATION_PARAMETERS))
+    engines = {r.engine for r in runs}
+    t_names = [n for n in TTFT_TERMS if n in names
+               and (not n.startswith("ttft_factor_") or n.removeprefix("ttft_factor_") in engines)]
+    e_names = [n for n in EFFICIENCY_TERMS if n in names]
+    sample = training_sample(runs, per_group, seed)
+    evals, current, eff, ttft = 0, x0, None, None
+    if joint_first:
+        eff = fit_calibration(sample, x0=x0, free=names, **kw)
+        evals += eff.evaluations
+        current = settings_from({n: eff.params[n] for n in names}, eff.kv_precision, x0)
+
+    def stage1(settings):
+        fit = fit_ttft_terms(runs, settings, robust_scale=ttft_robust_scale, names=t_names)
+        return fit, settings_from({n: fit.params[n] for n in t_names}, None, settings)
+
+    if t_names:
+        ttft, current = stage1(current)
+        evals += ttft.evaluations
+    for _ in range(alternations):
+        if e_names:
+            eff = fit_calibration(sample, x0=current, free=e_names, **kw)
+            evals += eff.evaluations
+            current = settings_from({n: eff.params[n] for n in e_names}, eff.kv_precision, current)
+        if t_names:
+            ttft, current = stage1(current)
+            evals += ttft.evaluations
+    errors = {n: 0.0 for n in CALIBRATION_PARAMETERS}
+    for part, part_names in ((eff, e_names), (ttft, t_names)):
+        if part is not None:
+            errors.update({n: part.std_error[n] for n in part_names})
+    return CalibrationFit(params_of(current), errors, dict(current.kv_precision),
+                          float(eff.cost) if eff is not None else float(ttft.cost), len(sample), evals)
+
+def _fold(runs: Sequence[MeasuredRun], by: str, v: str, per_group: int, seed: int, kw: dict,
+          two_stage: bool = False):
+    """One fold of :func:`cross_validate_runs`: (held-out table, the fold's fit). With
+    ``two_stage`` the fold is fitted by :func:`fit_two_stage` on the other values' runs (stage 1
+    on all of them, stage 2 on their sample): no held-out run enters either stage."""
+    others = [r for r in runs if getattr(r, by) != v]
     fold_kw = dict(kw)
     if by == "hardware":  # nor do the published points of the held-out GPU enter the fold's fit
         fold_kw["published"] = [p for p in kw.get("published", PUBLISHED_POINTS) if p.hardware != v]
-    fit = fit_calibration(train, x0=FIT_START, **fold_kw)
+    if two_stage:
+        fit = fit_two_stage(others, per_group=per_group, seed=seed, x0=FIT_START, **fold_kw)
+    else:
+        fit = fit_calibration(training_sample(others, per_group, seed), x0=FIT_START, **fold_kw)
     held = fit.settings
     if by == "engine":  # the held-out engine is one the fit has not seen: its own factor is 1
         held = dataclasses.replace(held, engine_ttft_factor={**held.engine_ttft_factor, v: 1.0},
@@ -860,7 +1090,7 @@ def _map(fn, args: list, jobs: int) -> list:
 
 
 def cross_validate_runs(runs: Sequence[MeasuredRun], by: str, *, per_group: int = 6, seed: int = 0,
-                        jobs: int = 1, **kw) -> tuple[pd.DataFrame, dict[str, dict]]:
+                        jobs: int = 1, two_stage: bool = False, **kw) -> tuple[pd.DataFrame, dict[str, dict]]:
     """Leave one value of ``by`` (``"hardware"`` or ``"engine"``) out: fit on the other values'
     runs (a training sample, starting from :data:`FIT_START`, so nothing of the held-out runs
     enters a fold) and predict every run of the held-out one.
@@ -875,8 +1105,10 @@ def cross_validate_runs(runs: Sequence[MeasuredRun], by: str, *, per_group: int 
         The folds' training samples (:func:`training_sample`).
     jobs : int
         Folds fitted at once in separate processes (default 1; the results do not depend on it).
+    two_stage : bool
+        Fit each fold by :func:`fit_two_stage` (default False: :func:`fit_calibration`).
     **kw
-        Passed to :func:`fit_calibration`.
+        Passed to :func:`fit_calibration` (or :func:`fit_two_stage`).
 
     Returns
     -------
@@ -887,20 +1119,26 @@ def cross_validate_runs(runs: Sequence[MeasuredRun], by: str, *, per_group: int 
     check_choice("by", by, ("hardware", "engine"))
     check_int("jobs", jobs, low=1)
     values = sorted({getattr(r, by) for r in runs})
-    out = _map(_fold, [(list(runs), by, v, per_group, seed, kw) for v in values], jobs)
+    out = _map(_fold, [(list(runs), by, v, per_group, seed, kw, two_stage) for v in values], jobs)
     return pd.concat([t for t, _ in out], ignore_index=True), {v: f for v, (_, f) in zip(values, out)}
 
 
 def _calibration_task(runs: list, by: str | None, v: str | None, per_group: int, seed: int, max_nfev: int,
-                      free: list | None = None):
+                      free: list | None = None, two_stage: bool = False, alternations: int = 1,
+                      joint_first: bool = False):
     """The full fit (``by`` None) or one cross-validation fold, for :func:`calibrate`'s pool."""
+    kw = {"max_nfev": max_nfev, "free": free,
+          **({"alternations": alternations, "joint_first": joint_first} if two_stage else {})}
     if by is None:
-        return fit_calibration(training_sample(runs, per_group, seed), max_nfev=max_nfev, free=free)
-    return _fold(runs, by, v, per_group, seed, {"max_nfev": max_nfev, "free": free})
+        if two_stage:
+            return fit_two_stage(runs, per_group=per_group, seed=seed, **kw)
+        return fit_calibration(training_sample(runs, per_group, seed), **kw)
+    return _fold(runs, by, v, per_group, seed, kw, two_stage)
 
 
 def calibrate(runs: Sequence[MeasuredRun], *, per_group: int = 3, max_nfev: int = 40, cv: bool = True,
-              seed: int = 0, source: str = "", jobs: int = 1, fixed: Sequence[str] = ()) -> dict[str, Any]:
+              seed: int = 0, source: str = "", jobs: int = 1, fixed: Sequence[str] = (), two_stage: bool = False,
+              alternations: int = 1, joint_first: bool = False) -> dict[str, Any]:
     """The whole calibration: the fit on a training sample of every run, the error tables before
     (:data:`BASE_SETTINGS`) and after it on every run (steady-state solve), and the
     leave-one-GPU-out and leave-one-engine-out cross-validation.
@@ -925,6 +1163,15 @@ def calibrate(runs: Sequence[MeasuredRun], *, per_group: int = 3, max_nfev: int 
     fixed : sequence of str
         Parameters of :data:`CALIBRATION_PARAMETERS` held at their start (:data:`FIT_START`) in the
         fit and every fold: a small file cannot fit them all (two residuals per run).
+    two_stage : bool
+        Fit (the full fit and every fold) by :func:`fit_two_stage`: the TTFT terms on every
+        training run, the efficiencies on the sample (default False: :func:`fit_calibration`,
+        every parameter on the sample at once).
+    alternations : int
+        :func:`fit_two_stage`'s rounds (>= 1, >= 0 with ``joint_first``; default 1; only with
+        ``two_stage``).
+    joint_first : bool
+        :func:`fit_two_stage` starts from the joint fit (default False; only with ``two_stage``).
 
     Returns
     -------
@@ -935,6 +1182,7 @@ def calibrate(runs: Sequence[MeasuredRun], *, per_group: int = 3, max_nfev: int 
     """
     t0 = time.perf_counter()
     check_int("jobs", jobs, low=1)
+    check_int("alternations", alternations, low=0 if joint_first else 1)
     unknown = sorted(set(fixed) - set(CALIBRATION_PARAMETERS))
     if unknown:
         raise ConfigError("fixed", f"{', '.join(unknown)} is not a calibration parameter; allowed: "
@@ -945,7 +1193,8 @@ def calibrate(runs: Sequence[MeasuredRun], *, per_group: int = 3, max_nfev: int 
     tasks = [(None, None)]
     if cv:
         tasks += [(by, v) for by in ("hardware", "engine") for v in sorted({getattr(r, by) for r in runs})]
-    done = _map(_calibration_task, [(runs, by, v, per_group, seed, max_nfev, free) for by, v in tasks], jobs)
+    done = _map(_calibration_task, [(runs, by, v, per_group, seed, max_nfev, free, two_stage, alternations,
+                                     joint_first) for by, v in tasks], jobs)
     fit = done[0]
     before, _ = predict_runs(runs, BASE_SETTINGS, method="steady-state")
     after, _ = predict_runs(runs, fit.settings, method="steady-state")
@@ -959,6 +1208,9 @@ def calibrate(runs: Sequence[MeasuredRun], *, per_group: int = 3, max_nfev: int 
     report["provenance"] = {"source": source, "runs": len(runs), "train_rows": len(train), "per_group": per_group,
                             "max_nfev": max_nfev, "seed": seed, "method": "steady-state", "fixed": sorted(fixed),
                             "ttft_weight": TTFT_RESIDUAL_WEIGHT, "folds_start": "FIT_START",
+                            "two_stage": bool(two_stage),
+                            **({"alternations": alternations, "joint_first": bool(joint_first), "ttft_rows": len(runs),
+                                "ttft_robust_scale": TTFT_ROBUST_SCALE} if two_stage else {}),
                             "wall_s": time.perf_counter() - t0}
     return report
 

@@ -272,3 +272,125 @@ def test_client_request_share_weights_the_wave_more_at_high_concurrency(runs):
 def test_client_request_share_out_of_range_is_a_config_error(value):
     with pytest.raises(ConfigError, match="client_request_share"):
         cal.RunSettings(client_request_share=value)
+
+
+# -- the two-stage fit (issue 24) --------------------------------------------------------------
+_PLANTED = {"first_wave_weight": 0.3, "ttft_overhead_s": 0.04, "ttft_s_per_input_token": 2e-5,
+            "ttft_factor_sglang": 1.8, "ttft_factor_vllm": 0.6, "client_request_share": 1 / 300}
+
+
+def _varied(runs):
+    """The subset's runs at several concurrencies: wave and steady TTFT that differ run to run."""
+    return [dataclasses.replace(r, concurrency=n) for r in runs.runs for n in (1, 4, 32, 256)]
+
+
+def test_ttft_terms_act_after_the_fixed_point(runs):
+    """The TTFT terms change neither TPOT, the batch nor the pass-and-queue TTFT of the solve; the
+    vectorised prediction over ttft_components is predicted_ttft_s run by run."""
+    truth = cal.settings_from(_PLANTED)
+    rs = _varied(runs)
+    comp = cal.ttft_components(rs, truth)
+    got = cal._ttft_from_components(comp, cal.params_of(truth))
+    for i, r in enumerate(rs):
+        a, b = cal.steady_state_run(r, cal.FIT_START), cal.steady_state_run(r, truth)
+        assert (a["tpot_s"], a["batch"], a["ttft_steady_s"], a["ttft_wave_s"]) == \
+            (b["tpot_s"], b["batch"], b["ttft_steady_s"], b["ttft_wave_s"])
+        assert got[i] == pytest.approx(b["ttft_s"], rel=1e-12)
+        assert 0.0 <= b["ttft_queue_s"] <= b["ttft_steady_s"] * (1 + 1e-3) + 1e-12  # a part of the steady TTFT
+    assert set(cal.TTFT_TERMS) == set(_PLANTED) and not set(cal.TTFT_TERMS) & set(cal.EFFICIENCY_TERMS)
+
+
+def test_stage_one_recovers_planted_ttft_terms(runs):
+    """Runs whose measured TTFT is the closed form k_e (W wave + (1 - W) steady + o + p ISL) at known
+    terms: stage 1, from FIT_START (every term elsewhere), recovers each to 1 % (noise-free; the
+    prior is off), the predictions to 1e-6, and engines not in the runs keep their start."""
+    truth = cal.settings_from(_PLANTED)
+    rs = [dataclasses.replace(r, ttft_s=cal.steady_state_run(r, truth)["ttft_s"]) for r in _varied(runs)]
+    fit = cal.fit_ttft_terms(rs, cal.FIT_START, prior_weight=0.0)
+    for k, v in _PLANTED.items():
+        assert fit.params[k] == pytest.approx(v, rel=0.01), k
+        assert fit.std_error[k] < 0.05 * v, k
+    for k in cal.EFFICIENCY_TERMS:  # held
+        assert fit.params[k] == cal.params_of(cal.FIT_START)[k] and fit.std_error[k] == 0.0
+    comp = cal.ttft_components(rs, cal.FIT_START)
+    assert np.allclose(cal._ttft_from_components(comp, fit.params), comp["measured_ttft_s"], rtol=1e-6)
+    no_vllm = [r for r in rs if r.engine != "vllm"]
+    f2 = cal.fit_ttft_terms(no_vllm, cal.FIT_START, prior_weight=0.0)
+    assert f2.params["ttft_factor_vllm"] == 1.0 and f2.std_error["ttft_factor_vllm"] == 0.0
+
+
+def test_stage_one_validates(runs):
+    with pytest.raises(ConfigError, match="robust_scale"):
+        cal.fit_ttft_terms(runs.runs, cal.FIT_START, robust_scale=0.0)
+    with pytest.raises(ConfigError, match="names"):
+        cal.fit_ttft_terms(runs.runs, cal.FIT_START, names=["compute"])
+    with pytest.raises(ConfigError, match="alternations"):
+        cal.fit_two_stage(runs.runs, alternations=0)
+    with pytest.raises(ConfigError, match="alternations"):
+        cal.calibrate(runs.runs, cv=False, alternations=0, two_stage=True)
+    with pytest.raises(ConfigError, match="alternations"):
+        cal.fit_two_stage(runs.runs, alternations=-1, joint_first=True)
+
+
+@pytest.mark.parametrize("by", ["hardware", "engine"])
+def test_two_stage_folds_see_no_held_out_run(runs, monkeypatch, by):
+    """Each fold's stage 1 fits on every run of the other GPUs / engines and on none of the held-out
+    one, its stage 2 on a sample of the same; the held-out engine is predicted with factor 1."""
+    seen = {"ttft": [], "eff": []}
+    stage1, stage2 = cal.fit_ttft_terms, cal.fit_calibration
+
+    def spy1(rs, *a, **k):
+        seen["ttft"].append(list(rs))
+        return stage1(rs, *a, **k)
+
+    def spy2(rs, *a, **k):
+        seen["eff"].append(list(rs))
+        return stage2(rs, *a, **{**k, "max_nfev": 1})
+
+    monkeypatch.setattr(cal, "fit_ttft_terms", spy1)
+    monkeypatch.setattr(cal, "fit_calibration", spy2)
+    rs = _varied(runs)
+    v = "sglang" if by == "engine" else "b200"
+    tab, fold = cal._fold(rs, by, v, 1, 0, {"max_nfev": 1, "published": ()}, two_stage=True)
+    others = [r for r in rs if getattr(r, by) != v]
+    assert len(seen["ttft"]) == 2 and all(got == others for got in seen["ttft"])  # stage 1, stage 2, stage 1
+    assert len(seen["eff"]) == 1 and all(getattr(r, by) != v for r in seen["eff"][0])
+    assert len(tab) == sum(getattr(r, by) == v for r in rs) and set(tab[by]) == {v}
+    if by == "engine":
+        base = cal.settings_from(fold["params"], {k: p for k, p in fold["kv_precision"].items() if k != v})
+        base = dataclasses.replace(base, engine_ttft_factor={**base.engine_ttft_factor, v: 1.0})
+        want = [cal.steady_state_run(r, base)["ttft_s"] for r in rs if r.engine == v]
+        assert fold["params"]["ttft_factor_sglang"] == 1.0  # never fitted: not in the fold's runs
+        assert np.allclose(tab["predicted_ttft_s"].to_numpy(), want, rtol=1e-12)
+
+
+def test_two_stage_calibrate_records_its_stages(runs):
+    rep = cal.calibrate(_varied(runs), per_group=1, max_nfev=1, cv=False, two_stage=True, alternations=2)
+    prov = rep["provenance"]
+    assert prov["two_stage"] is True and prov["alternations"] == 2 and prov["ttft_rows"] == 32
+    assert prov["joint_first"] is False
+    assert set(rep["fit"]["std_error"]) == set(cal.CALIBRATION_PARAMETERS)
+    assert all(math.isfinite(v) and v >= 0 for v in rep["fit"]["std_error"].values())
+    assert rep["fit"]["train_rows"] == len(cal.training_sample(_varied(runs), 1, 0))
+    assert cal.calibrate(runs.runs, per_group=1, max_nfev=1, cv=False, fixed=["client_request_share"])[
+        "provenance"]["two_stage"] is False
+
+
+def test_joint_first_starts_from_the_joint_fit(runs, monkeypatch):
+    """joint_first: the joint fit of every free parameter on the sample, then stage 1 on every run;
+    with no alternation the efficiencies are the joint fit's and the TTFT terms stage 1's."""
+    calls = []
+    stage2 = cal.fit_calibration
+
+    def spy(rs, *a, **k):
+        calls.append(list(k.get("free") or cal.CALIBRATION_PARAMETERS))
+        return stage2(rs, *a, **k)
+
+    monkeypatch.setattr(cal, "fit_calibration", spy)
+    rs = _varied(runs)
+    fit = cal.fit_two_stage(rs, per_group=1, alternations=0, joint_first=True, max_nfev=1, published=())
+    assert calls == [list(cal.CALIBRATION_PARAMETERS)]
+    joint = stage2(cal.training_sample(rs, 1, 0), max_nfev=1, published=())
+    assert all(fit.params[k] == joint.params[k] for k in cal.EFFICIENCY_TERMS)
+    stage1 = cal.fit_ttft_terms(rs, joint.settings)
+    assert all(fit.params[k] == pytest.approx(stage1.params[k], rel=1e-9) for k in cal.TTFT_TERMS)

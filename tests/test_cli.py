@@ -171,7 +171,8 @@ def test_calibrate_score_needs_out(capsys):
 
 
 def test_calibrate_fit_writes_its_report(tmp_path, capsys):
-    # 8 runs give 16 residuals: one of the 17 parameters is held (without --fix: a named error)
+    # 8 runs give 16 residuals: in the joint fit (the default) one of the 17 parameters is held
+    # (without --fix: a named error)
     assert main(["calibrate", "fit", str(SILICON_SUBSET), "--per-group", "1", "--max-nfev", "2", "--no-cv",
                  "--out", str(tmp_path)]) == 2
     assert "8 runs cannot fit 17 parameters" in capsys.readouterr().err
@@ -181,11 +182,21 @@ def test_calibrate_fit_writes_its_report(tmp_path, capsys):
     assert main(["calibrate", "fit", str(SILICON_SUBSET), "--per-group", "1", "--max-nfev", "2", "--no-cv",
                  "--fix", "client_request_share", "--out", str(tmp_path)]) == 0
     rep = json.loads((tmp_path / "fit.json").read_text())
+    assert rep["provenance"]["two_stage"] is False and "--fit-mode joint" in rep["provenance"]["command"]
     assert rep["provenance"]["fixed"] == ["client_request_share"]
     assert rep["fit"]["std_error"]["client_request_share"] == 0.0
     assert set(rep) >= {"fit", "before", "after", "provenance"}
     assert rep["provenance"]["runs"] == 8 and rep["fit"]["train_rows"] >= 1
     assert "std_error" in json.loads(capsys.readouterr().out)
+    # the two-stage fit fits the 11 efficiencies on the 8 runs' 16 residuals, the TTFT terms apart
+    assert main(["calibrate", "fit", str(SILICON_SUBSET), "--per-group", "1", "--max-nfev", "2", "--no-cv",
+                 "--fit-mode", "two-stage", "--alternations", "1", "--out", str(tmp_path)]) == 0
+    prov = json.loads((tmp_path / "fit.json").read_text())["provenance"]
+    assert prov["two_stage"] is True and prov["joint_first"] is False and prov["ttft_rows"] == 8
+    assert "--fit-mode two-stage --alternations 1" in prov["command"]
+    assert main(["calibrate", "fit", str(SILICON_SUBSET), "--per-group", "1", "--max-nfev", "2", "--no-cv",
+                 "--fit-mode", "two-stage", "--alternations", "0", "--out", str(tmp_path)]) == 2
+    assert "alternations" in capsys.readouterr().err
 
 
 def test_simulate_load_one_is_the_knee_of_the_scenarios_own_cluster(tmp_path):

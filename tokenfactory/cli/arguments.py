@@ -219,6 +219,11 @@ def _add_calibrate(sub) -> None:
     ca.add_argument("--no-cv", action="store_true", help="fit: skip the cross-validation")
     ca.add_argument("--fix", action="append", metavar="PARAM",
                     help="fit: hold this calibration parameter at its start (repeatable; a small file cannot fit all)")
+    ca.add_argument("--fit-mode", choices=["joint", "two-stage", "joint-two-stage"], default="joint",
+                    help="fit: every parameter on the sample at once (joint, default), the TTFT terms on every "
+                         "run and the efficiencies on the sample, alternating (two-stage), or the joint fit "
+                         "followed by the two stages (joint-two-stage)")
+    ca.add_argument("--alternations", type=int, default=1, help="fit: two-stage rounds (efficiencies, then TTFT terms; 0 allowed after the joint fit)")
     ca.add_argument("--jobs", type=int, default=1, help="fit: the full fit and the folds in up to N processes")
     ca.add_argument("--write", action="store_true", help="fit: write the calibrated set (plant_models/calibrated.py)")
     ca.set_defaults(func=cmd_calibrate)

@@ -60,9 +60,13 @@ def cmd_calibrate(args) -> int:
               f"{metrics['wall_s']:.1f} s -> {out}")
         return 0
     report = cal.calibrate(items, per_group=args.per_group, max_nfev=args.max_nfev, cv=not args.no_cv,
-                           seed=args.seed, source=str(args.file), jobs=args.jobs, fixed=args.fix or ())
+                           seed=args.seed, source=str(args.file), jobs=args.jobs, fixed=args.fix or (),
+                           two_stage=args.fit_mode != "joint", alternations=args.alternations,
+                           joint_first=args.fit_mode == "joint-two-stage")
     report["provenance"]["command"] = (f"tokenfactory calibrate fit FILE --per-group {args.per_group} --max-nfev "
-                                       f"{args.max_nfev}" + (" --no-cv" if args.no_cv else "")
+                                       f"{args.max_nfev} --fit-mode {args.fit_mode}"
+                                       + (f" --alternations {args.alternations}" if args.fit_mode != "joint" else "")
+                                       + (" --no-cv" if args.no_cv else "")
                                        + "".join(f" --fix {n}" for n in args.fix or ()) + " --write")
     if out is not None:
         write_json(out / "fit.json", report)
