@@ -504,3 +504,44 @@ def test_loops_without_a_lag_have_the_integrator_with_delay_margins(loop, args, 
     assert m.gain_margin == pytest.approx(math.pi / (2 * K * theta), rel=1e-4)
     assert m.phase_margin_deg == pytest.approx(90.0 - math.degrees(K * theta), rel=1e-4)
     assert m.delay_margin_s == pytest.approx(math.pi / (2 * K) - theta, rel=1e-4)
+
+
+def _gate_with_batch_cap(short_output_tokens, **outer):
+    from tokenfactory.controllers.batch_gate import BatchGate, BatchGateConfig
+
+    model = lambda b, c: 0.05 + 0.0002 * b  # noqa: E731 - pass time (s) over the batch
+    bg = BatchGate(model, BatchGateConfig(slo_tpot_s=0.1, max_batch=1000, nominal_context_tokens=1000,
+                                          tpot_fraction=0.95, gain=0.35, short_output_tokens=short_output_tokens,
+                                          kv_transfer_s=0.005, sample_period=0.25))
+    ctrl = SLOAwareAdmission(SLOAdmissionConfig(fill_token_rate=20000, fill_step_s=0.1, kv_transfer_s=0.005,
+                                                decode_pass_s=bg.target_s, prompt_tokens=2000, output_tokens=200,
+                                                decode_slots=200, outer=MarginLoopConfig(enabled=False, **outer)),
+                             batch_gate=bg)
+    m = Measurement(time_s=0.0, backlog=0, fill_in_progress=0, ready=0, active_decodes=0, completion_rate=0,
+                    admitted_rate=0, decode_slots=1000, fill_capacity=10, fill_workers=1, decode_workers=1,
+                    fill_queued_tokens=0.0, fill_token_capacity=20000.0, decode_context_tokens=1000)
+    return ctrl, bg, m
+
+
+@pytest.mark.parametrize("r", [0.0, -0.5, -1.0])
+def test_short_bound_target_lets_the_margin_move_the_batch_target_below_the_short_bound(r):
+    """Issue 21 item 3: with tpot_fraction binding (0.95 x 0.1 s = 0.095 s under the 41-token short
+    request's bound (0.1 x 40 - 0.005) / 41 = 0.09744 s), main's rule holds the batch gate at
+    0.095 s whatever the margin's sign - two margins on the one miss the outer loop already
+    regulates. short_bound_target aims r = 0 at the short bound alone and r = -1 at 0.095 s,
+    linearly between; where the short bound binds (a 6-token short request) the two coincide."""
+    short = (0.1 * 40 - 0.005) / 41
+    off, g_off, m = _gate_with_batch_cap(41.0)
+    on, g_on, _ = _gate_with_batch_cap(41.0, short_bound_target=True)
+    for ctrl in (off, on):
+        ctrl.margin["interactive"] = r
+        ctrl.update(0.25, m)
+    assert g_off.target_s == pytest.approx(0.095)
+    assert g_on.target_s == pytest.approx(short + r * (short - 0.095))
+    if r == 0.0:  # the cap at the short bound: (0.09744 - 0.05) / 0.0002 = 237 sequences, not 225
+        assert on.gate_targets()[1] == pytest.approx(237.2, abs=0.5)
+        assert off.gate_targets()[1] == pytest.approx(225.0, abs=0.5)
+    tight, g_tight, _ = _gate_with_batch_cap(6.0, short_bound_target=True)
+    tight.margin["interactive"] = r
+    tight.update(0.25, m)
+    assert g_tight.target_s == pytest.approx((0.1 * 5 - 0.005) / 6)
