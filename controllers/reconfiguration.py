@@ -208,11 +208,12 @@ def measured_need_noise(arrival_times_s, per_worker_rps: float, target_utilizati
     return float(np.std((filt - trend)[core]) / (per_worker_rps * target_utilization))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class HystereticConfig:
     """The tuning of a :class:`HystereticPoolController` (validated here, fields named
     ``hysteretic.FIELD``; :meth:`HystereticPoolController.tuned` derives the dead band, dwell and
-    cooldown from the operating point). The defaults are declared here only.
+    cooldown from the operating point). The defaults are declared here only; every field is
+    keyword-only (:class:`~tokenfactory.controllers.planning.PlannedPoolConfig` extends it).
 
     Parameters
     ----------

@@ -112,3 +112,28 @@ def test_config_or_fields_takes_one_of_the_two_and_names_the_misuse():
     with pytest.raises(ConfigError, match="must be a Cfg") as err:
         config_or_fields("x", Cfg, {"a": 2}, {}, name="spec")
     assert err.value.field == "x.spec"
+
+
+def test_inherited_setting_keeps_the_declaration_and_changes_the_default():
+    import dataclasses as dc
+
+    from tokenfactory.core.validation import check_fields, config_schema, inherited_setting, setting
+
+    @dc.dataclass(frozen=True, kw_only=True)
+    class Base:
+        n: int = setting(4, kind=int, unit="workers", low=1, high=9, meaning="a count")
+
+        def __post_init__(self):
+            check_fields(self, "base")
+
+    @dc.dataclass(frozen=True, kw_only=True)
+    class Child(Base):
+        n: int = inherited_setting(Base, "n", 7)
+
+    (row,) = config_schema(Child)
+    assert (row["default"], row["unit"], row["low"], row["high"], row["meaning"]) == (7, "workers", 1, 9, "a count")
+    assert Child().n == 7 and Base().n == 4
+    with pytest.raises(ConfigError, match=r"base\.n.*\[1, 9\]"):
+        Child(n=10)
+    with pytest.raises(KeyError, match="Base.m"):
+        inherited_setting(Base, "m", 1)

@@ -29,6 +29,7 @@ __all__ = [
     "setting_names",
     "check_settings",
     "check_fields",
+    "inherited_setting",
 ]
 
 #: the default of a :func:`setting` a file must give (no default)
@@ -271,6 +272,36 @@ def setting(default: Any = None, *, kind: type | str = float, meaning: str, unit
     meta = {"kind": kind, "meaning": meaning, "unit": unit, "low": low, "high": high, "low_inclusive": low_inclusive,
             "high_inclusive": high_inclusive, "also": tuple(also), "choices": tuple(choices), "source": source}
     return dataclasses.field(default=default, metadata=meta)
+
+
+def inherited_setting(cls: type, name: str, default: Any) -> Any:
+    """A subclass's field that keeps the :func:`setting` declaration of ``name`` in ``cls`` (type,
+    unit, range, meaning, source) with another default: a config that extends another redeclares
+    only the default it changes.
+
+    Parameters
+    ----------
+    cls : type
+        The dataclass that declares ``name`` with :func:`setting`.
+    name : str
+        The field.
+    default : object
+        The subclass's default.
+
+    Returns
+    -------
+    dataclasses.Field
+        Used as the subclass's field (its place in the field order stays the base class's).
+
+    Raises
+    ------
+    KeyError
+        When ``cls`` has no field ``name`` declared with :func:`setting`.
+    """
+    f = {f.name: f for f in dataclasses.fields(cls)}.get(name)
+    if f is None or "meaning" not in f.metadata:
+        raise KeyError(f"{cls.__name__}.{name} is not declared with setting()")
+    return dataclasses.field(default=default, metadata=f.metadata)
 
 
 def _resolve_value(where: str, value: Any, meta: Mapping[str, Any]) -> Any:
