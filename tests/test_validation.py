@@ -137,3 +137,24 @@ def test_inherited_setting_keeps_the_declaration_and_changes_the_default():
         Child(n=10)
     with pytest.raises(KeyError, match="Base.m"):
         inherited_setting(Base, "m", 1)
+
+
+def test_check_fields_holds_the_checked_values_or_only_checks():
+    import dataclasses as dc
+
+    from tokenfactory.core.validation import check_fields, setting
+
+    @dc.dataclass(frozen=True)
+    class Cfg:
+        x: float = setting(1.0, low=0.0, high=5.0, meaning="a number")
+        n: int = setting(2, kind=int, low=1, meaning="a count")
+
+    held, kept = Cfg(x=3, n=4.0), Cfg(x=3, n=4.0)
+    check_fields(held, "cfg")
+    check_fields(kept, "cfg", hold=False)
+    assert (type(held.x), type(held.n)) == (float, int)
+    assert (type(kept.x), type(kept.n)) == (int, float)  # as given
+    with pytest.raises(ConfigError, match=r"^cfg\.x: 6 is outside the allowed range \[0, 5\]"):
+        check_fields(Cfg(x=6), "cfg", hold=False)
+    with pytest.raises(ConfigError, match=r"^cfg\.n: .*\[3, inf\)"):
+        check_fields(Cfg(n=2), "cfg", bounds={"n": {"low": 3}}, hold=False)

@@ -472,7 +472,7 @@ def config_or_fields(where: str, cls: type, config: Any, fields: Mapping[str, An
 
 
 def check_fields(obj: Any, where: str, *, names: Iterable[str] | None = None,
-                 bounds: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+                 bounds: Mapping[str, Mapping[str, Any]] | None = None, hold: bool = True) -> None:
     """Validate a frozen config's fields in place against their :func:`setting` declarations (the
     range, type and choices declared once there) and hold the checked values: numbers as floats,
     integers as ints. Meant for ``__post_init__``; a field at a ``None`` default is left as None.
@@ -488,6 +488,9 @@ def check_fields(obj: Any, where: str, *, names: Iterable[str] | None = None,
     bounds : mapping, optional
         Per field, the declared bounds replaced for this instance (``{"fine_s": {"high": 600.0}}``):
         a range set by another field's value.
+    hold : bool
+        Set each field to its checked value (default). False only checks: the fields keep the
+        values as given (an integer given as one stays an int where the config reports it).
 
     Raises
     ------
@@ -503,6 +506,8 @@ def check_fields(obj: Any, where: str, *, names: Iterable[str] | None = None,
             continue
         meta = {**f.metadata, **bounds.get(name, {})}
         checked = _resolve_value(f"{where}.{name}", value, meta)
+        if not hold:
+            continue
         if meta["kind"] is float and not isinstance(checked, str):
             checked = float(checked)
         object.__setattr__(obj, name, checked)
