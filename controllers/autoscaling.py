@@ -41,7 +41,8 @@ from dataclasses import dataclass
 
 from tokenfactory.controllers.interface import SampledController
 from tokenfactory.core.signals import Measurement, ScaleAction
-from tokenfactory.core.validation import REQUIRED, ConfigError, config_or_fields, check_choice, check_int, check_number, setting
+from tokenfactory.core.validation import (REQUIRED, ConfigError, check_choice, check_fields, check_int, check_number,
+                                          config_or_fields, setting)
 
 __all__ = ["ScaleAction", "HPASpec", "HorizontalPodAutoscaler", "KnativeAutoscaler", "DynamoThroughputPlanner",
            "DynamoLoadPlanner", "AIBrixAPA", "POOL_METRICS", "DYNAMO_THROUGHPUT_TARGET", "dynamo_load_thresholds",
@@ -163,30 +164,19 @@ class HPASpec:
     starting_unready: bool = setting(True, kind=bool, meaning="starting workers count as unready pods")
     sample_period: float = setting(15.0, unit="s", low=0.0, low_inclusive=False, meaning="the sync period")
 
-    def __post_init__(self) -> None:  # checked once, held as the values the controller computes with
-        def put(name: str, value) -> None:
-            object.__setattr__(self, name, value)
-
-        put("min_replicas", check_int("hpa.min_replicas", self.min_replicas, low=0))
-        put("max_replicas", check_int("hpa.max_replicas", self.max_replicas, low=max(1, self.min_replicas)))
-        put("starting_unready", bool(self.starting_unready))
-        put("target", check_number("hpa.target", self.target, low=0.0, low_inclusive=False))
-        put("metric", check_choice("hpa.metric", self.metric, POOL_METRICS))
-        put("tolerance", check_number("hpa.tolerance", self.tolerance, low=0.0, high=1.0))
-        put("downscale_stabilization_s", check_number("hpa.downscale_stabilization_s",
-                                                      self.downscale_stabilization_s, low=0.0))
-        put("upscale_stabilization_s", check_number("hpa.upscale_stabilization_s", self.upscale_stabilization_s,
-                                                    low=0.0))
-        put("scale_up_pods", check_int("hpa.scale_up_pods", self.scale_up_pods, low=0))
-        put("scale_up_percent", check_number("hpa.scale_up_percent", self.scale_up_percent, low=0.0))
-        put("scale_down_percent", check_number("hpa.scale_down_percent", self.scale_down_percent, low=0.0,
-                                               high=100.0))
+    def __post_init__(self) -> None:  # checked once against the declarations, held as the values computed with
+        check_fields(self, "hpa", names=("min_replicas",))  # first: it sets max_replicas's floor
+        check_fields(self, "hpa", names=("max_replicas",), bounds={"max_replicas": {"low": max(1, self.min_replicas)}})
+        object.__setattr__(self, "starting_unready", bool(self.starting_unready))
+        check_fields(self, "hpa", names=("target", "metric", "tolerance", "downscale_stabilization_s",
+                                         "upscale_stabilization_s", "scale_up_pods", "scale_up_percent",
+                                         "scale_down_percent"))
         if self.scale_up_policies is not None:
-            put("scale_up_policies", _policies("hpa.scale_up_policies", self.scale_up_policies))
+            object.__setattr__(self, "scale_up_policies", _policies("hpa.scale_up_policies", self.scale_up_policies))
         if self.scale_down_policies is not None:
-            put("scale_down_policies", _policies("hpa.scale_down_policies", self.scale_down_policies))
-        put("scale_up_select", check_choice("hpa.scale_up_select", self.scale_up_select, _SELECT))
-        put("scale_down_select", check_choice("hpa.scale_down_select", self.scale_down_select, _SELECT))
+            object.__setattr__(self, "scale_down_policies", _policies("hpa.scale_down_policies",
+                                                                      self.scale_down_policies))
+        check_fields(self, "hpa", names=("scale_up_select", "scale_down_select"))
 
 
 class HorizontalPodAutoscaler(PoolAutoscaler):

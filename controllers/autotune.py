@@ -23,7 +23,7 @@ from tokenfactory.controllers.stability import DelayedLoop, Margins, loop_transf
 from tokenfactory.controllers.stability_batch import DelayedLoopBatch, stability_margins_batch
 from tokenfactory.controllers.tuning import PIGains, effective_delay, simc_pi
 from tokenfactory.plant_models.fluid import FluidPlant
-from tokenfactory.core.validation import check_number, setting
+from tokenfactory.core.validation import check_fields, check_number, setting
 
 __all__ = ["StabilityEnvelope", "TuningReport", "admission_loop", "tune_smoothed_admission",
            "envelope_loops", "envelope_margins"]
@@ -71,8 +71,7 @@ class StabilityEnvelope:
             check_number(f"envelope.delay_factors[{i}]", f, low=0.0, low_inclusive=False)
         for i, f in enumerate(self.service_rate_factors):
             check_number(f"envelope.service_rate_factors[{i}]", f, low=0.0, low_inclusive=False)
-        check_number("envelope.gm_floor", self.gm_floor, low=1.0)
-        check_number("envelope.pm_floor_deg", self.pm_floor_deg, low=0.0, high=90.0)
+        check_fields(self, "envelope", names=("gm_floor", "pm_floor_deg"), hold=False)
 
     def points(self):
         """Every (delay factor, service-rate factor) pair of the box, delay-major (list of tuples)."""

@@ -55,7 +55,7 @@ from tokenfactory.controllers.stability import (  # the phase crossovers: where 
     stability_margins,
 )
 from tokenfactory.core.signals import BatchCapAction, Measurement
-from tokenfactory.core.validation import REQUIRED, ConfigError, check_number, setting
+from tokenfactory.core.validation import REQUIRED, ConfigError, check_fields, check_number, setting
 
 __all__ = ["BatchGateConfig", "BatchGate", "BatchGateTuning", "batch_gate_delay", "batch_gate_loop", "tune_batch_gate",
            "predict_batch_cycle", "largest_batch", "pass_target_s", "JOIN_WAIT_PASSES"]
@@ -208,24 +208,13 @@ class BatchGateConfig:
                                      meaning="longest wait for the batch to come down to a lowered cap")
     sample_period: float = setting(0.1, unit="s", low=0.0, low_inclusive=False, meaning="seconds between updates")
 
-    def __post_init__(self) -> None:  # checked once, held as the floats the gate computes with
-        def put(name: str, **bounds) -> None:
-            object.__setattr__(self, name, check_number(f"batch_gate.{name}", getattr(self, name), **bounds))
-
-        put("slo_tpot_s", low=0.0, low_inclusive=False)
-        put("tpot_fraction", low=0.0, high=1.0, low_inclusive=False)
-        put("max_batch", low=1.0)
-        put("min_batch", low=1.0, high=self.max_batch)
-        put("nominal_context_tokens", low=0.0, low_inclusive=False)
-        put("gain", low=0.0, high=2.0, low_inclusive=False)
+    def __post_init__(self) -> None:  # checked once against the declarations, held as the floats the gate computes with
+        check_fields(self, "batch_gate", names=("slo_tpot_s", "tpot_fraction", "max_batch"))
+        check_fields(self, "batch_gate", names=("min_batch", "nominal_context_tokens", "gain"),
+                     bounds={"min_batch": {"high": self.max_batch}})
         object.__setattr__(self, "gated", bool(self.gated))
-        put("settle_passes", low=0.0)
-        if self.short_output_tokens is not None:
-            put("short_output_tokens", low=2.0)
-        put("kv_transfer_s", low=0.0)
-        put("context_tau_s", low=0.0)
-        put("drain_timeout_s", low=0.0, low_inclusive=False)
-        put("sample_period", low=0.0, low_inclusive=False)
+        check_fields(self, "batch_gate", names=("settle_passes", "short_output_tokens", "kv_transfer_s",
+                                                "context_tau_s", "drain_timeout_s", "sample_period"))
 
 
 class BatchGate(SampledController):

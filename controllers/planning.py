@@ -136,10 +136,10 @@ from scipy.ndimage import maximum_filter1d, median_filter
 
 from tokenfactory.controllers.autoscaling import serving_replicas
 from tokenfactory.controllers.interface import SampledController, lowpass
-from tokenfactory.controllers.reconfiguration import HystereticPoolController, need_noise_std
+from tokenfactory.controllers.reconfiguration import HystereticConfig, HystereticPoolController, need_noise_std
 from tokenfactory.core.signals import Measurement, ScaleAction
 from tokenfactory.core.validation import (REQUIRED, ConfigError, check_fields, check_int, check_number,
-                                          config_or_fields, setting)
+                                          config_or_fields, inherited_setting, setting)
 
 __all__ = ["DemandPlannerConfig", "DemandPlanner", "PlannedPoolConfig", "PlannedPoolController", "rise_profile",
            "calibrate_headroom", "interval_volatility",
@@ -1053,11 +1053,14 @@ def lead_forecast_error(demand: pd.Series, lead_s: float, *, test_days: int = 4,
             "p99": float(np.quantile(e, 0.99)), "phi": phis}
 
 
-@dataclass(frozen=True)
-class PlannedPoolConfig:
+@dataclass(frozen=True, kw_only=True)
+class PlannedPoolConfig(HystereticConfig):
     """Everything :class:`PlannedPoolController` is built from but its planner (each field validated
     here: ``planned.FIELD``, the hysteretic rule's own fields ``hysteretic.FIELD``; the stack's
-    ``planned-hysteretic`` layer resolves it from a scenario).
+    ``planned-hysteretic`` layer resolves it from a scenario). The hysteretic rule's fields are
+    :class:`~tokenfactory.controllers.reconfiguration.HystereticConfig`'s, declared there (range,
+    unit, meaning, default) but for the defaults of ``max_step_up``, ``max_step_down`` and
+    ``max_replicas``; every field is keyword-only.
 
     Parameters
     ----------
@@ -1104,7 +1107,7 @@ class PlannedPoolConfig:
     queue_headroom : float
         Cap of the backlog term as a share of the rate term.
     min_replicas, max_replicas : int
-        Bounds of the pool.
+        Bounds of the pool (default 1 and 5000).
     sample_period : float
         The controller's period (s).
     down_cooldown_s : float, optional
@@ -1127,24 +1130,10 @@ class PlannedPoolConfig:
                                                   "measured_decode_rate)")
     down_cooldown_s: float | None = setting(None, unit="s", low=0.0,
                                             meaning="least time between two scale-downs (absent: dwell_s)")
-    target_utilization: float = setting(0.85, low=0.1, high=1.0, meaning="utilisation the pool is sized for")
-    dead_band: float = setting(0.5, unit="workers", low=0.0, high=10.0,
-                               meaning="workers the need must fall below n - 1 before a scale-down")
-    filter_s: float = setting(30.0, unit="s", low=0.0, meaning="time constant of the measured rate's filter")
-    dwell_s: float = setting(90.0, unit="s", low=0.0, meaning="the need must stay low this long before a scale-down")
-    up_dwell_s: float | None = setting(None, unit="s", low=0.0,
-                                       meaning="the need must stay high this long before a scale-up (absent: one "
-                                               "sample)")
-    cooldown_s: float = setting(150.0, unit="s", low=0.0, meaning="no scale-down sooner than this after a scale-up")
-    max_step_up: int = setting(1000, kind=int, unit="workers", low=1, meaning="largest move up")
-    max_step_down: int = setting(1000, kind=int, unit="workers", low=1, meaning="largest move down")
-    queue_clear_s: float = setting(60.0, unit="s", low=0.0, low_inclusive=False,
-                                   meaning="the backlog term clears the queue in this time")
-    queue_headroom: float = setting(0.25, low=0.0, high=10.0, meaning="cap of the backlog term as a share of the "
-                                                                      "rate term")
-    min_replicas: int = setting(1, kind=int, unit="workers", low=0, meaning="smallest pool")
-    max_replicas: int = setting(5000, kind=int, unit="workers", low=1, meaning="largest pool (at least min_replicas)")
-    sample_period: float = setting(5.0, unit="s", low=0.0, low_inclusive=False, meaning="the controller's period")
+    # the hysteretic rule's declarations with the planned pool's defaults: a move sized to the change
+    max_step_up: int = inherited_setting(HystereticConfig, "max_step_up", 1000)
+    max_step_down: int = inherited_setting(HystereticConfig, "max_step_down", 1000)
+    max_replicas: int = inherited_setting(HystereticConfig, "max_replicas", 5000)
 
     #: the fields the hysteretic rule shares (named ``hysteretic.FIELD`` in errors, as its own config's)
     _HYSTERETIC = ("pool", "min_replicas", "max_replicas", "per_worker_rps", "target_utilization", "dead_band",
@@ -1183,12 +1172,7 @@ class PlannedPoolController(HystereticPoolController):
     def __init__(self, config: PlannedPoolConfig | None = None, *, planner: DemandPlanner | None = None,
                  **fields):
         c = config_or_fields("planned", PlannedPoolConfig, config, fields)
-        super().__init__(c.pool, c.per_worker_rps, target_utilization=c.target_utilization, dead_band=c.dead_band,
-                         filter_s=c.filter_s, dwell_s=c.dwell_s, up_dwell_s=c.up_dwell_s, cooldown_s=c.cooldown_s,
-                         max_step_up=c.max_step_up, max_step_down=c.max_step_down, queue_clear_s=c.queue_clear_s,
-                         queue_headroom=c.queue_headroom, min_replicas=c.min_replicas, max_replicas=c.max_replicas,
-                         sample_period=c.sample_period)
-        self.config = c  # the whole config, over the HystereticConfig the base class holds
+        super().__init__(c.pool, c.per_worker_rps, c)  # a PlannedPoolConfig is a HystereticConfig
         self.planner = planner
         self.fixed_headroom, self.min_headroom = c.headroom, c.min_headroom
         self.measured_fill_rate, self.measured_decode_rate = c.measured_fill_rate, c.measured_decode_rate

@@ -67,7 +67,7 @@ from tokenfactory.controllers.autoscaling import ScaleAction, serving_replicas, 
 from tokenfactory.controllers.describing import LimitCycle, predict_limit_cycles
 from tokenfactory.controllers.stability import DelayedLoop
 from tokenfactory.core.signals import Measurement
-from tokenfactory.core.validation import ConfigError, config_or_fields, check_int, check_number, setting
+from tokenfactory.core.validation import ConfigError, check_fields, check_int, check_number, config_or_fields, setting
 
 __all__ = ["HystereticConfig", "HystereticPoolController", "QueueRelayScaler", "pool_relay_loop", "predict_pool_flapping",
            "need_noise_std", "measured_need_noise", "pool_demand"]
@@ -208,11 +208,12 @@ def measured_need_noise(arrival_times_s, per_worker_rps: float, target_utilizati
     return float(np.std((filt - trend)[core]) / (per_worker_rps * target_utilization))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class HystereticConfig:
     """The tuning of a :class:`HystereticPoolController` (validated here, fields named
     ``hysteretic.FIELD``; :meth:`HystereticPoolController.tuned` derives the dead band, dwell and
-    cooldown from the operating point). The defaults are declared here only.
+    cooldown from the operating point). The defaults are declared here only; every field is
+    keyword-only (:class:`~tokenfactory.controllers.planning.PlannedPoolConfig` extends it).
 
     Parameters
     ----------
@@ -275,23 +276,13 @@ class HystereticConfig:
     max_replicas: int = setting(1000, kind=int, low=1, unit="workers", meaning="most workers (>= min_replicas)")
     sample_period: float = setting(5.0, unit="s", low=0.0, low_inclusive=False, meaning="seconds between decisions")
 
-    def __post_init__(self) -> None:  # checked once, held as the numbers the controller computes with
-        def put(check, name: str, **bounds) -> None:
-            object.__setattr__(self, name, check(f"hysteretic.{name}", getattr(self, name), **bounds))
-
-        put(check_int, "min_replicas", low=0)
-        put(check_int, "max_replicas", low=max(1, self.min_replicas))
-        put(check_number, "target_utilization", low=0.1, high=1.0)
-        put(check_number, "dead_band", low=0.0, high=10.0)
-        put(check_number, "filter_s", low=0.0)
-        put(check_number, "dwell_s", low=0.0)
-        if self.up_dwell_s is not None:
-            put(check_number, "up_dwell_s", low=0.0)
-        put(check_number, "cooldown_s", low=0.0)
-        put(check_int, "max_step_up", low=1)
-        put(check_int, "max_step_down", low=1)
-        put(check_number, "queue_clear_s", low=0.0, low_inclusive=False)
-        put(check_number, "queue_headroom", low=0.0, high=10.0)
+    def __post_init__(self) -> None:  # checked once against the declarations, held as the numbers computed with
+        check_fields(self, "hysteretic", names=("min_replicas",))  # first: it sets max_replicas's floor
+        check_fields(self, "hysteretic", names=("max_replicas", "target_utilization", "dead_band", "filter_s",
+                                                "dwell_s", "up_dwell_s", "cooldown_s", "max_step_up",
+                                                "max_step_down", "queue_clear_s", "queue_headroom"),
+                     bounds={"max_replicas": {"low": max(1, self.min_replicas)}})
+        # sample_period: checked by the controller, as every sampled controller's
 
 
 class HystereticPoolController(PoolAutoscaler):

@@ -19,7 +19,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tokenfactory.core.validation import (ConfigError, check_choice, check_int, check_number, reject_unknown_keys,
+from tokenfactory.core.validation import (ConfigError, check_choice, check_fields, check_int, reject_unknown_keys,
                                           setting)
 
 __all__ = ["PoolDynamics", "GPU_POOLS", "pool_gpus", "ScalePlan", "scale_plan", "free_workers", "PoolFleet"]
@@ -77,14 +77,11 @@ class PoolDynamics:
     fleet_size: int | None = setting(None, kind=int, low=1, unit="workers",
                                      meaning="a fixed fleet: scale-ups wait for a free worker (absent: elastic)")
 
-    def __post_init__(self) -> None:
-        check_number("pools.startup_s", self.startup_s, low=0.0, high=3600.0)
-        check_number("pools.warmup_s", self.warmup_s, low=0.0, high=3600.0)
-        check_number("pools.warmup_factor", self.warmup_factor, low=0.0, high=1.0, low_inclusive=False)
-        check_number("pools.drain_s", self.drain_s, low=0.0, high=3600.0)
+    def __post_init__(self) -> None:  # checked against the declarations, the values kept as given
+        check_fields(self, "pools", names=("startup_s", "warmup_s", "warmup_factor", "drain_s"), hold=False)
         object.__setattr__(self, "gpus_per_worker", pool_gpus("pools.gpus_per_worker", self.gpus_per_worker))
         if self.fleet_size is not None:
-            check_int("pools.fleet_size", self.fleet_size, low=1)
+            check_fields(self, "pools", names=("fleet_size",), hold=False)
             if not self.uniform_gpus:
                 raise ConfigError("pools.gpus_per_worker", f"{self.gpus_per_worker}: a fixed fleet (fleet_size "
                                   f"{self.fleet_size}) moves workers between pools, so both pools' workers need "

@@ -44,7 +44,7 @@ from tokenfactory.plant_models.roofline import Worker
 from tokenfactory.plant_models.service import DEFAULT_KV_SETUP_S, DEFAULT_KV_STRIPES, KVLink, RequestShape, ServiceModel
 from tokenfactory.core.signals import AdmissionAction, Measurement, sort_actions
 from tokenfactory.core.errors import ConservationError
-from tokenfactory.core.validation import REQUIRED, ConfigError, check_int, check_number, reject_unknown_keys, setting
+from tokenfactory.core.validation import REQUIRED, ConfigError, check_fields, check_number, reject_unknown_keys, setting
 
 __all__ = [
     "LOOP_SIMULATION_SCHEMA",
@@ -420,12 +420,8 @@ class LoopScenario:
     seed: int = setting(0, kind=int, low=0, meaning="seed of the noise generator")
 
     def __post_init__(self) -> None:
-        check_number("scenario.demand", self.demand, low=0.0)
-        check_number("scenario.duration_s", self.duration_s, low=0.0, low_inclusive=False)
-        check_number("scenario.dt", self.dt, low=1e-5, high=1.0)
-        check_number("scenario.demand_noise_cv", self.demand_noise_cv, low=0.0, high=5.0)
-        check_number("scenario.noise_interval_s", self.noise_interval_s, low=self.dt)
-        check_int("scenario.seed", self.seed, low=0)
+        check_fields(self, "scenario", names=("demand", "duration_s", "dt", "demand_noise_cv", "noise_interval_s",
+                                              "seed"), bounds={"noise_interval_s": {"low": self.dt}}, hold=False)
         events_from_dicts(self.disturbances, "scenario.disturbances", DISTURBANCE_KINDS)
 
     @classmethod

@@ -59,8 +59,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tokenfactory.core.validation import (REQUIRED, ConfigError, check_int, check_number, reject_unknown_keys, setting,
-                                          setting_names)
+from tokenfactory.core.validation import (REQUIRED, ConfigError, check_fields, check_number, reject_unknown_keys,
+                                          setting, setting_names)
 
 __all__ = [
     "PRECISIONS",
@@ -132,13 +132,8 @@ class Accelerator:
 
     def __post_init__(self) -> None:
         where = f"accelerator[{self.name}]"
-        for f in ("hbm_bytes", "hbm_bandwidth", "scale_up_bandwidth", "scale_out_bandwidth",
-                  "power_watts"):
-            check_number(f"{where}.{f}", getattr(self, f), low=0.0, low_inclusive=False)
-        for f in OPTIONAL_FIELDS:
-            if getattr(self, f) is not None:
-                check_number(f"{where}.{f}", getattr(self, f), low=0.0, low_inclusive=False)
-        check_int(f"{where}.scale_up_domain", self.scale_up_domain, low=1)
+        check_fields(self, where, names=("hbm_bytes", "hbm_bandwidth", "scale_up_bandwidth", "scale_out_bandwidth",
+                                         "power_watts", *OPTIONAL_FIELDS, "scale_up_domain"), hold=False)
         if not self.dense_flops:
             raise ConfigError(f"{where}.dense_flops", "needs at least one precision")
         for prec, value in self.dense_flops.items():

@@ -20,6 +20,7 @@ from tokenfactory.plant_models.hardware import PRECISIONS
 from tokenfactory.core.validation import (
     ConfigError,
     check_choice,
+    check_fields,
     check_int,
     check_number,
     REQUIRED,
@@ -269,22 +270,18 @@ class MoEModel:
 
     def __post_init__(self) -> None:
         w = f"model[{self.name}]"
-        check_int(f"{w}.num_layers", self.num_layers, low=1)
-        check_int(f"{w}.num_dense_layers", self.num_dense_layers, low=0, high=self.num_layers)
-        for f in ("hidden_size", "vocab_size", "expert_intermediate_size", "routed_experts",
-                  "active_experts"):
-            check_int(f"{w}.{f}", getattr(self, f), low=1)
-        check_int(f"{w}.dense_intermediate_size", self.dense_intermediate_size, low=0)
-        check_int(f"{w}.shared_experts", self.shared_experts, low=0)
+        check_fields(self, w, names=("num_layers",), hold=False)  # first: it bounds num_dense_layers
+        check_fields(self, w, names=("num_dense_layers", "hidden_size", "vocab_size", "expert_intermediate_size",
+                                     "routed_experts", "active_experts", "dense_intermediate_size", "shared_experts"),
+                     bounds={"num_dense_layers": {"high": self.num_layers}}, hold=False)
         if self.active_experts > self.routed_experts:
             raise ConfigError(f"{w}.active_experts",
                               f"k = {self.active_experts} exceeds routed_experts E = "
                               f"{self.routed_experts}; allowed range is [1, {self.routed_experts}]")
-        for f in ("weight_precision", "kv_precision", "activation_precision"):
-            check_choice(f"{w}.{f}", getattr(self, f), PRECISIONS)
+        check_fields(self, w, names=("weight_precision", "kv_precision", "activation_precision"), hold=False)
         if self.expert_precision is None:
             object.__setattr__(self, "expert_precision", self.weight_precision)
-        check_choice(f"{w}.expert_precision", self.expert_precision, PRECISIONS)
+        check_fields(self, w, names=("expert_precision",), hold=False)
         self.attention.validate(f"{w}.attention", self.num_layers)
 
     # -- structure -------------------------------------------------------------------------

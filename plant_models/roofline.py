@@ -60,7 +60,8 @@ import pandas as pd
 
 from tokenfactory.plant_models.hardware import PRECISIONS, Accelerator, load_accelerator
 from tokenfactory.plant_models.moe_model import MoEModel, load_model
-from tokenfactory.core.validation import ConfigError, check_int, check_number, reject_unknown_keys, setting
+from tokenfactory.core.validation import (ConfigError, check_fields, check_int, check_number, reject_unknown_keys,
+                                          setting)
 
 #: where the fitted efficiency defaults come from
 _FITTED = ("fitted to 13 published DeepSeek-V3/R1 deployments (plant_models.published_points.FITTED_EFFICIENCY, "
@@ -377,20 +378,11 @@ class Efficiency:
         return self.network if self.network_scale_out is None else self.network_scale_out
 
     def __post_init__(self) -> None:
-        if self.network_scale_out is not None:
-            check_number("efficiency.network_scale_out", self.network_scale_out, low=0.0, high=1.0,
-                         low_inclusive=False)
-        if self.attention_memory is not None:
-            check_number("efficiency.attention_memory", self.attention_memory, low=0.0, high=1.0,
-                         low_inclusive=False)
-        check_number("efficiency.sequence_overhead_s", self.sequence_overhead_s, low=0.0, high=0.01)
-        check_number("efficiency.attention_dp_imbalance", self.attention_dp_imbalance, low=0.0, high=1.0)
-        for f in ("compute", "memory", "network"):
-            check_number(f"efficiency.{f}", getattr(self, f), low=0.0, high=1.0, low_inclusive=False)
-        for f in ("layer_overhead_s", "scale_up_latency_s", "scale_out_latency_s", "pass_overhead_s",
-                  "collective_latency_s"):
-            check_number(f"efficiency.{f}", getattr(self, f), low=0.0, high=1.0)
-        check_number("efficiency.routing_locality", self.routing_locality, low=0.0, high=1.0, low_inclusive=False)
+        check_fields(self, "efficiency", names=("network_scale_out", "attention_memory", "sequence_overhead_s",
+                                                "attention_dp_imbalance", "compute", "memory", "network",
+                                                "layer_overhead_s", "scale_up_latency_s", "scale_out_latency_s",
+                                                "pass_overhead_s", "collective_latency_s", "routing_locality"),
+                     hold=False)
 
 
 @dataclass(frozen=True)
@@ -426,9 +418,7 @@ class Parallelism:
                                    meaning="GPUs of the worker (absent: pp x ep; a given value must equal it)")
 
     def __post_init__(self) -> None:
-        check_int("parallelism.tp", self.tp, low=1)
-        check_int("parallelism.pp", self.pp, low=1)
-        check_int("parallelism.ep", self.ep, low=1)
+        check_fields(self, "parallelism", names=("tp", "pp", "ep"), hold=False)
         if self.ep % self.tp:
             ep = -(-self.ep // self.tp) * self.tp   # the smallest stage that tp GPUs per replica tile
             raise ConfigError("parallelism.tp", f"tp = {self.tp} with ep = {self.ep} (pp = {self.pp}) is not a "

@@ -458,3 +458,20 @@ def test_config_errors_name_the_declared_range():
         PlannedPoolConfig(pool="fill", per_worker_rps=1.0, min_replicas=3, max_replicas=2)
     with pytest.raises(ConfigError, match=r"planned\.use_profile|planned\.measured_fill_rate"):
         PlannedPoolConfig(pool="fill", per_worker_rps=1.0, measured_fill_rate="yes")
+
+
+def test_the_planned_pool_takes_the_hysteretic_rules_declarations():
+    """PlannedPoolConfig extends HystereticConfig: the shared fields are declared once (range, unit,
+    meaning), only the step and size limits' defaults are the planned pool's own."""
+    from tokenfactory.controllers.reconfiguration import HystereticConfig
+    from tokenfactory.core.validation import config_schema
+
+    base = {r["name"]: r for r in config_schema(HystereticConfig)}
+    planned = {r["name"]: r for r in config_schema(PlannedPoolConfig)}
+    own_defaults = {"max_step_up": 1000, "max_step_down": 1000, "max_replicas": 5000}
+    for name, row in base.items():
+        assert {**row, "default": own_defaults.get(name, row["default"])} == planned[name], name
+    assert (HystereticConfig().max_step_up, HystereticConfig().max_step_down) == (4, 1)
+    assert issubclass(PlannedPoolConfig, HystereticConfig)
+    with pytest.raises(ConfigError, match=r"hysteretic\.queue_headroom.*\[0, 10\]"):
+        PlannedPoolConfig(pool="fill", per_worker_rps=1.0, queue_headroom=11.0)

@@ -112,3 +112,49 @@ def test_config_or_fields_takes_one_of_the_two_and_names_the_misuse():
     with pytest.raises(ConfigError, match="must be a Cfg") as err:
         config_or_fields("x", Cfg, {"a": 2}, {}, name="spec")
     assert err.value.field == "x.spec"
+
+
+def test_inherited_setting_keeps_the_declaration_and_changes_the_default():
+    import dataclasses as dc
+
+    from tokenfactory.core.validation import check_fields, config_schema, inherited_setting, setting
+
+    @dc.dataclass(frozen=True, kw_only=True)
+    class Base:
+        n: int = setting(4, kind=int, unit="workers", low=1, high=9, meaning="a count")
+
+        def __post_init__(self):
+            check_fields(self, "base")
+
+    @dc.dataclass(frozen=True, kw_only=True)
+    class Child(Base):
+        n: int = inherited_setting(Base, "n", 7)
+
+    (row,) = config_schema(Child)
+    assert (row["default"], row["unit"], row["low"], row["high"], row["meaning"]) == (7, "workers", 1, 9, "a count")
+    assert Child().n == 7 and Base().n == 4
+    with pytest.raises(ConfigError, match=r"base\.n.*\[1, 9\]"):
+        Child(n=10)
+    with pytest.raises(KeyError, match="Base.m"):
+        inherited_setting(Base, "m", 1)
+
+
+def test_check_fields_holds_the_checked_values_or_only_checks():
+    import dataclasses as dc
+
+    from tokenfactory.core.validation import check_fields, setting
+
+    @dc.dataclass(frozen=True)
+    class Cfg:
+        x: float = setting(1.0, low=0.0, high=5.0, meaning="a number")
+        n: int = setting(2, kind=int, low=1, meaning="a count")
+
+    held, kept = Cfg(x=3, n=4.0), Cfg(x=3, n=4.0)
+    check_fields(held, "cfg")
+    check_fields(kept, "cfg", hold=False)
+    assert (type(held.x), type(held.n)) == (float, int)
+    assert (type(kept.x), type(kept.n)) == (int, float)  # as given
+    with pytest.raises(ConfigError, match=r"^cfg\.x: 6 is outside the allowed range \[0, 5\]"):
+        check_fields(Cfg(x=6), "cfg", hold=False)
+    with pytest.raises(ConfigError, match=r"^cfg\.n: .*\[3, inf\)"):
+        check_fields(Cfg(n=2), "cfg", bounds={"n": {"low": 3}}, hold=False)

@@ -615,7 +615,7 @@ def _advise_planner(setting, scenario, trace, setup, cluster, slo_target, seed, 
     planner (ai-dynamo) sizing both pools of the request simulator."""
     from tokenfactory.controllers.dynamo_planner import DynamoCapabilities
     from tokenfactory.controllers.dynamo_planner_loop import certify_planner, planner_pool_loops
-    from tokenfactory.plant_models.fleet import pool_gpus
+    from tokenfactory.plant_models.fleet import PoolDynamics, pool_gpus
     from tokenfactory.replay import run_replay
 
     setting.planner_fields()   # NotModelled for a config the planner adapter cannot run
@@ -623,9 +623,11 @@ def _advise_planner(setting, scenario, trace, setup, cluster, slo_target, seed, 
     dyn = cluster.get("dynamics", {})
     delay = float(cluster.get("measurement_delay_s", p.measurement_delay_s))
     startup, warmup = float(dyn.get("startup_s", 0.0)), float(dyn.get("warmup_s", 0.0))
-    # one number for both pools, or {fill, decode} (plant_models.fleet.pool_gpus checks either)
-    gpus = pool_gpus("cluster.dynamics.gpus_per_worker", dyn.get("gpus_per_worker", 1))
-    fill_gpus, decode_gpus = (gpus["fill"], gpus["decode"]) if isinstance(gpus, dict) else (gpus, gpus)
+    # one number for both pools, or {fill, decode}: pool_gpus checks either (named as the scenario names it),
+    # PoolDynamics.gpus gives a pool's
+    workers = PoolDynamics(gpus_per_worker=pool_gpus("cluster.dynamics.gpus_per_worker",
+                                                     dyn.get("gpus_per_worker", 1)))
+    fill_gpus, decode_gpus = workers.gpus("fill"), workers.gpus("decode")
     ctx = setup.context(cluster.get("slo_ttft_s", 2.0), cluster.get("slo_tpot_s", 0.1))
     caps = DynamoCapabilities(p.prompt_tokens if p.prompt_tokens > 0 else 1.0, p.output_tokens,
                               ctx.service.fill_token_budget if ctx.service is not None else p.prompt_tokens,
@@ -640,7 +642,7 @@ def _advise_planner(setting, scenario, trace, setup, cluster, slo_target, seed, 
         out = {}
         for name, pt in levels.items():
             loops = planner_pool_loops(s, p, demand_rps=pt.demand_rps, metric_delay_s=delay, startup_s=startup,
-                                       warmup_s=warmup, gpus_per_worker=gpus, capabilities=caps)
+                                       warmup_s=warmup, gpus_per_worker=workers.gpus_per_worker, capabilities=caps)
             for pool, loop in loops.items():
                 out[f"{name} {pool}"] = certify_planner(loop)
         return out

@@ -10,7 +10,7 @@ from typing import Any
 from tokenfactory.core.classes import RequestClass, class_table, classes_from_dict
 from tokenfactory.core.events import DecodeRateDip, LinkSlowdown, Reconfiguration, WorkerCrash, events_from_dicts
 from tokenfactory.plant_models.fleet import PoolDynamics
-from tokenfactory.core.validation import ConfigError, check_int, check_number, reject_unknown_keys, setting
+from tokenfactory.core.validation import ConfigError, check_fields, check_number, reject_unknown_keys, setting
 
 __all__ = ["ClusterConfig", "EVENT_KINDS"]
 
@@ -116,27 +116,17 @@ class ClusterConfig:
                                               "the service tables' decode_max_batch)")
 
     def __post_init__(self) -> None:
-        check_int("cluster.fill_workers", self.fill_workers, low=0)
-        check_int("cluster.decode_workers", self.decode_workers, low=0)
-        check_int("cluster.aggregated_workers", self.aggregated_workers, low=0)
+        check_fields(self, "cluster", names=("fill_workers", "decode_workers", "aggregated_workers"), hold=False)
         if self.aggregated_workers and (self.fill_workers or self.decode_workers):
             raise ConfigError("cluster.aggregated_workers", f"an aggregated cluster has no fill or decode pool: give "
                               f"fill_workers = decode_workers = 0, not {self.fill_workers} and {self.decode_workers}")
-        check_number("cluster.measurement_delay_s", self.measurement_delay_s, low=0.0)
-        check_number("cluster.snapshot_dt", self.snapshot_dt, low=0.001, high=60.0)
-        if self.prefix_cache_blocks is not None:
-            check_int("cluster.prefix_cache_blocks", self.prefix_cache_blocks, low=0)
-        check_number("cluster.slo_ttft_s", self.slo_ttft_s, low=0.0, low_inclusive=False)
-        check_number("cluster.slo_tpot_s", self.slo_tpot_s, low=0.0, low_inclusive=False)
-        check_number("cluster.kv_watermark", self.kv_watermark, low=0.0, high=0.5)
-        if self.duration_s is not None:
-            check_number("cluster.duration_s", self.duration_s, low=0.0, low_inclusive=False)
-        check_number("cluster.drain_s", self.drain_s, low=0.0)
-        check_number("cluster.autoscale_start_s", self.autoscale_start_s, low=0.0)
+        check_fields(self, "cluster", names=("measurement_delay_s", "snapshot_dt", "prefix_cache_blocks",
+                                             "slo_ttft_s", "slo_tpot_s", "kv_watermark", "duration_s", "drain_s",
+                                             "autoscale_start_s"), hold=False)
         if self.dynamics.fleet_size is not None and self.fill_workers + self.decode_workers > self.dynamics.fleet_size:
             raise ConfigError("cluster.dynamics.fleet_size", f"{self.dynamics.fleet_size} workers cannot hold the "
                               f"initial {self.fill_workers} fill + {self.decode_workers} decode")
-        check_int("cluster.seed", self.seed, low=0)
+        check_fields(self, "cluster", names=("seed",), hold=False)
         object.__setattr__(self, "events", events_from_dicts(self.events, "cluster.events", EVENT_KINDS))
         if self.aggregated_workers and self.events:
             raise ConfigError("cluster.events", "the aggregated pool is fixed: it takes no events")

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tokenfactory.core.validation import REQUIRED, ConfigError, check_number, reject_unknown_keys, setting
+from tokenfactory.core.validation import REQUIRED, ConfigError, check_fields, reject_unknown_keys, setting
 
 __all__ = ["RequestClass", "DEFAULT_CLASSES", "DEFAULT_CLASS_MIX", "INTERACTIVE", "BATCH", "class_table",
            "classes_from_dict", "CLASS_SCHEMA"]
@@ -79,13 +79,10 @@ class RequestClass:
         if not isinstance(self.name, str) or not self.name:
             raise ConfigError("class.name", f"expected a non-empty string, got {self.name!r}")
         w = f"classes.{self.name}"
-        check_number(f"{w}.slo_ttft_s", self.slo_ttft_s, low=0.0, low_inclusive=False)
-        check_number(f"{w}.slo_tpot_s", self.slo_tpot_s, low=0.0, low_inclusive=False)
+        check_fields(self, w, names=("slo_ttft_s", "slo_tpot_s"), hold=False)
         if isinstance(self.priority, bool) or int(self.priority) != self.priority or self.priority < 0:
             raise ConfigError(f"{w}.priority", f"expected an integer >= 0, got {self.priority!r}")
-        if not isinstance(self.deferrable, bool):
-            raise ConfigError(f"{w}.deferrable", f"expected true or false, got {self.deferrable!r}")
-        check_number(f"{w}.max_defer_s", self.max_defer_s, low=0.0)
+        check_fields(self, w, names=("deferrable", "max_defer_s"), hold=False)
 
 
 #: the two classes every plant knows (see the module notes for the sources of their SLOs)

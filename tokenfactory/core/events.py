@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 from tokenfactory.core.errors import ConfigError
 from tokenfactory.core.signals import POOLS
-from tokenfactory.core.validation import REQUIRED, check_choice, check_int, check_number, reject_unknown_keys, setting
+from tokenfactory.core.validation import REQUIRED, check_fields, reject_unknown_keys, setting
 
 __all__ = ["DemandStep", "DecodeRateDip", "DecodeWorkersLost", "WorkerCrash", "LinkSlowdown", "Reconfiguration",
            "EVENT_KINDS", "events_from_dicts"]
@@ -44,8 +44,7 @@ class DemandStep:
     factor: float = setting(REQUIRED, low=0.0, meaning="demand multiplier from then on (1.5 = 50 % more)")
 
     def __post_init__(self) -> None:
-        check_number(f"{self.kind}.at_s", self.at_s, low=0.0)
-        check_number(f"{self.kind}.factor", self.factor, low=0.0)
+        check_fields(self, self.kind, hold=False)
 
 
 @dataclass(frozen=True)
@@ -70,9 +69,7 @@ class _FactorWindow:
                                     "slower)")
 
     def __post_init__(self) -> None:
-        check_number(f"{self.kind}.start_s", self.start_s, low=0.0)
-        check_number(f"{self.kind}.duration_s", self.duration_s, low=0.0)
-        check_number(f"{self.kind}.factor", self.factor, low=0.0, low_inclusive=False)
+        check_fields(self, self.kind, hold=False)
 
 
 @dataclass(frozen=True)
@@ -110,8 +107,7 @@ class DecodeWorkersLost:
                                                                    "re-queued)")
 
     def __post_init__(self) -> None:
-        check_number(f"{self.kind}.at_s", self.at_s, low=0.0)
-        check_number(f"{self.kind}.fraction", self.fraction, low=0.0, high=1.0)
+        check_fields(self, self.kind, hold=False)
 
 
 @dataclass(frozen=True)
@@ -139,10 +135,7 @@ class WorkerCrash:
                                                                 "their state and are re-queued)")
 
     def __post_init__(self) -> None:
-        check_number(f"{self.kind}.at_s", self.at_s, low=0.0)
-        check_choice(f"{self.kind}.pool", self.pool, POOLS)
-        check_int(f"{self.kind}.index", self.index, low=0)
-        check_number(f"{self.kind}.restart_s", self.restart_s, low=0.0)
+        check_fields(self, self.kind, hold=False)
 
 
 @dataclass(frozen=True)
@@ -188,13 +181,10 @@ class Reconfiguration:
                                                                  "target pool")
 
     def __post_init__(self) -> None:
-        check_number(f"{self.kind}.at_s", self.at_s, low=0.0)
-        check_choice(f"{self.kind}.source", self.source, POOLS)
-        check_choice(f"{self.kind}.target", self.target, POOLS)
+        check_fields(self, self.kind, names=("at_s", "source", "target"), hold=False)
         if self.source == self.target:
             raise ConfigError(f"{self.kind}.target", f"a move goes to the other pool, not {self.target!r} again")
-        check_int(f"{self.kind}.count", self.count, low=1)
-        check_number(f"{self.kind}.downtime_s", self.downtime_s, low=0.0)
+        check_fields(self, self.kind, names=("count", "downtime_s"), hold=False)
 
 
 #: every event kind by the name scenario files use

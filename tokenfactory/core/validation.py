@@ -29,6 +29,7 @@ __all__ = [
     "setting_names",
     "check_settings",
     "check_fields",
+    "inherited_setting",
 ]
 
 #: the default of a :func:`setting` a file must give (no default)
@@ -273,6 +274,36 @@ def setting(default: Any = None, *, kind: type | str = float, meaning: str, unit
     return dataclasses.field(default=default, metadata=meta)
 
 
+def inherited_setting(cls: type, name: str, default: Any) -> Any:
+    """A subclass's field that keeps the :func:`setting` declaration of ``name`` in ``cls`` (type,
+    unit, range, meaning, source) with another default: a config that extends another redeclares
+    only the default it changes.
+
+    Parameters
+    ----------
+    cls : type
+        The dataclass that declares ``name`` with :func:`setting`.
+    name : str
+        The field.
+    default : object
+        The subclass's default.
+
+    Returns
+    -------
+    dataclasses.Field
+        Used as the subclass's field (its place in the field order stays the base class's).
+
+    Raises
+    ------
+    KeyError
+        When ``cls`` has no field ``name`` declared with :func:`setting`.
+    """
+    f = {f.name: f for f in dataclasses.fields(cls)}.get(name)
+    if f is None or "meaning" not in f.metadata:
+        raise KeyError(f"{cls.__name__}.{name} is not declared with setting()")
+    return dataclasses.field(default=default, metadata=f.metadata)
+
+
 def _resolve_value(where: str, value: Any, meta: Mapping[str, Any]) -> Any:
     if isinstance(value, str) and value in meta["also"]:
         return value
@@ -441,7 +472,7 @@ def config_or_fields(where: str, cls: type, config: Any, fields: Mapping[str, An
 
 
 def check_fields(obj: Any, where: str, *, names: Iterable[str] | None = None,
-                 bounds: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+                 bounds: Mapping[str, Mapping[str, Any]] | None = None, hold: bool = True) -> None:
     """Validate a frozen config's fields in place against their :func:`setting` declarations (the
     range, type and choices declared once there) and hold the checked values: numbers as floats,
     integers as ints. Meant for ``__post_init__``; a field at a ``None`` default is left as None.
@@ -457,6 +488,9 @@ def check_fields(obj: Any, where: str, *, names: Iterable[str] | None = None,
     bounds : mapping, optional
         Per field, the declared bounds replaced for this instance (``{"fine_s": {"high": 600.0}}``):
         a range set by another field's value.
+    hold : bool
+        Set each field to its checked value (default). False only checks: the fields keep the
+        values as given (an integer given as one stays an int where the config reports it).
 
     Raises
     ------
@@ -472,6 +506,8 @@ def check_fields(obj: Any, where: str, *, names: Iterable[str] | None = None,
             continue
         meta = {**f.metadata, **bounds.get(name, {})}
         checked = _resolve_value(f"{where}.{name}", value, meta)
+        if not hold:
+            continue
         if meta["kind"] is float and not isinstance(checked, str):
             checked = float(checked)
         object.__setattr__(obj, name, checked)
