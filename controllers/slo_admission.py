@@ -117,7 +117,7 @@ from tokenfactory.controllers.envelope_tuner import SIMC_TAU_C_FACTORS, SIMC_TAU
 from tokenfactory.controllers.interface import SampledController, lowpass
 from tokenfactory.controllers.stability import DelayedLoop, Margins
 from tokenfactory.core.signals import ADMIT, AdmissionAction, Arrival, Decision, Measurement, ReserveAction
-from tokenfactory.core.validation import ConfigError, config_or_fields, check_int, check_number, setting
+from tokenfactory.core.validation import ConfigError, config_or_fields, check_fields, check_int, check_number, setting
 
 __all__ = ["DEFAULT_TTFT_FRACTION", "SLOAdmissionConfig", "MarginLoopConfig", "SLOAwareAdmission", "GateLoopTuning",
            "MarginLoopTuning", "slo_gate_loop", "tune_slo_admission", "margin_loop", "tune_margin_loop",
@@ -298,18 +298,12 @@ class MarginLoopConfig:
     enabled: bool = setting(True, kind=bool, meaning="false: the margin stays at initial_margin")
 
     def __post_init__(self) -> None:
+        # checked against the declarations (values kept as given); bounds set by another field per instance
         w = "slo_aware.outer"
-        check_number(f"{w}.sample_period_s", self.sample_period_s, low=0.0, low_inclusive=False)
-        check_number(f"{w}.ki", self.ki, low=0.0)
-        check_number(f"{w}.quantile", self.quantile, low=0.0, high=0.5, low_inclusive=False)
-        check_number(f"{w}.slack_target", self.slack_target, low=-1.0, high=1.0)
-        check_number(f"{w}.miss_setpoint", self.miss_setpoint, low=0.0, high=1.0, low_inclusive=False)
-        check_int(f"{w}.window", self.window, low=20)
-        check_int(f"{w}.min_samples", self.min_samples, low=1)
-        check_number(f"{w}.margin_max", self.margin_max, low=1.0, high=2.0)
-        check_number(f"{w}.initial_margin", self.initial_margin, low=-1.0, high=self.margin_max)
-        if self.ki_flat is not None:
-            check_number(f"{w}.ki_flat", self.ki_flat, low=self.ki)
+        check_fields(self, w, names=("sample_period_s", "ki", "quantile", "slack_target", "miss_setpoint", "window",
+                                     "min_samples", "margin_max"), hold=False)
+        check_fields(self, w, names=("initial_margin", "ki_flat"), hold=False,
+                     bounds={"initial_margin": {"high": self.margin_max}, "ki_flat": {"low": self.ki}})
 
     @property
     def ki_scheduled(self) -> float:
