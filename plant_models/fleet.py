@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+import dataclasses
 from dataclasses import dataclass
 
 from tokenfactory.core.validation import (ConfigError, check_choice, check_fields, check_int, reject_unknown_keys,
@@ -86,6 +87,35 @@ class PoolDynamics:
                 raise ConfigError("pools.gpus_per_worker", f"{self.gpus_per_worker}: a fixed fleet (fleet_size "
                                   f"{self.fleet_size}) moves workers between pools, so both pools' workers need "
                                   "the same GPUs; give one number")
+
+    @classmethod
+    def from_dict(cls, d: Mapping, where: str = "pools") -> "PoolDynamics":
+        """Read a dynamics table as a user wrote it, errors naming the key where it was written.
+
+        Parameters
+        ----------
+        d : mapping
+            The fields; unknown keys raise :class:`ConfigError` naming them.
+        where : str
+            Dotted path of the table in its file (``"cluster.dynamics"``, ``"dynamics"``).
+
+        Returns
+        -------
+        PoolDynamics
+
+        Raises
+        ------
+        ConfigError
+            For an unknown key or a value out of range, its field under ``where``
+            (``cluster.dynamics.startup_s: 7200 is outside the allowed range [0, 3600]``).
+        """
+        reject_unknown_keys(where, d, {f.name for f in dataclasses.fields(cls)})
+        try:
+            return cls(**d)
+        except ConfigError as e:
+            if where == "pools" or not e.field.startswith("pools."):
+                raise
+            raise ConfigError(f"{where}.{e.field[len('pools.'):]}", e.message) from None
 
     @property
     def uniform_gpus(self) -> bool:

@@ -424,8 +424,10 @@ class Parallelism:
             raise ConfigError("parallelism.tp", f"tp = {self.tp} with ep = {self.ep} (pp = {self.pp}) is not a "
                               f"layout: ep is the number of GPUs in a stage (the experts are spread over all of "
                               f"them) and attention runs as ep/tp replicas of tp GPUs, so tp must divide ep. "
-                              f"Tensor parallelism over {self.tp} GPUs with no further expert parallelism is "
-                              f"tp = {self.tp}, ep = {ep} (--tp {self.tp} --ep {ep}); one GPU is tp = 1, ep = 1")
+                              f"The smallest stage of {self.tp}-GPU replicas with at least {self.ep} GPUs is "
+                              f"tp = {self.tp}, ep = {ep} (--tp {self.tp} --ep {ep}); tensor parallelism over "
+                              f"{self.tp} GPUs with no further expert parallelism is tp = {self.tp}, "
+                              f"ep = {self.tp}; one GPU is tp = 1, ep = 1")
         if self.num_gpus is None:
             object.__setattr__(self, "num_gpus", self.pp * self.ep)
         elif self.num_gpus != self.pp * self.ep:
@@ -761,8 +763,20 @@ class Worker:
                 f"{self.model.name} does not fit on {self.accelerator.name} at tp={p.tp} pp={p.pp} "
                 f"ep={p.ep}: {self.weight_bytes_per_gpu / 1e9:.1f} GB weights + "
                 f"{self.working_bytes_per_gpu / 1e9:.1f} GB working memory per GPU exceed the "
-                f"usable {self.usable_bytes_per_gpu / 1e9:.1f} GB; raise ep or pp, or use a GPU "
+                f"usable {self.usable_bytes_per_gpu / 1e9:.1f} GB; {self._fit_hint()}, or use a GPU "
                 "with more HBM")
+
+    def _fit_hint(self) -> str:
+        """Which layout knob shrinks the larger part of the weights per GPU: the non-expert weights
+        split over tp x pp (every attention replica holds a copy), the routed experts over ep x pp."""
+        p, m = self.parallelism, self.model
+        non_expert = self.non_expert_bytes / (p.tp * p.pp)
+        experts = m.routed_expert_weight_bytes / (p.ep * p.pp)
+        if non_expert >= experts:
+            return (f"raise tp (with ep a multiple of it) or pp: {non_expert / 1e9:.1f} GB of it are "
+                    f"non-expert weights, split over tp x pp (each of the ep/tp = {p.ep // p.tp} attention "
+                    "replicas holds a copy)")
+        return f"raise ep or pp: {experts / 1e9:.1f} GB of it are routed experts, split over ep x pp"
 
     @functools.cached_property  # a frozen worker: computed once
     def kv_capacity_bytes(self) -> float:

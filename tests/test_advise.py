@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -112,7 +113,7 @@ def test_vllm_config_gets_the_batch_cap_for_the_slo(case, tmp_path):
 FLOOR_SLO = {1: 0.756, 2: 0.8795, 3: 0.976, 4: 0.999}
 
 
-def _floor_search(slo_target, candidates=6):
+def _floor_search(slo_target, candidates=6, slo=FLOOR_SLO, reversals=None):
     from tokenfactory import advise as advise_module
     from tokenfactory.advise import search_settings
     from tokenfactory.controllers.autoscaler_loops import PoolOperatingPoint, certify_autoscaler
@@ -128,8 +129,9 @@ def _floor_search(slo_target, candidates=6):
     def simulate(s):   # attainment rises with the floor; GPU-hours with the floor and the ceiling
         ctl = s.build("decode")
         replayed.append((ctl.min_replicas, ctl.max_replicas))
-        return {"slo_attainment": FLOOR_SLO[ctl.min_replicas], "gpu_hours": 0.4 * (1 + ctl.min_replicas)
-                + 0.01 * ctl.max_replicas, "reversals_per_hour": 0.0, "oscillating": False, "scale_actions": 0}
+        return {"slo_attainment": slo[ctl.min_replicas], "gpu_hours": 0.4 * (1 + ctl.min_replicas)
+                + 0.01 * ctl.max_replicas, "reversals_per_hour": (reversals or {}).get(ctl.min_replicas, 0.0),
+                "oscillating": False, "scale_actions": 0}
 
     # the format's grid cut to two targets (the floor and ceiling axes as they are): a light test
     full = advise_module.KNOB_GRID["kubernetes-hpa"]
@@ -164,6 +166,23 @@ def test_floor_search_ranks_meeting_the_slo_then_gpu_hours():
     meeting = sims[sims["sim_slo_attainment"] >= 0.97]
     assert adv.blocks["recommended"]["simulated"]["gpu_hours"] == pytest.approx(meeting["sim_gpu_hours"].min())
     assert adv.recommended.build("decode").min_replicas == 3
+
+
+def test_floor_search_line_says_why_a_floor_misses_the_target():
+    """A floor whose attainment is above the target but whose replay reverses more than
+    MAX_REVERSALS_PER_HOUR (one reversal in a 12-minute trace is 5/h) is not the recommendation; the
+    summary says so beside its numbers instead of listing 0.997 next to a recommended 3."""
+    from tokenfactory.advise import MAX_REVERSALS_PER_HOUR
+
+    adv, _ = _floor_search(0.99, slo={1: 0.756, 2: 0.997, 3: 0.999, 4: 0.999}, reversals={2: 5.0})
+    assert adv.recommended.build("decode").min_replicas == 3
+    line = next(l for l in adv.summary() if l.startswith("Floors replayed"))
+    assert f"<= {MAX_REVERSALS_PER_HOUR:g} reversals/h" in line and ">= 0.99" in line
+    assert re.search(r"min_replicas 1 -> 0\.756 at [0-9.]+ GPU-hours \(below 0\.99\)", line)
+    assert f"min_replicas 2 -> 0.997 at 1.24 GPU-hours (5.0 reversals/h, above {MAX_REVERSALS_PER_HOUR:g})" in line
+    assert re.search(r"min_replicas 3 -> 0\.999 at [0-9.]+ GPU-hours(,|\.$)", line)
+    f2 = next(f for f in adv.floor_search if f["min_replicas"] == 2)
+    assert f2["reversals_per_hour"] == 5.0 and not f2["meets_target"] and not f2["oscillating"]
 
 
 def test_floor_search_says_when_no_floor_meets_the_slo():

@@ -214,3 +214,27 @@ def test_decode_shorter_than_the_step_turns_its_slots_over_within_it():
     # the coarse step agrees with the fine one on the queue in decode
     fine, coarse = (runs[dt].series[runs[dt].series["time_s"] > 300]["ready"].mean() for dt in (0.05, coarse_dt))
     assert coarse < lam * coarse_dt  # at most one step's arrivals wait for a slot
+
+
+def test_dynamics_errors_name_the_key_where_the_user_wrote_it(tmp_path):
+    """A [cluster.dynamics] or stack [dynamics] value out of range names that table's key, not
+    the dataclass's internal ``pools.`` prefix."""
+    from tokenfactory.plant_models.des import ClusterConfig
+    from tokenfactory.stack import load_stack_scenario
+
+    with pytest.raises(ConfigError) as err:
+        ClusterConfig.from_dict({"dynamics": {"startup_s": 7200.0}})
+    assert err.value.field == "cluster.dynamics.startup_s" and "[0, 3600]" in err.value.message
+    with pytest.raises(ConfigError) as err:
+        ClusterConfig.from_dict({"dynamics": {"startup": 60.0}})
+    assert err.value.field == "cluster.dynamics.startup"
+    with pytest.raises(ConfigError) as err:
+        PoolDynamics.from_dict({"warmup_factor": 0.0}, "dynamics")
+    assert err.value.field == "dynamics.warmup_factor"
+    p = tmp_path / "stack.toml"
+    p.write_text('[plant]\nmodel = "llama-3.1-70b"\nhardware = "h100-sxm"\nparallelism = {tp = 4, ep = 4}\n'
+                 '[workload]\nrate_rps = 2.0\n[dynamics]\nstartup_s = -1.0\n'
+                 '[layers.admission]\nkind = "smoothed"\n')
+    with pytest.raises(ConfigError) as err:
+        load_stack_scenario(p)
+    assert err.value.field == "dynamics.startup_s"

@@ -151,6 +151,16 @@ def test_every_key_has_a_meaning_and_a_type():
             assert r["type"] in ("float", "int", "bool", "str") or " " in r["type"] or r["type"] == "table", r
 
 
+def test_every_table_summary_is_a_whole_sentence():
+    """A summary taken from a docstring keeps its whole first paragraph (an event's docstring runs on
+    past its first line), on one line with single spaces and one closing period on the page."""
+    page = reference_page()
+    for t in schema_tables():
+        assert "  " not in t.summary and not t.summary.endswith("."), t.summary
+    assert "restarts after ``restart_s``; the requests it held lose their state and are re-queued." in page
+    assert not re.search(r"\.\.$", page, re.M), "a summary ends with two periods"
+
+
 # -- every documented key is accepted ---------------------------------------------------------------------
 
 

@@ -137,3 +137,30 @@ def test_scenario_cluster_fills_the_seed_and_the_classes_at_the_clusters_slo():
     inter, batch = cl["classes"]
     assert (inter.name, inter.slo_ttft_s, inter.slo_tpot_s) == ("interactive", 1.0, 0.05)
     assert batch == DEFAULT_CLASSES[1]
+
+
+def test_duration_s_replays_only_the_first_part_of_an_open_trace(tmp_path, capsys):
+    """[simulation] duration_s / `simulate --duration` on a request file: "replay this much of the
+    trace" - only its arrivals before it, on the replayed clock (it was used for closed sessions
+    only, so an open trace ran whole)."""
+    from tokenfactory.cli import main
+    from tokenfactory.replay import run_replay
+
+    trace = poisson_trace(2.0, 120.0, 3, inp=1000, out_mean=50)
+    setup = build_replay(trace)
+    cluster = {"fill_workers": 1, "decode_workers": 1, "drain_s": 30.0}
+    m, res = run_replay(trace, setup, "open", 1.0, cluster, duration_s=30.0)
+    arrived = res.records["arrival_s"].dropna()
+    assert m["requests"] == int((trace["arrival_s"] < 30.0).sum()) < len(trace) and arrived.max() < 30.0
+    m2, _ = run_replay(trace, setup, "open", 2.0, cluster, duration_s=30.0)   # 30 s of the 2x replay
+    assert m2["requests"] == int((trace["arrival_s"] / 2.0 < 30.0).sum())
+    assert run_replay(trace, setup, "open", 1.0, cluster)[0]["requests"] == len(trace)
+    with pytest.raises(ConfigError, match="duration_s"):
+        run_replay(trace, setup, "open", 1.0, cluster, duration_s=-1.0)
+    path = tmp_path / "requests.csv"
+    trace[["arrival_s", "input_tokens", "output_tokens"]].to_csv(path, index=False)
+    assert main(["simulate", "--trace", str(path), "--duration", "1m", "--admission", "open", "--no-progress",
+                 "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    n = int((trace["arrival_s"] < 60.0).sum())
+    assert any(l.split()[:2] == ["requests", f"{n:,}"] for l in out.splitlines()), out[:800]

@@ -137,6 +137,31 @@ def test_does_not_fit_names_parallelism():
     Worker(model_preset("deepseek-v3"), accelerator_preset("h100-sxm"), Parallelism(ep=16))
 
 
+def test_does_not_fit_names_the_knob_that_shrinks_the_larger_part():
+    """A dense model's weights are non-expert: raising ep adds attention replicas, each with a copy,
+    so the hint is tp; a MoE model's are mostly routed experts: ep."""
+    llama, h100 = model_preset("llama-3.1-70b"), accelerator_preset("h100-sxm")
+    for ep in (8, 16):   # ep does not help the dense model: the advice must not say it
+        with pytest.raises(ConfigError) as err:
+            Worker(llama, h100, Parallelism(tp=1, ep=ep))
+        assert "raise tp" in err.value.message and "raise ep" not in err.value.message
+    Worker(llama, h100, Parallelism(tp=4, ep=4))   # what the hint leads to fits
+    with pytest.raises(ConfigError) as err:
+        Worker(model_preset("deepseek-v3"), h100, Parallelism(tp=1, ep=8))
+    assert "raise ep or pp" in err.value.message and "routed experts" in err.value.message
+
+
+def test_tp_not_dividing_ep_suggests_real_layouts():
+    """tp = 3, ep = 4: the suggestions are ep = 6 (smallest multiple of tp at least ep) and, for no
+    expert parallelism beyond TP, ep = tp = 3 (not ep = 6, which has two attention replicas)."""
+    with pytest.raises(ConfigError) as err:
+        Parallelism(tp=3, ep=4)
+    msg = err.value.message
+    assert "tp = 3, ep = 6 (--tp 3 --ep 6)" in msg
+    assert "no further expert parallelism is tp = 3, ep = 3" in msg
+    Parallelism(tp=3, ep=6), Parallelism(tp=3, ep=3)   # both suggestions are layouts
+
+
 @pytest.mark.parametrize("kw,field", [
     ({"tp": 3, "ep": 8}, "parallelism.tp"),
     ({"ep": 0}, "parallelism.ep"),

@@ -209,7 +209,8 @@ class Advice:
         without oscillation and within :data:`MAX_REVERSALS_PER_HOUR`).
     floor_search : list of dict
         The floors the bisection replayed, lowest first: ``min_replicas``, ``slo_attainment``,
-        ``gpu_hours``, ``meets_target`` of each floor's nearest passing candidate.
+        ``gpu_hours``, ``meets_target``, ``oscillating``, ``reversals_per_hour`` of each floor's
+        nearest passing candidate (the summary says which of them keeps a floor from the target).
     """
 
     current: Any
@@ -310,9 +311,21 @@ class Advice:
                          f"{rs['slo_attainment']:.3f}, {rs['gpu_hours']:.2f} GPU-hours, "
                          f"{rs['reversals_per_hour']:.1f} reversals/h.")
         if self.floor_search:
-            lines.append("Floors replayed (bisection on the SLO attainment): " + ", ".join(
-                f"{f.get('knob', 'min_replicas')} {f['min_replicas']} -> {f['slo_attainment']:.3f} at {f['gpu_hours']:.2f} GPU-hours"
-                for f in self.floor_search) + ".")
+            target = r["slo_target"]
+
+            def why(f) -> str:   # what keeps a floor from the target (the ranking's rule, from its numbers)
+                if f.get("meets_target", True) or "reversals_per_hour" not in f:
+                    return ""
+                if f["slo_attainment"] < target:
+                    return f" (below {target:g})"
+                if f["oscillating"]:
+                    return " (oscillates)"
+                return f" ({f['reversals_per_hour']:.1f} reversals/h, above {MAX_REVERSALS_PER_HOUR:g})"
+
+            lines.append(f"Floors replayed (bisection on the SLO attainment; the target: >= {target:g}, not "
+                         f"oscillating, <= {MAX_REVERSALS_PER_HOUR:g} reversals/h): " + ", ".join(
+                f"{f.get('knob', 'min_replicas')} {f['min_replicas']} -> {f['slo_attainment']:.3f} at {f['gpu_hours']:.2f} "
+                f"GPU-hours{why(f)}" for f in self.floor_search) + ".")
         if not self.met_target:
             lines.append(self.shortfall_text())
         return lines
@@ -511,7 +524,9 @@ def search_settings(setting, certify: Callable[[Any], dict], simulate: Callable[
                 replay(idx)
                 budget -= 1
     floor_search = [{"min_replicas": f, "knob": fk, "slo_attainment": sims[nearest[f]]["slo_attainment"],
-                     "gpu_hours": sims[nearest[f]]["gpu_hours"], "meets_target": meets(sims[nearest[f]])}
+                     "gpu_hours": sims[nearest[f]]["gpu_hours"], "meets_target": meets(sims[nearest[f]]),
+                     "oscillating": bool(sims[nearest[f]]["oscillating"]),
+                     "reversals_per_hour": float(sims[nearest[f]]["reversals_per_hour"])}
                     for f in floors if nearest[f] in sims]
     return _recommend(setting, table, sims, knobs0, current_certs, current_sim, meets, slo_target, floor_search)
 

@@ -97,8 +97,13 @@ def _jsonable(v: Any) -> Any:
 
 
 def _event_tables(section: str, path: str, kinds: dict[str, type], summary: str) -> list[SchemaTable]:
-    return [SchemaTable(section, path, f"{summary}: {(cls.__doc__ or '').strip().splitlines()[0]}",
+    return [SchemaTable(section, path, f"{summary}: {_first_paragraph(cls.__doc__)}",
                         config_schema(cls), f'kind = "{name}"') for name, cls in kinds.items()]
+
+
+def _first_paragraph(doc: str | None) -> str:
+    """A docstring's first paragraph on one line, without its closing period (the page adds one)."""
+    return " ".join((doc or "").strip().split("\n\n")[0].split()).rstrip(".")
 
 
 def _controller_kind_rows() -> list[dict[str, Any]]:
@@ -260,8 +265,8 @@ def _stack_layer_tables() -> list[SchemaTable]:
     tables = []
     for layer, kinds in STACK_LAYER_KINDS.items():
         for kind, cls in kinds.items():
-            tables.append(SchemaTable("stack", f"layers.{layer}", (cls.__doc__ or "").strip().split("\n\n")[0]
-                                      .replace("\n", " "), config_schema(cls), f'kind = "{kind}"'))
+            tables.append(SchemaTable("stack", f"layers.{layer}", _first_paragraph(cls.__doc__), config_schema(cls),
+                                      f'kind = "{kind}"'))
     return tables
 
 
@@ -377,7 +382,7 @@ def render_schema(section: str | None = None, fmt: str = "text") -> str:
             else:
                 out += [f"== {current}: {SECTIONS[current]}", ""]
         if fmt == "markdown":
-            out += [f"### {current}: `{t.title}`", "", t.summary[0].upper() + t.summary[1:] + ".", ""]
+            out += [f"### {current}: `{t.title}`", "", t.summary[0].upper() + t.summary[1:].rstrip(".") + ".", ""]
             if not t.rows:
                 out += ["No parameters.", ""]
                 continue

@@ -626,7 +626,9 @@ def run_replay(trace: pd.DataFrame, setup: ReplaySetup, admission: str, scale: f
     envelope : StabilityEnvelope, optional
         The envelope the admission is tuned over (default the registry's).
     duration_s : float, optional
-        Window for closed sessions (default 3600 s; the run lasts this plus ``drain_s``).
+        Window for closed sessions (default 3600 s; the run lasts this plus ``drain_s``); an open
+        trace replays only its arrivals before it (on the replayed clock, after ``scale`` or
+        ``load``; default all of them).
     admission_where : str
         Field path of the admission parameters in error messages (default ``"admission"``).
     capacity : str
@@ -662,6 +664,11 @@ def run_replay(trace: pd.DataFrame, setup: ReplaySetup, admission: str, scale: f
                          cache_dir=capacity_cache)
     replay, scale = replay_trace(trace, setup, scale=scale, load=load, slo_tpot_s=cl.slo_tpot_s,
                                  duration_s=duration_s, seed=cl.seed, capacity_rps=cap.rps)
+    if duration_s is not None and not replay.attrs.get("per_session_clock"):   # an open trace: its first duration_s
+        check_number("duration_s", duration_s, low=0.0, low_inclusive=False)
+        kept = replay.loc[replay["arrival_s"] < duration_s].copy()
+        kept.attrs = dict(replay.attrs)
+        replay = kept
     cl = _run_cluster(replay, cl, duration_s)
     ctx = _controller_context(setup, replay, cl, envelope)
     if autoscalers is not None and autoscaler:

@@ -170,8 +170,7 @@ class ClusterConfig:
         d = dict(d)
         reject_unknown_keys(where, d, {f.name for f in dataclasses.fields(cls)})
         if isinstance(d.get("dynamics"), Mapping):
-            reject_unknown_keys(f"{where}.dynamics", d["dynamics"], {f.name for f in dataclasses.fields(PoolDynamics)})
-            d["dynamics"] = PoolDynamics(**d["dynamics"])
+            d["dynamics"] = PoolDynamics.from_dict(d["dynamics"], f"{where}.dynamics")
         evs = events_from_dicts(d.pop("events", []), f"{where}.events", EVENT_KINDS)
         if "classes" in d and isinstance(d["classes"], Mapping):
             d["classes"] = classes_from_dict(d["classes"], f"{where}.classes")

@@ -130,7 +130,9 @@ def _add_simulate(sub) -> None:
     sm.add_argument("--pool", choices=["decode", "fill"], default="decode",
                     help="the pool --control-plane sizes (the other stays fixed)")
     sm.add_argument("--seed", type=int, default=0)
-    sm.add_argument("--duration", default="1h", help="synthetic trace length")
+    sm.add_argument("--duration", default=None,
+                    help="synthetic: the trace's length (default 1h); a trace file or registered trace: replay "
+                         "its first DURATION (the scenario's [simulation] duration_s)")
     sm.add_argument("--out", default=None)
     sm.add_argument("--progress", dest="progress", action="store_true", default=None, help="force the progress bar")
     sm.add_argument("--no-progress", dest="progress", action="store_false")

@@ -52,6 +52,15 @@ def simulate_answer(setup, m: dict, res, trace_label: str) -> None:
     batch = float(cap["batch_cap"])
     print(f"capacity at the SLO: {human(cap['rps'])} req/s ({cap['bottleneck']}-bound, {cap['source']}) with the "
           f"decode batch cap at {batch:.0f} sequences per worker - vLLM {vllm_batch_flag(batch)}")
+    tpots = [c["slo_tpot_s"] for c in classes if isinstance(c, dict)] or [cl["slo_tpot_s"]]
+    svc = setup.service
+    one = svc.decode_pass_s(1, svc.decode_context_tokens)
+    infeasible = one > min(tpots)
+    if infeasible:   # the batch cap is floored at 1: the figures above are at a batch that misses the SLO
+        print(f"no decode batch meets the TPOT SLO: one sequence's pass at the nominal {svc.decode_context_tokens:,} "
+              f"tokens of context takes {human(one)} s (SLO {human(min(tpots))} s), so the capacity and the "
+              "workers below are at batch 1, which misses it; a wider tp, faster GPUs, the engine's own "
+              "efficiencies ([plant.efficiency]; `tokenfactory calibrate score`) or a looser TPOT SLO")
     per = {"fill": cap["fill_rps"], "decode": cap["decode_rps"]}
     arr = res.records["arrival_s"].dropna().to_numpy()
     if len(arr):
@@ -62,7 +71,9 @@ def simulate_answer(setup, m: dict, res, trace_label: str) -> None:
         peak = float(counts.max()) / window
         need = {p: int(math.ceil(peak / (per[p] / n))) for p, n in (("fill", nf), ("decode", nd))}
         print(f"the trace's peak ({trace_label}, as replayed): {human(peak)} req/s over {window:.0f} s needs "
-              f"{need['fill']} fill + {need['decode']} decode workers at the SLO (this run has {nf} + {nd})")
+              f"{need['fill']} fill + {need['decode']} decode workers "
+              + ("at batch 1 (no batch meets the TPOT SLO)" if infeasible else "at the SLO")
+              + f" (this run has {nf} + {nd})")
         misses_answer(res, arr.min() + float(np.argmax(counts)) * window, window)
     line = oscillation_answer(m)
     if line:

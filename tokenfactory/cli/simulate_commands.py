@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tokenfactory.core.validation import ConfigError
+from tokenfactory.core.validation import ConfigError, check_number
 from tokenfactory.cli.console import print_table, parse_duration
 from tokenfactory.cli.replay_answers import simulate_answer
 
@@ -70,6 +70,9 @@ def cmd_simulate(args) -> int:
     sc = load_replay_scenario(args.scenario) if args.scenario else None
     run = _replay_settings(args, sc)
     trace_name, trace = _requests_to_replay(args)
+    if trace_name != "synthetic" and args.duration is not None:   # a real trace: replay its first --duration
+        run.simulation["duration_s"] = check_number("duration", parse_duration(args.duration), low=0.0,
+                                                    low_inclusive=False)
     print(f"building the replay: {len(trace):,} requests, service tables and per-request costs ...", flush=True)
     setup = build_replay(trace, run.plant)
     scaler_params, scalers = _pool_sizing(args, run.scaler_params)
@@ -146,15 +149,16 @@ def _requests_to_replay(args):
     from tokenfactory.traces import SyntheticWorkload, generate_requests, load_trace
 
     trace_name = _trace_or_standin(args.trace)
+    duration = args.duration or "1h"
     if trace_name != args.trace:
         print(f"{args.trace} is not on this machine (`tokenfactory traces fetch {args.trace}` downloads it): "
-              f"running on the synthetic stand-in for it ({args.duration} of the embedded workload, seed {args.seed})",
+              f"running on the synthetic stand-in for it ({duration} of the embedded workload, seed {args.seed})",
               flush=True)
     if trace_name == "synthetic":
-        expected = SyntheticWorkload(seed=args.seed).mean_rate_rps * parse_duration(args.duration)
-        print(f"generating {args.duration} of synthetic requests (about {expected:,.0f}, seed {args.seed}) ...",
+        expected = SyntheticWorkload(seed=args.seed).mean_rate_rps * parse_duration(duration)
+        print(f"generating {duration} of synthetic requests (about {expected:,.0f}, seed {args.seed}) ...",
               flush=True)
-    trace = (generate_requests(SyntheticWorkload(seed=args.seed), parse_duration(args.duration))
+    trace = (generate_requests(SyntheticWorkload(seed=args.seed), parse_duration(duration))
              if trace_name == "synthetic" else load_trace(args.trace))
     return trace_name, trace
 

@@ -172,7 +172,8 @@ def _dynamics(dyn_d: dict, plant_d: Mapping[str, Any]) -> PoolDynamics:
     sizes = f"a fill worker has {gpus['fill']} GPUs and a decode worker {gpus['decode']} (pp x ep of [plant])"
     given = dyn_d.get("gpus_per_worker")
     if given is None:
-        return PoolDynamics(**{**dyn_d, "gpus_per_worker": pool_gpus("dynamics.gpus_per_worker", gpus)})
+        return PoolDynamics.from_dict({**dyn_d, "gpus_per_worker": pool_gpus("dynamics.gpus_per_worker", gpus)},
+                                      "dynamics")
     if isinstance(given, Mapping):
         reject_unknown_keys("dynamics.gpus_per_worker", given, GPU_POOLS)
         per_pool = {p: check_int(f"dynamics.gpus_per_worker.{p}", given[p], low=1) if p in given else gpus[p]
@@ -181,9 +182,10 @@ def _dynamics(dyn_d: dict, plant_d: Mapping[str, Any]) -> PoolDynamics:
             if per_pool[p] != gpus[p]:
                 raise ConfigError(f"dynamics.gpus_per_worker.{p}", f"{per_pool[p]} contradicts the plant: {sizes}; "
                                   "leave it out to take the plant's")
-        return PoolDynamics(**{**dyn_d, "gpus_per_worker": pool_gpus("dynamics.gpus_per_worker", per_pool)})
+        return PoolDynamics.from_dict({**dyn_d, "gpus_per_worker": pool_gpus("dynamics.gpus_per_worker", per_pool)},
+                                      "dynamics")
     check_int("dynamics.gpus_per_worker", given, low=1)
-    dynamics = PoolDynamics(**dyn_d)
+    dynamics = PoolDynamics.from_dict(dyn_d, "dynamics")
     if dynamics.gpus_per_worker not in gpus.values():
         raise ConfigError("dynamics.gpus_per_worker", f"{dynamics.gpus_per_worker} contradicts the plant: {sizes}; "
                           "leave it out to take the plant's")
