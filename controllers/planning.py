@@ -76,8 +76,12 @@ m-small 1.038 / 0.9965, 1.057 / 0.9951, 1.113 / 0.9906 - no row dearer than the 
 the GPU-hours; from the run's series and the planner's trace): target utilisation below the ceiling
 x1.026, rise profile x1.041, headroom in force x1.108 (mean 0.126), the rest (whole workers, dead
 band, the hold over falls, the backlog term) x1.052 against the oracle's own x1.061 (whole workers,
-each interval's peak); by demand phase, 89 % of the excess over the oracle falls in steady
-intervals (|10-minute log change| < 0.03), 12 % in falls, -1 % in rises. The headroom is the lever,
+each interval's peak). By demand phase (each 10-minute interval binned by its log change, steady
+within +-0.03), measured on ``stack_default``'s 10-minute rows (m-large x5 1.150, both pools; the
+pools billed every 2 s against the oracle's interval): 88 % of the excess over the oracle falls in
+steady intervals (87 % of the time), 13 % in falls (6 %), -0 % in rises (7 %); m-small 89 / 14 / -3 %
+(94 / 3 / 3 % of the time). Binned by the sign of the change alone, 70 % (m-small 69 %) accrues while
+the demand falls, 51 % (48 %) of the time: most of it in small falls, inside the steady band. The headroom is the lever,
 and the lead error's tail sets it: forecasting today's level instead of persisting the rate (the
 last hour's demand over the median profile's, times the profile's peak over the lead) needed 9-37 %
 more capacity than persistence x rho in the replay of the last four days at 5 and 10 minutes (each
@@ -96,6 +100,24 @@ without it); with ``trend_s`` and ``hour_phase`` m-large x5 1.0442 / 0.9955, 1.0
 0.9901, m-small 1.0379 / 0.9965, 1.0571 / 0.9951, 1.1117 / 0.9907: no row dearer than without the
 three corrections and every SLO >= 0.99 (m-large's 10-minute row at the edge), so ``stack_default``
 switches all three on; the 10-minute rows stay short of 1.10 (the tail has no stable predictor here).
+
+The *forecast-fall release* (``fall_dwell_s``, :func:`fall_profile`, off by default): where the
+median over the fitted days of demand(tau + lead) / demand(tau) is below 1 - :data:`FALL_THRESHOLD`
+(33-38 % of the day on m-large x5 at a 10-minute start-up), the pools release after ``fall_dwell_s``
+instead of their dwell and down cooldown (630 s there); scale-ups are unchanged, and the headroom's
+replay follows the pool's two directions (a released worker is gone at once, one ordered serves a
+lead later: :func:`calibrate_headroom`'s ``fall_hold_s``). Measured with ``stack_default`` + 90 s (GPU-h
+/ oracle, SLO at 10 / 5 / 2-minute start-ups): m-large x5 1.1563 / 0.9893, 1.0690 / 0.9902, 1.0456 /
+0.9959 (without it 1.1501 / 0.9901, 1.0720 / 0.9906, 1.0442 / 0.9955); m-small 1.1119 / 0.9913, 1.0563
+/ 0.9951, 1.0378 / 0.9965 (1.1117 / 0.9907, 1.0571 / 0.9951, 1.0379 / 0.9965). The replay charges the
+releases the demand undoes within a lead - m-large's 10-minute headroom goes from 0.10 to 0.12 - and
+that costs more than the release saves; with the replay left as it was the release gives 1.1402 but
+SLO 0.9876 (the old replay does not see those misses). The two-way replay alone (``fall_dwell_s`` =
+the dwell) gives 1.1530 / 0.9903; 300 s 1.1560 / 0.9891 on m-large, 1.1135 / 0.9914 on m-small;
+a fall threshold of 0.06 or 0.10 with 90 or 300 s 1.152-1.158, SLO 0.9896-0.9903 (m-large 10
+minutes). Weighting the headroom by that flag instead (no release; the equal-exceedance allocation
+of ``hour_phase`` over two bins, a fall forecast or not: weights 0.68 / 1.32) gave 1.1509 / 0.9895,
+with the release 1.1654 / 0.9891 (m-large 10 minutes; not kept). So it stays off.
 
 The profile is smoothed over one planning interval (the demand's own resolution): a median of a
 few days is jagged minute to minute, and that jitter alone moved pools across a worker boundary
@@ -238,7 +260,7 @@ def rise_profile(demand: pd.Series, lead_s: float, *, days: int = 3, fine_s: flo
 #: the forecast fall that shortens the pools' scale-down dwell (``fall_dwell_s``): the profile's
 #: median demand one lead ahead at least this share below the current one. 0.03 is the bound of the
 #: "steady" bin (|10-minute log change| < 0.03) of the cost split in this module's docstring: a
-#: forecast inside it is the day's noise, not a fall.
+#: forecast inside it is the day's noise, not a fall (0.06 and 0.10 measured there too).
 FALL_THRESHOLD = 0.03
 
 

@@ -398,8 +398,8 @@ class SeasonalRiseLayer(StackLayerConfig):
         there, fitted daily; off by default: measured in controllers/planning.py).
     fall_dwell_s : float, optional
         The forecast-fall release: where the daily profile forecasts a fall over the lead, the
-        pools release after this dwell instead of their own (s; absent: off; the headroom's replay
-        follows it).
+        pools release after this dwell instead of their own (s; absent: off - measured dearer on
+        m-large's 10-minute row in controllers/planning.py; the headroom's replay follows it).
     """
 
     layer: ClassVar[str] = "planning"
