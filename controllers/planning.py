@@ -76,8 +76,12 @@ m-small 1.038 / 0.9965, 1.057 / 0.9951, 1.113 / 0.9906 - no row dearer than the 
 the GPU-hours; from the run's series and the planner's trace): target utilisation below the ceiling
 x1.026, rise profile x1.041, headroom in force x1.108 (mean 0.126), the rest (whole workers, dead
 band, the hold over falls, the backlog term) x1.052 against the oracle's own x1.061 (whole workers,
-each interval's peak); by demand phase, 89 % of the excess over the oracle falls in steady
-intervals (|10-minute log change| < 0.03), 12 % in falls, -1 % in rises. The headroom is the lever,
+each interval's peak). By demand phase (each 10-minute interval binned by its log change, steady
+within +-0.03), measured on ``stack_default``'s 10-minute rows (m-large x5 1.150, both pools; the
+pools billed every 2 s against the oracle's interval): 88 % of the excess over the oracle falls in
+steady intervals (87 % of the time), 13 % in falls (6 %), -0 % in rises (7 %); m-small 89 / 14 / -3 %
+(94 / 3 / 3 % of the time). Binned by the sign of the change alone, 70 % (m-small 69 %) accrues while
+the demand falls, 51 % (48 %) of the time: most of it in small falls, inside the steady band. The headroom is the lever,
 and the lead error's tail sets it: forecasting today's level instead of persisting the rate (the
 last hour's demand over the median profile's, times the profile's peak over the lead) needed 9-37 %
 more capacity than persistence x rho in the replay of the last four days at 5 and 10 minutes (each
@@ -96,6 +100,24 @@ without it); with ``trend_s`` and ``hour_phase`` m-large x5 1.0442 / 0.9955, 1.0
 0.9901, m-small 1.0379 / 0.9965, 1.0571 / 0.9951, 1.1117 / 0.9907: no row dearer than without the
 three corrections and every SLO >= 0.99 (m-large's 10-minute row at the edge), so ``stack_default``
 switches all three on; the 10-minute rows stay short of 1.10 (the tail has no stable predictor here).
+
+The *forecast-fall release* (``fall_dwell_s``, :func:`fall_profile`, off by default): where the
+median over the fitted days of demand(tau + lead) / demand(tau) is below 1 - :data:`FALL_THRESHOLD`
+(33-38 % of the day on m-large x5 at a 10-minute start-up), the pools release after ``fall_dwell_s``
+instead of their dwell and down cooldown (630 s there); scale-ups are unchanged, and the headroom's
+replay follows the pool's two directions (a released worker is gone at once, one ordered serves a
+lead later: :func:`calibrate_headroom`'s ``fall_hold_s``). Measured with ``stack_default`` + 90 s (GPU-h
+/ oracle, SLO at 10 / 5 / 2-minute start-ups): m-large x5 1.1563 / 0.9893, 1.0690 / 0.9902, 1.0456 /
+0.9959 (without it 1.1501 / 0.9901, 1.0720 / 0.9906, 1.0442 / 0.9955); m-small 1.1119 / 0.9913, 1.0563
+/ 0.9951, 1.0378 / 0.9965 (1.1117 / 0.9907, 1.0571 / 0.9951, 1.0379 / 0.9965). The replay charges the
+releases the demand undoes within a lead - m-large's 10-minute headroom goes from 0.10 to 0.12 - and
+that costs more than the release saves; with the replay left as it was the release gives 1.1402 but
+SLO 0.9876 (the old replay does not see those misses). The two-way replay alone (``fall_dwell_s`` =
+the dwell) gives 1.1530 / 0.9903; 300 s 1.1560 / 0.9891 on m-large, 1.1135 / 0.9914 on m-small;
+a fall threshold of 0.06 or 0.10 with 90 or 300 s 1.152-1.158, SLO 0.9896-0.9903 (m-large 10
+minutes). Weighting the headroom by that flag instead (no release; the equal-exceedance allocation
+of ``hour_phase`` over two bins, a fall forecast or not: weights 0.68 / 1.32) gave 1.1509 / 0.9895,
+with the release 1.1654 / 0.9891 (m-large 10 minutes; not kept). So it stays off.
 
 The profile is smoothed over one planning interval (the demand's own resolution): a median of a
 few days is jagged minute to minute, and that jitter alone moved pools across a worker boundary
@@ -142,9 +164,10 @@ from tokenfactory.core.validation import (REQUIRED, ConfigError, check_fields, c
                                           config_or_fields, inherited_setting, setting)
 
 __all__ = ["DemandPlannerConfig", "DemandPlanner", "PlannedPoolConfig", "PlannedPoolController", "rise_profile",
-           "calibrate_headroom", "interval_volatility",
+           "calibrate_headroom", "interval_volatility", "fall_profile",
            "correction_certificate", "lead_forecast_error", "rising_trend", "hour_phase_scale", "error_state_scale",
-           "observed_lead_error", "ERROR_STATE_QUANTILES", "HEADROOM_GRID", "VOLATILITY_SCALE_BOUNDS", "EXCESS_BUDGET_SHARE"]
+           "observed_lead_error", "ERROR_STATE_QUANTILES", "HEADROOM_GRID", "VOLATILITY_SCALE_BOUNDS", "EXCESS_BUDGET_SHARE",
+           "FALL_THRESHOLD"]
 
 DAY_S = 86400.0
 #: the share of the SLO's miss budget (1 - attainment) the headroom's replay may leave unserved.
@@ -231,6 +254,58 @@ def rise_profile(demand: pd.Series, lead_s: float, *, days: int = 3, fine_s: flo
     ConfigError
         When ``demand`` spans less than one day plus the lead.
     """
+    return _daily_median_ratio(demand, lead_s, days, fine_s, time_offset_s, smooth_s, rise=True)
+
+
+#: the forecast fall that shortens the pools' scale-down dwell (``fall_dwell_s``): the profile's
+#: median demand one lead ahead at least this share below the current one. 0.03 is the bound of the
+#: "steady" bin (|10-minute log change| < 0.03) of the cost split in this module's docstring: a
+#: forecast inside it is the day's noise, not a fall (0.06 and 0.10 measured there too).
+FALL_THRESHOLD = 0.03
+
+
+def fall_profile(demand: pd.Series, lead_s: float, *, days: int = 3, fine_s: float = 60.0,
+                 time_offset_s: float = 0.0, smooth_s: float = 0.0) -> pd.Series:
+    """The median daily change over the next ``lead_s``, by time of day: phi(tau), the median over
+    the last ``days`` days of demand(tau + lead) / demand(tau) (< 1: the demand is forecast to
+    fall over the lead). The pools shorten their scale-down dwell where phi < 1 - :data:`FALL_THRESHOLD`
+    (:class:`DemandPlannerConfig` ``fall_dwell_s``).
+
+    Parameters
+    ----------
+    demand : pandas.Series
+        Offered demand (requests/s) on a regular grid indexed by absolute time (s, 0 = midnight);
+        NaN gaps are interpolated.
+    lead_s : float
+        How far ahead the change is taken (s, >= 0).
+    days : int
+        The last ``days`` whole days of ``demand`` are used (>= 1).
+    fine_s : float
+        Grid the demand is interpolated on and the profile is returned on (s).
+    time_offset_s : float
+        Added to the index.
+    smooth_s : float
+        Width of a centred running median over the time of day (s, >= 0; 0 = none), as in
+        :func:`rise_profile`.
+
+    Returns
+    -------
+    pandas.Series
+        phi(tau) > 0 indexed by the time of day (s, on the ``fine_s`` grid over one day; 1 where
+        no day has a value).
+
+    Raises
+    ------
+    ConfigError
+        When ``demand`` spans less than one day plus the lead.
+    """
+    return _daily_median_ratio(demand, lead_s, days, fine_s, time_offset_s, smooth_s, rise=False)
+
+
+def _daily_median_ratio(demand: pd.Series, lead_s: float, days: int, fine_s: float, time_offset_s: float,
+                        smooth_s: float, *, rise: bool) -> pd.Series:
+    """The median by time of day of max(demand over the lead) / demand (``rise``, floored at 1) or
+    of demand one lead ahead / demand, smoothed by a running median."""
     check_number("planner.lead_s", lead_s, low=0.0)
     check_int("planner.days", days, low=1)
     t, v = _fine(demand, fine_s)
@@ -240,7 +315,8 @@ def rise_profile(demand: pd.Series, lead_s: float, *, days: int = 3, fine_s: flo
     if len(v) < per_day + k:
         raise ConfigError("planner.history", f"needs at least one day plus the lead of demand, got "
                           f"{(t[-1] - t[0]) / 3600:.1f} h")
-    ratio = _ahead_max(v, k) / np.maximum(v, 1e-9)
+    ahead = _ahead_max(v, k) if rise else np.r_[v[k:], np.full(k, np.nan)]
+    ratio = ahead / np.maximum(v, 1e-9)
     ratio[len(v) - k:] = np.nan  # the lead runs past the data: unknown
     tod = np.mod(np.round(t / fine_s).astype(np.int64), per_day)
     use = t >= t[-1] - days * DAY_S
@@ -253,10 +329,11 @@ def rise_profile(demand: pd.Series, lead_s: float, *, days: int = 3, fine_s: flo
             fill[j] += 1
     with np.errstate(all="ignore"):
         med = np.nanmedian(grid, axis=1) if np.isfinite(grid).any() else np.ones(per_day)
-    med = np.maximum(np.where(np.isfinite(med), med, 1.0), 1.0)
+    floor = 1.0 if rise else 0.0
+    med = np.maximum(np.where(np.isfinite(med), med, 1.0), floor)
     w = int(round(check_number("planner.smooth_s", smooth_s, low=0.0) / fine_s)) + 1
     if w > 1:  # a running median (keeps a rise's edge where a mean would shave it), wrapping at midnight
-        med = np.maximum(median_filter(med, size=w, mode="wrap"), 1.0)
+        med = np.maximum(median_filter(med, size=w, mode="wrap"), floor)
     return pd.Series(med, index=pd.Index(np.arange(per_day) * fine_s, name="time_of_day_s"))
 
 
@@ -454,7 +531,8 @@ def calibrate_headroom(demand: pd.Series, profile: pd.Series | None, lead_s: flo
                        time_offset_s: float = 0.0, grid=HEADROOM_GRID,
                        scale: pd.Series | None = None, correction=None, trend_s: float = 0.0,
                        phase_scale: np.ndarray | None = None, interval_s: float = 600.0,
-                       decision_weight=None, with_capacity: bool = False) -> tuple[float, ...]:
+                       decision_weight=None, with_capacity: bool = False, fall_hold_s: float | None = None,
+                       falling: np.ndarray | None = None) -> tuple[float, ...]:
     """The smallest headroom whose replay leaves at most ``excess_budget`` of the demand unserved.
 
     The replayed rule is the pool rule of :class:`PlannedPoolController` with perfect measurement
@@ -463,6 +541,14 @@ def calibrate_headroom(demand: pd.Series, profile: pd.Series | None, lead_s: flo
     released no sooner than ``hold_s`` after (the scale-down dwell): capacity(t) = the largest of
     those over [t - hold_s, t]. The excess is sum(max(demand - capacity, 0)) / sum(demand) over the
     last ``days`` days. v is the volatility scale (``scale``; 1 without it).
+
+    With ``fall_hold_s`` (the pools' forecast-fall release, :class:`DemandPlannerConfig`
+    ``fall_dwell_s``) the replay follows the pool's two directions instead: the pool provisioned at
+    u is P(u) = the largest decision D over [u - hold(u), u], D(u) = demand(u) x rho(u) x (1 + h
+    v(u)) / utilisation, hold(u) = ``fall_hold_s`` where ``falling`` flags u's time of day, else
+    ``hold_s``; a worker released is gone at once and one ordered serves a lead later, so the
+    capacity serving at t is the smallest P over [t - lead, t] (a release inside the lead cannot be
+    undone before it ends).
 
     Parameters
     ----------
@@ -505,6 +591,11 @@ def calibrate_headroom(demand: pd.Series, profile: pd.Series | None, lead_s: flo
         time (the error-state scale, :func:`error_state_scale`).
     with_capacity : bool
         Also return the replayed capacity over the demand (sum over sum) at that headroom.
+    fall_hold_s : float, optional
+        The hold where a fall is forecast (s, >= 0; None: the replay above, one hold everywhere).
+    falling : numpy.ndarray, optional
+        With ``fall_hold_s``: per point of the time-of-day grid (``fine_s``), whether a fall is
+        forecast there (``DemandPlanner.falling_profile``; None: nowhere).
 
     Returns
     -------
@@ -521,11 +612,16 @@ def calibrate_headroom(demand: pd.Series, profile: pd.Series | None, lead_s: flo
     use = use[use >= k]
     if not len(use):
         raise ConfigError("planner.history", "too short to replay the pool rule over one lead")
+    j = int(round(check_number("planner.hold_s", hold_s, low=0.0) / fine_s))
+    if fall_hold_s is not None:
+        return _two_way_replay(t, v, use, k, j, int(round(check_number("planner.fall_hold_s", fall_hold_s, low=0.0)
+                                                          / fine_s)),
+                               falling, profile, correction, trend_s, utilization, fine_s, scale, phase_scale,
+                               interval_s, time_offset_s, decision_weight, excess_budget, grid, with_capacity)
     base = _replayed_base(t, v, use - k, profile, correction, trend_s, utilization, fine_s)
     vs = _replayed_scale(t[use - k], scale, phase_scale, interval_s, time_offset_s, fine_s)
     if decision_weight is not None:
         vs = vs * np.asarray(decision_weight(t[use - k]), dtype=float)
-    j = int(round(check_number("planner.hold_s", hold_s, low=0.0) / fine_s))
 
     def held(x: np.ndarray) -> np.ndarray:  # max over [t - hold, t]: the forward max of the reversed series
         return _ahead_max(x[::-1], j)[::-1] if j > 0 else x
@@ -536,6 +632,43 @@ def calibrate_headroom(demand: pd.Series, profile: pd.Series | None, lead_s: flo
     h_best, e_best, c_best = float(grid[-1]), math.nan, math.nan
     for h in grid:
         cap = const * (1.0 + h) if const is not None else held(base * (1.0 + h * vs))
+        e = float(np.maximum(want - cap, 0.0).sum() / total) if total > 0 else 0.0
+        c = float(cap.sum() / total) if total > 0 else math.nan
+        if e <= excess_budget:
+            return (float(h), e, c) if with_capacity else (float(h), e)
+        e_best, c_best = e, c
+    return (h_best, e_best, c_best) if with_capacity else (h_best, e_best)
+
+
+def _held_back(x: np.ndarray, j: int) -> np.ndarray:
+    """max(x[i - j : i + 1]) for every i (the window clipped at the start)."""
+    return _ahead_max(x[::-1], j)[::-1] if j > 0 else x
+
+
+def _two_way_replay(t, v, use, k: int, j: int, j_fall: int, falling, profile, correction, trend_s, utilization,
+                    fine_s, scale, phase_scale, interval_s, time_offset_s, decision_weight, excess_budget, grid,
+                    with_capacity):
+    """:func:`calibrate_headroom` with the pool's two directions (its ``fall_hold_s`` branch)."""
+    a = np.arange(max(int(use[0]) - k - max(j, j_fall), 0), int(use[-1]) + 1)  # every decision that matters
+    base = _replayed_base(t, v, a, profile, correction, trend_s, utilization, fine_s)
+    vs = _replayed_scale(t[a], scale, phase_scale, interval_s, time_offset_s, fine_s)
+    if decision_weight is not None:
+        vs = vs * np.asarray(decision_weight(t[a]), dtype=float)
+    if falling is not None:
+        f = np.asarray(falling, dtype=bool)
+        flag = f[np.mod(np.round(t[a] / fine_s).astype(np.int64), len(f))]
+    else:
+        flag = np.zeros(len(a), dtype=bool)
+    pos = use - a[0]
+    want = v[use]
+    total = want.sum()
+    h_best, e_best, c_best = float(grid[-1]), math.nan, math.nan
+    for h in grid:
+        d = base * (1.0 + h * vs)
+        prov = np.where(flag, _held_back(d, j_fall), _held_back(d, j))
+        # serving at t: the smallest provisioned over [t - lead, t] (the forward min of the reversed series)
+        serving = (-_ahead_max(-prov[::-1], k))[::-1] if k > 0 else prov
+        cap = serving[pos]
         e = float(np.maximum(want - cap, 0.0).sum() / total) if total > 0 else 0.0
         c = float(cap.sum() / total) if total > 0 else math.nan
         if e <= excess_budget:
@@ -671,6 +804,13 @@ class DemandPlannerConfig:
     error_state : bool
         Weight the headroom by the tercile of the lead error the plan has just made
         (:func:`error_state_scale`, refit daily; the replay includes it; default False).
+    fall_dwell_s : float, optional
+        The forecast-fall release (s, [0, 1 day]; default None = off): where the fall profile
+        (:func:`fall_profile`, refit daily) forecasts the demand one lead ahead at least
+        :data:`FALL_THRESHOLD` below the current one, the pools release after this dwell (and this
+        least time between two scale-downs) instead of their own ``dwell_s`` / ``down_cooldown_s``;
+        scale-ups and the cooldown after one are unchanged. The headroom's replay follows the
+        pool's two directions with that hold (:func:`calibrate_headroom`'s ``fall_hold_s``).
     """
 
     lead_s: float = setting(REQUIRED, unit="s", low=0.0, high=4 * 3600.0,
@@ -707,6 +847,9 @@ class DemandPlannerConfig:
     hour_phase: bool = setting(False, kind=bool, meaning="weight the headroom by the phase of the hour")
     error_state: bool = setting(False, kind=bool,
                                 meaning="weight the headroom by the tercile of the lead error just made")
+    fall_dwell_s: float | None = setting(None, unit="s", low=0.0, high=DAY_S,
+                                         meaning="the pools' scale-down dwell where the plan forecasts a fall "
+                                                 "over the lead (absent: no forecast-driven release)")
 
     def __post_init__(self) -> None:  # checked once against the declarations, held as the values computed with
         check_fields(self, "planner", names=("interval_s",))
@@ -739,10 +882,10 @@ class DemandPlanner(SampledController):
         super().__init__(c.interval_s)
         (self.lead_s, self.excess_budget, self.days, self.interval_s, self.refit_s, self.fine_s, self.time_offset_s,
          self.max_headroom, self.utilization, self.hold_s, self.use_profile, self.volatility_window_s,
-         self.residual_ar1, self.trend_s, self.hour_phase, self.error_state) = (
+         self.residual_ar1, self.trend_s, self.hour_phase, self.error_state, self.fall_dwell_s) = (
             c.lead_s, c.excess_budget, c.days, c.interval_s, c.refit_s, c.fine_s, c.time_offset_s, c.max_headroom,
             c.utilization, c.hold_s, c.use_profile, c.volatility_window_s, c.residual_ar1, c.trend_s, c.hour_phase,
-            c.error_state)
+            c.error_state, c.fall_dwell_s)
         self.profile_smooth_s = c.interval_s if c.profile_smooth_s is None else c.profile_smooth_s
         if history is not None:
             if not isinstance(history, pd.Series) or history.empty:
@@ -769,6 +912,7 @@ class DemandPlanner(SampledController):
         self._error_edges: np.ndarray | None = None  # the error-state bins' edges and weights (fitted)
         self._error_weights: np.ndarray | None = None
         self.error_state_weight = 1.0    # w now: the weight of the last observed lead error's bin
+        self.falling_profile: np.ndarray | None = None  # per time of day: a fall forecast over the lead (fitted)
         self._last_fit = -math.inf
         self._fits: list[tuple[float, np.ndarray]] = []  # (fit time, profile): the rise in force from then
         self.events: list[dict] = []  # every refit: time, headroom, its replayed excess, peak rise
@@ -780,6 +924,15 @@ class DemandPlanner(SampledController):
             return math.nan
         j = int(round((t + self.time_offset_s) / self.fine_s)) % len(self._profile)
         return float(self._profile[j])
+
+    def falling(self, t: float) -> bool:
+        """Whether the plan forecasts a fall over the lead at the run's time ``t`` (the fall profile
+        one lead ahead below 1 - :data:`FALL_THRESHOLD`; False without ``fall_dwell_s`` or before
+        the first fit)."""
+        if self.falling_profile is None:
+            return False
+        j = int(round((t + self.time_offset_s) / self.fine_s)) % len(self.falling_profile)
+        return bool(self.falling_profile[j])
 
     def rise_in_force(self, times) -> np.ndarray:
         """rho at each of the run's ``times`` from the profile of the fit in force then (NaN before
@@ -925,9 +1078,14 @@ class DemandPlanner(SampledController):
             self._error_edges, self._error_weights = error_state_scale(y, prof, self.lead_s, days=days,
                                                                        fine_s=self.fine_s)
             weight = lambda times: self._error_weight(y, prof.to_numpy(), times)  # noqa: E731
+        falls = None
+        if self.fall_dwell_s is not None:
+            phi = fall_profile(y, self.lead_s, days=days, fine_s=self.fine_s, smooth_s=self.profile_smooth_s)
+            falls = phi.to_numpy() < 1.0 - FALL_THRESHOLD
         kw = dict(excess_budget=self.excess_budget, days=days, utilization=self.utilization, hold_s=self.hold_s,
                   fine_s=self.fine_s, grid=grid, scale=scale, correction=corr, phase_scale=phase,
-                  interval_s=self.interval_s, decision_weight=weight, with_capacity=True)
+                  interval_s=self.interval_s, decision_weight=weight, with_capacity=True,
+                  fall_hold_s=self.fall_dwell_s, falling=falls)
         h, e, cap = calibrate_headroom(y, prof, self.lead_s, **kw)
         self.trend_in_force_s = 0.0
         if self.trend_s:
@@ -937,6 +1095,7 @@ class DemandPlanner(SampledController):
             if capt < cap and et <= self.excess_budget:
                 h, e, self.trend_in_force_s = ht, et, self.trend_s
         self.phase_scale = phase
+        self.falling_profile = falls
         self._profile = prof.to_numpy()
         self._fits.append((t, self._profile))
         self.headroom, self.replay_excess = h, e
@@ -945,7 +1104,8 @@ class DemandPlanner(SampledController):
         self.events.append({"time_s": t, "headroom": h, "replay_excess": e, "days": days,
                             "max_rise": float(prof.max()), "mean_rise": float(prof.mean()),
                             "volatility_mean": self.volatility_mean, "residual_phi": self.residual_phi,
-                            "trend_s": self.trend_in_force_s})
+                            "trend_s": self.trend_in_force_s,
+                            "falling_share": math.nan if falls is None else float(falls.mean())})
         return True
 
     def update(self, t: float, m: Measurement) -> None:
@@ -987,7 +1147,7 @@ class DemandPlanner(SampledController):
                 "utilization": self.utilization, "hold_s": self.hold_s, "use_profile": self.use_profile,
                 "volatility_window_s": self.volatility_window_s, "profile_smooth_s": self.profile_smooth_s,
                 "residual_ar1": self.residual_ar1, "trend_s": self.trend_s,
-                "hour_phase": self.hour_phase, "error_state": self.error_state,
+                "hour_phase": self.hour_phase, "error_state": self.error_state, "fall_dwell_s": self.fall_dwell_s,
                 "history_points": 0 if self.history is None else int(len(self.history))}
 
 
@@ -1237,6 +1397,7 @@ class PlannedPoolController(HystereticPoolController):
         self._t_passes: float | None = None
         self.last_hold = math.nan
         self._rates: list[tuple[float, float]] = []  # (time, filtered rate) over the planner's trend window
+        self._falling = False  # the planner forecasts a fall at the last update
 
     @property
     def headroom(self) -> float:
@@ -1275,9 +1436,24 @@ class PlannedPoolController(HystereticPoolController):
                           * (1.0 + self.headroom_in_force(t)))
         return self.last_hold
 
+    def _fall_dwell(self) -> float | None:
+        """The planner's forecast-fall dwell when it forecasts a fall now (None otherwise)."""
+        p = self.planner
+        if p is None or p.fall_dwell_s is None or not self._falling:
+            return None
+        return p.fall_dwell_s
+
+    def scale_down_dwell(self, t: float) -> float:
+        """``dwell_s``, or the planner's ``fall_dwell_s`` (when shorter) while it forecasts a fall."""
+        f = self._fall_dwell()
+        return self.dwell_s if f is None else min(self.dwell_s, f)
+
     def down_allowed(self, t: float) -> bool:
-        """``cooldown_s`` after a scale-up and ``down_cooldown_s`` after a scale-down."""
-        return t - self._last_up >= self.cooldown_s - 1e-9 and t - self._last_down >= self.down_cooldown_s - 1e-9
+        """``cooldown_s`` after a scale-up and ``down_cooldown_s`` (the planner's ``fall_dwell_s``,
+        when shorter, while it forecasts a fall) after a scale-down."""
+        f = self._fall_dwell()
+        down = self.down_cooldown_s if f is None else min(self.down_cooldown_s, f)
+        return t - self._last_up >= self.cooldown_s - 1e-9 and t - self._last_down >= down - 1e-9
 
     def recommend(self, t: float, provisioned: int, rate: float, queue: float, rise: float = math.nan) -> int:
         """The decision core of :class:`HystereticPoolController` with the planner's rise.
@@ -1333,6 +1509,7 @@ class PlannedPoolController(HystereticPoolController):
             if self.measured_fill_rate and m.fill_workers > 0 and m.fill_capacity > 0:
                 self.per_worker_rps = m.fill_capacity / m.fill_workers
         rise = self.planner.rise(t) if self.planner is not None else math.nan
+        self._falling = self.planner.falling(t) if self.planner is not None else False
         return ScaleAction(self.pool, self.decide(t, m, rate, queue, rise))
 
     def params(self) -> dict:

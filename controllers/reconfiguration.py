@@ -405,6 +405,11 @@ class HystereticPoolController(PoolAutoscaler):
         planned controller adds its forecast rise and headroom)."""
         return rate
 
+    def scale_down_dwell(self, t: float) -> float:
+        """How long the need must stay low before a scale-down at ``t`` (here: ``dwell_s``; a
+        planned controller shortens it while its planner forecasts a fall)."""
+        return self.dwell_s
+
     def down_allowed(self, t: float) -> bool:
         """Whether the cooldown lets the pool shrink at ``t``: ``cooldown_s`` after any move."""
         return t - max(self._last_up, self._last_down) >= self.cooldown_s - 1e-9
@@ -451,7 +456,7 @@ class HystereticPoolController(PoolAutoscaler):
         elif n > self.min_replicas and need < n - 1 - self.dead_band:
             self._up_since = None
             self._down_since = t if self._down_since is None else self._down_since
-            if t - self._down_since >= self.dwell_s - 1e-9 and self.down_allowed(t):
+            if t - self._down_since >= self.scale_down_dwell(t) - 1e-9 and self.down_allowed(t):
                 # keep dead_band spare workers above the need after the move
                 want = max(math.ceil(need + self.dead_band - 1e-9), n - self.max_step_down)
         else:

@@ -13,6 +13,7 @@ import pytest
 
 from tokenfactory.controllers.planning import (
     EXCESS_BUDGET_SHARE,
+    FALL_THRESHOLD,
     VOLATILITY_SCALE_BOUNDS,
     DemandPlanner,
     DemandPlannerConfig,
@@ -21,6 +22,7 @@ from tokenfactory.controllers.planning import (
     calibrate_headroom,
     interval_volatility,
     lead_forecast_error,
+    fall_profile,
     rise_profile,
     rising_trend,
     hour_phase_scale,
@@ -475,3 +477,96 @@ def test_the_planned_pool_takes_the_hysteretic_rules_declarations():
     assert issubclass(PlannedPoolConfig, HystereticConfig)
     with pytest.raises(ConfigError, match=r"hysteretic\.queue_headroom.*\[0, 10\]"):
         PlannedPoolConfig(pool="fill", per_worker_rps=1.0, queue_headroom=11.0)
+
+
+def _falling_days(days: int = 4) -> pd.Series:
+    """200 req/s that falls to 100 req/s over two hours from 12:00 each day and rises back at 20:00."""
+    t = np.arange(0.0, days * DAY, 600.0)
+    tod = np.mod(t, DAY)
+    fall = np.clip((tod - 12 * 3600.0) / 7200.0, 0.0, 1.0)
+    v = np.where(tod < 20 * 3600.0, 200.0 - 100.0 * fall, 200.0)
+    return pd.Series(v, index=pd.Index(t, name="time_s"))
+
+
+def test_the_fall_profile_forecasts_the_daily_fall():
+    y = _falling_days()
+    phi = fall_profile(y, 670.0, days=3)
+    at = phi.index.to_numpy()
+    # inside the fall, the demand one lead ahead is lower; before it and in the flat hours it is not
+    assert phi[at == 13 * 3600.0].iloc[0] < 1.0 - FALL_THRESHOLD
+    assert phi[at == 6 * 3600.0].iloc[0] == pytest.approx(1.0)
+    assert rise_profile(y, 670.0, days=3)[at == 13 * 3600.0].iloc[0] == pytest.approx(1.0)
+
+
+def _pool_on_falling_day(fall_dwell_s):
+    """The first scale-down of a planned pool (dwell 630 s) as the measured rate follows the daily fall."""
+    y = _falling_days()
+    p = DemandPlanner(lead_s=670.0, history=y[y.index < 3 * DAY], time_offset_s=3 * DAY, hold_s=630.0,
+                      volatility_window_s=0.0, excess_budget=0.002, fall_dwell_s=fall_dwell_s)
+    assert p.refit(0.0)
+    c = PlannedPoolController(PlannedPoolConfig(pool="fill", per_worker_rps=10.0, target_utilization=1.0,
+                                                filter_s=0.0, dwell_s=630.0, cooldown_s=630.0, dead_band=0.5,
+                                                sample_period=10.0), planner=p)
+    n = 20
+    for t in np.arange(10 * 3600.0, 14 * 3600.0, 10.0):
+        rate = float(np.interp(t + 3 * DAY, y.index.to_numpy(), y.to_numpy()))
+        m = dataclasses.replace(_m(t, rate), fill_workers=n)
+        want = c.update(t, m).replicas
+        if want < n and t >= 12 * 3600.0:  # the first release in the fall (the pool settles before it)
+            return t, p
+        n = want
+    return math.inf, p
+
+
+def test_the_pools_release_on_the_forecast_fall_and_the_replay_follows():
+    """On a daily fall, the forecast-fall release lets the pool go before the measured fall has
+    lasted its 630 s dwell; the headroom's replay holds the same rule (its capacity is lower with
+    it, at a headroom that still meets the budget)."""
+    t_off, p_off = _pool_on_falling_day(None)
+    t_on, p_on = _pool_on_falling_day(60.0)
+    assert p_off.falling(13 * 3600.0) is False and p_on.falling(13 * 3600.0) is True
+    assert p_on.falling(6 * 3600.0) is False
+    # the need falls below n - 1.5 as the rate passes 185 (about 12:18): released 60 s later, not 630 s
+    assert 12 * 3600.0 < t_on <= t_off - 500.0
+    y = _falling_days()
+    hist = y[y.index < 3 * DAY]
+    prof = rise_profile(hist, 670.0, days=2)
+    falls = fall_profile(hist, 670.0, days=2).to_numpy() < 1.0 - FALL_THRESHOLD
+    kw = dict(excess_budget=0.002, days=2, hold_s=630.0, with_capacity=True)
+    _, e_long, c_long = calibrate_headroom(hist, prof, 670.0, fall_hold_s=630.0, falling=falls, **kw)
+    _, e_fall, c_fall = calibrate_headroom(hist, prof, 670.0, fall_hold_s=60.0, falling=falls, **kw)
+    assert c_fall < c_long - 0.002 and e_fall <= 0.002  # 570 s less lag over 2 of 24 hours: ~0.35 %
+    # the planner calibrates against the same replay
+    assert p_on.headroom == calibrate_headroom(hist, prof, 670.0, fall_hold_s=60.0, falling=falls,
+                                               excess_budget=0.002, days=2, hold_s=630.0)[0]
+
+
+def test_the_two_way_replay_charges_a_release_the_demand_undoes():
+    """A fall that the profile forecasts but that one day reverses inside the lead: released early,
+    the pool cannot be back before a lead, so the replay needs more headroom with the release than
+    without it."""
+    y = _falling_days()
+    v = y.to_numpy().copy()
+    t = y.index.to_numpy()
+    back = (t >= 2 * DAY + 12.5 * 3600.0) & (t < 2 * DAY + 14 * 3600.0)
+    v[back] = 200.0  # day 2: the fall stops after half an hour and the demand jumps back
+    y = pd.Series(v, index=y.index)
+    prof = rise_profile(y, 670.0, days=3)
+    falls = fall_profile(y, 670.0, days=3).to_numpy() < 1.0 - FALL_THRESHOLD
+    kw = dict(excess_budget=1e-4, days=3, hold_s=630.0)
+    h_long, _ = calibrate_headroom(y, prof, 670.0, fall_hold_s=630.0, falling=falls, **kw)
+    h_fall, _ = calibrate_headroom(y, prof, 670.0, fall_hold_s=0.0, falling=falls, **kw)
+    assert h_fall > h_long
+    at_zero = dict(kw, grid=(0.0,))
+    assert (calibrate_headroom(y, prof, 670.0, fall_hold_s=0.0, falling=falls, **at_zero)[1]
+            > 1.2 * calibrate_headroom(y, prof, 670.0, fall_hold_s=630.0, falling=falls, **at_zero)[1])
+    # without a fall forecast anywhere the short hold changes nothing
+    none = np.zeros_like(falls)
+    assert calibrate_headroom(y, prof, 670.0, fall_hold_s=0.0, falling=none, **kw)[0] == h_long
+
+
+def test_the_fall_dwell_is_validated_and_off_by_default():
+    assert DemandPlannerConfig(lead_s=670.0).fall_dwell_s is None
+    with pytest.raises(ConfigError, match="planner.fall_dwell_s"):
+        DemandPlannerConfig(lead_s=670.0, fall_dwell_s=-1.0)
+    assert DemandPlanner(lead_s=670.0).falling(0.0) is False

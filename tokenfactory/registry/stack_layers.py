@@ -396,6 +396,10 @@ class SeasonalRiseLayer(StackLayerConfig):
     error_state : bool
         Weight the headroom by the tercile of the lead error the plan has just made (its scale
         there, fitted daily; off by default: measured in controllers/planning.py).
+    fall_dwell_s : float, optional
+        The forecast-fall release: where the daily profile forecasts a fall over the lead, the
+        pools release after this dwell instead of their own (s; absent: off - measured dearer on
+        m-large's 10-minute row in controllers/planning.py; the headroom's replay follows it).
     """
 
     layer: ClassVar[str] = "planning"
@@ -431,6 +435,9 @@ class SeasonalRiseLayer(StackLayerConfig):
     error_state: bool = setting(_PLANNER["error_state"], kind=bool,
                                 meaning="weight the headroom by the tercile of the lead error the "
                                         "plan has just made (fitted daily)")
+    fall_dwell_s: float | None = setting(None, unit="s", low=0.0, high=86400.0,
+                                         meaning="forecast-fall release: the pools' scale-down dwell where the "
+                                                 "daily profile forecasts a fall over the lead (absent: off)")
 
 
 #: the stack's layers, bottom (fastest) first, and each layer's kinds by name (the first is the default)

@@ -261,7 +261,7 @@ def build_seasonal_rise(cfg, b: LayerBuild) -> StackLayer:
         utilization=target_utilization(sc), hold_s=scale_down_dwell_s(sc), use_profile=cfg.use_profile,
         volatility_window_s=cfg.volatility_window_s, profile_smooth_s=cfg.profile_smooth_s,
         residual_ar1=cfg.residual_ar1, trend_s=cfg.trend_s, hour_phase=cfg.hour_phase,
-        error_state=cfg.error_state), history=b.history)
+        error_state=cfg.error_state, fall_dwell_s=cfg.fall_dwell_s), history=b.history)
     return StackLayer("planning", [planner], planner.sample_period)
 
 
