@@ -44,8 +44,9 @@ plant opened). When the Welch magnitude-squared coherence (:func:`scipy.signal.c
 cycling signal with an input, read at the input's strongest component within +/-20 % of the
 cycle's frequency, is at least :data:`FORCED_COHERENCE` = 0.5 and above Carter's significance
 level for the segments averaged (1 - 0.01^(1/(K-1)), Carter 1987), the cycle is the input's
-*forced response*: reported per signal (``forced: true``, ``input_period_s``, ``coherence``) and
-not counted as ``oscillating``. A self-sustained cycle (a limit cycle, a loop short of margin) runs
+*forced response*: reported per signal (``forced: true``, ``forced_by`` the input,
+``input_period_s``, ``coherence``) and not counted as ``oscillating``; otherwise ``forced_by`` is
+None and ``tested_against`` lists the inputs tried. A self-sustained cycle (a limit cycle, a loop short of margin) runs
 at its own frequency and phase, incoherent with the input (Nayfeh & Mook 1979, forced vs
 self-excited oscillations); one entrained by the input is counted as forced, since the input then
 sets its period. Without an input, or with fewer than two segments of four periods, every cycle
@@ -855,10 +856,14 @@ def _judge_signal(name: str, x, amp, is_pool: bool, dt: float, references: dict 
         tests.append((label, forced_response(x, _highpass(v, highpass_s, dt) if is_pool else v, dt, rep["period_s"])))
     label, test = max(tests, key=lambda lt: (lt[1]["forced"], np.nan_to_num(lt[1]["coherence"], nan=-1.0)))
     rep.update({k: test[k] for k in ("forced", "input_period_s", "coherence", "coherence_threshold", "segments")})
-    rep["forced_by"] = label
+    # forced_by names an input only when the cycle is that input's; a cycle no input explains keeps
+    # counting, and the reason says what each test found (coherence too low, or too short to tell)
+    rep["forced_by"] = label if test["forced"] else None
+    rep["tested_against"] = [lb for lb, _ in tests]
     if test["forced"]:
         rep["oscillating"] = False
         rep["reason"] = f"forced response, not a loop's cycle: {label}: {test['why']} (detectors: {rep['reason']})"
     else:
-        rep["reason"] += "; self-sustained: " + "; ".join(f"{lb}: {ts['why']}" for lb, ts in tests)
+        rep["reason"] += ("; counted as self-sustained, no input shown to force it: "
+                          + "; ".join(f"{lb}: {ts['why']}" for lb, ts in tests))
     return rep

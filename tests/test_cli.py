@@ -229,14 +229,21 @@ def test_oscillation_answer_names_every_judged_signal_once_and_the_verdict():
                               "signals": {"ready": {"oscillating": False}, "fill_queue": {"oscillating": False},
                                           "decode_pool": {"oscillating": False}}}}
     assert oscillation_answer(steady) == ("oscillation: none in the 3 signals judged (ready buffer, fill queue, "
-                                           "decode pool); churn: no (1 scale reversal)")
+                                           "decode pool); churn: no (1 scale reversal, 0.0/h over the judged window; "
+                                           "a pool churns past 2 reversals and 2/h)")
+    # the bound is per pool: the counts are given per pool beside the total
+    two = {**steady, "oscillation": {**steady["oscillation"], "reversals": 4, "reversals_per_hour": 20.03,
+                                     "pool_reversals": {"fill": 2, "decode": 2}}}
+    assert oscillation_answer(two).endswith("churn: no (4 scale reversals (fill 2, decode 2), 20.0/h over the "
+                                            "judged window; a pool churns past 2 reversals and 2/h)")
     flapping = {**steady, "oscillation": {**steady["oscillation"], "oscillating": True, "churning": True,
                                           "reversals": 118, "reversals_per_hour": 590.0,
                                           "signals": {**steady["oscillation"]["signals"],
                                                       "decode_pool": {"oscillating": True, "period_s": 10.0,
                                                                       "amplitude": 0.5}}}}
     assert oscillation_answer(flapping) == ("oscillation: OSCILLATING decode pool (period 10 s, amplitude 0.5); "
-                                             "2 other signals judged steady; CHURNING: 118 scale reversals (590.0/h)")
+                                             "2 other signals judged steady; CHURNING: 118 scale reversals, 590.0/h over the "
+                                             "judged window; a pool churns past 2 reversals and 2/h")
     # a run without the actuator report (e.g. an aggregated cluster) still answers from its verdicts
     assert oscillation_answer({"ready_oscillation": {"oscillating": True, "period_s": 4.0, "amplitude": 2.0}}) == (
         "oscillation: OSCILLATING ready buffer (period 4 s, amplitude 2); 0 other signals judged steady")

@@ -283,6 +283,8 @@ def test_a_relay_limit_cycle_is_self_sustained_under_any_input(input_period_s):
     assert v.oscillating and d["oscillating"] and d["forced"] is False, v.reason
     assert 150.0 < d["period_s"] < 300.0
     assert d["coherence"] < 0.1 and "self-sustained" in d["reason"]
+    # no input is named as forcing a cycle the test did not find forced
+    assert d["forced_by"] is None and d["tested_against"], d
 
 
 def test_forced_response_needs_two_segments_and_a_moving_input():

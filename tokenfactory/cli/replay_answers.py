@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+from tokenfactory.controllers.oscillation import CHURN_MIN_REVERSALS, CHURN_REVERSALS_PER_HOUR
+
 __all__ = ["simulate_answer", "oscillation_answer", "misses_answer", "verdicts"]
 
 
@@ -109,8 +111,13 @@ def oscillation_answer(m: dict) -> str:
     if isinstance(report.get("churning"), bool):
         rev = report.get("reversals", 0)
         plural = "" if rev == 1 else "s"
-        said += (f"; CHURNING: {rev} scale reversal{plural} ({report.get('reversals_per_hour', 0.0):.1f}/h)"
-                 if report["churning"] else f"; churn: no ({rev} scale reversal{plural})")
+        pools = report.get("pool_reversals") or {}
+        per_pool = ", ".join(f"{p} {n}" for p, n in pools.items()) if len(pools) > 1 else ""
+        # the bound is per pool (each follows its own demand): say so, and over which window the rate is
+        counted = (f"{rev} scale reversal{plural}" + (f" ({per_pool})" if per_pool else "")
+                   + f", {report.get('reversals_per_hour', 0.0):.1f}/h over the judged window")
+        bound = (f"a pool churns past {CHURN_MIN_REVERSALS} reversals and {CHURN_REVERSALS_PER_HOUR:g}/h")
+        said += (f"; CHURNING: {counted}; {bound}" if report["churning"] else f"; churn: no ({counted}; {bound})")
     return said
 
 
