@@ -113,7 +113,7 @@ def test_vllm_config_gets_the_batch_cap_for_the_slo(case, tmp_path):
 FLOOR_SLO = {1: 0.756, 2: 0.8795, 3: 0.976, 4: 0.999}
 
 
-def _floor_search(slo_target, candidates=6, slo=FLOOR_SLO, reversals=None):
+def _floor_search(slo_target, candidates=6, slo=FLOOR_SLO, reversals=None, oscillating=None):
     from tokenfactory import advise as advise_module
     from tokenfactory.advise import search_settings
     from tokenfactory.controllers.autoscaler_loops import PoolOperatingPoint, certify_autoscaler
@@ -131,7 +131,8 @@ def _floor_search(slo_target, candidates=6, slo=FLOOR_SLO, reversals=None):
         replayed.append((ctl.min_replicas, ctl.max_replicas))
         return {"slo_attainment": slo[ctl.min_replicas], "gpu_hours": 0.4 * (1 + ctl.min_replicas)
                 + 0.01 * ctl.max_replicas, "reversals_per_hour": (reversals or {}).get(ctl.min_replicas, 0.0),
-                "oscillating": False, "scale_actions": 0}
+                "oscillating": ctl.min_replicas in (oscillating or {}),
+                "oscillating_signals": (oscillating or {}).get(ctl.min_replicas, []), "scale_actions": 0}
 
     # the format's grid cut to two targets (the floor and ceiling axes as they are): a light test
     full = advise_module.KNOB_GRID["kubernetes-hpa"]
@@ -317,3 +318,19 @@ def test_advise_on_the_small_plant_sla_planner_finds_a_floor_below_the_budget(tm
     assert (t[t["passed"].astype(str) == "True"]["reason"] == "").all()
     failing = t[t["passed"].astype(str) == "False"]
     assert len(failing) and (failing["reason"] != "").all()
+
+
+def test_a_simulated_oscillation_is_named_and_set_apart_from_a_passing_certificate():
+    """advise says which signals the simulated run oscillates in, and, beside a passing
+    certificate, that the certificate judges the pool loop's model, not that run."""
+    from tokenfactory.advise import oscillating_signals
+
+    adv, _ = _floor_search(0.99, oscillating={1: ["admission rate"]})
+    first = adv.summary()[0]
+    assert adv.blocks["current"]["passed"], first
+    assert first.endswith("0.0 reversals/h, oscillating (admission rate); the certificate judges the pool loop's "
+                          "model at the trace's operating points, not this simulated run."), first
+    m = {"oscillation": {"churning": True, "signals": {"admission_rate": {"oscillating": True},
+                                                         "decode_pool": {"oscillating": False}}}}
+    assert oscillating_signals(m) == ["admission rate", "pool churn"]
+    assert oscillating_signals({}) == []

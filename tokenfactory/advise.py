@@ -45,7 +45,7 @@ from tokenfactory.core.signals import count_reversals
 from tokenfactory.core.validation import check_choice, check_number
 
 __all__ = ["advise", "search_settings", "knob_grid", "TARGET_GRIDS", "current_knobs", "scale_churn", "Advice", "KNOB_GRID", "MAX_REVERSALS_PER_HOUR", "operating_points", "DEFAULT_ATTAINMENT",
-           "slo_shortfall", "MAX_FLOORS", "EXTRA_FLOOR_COMBOS", "FLOOR_KNOB", "failure_reason"]
+           "slo_shortfall", "MAX_FLOORS", "EXTRA_FLOOR_COMBOS", "FLOOR_KNOB", "failure_reason", "oscillating_signals"]
 
 #: reversals per hour above which a pool is churning (issue 21's bound for a pool that holds)
 MAX_REVERSALS_PER_HOUR = 2.0
@@ -299,9 +299,18 @@ class Advice:
                 f" (predicts a {cyc['period_s']:.0f} s cycle between {cyc['low_replicas']} and "
                 f"{cyc['high_replicas']} workers)" if cyc else "")
 
+        def osc(sim, b) -> str:
+            if not sim["oscillating"]:
+                return "not oscillating"
+            what = ", ".join(sim.get("oscillating_signals") or [])
+            # the certificate judges the pool loop's model at the trace's operating points; a
+            # simulated cycle elsewhere (a buffer, the admission rate) or a transient's churn is not in it
+            return ("oscillating" + (f" ({what})" if what else "")
+                    + ("; the certificate judges the pool loop's model at the trace's operating points, "
+                       "not this simulated run" if b["passed"] else ""))
+
         lines = [f"Current setting: certificate {cert(c)}; simulated SLO attainment {cs['slo_attainment']:.3f}, "
-                 f"{cs['gpu_hours']:.2f} GPU-hours, {cs['reversals_per_hour']:.1f} reversals/h, "
-                 f"{'oscillating' if cs['oscillating'] else 'not oscillating'}."]
+                 f"{cs['gpu_hours']:.2f} GPU-hours, {cs['reversals_per_hour']:.1f} reversals/h, {osc(cs, c)}."]
         if not self.changes:
             lines.append("No setting of the grid does better; the recommendation is the current setting.")
         else:
@@ -615,6 +624,7 @@ def advise(control_plane, scenario, trace: pd.DataFrame, *, pool: str = "decode"
                             autoscalers=[s.build(pool)], admission_params=dict(scenario.admission_params))
         return {"slo_attainment": float(m["slo_attainment"]), "gpu_hours": float(m["gpu_hours"]),
                 **scale_churn(res.actions, float(m["duration_s"])), "oscillating": bool(m["oscillating"]),
+                "oscillating_signals": oscillating_signals(m),
                 "rejected": int(m["rejected"]), "misses": slo_shortfall(res, reach_s)}
 
     reach_s = float(cluster.get("measurement_delay_s", p.measurement_delay_s)) + float(dyn.get("startup_s", 0.0))
@@ -670,6 +680,7 @@ def _advise_planner(setting, scenario, trace, setup, cluster, slo_target, seed, 
                             autoscaler_params=params, admission_params=dict(scenario.admission_params))
         return {"slo_attainment": float(m["slo_attainment"]), "gpu_hours": float(m["gpu_hours"]),
                 **scale_churn(res.actions, float(m["duration_s"])), "oscillating": bool(m["oscillating"]),
+                "oscillating_signals": oscillating_signals(m),
                 "rejected": int(m["rejected"]), "misses": slo_shortfall(res, reach_s)}
 
     return search_settings(setting, certify, simulate, slo_target=slo_target,
@@ -751,6 +762,21 @@ def slo_shortfall(res, reach_s: float | None = None, window_s: float = 60.0) -> 
             "peak_start_s": peak_s, "peak_window_s": float(window_s), "in_peak": peak["requests"] - peak["met"],
             "reach_s": reach_s, "longest_ttft_slo_s": longest,
             "burst_outruns_startup": None if reach_s is None else bool(reach_s >= window_s + longest)}
+
+
+def oscillating_signals(metrics: Mapping[str, Any]) -> list[str]:
+    """The signals a run's verdict calls oscillating (``metrics["oscillation"]["signals"]``), and
+    ``"pool churn"`` when its pools churn: what a simulated "oscillating" is about.
+
+    Parameters
+    ----------
+    metrics : mapping
+        A replay's metrics (its ``oscillation`` report; none: nothing is named).
+    """
+    rep = metrics.get("oscillation") or {}
+    names = sorted(k.replace("_", " ") for k, v in (rep.get("signals") or {}).items()
+                   if isinstance(v, Mapping) and v.get("oscillating"))
+    return names + (["pool churn"] if rep.get("churning") else [])
 
 
 def scale_churn(actions: pd.DataFrame, duration_s: float) -> dict:
