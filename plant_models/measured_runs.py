@@ -328,7 +328,7 @@ def _silicon(df: pd.DataFrame, source: str) -> MeasuredRuns:
         for n in row_notes:
             notes[n.split("-as-")[0]] += 1
         runs.append(MeasuredRun(
-            key=str(r.get("id")), engine=str(r.get("backend")), engine_version=str(r.get("backend_version")),
+            key=str(r.get("id")), engine=str(r.get("backend")), engine_version=_text(r.get("backend_version")),
             model=model, model_overrides=overrides, hardware=hw, precision=str(r.get("precision")), mode=mode,
             input_tokens=int(r.get("isl")), output_tokens=int(r.get("osl")), concurrency=int(m.group(1)),
             parallelism=par, workers=nd, fill_parallelism=fpar, fill_workers=nf, max_batch=batch,
@@ -387,6 +387,11 @@ def default_measurements_file() -> Path:
     env = os.environ.get("TOKENFACTORY_MEASUREMENTS")
     base = Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "measurements"
     return base if base.is_file() else base / "aiconfigurator-silicon" / "silicon_calibration.csv"
+
+
+def _text(v) -> str:
+    """A text cell: '' where the file leaves it empty (pandas reads that as NaN, 'nan' as text)."""
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
 
 
 def read_measured_runs(path: str | Path) -> MeasuredRuns:

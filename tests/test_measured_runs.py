@@ -94,3 +94,10 @@ def test_bad_files(tmp_path):
     bad.write_text("a,b\n1,2\n")
     with pytest.raises(ConfigError, match="not a silicon-format file"):
         read_measured_runs(bad)
+
+
+def test_an_unstated_engine_version_is_empty_not_nan(runs):
+    """The file leaves some backend versions empty: the run says '' (rows.csv then shows an empty
+    cell), never the text 'nan'."""
+    versions = {r.engine_version for r in runs.runs}
+    assert "" in versions and "nan" not in versions
