@@ -166,8 +166,22 @@ def first_wave_share(run: MeasuredRun, settings: RunSettings) -> float:
     settings : RunSettings
         The fitted run settings (``client_request_share`` 1/R and ``first_wave_weight``).
     """
-    s = min(1.0, run.concurrency * settings.client_request_share)
-    return s + (1.0 - s) * settings.first_wave_weight
+    return float(_wave_weight(run.concurrency, settings.client_request_share, settings.first_wave_weight))
+
+
+def _wave_weight(concurrency, share, weight):
+    """s + (1 - s) w with s = min(1, N share), on numbers or arrays (:func:`first_wave_share`)."""
+    s = np.minimum(1.0, concurrency * share)
+    return s + (1.0 - s) * weight
+
+
+def _ttft_formula(concurrency, input_tokens, factor, wave_s, steady_s, values: Mapping[str, float]):
+    """The one TTFT formula (:func:`predicted_ttft_s`), on numbers or arrays over runs; ``values``
+    holds the settings' ``client_request_share``, ``first_wave_weight``, ``ttft_overhead_s`` and
+    ``ttft_s_per_input_token``."""
+    w = _wave_weight(concurrency, values["client_request_share"], values["first_wave_weight"])
+    front = values["ttft_overhead_s"] + values["ttft_s_per_input_token"] * input_tokens
+    return factor * (w * wave_s + (1.0 - w) * steady_s + front)
 
 
 def predicted_ttft_s(run: MeasuredRun, settings: RunSettings, wave_s: float, steady_s: float) -> float:
@@ -185,9 +199,10 @@ def predicted_ttft_s(run: MeasuredRun, settings: RunSettings, wave_s: float, ste
     wave_s, steady_s : float
         Mean TTFT (s) of the first wave and of the later requests, without the front end.
     """
-    w = first_wave_share(run, settings)
-    front = settings.ttft_overhead_s + settings.ttft_s_per_input_token * run.input_tokens
-    return settings.engine_ttft_factor.get(run.engine, 1.0) * (w * wave_s + (1.0 - w) * steady_s + front)
+    values = {k: getattr(settings, k) for k in ("client_request_share", "first_wave_weight", "ttft_overhead_s",
+                                                 "ttft_s_per_input_token")}
+    return float(_ttft_formula(run.concurrency, run.input_tokens, settings.engine_ttft_factor.get(run.engine, 1.0),
+                               wave_s, steady_s, values))
 
 
 def run_service(run: MeasuredRun, settings: RunSettings = RunSettings()) -> ServiceModel:
@@ -897,14 +912,11 @@ def ttft_components(runs: Sequence[MeasuredRun], settings: RunSettings) -> dict[
 def _ttft_from_components(comp: Mapping[str, np.ndarray], values: Mapping[str, float]) -> np.ndarray:
     """:func:`predicted_ttft_s` over the arrays of :func:`ttft_components` (vectorised; the
     :data:`TTFT_TERMS` by name in ``values``; an engine without a factor gets 1)."""
-    s = np.minimum(1.0, comp["concurrency"] * values["client_request_share"])
-    w = s + (1.0 - s) * values["first_wave_weight"]
-    k = np.ones(len(w))
+    k = np.ones(len(comp["wave_s"]))
     for name, v in values.items():
         if name.startswith("ttft_factor_"):
             k[comp["engine"] == name.removeprefix("ttft_factor_")] = v
-    front = values["ttft_overhead_s"] + values["ttft_s_per_input_token"] * comp["input_tokens"]
-    return k * (w * comp["wave_s"] + (1.0 - w) * comp["steady_s"] + front)
+    return _ttft_formula(comp["concurrency"], comp["input_tokens"], k, comp["wave_s"], comp["steady_s"], values)
 
 
 def fit_ttft_terms(runs: Sequence[MeasuredRun], settings: RunSettings, *, robust_scale: float = TTFT_ROBUST_SCALE,
