@@ -122,7 +122,7 @@ from tokenfactory.core.validation import ConfigError, config_or_fields, check_fi
 __all__ = ["DEFAULT_TTFT_FRACTION", "SLOAdmissionConfig", "MarginLoopConfig", "SLOAwareAdmission", "GateLoopTuning",
            "MarginLoopTuning", "slo_gate_loop", "tune_slo_admission", "margin_loop", "tune_margin_loop",
            "margin_separation", "tune_flat_margin_gain", "reserve_share", "MARGIN_GAIN", "FLAT_MARGIN_GAIN",
-           "FLAT_OVERSHOOT", "MISS_ERROR_FLOOR"]
+           "FLAT_OVERSHOOT", "MISS_ERROR_FLOOR", "short_bound_ramp_rate"]
 
 
 #: share of the TTFT slack (the SLO less the request's own fill alone) its predicted TTFT may
@@ -228,23 +228,40 @@ class MarginLoopConfig:
         bound alone at r = 0 (:func:`~tokenfactory.controllers.batch_gate.pass_target_s` with
         ``tpot_fraction`` 1: a short request's TPOT with a whole pass's wait to join the batch) down
         to the gate's ``tpot_fraction`` target at r = -1, linearly in the pass time
-        (:meth:`SLOAwareAdmission.gate_targets`); r > 0 as before, toward the full KV batch. False
-        (default): r < 0 leaves the target at the gate's own, ``tpot_fraction`` x the SLO bounded
-        by the short request's TPOT - two margins on one miss (azure-conv-2023, whole trace at
-        0.9x: the tpot_fraction share binds, 0.095 s against the short bound's 0.0974 s, a cap of
-        about 144 sequences where a fixed cap of 180 meets the 0.99 attainment). Where the short
-        bound binds (it is below ``tpot_fraction`` x the SLO) the two targets are one and the
-        flag changes nothing (azure-code-2023, agentic-coding, mooncake-conversation: every
-        whole-trace cell measured unchanged). The loop's structure is unchanged (one integrator on
-        the same margin); the misses' gain over r in [-1, 0] is the short requests' TPOT misses
-        between the two targets - on azure-conv-2023 about 1.5 % of the admitted interactive
-        requests at the short bound and 0.74 % at 0.095 s, 0.76 budgets per unit of r, at the low
-        end of the certified 0.6-10 (the loop is slow there: its start from r = 0 missed 1.5 % over
-        the first 600 s at 1.3x). Measured (benchmarks/results/adm8_short_bound.json, whole trace):
+        (:meth:`SLOAwareAdmission.gate_targets`); r > 0 as before, from the r = 0 target toward the
+        full KV batch. The r = 0 target starts at the ``tpot_fraction`` target and walks toward the
+        short bound only as measured slack accumulates (``short_bound_rate``: the start does not
+        overshoot the knee). False (default): r < 0 leaves the target at the gate's own,
+        ``tpot_fraction`` x the SLO bounded by the short request's TPOT - two margins on one miss
+        (azure-conv-2023, whole trace at 0.9x: the tpot_fraction share binds, 0.095 s against the
+        short bound's 0.0974 s, a cap of about 144 sequences where a fixed cap of 180 meets the 0.99
+        attainment). Where the short bound binds (it is below ``tpot_fraction`` x the SLO) the two
+        targets are one and the flag changes nothing (azure-code-2023, agentic-coding,
+        mooncake-conversation: every whole-trace cell measured unchanged). The loop's structure is
+        unchanged (one integrator on the same margin); the misses' gain over r in [-1, 0] is the
+        short requests' TPOT misses between the two targets - on azure-conv-2023 about 1.5 % of the
+        admitted interactive requests at the short bound and 0.74 % at 0.095 s, 0.76 budgets per
+        unit of r, at the low end of the certified 0.6-10. Measured with the instant start
+        (``short_bound_rate = "instant"``, benchmarks/results/adm8_short_bound.json, whole trace):
         azure-conv-2023 1,313 -> 1,445 tok/s at 0.9x (admitted interactive 0.9926 -> 0.9908, batch
-        0.816 -> 0.913), 1,323 -> 1,453 at 1.3x (0.9919 -> 0.98995, batch 0.926 -> 0.775);
-        synthetic 1,229 -> 1,251 and 1,248 -> 1,282 (interactive >= 0.991) - off by default: the
-        azure-conv-2023 1.3x cell's interactive attainment is below 0.99.
+        0.816 -> 0.913), 1,323 -> 1,453 at 1.3x (0.9919 -> 0.98995, batch 0.926 -> 0.775: the
+        loop starts at the loosest target and 61 of its 109 misses fell in the first 600 s);
+        synthetic 1,229 -> 1,251 and 1,248 -> 1,282 (interactive >= 0.991).
+    short_bound_rate : float or "instant", optional
+        With ``short_bound_target``: how fast the start walks the r = 0 target from the
+        ``tpot_fraction`` target to the short-request bound (share of the way per second at a
+        window with no miss, > 0). The share s in [0, 1] starts at 0 (the target at r = 0 is
+        then main's) and, at each correction of the top class whose misses are below the setpoint
+        while the gate refuses (the conditions under which the margin itself relaxes), grows by
+        rate x T x e / ``miss_setpoint`` (e the miss error in budgets: the full rate with no
+        miss, none at the setpoint); it never falls - misses bring the target back down through
+        r (r = -1: the ``tpot_fraction`` target whatever s). Default None:
+        :func:`short_bound_ramp_rate`, :data:`FLAT_OVERSHOOT` of margin per delay (theta + half a
+        sample; 0.00184/s on azure-conv-2023, a whole span in about 540 s of slack): the ramp
+        passes the knee by at most that before a miss can show, the rate at which the certified
+        scheduled start (:func:`tune_flat_margin_gain`, its margins and separation from the fast
+        gate) relaxes the margin. ``"instant"``: s = 1 from t = 0 (the start measured in adm8,
+        kept for comparison).
     enabled : bool
         False: the margin stays at ``initial_margin`` (default True).
     """
@@ -295,13 +312,19 @@ class MarginLoopConfig:
                                        source="azure-conv-2023, whole trace: 1,313 -> 1,445 tok/s at 0.9x, "
                                               "1,323 -> 1,453 at 1.3x with admitted interactive 0.98995 (off: "
                                               "below 0.99)")
+    short_bound_rate: float | str | None = setting(None, low=0.0, low_inclusive=False, unit="1/s", also=("instant",),
+                                                   meaning="with short_bound_target: the share of the way from the "
+                                                           "tpot_fraction target to the short bound the start walks "
+                                                           "per second of measured slack (absent: "
+                                                           "short_bound_ramp_rate, FLAT_OVERSHOOT of margin per "
+                                                           "delay; instant: at the short bound from t = 0)")
     enabled: bool = setting(True, kind=bool, meaning="false: the margin stays at initial_margin")
 
     def __post_init__(self) -> None:
         # checked against the declarations (values kept as given); bounds set by another field per instance
         w = "slo_aware.outer"
         check_fields(self, w, names=("sample_period_s", "ki", "quantile", "slack_target", "miss_setpoint", "window",
-                                     "min_samples", "margin_max"), hold=False)
+                                     "min_samples", "margin_max", "short_bound_rate"), hold=False)
         check_fields(self, w, names=("initial_margin", "ki_flat"), hold=False,
                      bounds={"initial_margin": {"high": self.margin_max}, "ki_flat": {"low": self.ki}})
 
@@ -530,6 +553,11 @@ class SLOAwareAdmission(SampledController):
         self.prior_fill_workers = check_number(f"{w}.fill_workers", c.fill_workers, low=1.0)
         self.prior_decode_slots = check_number(f"{w}.decode_slots", c.decode_slots, low=0.0)
         self.outer = c.outer
+        # the start's ramp toward the short-request bound (short_bound_target): share per second
+        o = c.outer
+        self.short_bound_rate = (math.inf if o.short_bound_rate == "instant" else
+                                 short_bound_ramp_rate(self.outcome_delay_s, sample_period_s=o.sample_period_s)
+                                 if o.short_bound_rate is None else float(o.short_bound_rate))
         # limits of the top class: the fill wait may use its TTFT share less one step; the decode
         # wait what its TPOT leaves a short request of k tokens after its transfer, the wait to
         # join (up to JOIN_WAIT_PASSES passes) and k - 1 passes: (SLO - pass) (k - 1) - transfer - pass
@@ -587,6 +615,8 @@ class SLOAwareAdmission(SampledController):
         self.outer_last_s = 0.0
         self.flat_done = {n: False for n in self.classes}
         self.outer_log: list = []
+        # the start's share of the way from the tpot_fraction target to the short bound (short_bound_target)
+        self.short_bound_share = 1.0 if math.isinf(self.short_bound_rate) else 0.0
         self._gate_target = None
         if self.batch_gate is not None:
             self.batch_gate.reset()
@@ -663,9 +693,17 @@ class SLOAwareAdmission(SampledController):
                     flat = n == self.top and not self.flat_done[n] and misses == 0
                     ki = o.ki_scheduled if flat else o.ki
                     self.margin[n] = min(max(self.margin[n] + ki * T * e, -1.0), o.margin_max)
+                if n == self.top and o.short_bound_target and e > 0 and binding and self.short_bound_share < 1.0:
+                    # the start's ramp toward the short bound: only on measured slack (misses below
+                    # the setpoint while the gate refuses), in proportion to it, never back
+                    self.short_bound_share = min(self.short_bound_share
+                                                 + self.short_bound_rate * T * e / o.miss_setpoint, 1.0)
+                    self._gate_target = None
                 row[f"{n}:miss_share"] = y
             row[f"{n}:margin"] = self.margin[n]
             self.refused_class[n] = 0
+        if o.short_bound_target:
+            row["short_bound_share"] = self.short_bound_share
         self.outer_log.append(row)
 
     def _knobs(self, name: str) -> tuple[float, float, float]:
@@ -1009,8 +1047,9 @@ class SLOAwareAdmission(SampledController):
                 self._gate_target = self.gate_targets()
             # the top class's margin moves the cap's target between the short-request bound (r <= 0)
             # and a full KV batch (r = 1: memory only, as open admission), geometrically in the batch;
-            # with short_bound_target, r in [-1, 0) moves it down from the short-request bound alone
-            # (r = 0) to the tpot_fraction target (r = -1), linearly in the pass time
+            # with short_bound_target, r in [-1, 0) moves it down from the r = 0 target (the start's
+            # share of the way to the short-request bound alone) to the tpot_fraction target (r = -1),
+            # linearly in the pass time
             t0, lo, hi, t_tight = self._gate_target
             r = min(max(self.margin[self.top], -1.0), 1.0)
             if r < 0:
@@ -1029,11 +1068,13 @@ class SLOAwareAdmission(SampledController):
         Without :attr:`MarginLoopConfig.short_bound_target` t0 = t_tight = the gate's own target,
         ``tpot_fraction`` x the TPOT SLO bounded by the short request's TPOT
         (:func:`~tokenfactory.controllers.batch_gate.pass_target_s`), and r < 0 leaves it there.
-        With it, t0 is the short-request bound alone (tpot_fraction = 1: the join wait of a whole
-        pass is already budgeted in it) and t_tight the gate's own target: where the misses of
-        the top class's short requests (their TPOT carries one pass's wait to join the batch) are
-        below the outer loop's setpoint the cap is not held below them by a second share, and
-        where they are above it the margin brings the cap back to that share.
+        With it, t_tight is the gate's own target and t0 walks from it toward the short-request
+        bound alone (tpot_fraction = 1: the join wait of a whole pass is already budgeted in it):
+        t0 = t_tight + s (bound - t_tight), s the start's share (:attr:`short_bound_share`, 0 at
+        the start, grown on measured slack at ``MarginLoopConfig.short_bound_rate``): where the
+        misses of the top class's short requests (their TPOT carries one pass's wait to join the
+        batch) are below the outer loop's setpoint the cap is not held below them by a second
+        share, and where they are above it the margin brings the cap back to that share.
 
         Returns
         -------
@@ -1041,10 +1082,12 @@ class SLOAwareAdmission(SampledController):
             ``(t0, lo, hi, t_tight)`` (the controller must have a batch gate).
         """
         g = self.batch_gate
-        t_tight = g.target_s
+        # the gate's own target from its configuration (g.target_s is the one this controller last set)
+        t_tight = pass_target_s(g.slo_tpot_s, g.tpot_fraction, g.short_output_tokens, g.kv_transfer_s)
         t0 = t_tight
         if self.outer.short_bound_target and g.short_output_tokens is not None:
-            t0 = max(pass_target_s(g.slo_tpot_s, 1.0, g.short_output_tokens, g.kv_transfer_s), t_tight)
+            bound = max(pass_target_s(g.slo_tpot_s, 1.0, g.short_output_tokens, g.kv_transfer_s), t_tight)
+            t0 = t_tight + self.short_bound_share * (bound - t_tight)
         lo = largest_batch(g.pass_time_s, t0, g.nominal_context_tokens, g.max_batch, g.min_batch)
         return t0, lo, max(g.max_batch, lo), t_tight
 
@@ -1263,6 +1306,50 @@ FLAT_MARGIN_GAIN = 0.1
 #: interactive attainment fell to 0.983; at 0.05 every cell's admitted interactive attainment
 #: was >= 0.990 but azure-code-2023 at 0.9x (0.988)
 FLAT_OVERSHOOT = 0.05
+
+
+def short_bound_ramp_rate(outcome_delay_s: float, *, sample_period_s: float = 5.0,
+                          overshoot: float = FLAT_OVERSHOOT) -> float:
+    """The start's ramp toward the short-request bound (``MarginLoopConfig.short_bound_rate``):
+    the share of the way from the ``tpot_fraction`` target to the short bound per second at a
+    window with no miss, ``overshoot`` of margin over the delay before a miss can show:
+    rate = overshoot / (theta + T / 2), theta = the outcome delay + T / 2 (the delay
+    :func:`tokenfactory.registry.margin_tuning` uses).
+
+    A unit of the ramp moves the batch gate's target by at most what a unit of margin moves it
+    ((1 + r) of the span at r <= 0), so the ramp relaxes the target at the rate the certified
+    scheduled start relaxes the margin at its cap (:func:`tune_flat_margin_gain`: ki_flat <=
+    overshoot / (miss_setpoint (theta + T / 2)), with no miss in the window the error is
+    miss_setpoint budgets): as an integrator on the miss error its gain is rate / miss_setpoint, that
+    cap. The margin's own relaxation (the nominal loop, ``ki``) comes on top while both move. The
+    ramp never falls and stops at 1, so it is a bounded transient (it moves the target by one
+    span in all) and no part of a sustained cycle: after it the loop is the nominal one
+    (:func:`tune_margin_loop`, its separation from the fast gate :func:`margin_separation`).
+    Measured on the whole-trace cells (benchmarks/results/adm9_rate_*.json, azure-conv-2023 and
+    synthetic at 0.9-2x): this rate (0.00184/s there) kept admitted interactive attainment >= 0.99
+    in all eight; 0.005/s and 0.02/s let azure-conv-2023 fall to 0.9894 / 0.9873 at 0.9x; the
+    cap less the margin's relaxation (0.00073/s) held the cap near main's and lost goodput to it
+    (azure-conv-2023 1.3x: 1,285 against 1,323 tok/s).
+
+    Parameters
+    ----------
+    outcome_delay_s : float
+        Admission to outcome of the top class's mean request (s, >= 0;
+        :attr:`SLOAwareAdmission.outcome_delay_s`).
+    sample_period_s : float
+        T, the outer loop's sample period (s, > 0).
+    overshoot : float
+        Margin per delay (default :data:`FLAT_OVERSHOOT`).
+
+    Returns
+    -------
+    float
+        Share of the way per second (> 0).
+    """
+    check_number("outer.outcome_delay_s", outcome_delay_s, low=0.0)
+    check_number("outer.sample_period_s", sample_period_s, low=0.0, low_inclusive=False)
+    check_number("outer.overshoot", overshoot, low=0.0, low_inclusive=False)
+    return overshoot / (outcome_delay_s + sample_period_s)
 
 
 def margin_loop(ki: float, theta_s: float, window_s: float, *, gain: float = MARGIN_GAIN,

@@ -515,7 +515,7 @@ def _gate_with_batch_cap(short_output_tokens, **outer):
                                           kv_transfer_s=0.005, sample_period=0.25))
     ctrl = SLOAwareAdmission(SLOAdmissionConfig(fill_token_rate=20000, fill_step_s=0.1, kv_transfer_s=0.005,
                                                 decode_pass_s=bg.target_s, prompt_tokens=2000, output_tokens=200,
-                                                decode_slots=200, outer=MarginLoopConfig(enabled=False, **outer)),
+                                                decode_slots=200, outer=MarginLoopConfig(**{"enabled": False, **outer})),
                              batch_gate=bg)
     m = Measurement(time_s=0.0, backlog=0, fill_in_progress=0, ready=0, active_decodes=0, completion_rate=0,
                     admitted_rate=0, decode_slots=1000, fill_capacity=10, fill_workers=1, decode_workers=1,
@@ -529,10 +529,11 @@ def test_short_bound_target_lets_the_margin_move_the_batch_target_below_the_shor
     request's bound (0.1 x 40 - 0.005) / 41 = 0.09744 s), main's rule holds the batch gate at
     0.095 s whatever the margin's sign - two margins on the one miss the outer loop already
     regulates. short_bound_target aims r = 0 at the short bound alone and r = -1 at 0.095 s,
-    linearly between; where the short bound binds (a 6-token short request) the two coincide."""
+    linearly between; where the short bound binds (a 6-token short request) the two coincide.
+    (The instant start: the start's ramp at the short bound from t = 0.)"""
     short = (0.1 * 40 - 0.005) / 41
     off, g_off, m = _gate_with_batch_cap(41.0)
-    on, g_on, _ = _gate_with_batch_cap(41.0, short_bound_target=True)
+    on, g_on, _ = _gate_with_batch_cap(41.0, short_bound_target=True, short_bound_rate="instant")
     for ctrl in (off, on):
         ctrl.margin["interactive"] = r
         ctrl.update(0.25, m)
@@ -541,7 +542,61 @@ def test_short_bound_target_lets_the_margin_move_the_batch_target_below_the_shor
     if r == 0.0:  # the cap at the short bound: (0.09744 - 0.05) / 0.0002 = 237 sequences, not 225
         assert on.gate_targets()[1] == pytest.approx(237.2, abs=0.5)
         assert off.gate_targets()[1] == pytest.approx(225.0, abs=0.5)
-    tight, g_tight, _ = _gate_with_batch_cap(6.0, short_bound_target=True)
+    tight, g_tight, _ = _gate_with_batch_cap(6.0, short_bound_target=True, short_bound_rate="instant")
     tight.margin["interactive"] = r
     tight.update(0.25, m)
     assert g_tight.target_s == pytest.approx((0.1 * 5 - 0.005) / 6)
+
+
+def test_short_bound_start_walks_from_the_tpot_fraction_target_only_on_measured_slack():
+    """Issue 21: the flag as adm8 measured it starts the batch gate at the short-request bound
+    (0.09744 s) before a single outcome is seen, the loosest target, and the loop's first 600 s
+    held 61 of its 109 misses (azure-conv-2023 1.3x: admitted interactive 0.98995). The start
+    now walks the r = 0 target from the tpot_fraction target (0.095 s, main's) toward the bound
+    only on windows whose misses are below the setpoint while the gate refuses, by the rate x T x
+    e / setpoint each correction (e = 0.8 budgets with no miss: the full rate), never back, and
+    not at all while the gate admits everything; misses bring the cap back through the margin.
+    A synthetic slack history, deterministic: 40 completions per 5 s correction."""
+    from tokenfactory.controllers import FLAT_OVERSHOOT
+
+    ki = 0.001
+    ctrl, g, m = _gate_with_batch_cap(41.0, short_bound_target=True, enabled=True, ki=ki)
+    own, bound = 0.095, (0.1 * 40 - 0.005) / 41
+    # the rate: FLAT_OVERSHOOT of margin per delay (outcome delay 2 s + 200 x 0.095 s, plus T)
+    rate = FLAT_OVERSHOOT / (2.0 + 200 * 0.095 + 5.0)
+    seq = []  # (phase, r = 0 target, commanded target, margin)
+
+    def step(t, phase, slack, refused=True):
+        ctrl.observe(t, [("interactive", 0.5, 0.1 * (1.0 - x)) for x in slack])
+        if refused:
+            ctrl.refused_class["interactive"] += 1
+        ctrl.update(t, m)
+        seq.append((phase, ctrl.gate_targets()[0], g.target_s, ctrl.margin["interactive"]))
+
+    t = 0.0
+    for _ in range(3):   # the first windows: fewer than min_samples (50) completions - no move
+        t += 5.0
+        step(t, "start", [0.5] * 10)
+    for _ in range(40):  # measured slack while the gate refuses: the ramp moves
+        t += 5.0
+        step(t, "slack", [0.5] * 40)
+    for _ in range(10):  # the gate admits everything: no ramp (no windup)
+        t += 5.0
+        step(t, "open", [0.5] * 40, refused=False)
+    for _ in range(10):  # 5 % misses: the ramp holds, the margin tightens the cap back
+        t += 5.0
+        step(t, "misses", [0.5] * 38 + [-0.2] * 2)
+    t0 = [x[1] for x in seq]
+    assert seq[0][1] == pytest.approx(own) and seq[0][2] == pytest.approx(own)  # main's flag: 0.09744 here
+    assert all(x[1] == pytest.approx(own) for x in seq if x[0] == "start")
+    assert all(b >= a - 1e-12 for a, b in zip(t0, t0[1:]))          # never back
+    assert max(t0) <= bound + 1e-12
+    slack_steps = [b - a for (pa, a, *_), (pb, b, *_) in zip(seq, seq[1:]) if pb == "slack"]
+    assert max(slack_steps) == pytest.approx(rate * 5.0 * (bound - own), rel=1e-6)  # the full rate, no faster
+    assert ctrl.short_bound_rate == pytest.approx(rate)
+    opened = [x[1] for x in seq if x[0] == "open"]
+    assert len(set(opened)) == 1                                     # held while nothing is refused
+    missed = [x for x in seq if x[0] == "misses"]
+    assert len({x[1] for x in missed}) == 1                          # held on misses ...
+    assert missed[-1][3] < missed[0][3] and missed[-1][2] < missed[0][2]  # ... the margin brings the cap down
+    assert ctrl.outer_log[-1]["short_bound_share"] == pytest.approx((t0[-1] - own) / (bound - own))
