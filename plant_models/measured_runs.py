@@ -43,6 +43,7 @@ __all__ = [
     "CHECKPOINT_PRECISION",
     "SYSTEMS",
     "QUANT_MODES",
+    "EXPERT_ONLY_QUANTISATION",
     "SKIP_REASONS",
     "BATCH_BANDS",
     "MeasuredRun",
@@ -74,6 +75,12 @@ CHECKPOINT_PRECISION: dict[str, tuple[str, str]] = {
     "nvidia/Qwen3-32B-NVFP4": ("fp4", "fp4"), "Qwen/Qwen3.5-397B-A17B": ("bf16", "bf16"),
     "Qwen/Qwen3-235B-A22B-FP8": ("fp8", "fp8"), "zhipuai/GLM-5": ("bf16", "bf16"),
 }
+#: checkpoints that quantise only their experts, whatever the row's GEMM label says: the number
+#: format of their other weights. openai/gpt-oss-120b's config.json ``quantization_config`` (mxfp4)
+#: lists ``modules_to_not_convert``: every layer's self_attn and router, embed_tokens and lm_head
+#: (BF16; TensorRT-LLM examples/models/core/gpt_oss/README.md: "All the other weights are in bf16");
+#: the file labels its runs' GEMMs nvfp4 as well as its MoE
+EXPERT_ONLY_QUANTISATION: dict[str, str] = {"openai/gpt-oss-120b": "bf16"}
 #: the file's GPU systems -> accelerator presets
 SYSTEMS: dict[str, str] = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200"}
 #: the file's GEMM / MoE quantisation modes -> number formats of :data:`PRECISIONS`
@@ -321,7 +328,8 @@ def _silicon(df: pd.DataFrame, source: str) -> MeasuredRuns:
                 continue
             par, fpar, nd, nf, fill_batch = lay[0], None, 1, 0, 1
             batch = int(_num(r.get("batch_size"))) * par.dp_attention
-        overrides = {"weight_precision": gq, "expert_precision": mq or gq}
+        overrides = {"weight_precision": EXPERT_ONLY_QUANTISATION.get(str(r.get("model_path")), gq),
+                     "expert_precision": mq or gq}
         if not _fits(model, overrides, hw, par) or (fpar is not None and not _fits(model, overrides, hw, fpar)):
             skipped[SKIP_REASONS[7]] += 1
             continue

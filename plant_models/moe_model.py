@@ -230,6 +230,13 @@ class MoEModel:
         Whether the LM head shares the embedding matrix (default False).
     expert_precision : str, optional
         Number format of routed and shared experts; ``None`` (default) is ``weight_precision``.
+    expert_activation_precision : str, optional
+        Number format the experts' GEMM inputs are quantised to; ``None`` (default) is
+        ``expert_precision`` (W8A8, W4A4). The expert GEMMs multiply at the tensor rate of the
+        wider of it and ``expert_precision`` (MXFP4 weights with BF16 activations, W4A16, run at
+        the BF16 rate), and FP4 weights with wider activations on a GPU without FP4 tensor cores
+        are dequantised and multiply at BF16 (TensorRT-LLM's gpt-oss MoE support matrix: Hopper
+        BF16 x MXFP4 on HGMMA, FP8 x MXFP4 not enabled).
     source : str
         Where the figures come from.
 
@@ -266,6 +273,14 @@ class MoEModel:
                                            meaning="number format of routed and shared experts (absent: "
                                                    "weight_precision; FP4 checkpoints quantize only the experts)",
                                            source="nvidia/DeepSeek-R1-FP4 model card")
+    expert_activation_precision: str | None = setting(
+        None, kind=str, choices=tuple(PRECISIONS),
+        meaning="number format the routed and shared experts' GEMM inputs are quantised to (absent: "
+                "expert_precision, as W8A8 / W4A4 recipes do); the expert GEMMs multiply at the wider of it and "
+                "expert_precision, and FP4 weights with wider activations on a GPU without FP4 tensor cores are "
+                "dequantised and multiply at BF16",
+        source="TensorRT-LLM examples/models/core/gpt_oss/README.md (MoE support matrix: MXFP4 weights with BF16 "
+               "activations on Hopper, HGMMA; MXFP8 activations on Blackwell; FP8 x MXFP4 not enabled on Hopper)")
     source: str = setting("", kind=str, meaning="where the figures come from (a config.json URL)")
 
     def __post_init__(self) -> None:
@@ -282,6 +297,8 @@ class MoEModel:
         if self.expert_precision is None:
             object.__setattr__(self, "expert_precision", self.weight_precision)
         check_fields(self, w, names=("expert_precision",), hold=False)
+        if self.expert_activation_precision is not None:
+            check_fields(self, w, names=("expert_activation_precision",), hold=False)
         self.attention.validate(f"{w}.attention", self.num_layers)
 
     # -- structure -------------------------------------------------------------------------
@@ -398,6 +415,45 @@ class MoEModel:
             eff = self.efficient_attention_layers * 4.0 * a.num_heads * a.head_dim ** 2
         return query_tokens * (full + eff)
 
+    def causal_attention_core_flops(self, new_tokens: float, cached_tokens: float = 0.0,
+                                    absorbed: bool | None = None) -> float:
+        """Score/value FLOPs over all layers of one sequence adding ``new_tokens`` after
+        ``cached_tokens`` under the causal mask: new token i (1..n) attends c + i tokens in a
+        full-attention layer, min(c + i, W) in a local layer of window W, so a full layer averages
+        c + (n + 1) / 2 attended tokens and a local one the exact mean of min(c + i, W)
+        (``(1/n) sum_i min(c + i, W)``; W - W (W - 1) / (2 n) for c = 0 and n >= W); a
+        linear-attention layer costs its state update per token.
+
+        Parameters
+        ----------
+        new_tokens : float
+            Query tokens n of the sequence (>= 1).
+        cached_tokens : float
+            Tokens c already in its cache (>= 0; default 0: a prefill).
+        absorbed : bool, optional
+            MLA's absorbed (decode) form; ``None`` (default) is absorbed for one new token only.
+
+        Returns
+        -------
+        float
+            FLOPs over the model's layers (n x the per-query-token FLOPs at the mean attended).
+        """
+        check_number("new_tokens", new_tokens, low=0.0)
+        check_number("cached_tokens", cached_tokens, low=0.0)
+        a, n, c = self.attention, float(new_tokens), float(cached_tokens)
+        if absorbed is None:
+            absorbed = n == 1
+        if n == 0:
+            return 0.0
+        full = self.full_attention_layers * a.core_flops_per_query_token(c + (n + 1) / 2.0, absorbed)
+        if a.efficient_kind == "local":
+            w = float(a.local_window)
+            eff = self.efficient_attention_layers * a.core_flops_per_query_token(
+                _mean_local_attended(n, c, w), absorbed)
+        else:  # linear attention: a state update and read of size heads x d x d per token
+            eff = self.efficient_attention_layers * 4.0 * a.num_heads * a.head_dim ** 2
+        return n * (full + eff)
+
     def summary(self) -> dict[str, Any]:
         """Derived figures (what ``tokenfactory describe model`` prints)."""
         return {
@@ -408,6 +464,7 @@ class MoEModel:
             "weight_bytes": self.weight_bytes,
             "weight_precision": self.weight_precision,
             "expert_precision": self.expert_precision,
+            "expert_activation_precision": self.expert_activation_precision or self.expert_precision,
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "kv_precision": self.kv_precision,
             "kv_bytes_at_128k_context": self.kv_bytes(131072),
@@ -423,6 +480,17 @@ class MoEModel:
             "shared_experts": self.shared_experts,
             "source": self.source,
         }
+
+
+def _mean_local_attended(n: float, c: float, w: float) -> float:
+    """(1/n) sum over i = 1..n of min(c + i, w): the mean tokens a query of a chunk of n new tokens
+    after c cached ones attends in a local layer of window w (exact for integer n and c; the sum of
+    the rising part c + 1 .. w and the flat part at w)."""
+    if c >= w:
+        return w
+    k = min(n, w - c)                      # the queries still inside the window's rise
+    rising = k * c + k * (k + 1) / 2.0     # sum of c + i for i = 1..k
+    return (rising + (n - k) * w) / n
 
 
 def _dense(name: str, layers: int, hidden: int, ffn: int, heads: int, kv_heads: int, head_dim: int,
@@ -491,10 +559,14 @@ MODEL_PRESETS: dict[str, MoEModel] = {
             routed_experts=128, active_experts=4, shared_experts=0,
             attention=AttentionSpec(kind="gqa", num_heads=64, head_dim=64, kv_heads=8,
                                     full_attention_layers=18, efficient_kind="local", local_window=128),
-            weight_precision="bf16", expert_precision="fp4", kv_precision="bf16",
+            weight_precision="bf16", expert_precision="fp4", expert_activation_precision="fp8",
+            kv_precision="bf16",
             source="openai/gpt-oss-120b config.json (36 layers alternating full and 128-token sliding "
                    "attention, 64 Q heads / 8 KV heads x 64, 128 experts of 2880, 4 active, hidden 2880, "
-                   "vocab 201,088); model card: MXFP4 experts, the rest BF16; 117B total, 5.1B active",
+                   "vocab 201,088; quantization_config mxfp4 with modules_to_not_convert self_attn, router, "
+                   "embed_tokens, lm_head); model card: MXFP4 experts, the rest BF16; 117B total, 5.1B active. "
+                   "Expert activations MXFP8 on Blackwell, BF16 on Hopper (TensorRT-LLM "
+                   "examples/models/core/gpt_oss/README.md, MoE support matrix)",
         ),
         MoEModel(
             name="minimax-m2.5", num_layers=62, num_dense_layers=0, hidden_size=3072,
@@ -649,7 +721,7 @@ def model_from_dict(d: Mapping[str, Any], where: str = "model") -> MoEModel:
                           else f"{where}.attention.num_heads", "missing")
     missing = sorted(_MODEL_FIELDS - {"attention", "source", "weight_precision", "kv_precision",
                                       "activation_precision", "tied_embeddings",
-                                      "expert_precision"} - set(d))
+                                      "expert_precision", "expert_activation_precision"} - set(d))
     if missing:
         raise ConfigError(f"{where}.{missing[0]}", "missing (give it, or start from base = PRESET)")
     return MoEModel(attention=AttentionSpec(**attn), **d)

@@ -837,7 +837,7 @@ class Worker:
         if p.ep == 1:
             return 0.0, 0.0
         k = m.active_experts
-        dispatch = min(PRECISIONS[m.expert_precision], m.activation_bytes_per_element)
+        dispatch = min(PRECISIONS[m.expert_activation_precision or m.expert_precision], m.activation_bytes_per_element)
         per_copy = m.moe_layers * m.hidden_size * (dispatch + m.activation_bytes_per_element)
         if p.ep <= a.scale_up_domain:
             return tokens * k * (p.ep - 1) / p.ep * per_copy, 0.0
@@ -853,6 +853,41 @@ class Worker:
         return tokens * up * per_copy, tokens * out * per_copy
 
     # -- phases -------------------------------------------------------------------------
+    def mma_precision(self, weight_precision: str, activation_precision: str | None = None) -> str:
+        """The number format a GEMM of ``weight_precision`` weights and ``activation_precision``
+        inputs multiplies in on this GPU: the wider of the two (``None``: the weights', as W8A8
+        and W4A4 recipes quantise both); FP4 weights with wider inputs on a GPU without FP4 tensor
+        cores are dequantised in the kernel and multiply at BF16 (TensorRT-LLM's gpt-oss MoE
+        support matrix: Hopper runs MXFP4 weights with BF16 activations on HGMMA, FP8 x MXFP4 is
+        not enabled; Blackwell multiplies MXFP8 x MXFP4 natively).
+
+        Parameters
+        ----------
+        weight_precision : str
+            The weights' format, a key of ``PRECISIONS``.
+        activation_precision : str, optional
+            The inputs' format; ``None`` (default) is ``weight_precision``.
+
+        Returns
+        -------
+        str
+            A key of ``PRECISIONS`` whose tensor rate (:meth:`Accelerator.peak_flops`) the GEMM runs at.
+        """
+        if activation_precision is None or activation_precision == weight_precision:
+            return weight_precision
+        if PRECISIONS[activation_precision] > PRECISIONS[weight_precision]:
+            if weight_precision == "fp4" and "fp4" not in self.accelerator.dense_flops:
+                return "bf16"
+            return activation_precision
+        return weight_precision
+
+    @property
+    def expert_mma_precision(self) -> str:
+        """The format the expert GEMMs multiply in (:meth:`mma_precision` of the model's
+        ``expert_precision`` and ``expert_activation_precision``)."""
+        m = self.model
+        return self.mma_precision(m.expert_precision, m.expert_activation_precision)
+
     def _phase(self, name: str, flops: float, hbm_bytes: float, gpus: float, *,
                precision: str | None = None, kv_flops: float = 0.0, kv_bytes: float = 0.0,
                up_bytes: float = 0.0, out_bytes: float = 0.0, span: int | None = None) -> PhaseTime:
@@ -881,11 +916,11 @@ class Worker:
         m, p = self.model, self.parallelism
         per_replica = math.ceil(sequences / p.dp_attention) if sequences else 0
         q_tokens = per_replica * new_tokens
-        # Causal attention: new token i of a sequence attends cached + i tokens.
-        attended = cached_tokens + (new_tokens + 1) / 2.0
+        # Causal attention: new token i of a sequence attends cached + i tokens (a local layer at
+        # most its window).
         absorbed = new_tokens == 1  # MLA: absorbed form in decode, expanded form in fill
         flops = 2.0 * q_tokens * m.num_layers * m.attention_params_per_layer
-        kv_flops = per_replica * m.attention_core_flops(new_tokens, attended, absorbed)
+        kv_flops = per_replica * m.causal_attention_core_flops(new_tokens, cached_tokens, absorbed)
         if not absorbed and cached_tokens:
             kv_flops += per_replica * m.full_attention_layers * m.attention.latent_expansion_flops(cached_tokens)
         act = m.activation_bytes_per_element * m.hidden_size
@@ -915,7 +950,7 @@ class Worker:
                                       + (m.shared_experts * m.expert_weight_bytes) / p.tp)
         hbm_per_gpu += m.moe_layers * 2 * routed * act / p.ep
         up, out = self._all_to_all_bytes(tokens, per_node_dedup)
-        return self._phase("experts", flops, hbm_per_gpu * p.ep, p.ep, precision=m.expert_precision,
+        return self._phase("experts", flops, hbm_per_gpu * p.ep, p.ep, precision=self.expert_mma_precision,
                            up_bytes=up, out_bytes=out)
 
     def _dense_phase(self, tokens: float, sequences: float) -> PhaseTime:
@@ -1118,7 +1153,7 @@ class Worker:
         flops = 2.0 * q_tokens * m.num_layers * m.attention_params_per_layer
         kv_flops = per_replica * m.attention_core_flops(1, context_tokens + 1.0, True)
         if piece:
-            kv_flops += m.attention_core_flops(piece, (piece + 1) / 2.0, False)
+            kv_flops += m.causal_attention_core_flops(piece, 0.0, False)
         act = m.activation_bytes_per_element * m.hidden_size
         kv_read = per_replica * (m.kv_bytes(context_tokens) if context_tokens else 0.0)
         kv_write = (per_replica + piece) * m.kv_bytes_per_token

@@ -83,3 +83,66 @@ def test_model_from_toml_file(tmp_path):
 def test_full_model_from_dict_requires_fields():
     with pytest.raises(ConfigError, match="model.attention"):
         model_from_dict({"name": "x"})
+
+
+# -- prefill attention FLOPs under the causal mask (issue 24: the prefill cost model) -------------
+def _gqa(layers_full=None, window=128):
+    return MoEModel(name="t", num_layers=2, num_dense_layers=2, hidden_size=256, vocab_size=1000,
+                    dense_intermediate_size=512, expert_intermediate_size=1, routed_experts=1, active_experts=1,
+                    shared_experts=0,
+                    attention=AttentionSpec(kind="gqa", num_heads=4, head_dim=16, kv_heads=2,
+                                            full_attention_layers=layers_full, efficient_kind="local",
+                                            local_window=window))
+
+
+def test_causal_prefill_flops_of_a_full_layer_are_half_the_square():
+    # QK^T and PV: 2 x 2 x n x attended x heads x d; causal: query i attends i tokens, sum = n (n + 1) / 2
+    m, n = _gqa(), 1000
+    per_layer = 4.0 * 4 * 16 * n * (n + 1) / 2
+    assert m.causal_attention_core_flops(n) == pytest.approx(2 * per_layer)
+    # after c cached tokens query i attends c + i
+    c = 300
+    assert m.causal_attention_core_flops(n, c) == pytest.approx(2 * 4.0 * 4 * 16 * (n * c + n * (n + 1) / 2))
+
+
+def test_sliding_window_layer_prefill_flops_closed_form():
+    # a local layer of window W: query i attends min(i, W); for n >= W the sum is W (W + 1) / 2 + (n - W) W
+    n, w = 8192, 128
+    m = _gqa(layers_full=1, window=w)
+    full = 4.0 * 4 * 16 * n * (n + 1) / 2
+    local = 4.0 * 4 * 16 * (w * (w + 1) / 2 + (n - w) * w)
+    assert m.causal_attention_core_flops(n) == pytest.approx(full + local)
+    # the local layer costs ~2 W / n of a full one at this n (here 3.1 %), not the same
+    assert local / full == pytest.approx(2 * w / n, rel=0.02)
+    # a chunk after a cache longer than the window attends W per query
+    assert m.causal_attention_core_flops(512, 4096) == pytest.approx(
+        4.0 * 4 * 16 * (512 * (4096 + 256.5) + 512 * w))
+    # a chunk starting inside the window: c = 100, n = 50 -> queries attend 101 .. 128 then 128
+    exact = sum(min(100 + i, w) for i in range(1, 51))
+    assert m.causal_attention_core_flops(50, 100) == pytest.approx(
+        4.0 * 4 * 16 * (50 * (100 + 25.5) + exact))
+
+
+def test_gpt_oss_alternates_sliding_and_full_layers_as_its_config():
+    # openai/gpt-oss-120b config.json: 36 layers, layer_types alternating sliding_attention /
+    # full_attention, sliding_window 128; only the 18 full layers grow KV per token
+    m = model_preset("gpt-oss-120b")
+    assert (m.num_layers, m.full_attention_layers, m.attention.local_window) == (36, 18, 128)
+    assert m.kv_bytes_per_token == 18 * 2 * 8 * 64 * 2
+    # experts MXFP4 with MXFP8 activations (BF16 on Hopper), the rest BF16
+    assert (m.weight_precision, m.expert_precision, m.expert_activation_precision) == ("bf16", "fp4", "fp8")
+
+
+def test_mla_prefill_uses_the_expanded_form():
+    # DeepSeek-V2/V3 MLA prefill: 128 heads x (192 qk + 128 v) per attended token and layer;
+    # decode (absorbed): 128 heads x (2 x 512 + 64)
+    m = model_preset("deepseek-v3")
+    n = 4096
+    assert m.causal_attention_core_flops(n) == pytest.approx(61 * 2.0 * 128 * (192 + 128) * n * (n + 1) / 2)
+    assert m.causal_attention_core_flops(1, 999) == pytest.approx(61 * 2.0 * 128 * (2 * 512 + 64) * 1000)
+
+
+def test_expert_activation_precision_is_checked_and_defaults_to_the_experts():
+    assert model_preset("deepseek-v3").expert_activation_precision is None
+    with pytest.raises(ConfigError, match="expert_activation_precision"):
+        model_from_dict({"base": "gpt-oss-120b", "expert_activation_precision": "fp6"})

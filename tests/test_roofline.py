@@ -500,3 +500,33 @@ def test_attention_dp_imbalance_leaves_the_defaults_and_other_passes_unchanged(d
     for bad in (-0.1, 1.5):
         with pytest.raises(ConfigError, match="efficiency.attention_dp_imbalance"):
             Efficiency(attention_dp_imbalance=bad)
+
+
+# -- the format expert GEMMs multiply in (issue 24: gpt-oss's MXFP4 experts) -------------------------
+def test_mma_precision_is_the_wider_format_and_hopper_dequantises_fp4():
+    b200 = Worker(model_preset("gpt-oss-120b"), accelerator_preset("b200"), Parallelism(tp=1, ep=1))
+    h200 = Worker(model_preset("gpt-oss-120b"), accelerator_preset("h200"), Parallelism(tp=1, ep=1))
+    # W8A8 / W4A4: the weights' format
+    assert b200.mma_precision("fp8") == "fp8" and b200.mma_precision("fp4", "fp4") == "fp4"
+    # MXFP4 weights x MXFP8 activations: Blackwell multiplies at FP8 (UTCQMMA)
+    assert b200.mma_precision("fp4", "fp8") == "fp8" == b200.expert_mma_precision
+    # Hopper has no FP4 MMA and FP8 x MXFP4 is not enabled: BF16 (HGMMA), TensorRT-LLM's gpt-oss matrix
+    assert h200.mma_precision("fp4", "fp8") == "bf16" == h200.expert_mma_precision
+    # narrower activations than the weights do not speed the GEMM up
+    assert b200.mma_precision("bf16", "fp8") == "bf16"
+
+
+def test_gpt_oss_prefill_experts_run_at_the_activation_formats_rate():
+    # the expert phase's compute time is FLOPs / (GPUs x peak x compute efficiency) at the MMA format
+    eff = Efficiency(compute=0.5)
+    for hw, rate in (("b200", 4.5e15), ("h200", 0.989e15)):
+        w = Worker(model_preset("gpt-oss-120b"), accelerator_preset(hw), Parallelism(tp=1, ep=1), eff)
+        ph = w.prefill(8192).phase("experts")
+        m = w.model
+        flops = 2.0 * m.moe_layers * m.expert_params * 8192 * m.active_experts
+        assert ph.flops == pytest.approx(flops)
+        assert ph.compute_s == pytest.approx(flops / (rate * 0.5), rel=1e-3)
+    # a model without expert_activation_precision keeps its experts' own rate (DeepSeek-R1 NVFP4: W4A4)
+    fp4 = dataclasses.replace(model_preset("deepseek-v3"), expert_precision="fp4")
+    w = Worker(fp4, accelerator_preset("b200"), Parallelism(tp=8, ep=8), eff)
+    assert w.expert_mma_precision == "fp4"
