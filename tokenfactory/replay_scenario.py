@@ -92,9 +92,10 @@ def parameter_set_used(plant: dict, efficiency) -> dict:
     matches = [k for k in PARAMETER_SETS if dataclasses.asdict(parameter_set(k).efficiency) == used]
     overrides = sorted(plant.get("efficiency") or {})
     name = plant.get("params") or "plant default"
+    others = [k for k in matches if k != name]   # the named sets it equals besides the one asked for
     label = (name if plant.get("params") else "the plant's default efficiencies") + (
         f" with plant.efficiency {', '.join(overrides)}" if overrides else "") + (
-        f" (= the {' / '.join(matches)} set)" if matches and matches != [name] else "") + (
+        f" (equal to the {' / '.join(others)} set)" if others else "") + (
         "" if matches else " (equal to no named set)")
     if plant.get("params") or "calibrated" in matches:
         label += "; its efficiencies only: the KV format is the model's, the measured benchmarks' TTFT terms are " \
