@@ -574,7 +574,8 @@ class ActuatorVerdict:
     reversals : int
         Pool-scale reversals in the judged window (:func:`tokenfactory.signals.count_reversals`).
     reversals_per_hour : float
-        ``reversals`` over the window's length.
+        ``reversals`` over the judged window's length (not the whole run's: a plant's own
+        ``reversals_per_hour`` metric is over the whole run, start-up included).
     pool_reversals : dict
         Reversals per pool (the churn bound applies to the worst pool: each follows its own demand).
     signals : dict
@@ -584,6 +585,9 @@ class ActuatorVerdict:
         the signal was not judged (constant, too short, absent).
     reason : str
         Which signals decided, in words.
+    window_s : tuple of float
+        The judged window ``(start, end)`` (s): ``reversals``, ``reversals_per_hour``, the churn
+        bound and every signal are over it (default ``(0, 0)``: not stated).
     """
 
     oscillating: bool
@@ -593,6 +597,7 @@ class ActuatorVerdict:
     pool_reversals: dict
     signals: dict
     reason: str
+    window_s: tuple = (0.0, 0.0)
 
     def to_dict(self) -> dict:
         """The fields as a plain dict (for ``metrics.json``)."""
@@ -743,7 +748,8 @@ def judge_actuators(series, actions=None, *, start_s: float = 0.0, end_s: float 
         parts.insert(0, f"no cycle on {len(signals)} signals; {churn['reversals']} pool reversals "
                         f"({churn['rph']:.1f}/h)")
     return ActuatorVerdict(bool(flagged) or churn["churning"], churn["churning"], int(churn["reversals"]),
-                           float(churn["rph"]), churn["per_pool"], signals, "; ".join(parts))
+                           float(churn["rph"]), churn["per_pool"], signals, "; ".join(parts),
+                           (float(start_s), end))
 
 
 def _window(series, start_s: float, end_s: float | None, step_s: float | None):

@@ -46,6 +46,8 @@ __all__ = [
     "METHODS",
     "SPLITS",
     "RunSettings",
+    "PARAMETER_SETS",
+    "parameter_set",
     "first_wave_share",
     "predicted_ttft_s",
     "run_service",
@@ -1235,6 +1237,41 @@ def calibrated_settings() -> RunSettings:
     base = dataclasses.replace(FIT_START, efficiency=dataclasses.replace(FIT_START.efficiency,
                                                                          **CALIBRATED.get("fixed", {})))
     return settings_from(CALIBRATED["params"], CALIBRATED["kv_precision"], base)
+
+
+#: the named service-model parameter sets, name -> what it is: ``calibrate score --params``,
+#: ``simulate --params`` and a replay scenario's ``plant.params`` take these names
+#: (:func:`parameter_set`)
+PARAMETER_SETS = {
+    "defaults": "Efficiency() defaults",
+    "pre-calibration": "the efficiencies before issue 24 (the 13-point fit)",
+    "calibrated": "the calibrated set with its TTFT terms (plant_models/calibrated.py)",
+}
+
+
+def parameter_set(name: str, field: str = "params") -> RunSettings:
+    """The named parameter set (:data:`PARAMETER_SETS`): its efficiencies, KV formats per engine
+    and the measured benchmarks' TTFT terms.
+
+    Parameters
+    ----------
+    name : str
+        ``"defaults"``, ``"pre-calibration"`` or ``"calibrated"``.
+    field : str
+        The name a bad value is reported under (default ``"params"``).
+
+    Returns
+    -------
+    RunSettings
+
+    Raises
+    ------
+    ConfigError
+        For a name not in :data:`PARAMETER_SETS`, naming ``field`` and the allowed names.
+    """
+    check_choice(field, name, tuple(PARAMETER_SETS))
+    return {"calibrated": calibrated_settings, "pre-calibration": lambda: BASE_SETTINGS,
+            "defaults": RunSettings}[name]()
 
 
 def write_calibrated(report: Mapping[str, Any], path=None):

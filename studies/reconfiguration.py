@@ -124,14 +124,28 @@ def _pool_behaviour(x: dict) -> str:
     return f"holds {hi} workers" if lo == hi else f"settles between {lo} and {hi} workers without reversing"
 
 
+def _peak_against_justified(peak: int, casc: dict) -> str:
+    """A run's peak pool against the demand-justified count, in words from the numbers: that count
+    is the most the demand after the step justifies (its workers' capacity with the pool
+    controller's queue headroom, at its utilization target), an upper bound, not a goal."""
+    j = casc["demand_justified_workers"]
+    demand = casc.get("demand_workers")
+    where = ("equal to" if peak == j else f"{j - peak} below" if peak < j else f"{peak - j} above ({peak / j:.1f}x)")
+    out = f"peak {peak} workers provisioned, {where} the most the demand after the step justifies, {j}"
+    if demand is not None:
+        h, u = casc["queue_headroom"], casc["target_utilization"]
+        out += (f" ({demand:.2f} workers' capacity x {1 + h:g} queue headroom / {u:g} utilization target = "
+                f"{demand * (1 + h) / u:.2f}, rounded up); {peak} run it at {demand / peak:.2f} utilization")
+    return out
+
+
 def _cascade_sentence(casc: dict) -> str:
     b, f = casc["baseline"], casc["fixed"]
-    j = casc["demand_justified_workers"]
     return (f"HPA goes from {b['provisioned_at_step']} to {b['peak_provisioned']} provisioned workers within "
             f"{b['seconds_to_peak']:.0f} s of the demand step, while new workers take {casc['startup_s']:.0f} s to "
-            f"load; the pending-aware controller peaks at {f['peak_provisioned']} "
-            + ("= the demand-justified count." if f["peak_provisioned"] == j
-               else f"against a demand-justified {j}."))
+            f"load ({_peak_against_justified(b['peak_provisioned'], casc)}); the pending-aware controller: "
+            f"{_peak_against_justified(f['peak_provisioned'], casc)}. SLO attainment {b['slo_attainment']:.3f} "
+            f"(HPA) and {f['slo_attainment']:.3f} (pending-aware).")
 
 
 def _seesaw_behaviour(x: dict) -> str:
@@ -208,6 +222,10 @@ def reproduce_cascade(quick: bool = False, startup_s: float = 300.0) -> tuple[di
                             overscale_vs_justified=float(prov.max() / justified))
         resps[key] = r
     out["demand_justified_workers"] = justified
+    # what the count is made of: the demand after the step in workers' capacity, sized with the
+    # controller's queue headroom at its utilization target (HystereticPoolController.demand_justified)
+    out["demand_workers"] = 2 * lam0 / mu
+    out["queue_headroom"], out["target_utilization"] = fixed.queue_headroom, fixed.target_utilization
     out["startup_s"] = startup_s
     # the loop model's start-up peak, before simulating: from the 2 workers at the step to the demand after it
     from tokenfactory.controllers.autoscaler_loops import PoolOperatingPoint, autoscaler_loop, predict_startup_cascade
@@ -664,8 +682,8 @@ def _reproductions_section(report: StudyReport, quick: bool, metrics: dict[str, 
     lines += markdown_table(rep_rows, ["case", "variant", "controller", "oscillating", "actions_per_hour",
                                   "reversals_per_hour", "slo_attainment", "gpu_hours", "rejected", "thornhill_r", "period_s"])
     b, f = casc["baseline"], casc["fixed"]
-    lines += ["", f"Cascade: peak provisioned decode workers {b['peak_provisioned']} (HPA) vs {f['peak_provisioned']} "
-                  f"(hysteretic); demand-justified count {casc['demand_justified_workers']}.",
+    lines += ["", f"Cascade: HPA {_peak_against_justified(b['peak_provisioned'], casc)}; hysteretic "
+                  f"{_peak_against_justified(f['peak_provisioned'], casc)}.",
               f"Seesaw: decode-load swing (first harmonic) {see['baseline']['decode_load_harmonic_amplitude']:.3f} of the "
               f"slots, prefill load {see['baseline']['fill_vs_decode_phase_deg']:.0f} deg out of phase with decode "
               f"load; throughput {see['baseline']['throughput_rps']:.1f} (early rejection) / "
@@ -749,9 +767,8 @@ def _reproduction_verdicts(report: StudyReport, metrics: dict[str, Any]) -> None
                                 detail=f"{human(x['reversals_per_hour'])} reversals/h, {human(x['actions_per_hour'])} "
                                        f"actions/h" + (f", period {x['period_s']:.0f} s" if x["oscillating"]
                                                        and x.get("period_s") else "")
-                                       + (f", peak {x['peak_provisioned']} workers provisioned (demand justifies "
-                                          f"{d['demand_justified_workers']})" if "peak_provisioned" in x
-                                          and "demand_justified_workers" in d else ""))
+                                       + (f", {_peak_against_justified(x['peak_provisioned'], d)}"
+                                          if "peak_provisioned" in x and "demand_justified_workers" in d else ""))
 
 
 def _cheapest_answers(report: StudyReport, comparison: list[dict]) -> None:

@@ -236,6 +236,13 @@ def test_oscillation_answer_names_every_judged_signal_once_and_the_verdict():
                                      "pool_reversals": {"fill": 2, "decode": 2}}}
     assert oscillation_answer(two).endswith("churn: no (4 scale reversals (fill 2, decode 2), 20.0/h over the "
                                             "judged window; a pool churns past 2 reversals and 2/h)")
+    # user2: metrics.json's whole-run reversals_per_hour (22.26) beside the judged window's (20.03):
+    # each names its window (window_s), and the line gives both when they differ
+    windowed = {**two, "reversals_per_hour": 22.26, "window_s": [0.0, 3600.0],
+                "oscillation": {**two["oscillation"], "window_s": [360.0, 3600.0]}}
+    assert oscillation_answer(windowed).endswith(
+        "churn: no (4 scale reversals (fill 2, decode 2), 20.0/h over the judged window 360-3,600 s (22.3/h over "
+        "the whole run); a pool churns past 2 reversals and 2/h)")
     flapping = {**steady, "oscillation": {**steady["oscillation"], "oscillating": True, "churning": True,
                                           "reversals": 118, "reversals_per_hour": 590.0,
                                           "signals": {**steady["oscillation"]["signals"],
@@ -247,3 +254,25 @@ def test_oscillation_answer_names_every_judged_signal_once_and_the_verdict():
     # a run without the actuator report (e.g. an aggregated cluster) still answers from its verdicts
     assert oscillation_answer({"ready_oscillation": {"oscillating": True, "period_s": 4.0, "amplitude": 2.0}}) == (
         "oscillation: OSCILLATING ready buffer (period 4 s, amplitude 2); 0 other signals judged steady")
+
+
+def test_simulate_params_runs_the_named_set_and_says_so(tmp_path, capsys):
+    """user2: ``simulate --params calibrated`` (the names ``calibrate score --params`` takes) runs
+    the plant with that set over the scenario's plant.params, prints which set it used and writes it
+    into metrics.json; without it the plant's default is used and named as such."""
+    from tokenfactory.plant_models.calibration import calibrated_settings
+
+    scenario = tmp_path / "sim.toml"
+    scenario.write_text('[plant]\nparams = "pre-calibration"\n')
+    assert main(["simulate", "--trace", "synthetic", "--duration", "2m", "--admission", "open", "--no-progress",
+                 "--scenario", str(scenario), "--params", "calibrated", "--out", str(tmp_path / "cal")]) == 0
+    out = capsys.readouterr().out
+    m = json.loads((tmp_path / "cal" / "metrics.json").read_text())
+    assert m["parameter_set"]["name"] == "calibrated"
+    assert m["parameter_set"]["efficiency"]["sequence_overhead_s"] == calibrated_settings().efficiency.sequence_overhead_s
+    assert "service-model parameters: calibrated" in out
+    assert main(["simulate", "--trace", "synthetic", "--duration", "2m", "--admission", "open", "--no-progress",
+                 "--scenario", str(scenario), "--out", str(tmp_path / "pre")]) == 0
+    assert "service-model parameters: pre-calibration" in capsys.readouterr().out
+    m2 = json.loads((tmp_path / "pre" / "metrics.json").read_text())
+    assert m2["parameter_set"]["name"] == "pre-calibration" and m2["slo_capacity_rps"] != m["slo_capacity_rps"]

@@ -126,3 +126,24 @@ def test_comparison_on_dask_equals_serial(tmp_path, monkeypatch):
 
     pd.testing.assert_frame_equal(pd.DataFrame(dask), pd.DataFrame(serial))  # NaN == NaN here
     assert set(resps) == set(planes)
+
+
+def test_cascade_peak_is_said_against_the_most_the_demand_justifies():
+    """user2: "peak 4 workers provisioned (demand justifies 5)" read as a win; the count is the
+    most the demand after the step justifies (an upper bound), and the sentence now says how far
+    each peak is from it, what it is made of and the utilization the peak runs the demand at -
+    from the numbers."""
+    from tokenfactory.studies.reconfiguration import _cascade_sentence, _peak_against_justified
+
+    casc = {"demand_justified_workers": 5, "demand_workers": 3.0, "queue_headroom": 0.25,
+            "target_utilization": 0.85, "startup_s": 300.0,
+            "baseline": {"provisioned_at_step": 2, "peak_provisioned": 9, "seconds_to_peak": 345.0,
+                         "slo_attainment": 0.8176},
+            "fixed": {"peak_provisioned": 4, "slo_attainment": 0.8117}}
+    assert _peak_against_justified(4, casc) == (
+        "peak 4 workers provisioned, 1 below the most the demand after the step justifies, 5 (3.00 workers' "
+        "capacity x 1.25 queue headroom / 0.85 utilization target = 4.41, rounded up); 4 run it at 0.75 utilization")
+    assert _peak_against_justified(9, casc).startswith("peak 9 workers provisioned, 4 above (1.8x) the most")
+    assert _peak_against_justified(5, casc).startswith("peak 5 workers provisioned, equal to the most")
+    said = _cascade_sentence(casc)
+    assert "demand justifies 5" not in said and "SLO attainment 0.818 (HPA) and 0.812 (pending-aware)" in said

@@ -164,3 +164,67 @@ def test_duration_s_replays_only_the_first_part_of_an_open_trace(tmp_path, capsy
     out = capsys.readouterr().out
     n = int((trace["arrival_s"] < 60.0).sum())
     assert any(l.split()[:2] == ["requests", f"{n:,}"] for l in out.splitlines()), out[:800]
+
+
+# -- the service model's named parameter set (simulate --params, plant.params) -----------------
+
+
+def test_plant_params_builds_the_workers_with_the_named_set_and_efficiency_over_it():
+    """user2: a replay ran only with the plant's default efficiencies; ``plant.params`` names the
+    set ``calibrate score --params`` takes (one parser, ``parameter_set``), ``plant.efficiency``
+    overrides single fields of it, and the run records which set it used."""
+    import dataclasses
+
+    from tokenfactory.plant_models.calibration import calibrated_settings
+    from tokenfactory.replay import run_replay
+
+    trace = poisson_trace(2.0, 60.0, 5, inp=1000, out_mean=50)
+    default, cal = build_replay(trace), build_replay(trace, {"params": "calibrated"})
+    assert cal.service.fill_worker.efficiency == calibrated_settings().efficiency
+    assert cal.service.decode_worker.efficiency == calibrated_settings().efficiency
+    assert cal.service.decode_worker.efficiency != default.service.decode_worker.efficiency
+    over = build_replay(trace, {"params": "calibrated", "efficiency": {"memory": 0.5}})
+    assert over.service.fill_worker.efficiency == dataclasses.replace(calibrated_settings().efficiency, memory=0.5)
+    cluster = {"fill_workers": 1, "decode_workers": 1, "drain_s": 30.0}
+    m = run_replay(trace, cal, "open", 1.0, cluster)[0]["parameter_set"]
+    assert m["name"] == "calibrated" and m["matches"] == ["calibrated"] and m["overrides"] == []
+    assert m["efficiency"]["memory"] == calibrated_settings().efficiency.memory
+    m = run_replay(trace, over, "open", 1.0, cluster)[0]["parameter_set"]
+    assert m["overrides"] == ["memory"] and m["matches"] == [] and "plant.efficiency memory" in m["label"]
+    m = run_replay(trace, default, "open", 1.0, cluster)[0]["parameter_set"]
+    assert m["name"] == "plant default" and "defaults" in m["matches"]
+    with pytest.raises(ConfigError, match="plant.params"):
+        replay_scenario_from_dict({"plant": {"params": "calibratedd"}})
+    with pytest.raises(ConfigError, match="plant.params"):
+        build_replay(trace, {"params": "nope"})
+    assert replay_scenario_from_dict({"plant": {"params": "calibrated"}}).plant["params"] == "calibrated"
+
+
+def test_each_reversal_rate_names_its_window(tmp_path):
+    """user2: a run's ``reversals_per_hour`` is over the whole run and its oscillation verdict's
+    over the judged window (the first 10 % dropped): each states its window (``window_s``) and is
+    its reversals over that window's hours (the small plant's HPA moves its decode pool)."""
+    import json
+    from pathlib import Path
+
+    from tokenfactory.cli import main
+    from tokenfactory.core.signals import count_reversals
+
+    small = Path(__file__).parent / "data" / "small_plant"
+    assert main(["simulate", "--scenario", str(small / "sim.toml"), "--trace", str(small / "requests.csv"),
+                 "--control-plane", str(small / "hpa.yaml"), "--seed", "1", "--no-progress",
+                 "--out", str(tmp_path)]) == 0
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    acts = pd.read_csv(tmp_path / "actions.csv")
+    series = pd.read_csv(tmp_path / "series.csv")
+    scale = acts[acts["kind"] == "scale"]
+    assert len(scale) > 2, acts   # the rates below are counted, not 0 = 0
+    start, end = m["window_s"]
+    assert start == 0.0 and end == pytest.approx(m["duration_s"])
+    assert m["reversals_per_hour"] == pytest.approx(count_reversals(scale.to_dict("records")) / (end / 3600.0))
+    j0, j1 = m["oscillation"]["window_s"]
+    assert j0 == pytest.approx(0.1 * float(series["time_s"].iloc[-1])) and j1 > j0
+    judged = scale[(scale["time_s"] >= j0) & (scale["time_s"] <= j1)]
+    n = sum(count_reversals(g.to_dict("records")) for _, g in judged.groupby("pool"))
+    assert m["oscillation"]["reversals"] == n > 0
+    assert m["oscillation"]["reversals_per_hour"] == pytest.approx(n / ((j1 - j0) / 3600.0))

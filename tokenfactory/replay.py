@@ -33,7 +33,8 @@ from tokenfactory.plant_models.service import KVLink, RequestShape, ServiceModel
 from tokenfactory.registry import DEFAULT_TPOT_FRACTION, PlantContext, build_admission, build_autoscalers, static_batch_cap
 from tokenfactory.replay_costs import infeasible, request_costs, service_capacity
 from tokenfactory.replay_scenario import (DEFAULT_PLANT, REPLAY_PLANT_SCHEMA, ReplayScenario, load_replay_scenario,
-                                          replay_scenario_from_dict, scenario_cluster)
+                                          parameter_set_used, plant_efficiency, replay_scenario_from_dict,
+                                          scenario_cluster)
 from tokenfactory.traces.transforms import place_sessions, scale_trace
 from tokenfactory.core.validation import ConfigError, check_choice, check_number, reject_unknown_keys
 
@@ -267,7 +268,7 @@ class ReplaySetup:
                 "model": p.get("model"), "hardware": p.get("hardware"),
                 "decode_model": p.get("decode_model", p.get("model")),
                 "decode_hardware": p.get("decode_hardware", p.get("hardware")),
-                "parallelism": p.get("parallelism"), "efficiency": p.get("efficiency"),
+                "parallelism": p.get("parallelism"), "params": p.get("params"), "efficiency": p.get("efficiency"),
                 "kv_stripes": p.get("kv_stripes"), "kv_setup_s": p.get("kv_setup_s"),
                 "slo_ttft_s": cl.slo_ttft_s, "slo_tpot_s": cl.slo_tpot_s,
                 "classes": [dataclasses.asdict(c) for c in cl.classes] or None,
@@ -365,7 +366,8 @@ def _measure_capacity(setup: ReplaySetup, cl: ClusterConfig, model: ClusterCapac
     path = None
     if cache_dir is not None:
         ident = json.dumps({"version": _CAPACITY_CACHE_VERSION, "trace": _trace_digest(setup.trace),
-                            "plant": setup.plant_config, "cluster": repr(run), "target": target, "rel_tol": rel_tol,
+                            "plant": setup.plant_config, "cluster": repr(run),
+                            "efficiency": dataclasses.asdict(setup.service.fill_worker.efficiency), "target": target, "rel_tol": rel_tol,
                             "duration_s": duration_s}, sort_keys=True, default=str)
         path = Path(cache_dir) / f"capacity-{hashlib.sha256(ident.encode()).hexdigest()[:20]}.json"
         if path.exists():
@@ -474,7 +476,10 @@ def build_replay(trace: pd.DataFrame, plant: dict | None = None) -> ReplaySetup:
     """
     cfg = {**DEFAULT_PLANT, **(plant or {})}
     reject_unknown_keys("plant", cfg, set(REPLAY_PLANT_SCHEMA))  # the defaults and the optional keys
-    common = {k: cfg[k] for k in ("parallelism", "efficiency") if k in cfg}
+    common = {k: cfg[k] for k in ("parallelism",) if k in cfg}
+    efficiency = plant_efficiency(cfg)   # plant.params' named set with plant.efficiency over it
+    if efficiency is not None:
+        common["efficiency"] = efficiency
     fill = Worker.from_dict({"model": cfg["model"], "hardware": cfg["hardware"], **common})
     dec = Worker.from_dict({"model": cfg.get("decode_model", cfg["model"]),
                             "hardware": cfg.get("decode_hardware", cfg["hardware"]), **common})
@@ -652,7 +657,9 @@ def run_replay(trace: pd.DataFrame, setup: ReplaySetup, admission: str, scale: f
         simulated cluster), ``batch_cap``, ``ready_oscillation`` and
         ``fill_oscillation`` (the buffers' :class:`~tokenfactory.controllers.oscillation.OscillationReport`
         as dicts, or None), ``oscillation`` (the whole :class:`~tokenfactory.controllers.oscillation.ActuatorVerdict`),
-        ``oscillating`` (its verdict: any signal cycling, or churn) and ``churning``.
+        ``oscillating`` (its verdict: any signal cycling, or churn), ``churning`` and
+        ``parameter_set`` (the service model's parameter set the workers ran with:
+        :func:`~tokenfactory.replay_scenario.parameter_set_used`).
     """
     check_choice("capacity", capacity, ("model", "measured"))
     cl = setup.cluster_config(cluster)
@@ -684,7 +691,8 @@ def run_replay(trace: pd.DataFrame, setup: ReplaySetup, admission: str, scale: f
     m = {**res.metrics, "admission": admission, "autoscaler": autoscaler, "scale": scale, "load": load,
          "capacity": cap.to_dict(), "batch_cap": cl.batch_cap, "ready_oscillation": sig.get("ready"),
          "fill_oscillation": sig.get("fill_queue"), "oscillating": verdict.oscillating, "churning": verdict.churning,
-         "oscillation": verdict.to_dict()}
+         "oscillation": verdict.to_dict(),
+         "parameter_set": parameter_set_used(setup.plant_config, setup.service.fill_worker.efficiency)}
     return m, res
 
 

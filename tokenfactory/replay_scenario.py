@@ -13,10 +13,12 @@ from typing import Any
 
 from tokenfactory.core.validation import (ConfigError, check_number, check_settings, load_toml, reject_unknown_keys,
                                           setting, setting_names)
+from tokenfactory.plant_models.calibration import PARAMETER_SETS, parameter_set
 from tokenfactory.plant_models.des import ClusterConfig
 from tokenfactory.scenario import WORKER_SETTINGS
 
 __all__ = ["REPLAY_PLANT_SCHEMA", "REPLAY_SIMULATION_SCHEMA", "REPLAY_SCENARIO_SCHEMA", "DEFAULT_PLANT",
+           "plant_efficiency", "parameter_set_used",
            "ReplayScenario", "replay_scenario_from_dict", "load_replay_scenario", "scenario_cluster"]
 
 #: the preset disaggregated cluster: DeepSeek-V3 on 8xH200 workers, 2 fill + 1 decode
@@ -33,9 +35,72 @@ REPLAY_PLANT_SCHEMA = {
     "decode_workers": setting(1, low=0.0, low_inclusive=False, unit="workers",
                               meaning="decode workers of that service model (the simulated pools are "
                                       "cluster.decode_workers)"),
+    "params": setting(None, kind=str, choices=tuple(PARAMETER_SETS),
+                      meaning="the service model's named parameter set, as calibrate score --params takes it ("
+                              + "; ".join(f"{k}: {v}" for k, v in PARAMETER_SETS.items())
+                              + "): its efficiencies, with plant.efficiency overriding single fields (absent: the "
+                                "plant's default efficiencies; simulate --params overrides it)"),
     **{k: f for k, f in WORKER_SETTINGS.items() if k not in ("model", "hardware")},
 }
 DEFAULT_PLANT = {k: f.default for k, f in REPLAY_PLANT_SCHEMA.items() if f.default is not None}
+
+
+def plant_efficiency(plant: dict) -> dict | None:
+    """The efficiency table a replay's workers are built with: the named set of ``plant.params``
+    (:func:`tokenfactory.plant_models.calibration.parameter_set`; its efficiencies - the set's
+    KV formats per engine and the measured benchmarks' TTFT terms are the calibration's, not a
+    replay's) with ``plant.efficiency`` over it field by field; without ``params``, the
+    ``efficiency`` table alone (None: the workers' default efficiencies).
+
+    Parameters
+    ----------
+    plant : dict
+        A replay's plant table (:data:`REPLAY_PLANT_SCHEMA` keys).
+
+    Returns
+    -------
+    dict or None
+        :class:`~tokenfactory.plant_models.roofline.Efficiency` fields.
+
+    Raises
+    ------
+    ConfigError
+        For a ``params`` name not in :data:`~tokenfactory.plant_models.calibration.PARAMETER_SETS`
+        (field ``plant.params``).
+    """
+    overrides = plant.get("efficiency")
+    if plant.get("params") is None:
+        return None if overrides is None else dict(overrides)
+    base = dataclasses.asdict(parameter_set(plant["params"], "plant.params").efficiency)
+    return {**base, **dict(overrides or {})}
+
+
+def parameter_set_used(plant: dict, efficiency) -> dict:
+    """Which parameter set a replay ran with, for its output and ``metrics.json``: ``name`` (the
+    ``params`` given, else ``"plant default"``), ``matches`` (the named sets whose efficiencies
+    equal the ones used, whatever was asked), ``overrides`` (the ``plant.efficiency`` fields given
+    over it), ``efficiency`` (every field used) and ``label`` (one line saying so).
+
+    Parameters
+    ----------
+    plant : dict
+        The replay's plant table.
+    efficiency : Efficiency
+        The efficiencies its workers were built with.
+    """
+    used = dataclasses.asdict(efficiency)
+    matches = [k for k in PARAMETER_SETS if dataclasses.asdict(parameter_set(k).efficiency) == used]
+    overrides = sorted(plant.get("efficiency") or {})
+    name = plant.get("params") or "plant default"
+    others = [k for k in matches if k != name]   # the named sets it equals besides the one asked for
+    label = (name if plant.get("params") else "the plant's default efficiencies") + (
+        f" with plant.efficiency {', '.join(overrides)}" if overrides else "") + (
+        f" (equal to the {' / '.join(others)} set)" if others else "") + (
+        "" if matches else " (equal to no named set)")
+    if plant.get("params") or "calibrated" in matches:
+        label += "; its efficiencies only: the KV format is the model's, the measured benchmarks' TTFT terms are " \
+                 "not a replay's"
+    return {"name": name, "matches": matches, "overrides": overrides, "efficiency": used, "label": label}
 
 
 def scenario_cluster(scenario: "ReplayScenario | None", seed: int = 0) -> dict:

@@ -620,8 +620,9 @@ class Simulator:
             "gpu_hours": float((billed.sum() * cfg.snapshot_dt if cfg.dynamics.fleet_size is None
                                 else cfg.dynamics.fleet_size * duration) / 3600.0 * gpus),
             "busy_gpu_hours": float(billed.sum() * cfg.snapshot_dt / 3600.0 * gpus),
+            # over the whole run, start-up included (window_s; an oscillation verdict states its own window)
             "scale_actions": len(scale_rows), "actions_per_hour": float(len(scale_rows) / hours),
-            "reversals_per_hour": float(count_reversals(scale_rows) / hours),
+            "reversals_per_hour": float(count_reversals(scale_rows) / hours), "window_s": (0.0, float(duration)),
             "batch_cap_changes": sum(1 for a in self.actions if a["kind"] == "batch_cap"),
             "duration_s": duration, "wall_seconds": wall,
             "sim_requests_per_wall_s": float(self.arrived / wall) if wall > 0 else None,

@@ -14,6 +14,7 @@ from tokenfactory.cli.live_commands import cmd_diagnose, cmd_emulate, cmd_gatewa
 from tokenfactory.cli.simulate_commands import cmd_simulate
 from tokenfactory.cli.study_commands import cmd_report, cmd_study
 from tokenfactory.cli.trace_commands import cmd_forecast, cmd_traces
+from tokenfactory.plant_models.calibration import PARAMETER_SETS
 
 __all__ = ["build_parser"]
 
@@ -108,6 +109,11 @@ def _add_simulate(sub) -> None:
     _plant_flag(sm, "des", "--scenario", default=None,
                     help="TOML with [plant], [cluster], [classes], [controller], [envelope], [simulation]; every "
                          "field is used or rejected by name")
+    _plant_flag(sm, "des", "--params", default=None, choices=list(PARAMETER_SETS),
+                    help="the service model's named parameter set, as calibrate score --params takes it ("
+                         + "; ".join(f"{k}: {v}" for k, v in PARAMETER_SETS.items())
+                         + "): its efficiencies, with the scenario's plant.efficiency over single fields; "
+                           "overrides the scenario's plant.params (default: the plant's default efficiencies)")
     _plant_flag(sm, "des", "--admission", default=None,
                     help="an admission kind (tokenfactory describe kinds); default the scenario's, else the "
                          "recommended slo-aware")
@@ -209,9 +215,8 @@ def _add_calibrate(sub) -> None:
     ca.add_argument("--out", default=None, help="score: folder for metrics.json and rows.csv; fit: for fit.json")
     ca.add_argument("--method", choices=["des", "steady-state"], default="des",
                     help="score: the request simulator (default) or the closed-loop steady-state solve")
-    ca.add_argument("--params", choices=["defaults", "pre-calibration", "calibrated"], default="defaults",
-                    help="score: Efficiency() defaults, the efficiencies before issue 24 (the 13-point fit), "
-                         "or the calibrated set with its TTFT terms (plant_models/calibrated.py)")
+    ca.add_argument("--params", choices=list(PARAMETER_SETS), default="defaults",
+                    help="score: " + "; ".join(f"{k}: {v}" for k, v in PARAMETER_SETS.items()))
     ca.add_argument("--limit", type=int, default=None, help="only the first N mapped runs (a quick subset)")
     ca.add_argument("--stratified", action="store_true", help="--limit: one run per group first (GPU, engine, "
                                                                "model, mode, batch band)")

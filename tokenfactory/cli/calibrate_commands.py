@@ -11,13 +11,6 @@ from tokenfactory.cli.console import write_json
 __all__ = ["cmd_calibrate"]
 
 
-def _calibrate_settings(which: str):
-    from tokenfactory.plant_models.calibration import BASE_SETTINGS, RunSettings, calibrated_settings
-
-    return {"calibrated": calibrated_settings, "pre-calibration": lambda: BASE_SETTINGS,
-            "defaults": RunSettings}[which]()
-
-
 def cmd_calibrate(args) -> int:
     """``calibrate score`` / ``calibrate fit``: the service model against a file of measured runs."""
     import time
@@ -38,7 +31,7 @@ def cmd_calibrate(args) -> int:
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
     if args.action == "score":
-        settings = _calibrate_settings(args.params)
+        settings = cal.parameter_set(args.params, "--params")
         table, failed = cal.predict_runs(items, settings, method=args.method)
         skipped = {**runs.skipped, **failed}
         metrics = {"file": str(args.file), "method": args.method, "params": args.params,

@@ -114,8 +114,14 @@ def oscillation_answer(m: dict) -> str:
         pools = report.get("pool_reversals") or {}
         per_pool = ", ".join(f"{p} {n}" for p, n in pools.items()) if len(pools) > 1 else ""
         # the bound is per pool (each follows its own demand): say so, and over which window the rate is
+        win = report.get("window_s")
+        span = (f" {win[0]:,.0f}-{win[1]:,.0f} s" if isinstance(win, (list, tuple)) and len(win) == 2
+                and win[1] > win[0] else "")
+        whole = m.get("reversals_per_hour")
         counted = (f"{rev} scale reversal{plural}" + (f" ({per_pool})" if per_pool else "")
-                   + f", {report.get('reversals_per_hour', 0.0):.1f}/h over the judged window")
+                   + f", {report.get('reversals_per_hour', 0.0):.1f}/h over the judged window{span}"
+                   + (f" ({whole:.1f}/h over the whole run)" if isinstance(whole, float) and span
+                      and f"{whole:.1f}" != f"{report.get('reversals_per_hour', 0.0):.1f}" else ""))
         bound = (f"a pool churns past {CHURN_MIN_REVERSALS} reversals and {CHURN_REVERSALS_PER_HOUR:g}/h")
         said += (f"; CHURNING: {counted}; {bound}" if report["churning"] else f"; churn: no ({counted}; {bound})")
     return said

@@ -113,6 +113,8 @@ def _replay_settings(args, sc) -> _ReplaySettings:
     from tokenfactory.registry import ADMISSION_KINDS, AUTOSCALER_KINDS, RECOMMENDED_ADMISSION
 
     plant = dict(sc.plant) if sc else {}
+    if args.params is not None:   # the named set over the scenario's plant.params (plant.efficiency still over it)
+        plant["params"] = args.params
     cluster = dict(sc.cluster) if sc else {}
     sim = dict(sc.simulation) if sc else {}
     admission = args.admission or (sc.admission if sc else None) or RECOMMENDED_ADMISSION
@@ -219,7 +221,10 @@ def _print_replay(m: dict) -> None:
             "tpot_p99", "slo_attainment", "slo_attainment_admitted", "goodput_tokens_per_s", "wasted_prefill_tokens",
             "prefix_hit_ratio", "gpu_hours", "actions_per_hour", "reversals_per_hour", "wall_seconds",
             "sim_requests_per_wall_s")
-    print_table({k: m[k] for k in keys if m.get(k) is not None})
+    # the per-hour rates are over the whole run (window_s); the churn line's are over the judged window
+    whole = {"actions_per_hour", "reversals_per_hour"}
+    print_table({(f"{k} (whole run)" if k in whole else k): m[k] for k in keys if m.get(k) is not None})
+    print(f"service-model parameters: {m['parameter_set']['label']}")
     print(f"capacity at the SLO of {cap['cluster']['fill_workers']} fill + {cap['cluster']['decode_workers']} decode: "
           f"model {cap['model_rps']:.3f} req/s ({cap['bottleneck']}-bound, batch cap {cap['batch_cap']:.0f})"
           + (f", measured {cap['measured_rps']:.3f} req/s (open admission at {cap['measured']['target_attainment']:.3f} "
