@@ -488,6 +488,12 @@ def test_every_plant_only_flag_is_rejected_on_the_other_plant(dest, plant, capsy
     added to one plant is rejected on the other without a second list to keep in step."""
     flag = "--" + dest.replace("_", "-")
     value = "k=1" if dest == "autoscaler_param" else "2"
+    from tokenfactory.cli.arguments import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices["simulate"]
+    choices = next(a.choices for a in sub._actions if a.dest == dest)
+    if choices:   # a flag with named choices (--params) takes one of them, not "2"
+        value = sorted(choices)[0]
     other = "des" if plant == "pools" else "pools"
     assert main(["simulate", "--trace", "synthetic", "--plant", other, flag, value]) == 2
     err = capsys.readouterr().err
